@@ -1,0 +1,214 @@
+#include "meshtrain/comm/communicator.h"
+
+#include <fmt/format.h>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::comm {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::avg: return "avg";
+    case ReduceOp::max: return "max";
+    case ReduceOp::min: return "min";
+    case ReduceOp::prod: return "prod";
+  }
+  return "?";
+}
+
+std::string_view engine_name(Engine e) {
+  switch (e) {
+    case Engine::threads: return "threads";
+    case Engine::mpi: return "mpi";
+    case Engine::gloo: return "gloo";
+    case Engine::nccl: return "nccl";
+  }
+  return "?";
+}
+
+Engine parse_engine(std::string_view name) {
+  for (Engine e : {Engine::threads, Engine::mpi, Engine::gloo, Engine::nccl})
+    if (engine_name(e) == name) return e;
+  throw InvalidArgument("parse_engine", fmt::format("unknown engine '{}'", name),
+                        "use one of threads, mpi, gloo, nccl");
+}
+
+std::string_view collective_op_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::all_reduce: return "all_reduce";
+    case CollectiveOp::all_gather: return "all_gather";
+    case CollectiveOp::reduce_scatter: return "reduce_scatter";
+    case CollectiveOp::broadcast: return "broadcast";
+    case CollectiveOp::all_to_all: return "all_to_all";
+    case CollectiveOp::barrier: return "barrier";
+    case CollectiveOp::split: return "split";
+    case CollectiveOp::send: return "send";
+    case CollectiveOp::recv: return "recv";
+  }
+  return "?";
+}
+
+std::string Fingerprint::to_string() const {
+  std::string s = fmt::format("{} #{}", collective_op_name(op), seq);
+  switch (op) {
+    case CollectiveOp::all_reduce:
+    case CollectiveOp::reduce_scatter:
+      return s + fmt::format(" ({} x {}, {})", dtype_name(dtype), count, reduce_op_name(reduce));
+    case CollectiveOp::broadcast:
+      return s + fmt::format(" ({} x {}, root {})", dtype_name(dtype), count, root);
+    case CollectiveOp::all_gather:
+    case CollectiveOp::all_to_all:
+    case CollectiveOp::send:
+    case CollectiveOp::recv:
+      return s + fmt::format(" ({} x {})", dtype_name(dtype), count);
+    case CollectiveOp::barrier:
+    case CollectiveOp::split:
+      return s;
+  }
+  return s;
+}
+
+namespace {
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
+}
+
+}  // namespace
+
+Work Communicator::issue(Op op, Completion completion) {
+  const std::string name(collective_op_name(op.kind));
+  const int n = size();
+  const size_t total = op.count * static_cast<size_t>(n) * dtype_size(op.dtype);
+  auto require = [&](bool ok, const std::string& what, const std::string& hint) {
+    if (!ok) throw InvalidArgument("Communicator::" + name, what, hint);
+  };
+  switch (op.kind) {
+    case CollectiveOp::all_reduce:
+      require(op.count == 0 || (op.send && op.recv), "null buffer with count > 0", "pass valid buffers");
+      require(op.send == op.recv || !overlaps(op.send, op.bytes(), op.recv, op.bytes()),
+              "send and recv overlap without being identical", "use send == recv for in place");
+      break;
+    case CollectiveOp::all_gather:
+    case CollectiveOp::reduce_scatter:
+      require(op.count == 0 || (op.send && op.recv), "null buffer with count > 0", "pass valid buffers");
+      break;
+    case CollectiveOp::broadcast:
+      require(op.root >= 0 && op.root < n, fmt::format("root {} outside [0, {})", op.root, n),
+              "pass a rank of this communicator");
+      require(op.count == 0 || op.recv, "null buffer with count > 0", "pass a valid buffer");
+      break;
+    case CollectiveOp::all_to_all:
+      require(op.count == 0 || (op.send && op.recv), "null buffer with count > 0", "pass valid buffers");
+      require(!overlaps(op.send, total, op.recv, total), "send and recv overlap",
+              "all_to_all is never in place: use separate buffers");
+      break;
+    case CollectiveOp::send:
+    case CollectiveOp::recv:
+      require(op.peer >= 0 && op.peer < n && op.peer != rank(),
+              fmt::format("peer {} invalid for rank {} of {}", op.peer, rank(), n),
+              "pass another rank of this communicator");
+      require(op.tag >= 0, fmt::format("tag {} < 0", op.tag), "tags are non-negative");
+      require(op.count == 0 || (op.send || op.recv), "null buffer with count > 0", "pass a valid buffer");
+      break;
+    case CollectiveOp::barrier:
+    case CollectiveOp::split:
+      break;
+  }
+  if (op.kind != CollectiveOp::send && op.kind != CollectiveOp::recv) op.seq = ++seq_;
+  return start(op, completion);
+}
+
+Work Communicator::all_reduce_async(const void* send, void* recv, size_t count, DType dtype,
+                                    ReduceOp op) {
+  return issue({.kind = CollectiveOp::all_reduce, .send = send, .recv = recv, .count = count,
+                .dtype = dtype, .reduce = op},
+               Completion::async);
+}
+Work Communicator::all_gather_async(const void* send, void* recv, size_t count, DType dtype) {
+  return issue({.kind = CollectiveOp::all_gather, .send = send, .recv = recv, .count = count,
+                .dtype = dtype},
+               Completion::async);
+}
+Work Communicator::reduce_scatter_async(const void* send, void* recv, size_t count, DType dtype,
+                                        ReduceOp op) {
+  return issue({.kind = CollectiveOp::reduce_scatter, .send = send, .recv = recv, .count = count,
+                .dtype = dtype, .reduce = op},
+               Completion::async);
+}
+Work Communicator::broadcast_async(void* buf, size_t count, DType dtype, int root) {
+  return issue({.kind = CollectiveOp::broadcast, .send = buf, .recv = buf, .count = count,
+                .dtype = dtype, .root = root},
+               Completion::async);
+}
+Work Communicator::all_to_all_async(const void* send, void* recv, size_t count, DType dtype) {
+  return issue({.kind = CollectiveOp::all_to_all, .send = send, .recv = recv, .count = count,
+                .dtype = dtype},
+               Completion::async);
+}
+Work Communicator::send_async(const void* buf, size_t count, DType dtype, int peer, int tag) {
+  return issue({.kind = CollectiveOp::send, .send = buf, .count = count, .dtype = dtype,
+                .peer = peer, .tag = tag},
+               Completion::async);
+}
+Work Communicator::recv_async(void* buf, size_t count, DType dtype, int peer, int tag) {
+  return issue({.kind = CollectiveOp::recv, .recv = buf, .count = count, .dtype = dtype,
+                .peer = peer, .tag = tag},
+               Completion::async);
+}
+Work Communicator::barrier_async() {
+  return issue({.kind = CollectiveOp::barrier}, Completion::async);
+}
+
+void Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  issue({.kind = CollectiveOp::all_reduce, .send = send, .recv = recv, .count = count,
+         .dtype = dtype, .reduce = op},
+        Completion::blocking)
+      .wait();
+}
+void Communicator::all_gather(const void* send, void* recv, size_t count, DType dtype) {
+  issue({.kind = CollectiveOp::all_gather, .send = send, .recv = recv, .count = count,
+         .dtype = dtype},
+        Completion::blocking)
+      .wait();
+}
+void Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
+                                  ReduceOp op) {
+  issue({.kind = CollectiveOp::reduce_scatter, .send = send, .recv = recv, .count = count,
+         .dtype = dtype, .reduce = op},
+        Completion::blocking)
+      .wait();
+}
+void Communicator::broadcast(void* buf, size_t count, DType dtype, int root) {
+  issue({.kind = CollectiveOp::broadcast, .send = buf, .recv = buf, .count = count,
+         .dtype = dtype, .root = root},
+        Completion::blocking)
+      .wait();
+}
+void Communicator::all_to_all(const void* send, void* recv, size_t count, DType dtype) {
+  issue({.kind = CollectiveOp::all_to_all, .send = send, .recv = recv, .count = count,
+         .dtype = dtype},
+        Completion::blocking)
+      .wait();
+}
+void Communicator::send(const void* buf, size_t count, DType dtype, int peer, int tag) {
+  issue({.kind = CollectiveOp::send, .send = buf, .count = count, .dtype = dtype, .peer = peer,
+         .tag = tag},
+        Completion::blocking)
+      .wait();
+}
+void Communicator::recv(void* buf, size_t count, DType dtype, int peer, int tag) {
+  issue({.kind = CollectiveOp::recv, .recv = buf, .count = count, .dtype = dtype, .peer = peer,
+         .tag = tag},
+        Completion::blocking)
+      .wait();
+}
+void Communicator::barrier() { issue({.kind = CollectiveOp::barrier}, Completion::blocking).wait(); }
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  return do_split(color, key, ++seq_);
+}
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,185 @@
+// Communicator: collectives and point-to-point messages among `size()` ranks
+// over flat buffers (pointer, element count, DType), in the style of NCCL and
+// Gloo: no templates, one interface, one implementation per engine folder
+// (threads/, mpi/, later gloo/ and nccl/).
+//
+//   void step(meshtrain::comm::Communicator& comm) {
+//     std::vector<float> g(n, 1.0f);
+//     comm.all_reduce(g.data(), g.data(), n, DType::f32, ReduceOp::avg);
+//   }
+//
+// Contracts shared by every engine:
+// - Collective calls are made by every rank of the communicator in the same
+//   order. Each carries a fingerprint (sequence number, op, dtype, count, root);
+//   engines that check fingerprints (capabilities().checks_fingerprints) raise
+//   MismatchError on every rank, naming both sides, when ranks disagree.
+// - Every blocking wait has a deadline (timeout(), set per communicator). Past
+//   it, TimeoutError names the operation, its sequence number and the ranks that
+//   did not arrive (when the engine can know them).
+// - After any error the communicator is aborted: later calls throw AbortedError.
+// - Buffers are either identical (in place) or do not overlap. Counts are
+//   elements, not bytes. Buffers must stay valid until the call (or the Work of
+//   an async call) completes.
+// - The *_async forms start the operation and return a Work; operations on one
+//   communicator complete in issue order (like a NCCL stream). The blocking form
+//   equals `*_async(...).wait()`.
+// - Reductions are deterministic for a given engine and rank count.
+//   bf16/f16 are accumulated in f32 and rounded once. Integer sums wrap modulo
+//   2^bits; integer avg is the sum divided by size(), truncated toward zero.
+// Thread-safety: a Communicator is used by one thread at a time (its rank's).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshtrain/comm/work.h"
+#include "meshtrain/core/dtype.h"
+
+namespace meshtrain::comm {
+
+enum class ReduceOp : uint8_t { sum, avg, max, min, prod };
+inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max,
+                                             ReduceOp::min, ReduceOp::prod};
+std::string_view reduce_op_name(ReduceOp op);
+
+enum class Engine : uint8_t { threads, mpi, gloo, nccl };
+std::string_view engine_name(Engine e);
+Engine parse_engine(std::string_view name);  // throws InvalidArgument
+
+// What an engine can do, reported up front instead of discovered by exceptions.
+struct Capabilities {
+  Engine engine = Engine::threads;
+  bool async = true;                 // *_async overlap with the caller's compute
+  bool send_recv = true;             // point-to-point
+  bool split = true;                 // sub-communicators
+  bool checks_fingerprints = false;  // every collective's fingerprint is compared
+  bool names_missing_ranks = false;  // timeouts can name the ranks that did not arrive
+  bool device_memory = false;        // buffers may live on a GPU
+};
+
+// The operation names used in fingerprints and errors.
+enum class CollectiveOp : uint8_t {
+  all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, barrier, split, send, recv
+};
+std::string_view collective_op_name(CollectiveOp op);
+
+// What every rank of a collective must agree on.
+struct Fingerprint {
+  uint64_t seq = 0;  // per-communicator sequence number, from 1
+  CollectiveOp op = CollectiveOp::barrier;
+  DType dtype = DType::u8;
+  ReduceOp reduce = ReduceOp::sum;  // meaningful for all_reduce/reduce_scatter
+  size_t count = 0;
+  int root = -1;  // broadcast root, else -1
+
+  bool operator==(const Fingerprint&) const = default;
+  // "all_reduce #12 (f32 x 1000, sum)"
+  std::string to_string() const;
+};
+
+using Clock = std::chrono::steady_clock;
+inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(5);
+
+// One operation as the engines see it. Validated by Communicator before it
+// reaches an engine.
+struct Op {
+  CollectiveOp kind = CollectiveOp::barrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  DType dtype = DType::u8;
+  ReduceOp reduce = ReduceOp::sum;
+  int root = -1;  // broadcast
+  int peer = -1;  // send/recv
+  int tag = 0;    // send/recv
+  uint64_t seq = 0;  // collective sequence number (0 for send/recv)
+
+  Fingerprint fingerprint() const { return {seq, kind, dtype, reduce, count, root}; }
+  size_t bytes() const { return count * dtype_size(dtype); }
+};
+
+// How the caller will complete an operation: a blocking call may run inline
+// and return an empty Work; an async one must return without waiting for peers.
+enum class Completion : uint8_t { blocking, async };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Capabilities capabilities() const = 0;
+
+  // Deadline of every blocking wait of this communicator (default 5 minutes).
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+
+  // Number of collectives issued so far; the next one gets seq() + 1.
+  uint64_t seq() const { return seq_; }
+
+  // Element-wise reduction of `count` elements over all ranks; every rank's
+  // recv holds the result. In place if send == recv.
+  [[nodiscard]] Work all_reduce_async(const void* send, void* recv, size_t count, DType dtype,
+                                      ReduceOp op);
+
+  // Every rank contributes `count` elements; recv (size() * count elements)
+  // holds rank r's contribution at offset r * count. In place if
+  // send == recv + rank() * count.
+  [[nodiscard]] Work all_gather_async(const void* send, void* recv, size_t count, DType dtype);
+
+  // send holds size() * count elements; the reduction of block r (offset
+  // r * count) over all ranks lands in rank r's recv (count elements). In
+  // place if recv == send + rank() * count.
+  [[nodiscard]] Work reduce_scatter_async(const void* send, void* recv, size_t count, DType dtype,
+                                          ReduceOp op);
+
+  // Copies root's buf (count elements) to every rank's buf.
+  [[nodiscard]] Work broadcast_async(void* buf, size_t count, DType dtype, int root);
+
+  // send and recv hold size() * count elements. Block p of rank r's send
+  // lands in block r of rank p's recv. Not in place: send and recv must not
+  // overlap.
+  [[nodiscard]] Work all_to_all_async(const void* send, void* recv, size_t count, DType dtype);
+
+  // Point-to-point. Messages from one rank to another with the same tag are
+  // matched in order; count and dtype must agree on both sides; tag >= 0.
+  // Not collectives: they take no sequence number.
+  [[nodiscard]] Work send_async(const void* buf, size_t count, DType dtype, int peer, int tag);
+  [[nodiscard]] Work recv_async(void* buf, size_t count, DType dtype, int peer, int tag);
+
+  // Returns once every rank has entered the barrier.
+  [[nodiscard]] Work barrier_async();
+
+  // Collective. Ranks with the same color form a new communicator, ordered by
+  // (key, old rank). color < 0: the rank joins no group and gets nullptr.
+  // The new communicator inherits timeout(). Pending async work is waited
+  // for first.
+  std::unique_ptr<Communicator> split(int color, int key);
+
+  // Blocking forms: same contracts, complete on return.
+  void all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
+  void all_gather(const void* send, void* recv, size_t count, DType dtype);
+  void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
+  void broadcast(void* buf, size_t count, DType dtype, int root);
+  void all_to_all(const void* send, void* recv, size_t count, DType dtype);
+  void send(const void* buf, size_t count, DType dtype, int peer, int tag);
+  void recv(void* buf, size_t count, DType dtype, int peer, int tag);
+  void barrier();
+
+ protected:
+  // Engines implement these. `op` is validated and numbered.
+  virtual Work start(const Op& op, Completion completion) = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, uint64_t seq) = 0;
+
+ private:
+  Work issue(Op op, Completion completion);
+
+  std::chrono::milliseconds timeout_ = kDefaultTimeout;
+  uint64_t seq_ = 0;
+};
+
+}  // namespace meshtrain::comm

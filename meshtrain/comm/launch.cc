@@ -1,0 +1,93 @@
+#include "meshtrain/comm/launch.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "meshtrain/comm/threads/communicator.h"
+#include "meshtrain/core/error.h"
+#ifdef MESHTRAIN_HAVE_MPI
+#include "meshtrain/comm/mpi/communicator.h"
+#endif
+
+namespace meshtrain::comm {
+namespace {
+
+void launch_threads(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {
+  auto comms = threads::create_world(options.ranks, {.timeout = options.timeout});
+  struct Failure {
+    int rank;
+    std::exception_ptr error;
+    bool echo;  // an AbortedError: a consequence of another failure
+  };
+  std::mutex mu;
+  std::vector<Failure> failures;  // in the order they happened
+  std::vector<std::thread> threads;
+  threads.reserve(comms.size());
+  for (int r = 0; r < options.ranks; ++r) {
+    threads.emplace_back([&, r] {
+      Communicator& comm = *comms[r];
+      try {
+        fn(comm);
+        threads::mark_exited(comm, r);
+      } catch (const std::exception& e) {
+        {
+          std::lock_guard l(mu);
+          failures.push_back({r, std::current_exception(), dynamic_cast<const AbortedError*>(&e) != nullptr});
+        }
+        threads::mark_failed(comm, r, e.what());
+      } catch (...) {
+        {
+          std::lock_guard l(mu);
+          failures.push_back({r, std::current_exception(), false});
+        }
+        threads::mark_failed(comm, r, "unknown exception");
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (failures.empty()) return;
+  for (const auto& f : failures)
+    if (!f.echo) std::rethrow_exception(f.error);
+  std::rethrow_exception(failures.front().error);
+}
+
+}  // namespace
+
+bool started_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {
+  switch (options.engine) {
+    case Engine::threads:
+      if (options.ranks < 1)
+        throw InvalidArgument("comm::launch", fmt::format("ranks = {}", options.ranks),
+                              "the threads engine needs --ranks >= 1");
+      return launch_threads(options, fn);
+    case Engine::mpi: {
+#ifdef MESHTRAIN_HAVE_MPI
+      mpi::initialize();
+      auto world = mpi::create_world({.check_fingerprints = options.check_fingerprints});
+      world->set_timeout(options.timeout);
+      if (options.ranks != 0 && options.ranks != world->size())
+        throw InvalidArgument("comm::launch",
+                              fmt::format("asked for {} ranks but mpirun started {}", options.ranks, world->size()),
+                              "pass the same count to mpirun -np and --ranks, or --ranks 0");
+      fn(*world);
+      return;
+#else
+      throw Unsupported("comm::launch", "this build has no OpenMPI engine",
+                        "install libopenmpi-dev (scripts/install-deps.sh) and reconfigure");
+#endif
+    }
+    case Engine::gloo:
+    case Engine::nccl:
+      throw Unsupported("comm::launch", fmt::format("engine '{}' is not built yet", engine_name(options.engine)),
+                        "use --engine threads or --engine mpi");
+  }
+}
+
+}  // namespace meshtrain::comm

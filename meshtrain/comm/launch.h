@@ -1,0 +1,36 @@
+// Runs one SPMD function on every rank of an engine.
+//
+//   meshtrain::comm::LaunchOptions opt{.engine = Engine::threads, .ranks = 4};
+//   meshtrain::comm::launch(opt, [](Communicator& world) { ... });
+//
+// threads: `ranks` threads in this process, one communicator each; launch()
+//   returns when all have returned. If any rank throws, the others' pending and
+//   later waits fail at once with AbortedError naming that rank, and launch()
+//   rethrows the first error by time (the cause, not its echoes).
+// mpi: the function runs once in this process on MPI_COMM_WORLD (start the
+//   program under mpirun); `ranks` must be 0 or equal the MPI world size.
+//   MPI is initialized on first use and finalized at process exit.
+// Thread-safety: call from one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+#include "meshtrain/comm/communicator.h"
+
+namespace meshtrain::comm {
+
+struct LaunchOptions {
+  Engine engine = Engine::threads;
+  int ranks = 1;  // threads: how many; mpi: 0 (take mpirun's) or the expected size
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  bool check_fingerprints = true;  // mpi: exchange fingerprints (costs one small message per peer)
+};
+
+void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn);
+
+// True when this process was started by mpirun/srun with OpenMPI (reads the
+// OMPI_COMM_WORLD_SIZE the launcher sets). Lets a CLI pick the mpi engine.
+bool started_by_mpirun();
+
+}  // namespace meshtrain::comm

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package meshtrain needs. Idempotent: packages already
+# present are skipped, so a second run does no network work.
+set -euo pipefail
+
+packages=(
+  g++ cmake ninja-build make pkg-config
+  libopenblas-dev
+  libopenmpi-dev openmpi-bin
+  libgloo-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libstb-dev
+  zlib1g-dev
+  dataset-fashion-mnist
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
