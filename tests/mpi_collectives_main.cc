@@ -4,7 +4,7 @@
 
 #include <cstdio>
 
-#include "collective_suite.h"
+#include "meshtrain/comm/selftest.h"
 #include "meshtrain/comm/launch.h"
 
 int main() {
@@ -13,7 +13,7 @@ int main() {
   comm::launch({.engine = comm::Engine::mpi, .ranks = 0, .timeout = std::chrono::seconds(120)},
                [&](comm::Communicator& c) {
                  try {
-                   const size_t checks = testing::run_collective_suite(c);
+                   const size_t checks = comm::run_collective_suite(c);
                    int32_t ok = 1;
                    c.all_reduce(&ok, &ok, 1, DType::i32, comm::ReduceOp::min);
                    if (c.rank() == 0) fmt::print("mpi collective suite: {} ranks, {} checks per rank, {}\n", c.size(), checks, ok ? "PASS" : "FAIL");

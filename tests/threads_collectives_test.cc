@@ -3,10 +3,10 @@
 
 #include <atomic>
 
-#include "collective_suite.h"
+#include "meshtrain/comm/selftest.h"
 #include "meshtrain/comm/launch.h"
 
-namespace meshtrain::testing {
+namespace meshtrain::comm {
 namespace {
 
 class ThreadsCollectives : public ::testing::TestWithParam<int> {};
@@ -15,7 +15,7 @@ TEST_P(ThreadsCollectives, SuitePasses) {
   const int n = GetParam();
   std::atomic<size_t> checks{0};
   comm::launch({.engine = comm::Engine::threads, .ranks = n, .timeout = std::chrono::seconds(60)},
-               [&](comm::Communicator& c) { checks += run_collective_suite(c); });
+               [&](comm::Communicator& c) { checks += comm::run_collective_suite(c); });
   EXPECT_GT(checks.load(), 100u * n);
 }
 
@@ -48,4 +48,4 @@ TEST(ThreadsDeterminism, SameBitsEveryRun) {
 }
 
 }  // namespace
-}  // namespace meshtrain::testing
+}  // namespace meshtrain::comm

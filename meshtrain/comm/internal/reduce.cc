@@ -1,12 +1,17 @@
 #include "meshtrain/comm/internal/reduce.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "meshtrain/core/half.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace meshtrain::comm::internal {
 namespace {
@@ -72,13 +77,41 @@ Acc divide(Acc a, int d) {
   }
 }
 
+void stream(std::byte* dst, const std::byte* src, size_t bytes) {
+#if defined(__SSE2__)
+  const size_t head = std::min(bytes, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  dst += head, src += head, bytes -= head;
+  for (; bytes >= 64; dst += 64, src += 64, bytes -= 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+void store_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+}
+
 // The op is a template parameter so the inner loops vectorize.
 template <typename T, typename Conv, ReduceOp kOp>
 void reduce_typed(void* const* outs, int n_out, const void* const* ins, int n_in, size_t count,
-                  int avg_divisor) {
+                  int avg_divisor, bool streaming) {
   using Acc = typename Conv::Acc;
   constexpr size_t kTile = 1024;
   Acc acc[kTile];
+  alignas(64) T staged[kTile];  // streaming: the converted tile, copied out with NT stores
   for (size_t base = 0; base < count; base += kTile) {
     const size_t m = std::min(kTile, count - base);
     const T* in0 = static_cast<const T*>(ins[0]) + base;
@@ -89,6 +122,13 @@ void reduce_typed(void* const* outs, int n_out, const void* const* ins, int n_in
     }
     if constexpr (kOp == ReduceOp::avg)
       for (size_t i = 0; i < m; ++i) acc[i] = divide<T, Acc>(acc[i], avg_divisor);
+    if (streaming) {
+      for (size_t i = 0; i < m; ++i) staged[i] = Conv::store(acc[i]);
+      for (int j = 0; j < n_out; ++j)
+        stream(reinterpret_cast<std::byte*>(static_cast<T*>(outs[j]) + base),
+               reinterpret_cast<const std::byte*>(staged), m * sizeof(T));
+      continue;
+    }
     for (int j = 0; j < n_out; ++j) {
       T* out = static_cast<T*>(outs[j]) + base;
       for (size_t i = 0; i < m; ++i) out[i] = Conv::store(acc[i]);
@@ -98,31 +138,43 @@ void reduce_typed(void* const* outs, int n_out, const void* const* ins, int n_in
 
 template <typename T, typename Conv>
 void reduce_op(void* const* outs, int n_out, const void* const* ins, int n_in, size_t count,
-               ReduceOp op, int avg_divisor) {
+               ReduceOp op, int avg_divisor, bool streaming) {
   switch (op) {
-    case ReduceOp::sum: return reduce_typed<T, Conv, ReduceOp::sum>(outs, n_out, ins, n_in, count, avg_divisor);
-    case ReduceOp::avg: return reduce_typed<T, Conv, ReduceOp::avg>(outs, n_out, ins, n_in, count, avg_divisor);
-    case ReduceOp::max: return reduce_typed<T, Conv, ReduceOp::max>(outs, n_out, ins, n_in, count, avg_divisor);
-    case ReduceOp::min: return reduce_typed<T, Conv, ReduceOp::min>(outs, n_out, ins, n_in, count, avg_divisor);
-    case ReduceOp::prod: return reduce_typed<T, Conv, ReduceOp::prod>(outs, n_out, ins, n_in, count, avg_divisor);
+    case ReduceOp::sum: return reduce_typed<T, Conv, ReduceOp::sum>(outs, n_out, ins, n_in, count, avg_divisor, streaming);
+    case ReduceOp::avg: return reduce_typed<T, Conv, ReduceOp::avg>(outs, n_out, ins, n_in, count, avg_divisor, streaming);
+    case ReduceOp::max: return reduce_typed<T, Conv, ReduceOp::max>(outs, n_out, ins, n_in, count, avg_divisor, streaming);
+    case ReduceOp::min: return reduce_typed<T, Conv, ReduceOp::min>(outs, n_out, ins, n_in, count, avg_divisor, streaming);
+    case ReduceOp::prod: return reduce_typed<T, Conv, ReduceOp::prod>(outs, n_out, ins, n_in, count, avg_divisor, streaming);
+  }
+}
+
+void reduce_dispatch(void* const* outs, int n_out, const void* const* ins, int n_in, size_t count,
+                     DType dtype, ReduceOp op, int avg_divisor, bool streaming) {
+  switch (dtype) {
+    case DType::f32: return reduce_op<float, Plain<float>>(outs, n_out, ins, n_in, count, op, avg_divisor, streaming);
+    case DType::f64: return reduce_op<double, Plain<double>>(outs, n_out, ins, n_in, count, op, avg_divisor, streaming);
+    case DType::bf16: return reduce_op<uint16_t, Bf16>(outs, n_out, ins, n_in, count, op, avg_divisor, streaming);
+    case DType::f16: return reduce_op<uint16_t, F16>(outs, n_out, ins, n_in, count, op, avg_divisor, streaming);
+    case DType::i8: return reduce_op<int8_t, Plain<int8_t>>(outs, n_out, ins, n_in, count, op, avg_divisor, streaming);
+    case DType::i32: return reduce_op<int32_t, Plain<int32_t>>(outs, n_out, ins, n_in, count, op, avg_divisor, streaming);
+    case DType::i64: return reduce_op<int64_t, Plain<int64_t>>(outs, n_out, ins, n_in, count, op, avg_divisor, streaming);
+    case DType::u8: return reduce_op<uint8_t, Plain<uint8_t>>(outs, n_out, ins, n_in, count, op, avg_divisor, streaming);
   }
 }
 
 }  // namespace
 
+void copy(void* dst, const void* src, size_t bytes, bool streaming) {
+  if (!streaming) return (void)std::memcpy(dst, src, bytes);
+  stream(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), bytes);
+  store_fence();
+}
+
 void reduce(void* const* outs, int n_out, const void* const* ins, int n_in, size_t count,
-            DType dtype, ReduceOp op, int avg_divisor) {
+            DType dtype, ReduceOp op, int avg_divisor, bool streaming) {
   if (count == 0 || n_out == 0) return;
-  switch (dtype) {
-    case DType::f32: return reduce_op<float, Plain<float>>(outs, n_out, ins, n_in, count, op, avg_divisor);
-    case DType::f64: return reduce_op<double, Plain<double>>(outs, n_out, ins, n_in, count, op, avg_divisor);
-    case DType::bf16: return reduce_op<uint16_t, Bf16>(outs, n_out, ins, n_in, count, op, avg_divisor);
-    case DType::f16: return reduce_op<uint16_t, F16>(outs, n_out, ins, n_in, count, op, avg_divisor);
-    case DType::i8: return reduce_op<int8_t, Plain<int8_t>>(outs, n_out, ins, n_in, count, op, avg_divisor);
-    case DType::i32: return reduce_op<int32_t, Plain<int32_t>>(outs, n_out, ins, n_in, count, op, avg_divisor);
-    case DType::i64: return reduce_op<int64_t, Plain<int64_t>>(outs, n_out, ins, n_in, count, op, avg_divisor);
-    case DType::u8: return reduce_op<uint8_t, Plain<uint8_t>>(outs, n_out, ins, n_in, count, op, avg_divisor);
-  }
+  reduce_dispatch(outs, n_out, ins, n_in, count, dtype, op, avg_divisor, streaming);
+  if (streaming) store_fence();
 }
 
 }  // namespace meshtrain::comm::internal

@@ -578,6 +578,7 @@ class ThreadsCommunicator final : public Communicator {
     sync(op, 0, true);
     check_fingerprints(op);
     const size_t es = dtype_size(op.dtype), bytes = op.bytes();
+    const bool nt = input_bytes(op) >= internal::kStreamingBytes;
     auto pub = [&](int p) -> const Publication& { return g_->slots[p].pub[b]; };
     switch (op.kind) {
       case CollectiveOp::all_reduce: {
@@ -594,29 +595,29 @@ class ThreadsCommunicator final : public Communicator {
           ins[p] = static_cast<const std::byte*>(pub(p).send) + lo * es;
           outs[p] = static_cast<std::byte*>(pub(p).recv) + lo * es;
         }
-        internal::reduce(outs.data(), n, ins.data(), n, hi - lo, op.dtype, op.reduce, n);
+        internal::reduce(outs.data(), n, ins.data(), n, hi - lo, op.dtype, op.reduce, n, nt);
         break;
       }
       case CollectiveOp::reduce_scatter: {
         std::vector<const void*> ins(n);
         for (int p = 0; p < n; ++p) ins[p] = static_cast<const std::byte*>(pub(p).send) + rank_ * bytes;
         void* outs[1] = {op.recv};
-        internal::reduce(outs, 1, ins.data(), n, op.count, op.dtype, op.reduce, n);
+        internal::reduce(outs, 1, ins.data(), n, op.count, op.dtype, op.reduce, n, nt);
         break;
       }
       case CollectiveOp::all_gather:
         for (int p = 0; p < n; ++p) {
           auto* dst = static_cast<std::byte*>(pub(p).recv) + rank_ * bytes;
-          if (dst != op.send) std::memcpy(dst, op.send, bytes);
+          if (dst != op.send) internal::copy(dst, op.send, bytes, nt);
         }
         break;
       case CollectiveOp::broadcast:
-        if (rank_ != op.root) std::memcpy(op.recv, pub(op.root).send, bytes);
+        if (rank_ != op.root) internal::copy(op.recv, pub(op.root).send, bytes, nt);
         break;
       case CollectiveOp::all_to_all:
         for (int p = 0; p < n; ++p)
-          std::memcpy(static_cast<std::byte*>(pub(p).recv) + rank_ * bytes,
-                      static_cast<const std::byte*>(op.send) + p * bytes, bytes);
+          internal::copy(static_cast<std::byte*>(pub(p).recv) + rank_ * bytes,
+                         static_cast<const std::byte*>(op.send) + p * bytes, bytes, nt);
         break;
       default:
         break;

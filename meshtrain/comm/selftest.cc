@@ -1,4 +1,4 @@
-#include "collective_suite.h"
+#include "meshtrain/comm/selftest.h"
 
 #include <fmt/format.h>
 
@@ -10,11 +10,11 @@
 
 #include "meshtrain/core/half.h"
 
-namespace meshtrain::testing {
+namespace meshtrain::comm {
 namespace {
 
-using comm::Communicator;
-using comm::ReduceOp;
+
+
 
 // Inputs repeat with period kPeriod in the element index.
 constexpr size_t kPeriod = 10;  // a multiple of both input patterns (5 and 2)
@@ -141,7 +141,7 @@ std::vector<std::byte> expected_table(DType t, ReduceOp op, int n, size_t offset
 void check_all_reduce(Communicator& c, Checker& ck, DType t, ReduceOp op, size_t count) {
   const int n = c.size(), r = c.rank();
   const auto want = periodic(t, count, expected_table(t, op, n, 0));
-  const std::string what = fmt::format("all_reduce {} x {}", comm::reduce_op_name(op), count);
+  const std::string what = fmt::format("all_reduce {} x {}", reduce_op_name(op), count);
   auto in = periodic(t, count, input_table(t, op, r));
   std::vector<std::byte> out(in.size(), std::byte{0xAB});
   c.all_reduce(in.data(), out.data(), count, t, op);
@@ -159,7 +159,7 @@ void check_reduce_scatter(Communicator& c, Checker& ck, DType t, ReduceOp op, si
   const auto in_full = periodic(t, count * n, input_table(t, op, r));
   const size_t offset = (static_cast<size_t>(r) * count) % kPeriod;
   const auto want = periodic(t, count, expected_table(t, op, n, offset));
-  const std::string what = fmt::format("reduce_scatter {} x {}", comm::reduce_op_name(op), count);
+  const std::string what = fmt::format("reduce_scatter {} x {}", reduce_op_name(op), count);
   std::vector<std::byte> out(count * es, std::byte{0xAB});
   c.reduce_scatter(in_full.data(), out.data(), count, t, op);
   ck.expect(what + " out of place", t, out.data(), want.data(), count);
@@ -267,7 +267,7 @@ void check_async(Communicator& c, Checker& ck) {
   const int n = c.size();
   constexpr size_t kCount = 100'000;
   std::vector<std::vector<float>> bufs(4);
-  std::vector<comm::Work> works;
+  std::vector<Work> works;
   for (int k = 0; k < 4; ++k) {
     bufs[k].assign(kCount, static_cast<float>(k + c.rank()));
     works.push_back(c.all_reduce_async(bufs[k].data(), bufs[k].data(), kCount, DType::f32, ReduceOp::sum));
@@ -288,7 +288,7 @@ size_t run_collective_suite(Communicator& c, const SuiteOptions& options) {
   for (size_t size : options.sizes) {
     const bool full = size <= options.full_matrix_limit;
     for (DType t : kAllDTypes) {
-      for (ReduceOp op : comm::kAllReduceOps) {
+      for (ReduceOp op : kAllReduceOps) {
         if (!full && op != ReduceOp::sum && t != DType::f32) continue;
         check_all_reduce(c, ck, t, op, size);
         check_reduce_scatter(c, ck, t, op, (size + c.size() - 1) / c.size());
@@ -304,4 +304,4 @@ size_t run_collective_suite(Communicator& c, const SuiteOptions& options) {
   return ck.checks();
 }
 
-}  // namespace meshtrain::testing
+}  // namespace meshtrain::comm

@@ -1,4 +1,4 @@
-// The collective test suite, engine-agnostic: every rank calls
+// The collective self-test (tests, `meshtrain check` and the demo), engine-agnostic: every rank calls
 // run_collective_suite(comm) on its communicator. It checks every collective,
 // dtype and reduce op at the given sizes, in place and out of place, against
 // closed-form expected values (inputs are small integers, so every dtype
@@ -13,7 +13,7 @@
 
 #include "meshtrain/comm/communicator.h"
 
-namespace meshtrain::testing {
+namespace meshtrain::comm {
 
 struct SuiteOptions {
   std::vector<size_t> sizes = {0, 1, 7, 1000, (1u << 20) + 3};
@@ -22,6 +22,6 @@ struct SuiteOptions {
 };
 
 // Returns the number of checks made (each a whole buffer compared).
-size_t run_collective_suite(comm::Communicator& comm, const SuiteOptions& options = {});
+size_t run_collective_suite(Communicator& comm, const SuiteOptions& options = {});
 
-}  // namespace meshtrain::testing
+}  // namespace meshtrain::comm

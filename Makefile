@@ -1,0 +1,35 @@
+# The two commands of the README, plus sanitizer runs and benchmarks.
+# Each target installs what it needs (Debian packages) and builds from scratch
+# in build/<preset>; ninja rebuilds only what changed.
+.PHONY: demo test deps build asan tsan bench clean
+
+JOBS ?= $(shell nproc)
+
+deps:
+	./scripts/install-deps.sh
+
+build/release/build.ninja: | deps
+	cmake --preset release
+
+build: deps build/release/build.ninja
+	cmake --build build/release -j $(JOBS)
+
+# Main job: a mesh on 4 simulated devices, every collective checked, the benchmark table.
+demo: build
+	./build/release/cli/meshtrain demo
+
+# Every test: unit, multi-rank (threads 1..8 ranks, mpirun -np 2 and 4), fault tests.
+test: build
+	ctest --preset release
+
+asan: deps
+	cmake --preset asan && cmake --build build/asan -j $(JOBS) && ctest --preset asan -LE mpi
+
+tsan: deps
+	cmake --preset tsan && cmake --build build/tsan -j $(JOBS) && ctest --preset tsan
+
+bench: build
+	./build/release/cli/meshtrain bench collectives --engine threads --ranks 2 --min 4K --max 256M
+
+clean:
+	rm -rf build

@@ -1,0 +1,181 @@
+#include "bench/collectives.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::bench {
+namespace {
+
+using comm::CollectiveOp;
+using Clock = std::chrono::steady_clock;
+
+// Page-aligned, pre-faulted buffer.
+struct Buffer {
+  std::unique_ptr<std::byte, decltype(&std::free)> p{nullptr, &std::free};
+  explicit Buffer(size_t bytes) {
+    const size_t rounded = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
+    p.reset(static_cast<std::byte*>(std::aligned_alloc(4096, rounded)));
+    if (!p) throw Error("bench::Buffer", fmt::format("cannot allocate {} bytes", rounded), "lower --max");
+    std::memset(p.get(), 1, rounded);
+  }
+  std::byte* get() const { return p.get(); }
+};
+
+// Traffic of one call relative to a memcpy of S bytes (see the header).
+double traffic_vs_memcpy(CollectiveOp op, int n) {
+  switch (op) {
+    case CollectiveOp::reduce_scatter:
+    case CollectiveOp::all_gather: return (n + 1.0) / (2.0 * n);
+    default: return 1.0;
+  }
+}
+
+// Element count per call for an op whose nccl-tests size is `bytes`.
+size_t count_for(CollectiveOp op, size_t bytes, int n, DType t) {
+  const size_t elems = bytes / dtype_size(t);
+  switch (op) {
+    case CollectiveOp::all_gather:
+    case CollectiveOp::reduce_scatter:
+    case CollectiveOp::all_to_all: return elems / n;
+    default: return elems;
+  }
+}
+
+void call(comm::Communicator& c, CollectiveOp op, std::byte* a, std::byte* b, size_t count, DType t) {
+  const size_t es = dtype_size(t);
+  switch (op) {
+    case CollectiveOp::all_reduce: return c.all_reduce(a, b, count, t, comm::ReduceOp::sum);
+    case CollectiveOp::reduce_scatter: return c.reduce_scatter(a, b, count, t, comm::ReduceOp::sum);
+    case CollectiveOp::all_gather: return c.all_gather(a + c.rank() * count * es, b, count, t);
+    case CollectiveOp::broadcast: return c.broadcast(a, count, t, 0);
+    case CollectiveOp::all_to_all: return c.all_to_all(a, b, count, t);
+    default: throw InvalidArgument("bench::run_collectives", "op not benchmarked", "");
+  }
+}
+
+// Runs fn `iters` times between barriers; returns the slowest rank's mean
+// seconds per call.
+template <typename Fn>
+double timed(comm::Communicator& c, int iters, Fn&& fn) {
+  c.barrier();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  double dt = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  c.all_reduce(&dt, &dt, 1, DType::f64, comm::ReduceOp::max);
+  return dt;
+}
+
+// Picks an iteration count from a short probe, agreed by all ranks.
+template <typename Fn>
+int iterations(comm::Communicator& c, double budget, Fn&& fn) {
+  const double probe = timed(c, 2, fn);
+  int32_t iters = static_cast<int32_t>(std::clamp(budget / std::max(probe, 1e-9), 3.0, 20000.0));
+  c.broadcast(&iters, 1, DType::i32, 0);
+  return iters;
+}
+
+}  // namespace
+
+double bus_factor(CollectiveOp op, int n) {
+  switch (op) {
+    case CollectiveOp::all_reduce: return 2.0 * (n - 1) / n;
+    case CollectiveOp::all_gather:
+    case CollectiveOp::reduce_scatter:
+    case CollectiveOp::all_to_all: return static_cast<double>(n - 1) / n;
+    default: return 1.0;
+  }
+}
+
+std::vector<CollectiveRow> run_collectives(comm::Communicator& c, const CollectiveOptions& o) {
+  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes || o.step < 2)
+    throw InvalidArgument("bench::run_collectives",
+                          fmt::format("min {} max {} step {}", o.min_bytes, o.max_bytes, o.step),
+                          "need 0 < min <= max and step >= 2");
+  const int n = c.size();
+  // The largest op buffer is max_bytes (send) and max_bytes (recv).
+  Buffer a(o.max_bytes), b(o.max_bytes), copy_src(o.max_bytes), copy_dst(o.max_bytes);
+  std::vector<CollectiveRow> rows;
+  for (size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step) {
+    // memcpy on every rank at once: the contended copy bandwidth at this size.
+    auto copy = [&] { std::memcpy(copy_dst.get(), copy_src.get(), bytes); };
+    const double t_copy = timed(c, iterations(c, o.seconds_per_size / 2, copy), copy);
+    for (CollectiveOp op : o.ops) {
+      const size_t count = count_for(op, bytes, n, o.dtype);
+      if (count == 0) continue;
+      const size_t real_bytes = (op == CollectiveOp::all_reduce || op == CollectiveOp::broadcast)
+                                    ? count * dtype_size(o.dtype)
+                                    : count * n * dtype_size(o.dtype);
+      auto run = [&] { call(c, op, a.get(), b.get(), count, o.dtype); };
+      const double t = timed(c, iterations(c, o.seconds_per_size, run), run);
+      CollectiveRow row;
+      row.label = o.label;
+      row.op = op;
+      row.bytes = real_bytes;
+      row.time_us = t * 1e6;
+      row.algbw_gbs = real_bytes / t / 1e9;
+      row.busbw_gbs = row.algbw_gbs * bus_factor(op, n);
+      row.memcpy_gbs = bytes / t_copy / 1e9;
+      const double t_min = t_copy * traffic_vs_memcpy(op, n) * (static_cast<double>(real_bytes) / bytes);
+      row.bound_busbw_gbs = real_bytes / t_min / 1e9 * bus_factor(op, n);
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+size_t parse_size(const std::string& text) {
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    v = std::stoull(text, &pos);
+  } catch (const std::exception&) {
+    throw InvalidArgument("bench::parse_size", fmt::format("'{}' is not a size", text), "use e.g. 4K, 64M, 1G");
+  }
+  std::string unit = text.substr(pos);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (unit == "" ) return v;
+  if (unit == "K" || unit == "k" || unit == "Ki") return v << 10;
+  if (unit == "M" || unit == "m" || unit == "Mi") return v << 20;
+  if (unit == "G" || unit == "g" || unit == "Gi") return v << 30;
+  throw InvalidArgument("bench::parse_size", fmt::format("unknown unit in '{}'", text), "use K, M or G (powers of 1024)");
+}
+
+std::string format_size(size_t b) {
+  if (b >= (size_t{1} << 30) && b % (size_t{1} << 30) == 0) return fmt::format("{}G", b >> 30);
+  if (b >= (size_t{1} << 20) && b % (size_t{1} << 20) == 0) return fmt::format("{}M", b >> 20);
+  if (b >= (size_t{1} << 10) && b % (size_t{1} << 10) == 0) return fmt::format("{}K", b >> 10);
+  return fmt::format("{}", b);
+}
+
+std::string format_table(const std::vector<CollectiveRow>& rows, int ranks) {
+  std::string s = fmt::format("{:<14} {:<15} {:>8} {:>11} {:>11} {:>11} {:>12} {:>8} {:>11}\n", "engine", "op",
+                              "size", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(GB/s)", "%bound",
+                              "memcpy(GB/s)");
+  for (const auto& r : rows)
+    s += fmt::format("{:<14} {:<15} {:>8} {:>11.2f} {:>11.2f} {:>11.2f} {:>12.2f} {:>7.0f}% {:>11.2f}\n", r.label,
+                     comm::collective_op_name(r.op), format_size(r.bytes), r.time_us, r.algbw_gbs, r.busbw_gbs,
+                     r.bound_busbw_gbs, 100.0 * r.busbw_gbs / r.bound_busbw_gbs, r.memcpy_gbs);
+  s += fmt::format("({} ranks; busbw factor all_reduce 2(n-1)/n, gather/scatter/all_to_all (n-1)/n; bound = "
+                   "memory-traffic bound from the concurrent memcpy rate)\n",
+                   ranks);
+  return s;
+}
+
+std::string format_jsonl(const std::vector<CollectiveRow>& rows, int ranks) {
+  std::string s;
+  for (const auto& r : rows)
+    s += fmt::format(
+        "{{\"engine\":\"{}\",\"op\":\"{}\",\"ranks\":{},\"bytes\":{},\"time_us\":{:.3f},\"algbw_gbs\":{:.4f},"
+        "\"busbw_gbs\":{:.4f},\"bound_busbw_gbs\":{:.4f},\"memcpy_gbs\":{:.4f}}}\n",
+        r.label, comm::collective_op_name(r.op), ranks, r.bytes, r.time_us, r.algbw_gbs, r.busbw_gbs,
+        r.bound_busbw_gbs, r.memcpy_gbs);
+  return s;
+}
+
+}  // namespace meshtrain::bench

@@ -1,0 +1,67 @@
+// Collective benchmark: time, algorithm bandwidth and bus bandwidth per size,
+// with nccl-tests' definitions, beside this machine's memory-traffic bound.
+//
+//   auto rows = bench::run_collectives(comm, {.min_bytes = 4096, .max_bytes = 1 << 28});
+//   if (comm.rank() == 0) fmt::print("{}", bench::format_table(rows, comm.size()));
+//
+// Definitions (S = the op's size in bytes, t = time per call, n = ranks):
+//   algbw = S / t. busbw = algbw * factor: all_reduce 2(n-1)/n; all_gather,
+//   reduce_scatter and all_to_all (n-1)/n; broadcast 1. S is the all_reduce
+//   and broadcast buffer, the all_gather output, the reduce_scatter input and
+//   the all_to_all send buffer (per rank), as nccl-tests counts it.
+// Memory-traffic bound: every rank memcpy's S bytes at the same time as the
+// others; that rate (memcpy_bw = S / t_memcpy, per rank) is the machine's
+// shared-memory copy bandwidth under the same contention. An op that must read
+// R and write W bytes per rank cannot beat t_memcpy * (R + W) / 2S:
+//   all_reduce, broadcast, all_to_all: R = W = S        -> t >= t_memcpy
+//   reduce_scatter: R = S, W = S/n; all_gather: R = S/n, W = S
+//                                                        -> t >= t_memcpy (n+1)/2n
+// (the threads engine reaches these minimums: docs/comm.md). The bound's busbw
+// is S / t_min * factor. Write-allocate traffic is ignored on both sides.
+// Time is the slowest rank's mean over the timed iterations.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+
+namespace meshtrain::bench {
+
+struct CollectiveOptions {
+  size_t min_bytes = 4096;
+  size_t max_bytes = size_t{256} << 20;
+  size_t step = 4;  // size multiplier between rows
+  std::vector<comm::CollectiveOp> ops = {comm::CollectiveOp::all_reduce, comm::CollectiveOp::reduce_scatter,
+                                         comm::CollectiveOp::all_gather, comm::CollectiveOp::broadcast,
+                                         comm::CollectiveOp::all_to_all};
+  DType dtype = DType::f32;
+  double seconds_per_size = 0.2;  // timing budget per (op, size)
+  std::string label;              // e.g. "threads" or "mpi-native", printed per row
+};
+
+struct CollectiveRow {
+  std::string label;
+  comm::CollectiveOp op;
+  size_t bytes = 0;
+  double time_us = 0;
+  double algbw_gbs = 0;
+  double busbw_gbs = 0;
+  double bound_busbw_gbs = 0;  // memory-traffic bound (see above)
+  double memcpy_gbs = 0;       // per-rank concurrent memcpy bandwidth at this size
+};
+
+// Collective: every rank of comm calls it. Rows are valid on every rank.
+std::vector<CollectiveRow> run_collectives(comm::Communicator& comm, const CollectiveOptions& options);
+
+double bus_factor(comm::CollectiveOp op, int n);
+
+// "4K", "256M", "1G" -> bytes; throws InvalidArgument.
+size_t parse_size(const std::string& text);
+std::string format_size(size_t bytes);
+
+std::string format_table(const std::vector<CollectiveRow>& rows, int ranks);
+// One JSON object per row (for docs and plots).
+std::string format_jsonl(const std::vector<CollectiveRow>& rows, int ranks);
+
+}  // namespace meshtrain::bench

@@ -1,0 +1,99 @@
+// The OpenMPI engine: a Communicator over an MPI communicator, for programs
+// started by mpirun/srun (one process per rank, any number of nodes).
+//
+//   meshtrain::comm::mpi::initialize();      // optional: create_world does it
+//   auto world = meshtrain::comm::mpi::create_world();
+//   world->set_timeout(std::chrono::seconds(30));
+//   world->all_reduce(g.data(), g.data(), n, DType::f32, ReduceOp::avg);
+//
+// Every contract of comm/communicator.h holds, with these engine specifics:
+//
+// - Collectives run as MPI non-blocking collectives (MPI_Iallreduce,
+//   MPI_Iallgather, MPI_Ibcast, MPI_Ialltoall, MPI_Ibarrier, and
+//   MPI_Ireduce_scatter_block or a ring, see ReduceScatterAlgorithm); send/recv
+//   are MPI_Isend/MPI_Irecv on the same tag. OpenMPI has no progress thread:
+//   an async operation advances while this rank is inside a call on this
+//   communicator (any start, test or wait), so overlap with compute is limited
+//   to what the MPI library does on its own.
+// - Fingerprints (Options::check_fingerprints, on by default): before a
+//   collective's data moves, every rank sends its fingerprint to every peer on
+//   a private duplicate of the communicator (n-1 small messages per rank) and
+//   the data is posted only once all peers' fingerprints arrived and agree.
+//   A disagreement raises MismatchError on every rank naming both sides; a
+//   peer missing at the deadline raises TimeoutError naming it. With checks
+//   off, a timeout cannot say who is missing.
+// - Deadlines: each wait (Work::wait, a blocking call, split) waits at most
+//   timeout() from the moment it begins. A rank that fails (timeout, mismatch,
+//   MPI error) aborts the communicator and tells its peers, whose pending and
+//   later calls then fail at once with AbortedError naming it.
+// - Operations MPI cannot cancel (a non-blocking collective a peer never
+//   joined, a send in flight) keep their buffers in use after the error that
+//   ended them: keep those buffers alive until the communicator is destroyed.
+//   Destroying an aborted communicator waits up to timeout() for them to
+//   finish (a late peer may still join), then leaves them to MPI.
+// - Reductions: f32, f64 and integers use MPI's built-in ops. bf16 and f16
+//   travel as 16-bit words with user-defined MPI ops that widen each pair to
+//   f32 and round the result, so MPI's reduction tree rounds once per step,
+//   not once overall as communicator.h states for engines that can: results
+//   are deterministic for a given rank count and count, but may differ in the
+//   last bit from the threads engine. The ring reduce-scatter does keep
+//   16-bit partial sums in f32 and rounds once. avg is sum, then a local
+//   division by size() (integers: truncated toward zero; bf16/f16: the
+//   rounded sum is divided in f32 and rounded again).
+// - Counts: MPI counts are int. Operations passed to MPI as a whole throw
+//   Unsupported for more than INT_MAX (2^31-1) elements per block; the ring
+//   reduce-scatter moves data in 1 MiB chunks and takes any count.
+// - Requires MPI_THREAD_MULTIPLE when several communicators are used from
+//   different threads; initialize() asks for it.
+//
+// Thread-safety: as Communicator (one thread at a time per communicator).
+// Determinism: bit-identical results for the same rank count, count, dtype,
+// op and Options.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "meshtrain/comm/communicator.h"
+
+namespace meshtrain::comm::mpi {
+
+// How reduce_scatter moves data.
+enum class ReduceScatterAlgorithm : uint8_t {
+  // MPI_Ireduce_scatter_block. OpenMPI's implementation reduces the whole
+  // buffer and then scatters it, moving about twice the data of a ring.
+  native,
+  // Ring over MPI_Isend/MPI_Irecv in 1 MiB chunks: n-1 steps, each rank sends
+  // and receives (n-1)/n of the buffer once. Block b is reduced in the fixed
+  // rank order b+1, b+2, ..., b (mod n). bf16/f16 partial sums travel as f32
+  // after the first step (twice the bytes of the later steps) and are rounded
+  // once. It progresses only inside calls on this communicator (start, test,
+  // wait) and holds later operations until it completes. Scratch memory: up
+  // to 2/n of the send buffer (f32-sized for bf16/f16) plus 4 chunks.
+  ring,
+};
+std::string_view reduce_scatter_algorithm_name(ReduceScatterAlgorithm a);
+
+struct Options {
+  // Exchange and compare every collective's fingerprint before its data moves
+  // (catches mismatched calls; lets timeouts name the ranks that did not
+  // arrive). Costs n-1 small messages per rank and collective.
+  bool check_fingerprints = true;
+  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::ring;
+};
+
+// Initializes MPI with MPI_THREAD_MULTIPLE unless it is already initialized;
+// if this call initialized it, MPI_Finalize runs at process exit (std::atexit).
+// Throws EngineError if MPI was already finalized or MPI_Init_thread fails.
+void initialize();
+
+// True between MPI_Init and MPI_Finalize (whoever called them).
+bool is_initialized();
+
+// A communicator over a duplicate of MPI_COMM_WORLD (rank and size as in
+// MPI_COMM_WORLD). Initializes MPI if needed. Collective over MPI_COMM_WORLD:
+// every process must call it. Sub-communicators from split() inherit options.
+std::unique_ptr<Communicator> create_world(Options options = {});
+
+}  // namespace meshtrain::comm::mpi
