@@ -34,6 +34,9 @@ constexpr uint64_t kAborted = ~uint64_t{0};
 constexpr auto kMaxSleep = 10ms;
 // How long a wait spins before it sleeps (only when ranks <= cores).
 constexpr auto kSpinTime = 50us;
+// With more ranks than cores, how long a wait yields its core to a runnable
+// peer (sched_yield) before it sleeps: a futex wake-up costs tens of us.
+constexpr auto kYieldTime = 200us;
 
 int available_cores() {
   cpu_set_t set;
@@ -427,7 +430,7 @@ class ThreadsCommunicator final : public Communicator {
     g_->notify();
 
     const auto deadline = op_deadline_;
-    const auto spin_until = Clock::now() + kSpinTime;
+    const auto spin_until = Clock::now() + (g_->spin ? Clock::duration(kSpinTime) : Clock::duration(kYieldTime));
     std::vector<int> missing, gone;
     for (;;) {
       const uint32_t ep = g_->epoch.load(std::memory_order_acquire);
@@ -468,8 +471,12 @@ class ThreadsCommunicator final : public Communicator {
           continue;  // they arrived just in time
         }
       }
-      if (g_->spin && Clock::now() < spin_until) {
-        for (int i = 0; i < 64; ++i) cpu_relax();
+      if (Clock::now() < spin_until) {
+        if (g_->spin) {
+          for (int i = 0; i < 64; ++i) cpu_relax();
+        } else {
+          sched_yield();
+        }
         continue;
       }
       auto rem = with_deadline ? std::min<Clock::duration>(deadline - Clock::now(), kMaxSleep)
