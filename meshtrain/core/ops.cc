@@ -1,0 +1,385 @@
+#include "meshtrain/core/ops.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/internal/elements.h"
+
+namespace meshtrain {
+namespace {
+
+using internal::dispatch;
+
+void check_operand(const Tensor& t, const char* op, const char* what) {
+  if (!t.defined())
+    throw InvalidArgument(op, fmt::format("{} is undefined (default-constructed)", what),
+                          "pass a tensor created with Tensor::empty, zeros, ...");
+  if (t.device().type != DeviceType::cpu)
+    throw Unsupported(op, fmt::format("{} is on {}", what, t.device().to_string()),
+                      "these kernels run on cpu tensors only");
+}
+
+// Same storage, offset and strides: an exact alias, which element-wise
+// kernels handle (each element is read before it is written).
+bool same_view(const Tensor& a, const Tensor& b) {
+  return a.storage() == b.storage() && a.storage_offset() == b.storage_offset() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
+void check_no_partial_overlap(const Tensor& out, const Tensor& in, const char* op, const char* what) {
+  if (may_overlap(out, in) && !same_view(out, in))
+    throw InvalidArgument(op, fmt::format("the output partly overlaps {}", what),
+                          "write to a separate tensor, or in place to the very same view");
+}
+
+void check_same(const Tensor& a, const Tensor& b, const char* op, const char* na, const char* nb) {
+  if (a.dtype() != b.dtype())
+    throw InvalidArgument(op, fmt::format("{} is {} but {} is {}", na, dtype_name(a.dtype()), nb,
+                                          dtype_name(b.dtype())),
+                          "convert one with to(); kernels do not promote types");
+  if (a.shape() != b.shape())
+    throw InvalidArgument(op, fmt::format("{} has shape {} but {} has shape {}", na,
+                                          shape_to_string(a.shape()), nb, shape_to_string(b.shape())),
+                          "operands must have the same shape; there is no broadcasting");
+}
+
+// ---- element arithmetic: the compute type of each storage type ----
+
+template <typename T>
+using Compute = std::conditional_t<internal::kIsHalf<T>, float, T>;
+
+template <typename T>
+Compute<T> load(T v) {
+  if constexpr (internal::kIsHalf<T>) return internal::to_float(v);
+  else return v;
+}
+
+template <typename T>
+T store(Compute<T> c) {
+  if constexpr (internal::kIsHalf<T>) return internal::from_float<T>(c);
+  else return c;
+}
+
+// Integer arithmetic in the unsigned type wraps instead of overflowing (UB).
+template <typename T>
+T wrap_add(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+}
+template <typename T>
+T wrap_mul(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;  // no promotion to int
+  return static_cast<T>(static_cast<U>(static_cast<W>(static_cast<U>(a)) * static_cast<W>(static_cast<U>(b))));
+}
+template <typename T>
+T wrap_axpy(uint64_t alpha, T x, T y) {  // y + alpha * x mod 2^64, then mod 2^bits
+  return static_cast<T>(static_cast<uint64_t>(static_cast<int64_t>(y)) +
+                        alpha * static_cast<uint64_t>(static_cast<int64_t>(x)));
+}
+
+uint64_t integral_alpha(double alpha, DType dtype, const char* op) {
+  if (!(std::trunc(alpha) == alpha && std::fabs(alpha) < 0x1p63))
+    throw InvalidArgument(op, fmt::format("alpha {} is not a whole number for a {} tensor", alpha,
+                                          dtype_name(dtype)),
+                          "use a whole alpha, or convert the tensor to a floating dtype");
+  return static_cast<uint64_t>(static_cast<int64_t>(alpha));
+}
+
+// out[i] = f(a[i], b[i]) over any strides; contiguous rows take the unit-stride loop.
+template <typename T, typename F>
+void binary_kernel(const Tensor& a, const Tensor& b, const Tensor& out, F f) {
+  const T* pa = static_cast<const T*>(a.data_ptr());
+  const T* pb = static_cast<const T*>(b.data_ptr());
+  T* po = static_cast<T*>(out.data_ptr());
+  if (a.is_contiguous() && b.is_contiguous() && out.is_contiguous()) {
+    const int64_t n = out.numel();
+    for (int64_t i = 0; i < n; ++i) po[i] = f(pa[i], pb[i]);
+    return;
+  }
+  const std::array<const std::vector<int64_t>*, 3> strides{&a.strides(), &b.strides(), &out.strides()};
+  internal::for_each_row<3>(out.shape(), strides, [&](auto off, int64_t len, auto in) {
+    const T* ra = pa + off[0];
+    const T* rb = pb + off[1];
+    T* ro = po + off[2];
+    if (in[0] == 1 && in[1] == 1 && in[2] == 1) {
+      for (int64_t i = 0; i < len; ++i) ro[i] = f(ra[i], rb[i]);
+    } else {
+      for (int64_t i = 0; i < len; ++i) ro[i * in[2]] = f(ra[i * in[0]], rb[i * in[1]]);
+    }
+  });
+}
+
+template <typename T, typename F>
+void unary_inplace_kernel(const Tensor& x, F f) {
+  T* px = static_cast<T*>(x.data_ptr());
+  const std::array<const std::vector<int64_t>*, 1> strides{&x.strides()};
+  internal::for_each_row<1>(x.shape(), strides, [&](auto off, int64_t len, auto in) {
+    T* r = px + off[0];
+    if (in[0] == 1) {
+      for (int64_t i = 0; i < len; ++i) r[i] = f(r[i]);
+    } else {
+      for (int64_t i = 0; i < len; ++i) r[i * in[0]] = f(r[i * in[0]]);
+    }
+  });
+}
+
+// Calls f(value as double) for every element in row-major order.
+template <typename F>
+void for_each_value(const Tensor& x, F f) {
+  dispatch(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x.data_ptr());
+    const std::array<const std::vector<int64_t>*, 1> strides{&x.strides()};
+    internal::for_each_row<1>(x.shape(), strides, [&](auto off, int64_t len, auto in) {
+      const T* r = p + off[0];
+      for (int64_t i = 0; i < len; ++i) {
+        if constexpr (internal::kIsHalf<T>) f(internal::to_double(r[i * in[0]]));
+        else f(static_cast<double>(r[i * in[0]]));
+      }
+    });
+  });
+}
+
+// ---- matmul ----
+
+// A 2-D operand as BLAS sees it: row-major storage with leading dim `ld`,
+// transposed or not.
+struct BlasOperand {
+  Tensor t;  // holds the memory (possibly a contiguous copy)
+  bool trans;
+  int64_t ld;
+};
+
+BlasOperand as_blas(const Tensor& x, bool trans) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const int64_t s0 = x.stride(0), s1 = x.stride(1);
+  if ((s1 == 1 || cols <= 1) && (rows <= 1 || s0 >= std::max<int64_t>(cols, 1)))
+    return {x, trans, rows <= 1 ? std::max<int64_t>(cols, 1) : s0};
+  // A transpose() view of a row-major matrix: hand BLAS the storage and flip.
+  if ((s0 == 1 || rows <= 1) && (cols <= 1 || s1 >= std::max<int64_t>(rows, 1)))
+    return {x, !trans, cols <= 1 ? std::max<int64_t>(rows, 1) : s1};
+  return {x.contiguous(), trans, std::max<int64_t>(cols, 1)};
+}
+
+void check_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
+                  int batch_dims, const char* op) {
+  check_operand(a, op, "a");
+  check_operand(b, op, "b");
+  check_operand(out, op, "out");
+  const int nd = 2 + batch_dims;
+  for (const Tensor* t : {&a, &b, &out}) {
+    if (t->dim() != nd)
+      throw InvalidArgument(op, fmt::format("operand of shape {} is {}-d", shape_to_string(t->shape()), t->dim()),
+                            fmt::format("{} takes {}-d tensors", op, nd));
+  }
+  if (a.dtype() != b.dtype() || a.dtype() != out.dtype() ||
+      (a.dtype() != DType::f32 && a.dtype() != DType::f64))
+    throw InvalidArgument(op, fmt::format("dtypes a {}, b {}, out {}", dtype_name(a.dtype()),
+                                          dtype_name(b.dtype()), dtype_name(out.dtype())),
+                          "matmul needs all f32 or all f64; convert bf16/f16 with to(DType::f32)");
+  const int64_t m = trans_a ? a.size(-1) : a.size(-2);
+  const int64_t ka = trans_a ? a.size(-2) : a.size(-1);
+  const int64_t kb = trans_b ? b.size(-1) : b.size(-2);
+  const int64_t n = trans_b ? b.size(-2) : b.size(-1);
+  const bool batch_ok = batch_dims == 0 || (a.size(0) == b.size(0) && a.size(0) == out.size(0));
+  if (ka != kb || out.size(-2) != m || out.size(-1) != n || !batch_ok)
+    throw InvalidArgument(op,
+                          fmt::format("a {}{} @ b {}{} does not give out {}", shape_to_string(a.shape()),
+                                      trans_a ? "^T" : "", shape_to_string(b.shape()), trans_b ? "^T" : "",
+                                      shape_to_string(out.shape())),
+                          "need op(a) (M, K), op(b) (K, N), out (M, N), and equal batch sizes");
+  if (may_overlap(out, a) || may_overlap(out, b))
+    throw InvalidArgument(op, "out overlaps an input", "write the product to a separate tensor");
+}
+
+void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
+               double alpha, double beta) {
+  const int64_t m = out.size(0), n = out.size(1);
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // the product is empty: out = beta * out
+    if (beta == 0.0) out.fill(0.0);
+    else scale(out, beta);
+    return;
+  }
+  BlasOperand pa = as_blas(a, trans_a);
+  BlasOperand pb = as_blas(b, trans_b);
+  const bool out_direct = out.stride(1) == 1 && (m <= 1 || out.stride(0) >= n);
+  Tensor c = out_direct ? out : (beta == 0.0 ? Tensor::empty(out.shape(), out.dtype()) : out.contiguous());
+  const int64_t ldc = m <= 1 ? n : c.stride(0);
+  constexpr int64_t kMax = std::numeric_limits<blasint>::max();
+  for (int64_t v : {m, n, k, pa.ld, pb.ld, ldc}) {
+    if (v > kMax)
+      throw InvalidArgument("matmul", fmt::format("size or leading dimension {} exceeds BLAS's {}", v, kMax),
+                            "split the product into smaller blocks");
+  }
+  const auto ta = pa.trans ? CblasTrans : CblasNoTrans;
+  const auto tb = pb.trans ? CblasTrans : CblasNoTrans;
+  const auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n), bk = static_cast<blasint>(k);
+  if (a.dtype() == DType::f32) {
+    cblas_sgemm(CblasRowMajor, ta, tb, bm, bn, bk, static_cast<float>(alpha),
+                static_cast<const float*>(pa.t.data_ptr()), static_cast<blasint>(pa.ld),
+                static_cast<const float*>(pb.t.data_ptr()), static_cast<blasint>(pb.ld),
+                static_cast<float>(beta), static_cast<float*>(c.data_ptr()), static_cast<blasint>(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, bm, bn, bk, alpha, static_cast<const double*>(pa.t.data_ptr()),
+                static_cast<blasint>(pa.ld), static_cast<const double*>(pb.t.data_ptr()),
+                static_cast<blasint>(pb.ld), beta, static_cast<double*>(c.data_ptr()),
+                static_cast<blasint>(ldc));
+  }
+  if (!out_direct) out.copy_from(c);
+}
+
+}  // namespace
+
+void set_blas_threads(int n) {
+  if (n < 1)
+    throw InvalidArgument("set_blas_threads", fmt::format("thread count {}", n), "use n >= 1");
+  openblas_set_num_threads(n);
+}
+
+int blas_threads() { return openblas_get_num_threads(); }
+
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b, double alpha,
+            double beta) {
+  check_matmul(a, b, out, trans_a, trans_b, 0, "matmul");
+  matmul_2d(a, b, out, trans_a, trans_b, alpha, beta);
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_operand(a, "matmul", "a");
+  check_operand(b, "matmul", "b");
+  if (a.dim() != 2 || b.dim() != 2)
+    throw InvalidArgument("matmul", fmt::format("a {} and b {} must be 2-d", shape_to_string(a.shape()),
+                                                shape_to_string(b.shape())),
+                          "use batched_matmul for 3-d operands");
+  Tensor out = Tensor::empty({a.size(0), b.size(1)}, a.dtype());
+  matmul(a, b, out);
+  return out;
+}
+
+void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
+                    double alpha, double beta) {
+  check_matmul(a, b, out, trans_a, trans_b, 1, "batched_matmul");
+  for (int64_t i = 0; i < out.size(0); ++i)
+    matmul_2d(a.select(0, i), b.select(0, i), out.select(0, i), trans_a, trans_b, alpha, beta);
+}
+
+void add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_operand(a, "add", "a");
+  check_operand(b, "add", "b");
+  check_operand(out, "add", "out");
+  check_same(a, b, "add", "a", "b");
+  check_same(a, out, "add", "a", "out");
+  check_no_partial_overlap(out, a, "add", "a");
+  check_no_partial_overlap(out, b, "add", "b");
+  dispatch(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (internal::kIsInt<T>)
+      binary_kernel<T>(a, b, out, [](T x, T y) { return wrap_add(x, y); });
+    else
+      binary_kernel<T>(a, b, out, [](T x, T y) { return store<T>(load(x) + load(y)); });
+  });
+}
+
+void mul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_operand(a, "mul", "a");
+  check_operand(b, "mul", "b");
+  check_operand(out, "mul", "out");
+  check_same(a, b, "mul", "a", "b");
+  check_same(a, out, "mul", "a", "out");
+  check_no_partial_overlap(out, a, "mul", "a");
+  check_no_partial_overlap(out, b, "mul", "b");
+  dispatch(out.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (internal::kIsInt<T>)
+      binary_kernel<T>(a, b, out, [](T x, T y) { return wrap_mul(x, y); });
+    else
+      binary_kernel<T>(a, b, out, [](T x, T y) { return store<T>(load(x) * load(y)); });
+  });
+}
+
+void axpy(double alpha, const Tensor& x, const Tensor& y) {
+  check_operand(x, "axpy", "x");
+  check_operand(y, "axpy", "y");
+  check_same(x, y, "axpy", "x", "y");
+  check_no_partial_overlap(y, x, "axpy", "x");
+  dispatch(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (internal::kIsInt<T>) {
+      const uint64_t a = integral_alpha(alpha, y.dtype(), "axpy");
+      binary_kernel<T>(x, y, y, [a](T xv, T yv) { return wrap_axpy(a, xv, yv); });
+    } else {
+      const Compute<T> a = static_cast<Compute<T>>(alpha);
+      binary_kernel<T>(x, y, y, [a](T xv, T yv) { return store<T>(load(yv) + a * load(xv)); });
+    }
+  });
+}
+
+void scale(const Tensor& x, double alpha) {
+  check_operand(x, "scale", "x");
+  dispatch(x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (internal::kIsInt<T>) {
+      const T a = static_cast<T>(integral_alpha(alpha, x.dtype(), "scale"));  // mod 2^bits
+      unary_inplace_kernel<T>(x, [a](T v) { return wrap_mul(v, a); });
+    } else {
+      const Compute<T> a = static_cast<Compute<T>>(alpha);
+      unary_inplace_kernel<T>(x, [a](T v) { return store<T>(load(v) * a); });
+    }
+  });
+}
+
+double sum(const Tensor& x) {
+  check_operand(x, "sum", "x");
+  double acc = 0.0;
+  for_each_value(x, [&](double v) { acc += v; });
+  return acc;
+}
+
+double max(const Tensor& x) {
+  check_operand(x, "max", "x");
+  if (x.numel() == 0)
+    throw InvalidArgument("max", fmt::format("tensor of shape {} is empty", shape_to_string(x.shape())),
+                          "max of no elements is undefined; check numel() first");
+  double best = -std::numeric_limits<double>::infinity();
+  bool nan = false;
+  for_each_value(x, [&](double v) {
+    if (std::isnan(v)) nan = true;
+    else if (v > best) best = v;
+  });
+  return nan ? std::numeric_limits<double>::quiet_NaN() : best;
+}
+
+double l2_norm(const Tensor& x) {
+  check_operand(x, "l2_norm", "x");
+  // Squares of every dtype but f64 stay far inside double's range
+  // (f32: 3.4e38^2 = 1.2e77, smallest subnormal^2 = 2e-90), so only f64 can
+  // overflow or underflow and needs the scaled sum.
+  double scale_by = 1.0;
+  if (x.dtype() == DType::f64) {
+    double amax = 0.0;
+    bool nan = false;
+    for_each_value(x, [&](double v) {
+      nan = nan || std::isnan(v);
+      amax = std::max(amax, std::fabs(v));
+    });
+    if (nan) return std::numeric_limits<double>::quiet_NaN();
+    if (std::isinf(amax) || amax == 0.0) return amax;
+    if (amax > 0x1p450 || amax < 0x1p-450) scale_by = amax;
+  }
+  double acc = 0.0;
+  for_each_value(x, [&](double v) {
+    const double s = v / scale_by;
+    acc += s * s;
+  });
+  return scale_by * std::sqrt(acc);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,74 @@
+// CPU kernels over Tensor: BLAS-backed matrix products, element-wise
+// arithmetic and reductions. The building blocks of nn's forward/backward.
+//
+//   Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+//   Tensor b = Tensor::full({3, 2}, 0.5, DType::f32);
+//   Tensor c = matmul(a, b);                    // (2, 2): [[3, 3], [7.5, 7.5]]
+//   matmul(a, b, c, false, false, 1.0, 1.0);    // c += a @ b
+//   axpy(-0.1, c, c);                           // c -= 0.1 * c
+//   double norm = l2_norm(c);
+//
+// Outputs are `const Tensor&`: a Tensor is a handle, and const applies to the
+// handle, not to the elements it points at. This lets a view be an output:
+// add(a, b, c.narrow(0, 0, 2)) writes rows 0..1 of c.
+//
+// Shapes and dtypes are checked (InvalidArgument naming the op, the shapes and
+// a hint); there is no broadcasting and no type promotion: operands and
+// outputs have one shape and one dtype. Inputs and outputs may be any strided
+// views. An output may be the very same view as an input (in place), but not
+// a partly overlapping one (InvalidArgument). Tensors must be on the cpu
+// (Unsupported otherwise).
+//
+// Numerics: f32 and f64 compute in their own precision; bf16 and f16 compute
+// in float and round once to the output (RNE); integers wrap (two's complement)
+// on overflow. Reductions accumulate in double in row-major order, so results
+// are deterministic for a given shape, dtype and strides.
+//
+// Thread-safety: functions may run concurrently on disjoint outputs. matmul
+// uses OpenBLAS, whose thread pool is per process (see set_blas_threads).
+#pragma once
+
+#include "meshtrain/core/tensor.h"
+
+namespace meshtrain {
+
+// Sets OpenBLAS's per-process thread count (n >= 1). Process-wide state:
+// call it in one place at start-up (the CLI or a test main), before kernels
+// run; with N simulated ranks per process, n = cores / N avoids oversubscription.
+void set_blas_threads(int n);
+// The current OpenBLAS thread count.
+int blas_threads();
+
+// out = alpha * op(a) @ op(b) + beta * out, where op(x) is x or x^T.
+// a, b, out: 2-D, all f32 or all f64; op(a) (M, K), op(b) (K, N), out (M, N).
+// Matrices with unit stride in one dim (e.g. narrowed columns or transpose()
+// views) go to BLAS directly; others are copied to contiguous first. When
+// beta == 0, out's old values are ignored (NaN in out does not propagate).
+// out must not overlap a or b.
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a = false,
+            bool trans_b = false, double alpha = 1.0, double beta = 0.0);
+// a @ b as a new contiguous (M, N) tensor of a's dtype.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// matmul for each index of a leading batch dim: a (B, ., .), b (B, ., .),
+// out (B, M, N); same rules as matmul per batch.
+void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a = false,
+                    bool trans_b = false, double alpha = 1.0, double beta = 0.0);
+
+// out = a + b, element-wise; any dtype.
+void add(const Tensor& a, const Tensor& b, const Tensor& out);
+// out = a * b, element-wise; any dtype.
+void mul(const Tensor& a, const Tensor& b, const Tensor& out);
+// y += alpha * x. For integer dtypes alpha must be a whole number.
+void axpy(double alpha, const Tensor& x, const Tensor& y);
+// x *= alpha, in place. For integer dtypes alpha must be a whole number.
+void scale(const Tensor& x, double alpha);
+
+// Sum of all elements (0 for an empty tensor).
+double sum(const Tensor& x);
+// Largest element; NaN if any element is NaN. Throws InvalidArgument when empty.
+double max(const Tensor& x);
+// sqrt(sum of squares), without overflow or underflow in the accumulation
+// (f64 inputs are rescaled by their largest magnitude when needed).
+double l2_norm(const Tensor& x);
+
+}  // namespace meshtrain
