@@ -10,12 +10,13 @@
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <map>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "meshtrain/comm/mpi/internal/fingerprint.h"
 #include "meshtrain/comm/mpi/internal/mpi_util.h"
 #include "meshtrain/comm/mpi/internal/reduce.h"
 #include "meshtrain/comm/mpi/internal/ring_reduce_scatter.h"
@@ -44,49 +45,19 @@ namespace meshtrain::comm::mpi {
 
 using internal::Backoff;
 using internal::check;
+using internal::FingerprintTable;
+using internal::mismatch_error;
 using internal::mpi_type;
 using internal::Orphan;
+using internal::WireFingerprint;
 
 namespace {
 
 constexpr int kAbortTag = 0;  // on check_: abort notices; fingerprints use tags >= 1
-constexpr size_t kMaxNoticeBytes = 2048;
 
 std::string op_name(const Op& op) { return fmt::format("mpi::{}", collective_op_name(op.kind)); }
 
 bool is_p2p(CollectiveOp k) { return k == CollectiveOp::send || k == CollectiveOp::recv; }
-
-// "rank 3", "ranks 0-2, 5".
-std::string format_ranks(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!out.empty()) out += ", ";
-    out += j == i ? fmt::format("{}", ranks[i])
-                  : fmt::format("{}{}{}", ranks[i], j == i + 1 ? ", " : "-", ranks[j]);
-    i = j + 1;
-  }
-  return (ranks.size() == 1 ? "rank " : "ranks ") + out;
-}
-
-// Fingerprint as it travels: fixed layout, no padding surprises.
-struct WireFingerprint {
-  uint64_t seq = 0;
-  uint64_t count = 0;
-  int32_t root = -1;
-  uint8_t op = 0, dtype = 0, reduce = 0, pad = 0;
-
-  static WireFingerprint from(const Fingerprint& f) {
-    return {f.seq, f.count, f.root, static_cast<uint8_t>(f.op), static_cast<uint8_t>(f.dtype),
-            static_cast<uint8_t>(f.reduce), 0};
-  }
-  Fingerprint to() const {
-    return {seq, static_cast<CollectiveOp>(op), static_cast<DType>(dtype),
-            static_cast<ReduceOp>(reduce), static_cast<size_t>(count), root};
-  }
-};
-static_assert(sizeof(WireFingerprint) == 24);
 
 template <DType D, ReduceOp R>
 void op16(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -167,8 +138,9 @@ class Channel {
   void poll_data(Task& t);
   void finish_data(Task& t);
   std::exception_ptr timeout_error(Task& t, std::chrono::milliseconds timeout);
-  [[noreturn]] void throw_mismatch(const Task& t, const std::vector<int>& arrived,
-                                   const std::vector<int>& missing);
+  // Throws the MismatchError for `t`, given the peers whose fingerprints
+  // arrived, and keeps the table for the abort notice.
+  [[noreturn]] void throw_mismatch(const Task& t, const std::vector<int>& arrived);
   bool receive_notice();
   void fail(Task* culprit, std::exception_ptr error, bool notify_peers, int origin);
   void abandon(const std::shared_ptr<Task>& t);
@@ -189,6 +161,8 @@ class Channel {
   bool aborted_ = false;
   std::string abort_reason_;
   std::vector<int> abort_ranks_;
+  uint64_t mismatch_seq_ = 0;           // set with mismatch_table_ by throw_mismatch
+  FingerprintTable mismatch_table_;
   std::vector<Orphan> orphans_;
   std::chrono::milliseconds drain_timeout_ = kDefaultTimeout;
 };
@@ -458,12 +432,8 @@ bool Channel::poll_fingerprints(Task& t) {
                     MPI_STATUSES_IGNORE),
         "MPI_Testall", name);
   if (!flag) return false;
-  for (size_t i = 0; i < t.theirs.size(); ++i) {
-    if (t.theirs[i].to() != t.mine->to()) {
-      std::vector<int> arrived = t.peers;
-      throw_mismatch(t, arrived, {});
-    }
-  }
+  for (size_t i = 0; i < t.theirs.size(); ++i)
+    if (t.theirs[i].to() != t.mine->to()) throw_mismatch(t, t.peers);
   int sent = 0;  // completes the sends if they are done; finishing checks again
   check(MPI_Testall(static_cast<int>(t.fp_send.size()), t.fp_send.data(), &sent,
                     MPI_STATUSES_IGNORE),
@@ -472,44 +442,16 @@ bool Channel::poll_fingerprints(Task& t) {
   return true;
 }
 
-void Channel::throw_mismatch(const Task& t, const std::vector<int>& arrived,
-                             const std::vector<int>& missing) {
-  // Group ranks by what they called; groups in order of their lowest rank, so
-  // every rank prints the same sentence.
-  std::map<int, std::pair<Fingerprint, std::vector<int>>> groups;  // lowest rank -> group
-  auto add = [&](int r, const Fingerprint& f) {
-    for (auto& [low, g] : groups)
-      if (g.first == f) {
-        g.second.push_back(r);
-        return;
-      }
-    groups[r] = {f, {r}};
-  };
-  std::vector<std::pair<int, Fingerprint>> all{{rank_, t.mine->to()}};
+void Channel::throw_mismatch(const Task& t, const std::vector<int>& arrived) {
+  FingerprintTable table(static_cast<size_t>(size_));
+  table[static_cast<size_t>(rank_)] = t.mine->to();
   for (int p : arrived) {
-    const size_t i = static_cast<size_t>((p - rank_ - 1 + size_) % size_);
-    all.emplace_back(p, t.theirs[i].to());
+    const size_t i = static_cast<size_t>((p - rank_ - 1 + size_) % size_);  // index in t.peers
+    table[static_cast<size_t>(p)] = t.theirs[i].to();
   }
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<int> differ;
-  for (auto& [r, f] : all) {
-    add(r, f);
-    if (!(f == t.mine->to())) differ.push_back(r);
-  }
-  for (auto& [low, g] : groups) std::sort(g.second.begin(), g.second.end());
-  std::string detail;
-  size_t i = 0;
-  for (auto& [low, g] : groups) {
-    detail += i == 0 ? "" : (i == 1 ? " but " : " and ");
-    detail += fmt::format("{} called {}", format_ranks(g.second), g.first.to_string());
-    ++i;
-  }
-  if (!missing.empty())
-    detail += fmt::format("; ranks that did not arrive: [{}]", fmt::join(missing, ", "));
-  throw MismatchError(op_name(t.op), detail,
-                      "every rank must issue the same collectives in the same order, with the "
-                      "same dtype, count, reduce op and root",
-                      differ);
+  mismatch_seq_ = t.op.seq;
+  mismatch_table_ = table;
+  throw mismatch_error(op_name(t.op), table, rank_);
 }
 
 void Channel::poll_data(Task& t) {
@@ -585,7 +527,7 @@ std::exception_ptr Channel::timeout_error(Task& t, std::chrono::milliseconds tim
       std::sort(missing.begin(), missing.end());
       for (int p : arrived) {
         const size_t i = static_cast<size_t>((p - rank_ - 1 + size_) % size_);
-        if (t.theirs[i].to() != t.mine->to()) throw_mismatch(t, arrived, missing);
+        if (t.theirs[i].to() != t.mine->to()) throw_mismatch(t, arrived);
       }
       if (missing.empty()) missing = t.peers;  // cannot happen: Testall would have completed
       throw TimeoutError(
@@ -638,17 +580,31 @@ bool Channel::receive_notice() {
   check(MPI_Iprobe(MPI_ANY_SOURCE, kAbortTag, check_, &flag, &status), "MPI_Iprobe", "abort");
   if (!flag) return false;
   int len = 0;
-  check(MPI_Get_count(&status, MPI_CHAR, &len), "MPI_Get_count", "abort");
-  std::string reason(static_cast<size_t>(std::max(len, 0)), '\0');
-  check(MPI_Recv(reason.data(), len, MPI_CHAR, status.MPI_SOURCE, kAbortTag, check_,
+  check(MPI_Get_count(&status, MPI_BYTE, &len), "MPI_Get_count", "abort");
+  std::string bytes(static_cast<size_t>(std::max(len, 0)), '\0');
+  check(MPI_Recv(bytes.data(), len, MPI_BYTE, status.MPI_SOURCE, kAbortTag, check_,
                  MPI_STATUS_IGNORE),
         "MPI_Recv", "abort");
   const int origin = status.MPI_SOURCE;
+  const internal::Notice notice = internal::decode_notice(bytes);
+  // A mismatch at a collective this rank has issued is this rank's mismatch
+  // too: raise the same MismatchError the peer raised (the contract says
+  // every rank gets one), rebuilt from the peer's table.
+  if (notice.mismatch.size() == static_cast<size_t>(size_)) {
+    for (auto& t : queue_) {
+      if (is_p2p(t->op.kind) || t->op.seq != notice.seq) continue;
+      FingerprintTable table = notice.mismatch;
+      table[static_cast<size_t>(rank_)] = t->op.fingerprint();
+      fail(t.get(), std::make_exception_ptr(mismatch_error(op_name(t->op), table, rank_)),
+           /*notify_peers=*/false, origin);
+      return true;
+    }
+  }
   Task* front = queue_.empty() ? nullptr : queue_.front().get();
   const std::string op = front ? op_name(front->op) : "mpi::communicator";
   fail(front,
        std::make_exception_ptr(AbortedError(
-           op, fmt::format("rank {} aborted the communicator: {}", origin, reason),
+           op, fmt::format("rank {} aborted the communicator: {}", origin, notice.reason),
            fmt::format("rank {} failed first; its error above is the cause", origin), {origin})),
        /*notify_peers=*/false, origin);
   return true;
@@ -657,7 +613,8 @@ bool Channel::receive_notice() {
 void Channel::fail(Task* culprit, std::exception_ptr error, bool notify_peers, int origin) {
   aborted_ = true;
   abort_reason_ = what_of(error);
-  abort_ranks_ = origin == rank_ ? ranks_of(error) : std::vector<int>{origin};
+  abort_ranks_ = ranks_of(error);
+  if (abort_ranks_.empty() && origin != rank_) abort_ranks_ = {origin};
   // The caller may be iterating queue_: work on a moved-out copy.
   std::deque<std::shared_ptr<Task>> tasks;
   tasks.swap(queue_);
@@ -676,11 +633,20 @@ void Channel::fail(Task* culprit, std::exception_ptr error, bool notify_peers, i
   if (!notify_peers) return;
   // Tell every peer, so its pending and later calls fail now instead of at
   // its own deadline. Errors are ignored: we are already failing.
-  auto text = std::make_shared<const std::string>(abort_reason_.substr(0, kMaxNoticeBytes));
+  internal::Notice notice{.reason = abort_reason_};
+  try {
+    std::rethrow_exception(error);
+  } catch (const MismatchError&) {
+    notice.seq = mismatch_seq_;
+    notice.mismatch = mismatch_table_;
+  } catch (...) {
+    if (culprit && !is_p2p(culprit->op.kind)) notice.seq = culprit->op.seq;
+  }
+  auto text = std::make_shared<const std::string>(internal::encode_notice(notice));
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     MPI_Request r = MPI_REQUEST_NULL;
-    if (MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_CHAR, p, kAbortTag, check_,
+    if (MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_BYTE, p, kAbortTag, check_,
                   &r) == MPI_SUCCESS)
       orphans_.push_back({r, text, /*user_buffers=*/false});
   }

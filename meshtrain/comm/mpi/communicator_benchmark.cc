@@ -3,10 +3,15 @@
 //
 //   mpirun --oversubscribe -np 2 build/release/meshtrain/comm/mpi/mpi_communicator_benchmark [MiB...]
 //
-// Reduce-scatter: f32 sum, send buffer of the given MiB (default 64 and 256);
-// each call is timed alone between barriers, the slowest rank counts, and the
-// median of the runs is reported with algbw = send bytes / time and
-// busbw = algbw * (n-1)/n (nccl-tests conventions).
+// Reduce-scatter: f32 sum, send buffer of the given MiB (default 64 and 256),
+// through the engine with ReduceScatterAlgorithm::native
+// (MPI_Ireduce_scatter_block) and ::ring, and, for reference, OpenMPI's
+// blocking MPI_Reduce_scatter_block called directly. Each call is timed alone
+// between barriers, the slowest rank counts, and the median of 5 runs is
+// reported with algbw = send bytes / time and busbw = algbw * (n-1)/n
+// (nccl-tests conventions).
+#include <mpi.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -63,6 +68,14 @@ int main(int argc, char** argv) {
   for (size_t m : mib) {
     const size_t count = m * (size_t{1} << 20) / sizeof(float) / un;
     std::vector<float> send(un * count, 1.0f), recv(count);
+    const double blocking = time_calls(*sync, 5, [&] {
+      MPI_Reduce_scatter_block(send.data(), recv.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                               MPI_COMM_WORLD);
+    });
+    if (r == 0)
+      std::printf("%10zu %8s %10.2f %12.3f %12.3f\n", m, "blocking", blocking * 1e3,
+                  double(un * count * sizeof(float)) / blocking / 1e9,
+                  double(un * count * sizeof(float)) / blocking / 1e9 * double(n - 1) / n);
     for (auto* c : {native.get(), ring.get()}) {
       const double s = time_calls(*sync, 5, [&] {
         c->reduce_scatter(send.data(), recv.data(), count, DType::f32, ReduceOp::sum);

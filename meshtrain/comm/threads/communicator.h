@@ -35,7 +35,7 @@ namespace meshtrain::comm::threads {
 
 // Per-rank scratch for the one-barrier path: operations whose per-rank input
 // is at most this many bytes use it.
-inline constexpr size_t kSmallBytes = 64 * 1024;
+inline constexpr size_t kSmallBytes = 16 * 1024;
 
 struct Options {
   std::chrono::milliseconds timeout = kDefaultTimeout;

@@ -40,8 +40,7 @@ MPI_Datatype mpi_type(DType dtype) {
 }
 
 void Backoff::pause() {
-  if (yields_ < 16) {
-    ++yields_;
+  if (std::chrono::steady_clock::now() - start_ < kYieldFor) {
     sched_yield();
     return;
   }

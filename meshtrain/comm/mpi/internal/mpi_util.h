@@ -30,14 +30,17 @@ struct Orphan {
   bool user_buffers = true;
 };
 
-// Polls politely: a few sched_yield()s, then sleeps that double from 1 us up
-// to 50 us, so a waiting rank leaves the core to the ranks it waits for.
+// Polls politely: sched_yield() for the first 100 us of a wait (small
+// collectives finish in tens of microseconds, and a sleep costs at least the
+// kernel's 50 us timer slack), then sleeps that double from 1 us up to 50 us,
+// so a waiting rank leaves the core to the ranks it waits for.
 class Backoff {
  public:
   void pause();
 
  private:
-  int yields_ = 0;
+  static constexpr std::chrono::microseconds kYieldFor{100};
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::nanoseconds sleep_{1000};
 };
 
