@@ -9,8 +9,9 @@
 //   reduce_scatter and all_to_all (n-1)/n; broadcast 1. S is the all_reduce
 //   and broadcast buffer, the all_gather output, the reduce_scatter input and
 //   the all_to_all send buffer (per rank), as nccl-tests counts it.
-// Memory-traffic bound: every rank memcpy's S bytes at the same time as the
-// others; that rate (memcpy_bw = S / t_memcpy, per rank) is the machine's
+// Memory-traffic bound: every rank copies S bytes at the same time as the
+// others, with the faster of glibc's memcpy and a streaming (non-temporal)
+// copy; that rate (memcpy_bw = S / t_memcpy, per rank) is the machine's
 // shared-memory copy bandwidth under the same contention. An op that must read
 // R and write W bytes per rank cannot beat t_memcpy * (R + W) / 2S:
 //   all_reduce, broadcast, all_to_all: R = W = S        -> t >= t_memcpy
@@ -18,7 +19,10 @@
 //                                                        -> t >= t_memcpy (n+1)/2n
 // (the threads engine reaches these minimums: docs/comm.md). The bound's busbw
 // is S / t_min * factor. Write-allocate traffic is ignored on both sides.
-// Time is the slowest rank's mean over the timed iterations.
+// Op and memcpy are timed in 5 alternating rounds (memory bandwidth of a
+// shared machine drifts); each round's time is the slowest rank's mean, and
+// a row shows the median round of each.
+
 #pragma once
 
 #include <string>

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -15,6 +18,25 @@
 namespace meshtrain::comm {
 namespace {
 
+// The cores this process may run on, in order.
+std::vector<int> allowed_cores() {
+  cpu_set_t set;
+  std::vector<int> cores;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) cores.push_back(c);
+  return cores;
+}
+
+// Binds the calling thread to one core (as mpirun binds ranks to cores):
+// a rank that migrates loses its caches and its memory-bandwidth share.
+void bind_to_core(int core) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
 void launch_threads(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {
   auto comms = threads::create_world(options.ranks, {.timeout = options.timeout});
   struct Failure {
@@ -26,8 +48,11 @@ void launch_threads(const LaunchOptions& options, const std::function<void(Commu
   std::vector<Failure> failures;  // in the order they happened
   std::vector<std::thread> threads;
   threads.reserve(comms.size());
+  const std::vector<int> cores = allowed_cores();
+  const bool bind = options.bind_to_cores && options.ranks <= static_cast<int>(cores.size());
   for (int r = 0; r < options.ranks; ++r) {
     threads.emplace_back([&, r] {
+      if (bind) bind_to_core(cores[r]);
       Communicator& comm = *comms[r];
       try {
         fn(comm);

@@ -25,6 +25,9 @@ struct LaunchOptions {
   int ranks = 1;  // threads: how many; mpi: 0 (take mpirun's) or the expected size
   std::chrono::milliseconds timeout = kDefaultTimeout;
   bool check_fingerprints = true;  // mpi: exchange fingerprints (costs one small message per peer)
+  // threads: bind rank r to the r-th allowed core when ranks <= cores (the
+  // threads that rank starts, e.g. BLAS's, inherit the binding).
+  bool bind_to_cores = true;
 };
 
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn);

@@ -612,12 +612,20 @@ class ThreadsCommunicator final : public Communicator {
         internal::reduce(outs, 1, ins.data(), n, op.count, op.dtype, op.reduce, n, nt);
         break;
       }
-      case CollectiveOp::all_gather:
-        for (int p = 0; p < n; ++p) {
-          auto* dst = static_cast<std::byte*>(pub(p).recv) + rank_ * bytes;
-          if (dst != op.send) internal::copy(dst, op.send, bytes, nt);
+      case CollectiveOp::all_gather: {
+        // Chunk by chunk, so the input is read from memory once and copied
+        // from cache to every output.
+        constexpr size_t kChunk = 256 * 1024;
+        const auto* src = static_cast<const std::byte*>(op.send);
+        for (size_t off = 0; off < bytes; off += kChunk) {
+          const size_t len = std::min(kChunk, bytes - off);
+          for (int p = 0; p < n; ++p) {
+            auto* dst = static_cast<std::byte*>(pub(p).recv) + rank_ * bytes;
+            if (dst != src) internal::copy(dst + off, src + off, len, nt);
+          }
         }
         break;
+      }
       case CollectiveOp::broadcast:
         if (rank_ != op.root) internal::copy(op.recv, pub(op.root).send, bytes, nt);
         break;
