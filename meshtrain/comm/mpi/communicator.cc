@@ -46,6 +46,7 @@ namespace meshtrain::comm::mpi {
 using internal::Backoff;
 using internal::check;
 using internal::FingerprintTable;
+using internal::format_ranks;
 using internal::mismatch_error;
 using internal::mpi_type;
 using internal::Orphan;
@@ -633,7 +634,8 @@ void Channel::fail(Task* culprit, std::exception_ptr error, bool notify_peers, i
   if (!notify_peers) return;
   // Tell every peer, so its pending and later calls fail now instead of at
   // its own deadline. Errors are ignored: we are already failing.
-  internal::Notice notice{.reason = abort_reason_};
+  internal::Notice notice;
+  notice.reason = abort_reason_;
   try {
     std::rethrow_exception(error);
   } catch (const MismatchError&) {

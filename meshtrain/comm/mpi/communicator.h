@@ -11,40 +11,50 @@
 // - Collectives run as MPI non-blocking collectives (MPI_Iallreduce,
 //   MPI_Iallgather, MPI_Ibcast, MPI_Ialltoall, MPI_Ibarrier, and
 //   MPI_Ireduce_scatter_block or a ring, see ReduceScatterAlgorithm); send/recv
-//   are MPI_Isend/MPI_Irecv on the same tag. OpenMPI has no progress thread:
-//   an async operation advances while this rank is inside a call on this
-//   communicator (any start, test or wait), so overlap with compute is limited
-//   to what the MPI library does on its own.
+//   are MPI_Isend/MPI_Irecv with the caller's tag (at most MPI_TAG_UB).
+//   OpenMPI has no progress thread: an async operation advances while this
+//   rank is inside a call on this communicator (any start, Work::test or
+//   Work::wait), so overlap with compute is what MPI does on its own.
+//   Operations finish in issue order: waiting for one first finishes the
+//   earlier ones. A collective with count 0 posts no MPI call (with checks
+//   on, its fingerprints are still exchanged).
 // - Fingerprints (Options::check_fingerprints, on by default): before a
 //   collective's data moves, every rank sends its fingerprint to every peer on
 //   a private duplicate of the communicator (n-1 small messages per rank) and
-//   the data is posted only once all peers' fingerprints arrived and agree.
-//   A disagreement raises MismatchError on every rank naming both sides; a
-//   peer missing at the deadline raises TimeoutError naming it. With checks
-//   off, a timeout cannot say who is missing.
-// - Deadlines: each wait (Work::wait, a blocking call, split) waits at most
-//   timeout() from the moment it begins. A rank that fails (timeout, mismatch,
-//   MPI error) aborts the communicator and tells its peers, whose pending and
-//   later calls then fail at once with AbortedError naming it.
+//   posts the data only once all peers' fingerprints arrived and agree; then
+//   a barrier needs no further message. A disagreement raises MismatchError on
+//   every rank with the same sentence ("rank 0 called all_reduce #5 (f32 x
+//   1000, sum) but rank 1 called broadcast #5 (f32 x 1000, root 0)"); a peer
+//   missing at the deadline raises TimeoutError naming it. With checks off, a
+//   timeout cannot say who is missing.
+// - Deadlines: each wait (Work::wait, a blocking call, split) lasts at most
+//   timeout() from the moment it begins; the oldest unfinished operation gets
+//   the TimeoutError. A rank that fails (timeout, mismatch, MPI error) aborts
+//   the communicator and sends every peer a notice, so their pending and later
+//   calls fail at once (AbortedError naming it; MismatchError if they are in
+//   the mismatched collective) instead of at their own deadline. A notice can
+//   cross a late rank's arrival within one message latency; that rank then
+//   times out on its own.
 // - Operations MPI cannot cancel (a non-blocking collective a peer never
-//   joined, a send in flight) keep their buffers in use after the error that
+//   joined, a send in flight) keep using their buffers after the error that
 //   ended them: keep those buffers alive until the communicator is destroyed.
 //   Destroying an aborted communicator waits up to timeout() for them to
-//   finish (a late peer may still join), then leaves them to MPI.
+//   finish (a late peer may still join), then leaves them to MPI (leaked).
 // - Reductions: f32, f64 and integers use MPI's built-in ops. bf16 and f16
 //   travel as 16-bit words with user-defined MPI ops that widen each pair to
 //   f32 and round the result, so MPI's reduction tree rounds once per step,
 //   not once overall as communicator.h states for engines that can: results
 //   are deterministic for a given rank count and count, but may differ in the
-//   last bit from the threads engine. The ring reduce-scatter does keep
-//   16-bit partial sums in f32 and rounds once. avg is sum, then a local
+//   last bit from the threads engine. The ring reduce-scatter keeps 16-bit
+//   partial sums in f32 and does round once. avg is sum, then a local
 //   division by size() (integers: truncated toward zero; bf16/f16: the
 //   rounded sum is divided in f32 and rounded again).
-// - Counts: MPI counts are int. Operations passed to MPI as a whole throw
-//   Unsupported for more than INT_MAX (2^31-1) elements per block; the ring
-//   reduce-scatter moves data in 1 MiB chunks and takes any count.
-// - Requires MPI_THREAD_MULTIPLE when several communicators are used from
-//   different threads; initialize() asks for it.
+// - Counts: MPI counts are int. Operations handed to MPI whole throw
+//   Unsupported for more than INT_MAX (2^31-1) elements per block (the
+//   communicator stays usable); the ring reduce-scatter moves 1 MiB chunks
+//   and takes any count.
+// - Several communicators used from different threads need
+//   MPI_THREAD_MULTIPLE, which initialize() asks for.
 //
 // Thread-safety: as Communicator (one thread at a time per communicator).
 // Determinism: bit-identical results for the same rank count, count, dtype,

@@ -222,7 +222,7 @@ void test_data_movement(Communicator& c) {
         c.all_gather(send.data(), recv.data(), count, t);
         expect_equal(t, recv.data(), want.data(), un * count, "all_gather " + suffix);
         Bytes inplace(un * count * es);
-        std::memcpy(inplace.data() + ur * count * es, send.data(), count * es);
+        if (count > 0) std::memcpy(inplace.data() + ur * count * es, send.data(), count * es);
         c.all_gather(inplace.data() + ur * count * es, inplace.data(), count, t);
         expect_equal(t, inplace.data(), want.data(), un * count, "all_gather in place " + suffix);
       }
@@ -288,6 +288,19 @@ void test_special_values(Communicator& c) {
     int32_t v = r == 0 ? -(2 * n - 1) : 0;  // avg = -(2n-1)/n = -1.x -> -1
     c.all_reduce(&v, &v, 1, DType::i32, ReduceOp::avg);
     expect(v == -1, fmt::format("i32 avg truncates toward zero: {}", v));
+  }
+  // Counts MPI cannot take are refused up front, and the communicator lives on.
+  {
+    uint8_t dummy[1] = {};
+    try {
+      c.all_reduce(dummy, dummy, size_t{1} << 31, DType::u8, ReduceOp::sum);  // never touched
+      expect(false, "count 2^31: no Unsupported");
+    } catch (const meshtrain::Unsupported& e) {
+      expect(e.detail().find("2147483647") != std::string::npos, std::string("count 2^31: ") + e.what());
+    }
+    int32_t v = 1;
+    c.all_reduce(&v, &v, 1, DType::i32, ReduceOp::sum);
+    expect(v == n, "usable after Unsupported");
   }
   // bf16: the ring keeps partial sums in f32 and rounds once.
   if (n >= 2) {

@@ -1,0 +1,111 @@
+#include "meshtrain/comm/mpi/internal/fingerprint.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+namespace meshtrain::comm::mpi::internal {
+namespace {
+
+constexpr size_t kMaxReasonBytes = 2048;
+
+struct NoticeHeader {
+  uint64_t seq = 0;
+  uint32_t entries = 0;  // rows of the mismatch table that follow
+  uint32_t pad = 0;
+};
+
+}  // namespace
+
+std::string format_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += j == i ? fmt::format("{}", ranks[i])
+                  : fmt::format("{}{}{}", ranks[i], j == i + 1 ? ", " : "-", ranks[j]);
+    i = j + 1;
+  }
+  return (ranks.size() == 1 ? "rank " : "ranks ") + out;
+}
+
+WireFingerprint WireFingerprint::from(const Fingerprint& f) {
+  return {f.seq, f.count, f.root, static_cast<uint8_t>(f.op), static_cast<uint8_t>(f.dtype),
+          static_cast<uint8_t>(f.reduce), 1};
+}
+
+Fingerprint WireFingerprint::to() const {
+  return {seq, static_cast<CollectiveOp>(op), static_cast<DType>(dtype),
+          static_cast<ReduceOp>(reduce), static_cast<size_t>(count), root};
+}
+
+MismatchError mismatch_error(const std::string& op, const FingerprintTable& table, int self) {
+  std::vector<std::pair<Fingerprint, std::vector<int>>> groups;
+  std::vector<int> differ, missing;
+  const Fingerprint& mine = *table[static_cast<size_t>(self)];
+  for (int r = 0; r < static_cast<int>(table.size()); ++r) {
+    const auto& f = table[static_cast<size_t>(r)];
+    if (!f) {
+      missing.push_back(r);
+      continue;
+    }
+    if (*f != mine) differ.push_back(r);
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == *f; });
+    if (g == groups.end()) {
+      groups.push_back({*f, {r}});
+    } else {
+      g->second.push_back(r);
+    }
+  }
+  std::string detail;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    detail += i == 0 ? "" : (i == 1 ? " but " : " and ");
+    detail += fmt::format("{} called {}", format_ranks(groups[i].second), groups[i].first.to_string());
+  }
+  if (!missing.empty())
+    detail += fmt::format("; ranks that did not arrive: [{}]", fmt::join(missing, ", "));
+  return MismatchError(op, detail,
+                       "every rank must issue the same collectives in the same order, with the "
+                       "same dtype, count, reduce op and root",
+                       differ);
+}
+
+std::string encode_notice(const Notice& notice) {
+  const NoticeHeader h{notice.seq, static_cast<uint32_t>(notice.mismatch.size()), 0};
+  std::string out(reinterpret_cast<const char*>(&h), sizeof h);
+  for (const auto& f : notice.mismatch) {
+    WireFingerprint w = f ? WireFingerprint::from(*f) : WireFingerprint{};
+    w.present = f ? 1 : 0;
+    out.append(reinterpret_cast<const char*>(&w), sizeof w);
+  }
+  out += notice.reason.substr(0, kMaxReasonBytes);
+  return out;
+}
+
+Notice decode_notice(std::string_view bytes) {
+  Notice n;
+  NoticeHeader h;
+  const size_t table_bytes = bytes.size() >= sizeof h
+                                 ? (std::memcpy(&h, bytes.data(), sizeof h),
+                                    size_t{h.entries} * sizeof(WireFingerprint))
+                                 : 0;
+  if (bytes.size() < sizeof h || bytes.size() < sizeof h + table_bytes) {
+    n.reason = "(unreadable notice)";
+    return n;
+  }
+  n.seq = h.seq;
+  n.mismatch.resize(h.entries);
+  for (size_t r = 0; r < h.entries; ++r) {
+    WireFingerprint w;
+    std::memcpy(&w, bytes.data() + sizeof h + r * sizeof w, sizeof w);
+    if (w.present) n.mismatch[r] = w.to();
+  }
+  n.reason = std::string(bytes.substr(sizeof h + table_bytes));
+  return n;
+}
+
+}  // namespace meshtrain::comm::mpi::internal
