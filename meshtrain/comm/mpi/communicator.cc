@@ -118,6 +118,16 @@ class Channel {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const Options& options() const { return options_; }
+  // Whether reduce_scatter `op` runs on the ring (see ReduceScatterAlgorithm).
+  bool use_ring(const Op& op) const {
+    switch (options_.reduce_scatter) {
+      case ReduceScatterAlgorithm::native: return false;
+      case ReduceScatterAlgorithm::ring: return true;
+      case ReduceScatterAlgorithm::automatic:
+        return op.count > static_cast<size_t>(INT_MAX) || op.bytes() * size_ >= kRingMinBytes;
+    }
+    return true;
+  }
   MPI_Comm comm() const { return comm_; }
 
   // Queues `op` and posts what it can without waiting for peers. Throws
@@ -266,8 +276,7 @@ std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds tim
                        "an earlier error (on this rank or the one named) ended this communicator; "
                        "create a new one to continue",
                        abort_ranks_);
-  const bool ring = op.kind == CollectiveOp::reduce_scatter &&
-                    options_.reduce_scatter == ReduceScatterAlgorithm::ring;
+  const bool ring = op.kind == CollectiveOp::reduce_scatter && use_ring(op);
   if (op.count > static_cast<size_t>(INT_MAX) && !ring)
     throw Unsupported(op_name(op),
                       fmt::format("count {} exceeds the largest MPI count ({})", op.count, INT_MAX),
@@ -340,7 +349,7 @@ void Channel::post_data(Task& t) {
     }
     case CollectiveOp::reduce_scatter: {
       if (op.count == 0) break;
-      if (options_.reduce_scatter == ReduceScatterAlgorithm::ring) {
+      if (use_ring(op)) {
         t.ring = std::make_unique<internal::RingReduceScatter>(ring_, rank_, size_, op);
         return;
       }
@@ -771,6 +780,7 @@ std::string_view reduce_scatter_algorithm_name(ReduceScatterAlgorithm a) {
   switch (a) {
     case ReduceScatterAlgorithm::native: return "native";
     case ReduceScatterAlgorithm::ring: return "ring";
+    case ReduceScatterAlgorithm::automatic: return "auto";
   }
   return "?";
 }

@@ -82,7 +82,13 @@ enum class ReduceScatterAlgorithm : uint8_t {
   // wait) and holds later operations until it completes. Scratch memory: up
   // to 2/n of the send buffer (f32-sized for bf16/f16) plus 4 chunks.
   ring,
+  // ring when the input (size() * count elements) is at least
+  // kRingMinBytes, else native: below that the ring's n-1 rounds of
+  // messages cost more than the extra bytes native moves (measured in
+  // docs/benchmarks.md).
+  automatic,
 };
+inline constexpr size_t kRingMinBytes = size_t{1} << 20;
 std::string_view reduce_scatter_algorithm_name(ReduceScatterAlgorithm a);
 
 struct Options {
@@ -90,7 +96,7 @@ struct Options {
   // (catches mismatched calls; lets timeouts name the ranks that did not
   // arrive). Costs n-1 small messages per rank and collective.
   bool check_fingerprints = true;
-  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::ring;
+  ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::automatic;
 };
 
 // Initializes MPI with MPI_THREAD_MULTIPLE unless it is already initialized;
