@@ -33,6 +33,7 @@ double traffic_vs_memcpy(CollectiveOp op, int n) {
   switch (op) {
     case CollectiveOp::reduce_scatter:
     case CollectiveOp::all_gather: return (n + 1.0) / (2.0 * n);
+    case CollectiveOp::broadcast: return (n - 1.0) / n;  // the root copies nothing
     default: return 1.0;
   }
 }
@@ -149,7 +150,7 @@ std::vector<CollectiveRow> run_collectives(comm::Communicator& c, const Collecti
       row.busbw_gbs = row.algbw_gbs * bus_factor(op, n);
       row.memcpy_gbs = bytes / t_copy / 1e9;
       const double t_min = t_copy * traffic_vs_memcpy(op, n) * (static_cast<double>(real_bytes) / bytes);
-      row.bound_busbw_gbs = real_bytes / t_min / 1e9 * bus_factor(op, n);
+      row.bound_busbw_gbs = n > 1 ? real_bytes / t_min / 1e9 * bus_factor(op, n) : 0.0;
       rows.push_back(row);
     }
   }
@@ -184,10 +185,14 @@ std::string format_table(const std::vector<CollectiveRow>& rows, int ranks) {
   std::string s = fmt::format("{:<14} {:<15} {:>8} {:>11} {:>11} {:>11} {:>12} {:>8} {:>11}\n", "engine", "op",
                               "size", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "bound(GB/s)", "%bound",
                               "memcpy(GB/s)");
-  for (const auto& r : rows)
-    s += fmt::format("{:<14} {:<15} {:>8} {:>11.2f} {:>11.2f} {:>11.2f} {:>12.2f} {:>7.0f}% {:>11.2f}\n", r.label,
+  for (const auto& r : rows) {
+    // One rank moves nothing between ranks: no bus bandwidth, no bound.
+    const std::string pct =
+        r.bound_busbw_gbs > 0 ? fmt::format("{:>7.0f}%", 100.0 * r.busbw_gbs / r.bound_busbw_gbs) : "       -";
+    s += fmt::format("{:<14} {:<15} {:>8} {:>11.2f} {:>11.2f} {:>11.2f} {:>12.2f} {} {:>11.2f}\n", r.label,
                      comm::collective_op_name(r.op), format_size(r.bytes), r.time_us, r.algbw_gbs, r.busbw_gbs,
-                     r.bound_busbw_gbs, 100.0 * r.busbw_gbs / r.bound_busbw_gbs, r.memcpy_gbs);
+                     r.bound_busbw_gbs, pct, r.memcpy_gbs);
+  }
   s += fmt::format("({} ranks; busbw factor all_reduce 2(n-1)/n, gather/scatter/all_to_all (n-1)/n; bound = "
                    "memory-traffic bound from the concurrent memcpy rate)\n",
                    ranks);

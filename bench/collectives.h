@@ -11,14 +11,17 @@
 //   the all_to_all send buffer (per rank), as nccl-tests counts it.
 // Memory-traffic bound: every rank copies S bytes at the same time as the
 // others, with the faster of glibc's memcpy and a streaming (non-temporal)
-// copy; that rate (memcpy_bw = S / t_memcpy, per rank) is the machine's
-// shared-memory copy bandwidth under the same contention. An op that must read
-// R and write W bytes per rank cannot beat t_memcpy * (R + W) / 2S:
-//   all_reduce, broadcast, all_to_all: R = W = S        -> t >= t_memcpy
-//   reduce_scatter: R = S, W = S/n; all_gather: R = S/n, W = S
-//                                                        -> t >= t_memcpy (n+1)/2n
-// (the threads engine reaches these minimums: docs/comm.md). The bound's busbw
-// is S / t_min * factor. Write-allocate traffic is ignored on both sides.
+// copy; the slowest rank's time t_memcpy gives the machine's copy throughput
+// under the same contention: 2nS bytes of traffic in t_memcpy. A collective
+// whose ranks must, in total, read and write T bytes cannot beat
+// t_memcpy * T / 2nS:
+//   all_reduce, all_to_all: every rank reads S, writes S  -> t >= t_memcpy
+//   broadcast: n-1 ranks read S, write S                   -> t >= t_memcpy (n-1)/n
+//   reduce_scatter: read S, write S/n per rank; all_gather: read S/n, write S
+//                                                          -> t >= t_memcpy (n+1)/2n
+// (the threads engine moves exactly these bytes: docs/comm.md). The bound's
+// busbw is S / t_min * factor. Write-allocate traffic is ignored on both
+// sides. Sizes that fit the last-level cache can beat it.
 // Op and memcpy are timed in 5 alternating rounds (memory bandwidth of a
 // shared machine drifts); each round's time is the slowest rank's mean, and
 // a row shows the median round of each.

@@ -626,9 +626,16 @@ class ThreadsCommunicator final : public Communicator {
         }
         break;
       }
-      case CollectiveOp::broadcast:
-        if (rank_ != op.root) internal::copy(op.recv, pub(op.root).send, bytes, nt);
+      case CollectiveOp::broadcast: {
+        // Every rank, the root included, copies piece rank_ of the root's
+        // buffer into each other rank's: all cores share the (n-1) S bytes.
+        auto bound = [&](int r) { return r == n ? bytes : std::min(bytes, (bytes * r / n) & ~size_t{63}); };
+        const size_t lo = bound(rank_), hi = bound(rank_ + 1);
+        const auto* src = static_cast<const std::byte*>(pub(op.root).send);
+        for (int p = 0; p < n; ++p)
+          if (p != op.root && hi > lo) internal::copy(static_cast<std::byte*>(pub(p).recv) + lo, src + lo, hi - lo, nt);
         break;
+      }
       case CollectiveOp::all_to_all:
         for (int p = 0; p < n; ++p)
           internal::copy(static_cast<std::byte*>(pub(p).recv) + rank_ * bytes,
