@@ -121,89 +121,77 @@ Work Communicator::issue(Op op, Completion completion) {
   return start(op, completion);
 }
 
-Work Communicator::all_reduce_async(const void* send, void* recv, size_t count, DType dtype,
-                                    ReduceOp op) {
-  return issue({.kind = CollectiveOp::all_reduce, .send = send, .recv = recv, .count = count,
-                .dtype = dtype, .reduce = op},
-               Completion::async);
+namespace {
+
+Op all_reduce_op(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  return {.kind = CollectiveOp::all_reduce, .send = send, .recv = recv, .count = count, .dtype = dtype,
+          .reduce = op};
 }
-Work Communicator::all_gather_async(const void* send, void* recv, size_t count, DType dtype) {
-  return issue({.kind = CollectiveOp::all_gather, .send = send, .recv = recv, .count = count,
-                .dtype = dtype},
-               Completion::async);
+Op all_gather_op(const void* send, void* recv, size_t count, DType dtype) {
+  return {.kind = CollectiveOp::all_gather, .send = send, .recv = recv, .count = count, .dtype = dtype};
 }
-Work Communicator::reduce_scatter_async(const void* send, void* recv, size_t count, DType dtype,
-                                        ReduceOp op) {
-  return issue({.kind = CollectiveOp::reduce_scatter, .send = send, .recv = recv, .count = count,
-                .dtype = dtype, .reduce = op},
-               Completion::async);
+Op reduce_scatter_op(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  return {.kind = CollectiveOp::reduce_scatter, .send = send, .recv = recv, .count = count, .dtype = dtype,
+          .reduce = op};
 }
-Work Communicator::broadcast_async(void* buf, size_t count, DType dtype, int root) {
-  return issue({.kind = CollectiveOp::broadcast, .send = buf, .recv = buf, .count = count,
-                .dtype = dtype, .root = root},
-               Completion::async);
+Op broadcast_op(void* buf, size_t count, DType dtype, int root) {
+  return {.kind = CollectiveOp::broadcast, .send = buf, .recv = buf, .count = count, .dtype = dtype, .root = root};
 }
-Work Communicator::all_to_all_async(const void* send, void* recv, size_t count, DType dtype) {
-  return issue({.kind = CollectiveOp::all_to_all, .send = send, .recv = recv, .count = count,
-                .dtype = dtype},
-               Completion::async);
+Op all_to_all_op(const void* send, void* recv, size_t count, DType dtype) {
+  return {.kind = CollectiveOp::all_to_all, .send = send, .recv = recv, .count = count, .dtype = dtype};
 }
-Work Communicator::send_async(const void* buf, size_t count, DType dtype, int peer, int tag) {
-  return issue({.kind = CollectiveOp::send, .send = buf, .count = count, .dtype = dtype,
-                .peer = peer, .tag = tag},
-               Completion::async);
+Op send_op(const void* buf, size_t count, DType dtype, int peer, int tag) {
+  return {.kind = CollectiveOp::send, .send = buf, .count = count, .dtype = dtype, .peer = peer, .tag = tag};
 }
-Work Communicator::recv_async(void* buf, size_t count, DType dtype, int peer, int tag) {
-  return issue({.kind = CollectiveOp::recv, .recv = buf, .count = count, .dtype = dtype,
-                .peer = peer, .tag = tag},
-               Completion::async);
-}
-Work Communicator::barrier_async() {
-  return issue({.kind = CollectiveOp::barrier}, Completion::async);
+Op recv_op(void* buf, size_t count, DType dtype, int peer, int tag) {
+  return {.kind = CollectiveOp::recv, .recv = buf, .count = count, .dtype = dtype, .peer = peer, .tag = tag};
 }
 
+}  // namespace
+
+Work Communicator::all_reduce_async(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  return issue(all_reduce_op(send, recv, count, dtype, op), Completion::async);
+}
+Work Communicator::all_gather_async(const void* send, void* recv, size_t count, DType dtype) {
+  return issue(all_gather_op(send, recv, count, dtype), Completion::async);
+}
+Work Communicator::reduce_scatter_async(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  return issue(reduce_scatter_op(send, recv, count, dtype, op), Completion::async);
+}
+Work Communicator::broadcast_async(void* buf, size_t count, DType dtype, int root) {
+  return issue(broadcast_op(buf, count, dtype, root), Completion::async);
+}
+Work Communicator::all_to_all_async(const void* send, void* recv, size_t count, DType dtype) {
+  return issue(all_to_all_op(send, recv, count, dtype), Completion::async);
+}
+Work Communicator::send_async(const void* buf, size_t count, DType dtype, int peer, int tag) {
+  return issue(send_op(buf, count, dtype, peer, tag), Completion::async);
+}
+Work Communicator::recv_async(void* buf, size_t count, DType dtype, int peer, int tag) {
+  return issue(recv_op(buf, count, dtype, peer, tag), Completion::async);
+}
+Work Communicator::barrier_async() { return issue({.kind = CollectiveOp::barrier}, Completion::async); }
+
 void Communicator::all_reduce(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
-  issue({.kind = CollectiveOp::all_reduce, .send = send, .recv = recv, .count = count,
-         .dtype = dtype, .reduce = op},
-        Completion::blocking)
-      .wait();
+  issue(all_reduce_op(send, recv, count, dtype, op), Completion::blocking).wait();
 }
 void Communicator::all_gather(const void* send, void* recv, size_t count, DType dtype) {
-  issue({.kind = CollectiveOp::all_gather, .send = send, .recv = recv, .count = count,
-         .dtype = dtype},
-        Completion::blocking)
-      .wait();
+  issue(all_gather_op(send, recv, count, dtype), Completion::blocking).wait();
 }
-void Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype,
-                                  ReduceOp op) {
-  issue({.kind = CollectiveOp::reduce_scatter, .send = send, .recv = recv, .count = count,
-         .dtype = dtype, .reduce = op},
-        Completion::blocking)
-      .wait();
+void Communicator::reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op) {
+  issue(reduce_scatter_op(send, recv, count, dtype, op), Completion::blocking).wait();
 }
 void Communicator::broadcast(void* buf, size_t count, DType dtype, int root) {
-  issue({.kind = CollectiveOp::broadcast, .send = buf, .recv = buf, .count = count,
-         .dtype = dtype, .root = root},
-        Completion::blocking)
-      .wait();
+  issue(broadcast_op(buf, count, dtype, root), Completion::blocking).wait();
 }
 void Communicator::all_to_all(const void* send, void* recv, size_t count, DType dtype) {
-  issue({.kind = CollectiveOp::all_to_all, .send = send, .recv = recv, .count = count,
-         .dtype = dtype},
-        Completion::blocking)
-      .wait();
+  issue(all_to_all_op(send, recv, count, dtype), Completion::blocking).wait();
 }
 void Communicator::send(const void* buf, size_t count, DType dtype, int peer, int tag) {
-  issue({.kind = CollectiveOp::send, .send = buf, .count = count, .dtype = dtype, .peer = peer,
-         .tag = tag},
-        Completion::blocking)
-      .wait();
+  issue(send_op(buf, count, dtype, peer, tag), Completion::blocking).wait();
 }
 void Communicator::recv(void* buf, size_t count, DType dtype, int peer, int tag) {
-  issue({.kind = CollectiveOp::recv, .recv = buf, .count = count, .dtype = dtype, .peer = peer,
-         .tag = tag},
-        Completion::blocking)
-      .wait();
+  issue(recv_op(buf, count, dtype, peer, tag), Completion::blocking).wait();
 }
 void Communicator::barrier() { issue({.kind = CollectiveOp::barrier}, Completion::blocking).wait(); }
 

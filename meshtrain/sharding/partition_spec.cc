@@ -52,6 +52,7 @@ PartitionSpec PartitionSpec::parse(std::string_view text) {
   };
   while (i <= s.size()) {
     std::string entry;
+    while (i < s.size() && (s[i] == ' ' || s[i] == '\t')) ++i;  // "a, (b, c)": the '(' may follow spaces
     if (i < s.size() && s[i] == '(') {
       const size_t close = s.find(')', i);
       if (close == std::string::npos) fail("unclosed '('");
