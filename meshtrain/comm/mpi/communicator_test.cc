@@ -490,10 +490,16 @@ void test_timeout(Communicator& world, bool checks) {
                what + ": says the ranks are unknown: " + e.what());
       }
     } catch (const AbortedError& e) {
+      // The late rank learns of the abort; so may an on-time rank whose own
+      // deadline had not passed when the first rank's abort notice arrived
+      // (oversubscribed ranks start waiting at different times). Either way
+      // the error comes within 2x the deadline and names where it started.
       const double s = seconds_since(t0);
-      expect(r == late, what + ": unexpected AbortedError: " + std::string(e.what()));
-      expect(s < 0.5, fmt::format("{}: the late rank learned of the abort after {:.2f} s", what, s));
-      expect(e.ranks().size() == 1 && e.ranks()[0] != late, what + ": abort names its origin");
+      expect(s < 2.0, fmt::format("{}: AbortedError after {:.2f} s", what, s));
+      expect(e.ranks().size() == 1 && e.ranks()[0] != late, what + ": abort names its origin: " + e.what());
+      if (r != late && checks)
+        expect(std::string(e.what()).find(fmt::format("ranks that did not arrive: [{}]", late)) != std::string::npos,
+               what + ": an on-time rank's abort names the late rank: " + e.what());
     } catch (const std::exception& e) {
       expect(false, what + ": wrong error: " + e.what());
     }
