@@ -1,0 +1,154 @@
+// DistributedConfig: where this process sits in the job (world size, rank,
+// local rank, nodes, rendezvous address), which engine moves the bytes, the
+// parallel sizes and mesh, and mixed precision. Built from a TOML file, from
+// the variables a launcher sets (torchrun, mpirun) and from CLI flags, all
+// driven by one table of fields (distributed_config_fields()), so every key
+// is defined once and --help, TOML and the dump agree.
+//
+//   using namespace meshtrain::config;
+//   DistributedConfig c = DistributedConfig::from_toml_file("run.toml")   // defaults < TOML
+//                             .with_env(read_launcher_env());             //          < launcher
+//   c = flags.config(c);                 // < CLI flags (see distributed_flags.h)
+//   c.validate();                        // throws InvalidArgument: what to change
+//   fmt::print("{}", c.to_toml());       // the start-up dump, launcher variables echoed
+//   mesh::DeviceMesh mesh(world, c.mesh().shape, c.mesh().axis_names);
+//
+// TOML: keys at the top level, or under [distributed] when the file has that
+// table (other sections are then ignored). Unknown keys and wrong types are
+// errors. The mesh is `mesh = "data=2,tensor=2"` or the arrays
+// `mesh_shape = [2, 2]` and `mesh_axis_names = ["data", "tensor"]`.
+//
+// Loaders (with_toml, with_env, DistributedFlags::config) overlay what their
+// source gives on a copy of the config and do not validate; call validate()
+// once, after the last one. When a source gives world_size or num_nodes but
+// not num_processes_per_node, it becomes world_size / num_nodes (so
+// `--world-size 8` alone means 8 ranks on one node).
+//
+// The environment is read only by read_launcher_env(), once, at start-up;
+// everything else takes the map it returns, so tests inject their own.
+// Thread-safety: plain values; const methods may be called concurrently.
+#pragma once
+
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/config/sharding_config.h"
+#include "meshtrain/plan/mesh_planning.h"
+
+namespace meshtrain::config {
+
+enum class MixedPrecision : uint8_t { no, fp16, bf16 };
+std::string_view mixed_precision_name(MixedPrecision p);
+MixedPrecision parse_mixed_precision(std::string_view name);  // throws InvalidArgument
+
+// Environment variables by name.
+using EnvMap = std::map<std::string, std::string>;
+
+// The launcher variables meshtrain reads (torchrun's and OpenMPI's).
+inline constexpr std::string_view kLauncherVariables[] = {
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+
+// The one place that reads the process environment: those of
+// kLauncherVariables that are set. Call once at start-up.
+EnvMap read_launcher_env();
+
+struct DistributedConfig {
+  bool enabled = false;            // set by with_env when a launcher's variables are present
+  int world_size = 1;              // ranks in the job, one per device
+  int rank = 0;                    // this process's rank, 0 <= rank < world_size
+  int local_rank = 0;              // rank within its node
+  int num_nodes = 1;
+  int num_processes_per_node = 1;  // ranks per node (threads engine: threads in the process)
+  std::string master_addr = "localhost";  // rank 0's host, for TCP rendezvous (gloo, nccl)
+  int master_port = 29500;
+  comm::Engine backend = comm::Engine::threads;
+  int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  int context_parallel_size = 1;
+  std::vector<int> mesh_shape;     // empty: derived from the sizes (see mesh())
+  std::vector<std::string> mesh_axis_names;
+  MixedPrecision mixed_precision = MixedPrecision::no;
+
+  // "NAME=value" for each launcher variable with_env used, echoed by to_toml().
+  // Not a config key.
+  std::vector<std::string> launcher_env;
+
+  // Throws InvalidArgument (op "DistributedConfig") at the first broken rule,
+  // saying what to change:
+  //  1. world_size, num_nodes, num_processes_per_node and the three parallel
+  //     sizes >= 1; rank, local_rank >= 0; master_port in [1024, 65535];
+  //     master_addr not empty
+  //  2. rank < world_size; local_rank < num_processes_per_node
+  //  3. world_size == num_nodes x num_processes_per_node
+  //  4. the threads engine runs on one node (num_nodes == 1)
+  //  5. tensor x pipeline x context divides world_size
+  //  6. mesh (if given): one known, distinct name per axis, sizes >= 1,
+  //     product == world_size, and its tensor / pipeline / context axes
+  //     (1 when absent) equal the parallel sizes
+  void validate() const;
+  bool is_valid() const;
+
+  // world_size / (tensor x pipeline x context): data x fsdp ranks.
+  int data_parallel_size() const;
+  bool is_main_process() const { return rank == 0; }
+  bool is_local_main_process() const { return local_rank == 0; }
+
+  // The mesh to build: mesh_shape/mesh_axis_names when given, else derived
+  // from the sizes: (pipeline, data, context, tensor), size-1 axes left out,
+  // (data=1) for one rank. A pipeline-only config keeps its pipeline axis.
+  plan::NamedShape mesh() const;
+  // mesh() with the matching ShardingConfig (fsdp_enabled when the mesh has
+  // an fsdp axis > 1).
+  ParallelismConfig parallelism_config() const;
+
+  // Overlay a TOML document / file / launcher environment; see the top of
+  // this file. Errors name the file, line and key (InvalidArgument), or the
+  // file that cannot be read (IoError).
+  DistributedConfig with_toml(std::string_view text, std::string_view source_name = "<toml>") const;
+  DistributedConfig with_toml_file(const std::string& path) const;
+  // torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (num_nodes =
+  // WORLD_SIZE / LOCAL_WORLD_SIZE), MASTER_ADDR, MASTER_PORT. OpenMPI:
+  // OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, and backend = mpi.
+  // Any of them sets enabled. Two launchers that disagree are an error.
+  DistributedConfig with_env(const EnvMap& env) const;
+
+  static DistributedConfig from_toml(std::string_view text) { return DistributedConfig{}.with_toml(text); }
+  static DistributedConfig from_toml_file(const std::string& path) {
+    return DistributedConfig{}.with_toml_file(path);
+  }
+  static DistributedConfig from_env(const EnvMap& env) { return DistributedConfig{}.with_env(env); }
+
+  // A [distributed] table with every key (with_toml reads it back to an
+  // equal config, launcher_env aside), preceded by a comment echoing
+  // launcher_env and followed by the derived mesh when none was given.
+  std::string to_toml() const;
+  // One line: "world_size=4 rank=0 ... mesh=data=4 mixed_precision=no".
+  std::string to_string() const;
+
+  bool operator==(const DistributedConfig&) const = default;
+};
+
+// One row of the table that defines every key.
+struct ConfigField {
+  std::string_view key;   // TOML key, e.g. "world_size"
+  std::string_view flag;  // CLI flag, e.g. "--world-size"
+  std::string_view type;  // "bool", "int", "string", "engine", "precision", "mesh"
+  std::string_view help;
+  // Sets the field from text (a flag's value, an environment variable, a
+  // TOML value); errors name `source` (e.g. "--rank", "RANK", "run.toml:3: rank").
+  void (*parse)(DistributedConfig& c, std::string_view text, std::string_view source);
+  // The field's value as that text ("4", "true", "localhost", "nccl", "data=2,tensor=2").
+  std::string (*format)(const DistributedConfig& c);
+};
+std::span<const ConfigField> distributed_config_fields();
+
+// num_processes_per_node = world_size / num_nodes when a source gave world_size
+// or num_nodes but not num_processes_per_node (used by every loader).
+void derive_processes_per_node(DistributedConfig& c, bool gave_world_or_nodes, bool gave_processes_per_node);
+
+}  // namespace meshtrain::config

@@ -1,0 +1,179 @@
+// DistributedConfig's TOML loader, kept apart so toml++ stays inside this
+// file (no public header includes it).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "meshtrain/config/distributed_config.h"
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::config {
+namespace {
+
+constexpr const char* kOp = "DistributedConfig";
+
+const char* type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a float";
+    case toml::node_type::boolean: return "a boolean";
+    default: return "a date or time";
+  }
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::vector<std::string_view> known_keys() {
+  std::vector<std::string_view> keys;
+  for (const ConfigField& f : distributed_config_fields()) keys.push_back(f.key);
+  keys.push_back("mesh_shape");
+  keys.push_back("mesh_axis_names");
+  return keys;
+}
+
+[[noreturn]] void unknown_key(std::string_view where, std::string_view key, bool top_level) {
+  const auto keys = known_keys();
+  auto best = std::min_element(keys.begin(), keys.end(), [&](std::string_view a, std::string_view b) {
+    return edit_distance(key, a) < edit_distance(key, b);
+  });
+  std::string hint;
+  if (edit_distance(key, *best) <= std::max<size_t>(2, key.size() / 3)) hint = fmt::format("did you mean '{}'? ", *best);
+  hint += fmt::format("known keys: {}", fmt::join(keys, ", "));
+  if (top_level) hint += "; in a file with other sections, put these keys under [distributed]";
+  throw InvalidArgument(kOp, fmt::format("{}: unknown key '{}'", where, key), hint);
+}
+
+[[noreturn]] void wrong_type(std::string_view where, const toml::node& n, std::string_view wanted,
+                             std::string_view example) {
+  throw InvalidArgument(kOp, fmt::format("{} must be {}, got {}", where, wanted, type_name(n)),
+                        fmt::format("write e.g. {}", example));
+}
+
+// A field's TOML value as the text its parser takes.
+std::string value_text(const ConfigField& f, const toml::node& n, std::string_view where) {
+  if (f.type == "bool") {
+    if (auto v = n.as_boolean()) return v->get() ? "true" : "false";
+    wrong_type(where, n, "a boolean", fmt::format("{} = true", f.key));
+  }
+  if (f.type == "int") {
+    if (auto v = n.as_integer()) return fmt::to_string(v->get());
+    wrong_type(where, n, "an integer", fmt::format("{} = 4", f.key));
+  }
+  if (auto v = n.as_string()) return v->get();
+  wrong_type(where, n, "a string", f.type == "mesh" ? std::string("mesh = \"data=2,tensor=2\"")
+                                                    : fmt::format("{} = \"{}\"", f.key, f.format({})));
+}
+
+std::vector<int> int_array(const toml::node& n, std::string_view where) {
+  const toml::array* a = n.as_array();
+  if (!a) wrong_type(where, n, "an array of integers", "mesh_shape = [2, 2]");
+  std::vector<int> out;
+  for (const toml::node& e : *a) {
+    auto v = e.as_integer();
+    if (!v) wrong_type(where, e, "an array of integers", "mesh_shape = [2, 2]");
+    if (v->get() < std::numeric_limits<int>::min() || v->get() > std::numeric_limits<int>::max())
+      throw InvalidArgument(kOp, fmt::format("{}: {} is out of range", where, v->get()), "use sizes that fit 32 bits");
+    out.push_back(static_cast<int>(v->get()));
+  }
+  return out;
+}
+
+std::vector<std::string> string_array(const toml::node& n, std::string_view where) {
+  const toml::array* a = n.as_array();
+  if (!a) wrong_type(where, n, "an array of strings", "mesh_axis_names = [\"data\", \"tensor\"]");
+  std::vector<std::string> out;
+  for (const toml::node& e : *a) {
+    auto v = e.as_string();
+    if (!v) wrong_type(where, e, "an array of strings", "mesh_axis_names = [\"data\", \"tensor\"]");
+    out.push_back(v->get());
+  }
+  return out;
+}
+
+}  // namespace
+
+DistributedConfig DistributedConfig::with_toml(std::string_view text, std::string_view source_name) const {
+  toml::table doc;
+  try {
+    doc = toml::parse(text, std::string(source_name));
+  } catch (const toml::parse_error& e) {
+    throw InvalidArgument(kOp,
+                          fmt::format("{}:{}:{}: {}", source_name, e.source().begin.line, e.source().begin.column,
+                                      e.description()),
+                          "fix the TOML syntax at that position");
+  }
+  const toml::table* table = &doc;
+  const bool top_level = !doc.contains("distributed");
+  if (!top_level) {
+    table = doc["distributed"].as_table();
+    if (!table)
+      throw InvalidArgument(kOp, fmt::format("{}: distributed must be a table", source_name),
+                            "write the keys under a [distributed] header");
+  }
+  // Visit keys in file order, so the first error is the first in the file.
+  std::vector<std::pair<std::string, const toml::node*>> entries;
+  for (auto&& [k, v] : *table) entries.emplace_back(std::string(k.str()), &v);
+  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return a.second->source().begin.line < b.second->source().begin.line;
+  });
+
+  DistributedConfig c = *this;
+  std::set<std::string> given;
+  for (const auto& [key, node] : entries) {
+    const std::string where = fmt::format("{}:{}: {}", source_name, node->source().begin.line, key);
+    if (key == "mesh_shape") {
+      c.mesh_shape = int_array(*node, where);
+    } else if (key == "mesh_axis_names") {
+      c.mesh_axis_names = string_array(*node, where);
+    } else {
+      const auto fields = distributed_config_fields();
+      auto f = std::find_if(fields.begin(), fields.end(), [&](const ConfigField& x) { return x.key == key; });
+      if (f == fields.end()) unknown_key(fmt::format("{}:{}", source_name, node->source().begin.line), key, top_level);
+      f->parse(c, value_text(*f, *node, where), where);
+    }
+    given.insert(key);
+  }
+  if (given.count("mesh") && (given.count("mesh_shape") || given.count("mesh_axis_names")))
+    throw InvalidArgument(kOp, fmt::format("{}: both mesh and mesh_shape/mesh_axis_names are given", source_name),
+                          "give the mesh once: mesh = \"data=2,tensor=2\", or the two arrays");
+  if (given.count("mesh_shape") && !given.count("mesh_axis_names")) c.mesh_axis_names.clear();
+  if (given.count("mesh_axis_names") && !given.count("mesh_shape")) c.mesh_shape.clear();
+  derive_processes_per_node(c, given.count("world_size") || given.count("num_nodes"),
+                            given.count("num_processes_per_node") > 0);
+  return c;
+}
+
+DistributedConfig DistributedConfig::with_toml_file(const std::string& path) const {
+  std::ifstream in(path);
+  if (!in)
+    throw IoError("DistributedConfig::with_toml_file", fmt::format("cannot read '{}': {}", path, std::strerror(errno)),
+                  "check the path and its permissions");
+  std::stringstream text;
+  text << in.rdbuf();
+  return with_toml(text.str(), path);
+}
+
+}  // namespace meshtrain::config
