@@ -1,0 +1,235 @@
+// meshtrain check, demo and bench collectives.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <mutex>
+
+#include "bench/collectives.h"
+#include "cli/command.h"
+#include "meshtrain/comm/selftest.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/mesh/device_mesh.h"
+#ifdef MESHTRAIN_HAVE_MPI
+#include "meshtrain/comm/mpi/communicator.h"
+#endif
+
+namespace meshtrain::cli {
+
+using comm::CollectiveOp;
+using comm::Communicator;
+
+void EngineFlags::add(CLI::App* app) {
+  app->add_option("--engine", engine, "threads | mpi (start under mpirun)")
+      ->check(CLI::IsMember({"threads", "mpi"}))
+      ->capture_default_str();
+  app->add_option("--ranks", ranks, "ranks (threads engine; mpi: taken from mpirun)")->capture_default_str();
+  app->add_option("--timeout", timeout_s, "deadline of every wait, seconds")->capture_default_str();
+}
+
+comm::LaunchOptions EngineFlags::launch_options() const {
+  const auto e = comm::parse_engine(engine);
+  return {.engine = e,
+          .ranks = e == comm::Engine::mpi ? 0 : ranks,
+          .timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000))};
+}
+
+void print_config(const std::string& command, const std::vector<std::pair<std::string, std::string>>& kv) {
+  fmt::print("meshtrain {}:", command);
+  for (const auto& [k, v] : kv) fmt::print(" {}={}", k, v);
+  fmt::print("\n");
+  std::fflush(stdout);
+}
+
+namespace {
+
+// --- check --------------------------------------------------------------------
+
+int run_check(const EngineFlags& flags) {
+  std::atomic<size_t> checks{0};
+  int size = 0;
+  comm::launch(flags.launch_options(), [&](Communicator& c) {
+    if (c.rank() == 0) print_config("check", {{"engine", flags.engine}, {"ranks", std::to_string(c.size())}});
+    checks += comm::run_collective_suite(c);
+    if (c.rank() == 0) size = c.size();
+  });
+  if (size) fmt::print("collective self-test passed: {} ranks, {} buffers compared on each rank\n", size,
+                       checks.load() / static_cast<size_t>(flags.engine == "threads" ? size : 1));
+  return 0;
+}
+
+// --- bench --------------------------------------------------------------------
+
+struct BenchFlags {
+  EngineFlags engine;
+  std::string min = "4K", max = "256M", dtype = "f32", json, ops = "all_reduce,reduce_scatter,all_gather,broadcast,all_to_all";
+  std::string mpi_reduce_scatter = "both";
+  size_t step = 4;
+  double seconds = 0.2;
+  bool check_fingerprints = false;
+};
+
+std::vector<CollectiveOp> parse_ops(const std::string& list) {
+  std::vector<CollectiveOp> ops;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const std::string name = list.substr(start, end - start);
+    bool found = false;
+    for (CollectiveOp op : {CollectiveOp::all_reduce, CollectiveOp::reduce_scatter, CollectiveOp::all_gather,
+                            CollectiveOp::broadcast, CollectiveOp::all_to_all})
+      if (comm::collective_op_name(op) == name) ops.push_back(op), found = true;
+    if (!found)
+      throw InvalidArgument("--ops", fmt::format("unknown op '{}'", name),
+                            "use all_reduce, reduce_scatter, all_gather, broadcast, all_to_all");
+    start = end + 1;
+  }
+  return ops;
+}
+
+int run_bench_collectives(const BenchFlags& f) {
+  bench::CollectiveOptions o;
+  o.min_bytes = bench::parse_size(f.min);
+  o.max_bytes = bench::parse_size(f.max);
+  o.step = f.step;
+  o.dtype = parse_dtype(f.dtype);
+  o.ops = parse_ops(f.ops);
+  o.seconds_per_size = f.seconds;
+  std::mutex mu;
+  std::vector<bench::CollectiveRow> rows;
+  int ranks = 0;
+  auto report = [&](Communicator& c, const std::vector<bench::CollectiveRow>& got) {
+    if (c.rank() != 0) return;
+    std::lock_guard l(mu);
+    rows.insert(rows.end(), got.begin(), got.end());
+    ranks = c.size();
+  };
+  auto banner = [&](Communicator& c) {
+    if (c.rank() == 0)
+      print_config("bench collectives",
+                   {{"engine", f.engine.engine}, {"ranks", std::to_string(c.size())}, {"min", f.min}, {"max", f.max},
+                    {"step", std::to_string(f.step)}, {"dtype", f.dtype}, {"seconds", fmt::format("{}", f.seconds)},
+                    {"check_fingerprints", f.check_fingerprints ? "on" : "off"}});
+  };
+  if (f.engine.engine == "threads") {
+    o.label = "threads";
+    comm::launch(f.engine.launch_options(), [&](Communicator& c) {
+      banner(c);
+      report(c, bench::run_collectives(c, o));
+    });
+  } else {
+#ifdef MESHTRAIN_HAVE_MPI
+    using comm::mpi::ReduceScatterAlgorithm;
+    auto world = comm::mpi::create_world({.check_fingerprints = f.check_fingerprints});
+    world->set_timeout(f.engine.launch_options().timeout);
+    banner(*world);
+    o.label = f.check_fingerprints ? "mpi+check" : "mpi";
+    // reduce_scatter runs once per algorithm; everything else once.
+    auto others = o;
+    others.ops.erase(std::remove(others.ops.begin(), others.ops.end(), CollectiveOp::reduce_scatter), others.ops.end());
+    if (!others.ops.empty()) report(*world, bench::run_collectives(*world, others));
+    const bool want_rs = std::find(o.ops.begin(), o.ops.end(), CollectiveOp::reduce_scatter) != o.ops.end();
+    for (auto algo : {ReduceScatterAlgorithm::native, ReduceScatterAlgorithm::ring}) {
+      if (!want_rs || (f.mpi_reduce_scatter != "both" && f.mpi_reduce_scatter != comm::mpi::reduce_scatter_algorithm_name(algo)))
+        continue;
+      auto c = comm::mpi::create_world({.check_fingerprints = f.check_fingerprints, .reduce_scatter = algo});
+      c->set_timeout(world->timeout());
+      auto rs = o;
+      rs.ops = {CollectiveOp::reduce_scatter};
+      rs.label = fmt::format("mpi-{}", comm::mpi::reduce_scatter_algorithm_name(algo));
+      report(*c, bench::run_collectives(*c, rs));
+    }
+#else
+    throw Unsupported("bench collectives", "this build has no OpenMPI engine", "install libopenmpi-dev and rebuild");
+#endif
+  }
+  if (ranks == 0) return 0;  // not rank 0
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.op, a.bytes) < std::tie(b.op, b.bytes);
+  });
+  fmt::print("{}", bench::format_table(rows, ranks));
+  if (!f.json.empty()) {
+    std::ofstream out(f.json, std::ios::app);
+    if (!out) throw IoError("bench collectives", fmt::format("cannot open '{}'", f.json), "check the path");
+    out << bench::format_jsonl(rows, ranks);
+  }
+  return 0;
+}
+
+// --- demo ---------------------------------------------------------------------
+
+int run_demo(int ranks, const std::string& max) {
+  const std::vector<int> shape = {ranks / 2, 2};
+  const std::vector<std::string> names = {"data", "tensor"};
+  fmt::print("meshtrain demo: {} simulated devices (threads engine), mesh data={},tensor=2\n\n", ranks, ranks / 2);
+  std::mutex mu;
+  std::vector<std::string> lines;
+  comm::launch({.engine = comm::Engine::threads, .ranks = ranks, .timeout = std::chrono::seconds(120)},
+               [&](Communicator& world) {
+                 mesh::DeviceMesh m(world, shape, names);
+                 if (world.rank() == 0) fmt::print("{}\n", m.to_string());
+                 comm::SuiteOptions small{.sizes = {0, 1, 7, 1000, 100'003}};
+                 auto check = [&](const std::string& what, Communicator& c) {
+                   const size_t n = comm::run_collective_suite(c, small);
+                   std::lock_guard l(mu);
+                   if (world.rank() == 0)
+                     lines.push_back(fmt::format("  {:<34} {} ranks  {:>5} buffers checked  ok", what, c.size(), n));
+                 };
+                 check("world", world);
+                 for (const auto& axis : names) check(fmt::format("axis '{}' sub-communicators", axis), m.comm(axis));
+                 if (world.rank() == 0) {
+                   fmt::print("every collective x every dtype x every reduce op, checked against closed-form "
+                              "values:\n");
+                   for (const auto& l : lines) fmt::print("{}\n", l);
+                   fmt::print("\n");
+                 }
+               });
+  BenchFlags f;
+  f.engine.ranks = ranks;
+  f.max = max;
+  f.seconds = 0.05;
+  f.ops = "all_reduce,reduce_scatter,all_gather";
+  return run_bench_collectives(f);
+}
+
+}  // namespace
+
+std::vector<Command> add_comm_commands(CLI::App& app) {
+  std::vector<Command> out;
+
+  auto demo_ranks = std::make_shared<int>(4);
+  auto demo_max = std::make_shared<std::string>("16M");
+  auto* demo = app.add_subcommand("demo", "mesh on simulated devices, every collective checked, benchmark table");
+  demo->add_option("--ranks", *demo_ranks, "simulated devices (even)")->capture_default_str()->check(CLI::Range(2, 64));
+  demo->add_option("--max", *demo_max, "largest benchmark size")->capture_default_str();
+  out.push_back({demo, [=] { return run_demo(*demo_ranks, *demo_max); }});
+
+  auto check_flags = std::make_shared<EngineFlags>();
+  auto* check = app.add_subcommand("check", "run the collective self-test on an engine");
+  check_flags->add(check);
+  out.push_back({check, [=] { return run_check(*check_flags); }});
+
+  auto bf = std::make_shared<BenchFlags>();
+  auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
+  bench_cmd->require_subcommand(1);
+  auto* coll = bench_cmd->add_subcommand("collectives", "time/algbw/busbw per size against the memory-traffic bound");
+  bf->engine.add(coll);
+  coll->add_option("--min", bf->min, "smallest size (4K, 1M, ...)")->capture_default_str();
+  coll->add_option("--max", bf->max, "largest size")->capture_default_str();
+  coll->add_option("--step", bf->step, "size multiplier between rows")->capture_default_str();
+  coll->add_option("--dtype", bf->dtype, "element type")->capture_default_str();
+  coll->add_option("--ops", bf->ops, "comma-separated collectives")->capture_default_str();
+  coll->add_option("--seconds", bf->seconds, "timing budget per (op, size)")->capture_default_str();
+  coll->add_option("--json", bf->json, "append rows as JSON lines to this file");
+  coll->add_option("--mpi-reduce-scatter", bf->mpi_reduce_scatter, "mpi: native | ring | both")
+      ->check(CLI::IsMember({"native", "ring", "both"}))
+      ->capture_default_str();
+  coll->add_flag("--check-fingerprints", bf->check_fingerprints, "mpi: exchange fingerprints on every collective");
+  out.push_back({coll, [=] { return run_bench_collectives(*bf); }});
+  return out;
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,154 @@
+// meshtrain mesh and meshtrain shard: pure computations over a mesh shape, no
+// ranks started, so they work for any device count.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <fstream>
+#include <memory>
+
+#include "cli/command.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/mesh/device_mesh.h"
+#include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/sharding/layout.h"
+#include "meshtrain/sharding/visualize.h"
+
+namespace meshtrain::cli {
+namespace {
+
+struct MeshFlags {
+  int devices = 0;
+  std::string mesh;
+  std::string model_size;
+  int64_t seq = 2048;
+  std::string device_memory = "80GB";
+  int devices_per_node = 8;
+  int dims = 2;
+};
+
+int run_mesh(const MeshFlags& f) {
+  print_config("mesh", {{"devices", std::to_string(f.devices)},
+                        {"mesh", f.mesh.empty() ? "-" : f.mesh},
+                        {"model_size", f.model_size.empty() ? "-" : f.model_size},
+                        {"seq", std::to_string(f.seq)},
+                        {"device_memory", f.device_memory},
+                        {"devices_per_node", std::to_string(f.devices_per_node)}});
+  if (!f.mesh.empty()) {
+    const plan::NamedShape named = plan::parse_mesh_spec(f.mesh);
+    plan::validate_mesh_config(named, f.devices);
+    fmt::print("{}", mesh::render_mesh(named.shape, named.axis_names));
+    return 0;
+  }
+  if (!f.model_size.empty()) {
+    const plan::MeshPlan p =
+        plan::optimize_for_transformer(f.devices, f.model_size, f.seq, f.device_memory, f.devices_per_node);
+    fmt::print("suggested mesh for a {} model, sequence {}, on {} devices of {}: {}{}\n", f.model_size, f.seq,
+               f.devices, f.device_memory, p.to_spec(), p.fits ? "" : "  (does NOT fit: see below)");
+    fmt::print("why:\n");
+    for (const auto& r : p.reasons) fmt::print("  - {}\n", r);
+    if (!p.shape.empty()) fmt::print("\n{}", mesh::render_mesh(p.shape, p.axis_names));
+    return 0;
+  }
+  const std::vector<int> shape = plan::get_optimal_mesh_shape(f.devices, f.dims);
+  std::vector<std::string> names;
+  for (int d = 0; d < f.dims; ++d) names.push_back(fmt::format("axis{}", d));
+  fmt::print("most balanced {}-axis shape using all {} devices: ({})\n", f.dims, f.devices, fmt::join(shape, ", "));
+  fmt::print("{}", mesh::render_mesh(shape, names));
+  return 0;
+}
+
+struct ShardFlags {
+  std::string shape;
+  std::string spec;
+  std::string mesh;
+  std::string partial;
+  std::string svg;
+  bool strict = false;
+  int width = 48;
+};
+
+std::vector<int64_t> parse_shape(const std::string& text) {
+  std::vector<int64_t> shape;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, end - start);
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != item.size() || item.empty() || v < 0)
+      throw InvalidArgument("--shape", fmt::format("'{}' is not a list of sizes", text), "write e.g. 128,4096");
+    shape.push_back(v);
+    start = end + 1;
+  }
+  return shape;
+}
+
+int run_shard(const ShardFlags& f) {
+  print_config("shard", {{"shape", f.shape}, {"spec", f.spec}, {"mesh", f.mesh},
+                         {"partial", f.partial.empty() ? "-" : f.partial}, {"strict", f.strict ? "on" : "off"}});
+  const plan::NamedShape named = plan::parse_mesh_spec(f.mesh);
+  sharding::LayoutOptions options;
+  options.strict = f.strict;
+  if (!f.partial.empty()) options.partial[f.partial] = comm::ReduceOp::sum;
+  const sharding::Layout layout(named.shape, named.axis_names, sharding::PartitionSpec::parse(f.spec),
+                                parse_shape(f.shape), options);
+  fmt::print("{}\n\n", layout.to_string());
+  fmt::print("{:>5}  {:<16} {:<24} {}\n", "rank", "coords", "global block", "local shape");
+  for (int r = 0; r < layout.num_ranks(); ++r) {
+    const std::vector<int> coords = mesh::unravel(r, named.shape);
+    std::vector<std::string> c;
+    for (size_t a = 0; a < coords.size(); ++a) c.push_back(fmt::format("{}={}", named.axis_names[a], coords[a]));
+    fmt::print("{:>5}  {:<16} {:<24} ({})\n", r, fmt::format("{}", fmt::join(c, ",")), layout.local_box(r).to_string(),
+               fmt::join(layout.local_shape(r), ", "));
+  }
+  if (layout.ndim() == 1 || layout.ndim() == 2) {
+    fmt::print("\n{}", sharding::visualize_sharding(layout, {.width = f.width}));
+    if (!f.svg.empty()) {
+      std::ofstream out(f.svg);
+      if (!out) throw IoError("shard --svg", fmt::format("cannot write '{}'", f.svg), "check the directory exists");
+      out << sharding::visualize_sharding_svg(layout, {.width = f.width});
+      fmt::print("wrote {}\n", f.svg);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> add_layout_commands(CLI::App& app) {
+  std::vector<Command> out;
+
+  auto mf = std::make_shared<MeshFlags>();
+  auto* mesh_cmd = app.add_subcommand(
+      "mesh", "print a mesh and its groups (--mesh), suggest one for a model (--model-size), or a balanced shape");
+  mesh_cmd->add_option("--devices", mf->devices, "number of devices")->required()->check(CLI::PositiveNumber);
+  mesh_cmd->add_option("--mesh", mf->mesh, "axes and sizes, e.g. data=4,tensor=2");
+  mesh_cmd->add_option("--model-size", mf->model_size, "parameters, e.g. 350M, 7B, 1.5T");
+  mesh_cmd->add_option("--seq", mf->seq, "sequence length (with --model-size)")->capture_default_str();
+  mesh_cmd->add_option("--device-memory", mf->device_memory, "memory per device, e.g. 80GB, 24GiB")
+      ->capture_default_str();
+  mesh_cmd->add_option("--devices-per-node", mf->devices_per_node, "tensor parallelism stays within a node")
+      ->capture_default_str();
+  mesh_cmd->add_option("--dims", mf->dims, "axes of the balanced shape (without --mesh/--model-size)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 8));
+  out.push_back({mesh_cmd, [=] { return run_mesh(*mf); }});
+
+  auto sf = std::make_shared<ShardFlags>();
+  auto* shard_cmd = app.add_subcommand("shard", "print which ranks hold which block of a tensor (and draw it)");
+  shard_cmd->add_option("--shape", sf->shape, "global shape, e.g. 128,4096")->required();
+  shard_cmd->add_option("--spec", sf->spec, "partition spec, e.g. data,tensor or (data,fsdp),None")->required();
+  shard_cmd->add_option("--mesh", sf->mesh, "axes and sizes, e.g. data=4,tensor=2")->required();
+  shard_cmd->add_option("--partial", sf->partial, "a mesh axis holding partial sums");
+  shard_cmd->add_option("--svg", sf->svg, "also write the picture as SVG to this file");
+  shard_cmd->add_option("--width", sf->width, "columns of the text picture")->capture_default_str();
+  shard_cmd->add_flag("--strict", sf->strict, "reject dimensions that do not divide evenly");
+  out.push_back({shard_cmd, [=] { return run_shard(*sf); }});
+  return out;
+}
+
+}  // namespace meshtrain::cli
