@@ -1,0 +1,190 @@
+#include "meshtrain/train/artifacts.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <sstream>
+
+#include "meshtrain/core/error.h"
+
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#define STB_IMAGE_WRITE_STATIC
+#include <stb/stb_image_write.h>
+
+namespace meshtrain::train {
+namespace {
+
+std::string safetensors_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::f64: return "F64";
+    case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
+    case DType::i8: return "I8";
+    case DType::i32: return "I32";
+    case DType::i64: return "I64";
+    case DType::u8: return "U8";
+  }
+  return "?";
+}
+
+DType dtype_from_safetensors(const std::string& s, const std::string& path) {
+  for (DType t : kAllDTypes)
+    if (safetensors_dtype(t) == s) return t;
+  throw IoError("load_safetensors", fmt::format("{}: unsupported dtype '{}'", path, s), "use F32, BF16, ...");
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& contents) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw IoError("write_file_atomic", fmt::format("cannot open '{}'", tmp), "check the directory");
+    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    if (!out) throw IoError("write_file_atomic", fmt::format("short write to '{}'", tmp), "check free disk space");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw IoError("write_file_atomic", fmt::format("rename '{}' -> '{}': {}", tmp, path, ec.message()), "");
+}
+
+MetricsLog::MetricsLog(std::string path) : path_(std::move(path)), out_(path_, std::ios::app) {
+  if (!out_) throw IoError("MetricsLog", fmt::format("cannot open '{}'", path_), "check the run directory");
+}
+
+void MetricsLog::write(const std::vector<std::pair<std::string, double>>& numbers,
+                       const std::vector<std::pair<std::string, std::string>>& strings) {
+  nlohmann::ordered_json j;
+  for (const auto& [k, v] : strings) j[k] = v;
+  for (const auto& [k, v] : numbers) {
+    if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 1e15) j[k] = static_cast<int64_t>(v);
+    else if (std::isfinite(v)) j[k] = v;
+    else j[k] = nullptr;  // JSON has no NaN/inf
+  }
+  out_ << j.dump() << '\n';
+  out_.flush();
+}
+
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::string data;
+  for (const auto& [name, t0] : tensors) {
+    const Tensor t = t0.contiguous();
+    const size_t begin = data.size();
+    data.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    header[name] = {{"dtype", safetensors_dtype(t.dtype())}, {"shape", t.shape()}, {"data_offsets", {begin, data.size()}}};
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the data to 8 bytes
+  std::string file(8, '\0');
+  uint64_t n = h.size();
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  file += h;
+  file += data;
+  write_file_atomic(path, file);
+}
+
+std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError("load_safetensors", fmt::format("cannot open '{}'", path), "check the path");
+  std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (file.size() < 8) throw IoError("load_safetensors", fmt::format("{}: {} bytes, no header", path, file.size()), "");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(file[i])} << (8 * i);
+  if (n > file.size() - 8)
+    throw IoError("load_safetensors", fmt::format("{}: header of {} bytes past the end at offset 8", path, n), "");
+  const auto header = nlohmann::ordered_json::parse(file.substr(8, n));
+  const size_t base = 8 + n;
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& [name, v] : header.items()) {
+    if (name == "__metadata__") continue;
+    const DType t = dtype_from_safetensors(v["dtype"].get<std::string>(), path);
+    const auto shape = v["shape"].get<std::vector<int64_t>>();
+    const auto off = v["data_offsets"].get<std::vector<size_t>>();
+    Tensor x = Tensor::empty(shape, t);
+    if (off.size() != 2 || off[1] < off[0] || base + off[1] > file.size() || off[1] - off[0] != x.nbytes())
+      throw IoError("load_safetensors", fmt::format("{}: tensor '{}' has bad data offsets", path, name), "");
+    std::memcpy(x.data_ptr(), file.data() + base + off[0], x.nbytes());
+    out.emplace_back(name, x);
+  }
+  return out;
+}
+
+std::string line_chart_svg(const std::string& title, const std::string& x_label, const std::vector<Series>& series) {
+  constexpr double W = 640, H = 400, L = 64, R = 16, T = 36, B = 48;
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  for (const auto& s : series)
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+      if (!std::isfinite(s.y[i])) continue;
+      x0 = std::min(x0, s.x[i]), x1 = std::max(x1, s.x[i]);
+      y0 = std::min(y0, s.y[i]), y1 = std::max(y1, s.y[i]);
+    }
+  if (!(x1 > x0)) x1 = x0 + 1;
+  if (!(y1 > y0)) y1 = y0 + 1;
+  auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
+  std::ostringstream s;
+  s << fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="12">)", W, H)
+    << '\n' << fmt::format(R"(<rect width="{}" height="{}" fill="white"/>)", W, H) << '\n'
+    << fmt::format(R"(<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>)", W / 2, title) << '\n'
+    << fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">{}</text>)", (L + W - R) / 2, H - 10, x_label) << '\n';
+  for (int i = 0; i <= 5; ++i) {
+    const double yv = y0 + (y1 - y0) * i / 5, xv = x0 + (x1 - x0) * i / 5;
+    s << fmt::format(R"(<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="#dddddd"/>)", L, py(yv), W - R, py(yv))
+      << fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end">{:.3g}</text>)", L - 6, py(yv) + 4, yv)
+      << fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{:.4g}</text>)", px(xv), H - B + 16, xv) << '\n';
+  }
+  s << fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#333333"/>)", L, T, W - L - R,
+                   H - T - B) << '\n';
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
+  for (size_t k = 0; k < series.size(); ++k) {
+    const auto& ser = series[k];
+    std::string pts;
+    for (size_t i = 0; i < ser.x.size() && i < ser.y.size(); ++i)
+      if (std::isfinite(ser.y[i])) pts += fmt::format("{:.1f},{:.1f} ", px(ser.x[i]), py(ser.y[i]));
+    const char* c = colors[k % 6];
+    s << fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>)", c, pts) << '\n'
+      << fmt::format(R"(<text x="{}" y="{}" fill="{}">{}</text>)", W - R - 150, T + 18 + 16 * k, c, ser.name) << '\n';
+  }
+  s << "</svg>\n";
+  return s.str();
+}
+
+void write_image_grid_png(const std::string& path, const std::vector<std::vector<float>>& images, int h, int w,
+                          int columns, int scale) {
+  if (images.empty() || h <= 0 || w <= 0 || columns <= 0 || scale <= 0)
+    throw InvalidArgument("write_image_grid_png", fmt::format("{} images of {}x{}, {} columns", images.size(), h, w,
+                                                              columns),
+                          "pass at least one image and positive sizes");
+  const int rows = static_cast<int>((images.size() + columns - 1) / columns), pad = 2;
+  const int W = columns * (w * scale + pad) + pad, H = rows * (h * scale + pad) + pad;
+  std::vector<unsigned char> pixels(static_cast<size_t>(W) * H, 96);  // gray gutters
+  for (size_t k = 0; k < images.size(); ++k) {
+    if (images[k].size() != static_cast<size_t>(h) * w)
+      throw InvalidArgument("write_image_grid_png", fmt::format("image {} has {} values, not {}", k, images[k].size(),
+                                                                h * w), "");
+    const int ox = pad + static_cast<int>(k % columns) * (w * scale + pad);
+    const int oy = pad + static_cast<int>(k / columns) * (h * scale + pad);
+    for (int y = 0; y < h * scale; ++y)
+      for (int x = 0; x < w * scale; ++x) {
+        const float v = std::clamp(images[k][(y / scale) * w + x / scale], 0.0f, 1.0f);
+        pixels[static_cast<size_t>(oy + y) * W + ox + x] = static_cast<unsigned char>(std::lround(v * 255));
+      }
+  }
+  // stb writes directly; go through a temporary name for atomicity.
+  const std::string tmp = path + ".tmp";
+  if (!stbi_write_png(tmp.c_str(), W, H, 1, pixels.data(), W))
+    throw IoError("write_image_grid_png", fmt::format("cannot write '{}'", tmp), "check the run directory");
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace meshtrain::train

@@ -1,0 +1,63 @@
+// What a training run leaves in its run directory, written by rank 0:
+//   config.toml     the resolved configuration (every key, defaults included)
+//   metrics.jsonl   one JSON object per logged step / evaluation
+//   model.safetensors  the final parameters (f32), loadable by PyTorch/HF
+//   loss.svg        the loss curve(s)
+//   *.png           image grids (the VAE's reconstructions and samples)
+//
+//   MetricsLog log("runs/mlp/metrics.jsonl");
+//   log.write({{"step", 10}, {"loss", 0.53}}, {{"split", "train"}});
+//   save_safetensors("runs/mlp/model.safetensors", {{"0.weight", w}, ...});
+//
+// Files are written to a temporary name and renamed, so a crash never leaves
+// a half-written file under the final name. Thread-safety: one writer per
+// object; the free functions are reentrant.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/core/tensor.h"
+
+namespace meshtrain::train {
+
+// Writes `contents` to path atomically (temporary file + rename).
+void write_file_atomic(const std::string& path, const std::string& contents);
+
+// Appends JSON lines; numbers as numbers, strings as strings.
+class MetricsLog {
+ public:
+  explicit MetricsLog(std::string path);
+  void write(const std::vector<std::pair<std::string, double>>& numbers,
+             const std::vector<std::pair<std::string, std::string>>& strings = {});
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// safetensors (https://github.com/huggingface/safetensors): an 8-byte
+// little-endian header length, a JSON header {name: {dtype, shape,
+// data_offsets}} and the raw little-endian data. Tensors are written
+// contiguously in the given order; any dtype of the core.
+void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+// Reads every tensor back (for tests and resuming).
+std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& path);
+
+// One line per series over a shared x axis, with axes, ticks and a legend.
+struct Series {
+  std::string name;
+  std::vector<double> x, y;
+};
+std::string line_chart_svg(const std::string& title, const std::string& x_label, const std::vector<Series>& series);
+
+// A grid of grayscale images (each h x w, values in [0, 1]) written as PNG.
+void write_image_grid_png(const std::string& path, const std::vector<std::vector<float>>& images, int h, int w,
+                          int columns, int scale = 2);
+
+}  // namespace meshtrain::train

@@ -1,0 +1,98 @@
+#include "meshtrain/train/artifacts.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/train/progress.h"
+
+namespace meshtrain::train {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("meshtrain_artifacts_" + name)).string();
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(Safetensors, RoundTripAndFormat) {
+  const std::string path = temp_path("model.safetensors");
+  Tensor w = Tensor::from_vector(std::vector<float>{1.5f, -2.0f, 3.25f, 0.0f, 7.0f, 8.0f}, {2, 3});
+  Tensor b = Tensor::from_vector(std::vector<int64_t>{4, -5}, {2}, DType::i64);
+  save_safetensors(path, {{"0.weight", w}, {"0.bias", b}}, {{"format", "pt"}});
+  const std::string bytes = read_all(path);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(bytes[i])} << (8 * i);
+  ASSERT_EQ((8 + n) % 8, 0u);
+  const auto header = nlohmann::json::parse(bytes.substr(8, n));
+  EXPECT_EQ(header["0.weight"]["dtype"], "F32");
+  EXPECT_EQ(header["0.weight"]["shape"], nlohmann::json({2, 3}));
+  EXPECT_EQ(header["0.weight"]["data_offsets"], nlohmann::json({0, 24}));
+  EXPECT_EQ(header["0.bias"]["data_offsets"], nlohmann::json({24, 40}));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  EXPECT_EQ(bytes.size(), 8 + n + 40);
+
+  const auto back = load_safetensors(path);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].first, "0.weight");
+  EXPECT_EQ(back[0].second.to_vector(), w.to_vector());
+  EXPECT_EQ(back[1].second.dtype(), DType::i64);
+  EXPECT_EQ(back[1].second.to_vector(), (std::vector<double>{4, -5}));
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+}
+
+TEST(Safetensors, TruncatedFileIsRejected) {
+  const std::string path = temp_path("bad.safetensors");
+  std::ofstream(path, std::ios::binary) << std::string("\xff\x00\x00\x00\x00\x00\x00\x00{}", 10);
+  EXPECT_THROW(load_safetensors(path), IoError);
+}
+
+TEST(MetricsLog, WritesJsonLines) {
+  const std::string path = temp_path("metrics.jsonl");
+  std::filesystem::remove(path);
+  {
+    MetricsLog log(path);
+    log.write({{"step", 10}, {"loss", 0.25}}, {{"split", "train"}});
+    log.write({{"step", 20}, {"accuracy", 0.875}}, {{"split", "test"}});
+  }
+  std::ifstream in(path);
+  std::string l1, l2;
+  std::getline(in, l1);
+  std::getline(in, l2);
+  EXPECT_EQ(l1, R"({"split":"train","step":10,"loss":0.25})");
+  EXPECT_EQ(nlohmann::json::parse(l2)["accuracy"], 0.875);
+}
+
+TEST(Charts, LineChartHasOnePolylinePerSeries) {
+  const std::string svg = line_chart_svg("loss", "step", {{"train", {0, 1, 2}, {2.0, 1.0, 0.5}}, {"test", {2}, {0.7}}});
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  size_t count = 0;
+  for (size_t p = svg.find("<polyline"); p != std::string::npos; p = svg.find("<polyline", p + 1)) ++count;
+  EXPECT_EQ(count, 2u);
+  EXPECT_NE(svg.find(">train</text>"), std::string::npos);
+}
+
+TEST(Images, GridIsAPng) {
+  const std::string path = temp_path("grid.png");
+  std::vector<std::vector<float>> imgs(5, std::vector<float>(28 * 28, 0.5f));
+  write_image_grid_png(path, imgs, 28, 28, 3);
+  const std::string bytes = read_all(path);
+  ASSERT_GT(bytes.size(), 8u);
+  EXPECT_EQ(bytes.substr(1, 3), "PNG");
+  EXPECT_THROW(write_image_grid_png(path, {std::vector<float>(3)}, 28, 28, 3), InvalidArgument);
+}
+
+TEST(Progress, Durations) {
+  EXPECT_EQ(format_duration(12.2), "12s");
+  EXPECT_EQ(format_duration(187), "3m07s");
+  EXPECT_EQ(format_duration(3720), "1h02m");
+}
+
+}  // namespace
+}  // namespace meshtrain::train

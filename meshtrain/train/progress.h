@@ -1,0 +1,43 @@
+// A progress bar for long loops, drawn by rank 0 only:
+//
+//   ProgressBar bar(total_steps, /*enabled=*/rank == 0);
+//   bar.update(step, {{"loss", loss}}, samples_per_second);
+//   bar.finish();
+//
+// On a terminal it redraws one line (at most 10 times a second); into a file
+// or pipe it prints a line every ~10% so logs stay readable.
+// Thread-safety: one thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace meshtrain::train {
+
+class ProgressBar {
+ public:
+  ProgressBar(int64_t total, bool enabled, std::string label = "train", std::FILE* out = stderr);
+  // `done` steps of `total`; values are shown as "name value".
+  void update(int64_t done, const std::vector<std::pair<std::string, double>>& values, double items_per_second);
+  void finish();
+
+ private:
+  std::string render(int64_t done, const std::vector<std::pair<std::string, double>>& values, double rate) const;
+
+  int64_t total_;
+  bool enabled_;
+  std::string label_;
+  std::FILE* out_;
+  bool tty_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+  int64_t last_tenth_ = -1;
+};
+
+// "1h02m", "3m07s", "12s"
+std::string format_duration(double seconds);
+
+}  // namespace meshtrain::train
