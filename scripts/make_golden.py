@@ -1,0 +1,149 @@
+#!/usr/bin/python3
+"""Writes PyTorch golden files for meshtrain's parity tests (llm.c style).
+
+    /usr/bin/python3 scripts/make_golden.py golden/   # Debian's python3 with python3-torch
+
+For a small MLP and a small VAE it stores, in safetensors files: the inputs,
+the initial weights (Linear weights transposed to meshtrain's (in, out)
+convention), the loss, every gradient after one backward, and the losses of
+10 AdamW steps on the same batch (weight decay 0.01 on weights only, as
+meshtrain decides by parameter metadata). The VAE's reparameterization noise
+is stored too, so both sides use the same eps. CI never runs this script; it
+only reads the committed files (tests/golden_test.cc).
+"""
+import json
+import struct
+import sys
+
+import torch
+
+VERSION = 1
+torch.manual_seed(1234)
+torch.set_default_dtype(torch.float32)
+
+
+def save(path, tensors, meta):
+    header, blobs, offset = {"__metadata__": {k: str(v) for k, v in meta.items()}}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous()
+        dtype = {torch.float32: "F32", torch.int64: "I64"}[t.dtype]
+        data = t.numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def linear_state(prefix, lin, out):
+    out[f"init.{prefix}.weight"] = lin.weight.detach().t().clone()  # (in, out)
+    out[f"init.{prefix}.bias"] = lin.bias.detach().clone()
+
+
+def grads(named, out):
+    for name, p in named:
+        g = p.grad.detach()
+        out[f"grad.{name}"] = g.t().clone() if g.dim() == 2 else g.clone()
+
+
+def adamw(params, lr=1e-3):
+    decay = [p for n, p in params if n.endswith("weight")]
+    no_decay = [p for n, p in params if not n.endswith("weight")]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.999), eps=1e-8)
+
+
+def mlp(outdir):
+    sizes = [784, 32, 16, 10]
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
+    x = torch.rand(8, 784)
+    y = torch.randint(0, 10, (8,))
+    out = {"x": x, "labels": y}
+    lin = [m for m in model if isinstance(m, torch.nn.Linear)]
+    for i, m in enumerate(lin):
+        linear_state(f"layers.{i}", m, out)
+    params = [(f"layers.{i}.{k}", getattr(m, k)) for i, m in enumerate(lin) for k in ("weight", "bias")]
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    out["loss"] = loss.detach().reshape(1)
+    grads(params, out)
+    opt = adamw(params)
+    model.zero_grad()
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        l = torch.nn.functional.cross_entropy(model(x), y)
+        l.backward()
+        opt.step()
+        losses.append(l.item())
+    out["steps.loss"] = torch.tensor(losses)
+    save(f"{outdir}/mlp_v{VERSION}.safetensors", out,
+         {"version": VERSION, "torch": torch.__version__, "sizes": sizes, "optimizer": "adamw lr 1e-3 wd 0.01"})
+
+
+class VAE(torch.nn.Module):
+    def __init__(self, hidden=(32, 16), latent=4):
+        super().__init__()
+        self.enc = torch.nn.ModuleList([torch.nn.Linear(784, hidden[0]), torch.nn.Linear(hidden[0], hidden[1])])
+        self.mu = torch.nn.Linear(hidden[1], latent)
+        self.logvar = torch.nn.Linear(hidden[1], latent)
+        self.dec = torch.nn.ModuleList([torch.nn.Linear(latent, hidden[1]), torch.nn.Linear(hidden[1], hidden[0]),
+                                        torch.nn.Linear(hidden[0], 784)])
+
+    def forward(self, x, eps):
+        h = x
+        for m in self.enc:
+            h = torch.relu(m(h))
+        mu, logvar = self.mu(h), self.logvar(h)
+        z = mu + torch.exp(0.5 * logvar) * eps
+        for i, m in enumerate(self.dec):
+            z = m(z)
+            if i < len(self.dec) - 1:
+                z = torch.relu(z)
+        recon = torch.nn.functional.binary_cross_entropy_with_logits(z, x, reduction="sum") / x.shape[0]
+        kl = -0.5 * torch.sum(1 + logvar - mu * mu - logvar.exp()) / x.shape[0]
+        return recon, kl
+
+
+def vae(outdir):
+    model = VAE()
+    x = torch.rand(8, 784)
+    eps = torch.randn(8, 4)
+    out = {"x": x, "eps": eps}
+    names = {"enc.0": model.enc[0], "enc.1": model.enc[1], "mu": model.mu, "logvar": model.logvar,
+             "dec.0": model.dec[0], "dec.1": model.dec[1], "dec.2": model.dec[2]}
+    for n, m in names.items():
+        linear_state(n, m, out)
+    params = [(f"{n}.{k}", getattr(m, k)) for n, m in names.items() for k in ("weight", "bias")]
+    recon, kl = model(x, eps)
+    (recon + kl).backward()
+    out["loss"] = (recon + kl).detach().reshape(1)
+    out["recon"] = recon.detach().reshape(1)
+    out["kl"] = kl.detach().reshape(1)
+    grads(params, out)
+    opt = adamw(params)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        r, k = model(x, eps)
+        (r + k).backward()
+        opt.step()
+        losses.append((r + k).item())
+    out["steps.loss"] = torch.tensor(losses)
+    save(f"{outdir}/vae_v{VERSION}.safetensors", out,
+         {"version": VERSION, "torch": torch.__version__, "hidden": [32, 16], "latent": 4,
+          "optimizer": "adamw lr 1e-3 wd 0.01"})
+
+
+if __name__ == "__main__":
+    outdir = sys.argv[1] if len(sys.argv) > 1 else "golden"
+    mlp(outdir)
+    vae(outdir)
+    print(f"wrote {outdir}/mlp_v{VERSION}.safetensors and {outdir}/vae_v{VERSION}.safetensors")
