@@ -36,5 +36,7 @@ void print_config(const std::string& command, const std::vector<std::pair<std::s
 std::vector<Command> add_comm_commands(CLI::App& app);
 // mesh, shard
 std::vector<Command> add_layout_commands(CLI::App& app);
+// train
+std::vector<Command> add_train_commands(CLI::App& app);
 
 }  // namespace meshtrain::cli

@@ -22,6 +22,13 @@
 //   bucket's all-reduce while backward continues.
 // - Weights follow the strategies' convention: Linear weights are (in, out),
 //   y = x W + b (see sharding/strategy.h).
+// - Batch context: random draws made during forward (dropout masks, a VAE's
+//   reparameterization noise) are pure functions of (seed, module name,
+//   step, GLOBAL sample index, feature). Before each forward the trainer calls
+//   set_batch_context(step, first_global_sample), where first_global_sample
+//   is the global index of this rank's first local sample, so a rank holding
+//   samples [a, b) of the global batch draws exactly the same numbers for
+//   them as a single device holding all samples. It propagates to children.
 // Thread-safety: a module belongs to one rank's thread.
 #pragma once
 
@@ -34,6 +41,12 @@
 #include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::nn {
+
+// Where the current local batch sits in the run: see "Batch context" above.
+struct BatchContext {
+  uint64_t step = 0;                // advanced by the trainer once per optimizer step
+  int64_t first_global_sample = 0;  // global index of local sample 0 (>= 0)
+};
 
 struct Parameter {
   std::string name;           // path in the module tree, e.g. "encoder.0.weight"
@@ -67,6 +80,13 @@ class Module {
   // (nullptr removes it). Borrowed: it must outlive its use.
   virtual void set_grad_hook(GradHook* hook) { hook_ = hook; }
 
+  // Sets the batch context of this module and its children (see above).
+  // first_global_sample must be >= 0. Containers override it to propagate.
+  virtual void set_batch_context(uint64_t step, int64_t first_global_sample) {
+    batch_context_ = BatchContext{step, first_global_sample};
+  }
+  const BatchContext& batch_context() const { return batch_context_; }
+
   void zero_grad() {
     for (Parameter* p : parameters()) p->grad.fill(0.0);
   }
@@ -83,6 +103,7 @@ class Module {
 
   bool training_ = true;
   GradHook* hook_ = nullptr;
+  BatchContext batch_context_;
 };
 
 }  // namespace meshtrain::nn

@@ -1,0 +1,58 @@
+// Dropout whose mask depends only on (seed, name, step, global sample, feature),
+// so every data-parallel layout draws the same mask as one device.
+//
+//   nn::Dropout drop(0.1, "3", /*seed=*/42);
+//   drop.set_batch_context(step, /*first_global_sample=*/rank * local_batch);
+//   Tensor y = drop.forward(x);    // (B, ...): y = x * keep / (1 - p)
+//   Tensor dx = drop.backward(dy); // dy * keep / (1 - p)
+//
+// Mask: dim 0 of x is the batch; F = numel / B is the number of features per
+// sample (all other dims, row-major). For local sample i and feature f,
+//   u = uniform_at(seed, step_key(name, step), (first_global_sample + i) * F + f, 0, 1)
+// rounded to f32 (step_key(name, step) = key_from_name("<name>@step=<step>"),
+// see internal/buffers.h), and the element is kept iff u >= p. A rank holding
+// samples [a, b) of the global batch thus sees exactly rows [a, b) of the
+// single-device mask. The trainer must advance the step (set_batch_context)
+// every step, or the same mask repeats; replaying a forward with the same
+// context (activation recomputation) reproduces the mask.
+//
+// In evaluation mode, or with p = 0, forward returns x itself and backward
+// returns grad_out itself (no copy). p = 1 drops everything (output 0).
+// Thread-safety: one thread at a time (a module belongs to one rank).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/module.h"
+
+namespace meshtrain::nn {
+
+class Dropout final : public Module {
+ public:
+  // 0 <= p <= 1. `name` is the module's path; it keys the random stream and
+  // must be unique among the model's dropouts.
+  Dropout(double p, const std::string& name, uint64_t seed);
+
+  // x (B, ...) f32 with B >= 0 -> same shape.
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& grad_out) override;
+  std::vector<Parameter*> parameters() override { return {}; }
+
+  double p() const { return p_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  double p_;
+  std::string name_;
+  uint64_t seed_;
+  bool identity_ = false;        // last forward passed x through
+  std::vector<int64_t> shape_;   // shape of the last forward's input; empty when none
+  bool pending_ = false;         // a forward awaits its backward
+  Tensor scale_;                 // (numel) 0 or 1 / (1 - p) per element
+  Tensor y_;                     // output buffer
+  Tensor dx_;                    // input-gradient buffer
+};
+
+}  // namespace meshtrain::nn

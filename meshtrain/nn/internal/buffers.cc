@@ -1,0 +1,52 @@
+#include "meshtrain/nn/internal/buffers.h"
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/random.h"
+
+namespace meshtrain::nn::internal {
+
+Tensor& reuse_or_allocate(Tensor& buf, const std::vector<int64_t>& shape) {
+  const bool reusable = buf.defined() && buf.storage().use_count() == 1 && buf.dtype() == DType::f32 &&
+                        buf.shape() == shape && buf.storage_offset() == 0 && buf.is_contiguous();
+  if (!reusable) buf = Tensor::empty(shape, DType::f32);
+  return buf;
+}
+
+Tensor f32_contiguous(const Tensor& x, const char* op, const char* what) {
+  if (!x.defined())
+    throw InvalidArgument(op, fmt::format("{} is undefined", what),
+                          "pass a tensor (an undefined gradient means the layer below skipped it)");
+  if (x.dtype() != DType::f32)
+    throw InvalidArgument(op, fmt::format("{} has dtype {}", what, dtype_name(x.dtype())),
+                          "nn computes in f32; convert with to(DType::f32)");
+  return x.contiguous();
+}
+
+void check_shape(const Tensor& got, const std::vector<int64_t>& want, const char* op, const char* what) {
+  if (got.shape() != want)
+    throw InvalidArgument(op,
+                          fmt::format("{} has shape {}, expected {}", what, meshtrain::shape_to_string(got.shape()),
+                                      meshtrain::shape_to_string(want)),
+                          "the gradient has the shape of forward's output; call forward on this batch first");
+}
+
+void check_param_tensor(const Tensor& t, const char* op, const std::string_view name) {
+  if (!t.defined() || t.dtype() != DType::f32 || !t.is_contiguous())
+    throw InvalidArgument(op, fmt::format("parameter tensor of '{}' is not a contiguous f32 tensor", name),
+                          "keep Parameter::value and ::grad contiguous f32 (views into a flat buffer are fine)");
+}
+
+uint64_t step_key(std::string_view name, uint64_t step) {
+  return key_from_name(fmt::format("{}@step={}", name, step));
+}
+
+std::string join_name(std::string_view prefix, std::string_view leaf) {
+  if (prefix.empty()) return std::string(leaf);
+  return fmt::format("{}.{}", prefix, leaf);
+}
+
+}  // namespace meshtrain::nn::internal

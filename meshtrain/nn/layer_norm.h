@@ -1,0 +1,57 @@
+// LayerNorm over the last dim: y = (x - mean) / sqrt(var + eps) * gamma + beta,
+// with the biased variance (as PyTorch).
+//
+//   nn::LayerNorm ln(768, "h.0.ln_1");   // "h.0.ln_1.weight" (768) = 1, "h.0.ln_1.bias" (768) = 0
+//   Tensor y = ln.forward(x);            // (..., 768) -> (..., 768)
+//   Tensor dx = ln.backward(dy);
+//
+// Parameters (affine only): weight (gamma) starts at 1 and bias (beta) at 0,
+// so the initial value trivially depends only on (seed, name); both are
+// ParamKind::norm with weight_decay false. Mean and variance are accumulated
+// in double per row; the rest is f32.
+// Thread-safety: one thread at a time (a module belongs to one rank).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/module.h"
+
+namespace meshtrain::nn {
+
+class LayerNorm final : public Module {
+ public:
+  // dim >= 1, eps > 0. `prefix` is the module's path.
+  LayerNorm(int64_t dim, const std::string& prefix, double eps = 1e-5, bool affine = true);
+  // Not copyable: a copy would share the parameters' storage.
+  LayerNorm(const LayerNorm&) = delete;
+  LayerNorm& operator=(const LayerNorm&) = delete;
+
+  // x (..., dim) f32 -> (..., dim).
+  Tensor forward(const Tensor& x) override;
+  // Accumulates dgamma, dbeta (when affine); notifies bias, then weight.
+  Tensor backward(const Tensor& grad_out) override;
+  // {weight, bias} when affine, else {}.
+  std::vector<Parameter*> parameters() override;
+
+  int64_t dim() const { return dim_; }
+  double eps() const { return eps_; }
+  bool affine() const { return affine_; }
+
+ private:
+  std::string name_;
+  int64_t dim_;
+  double eps_;
+  bool affine_;
+  Parameter weight_;        // gamma (dim)
+  Parameter bias_;          // beta (dim)
+  Tensor xhat_;             // (R, dim) normalized input of the last forward
+  std::vector<float> rstd_; // (R) 1 / sqrt(var + eps)
+  Tensor y_;                // (R, dim) output buffer
+  Tensor dx_;               // (R, dim) input-gradient buffer
+  std::vector<int64_t> shape_;  // input shape of the last forward; empty after backward
+  std::vector<float> dgamma_, dbeta_;  // (dim) per-backward sums
+};
+
+}  // namespace meshtrain::nn

@@ -1,0 +1,335 @@
+// Layers: values against closed forms and naive loops, gradients against
+// central finite differences, dropout masks across batch splits, buffers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <utility>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/ops.h"
+#include "meshtrain/core/random.h"
+#include "meshtrain/nn/activations.h"
+#include "meshtrain/nn/dropout.h"
+#include "meshtrain/nn/internal/buffers.h"
+#include "meshtrain/nn/internal/grad_check.h"
+#include "meshtrain/nn/layer_norm.h"
+#include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/sequential.h"
+
+namespace meshtrain::nn {
+namespace {
+
+using internal::expect_grad_matches;
+using internal::random_tensor;
+using internal::weighted_sum;
+
+// Records grad_ready calls in order.
+class RecordingHook : public GradHook {
+ public:
+  void grad_ready(Parameter& p) override { names.push_back(p.name); }
+  std::vector<std::string> names;
+};
+
+// ---- Linear ----
+
+TEST(Linear, ForwardMatchesNaiveLoopWithWeightConvention) {
+  Linear fc(3, 2, "fc", 7);
+  fc.weight().value.copy_from(Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {3, 2}));  // (in, out)
+  fc.bias().value.copy_from(Tensor::from_vector(std::vector<float>{0.5f, -1}, {2}));
+  Tensor x = Tensor::from_vector(std::vector<float>{1, 0, -1, 2, 1, 0}, {2, 3});
+  // y = x W + b: row 0 = [1-5, 2-6] + b, row 1 = [2+3, 4+4] + b
+  EXPECT_EQ(fc.forward(x).to_vector(), (std::vector<double>{-3.5, -5, 5.5, 7}));
+}
+
+TEST(Linear, InitIsKaimingUniformKeyedByName) {
+  Linear fc(16, 8, "encoder.0", 42);
+  EXPECT_EQ(fc.weight().name, "encoder.0.weight");
+  EXPECT_EQ(fc.bias().name, "encoder.0.bias");
+  const double bound = 0.25;  // 1 / sqrt(16)
+  const std::vector<double> w = fc.weight().value.to_vector();
+  for (size_t i = 0; i < w.size(); ++i) {
+    ASSERT_EQ(w[i], static_cast<double>(static_cast<float>(
+                        uniform_at(42, key_from_name("encoder.0.weight"), i, -bound, bound))));
+  }
+  const std::vector<double> b = fc.bias().value.to_vector();
+  for (size_t i = 0; i < b.size(); ++i) {
+    ASSERT_EQ(b[i], static_cast<double>(static_cast<float>(
+                        uniform_at(42, key_from_name("encoder.0.bias"), i, -bound, bound))));
+  }
+  EXPECT_EQ(fc.weight().info.kind, sharding::ParamKind::linear_weight);
+  EXPECT_EQ(fc.weight().info.shape, (std::vector<int64_t>{16, 8}));
+  EXPECT_EQ(fc.weight().info.role, sharding::LinearRole::none);
+  EXPECT_TRUE(fc.weight().weight_decay);
+  EXPECT_EQ(fc.bias().info.kind, sharding::ParamKind::linear_bias);
+  EXPECT_FALSE(fc.bias().weight_decay);
+  EXPECT_EQ(l2_norm(fc.weight().grad), 0.0);
+}
+
+TEST(Linear, BackwardMatchesFiniteDifferences) {
+  Linear fc(5, 4, "fc", 3);
+  Tensor x = random_tensor({2, 3, 5}, 1);  // leading dims are rows
+  Tensor w = random_tensor({2, 3, 4}, 2);
+  auto f = [&] { return weighted_sum(fc.forward(x), w); };
+  fc.zero_grad();
+  fc.forward(x);
+  Tensor dx = fc.backward(w);
+  ASSERT_EQ(dx.shape(), x.shape());
+  expect_grad_matches(f, x, dx.clone());
+  expect_grad_matches(f, fc.weight().value, fc.weight().grad.clone());
+  expect_grad_matches(f, fc.bias().value, fc.bias().grad.clone());
+}
+
+TEST(Linear, GradientsAccumulateAndInputGradCanBeSkipped) {
+  Linear fc(4, 3, "fc", 3, LinearOptions{.bias = true, .needs_input_grad = false});
+  Tensor x = random_tensor({5, 4}, 1);
+  Tensor dy = random_tensor({5, 3}, 2);
+  fc.forward(x);
+  EXPECT_FALSE(fc.backward(dy).defined());
+  const std::vector<double> once = fc.weight().grad.to_vector();
+  fc.forward(x);
+  fc.backward(dy);
+  const std::vector<double> twice = fc.weight().grad.to_vector();
+  for (size_t i = 0; i < once.size(); ++i) EXPECT_FLOAT_EQ(twice[i], 2 * once[i]);
+  fc.zero_grad();
+  EXPECT_EQ(l2_norm(fc.weight().grad), 0.0);
+}
+
+TEST(Linear, WithoutBiasHasOnlyAWeight) {
+  Linear fc(4, 3, "", 3, /*bias=*/false);
+  ASSERT_EQ(fc.parameters().size(), 1u);
+  EXPECT_EQ(fc.parameters()[0]->name, "weight");
+  EXPECT_THROW(fc.bias(), InvalidArgument);
+}
+
+TEST(Linear, BadShapesAndOrderAreErrors) {
+  Linear fc(4, 3, "fc", 3);
+  EXPECT_THROW(fc.forward(random_tensor({2, 5}, 1)), InvalidArgument);
+  EXPECT_THROW(fc.forward(Tensor::zeros({2, 4}, DType::f64)), InvalidArgument);
+  EXPECT_THROW(fc.backward(random_tensor({2, 3}, 1)), InvalidArgument);  // no forward
+  fc.forward(random_tensor({2, 4}, 1));
+  EXPECT_THROW(fc.backward(random_tensor({3, 3}, 1)), InvalidArgument);
+  EXPECT_THROW(Linear(0, 3, "fc", 1), InvalidArgument);
+  try {
+    fc.forward(random_tensor({2, 5}, 1));
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.op(), "Linear::forward");
+    EXPECT_NE(std::string(e.what()).find("'fc'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Linear, ReusesBuffersWhenTheCallerDropsResults) {
+  Linear fc(4, 3, "fc", 3);
+  Tensor x = random_tensor({5, 4}, 1);
+  Tensor dy = random_tensor({5, 3}, 2);
+  const void* y0 = fc.forward(x).data_ptr();
+  const void* dx0 = fc.backward(dy).data_ptr();
+  EXPECT_EQ(fc.forward(x).data_ptr(), y0);
+  EXPECT_EQ(fc.backward(dy).data_ptr(), dx0);
+  Tensor kept = fc.forward(x);  // held: the next forward must not overwrite it
+  const std::vector<double> before = kept.to_vector();
+  fc.backward(dy);
+  Tensor next = fc.forward(random_tensor({5, 4}, 9));
+  EXPECT_NE(next.data_ptr(), kept.data_ptr());
+  EXPECT_EQ(kept.to_vector(), before);
+}
+
+// ---- activations ----
+
+struct ActivationCase {
+  std::string label;
+  std::function<std::unique_ptr<Activation>()> make;
+  // (x, f(x)) pairs from closed forms.
+  std::vector<std::pair<float, double>> values;
+};
+
+std::vector<ActivationCase> activation_cases() {
+  return {
+      {"ReLU", [] { return std::make_unique<ReLU>(); }, {{-2, 0}, {0, 0}, {1.5f, 1.5}}},
+      {"GELU-erf",
+       [] { return std::make_unique<GELU>(); },
+       {{1, 0.8413447460685429}, {-1, -0.15865525393145707}, {0, 0}}},
+      {"GELU-tanh",
+       [] { return std::make_unique<GELU>(GeluApproximation::tanh); },
+       {{1, 0.8411919906082768}, {-1, -0.15880800939172324}}},
+      {"SiLU", [] { return std::make_unique<SiLU>(); }, {{1, 0.7310585786300049}, {-2, -0.2384058440442351}}},
+      {"Tanh", [] { return std::make_unique<Tanh>(); }, {{1, 0.7615941559557649}, {-0.5f, -0.46211715726000974}}},
+      {"Sigmoid", [] { return std::make_unique<Sigmoid>(); }, {{0, 0.5}, {2, 0.8807970779778823}}},
+  };
+}
+
+TEST(Activations, ValuesMatchClosedForms) {
+  for (const ActivationCase& c : activation_cases()) {
+    std::unique_ptr<Activation> act = c.make();
+    for (auto [x, want] : c.values) {
+      Tensor y = act->forward(Tensor::from_vector(std::vector<float>{x}, {1}));
+      EXPECT_NEAR(y.to_vector()[0], want, 1e-6) << c.label << " at " << x;
+    }
+  }
+}
+
+TEST(Activations, BackwardMatchesFiniteDifferences) {
+  for (const ActivationCase& c : activation_cases()) {
+    SCOPED_TRACE(c.label);
+    std::unique_ptr<Activation> act = c.make();
+    Tensor x = random_tensor({3, 7}, 11, -3.0, 3.0);
+    // Keep ReLU's kink out of reach of the finite-difference step.
+    float* px = x.data<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      if (std::fabs(px[i]) < 0.05f) px[i] = 0.3f;
+    }
+    Tensor w = random_tensor({3, 7}, 12);
+    auto f = [&] { return weighted_sum(act->forward(x), w); };
+    act->forward(x);
+    Tensor dx = act->backward(w).clone();
+    expect_grad_matches(f, x, dx, 1e-3);
+  }
+}
+
+// ---- LayerNorm ----
+
+TEST(LayerNorm, MatchesClosedFormOnATinyRow) {
+  LayerNorm ln(4, "ln");
+  ln.parameters()[0]->value.copy_from(Tensor::from_vector(std::vector<float>{1, 2, 1, 1}, {4}));    // gamma
+  ln.parameters()[1]->value.copy_from(Tensor::from_vector(std::vector<float>{0, 0, 0, 0.5f}, {4}));  // beta
+  // x = [1, 2, 3, 4]: mean 2.5, biased variance 1.25.
+  const std::vector<double> y = ln.forward(Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {1, 4})).to_vector();
+  const double r = 1.0 / std::sqrt(1.25 + 1e-5);
+  EXPECT_NEAR(y[0], -1.5 * r, 1e-6);
+  EXPECT_NEAR(y[1], 2 * -0.5 * r, 1e-6);
+  EXPECT_NEAR(y[2], 0.5 * r, 1e-6);
+  EXPECT_NEAR(y[3], 1.5 * r + 0.5, 1e-6);
+  EXPECT_EQ(ln.parameters()[0]->info.kind, sharding::ParamKind::norm);
+  EXPECT_FALSE(ln.parameters()[0]->weight_decay);
+  EXPECT_FALSE(ln.parameters()[1]->weight_decay);
+  EXPECT_EQ(ln.parameters()[0]->name, "ln.weight");
+}
+
+TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
+  LayerNorm ln(6, "ln");
+  ln.parameters()[0]->value.copy_from(random_tensor({6}, 3, 0.5, 1.5));
+  ln.parameters()[1]->value.copy_from(random_tensor({6}, 4));
+  Tensor x = random_tensor({2, 2, 6}, 5, -2.0, 2.0);
+  Tensor w = random_tensor({2, 2, 6}, 6);
+  auto f = [&] { return weighted_sum(ln.forward(x), w); };
+  ln.zero_grad();
+  ln.forward(x);
+  Tensor dx = ln.backward(w).clone();
+  expect_grad_matches(f, x, dx, 1e-2);
+  for (Parameter* p : ln.parameters()) expect_grad_matches(f, p->value, p->grad.clone());
+}
+
+TEST(LayerNorm, WithoutAffineHasNoParameters) {
+  LayerNorm ln(5, "ln", 1e-5, /*affine=*/false);
+  EXPECT_TRUE(ln.parameters().empty());
+  Tensor x = random_tensor({3, 5}, 5);
+  Tensor w = random_tensor({3, 5}, 6);
+  auto f = [&] { return weighted_sum(ln.forward(x), w); };
+  ln.forward(x);
+  expect_grad_matches(f, x, ln.backward(w).clone());
+}
+
+// ---- Dropout ----
+
+TEST(Dropout, TwoHalvesDrawTheMaskOfTheWholeBatch) {
+  Dropout whole(0.5, "drop", 99), half(0.5, "drop", 99);
+  Tensor x = random_tensor({8, 6}, 1);
+  whole.set_batch_context(3, 0);
+  const std::vector<double> y = whole.forward(x).to_vector();
+  std::vector<double> parts;
+  for (int64_t first : {0, 4}) {
+    half.set_batch_context(3, first);
+    const std::vector<double> p = half.forward(x.narrow(0, first, 4)).to_vector();
+    parts.insert(parts.end(), p.begin(), p.end());
+  }
+  EXPECT_EQ(parts, y);  // bit-identical
+  // And the mask follows the documented stream.
+  const std::vector<double> xv = x.to_vector();
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const float u = static_cast<float>(uniform_at(99, internal::step_key("drop", 3), i, 0.0, 1.0));
+    ASSERT_EQ(y[i], u >= 0.5f ? static_cast<double>(static_cast<float>(xv[i]) * 2.0f) : 0.0) << i;
+  }
+}
+
+TEST(Dropout, KeepsAboutOneMinusPAndScales) {
+  Dropout drop(0.3, "d", 5);
+  drop.set_batch_context(1, 0);
+  Tensor x = Tensor::full({100, 100}, 1.0, DType::f32);
+  const std::vector<double> y = drop.forward(x).to_vector();
+  int64_t kept = 0;
+  for (double v : y) {
+    if (v != 0.0) {
+      ++kept;
+      EXPECT_FLOAT_EQ(v, 1.0 / 0.7);
+    }
+  }
+  EXPECT_NEAR(kept / 10000.0, 0.7, 0.02);
+  // Backward applies the same mask.
+  const std::vector<double> dx = drop.backward(x).to_vector();
+  EXPECT_EQ(dx, y);
+  // Another step gives another mask; the same step the same one.
+  drop.set_batch_context(2, 0);
+  EXPECT_NE(drop.forward(x).to_vector(), y);
+  drop.set_batch_context(1, 0);
+  EXPECT_EQ(drop.forward(x).to_vector(), y);
+}
+
+TEST(Dropout, EvalAndZeroPAreIdentityAndPOneDropsAll) {
+  Dropout drop(0.5, "d", 5);
+  Tensor x = random_tensor({4, 3}, 1);
+  drop.set_training(false);
+  Tensor y = drop.forward(x);
+  EXPECT_EQ(y.data_ptr(), x.data_ptr());
+  EXPECT_EQ(drop.backward(x).data_ptr(), x.data_ptr());
+  Dropout all(1.0, "d", 5);
+  EXPECT_EQ(l2_norm(all.forward(x)), 0.0);
+  EXPECT_THROW(Dropout(1.5, "d", 5), InvalidArgument);
+  Dropout neg(0.5, "d", 5);
+  neg.set_batch_context(0, -1);
+  EXPECT_THROW(neg.forward(x), InvalidArgument);
+}
+
+// ---- Sequential ----
+
+TEST(Sequential, NamesChildrenAndChainsForwardAndBackward) {
+  Sequential net("body");
+  net.add(std::make_unique<Linear>(4, 5, net.next_name(), 1));
+  net.add(std::make_unique<Tanh>());
+  net.add(std::make_unique<Linear>(5, 3, net.next_name(), 1));
+  std::vector<std::string> names;
+  for (Parameter* p : net.parameters()) names.push_back(p->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"body.0.weight", "body.0.bias", "body.2.weight", "body.2.bias"}));
+  EXPECT_THROW(net.add(std::make_unique<Linear>(3, 3, "body.0", 1)), InvalidArgument);
+
+  Tensor x = random_tensor({3, 4}, 1);
+  Tensor w = random_tensor({3, 3}, 2);
+  auto f = [&] { return weighted_sum(net.forward(x), w); };
+  RecordingHook hook;
+  net.set_grad_hook(&hook);
+  net.zero_grad();
+  net.forward(x);
+  Tensor dx = net.backward(w).clone();
+  EXPECT_EQ(hook.names, (std::vector<std::string>{"body.2.bias", "body.2.weight", "body.0.bias", "body.0.weight"}));
+  net.set_grad_hook(nullptr);
+  expect_grad_matches(f, x, dx);
+  for (Parameter* p : net.parameters()) expect_grad_matches(f, p->value, p->grad.clone());
+}
+
+TEST(Sequential, PropagatesTrainingAndContextToLaterChildren) {
+  Sequential net;
+  net.set_training(false);
+  net.set_batch_context(7, 12);
+  Dropout& d = net.add(std::make_unique<Dropout>(0.5, net.next_name(), 1));
+  EXPECT_FALSE(d.training());
+  EXPECT_EQ(d.batch_context().step, 7u);
+  EXPECT_EQ(d.batch_context().first_global_sample, 12);
+  EXPECT_EQ(d.name(), "0");
+  net.set_training(true);
+  EXPECT_TRUE(d.training());
+}
+
+}  // namespace
+}  // namespace meshtrain::nn

@@ -1,0 +1,81 @@
+// Linear: y = x W + b with W (in, out), the weight convention of
+// sharding/strategy.h (PyTorch's nn.Linear stores W^T: transpose on import).
+//
+//   nn::Linear fc(784, 512, "encoder.0", /*seed=*/42);  // "encoder.0.weight" (784, 512), "encoder.0.bias" (512)
+//   Tensor y = fc.forward(x);                            // (B, 784) -> (B, 512)
+//   Tensor dx = fc.backward(dy);                         // (B, 512) -> (B, 784); grads += x^T dy, sum(dy)
+//
+// Initialization (PyTorch's default, kaiming-uniform with a = sqrt(5)): weight
+// and bias ~ U(-1/sqrt(in), 1/sqrt(in)), drawn by the counter-based generator
+// with key = key_from_name(full parameter name), so every value depends only
+// on (seed, name, index) and any shard can be built alone.
+//
+// Inputs may have any number of leading dims: (..., in) -> (..., out); every
+// leading index is one row of the GEMM. Compute is f32 on OpenBLAS:
+// forward 1 GEMM, backward 2 (dW, and dX unless needs_input_grad is false;
+// then backward returns an undefined Tensor, which the first layer of a model
+// wants since its input needs no gradient).
+//
+// Buffers: the output and dX buffers are reused from one step to the next
+// when the caller no longer holds the previous result (see
+// internal/buffers.h); forward keeps a handle to x until backward.
+// Thread-safety: one thread at a time (a module belongs to one rank).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/module.h"
+
+namespace meshtrain::nn {
+
+struct LinearOptions {
+  bool bias = true;
+  // false: backward skips dX (saves one GEMM) and returns an undefined Tensor.
+  bool needs_input_grad = true;
+  // Metadata for tensor parallelism (see sharding::LinearRole); no effect here.
+  sharding::LinearRole role = sharding::LinearRole::none;
+};
+
+class Linear final : public Module {
+ public:
+  // in, out >= 1. `prefix` is the module's path ("" gives "weight", "bias").
+  Linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed, bool bias = true);
+  Linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed, const LinearOptions& options);
+  // Not copyable: a copy would share the parameters' storage.
+  Linear(const Linear&) = delete;
+  Linear& operator=(const Linear&) = delete;
+
+  // x (..., in) f32 -> (..., out).
+  Tensor forward(const Tensor& x) override;
+  // grad_out (..., out) -> dX (..., in), or undefined when !needs_input_grad().
+  // Accumulates dW and db; notifies bias, then weight (reverse definition order).
+  Tensor backward(const Tensor& grad_out) override;
+  // {weight, bias} (bias only when enabled).
+  std::vector<Parameter*> parameters() override;
+
+  Parameter& weight() { return weight_; }
+  Parameter& bias();  // throws InvalidArgument when built without bias
+  bool has_bias() const { return has_bias_; }
+  bool needs_input_grad() const { return needs_input_grad_; }
+  void set_needs_input_grad(bool needs) { needs_input_grad_ = needs; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  std::string name_;  // module path, for errors
+  int64_t in_;
+  int64_t out_;
+  bool has_bias_;
+  bool needs_input_grad_;
+  Parameter weight_;  // value, grad: (in, out)
+  Parameter bias_;    // value, grad: (out); undefined tensors without bias
+  Tensor x_;          // (R, in) input of the last forward, R = rows; dropped by backward
+  Tensor y_;          // (R, out) output buffer
+  Tensor dx_;         // (R, in) input-gradient buffer
+  std::vector<int64_t> in_shape_;  // x's shape as given, for dX
+  std::vector<float> db_;          // (out) column sums of dy
+};
+
+}  // namespace meshtrain::nn

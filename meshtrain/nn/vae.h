@@ -1,0 +1,120 @@
+// Variational autoencoder for 28x28 images: encoder 784-512-512 (ReLU), two
+// Linear heads for the mean and log-variance of a 20-d latent, the
+// reparameterization z = mu + exp(0.5 logvar) * eps, and a symmetric decoder
+// 20-512-512-784 whose output is logits (sigmoid gives pixel probabilities).
+//
+//   nn::VAE vae(nn::VAEConfig{.seed = 42});
+//   vae.set_batch_context(step, first_global_sample);  // keys eps
+//   nn::VAELoss l = vae.forward_backward(x);           // x (B, 784) in [0, 1]; grads += d ELBO
+//   // l.recon (BCE summed over pixels, mean over samples), l.kl, l.total = recon + kl
+//   Tensor pics = vae.decode(z);                       // (N, 20) -> (N, 784) probabilities
+//
+// Parameters, in this order: "encoder.0", "encoder.2" (Sequential numbering),
+// "fc_mu", "fc_logvar", "decoder.0", "decoder.2", "decoder.4"; each a Linear
+// with ".weight" (in, out) and ".bias". backward notifies the gradient hook
+// in exactly the reverse order.
+//
+// Noise: eps[i][k] = normal_at(seed, step_key("<prefix>.eps", step),
+// (first_global_sample + i) * latent + k, 0, 1) rounded to f32, so any
+// data-parallel split of the batch draws the single-device noise. In
+// evaluation mode z = mu (no noise).
+//
+// Loss (ELBO, to minimize): recon = sum over pixels of BCE-with-logits(logits,
+// x), kl = sum over latent dims of KL(q(z|x) || N(0, 1)); both divided by the
+// normalizer (default: the local batch; pass the global batch under data
+// parallelism so the ranks' losses and gradients sum to the global mean).
+//
+// forward(x) / backward(dlogits) keep the Module contract with the loss seen
+// as a function of the logits only; the three-argument backward adds the
+// gradients reaching mu and logvar directly (the KL term).
+// decode() and reconstruct() run the layers' forward and so overwrite the
+// state a pending backward needs: call them between steps.
+// Thread-safety: one thread at a time (a module belongs to one rank).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/losses.h"
+#include "meshtrain/nn/sequential.h"
+
+namespace meshtrain::nn {
+
+struct VAEConfig {
+  int64_t input = 784;                   // pixels per image
+  std::vector<int64_t> hidden = {512, 512};  // encoder widths; the decoder mirrors them
+  int64_t latent = 20;
+  uint64_t seed = 0;                     // initialization and noise seed
+  bool needs_input_grad = false;         // true: backward returns d loss / d x
+  std::string prefix;                    // module path of the VAE ("" at the root)
+};
+
+struct VAELoss {
+  double recon = 0.0;  // BCE-with-logits summed over pixels / normalizer
+  double kl = 0.0;     // KL(q || N(0, 1)) summed over latent dims / normalizer
+  double total = 0.0;  // recon + kl
+};
+
+class VAE final : public Module {
+ public:
+  explicit VAE(VAEConfig config = {});
+  VAE(const VAE&) = delete;
+  VAE& operator=(const VAE&) = delete;
+
+  // x (B, input) f32 -> reconstruction logits (B, input). Keeps mu, logvar.
+  Tensor forward(const Tensor& x) override;
+  // The gradient of a loss of the logits only (no KL term).
+  Tensor backward(const Tensor& grad_logits) override;
+  // grad_logits (B, input); grad_mu and grad_logvar (B, latent), each may be
+  // undefined (zero). Returns d loss / d x, or undefined unless needs_input_grad.
+  Tensor backward(const Tensor& grad_logits, const Tensor& grad_mu, const Tensor& grad_logvar);
+  std::vector<Parameter*> parameters() override;
+
+  void set_training(bool training) override;
+  void set_grad_hook(GradHook* hook) override;
+  void set_batch_context(uint64_t step, int64_t first_global_sample) override;
+
+  // forward, the ELBO parts, and backward through decoder, both heads and
+  // encoder (gradients accumulate). x is also the BCE target, in [0, 1].
+  VAELoss forward_backward(const Tensor& x, std::optional<double> normalizer = std::nullopt);
+  // forward and the ELBO parts only (e.g. for evaluation; honours training()).
+  VAELoss evaluate(const Tensor& x, std::optional<double> normalizer = std::nullopt);
+
+  // Pixel probabilities sigmoid(decoder(z)): z (N, latent) -> (N, input), new tensor.
+  Tensor decode(const Tensor& z);
+  // decode(mu(x)): the deterministic reconstruction, (N, input) -> (N, input).
+  Tensor reconstruct(const Tensor& x);
+
+  // The last forward's posterior parameters, (B, latent).
+  const Tensor& mu() const { return mu_; }
+  const Tensor& logvar() const { return logvar_; }
+  // The last training forward's noise, (B, latent).
+  const Tensor& eps() const { return eps_; }
+  // Uses this (B, latent) noise instead of drawing it, until cleared with an
+  // undefined Tensor: for parity tests against another framework's noise.
+  void set_noise_override(Tensor eps) { noise_override_ = std::move(eps); }
+  const VAEConfig& config() const { return config_; }
+
+ private:
+  VAELoss losses(const Tensor& x, const Tensor& logits, std::optional<double> normalizer);
+
+  VAEConfig config_;
+  Sequential encoder_;  // (B, input) -> (B, hidden.back())
+  Linear fc_mu_;        // (B, hidden.back()) -> (B, latent)
+  Linear fc_logvar_;    // (B, hidden.back()) -> (B, latent)
+  Sequential decoder_;  // (B, latent) -> (B, input) logits
+  Tensor mu_, logvar_;  // (B, latent) heads' outputs of the last forward
+  Tensor eps_;          // (B, latent) noise of the last training forward
+  Tensor noise_override_;  // see set_noise_override
+  Tensor std_;          // (B, latent) exp(0.5 logvar)
+  Tensor z_;            // (B, latent) decoder input buffer
+  Tensor dmu_, dlogvar_, dh_;  // gradient buffers
+  bool sampled_ = false;       // last forward drew noise (training mode)
+  BCEWithLogitsLoss bce_;
+  GaussianKLLoss kl_;
+};
+
+}  // namespace meshtrain::nn

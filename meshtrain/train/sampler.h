@@ -1,0 +1,177 @@
+// Distributed sampling: which samples form each global batch of an epoch,
+// which contiguous slice of it each data-parallel rank takes, and a
+// background Prefetcher that assembles the next batch while a step runs.
+//
+//   DistributedSampler sampler(/*dataset_size=*/60000, /*global_batch=*/256, /*seed=*/42,
+//                              /*drop_last=*/true, mesh.axis_rank("data"), mesh.axis_size("data"));
+//   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+//     Prefetcher batches([&](int64_t b) { return load_batch(data, sampler, epoch, b); },
+//                        0, sampler.num_batches());
+//     while (std::optional<Batch> batch = batches.next()) {
+//       // batch->images (B_local, 784) f32, batch->labels (B_local) i64;
+//       // divide the summed loss by batch->global_size.
+//     }
+//   }
+//
+// Rules (N = dataset_size, G = global_batch, d = data_axis_size, r = rank):
+// - Epoch order: perm_e, a permutation of 0..N-1 that depends only on
+//   (seed, epoch): Fisher-Yates, for i = N-1 down to 1 swap perm[i] with
+//   perm[j], j uniform in [0, i] drawn from philox4x32_10 (counter {i lo32,
+//   i hi32, epoch, kSamplerStream + attempt}, key {seed lo32, seed hi32}),
+//   the 64-bit value (w0 | w1 << 32) then (w2 | w3 << 32) mapped to [0, i] by
+//   Lemire's multiply-shift with rejection (exactly uniform). Every rank
+//   computes the same permutation; nothing is communicated.
+// - Global batch b of epoch e = perm_e[b*G, min((b+1)*G, N)). Batches 0 ..
+//   N/G - 1 are full. When G does not divide N the remaining N % G samples form
+//   a last, partial batch: drop_last = true drops it (those samples are skipped
+//   this epoch; different ones each epoch), drop_last = false keeps it.
+// - Rank r's slice of a global batch of size S is the contiguous range
+//   [r*(S/d) + min(r, S%d), (r+1)*(S/d) + min(r+1, S%d)): full batches split
+//   exactly (G % d == 0 is required), a partial batch splits as evenly as
+//   possible, the first S % d ranks getting one more sample; when S < d the
+//   last d - S ranks get empty slices. The slices, in rank order, concatenate to
+//   the global batch, so any d sees the same global batches as one device.
+// - Losses are divided by the global batch size S (global_size in Batch), not
+//   by the local slice size, so the all-reduced sum equals the 1-device mean.
+//
+// Thread-safety: a DistributedSampler is immutable apart from an internal,
+// mutex-guarded cache of the last epoch's permutation; all methods may be
+// called concurrently. A Prefetcher belongs to one consumer thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "meshtrain/core/memory.h"
+#include "meshtrain/core/tensor.h"
+#include "meshtrain/train/idx.h"
+
+namespace meshtrain::train {
+
+// Philox counter word 3 of the sampler's stream (its "name"); attempt k of a
+// draw adds k.
+inline constexpr uint32_t kSamplerStream = 0x53504c52;  // "SPLR"
+
+// A deterministic permutation of 0..n-1 for (seed, epoch), by the rule above.
+// Needs n >= 0 and 0 <= epoch < 2^32.
+std::vector<int64_t> epoch_permutation(int64_t n, uint64_t seed, int64_t epoch);
+
+class DistributedSampler {
+ public:
+  // Needs dataset_size >= 1, global_batch >= 1, data_axis_size >= 1,
+  // 0 <= rank_in_data_axis < data_axis_size, global_batch % data_axis_size == 0,
+  // and (with drop_last) global_batch <= dataset_size. Throws InvalidArgument
+  // otherwise, naming the values.
+  DistributedSampler(int64_t dataset_size, int64_t global_batch, uint64_t seed, bool drop_last,
+                     int rank_in_data_axis = 0, int data_axis_size = 1);
+
+  // Batches per epoch: N / G, plus one when !drop_last and N % G != 0.
+  int64_t num_batches() const { return num_batches_; }
+  // Samples that appear in an epoch: num_batches() * G, or N when the last
+  // partial batch is kept.
+  int64_t samples_per_epoch() const;
+
+  // The whole epoch order (the same on every rank). Needs 0 <= epoch < 2^32.
+  std::vector<int64_t> permutation(int64_t epoch) const;
+  // Dataset indices of global batch b of `epoch` (all ranks' samples).
+  // Needs 0 <= b < num_batches().
+  std::vector<int64_t> global_batch(int64_t epoch, int64_t b) const;
+  // Dataset indices of this rank's slice of global batch b (may be empty for
+  // the last partial batch).
+  std::vector<int64_t> batch(int64_t epoch, int64_t b) const;
+
+  // Real size of global batch b: G, or N % G for a kept partial last batch.
+  int64_t global_batch_size(int64_t b) const;
+  // Position of this rank's first sample within global batch b (the index of
+  // batch(e, b)[0] in global_batch(e, b)); for dropout keys and the like.
+  int64_t first_global_sample(int64_t b) const;
+  // Size of this rank's slice of batch b.
+  int64_t local_batch_size(int64_t b) const;
+
+  int64_t dataset_size() const { return dataset_size_; }
+  int64_t global_batch() const { return global_batch_; }
+  uint64_t seed() const { return seed_; }
+  bool drop_last() const { return drop_last_; }
+  int rank() const { return rank_; }
+  int data_axis_size() const { return data_axis_size_; }
+
+ private:
+  struct Cache;
+  void check_batch(const char* op, int64_t b) const;
+  std::shared_ptr<const std::vector<int64_t>> cached_permutation(int64_t epoch) const;
+
+  int64_t dataset_size_;
+  int64_t global_batch_;
+  uint64_t seed_;
+  bool drop_last_;
+  int rank_;
+  int data_axis_size_;
+  int64_t num_batches_;
+  std::shared_ptr<Cache> cache_;  // shared by copies (the contents are deterministic)
+};
+
+// One rank's part of one global batch, ready for a step.
+struct Batch {
+  int64_t epoch = 0;
+  int64_t index = 0;                // b
+  std::vector<int64_t> indices;     // dataset rows of this rank's slice
+  Tensor images;                    // (B_local, features) f32, pixel / 255
+  Tensor labels;                    // (B_local) i64
+  int64_t global_size = 0;          // samples in the whole global batch
+  int64_t first_global_sample = 0;  // position of images[0] in the global batch
+};
+
+// Gathers this rank's slice of batch b of `epoch` from `data` and converts it
+// (u8 pixels -> f32 x / 255; u8 labels -> i64). The tensors are charged to
+// `tracker` (may be null) under MemoryCategory::activations. Throws
+// InvalidArgument when the sampler's dataset_size differs from data.size().
+Batch load_batch(const Dataset& data, const DistributedSampler& sampler, int64_t epoch, int64_t b,
+                 MemoryTracker* tracker = nullptr);
+
+// Runs load(i) for i = begin, begin + 1, ..., end - 1 on one background
+// thread, one batch ahead of the consumer: while the caller works on batch i,
+// batch i + 1 is being loaded; the thread then sleeps (no busy waiting) until
+// next() takes it.
+//
+// - next() returns the batches in order, then std::nullopt. It blocks until
+//   the next batch is ready.
+// - If load throws, the batches before it are still delivered; then next()
+//   rethrows that exception (on every later call too).
+// - The destructor stops the thread and joins it; a load in progress is
+//   finished first (load cannot be interrupted).
+// `load` runs on the background thread: it must not race with what the
+// consumer does between next() calls (load_batch only reads the Dataset and
+// the sampler, which is safe).
+class Prefetcher {
+ public:
+  using LoadFn = std::function<Batch(int64_t)>;
+
+  // Needs begin <= end. Starts loading load(begin) at once.
+  Prefetcher(LoadFn load, int64_t begin, int64_t end);
+  ~Prefetcher();
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  std::optional<Batch> next();
+
+ private:
+  void run(int64_t begin, int64_t end);
+
+  LoadFn load_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<Batch> ready_;  // the loaded batch not yet taken
+  std::exception_ptr error_;    // set when load threw
+  bool done_ = false;           // the thread has finished (end, error or stop)
+  bool stop_ = false;           // the destructor asks the thread to stop
+  std::thread thread_;          // last: starts after the members above exist
+};
+
+}  // namespace meshtrain::train

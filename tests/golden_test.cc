@@ -1,0 +1,115 @@
+// PyTorch parity (llm.c style): golden files written by scripts/make_golden.py
+// with Debian's python3-torch hold inputs, initial weights, the loss, every
+// gradient and 10 AdamW steps of losses. meshtrain loads the same weights and
+// must agree within 1e-5 (fp32). CI needs only the committed files.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "meshtrain/nn/losses.h"
+#include "meshtrain/nn/mlp.h"
+#include "meshtrain/nn/vae.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/train/artifacts.h"
+
+namespace meshtrain {
+namespace {
+
+using Golden = std::map<std::string, Tensor>;
+
+Golden load(const std::string& file) {
+  Golden g;
+  for (auto& [name, t] : train::load_safetensors(std::string(MESHTRAIN_GOLDEN_DIR) + "/" + file)) g[name] = t;
+  return g;
+}
+
+// Max |a - b| relative to max |b| (scale-aware: gradients span decades).
+double rel_diff(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_vector(), vb = b.to_vector();
+  EXPECT_EQ(va.size(), vb.size());
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
+    diff = std::max(diff, std::fabs(va[i] - vb[i]));
+    scale = std::max(scale, std::fabs(vb[i]));
+  }
+  return diff / scale;
+}
+
+// Golden names in parameter order: <layer>.weight, <layer>.bias per Linear.
+void load_weights(nn::Module& model, const Golden& g, const std::vector<std::string>& layers) {
+  auto params = model.parameters();
+  ASSERT_EQ(params.size(), 2 * layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    params[2 * i]->value.copy_from(g.at("init." + layers[i] + ".weight"));
+    params[2 * i + 1]->value.copy_from(g.at("init." + layers[i] + ".bias"));
+  }
+}
+
+void expect_grads(nn::Module& model, const Golden& g, const std::vector<std::string>& layers) {
+  auto params = model.parameters();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    EXPECT_LT(rel_diff(params[2 * i]->grad, g.at("grad." + layers[i] + ".weight")), 1e-5) << layers[i];
+    EXPECT_LT(rel_diff(params[2 * i + 1]->grad, g.at("grad." + layers[i] + ".bias")), 1e-5) << layers[i];
+  }
+}
+
+double rel(double a, double b) { return std::fabs(a - b) / std::max(1e-30, std::fabs(b)); }
+
+TEST(GoldenPyTorch, MlpLossGradientsAndTenAdamWSteps) {
+  const Golden g = load("mlp_v1.safetensors");
+  nn::MLPConfig cfg;
+  cfg.sizes = {784, 32, 16, 10};
+  nn::MLP model(cfg);
+  const std::vector<std::string> layers = {"layers.0", "layers.1", "layers.2"};
+  load_weights(model, g, layers);
+  const Tensor& x = g.at("x");
+  const Tensor& y = g.at("labels");
+  nn::CrossEntropyLoss ce;
+  model.zero_grad();
+  const double loss = ce.forward(model.forward(x), y);
+  model.backward(ce.backward());
+  EXPECT_LT(rel(loss, g.at("loss").to_vector()[0]), 1e-5);
+  expect_grads(model, g, layers);
+
+  optim::AdamW opt(model.parameters(), 1e-3, {0.9, 0.999}, 1e-8, 0.01);
+  const auto want = g.at("steps.loss").to_vector();
+  for (size_t s = 0; s < want.size(); ++s) {
+    opt.zero_grad();
+    const double l = ce.forward(model.forward(x), y);
+    model.backward(ce.backward());
+    opt.step();
+    EXPECT_LT(rel(l, want[s]), 1e-5) << "step " << s;
+  }
+}
+
+TEST(GoldenPyTorch, VaeElboGradientsAndTenAdamWSteps) {
+  const Golden g = load("vae_v1.safetensors");
+  nn::VAEConfig cfg;
+  cfg.hidden = {32, 16};
+  cfg.latent = 4;
+  nn::VAE model(cfg);
+  const std::vector<std::string> layers = {"enc.0", "enc.1", "mu", "logvar", "dec.0", "dec.1", "dec.2"};
+  load_weights(model, g, layers);
+  model.set_noise_override(g.at("eps"));
+  const Tensor& x = g.at("x");
+  model.zero_grad();
+  const nn::VAELoss l = model.forward_backward(x);
+  EXPECT_LT(rel(l.recon, g.at("recon").to_vector()[0]), 1e-5);
+  EXPECT_LT(rel(l.kl, g.at("kl").to_vector()[0]), 1e-5);
+  EXPECT_LT(rel(l.total, g.at("loss").to_vector()[0]), 1e-5);
+  expect_grads(model, g, layers);
+
+  optim::AdamW opt(model.parameters(), 1e-3, {0.9, 0.999}, 1e-8, 0.01);
+  const auto want = g.at("steps.loss").to_vector();
+  for (size_t s = 0; s < want.size(); ++s) {
+    opt.zero_grad();
+    const double total = model.forward_backward(x).total;
+    opt.step();
+    EXPECT_LT(rel(total, want[s]), 1e-5) << "step " << s;
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain
