@@ -1,7 +1,7 @@
 # The two commands of the README, plus sanitizer runs and benchmarks.
 # Each target installs what it needs (Debian packages) and builds from scratch
 # in build/<preset>; ninja rebuilds only what changed.
-.PHONY: demo test deps build asan tsan bench clean
+.PHONY: demo demo-collectives test deps build asan tsan bench clean
 
 JOBS ?= $(shell nproc)
 
@@ -14,8 +14,12 @@ build/release/build.ninja: | deps
 build: deps build/release/build.ninja
 	cmake --build build/release -j $(JOBS)
 
-# Main job: a mesh on 4 simulated devices, every collective checked, the benchmark table.
+# Main job: train the MLP on Fashion-MNIST on 4 simulated devices (data parallel).
 demo: build
+	./build/release/cli/meshtrain train --config examples/mlp_fashion.toml --devices 4 --mesh data=4
+
+# A mesh on 4 simulated devices, every collective checked, the benchmark table.
+demo-collectives: build
 	./build/release/cli/meshtrain demo
 
 # Every test: unit, multi-rank (threads 1..8 ranks, mpirun -np 2 and 4), fault tests.

@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 
+#include "bench/train_bench.h"
 #include "cli/command.h"
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/error.h"
@@ -77,6 +78,18 @@ int run_train(TrainFlags& f) {
 }  // namespace
 
 std::vector<Command> add_train_commands(CLI::App& app) {
+  std::vector<Command> out;
+  auto bo = std::make_shared<bench::TrainBenchOptions>();
+  CLI::App* bench_cmd = app.get_subcommand("bench");
+  auto* tb = bench_cmd->add_subcommand("train", "MLP step time, its GEMMs alone, data-parallel scaling 1 -> 2 ranks");
+  tb->add_option("--steps", bo->steps, "timed steps")->capture_default_str();
+  tb->add_option("--batch", bo->batch, "batch per rank")->capture_default_str();
+  out.push_back({tb, [=] {
+                   print_config("bench train", {{"steps", std::to_string(bo->steps)}, {"batch", std::to_string(bo->batch)}});
+                   fmt::print("{}", bench::format_train_bench(bench::run_train_bench(*bo), *bo));
+                   return 0;
+                 }});
+
   auto f = std::make_shared<TrainFlags>();
   auto* cmd = app.add_subcommand("train", "train an MLP or a VAE on Fashion-MNIST, data parallel over the mesh");
   f->app = cmd;
@@ -92,7 +105,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
     cmd->add_option(std::string(field.flag), f->values[key],
                     fmt::format("{} (default {})", field.help, field.format(defaults)));
   }
-  return {{cmd, [=] { return run_train(*f); }}};
+  out.push_back({cmd, [=] { return run_train(*f); }});
+  return out;
 }
 
 }  // namespace meshtrain::cli

@@ -1,0 +1,148 @@
+#include "bench/train_bench.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+#include "meshtrain/comm/launch.h"
+#include "meshtrain/core/ops.h"
+#include "meshtrain/core/random.h"
+#include "meshtrain/nn/losses.h"
+#include "meshtrain/nn/mlp.h"
+#include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/data_parallel.h"
+
+namespace meshtrain::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+nn::MLPConfig mlp_config() {
+  nn::MLPConfig c;
+  c.sizes = {784, 512, 512, 10};
+  c.seed = 1;
+  return c;
+}
+
+struct Data {
+  Tensor x, y;
+  explicit Data(int64_t batch, uint64_t seed) {
+    x = Tensor::empty({batch, 784}, DType::f32);
+    fill_uniform(x, seed, key_from_name("bench.x"), 0.0, 1.0);
+    std::vector<int64_t> labels(batch);
+    for (int64_t i = 0; i < batch; ++i) labels[i] = (i * 7 + static_cast<int64_t>(seed)) % 10;
+    y = Tensor::from_vector(labels, {batch}, DType::i64);
+  }
+};
+
+// Median seconds per call of fn over `steps` calls after `warmup`.
+template <typename Fn>
+double time_median(int warmup, int steps, Fn&& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    if (i >= warmup) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return median(t);
+}
+
+// Samples/s of data-parallel training with `ranks` ranks, `batch` per rank.
+double dp_throughput(int ranks, const TrainBenchOptions& o) {
+  double rate = 0;
+  std::mutex mu;
+  comm::launch({.engine = comm::Engine::threads, .ranks = ranks}, [&](comm::Communicator& c) {
+    nn::MLP model(mlp_config());
+    parallel::DataParallel ddp(model, c, {.reduce = parallel::GradReduce::sum});
+    optim::AdamW opt(model.parameters(), 1e-3);
+    nn::CrossEntropyLoss ce;
+    Data d(o.batch, static_cast<uint64_t>(c.rank()));
+    const double norm = static_cast<double>(o.batch) * ranks;
+    auto step = [&] {
+      ce.forward(model.forward(d.x), d.y, norm);
+      model.backward(ce.backward());
+      ddp.finish();
+      opt.step();
+      opt.zero_grad();
+    };
+    for (int i = 0; i < o.warmup; ++i) step();
+    c.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < o.steps; ++i) step();
+    c.barrier();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (c.rank() == 0) {
+      std::lock_guard l(mu);
+      rate = static_cast<double>(o.steps) * o.batch * ranks / s;
+    }
+  });
+  return rate;
+}
+
+}  // namespace
+
+TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
+  TrainBenchResult r;
+  set_blas_threads(1);
+  {
+    nn::MLP model(mlp_config());
+    optim::AdamW opt(model.parameters(), 1e-3);
+    nn::CrossEntropyLoss ce;
+    Data d(o.batch, 0);
+    r.step_ms = 1e3 * time_median(o.warmup, o.steps, [&] {
+                  opt.zero_grad();
+                  ce.forward(model.forward(d.x), d.y);
+                  model.backward(ce.backward());
+                  opt.step();
+                });
+  }
+  {
+    // The step's GEMMs with their shapes: (M, K) x (K, N).
+    const int64_t B = o.batch;
+    Tensor x = Tensor::zeros({B, 784}, DType::f32), h1 = Tensor::zeros({B, 512}, DType::f32),
+           h2 = Tensor::zeros({B, 512}, DType::f32), out = Tensor::zeros({B, 10}, DType::f32);
+    Tensor w1 = Tensor::zeros({784, 512}, DType::f32), w2 = Tensor::zeros({512, 512}, DType::f32),
+           w3 = Tensor::zeros({512, 10}, DType::f32);
+    Tensor g1 = w1.clone(), g2 = w2.clone(), g3 = w3.clone(), d1 = h1.clone(), d2 = h2.clone();
+    const double flops = 2.0 * B * (784 * 512 + 512 * 512 + 512 * 10) * 2 + 2.0 * B * (512 * 512 + 512 * 10);
+    const double t = time_median(o.warmup, o.steps, [&] {
+      matmul(x, w1, h1);                           // forward
+      matmul(h1, w2, h2);
+      matmul(h2, w3, out);
+      matmul(h2, out, g3, true, false);            // dW3 = h2^T dout
+      matmul(out, w3, d2, false, true);            // dh2 = dout W3^T
+      matmul(h1, d2, g2, true, false);             // dW2
+      matmul(d2, w2, d1, false, true);             // dh1
+      matmul(x, d1, g1, true, false);              // dW1 (no dx: the input needs no gradient)
+    });
+    r.gemm_ms = 1e3 * t;
+    r.gemm_gflops = flops / t / 1e9;
+  }
+  r.dp1_samples_per_s = dp_throughput(1, o);
+  r.dp2_samples_per_s = dp_throughput(2, o);
+  return r;
+}
+
+std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOptions& o) {
+  std::string s;
+  s += fmt::format("MLP 784-512-512-10, batch {}, fp32, 1 BLAS thread, AdamW ({} timed steps, median)\n", o.batch,
+                   o.steps);
+  s += fmt::format("  step time            {:8.3f} ms   ({:.0f} samples/s)\n", r.step_ms, o.batch / r.step_ms * 1e3);
+  s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({:.1f} GFLOP/s sgemm)\n", r.gemm_ms, r.gemm_gflops);
+  s += fmt::format("  GEMM share of step   {:8.1f} %\n", 100 * r.gemm_ms / r.step_ms);
+  s += fmt::format("data parallel, {} samples per rank per step (threads engine):\n", o.batch);
+  s += fmt::format("  1 rank               {:8.0f} samples/s\n", r.dp1_samples_per_s);
+  s += fmt::format("  2 ranks              {:8.0f} samples/s   ({:.2f}x)\n", r.dp2_samples_per_s,
+                   r.dp2_samples_per_s / r.dp1_samples_per_s);
+  return s;
+}
+
+}  // namespace meshtrain::bench
