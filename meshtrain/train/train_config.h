@@ -32,7 +32,7 @@ struct TrainConfig {
   double momentum = 0.9;       // sgd
   double weight_decay = 0.0;   // decoupled (adamw) / L2 (sgd); biases and norms never decay
   std::string schedule = "cosine";  // constant | cosine (linear warmup, then cosine to min_lr_ratio)
-  int warmup_steps = 0;
+  int warmup_steps = 0;        // clamped to the run's total steps (e.g. a short --max-steps)
   double min_lr_ratio = 0.0;
   double clip_norm = 0.0;      // global gradient-norm clipping; 0 = off
   uint64_t seed = 42;

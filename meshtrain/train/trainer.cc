@@ -108,7 +108,8 @@ class Run {
     int64_t total = per_epoch * tc_.epochs;
     if (tc_.max_steps > 0) total = std::min(total, tc_.max_steps);
     const auto schedule = tc_.schedule == "cosine"
-                              ? optim::LrSchedule::cosine_with_warmup(tc_.lr, tc_.warmup_steps, total, tc_.min_lr_ratio)
+                              ? optim::LrSchedule::cosine_with_warmup(
+                                    tc_.lr, std::min<int64_t>(tc_.warmup_steps, total), total, tc_.min_lr_ratio)
                               : optim::LrSchedule::constant(tc_.lr);
     std::unique_ptr<MetricsLog> log;
     if (main_) {
