@@ -47,7 +47,9 @@
 // in the same order on every rank (as always).
 //
 // Thread-safety: a DataParallel belongs to its rank's thread, like the model
-// and the communicator it borrows (both must outlive it).
+// and the communicator it borrows (both must outlive it). With exact timing
+// (threads engine) it owns one watcher thread that only waits on the buckets'
+// Works; the destructor waits for them and joins it.
 #pragma once
 
 #include <chrono>
