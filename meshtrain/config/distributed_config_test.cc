@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "meshtrain/core/testing.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -24,14 +26,7 @@ using ::testing::HasSubstr;
 using Ints = std::vector<int>;
 using Names = std::vector<std::string>;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
+using meshtrain::testing::error_of;
 
 std::string invalid(const std::function<void(DistributedConfig&)>& edit) {
   DistributedConfig c;

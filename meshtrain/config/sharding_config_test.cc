@@ -4,6 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "meshtrain/core/testing.h"
+
 #include <functional>
 
 #include "meshtrain/config/sharding_config.h"
@@ -16,14 +18,7 @@ using ::testing::HasSubstr;
 using Ints = std::vector<int>;
 using Names = std::vector<std::string>;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
+using meshtrain::testing::error_of;
 
 TEST(ShardingConfig, TotalDeviceCountMultipliesEverySize) {
   EXPECT_EQ(ShardingConfig{}.total_device_count(), 1);

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "meshtrain/core/testing.h"
+
 #include <algorithm>
 #include <fstream>
 #include <functional>
@@ -23,15 +25,7 @@ using ::testing::HasSubstr;
 using Ints = std::vector<int>;
 using Names = std::vector<std::string>;
 
-// what() of the InvalidArgument `fn` throws, or "" if it throws none.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
+using meshtrain::testing::error_of;
 
 int64_t product(const Ints& v) { return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<>()); }
 
