@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::cli {
@@ -58,7 +59,9 @@ int run_train(TrainFlags& f) {
   const bool main = dc.rank == 0;
   if (main) {
     fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", engine, dc.world_size, dc.mesh().to_spec());
-    fmt::print("{}\n[distributed]\n# (resolved)\n{}\n", tc.to_toml(), dc.to_string());
+    fmt::print("{}\n[distributed]\n# (resolved)\n{}\n\n", tc.to_toml(), dc.to_string());
+    const plan::NamedShape m = dc.mesh();
+    fmt::print("{}\n", mesh::render_mesh(m.shape, m.axis_names));
     std::fflush(stdout);
   }
   const train::TrainResult r = train::run_training(tc, dc, launch);
