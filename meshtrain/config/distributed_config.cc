@@ -9,23 +9,12 @@
 #include <set>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 
 namespace meshtrain::config {
 namespace {
 
 constexpr const char* kOp = "DistributedConfig";
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return out;
-}
 
 int parse_int(std::string_view text, std::string_view source) {
   const std::string_view t = trim(text);
@@ -39,7 +28,7 @@ int parse_int(std::string_view text, std::string_view source) {
 }
 
 bool parse_bool(std::string_view text, std::string_view source) {
-  const std::string t = lower(trim(text));
+  const std::string t = to_lower(trim(text));
   if (t == "true" || t == "1" || t == "yes" || t == "on") return true;
   if (t == "false" || t == "0" || t == "no" || t == "off") return false;
   throw InvalidArgument(kOp, fmt::format("{}: '{}' is not a boolean", source, text), "write true or false");

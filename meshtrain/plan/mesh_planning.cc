@@ -11,21 +11,10 @@
 #include <tuple>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 
 namespace meshtrain::plan {
 namespace {
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
 
 std::string join_ints(const std::vector<int>& v, std::string_view sep) {
   std::string out;
@@ -267,7 +256,7 @@ double parse_model_size(std::string_view text) {
   const char* op = "parse_model_size";
   const char* example = "7B, 7b, 350M, 1.5T or 125K";
   auto [value, suffix] = split_number(text, op, example);
-  const std::string s = lower(suffix);
+  const std::string s = to_lower(suffix);
   double scale = 0;
   if (s.empty()) scale = 1;
   else if (s == "k") scale = 1e3;
@@ -285,7 +274,7 @@ double parse_memory_size(std::string_view text) {
   const char* op = "parse_memory_size";
   const char* example = "80GB, 80G, 24GiB or 512MB";
   auto [value, unit] = split_number(text, op, example);
-  std::string u = lower(unit);
+  std::string u = to_lower(unit);
   double scale = 0;
   if (u.empty() || u == "b") scale = 1;
   else if (u.size() == 3 && u.substr(1) == "ib") {

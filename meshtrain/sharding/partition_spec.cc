@@ -7,6 +7,7 @@
 #include <set>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 
 namespace meshtrain::sharding {
 namespace {
@@ -22,13 +23,6 @@ void check_unique(const std::vector<std::vector<std::string>>& dims, const char*
     }
 }
 
-std::string trim(std::string_view s) {
-  const auto b = s.find_first_not_of(" \t");
-  if (b == std::string_view::npos) return {};
-  const auto e = s.find_last_not_of(" \t");
-  return std::string(s.substr(b, e - b + 1));
-}
-
 }  // namespace
 
 PartitionSpec::PartitionSpec(std::vector<std::vector<std::string>> dims) : dims_(std::move(dims)) {
@@ -42,7 +36,7 @@ PartitionSpec PartitionSpec::replicated(int ndim) {
 
 PartitionSpec PartitionSpec::parse(std::string_view text) {
   std::vector<std::vector<std::string>> dims;
-  std::string s = trim(text);
+  std::string s(trim(text));
   if (s.size() >= 3 && s.substr(0, 2) == "P(" && s.back() == ')') s = s.substr(2, s.size() - 3);
   if (trim(s).empty()) return PartitionSpec(dims);
   size_t i = 0;
@@ -68,12 +62,12 @@ PartitionSpec PartitionSpec::parse(std::string_view text) {
       i = comma + 1;
     }
     std::vector<std::string> axes;
-    entry = trim(entry);
+    entry = std::string(trim(entry));
     if (!(entry.empty() || entry == "None" || entry == "none" || entry == "_")) {
       size_t j = 0;
       while (j <= entry.size()) {
         const size_t plus = std::min(entry.find('+', j), entry.size());
-        std::string a = trim(std::string_view(entry).substr(j, plus - j));
+        std::string a(trim(std::string_view(entry).substr(j, plus - j)));
         if (a.empty()) fail("empty axis name");
         axes.push_back(a);
         j = plus + 1;
