@@ -1,3 +1,4 @@
+#include "meshtrain/optim/testing.h"
 #include "meshtrain/optim/sgd.h"
 
 #include <gtest/gtest.h>
@@ -12,19 +13,8 @@
 namespace meshtrain::optim {
 namespace {
 
-nn::Parameter make_param(std::string name, std::vector<float> value, bool decay = true) {
-  nn::Parameter p;
-  p.name = std::move(name);
-  const int64_t n = static_cast<int64_t>(value.size());
-  p.value = Tensor::from_vector(value, {n});
-  p.grad = Tensor::zeros({n}, DType::f32);
-  p.weight_decay = decay;
-  return p;
-}
-
-void set_grad(nn::Parameter& p, const std::vector<float>& g) {
-  p.grad.copy_from(Tensor::from_vector(g, {static_cast<int64_t>(g.size())}));
-}
+using testing::make_param;
+using testing::set_grad;
 
 // The gradient fed at step t to element i: varied signs and magnitudes.
 float grad_at(int t, size_t i) { return static_cast<float>(std::sin(1.3 * t + 0.7 * i) * (1.0 + 0.5 * i)); }
