@@ -51,6 +51,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
                                       shape_to_string(xc.shape()), dim_),
                           "LayerNorm normalizes the last dim");
   const int64_t rows = xc.numel() / dim_;
+  begin_use(Pass::forward);
   shape_ = xc.shape();
   Tensor& xhat = internal::reuse_or_allocate(xhat_, {rows, dim_});  // (R, dim)
   Tensor& y = internal::reuse_or_allocate(y_, {rows, dim_});        // (R, dim)
@@ -89,6 +90,7 @@ Tensor LayerNorm::forward(const Tensor& x) {
       std::copy(hr, hr + dim_, yr);
     }
   }
+  end_use(Pass::forward);
   return y.view(shape_);
 }
 
@@ -99,6 +101,7 @@ Tensor LayerNorm::backward(const Tensor& grad_out) {
                           "call forward before backward (one backward per forward)");
   Tensor dy = internal::f32_contiguous(grad_out, op, "grad_out");
   internal::check_shape(dy, shape_, op, "grad_out");
+  begin_use(Pass::backward);
   const int64_t rows = xhat_.size(0);
   Tensor& dx = internal::reuse_or_allocate(dx_, {rows, dim_});
   const float* pdy = dy.data<float>();
@@ -143,6 +146,7 @@ Tensor LayerNorm::backward(const Tensor& grad_out) {
     for (int64_t j = 0; j < dim_; ++j) gg[j] += dgamma_[static_cast<size_t>(j)];
     notify_grad_ready(weight_);
   }
+  end_use(Pass::backward);
   std::vector<int64_t> shape = std::move(shape_);
   shape_.clear();  // one backward per forward
   return dx.view(shape);

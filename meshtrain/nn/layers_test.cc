@@ -4,9 +4,10 @@
 
 #include <cmath>
 #include <functional>
-#include <utility>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/core/error.h"
@@ -28,7 +29,7 @@ using internal::random_tensor;
 using internal::weighted_sum;
 
 // Records grad_ready calls in order.
-class RecordingHook : public GradHook {
+class RecordingHook : public ParamHook {
  public:
   void grad_ready(Parameter& p) override { names.push_back(p.name); }
   std::vector<std::string> names;
@@ -308,14 +309,74 @@ TEST(Sequential, NamesChildrenAndChainsForwardAndBackward) {
   Tensor w = random_tensor({3, 3}, 2);
   auto f = [&] { return weighted_sum(net.forward(x), w); };
   RecordingHook hook;
-  net.set_grad_hook(&hook);
+  net.set_param_hook(&hook);
   net.zero_grad();
   net.forward(x);
   Tensor dx = net.backward(w).clone();
   EXPECT_EQ(hook.names, (std::vector<std::string>{"body.2.bias", "body.2.weight", "body.0.bias", "body.0.weight"}));
-  net.set_grad_hook(nullptr);
+  net.set_param_hook(nullptr);
   expect_grad_matches(f, x, dx);
   for (Parameter* p : net.parameters()) expect_grad_matches(f, p->value, p->grad.clone());
+}
+
+// Keeps every parameter's value and grad off the module except between
+// before_use and after_use, as fully sharded data parallelism does, and logs
+// the calls. The results must equal an unhooked run.
+class MaterializingHook : public ParamHook {
+ public:
+  explicit MaterializingHook(Module& m) {
+    for (Parameter* p : m.parameters()) {
+      store[p] = {p->value.clone(), p->grad.clone()};
+      p->value = Tensor();
+      p->grad = Tensor();
+    }
+  }
+  void before_use(Module& owner, Pass pass) override {
+    for (Parameter* p : owner.parameters()) {
+      EXPECT_FALSE(p->value.defined()) << p->name << " used outside a window";
+      p->value = store[p].first.clone();
+      if (pass == Pass::backward) p->grad = store[p].second;
+    }
+    log.push_back((pass == Pass::forward ? "F+" : "B+") + owner.parameters()[0]->name);
+  }
+  void after_use(Module& owner, Pass pass) override {
+    for (Parameter* p : owner.parameters()) {
+      p->value = Tensor();
+      p->grad = Tensor();
+    }
+    log.push_back((pass == Pass::forward ? "F-" : "B-") + owner.parameters()[0]->name);
+  }
+  std::map<Parameter*, std::pair<Tensor, Tensor>> store;
+  std::vector<std::string> log;
+};
+
+TEST(Sequential, UseHooksBracketEveryParameterUse) {
+  auto build = [](Sequential& net) {
+    net.add(std::make_unique<Linear>(4, 5, net.next_name(), 3));
+    net.add(std::make_unique<LayerNorm>(5, net.next_name()));
+    net.add(std::make_unique<Tanh>());
+    net.add(std::make_unique<Linear>(5, 2, net.next_name(), 3));
+  };
+  Sequential plain("m"), hooked("m");
+  build(plain);
+  build(hooked);
+  const Tensor x = random_tensor({3, 4}, 1), dy = random_tensor({3, 2}, 2);
+  plain.zero_grad();
+  const Tensor y_plain = plain.forward(x).clone();
+  const Tensor dx_plain = plain.backward(dy).clone();
+  hooked.zero_grad();
+  MaterializingHook hook(hooked);
+  hooked.set_param_hook(&hook);
+  const Tensor y = hooked.forward(x).clone();
+  const Tensor dx = hooked.backward(dy).clone();
+  EXPECT_EQ(y.to_vector(), y_plain.to_vector());
+  EXPECT_EQ(dx.to_vector(), dx_plain.to_vector());
+  const std::vector<Parameter*> ps = plain.parameters(), hs = hooked.parameters();
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_EQ(hook.store[hs[i]].second.to_vector(), ps[i]->grad.to_vector()) << ps[i]->name;
+  EXPECT_EQ(hook.log, (std::vector<std::string>{"F+m.0.weight", "F-m.0.weight", "F+m.1.weight", "F-m.1.weight",
+                                                "F+m.3.weight", "F-m.3.weight", "B+m.3.weight", "B-m.3.weight",
+                                                "B+m.1.weight", "B-m.1.weight", "B+m.0.weight", "B-m.0.weight"}));
 }
 
 TEST(Sequential, PropagatesTrainingAndContextToLaterChildren) {

@@ -69,6 +69,7 @@ Tensor Linear::forward(const Tensor& x) {
                           fmt::format("'{}': input shape {} does not end in in_features {}", name_,
                                       shape_to_string(xc.shape()), in_),
                           "pass (..., in_features); the weight is (in, out)");
+  begin_use(Pass::forward);
   internal::check_param_tensor(weight_.value, op, weight_.name);
   const int64_t rows = xc.numel() / in_;
   in_shape_ = xc.shape();
@@ -84,6 +85,7 @@ Tensor Linear::forward(const Tensor& x) {
     beta = 1.0;
   }
   matmul(x_, weight_.value, y, false, false, 1.0, beta);  // (R, in) x (in, out) -> (R, out)
+  end_use(Pass::forward);
   std::vector<int64_t> out_shape = in_shape_;
   out_shape.back() = out_;
   return y.view(out_shape);
@@ -100,6 +102,7 @@ Tensor Linear::backward(const Tensor& grad_out) {
   out_shape.back() = out_;
   internal::check_shape(dy, out_shape, op, "grad_out");
   dy = dy.view({rows, out_});  // (R, out)
+  begin_use(Pass::backward);
   internal::check_param_tensor(weight_.grad, op, weight_.name);
 
   if (has_bias_) {
@@ -125,6 +128,7 @@ Tensor Linear::backward(const Tensor& grad_out) {
     matmul(dy, weight_.value, dx, false, true);  // (R, out) x (in, out)^T -> (R, in)
     result = dx.view(in_shape_);
   }
+  end_use(Pass::backward);
   x_ = Tensor();  // backward is done with forward's input
   return result;
 }

@@ -22,7 +22,7 @@ using internal::expect_grad_matches;
 using internal::random_tensor;
 using internal::weighted_sum;
 
-class RecordingHook : public GradHook {
+class RecordingHook : public ParamHook {
  public:
   void grad_ready(Parameter& p) override { names.push_back(p.name); }
   std::vector<std::string> names;
@@ -111,10 +111,10 @@ TEST(MLP, FullModelGradientsMatchFiniteDifferences) {
   }
 }
 
-TEST(MLP, GradHookFiresOncePerParameterInReverseOrder) {
+TEST(MLP, ParamHookFiresOncePerParameterInReverseOrder) {
   MLP mlp(MLPConfig{.sizes = {6, 5, 4, 3}, .dropout = 0.5, .seed = 7, .prefix = ""});
   RecordingHook hook;
-  mlp.set_grad_hook(&hook);
+  mlp.set_param_hook(&hook);
   CrossEntropyLoss ce;
   ce.forward(mlp.forward(random_tensor({4, 6}, 1)), labels_of({0, 1, 2, 0}));
   EXPECT_FALSE(mlp.backward(ce.backward()).defined());  // the first layer skips dX
@@ -225,10 +225,10 @@ TEST(VAE, InputGradientThroughTheReparameterization) {
   expect_grad_matches(f, x, dx, 5e-3);
 }
 
-TEST(VAE, GradHookFiresOncePerParameterInReverseOrder) {
+TEST(VAE, ParamHookFiresOncePerParameterInReverseOrder) {
   VAE vae(small_vae());
   RecordingHook hook;
-  vae.set_grad_hook(&hook);
+  vae.set_param_hook(&hook);
   vae.forward_backward(random_tensor({3, 6}, 1, 0, 1));
   EXPECT_EQ(hook.names, reversed(names_of(vae)));
 }

@@ -16,10 +16,19 @@
 //   through the core's counter-based generator (layout-invariant init).
 // - Weight decay is chosen by parameter metadata (Parameter::weight_decay),
 //   never by position.
-// - Gradient-ready hook: during backward, as soon as a parameter's gradient
-//   for this backward is complete, the module calls hook->grad_ready(param)
-//   (once per parameter per backward). Data parallelism uses it to start a
-//   bucket's all-reduce while backward continues.
+// - Parameter hook (ParamHook), installed with set_param_hook:
+//   * grad_ready(p): during backward, as soon as a parameter's gradient for
+//     this backward is complete, the module calls it (once per parameter per
+//     backward). Data parallelism starts a bucket's all-reduce there.
+//   * before_use(m, pass) / after_use(m, pass): a module that OWNS parameters
+//     (a leaf such as Linear or LayerNorm; containers own none) calls
+//     before_use before it touches its parameters' value or grad in forward
+//     or backward, and after_use when it is done with them (in backward:
+//     after every grad is complete and the last read of a value). Between
+//     the two, the hook may have replaced p.value and p.grad (same shapes):
+//     fully sharded data parallelism materializes a unit's parameters there
+//     and frees them after. Outside these windows a sharded parameter's
+//     value and grad may be undefined tensors.
 // - Weights follow the strategies' convention: Linear weights are (in, out),
 //   y = x W + b (see sharding/strategy.h).
 // - Batch context: random draws made during forward (dropout masks, a VAE's
@@ -56,10 +65,19 @@ struct Parameter {
   sharding::ParamInfo info;   // kind and linear role, for the strategies
 };
 
-class GradHook {
+// Which pass a module is in when it calls before_use / after_use.
+enum class Pass : uint8_t { forward, backward };
+
+class Module;
+
+// Called by modules during forward and backward (see "Parameter hook" above).
+// Every method has a do-nothing default.
+class ParamHook {
  public:
-  virtual ~GradHook() = default;
-  virtual void grad_ready(Parameter& p) = 0;
+  virtual ~ParamHook() = default;
+  virtual void grad_ready(Parameter& /*p*/) {}
+  virtual void before_use(Module& /*owner*/, Pass /*pass*/) {}
+  virtual void after_use(Module& /*owner*/, Pass /*pass*/) {}
 };
 
 class Module {
@@ -78,7 +96,7 @@ class Module {
 
   // Installs the gradient-ready hook on this module and its children
   // (nullptr removes it). Borrowed: it must outlive its use.
-  virtual void set_grad_hook(GradHook* hook) { hook_ = hook; }
+  virtual void set_param_hook(ParamHook* hook) { hook_ = hook; }
 
   // Sets the batch context of this module and its children (see above).
   // first_global_sample must be >= 0. Containers override it to propagate.
@@ -87,12 +105,17 @@ class Module {
   }
   const BatchContext& batch_context() const { return batch_context_; }
 
+  // Zeroes every defined grad (a sharded parameter's may be undefined).
   void zero_grad() {
-    for (Parameter* p : parameters()) p->grad.fill(0.0);
+    for (Parameter* p : parameters())
+      if (p->grad.defined()) p->grad.fill(0.0);
   }
+  // Elements of every parameter whose value is defined (count before
+  // sharding: a fully sharded parameter's value is undefined between uses).
   int64_t num_parameters() {
     int64_t n = 0;
-    for (Parameter* p : parameters()) n += p->value.numel();
+    for (Parameter* p : parameters())
+      if (p->value.defined()) n += p->value.numel();
     return n;
   }
 
@@ -100,9 +123,16 @@ class Module {
   void notify_grad_ready(Parameter& p) {
     if (hook_) hook_->grad_ready(p);
   }
+  // For modules that own parameters: bracket every use of them.
+  void begin_use(Pass pass) {
+    if (hook_) hook_->before_use(*this, pass);
+  }
+  void end_use(Pass pass) {
+    if (hook_) hook_->after_use(*this, pass);
+  }
 
   bool training_ = true;
-  GradHook* hook_ = nullptr;
+  ParamHook* hook_ = nullptr;
   BatchContext batch_context_;
 };
 

@@ -24,7 +24,7 @@ void Sequential::add_module(std::unique_ptr<Module> child) {
                             "build each child with next_name() as its prefix");
   }
   child->set_training(training_);
-  child->set_grad_hook(hook_);
+  child->set_param_hook(hook_);
   child->set_batch_context(batch_context_.step, batch_context_.first_global_sample);
   children_.push_back(std::move(child));
 }
@@ -61,9 +61,9 @@ void Sequential::set_training(bool training) {
   for (auto& child : children_) child->set_training(training);
 }
 
-void Sequential::set_grad_hook(GradHook* hook) {
-  Module::set_grad_hook(hook);
-  for (auto& child : children_) child->set_grad_hook(hook);
+void Sequential::set_param_hook(ParamHook* hook) {
+  Module::set_param_hook(hook);
+  for (auto& child : children_) child->set_param_hook(hook);
 }
 
 void Sequential::set_batch_context(uint64_t step, int64_t first_global_sample) {

@@ -13,7 +13,7 @@
 // A child's parameter names are fixed when it is built (they key its
 // initialization), so build each child with next_name() as its prefix.
 // add() rejects a child whose parameter names repeat one already present.
-// set_training, set_grad_hook and set_batch_context reach every child.
+// set_training, set_param_hook and set_batch_context reach every child.
 // Thread-safety: one thread at a time (a module belongs to one rank).
 #pragma once
 
@@ -56,7 +56,7 @@ class Sequential : public Module {
   std::vector<Parameter*> parameters() override;
 
   void set_training(bool training) override;
-  void set_grad_hook(GradHook* hook) override;
+  void set_param_hook(ParamHook* hook) override;
   void set_batch_context(uint64_t step, int64_t first_global_sample) override;
 
  private:

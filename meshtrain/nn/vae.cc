@@ -70,12 +70,12 @@ void VAE::set_training(bool training) {
   decoder_.set_training(training);
 }
 
-void VAE::set_grad_hook(GradHook* hook) {
-  Module::set_grad_hook(hook);
-  encoder_.set_grad_hook(hook);
-  fc_mu_.set_grad_hook(hook);
-  fc_logvar_.set_grad_hook(hook);
-  decoder_.set_grad_hook(hook);
+void VAE::set_param_hook(ParamHook* hook) {
+  Module::set_param_hook(hook);
+  encoder_.set_param_hook(hook);
+  fc_mu_.set_param_hook(hook);
+  fc_logvar_.set_param_hook(hook);
+  decoder_.set_param_hook(hook);
 }
 
 void VAE::set_batch_context(uint64_t step, int64_t first_global_sample) {

@@ -74,7 +74,7 @@ class VAE final : public Module {
   std::vector<Parameter*> parameters() override;
 
   void set_training(bool training) override;
-  void set_grad_hook(GradHook* hook) override;
+  void set_param_hook(ParamHook* hook) override;
   void set_batch_context(uint64_t step, int64_t first_global_sample) override;
 
   // forward, the ELBO parts, and backward through decoder, both heads and

@@ -168,7 +168,7 @@ class ReplicaMismatchError : public Error {
   std::vector<int> ranks_;
 };
 
-class DataParallel final : public nn::GradHook {
+class DataParallel final : public nn::ParamHook {
  public:
   // Collective over data_comm. Checks that every rank has the same parameter
   // names, shapes and options (InvalidArgument naming the first rank that
@@ -197,7 +197,7 @@ class DataParallel final : public nn::GradHook {
   // call, every backward is micro-batch 0 of 1.
   void begin_micro_batch(int index, int count);
 
-  // nn::GradHook. Called by the model's backward: marks p ready (throws
+  // nn::ParamHook. Called by the model's backward: marks p ready (throws
   // InvalidArgument for an unknown parameter or a second call in one
   // backward) and, on a window's last micro-batch, launches every bucket whose
   // gradients are all ready, in bucket order. Also polls buckets in flight.
