@@ -24,6 +24,7 @@ std::string_view memory_category_name(MemoryCategory c) {
     case MemoryCategory::gradients: return "gradients";
     case MemoryCategory::optimizer: return "optimizer";
     case MemoryCategory::activations: return "activations";
+    case MemoryCategory::working: return "working";
     case MemoryCategory::comm_buffers: return "comm_buffers";
     case MemoryCategory::other: return "other";
   }

@@ -28,10 +28,16 @@
 
 namespace meshtrain {
 
-enum class MemoryCategory : uint8_t { parameters, gradients, optimizer, activations, comm_buffers, other };
+// What a byte is for. parameters, gradients and optimizer are the persistent
+// model state (the ZeRO formulas count these); working is the transient,
+// unsharded copies of the parameters and gradients of the units in use
+// (fully sharded data parallelism's gathered units, compute-dtype copies).
+enum class MemoryCategory : uint8_t {
+  parameters, gradients, optimizer, working, activations, comm_buffers, other
+};
 
 inline constexpr MemoryCategory kAllMemoryCategories[] = {
-    MemoryCategory::parameters,  MemoryCategory::gradients,    MemoryCategory::optimizer,
+    MemoryCategory::parameters,  MemoryCategory::gradients,    MemoryCategory::optimizer,   MemoryCategory::working,
     MemoryCategory::activations, MemoryCategory::comm_buffers, MemoryCategory::other};
 inline constexpr size_t kNumMemoryCategories = std::size(kAllMemoryCategories);
 

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "meshtrain/core/error.h"
@@ -71,12 +72,21 @@ AdamWHParams AdamW::hparams_for(size_t i) const {
 }
 
 void AdamW::step() {
+  float scratch[kGradChunk];  // widened/scaled grads; unused on the in-place path
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!has_usable_grad(i)) continue;
     nn::Parameter& p = *params_[i];
     AdamWState& s = state_[i];
-    adamw_update(p.value.data<float>(), p.grad.data<float>(), s.exp_avg.data<float>(),
-                 s.exp_avg_sq.data<float>(), static_cast<size_t>(p.value.numel()), s.step + 1, hparams_for(i));
+    const AdamWHParams h = hparams_for(i);
+    float* value = p.value.data<float>();
+    float* m = s.exp_avg.data<float>();
+    float* v = s.exp_avg_sq.data<float>();
+    // A slice update equals that slice of the whole update (see the header).
+    const size_t n = static_cast<size_t>(p.value.numel()), chunk = grad_chunk(i);
+    for (size_t off = 0; off < n; off += chunk) {
+      const size_t len = std::min(chunk, n - off);
+      adamw_update(value + off, grad_slice(i, off, len, scratch), m + off, v + off, len, s.step + 1, h);
+    }
     ++s.step;
   }
 }

@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/half.h"
 #include "meshtrain/core/ops.h"
 
 namespace meshtrain::optim {
@@ -17,39 +20,95 @@ void check_max_norm(const char* op, double max_norm) {
                           "a typical value is 1.0");
 }
 
-// The grad data of p and its size in *n (null and 0 when the grad is
-// undefined); throws unless a defined grad is a contiguous f32 cpu tensor.
-const float* grad_data(const char* op, const nn::Parameter* p, size_t* n) {
+// The grad of p, or null when it is undefined; throws unless a defined grad
+// is a contiguous cpu tensor of dtype f32, bf16 or f16.
+const Tensor* checked_grad(const char* op, const nn::Parameter* p) {
   if (p == nullptr) throw InvalidArgument(op, "null parameter in the list", "pass Module::parameters()");
   const Tensor& g = p->grad;
-  *n = 0;
   if (!g.defined()) return nullptr;
-  if (g.dtype() != DType::f32 || !g.is_contiguous() || g.device() != Device::cpu())
+  const DType t = g.dtype();
+  if ((t != DType::f32 && t != DType::bf16 && t != DType::f16) || !g.is_contiguous() ||
+      g.device() != Device::cpu())
     throw InvalidArgument(op,
-                          fmt::format("grad of parameter '{}' must be a contiguous f32 cpu tensor (got {}, "
-                                      "contiguous={})",
-                                      p->name, dtype_name(g.dtype()), g.is_contiguous()),
-                          "clip the f32 master gradients");
-  *n = static_cast<size_t>(g.numel());
-  return g.data<float>();
+                          fmt::format("grad of parameter '{}' must be a contiguous cpu tensor of dtype f32, "
+                                      "bf16 or f16 (got {}, contiguous={}, device {})",
+                                      p->name, dtype_name(t), g.is_contiguous(), g.device().to_string()),
+                          "keep gradients in f32, bf16 or f16, contiguous, on the cpu");
+  return &g;
 }
 
-double sq_norm_of(const float* g, size_t n) {
+// Sum of float(g)^2 in double, in element order.
+template <float (*Widen)(uint16_t)>
+double sq_norm_half(const uint16_t* g, size_t n) {
   double acc = 0.0;
-  for (size_t i = 0; i < n; ++i) acc += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+  for (size_t i = 0; i < n; ++i) {
+    const double x = Widen(g[i]);
+    acc += x * x;
+  }
   return acc;
+}
+
+double sq_norm_of(const Tensor& g) {
+  const size_t n = static_cast<size_t>(g.numel());
+  switch (g.dtype()) {
+    case DType::bf16: return sq_norm_half<bf16_to_float>(g.data<uint16_t>(), n);
+    case DType::f16: return sq_norm_half<f16_to_float>(g.data<uint16_t>(), n);
+    default: {  // f32 (checked_grad admits no other dtype)
+      const float* x = g.data<float>();
+      double acc = 0.0;
+      for (size_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+      return acc;
+    }
+  }
+}
+
+// True when no element of bits[0, n) has an all-ones exponent field (inf or
+// NaN) under `exp_mask`. A max reduction instead of a branch per element, so
+// the loop vectorizes: the largest masked exponent equals the mask exactly
+// when some element is inf or NaN.
+template <typename U>
+bool exponents_finite(const U* bits, size_t n, U exp_mask) {
+  U top = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const U e = static_cast<U>(bits[i] & exp_mask);
+    top = e > top ? e : top;
+  }
+  return top != exp_mask;
+}
+
+bool all_finite(const Tensor& g) {
+  const size_t n = static_cast<size_t>(g.numel());
+  switch (g.dtype()) {
+    case DType::bf16: return exponents_finite<uint16_t>(g.data<uint16_t>(), n, 0x7f80u);
+    case DType::f16: return exponents_finite<uint16_t>(g.data<uint16_t>(), n, 0x7c00u);
+    default: {  // f32 (bit_cast per element: no aliasing through uint32_t*)
+      const float* x = g.data<float>();
+      uint32_t top = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t e = std::bit_cast<uint32_t>(x[i]) & 0x7f800000u;
+        top = e > top ? e : top;
+      }
+      return top != 0x7f800000u;
+    }
+  }
 }
 
 }  // namespace
 
 double local_sq_norm(const std::vector<nn::Parameter*>& params) {
   double total = 0.0;
-  for (const nn::Parameter* p : params) {
-    size_t n;
-    const float* g = grad_data("local_sq_norm", p, &n);
-    total += sq_norm_of(g, n);
-  }
+  for (const nn::Parameter* p : params)
+    if (const Tensor* g = checked_grad("local_sq_norm", p)) total += sq_norm_of(*g);
   return total;
+}
+
+bool grads_finite(const std::vector<nn::Parameter*>& params) {
+  bool finite = true;
+  for (const nn::Parameter* p : params) {
+    const Tensor* g = checked_grad("grads_finite", p);  // checks every parameter, even after a bad one
+    if (finite && g != nullptr) finite = all_finite(*g);
+  }
+  return finite;
 }
 
 double clip_factor(double total_norm, double max_norm) {
@@ -61,9 +120,9 @@ double clip_factor(double total_norm, double max_norm) {
 
 void scale_grads(const std::vector<nn::Parameter*>& params, double factor) {
   for (const nn::Parameter* p : params) {
-    size_t n;
-    grad_data("scale_grads", p, &n);  // validates
-    if (factor != 1.0 && p->grad.defined()) scale(p->grad, factor);
+    const Tensor* g = checked_grad("scale_grads", p);
+    // ops::scale: f32 factor, f32 multiply, bf16/f16 rounded back to nearest even.
+    if (factor != 1.0 && g != nullptr) scale(*g, factor);
   }
 }
 
@@ -72,9 +131,8 @@ double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm
   double total = 0.0;
   const nn::Parameter* first_bad = nullptr;
   for (const nn::Parameter* p : params) {
-    size_t n;
-    const float* g = grad_data("clip_grad_norm", p, &n);
-    const double sq = sq_norm_of(g, n);
+    const Tensor* g = checked_grad("clip_grad_norm", p);
+    const double sq = g != nullptr ? sq_norm_of(*g) : 0.0;
     if (!std::isfinite(sq) && first_bad == nullptr) first_bad = p;
     total += sq;
   }

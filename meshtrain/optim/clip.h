@@ -10,6 +10,9 @@
 //   double norm = std::sqrt(sq);
 //   optim::scale_grads(my_shard_params, optim::clip_factor(norm, 1.0));
 //
+//   // Before a mixed-precision step: skip it on every rank if any grad overflowed.
+//   bool finite = optim::grads_finite(my_params);
+//
 // Formulas (PyTorch's): total_norm = sqrt(sum over parameters and elements of
 // g^2); factor = min(1, max_norm / (total_norm + 1e-6)); every grad *= factor.
 // PyTorch always multiplies, by 1.0 when not clipping; we skip the multiply
@@ -24,8 +27,17 @@
 // InvalidArgument naming the first parameter whose grad is not finite
 // (PyTorch raises a RuntimeError there).
 //
+// Grad dtypes: f32, bf16 or f16 (mixed in one list is fine). Half grads are
+// widened exactly to f32 and squared and summed in double like f32 ones, so
+// the norm of a bf16 grad equals the norm of an f32 grad holding its
+// widened values. scale_grads multiplies in f32 and rounds a bf16/f16 result
+// back to the grad's dtype (to nearest even; f16 may overflow to inf or
+// lose bits in subnormals); a trainer that wants no second rounding scales
+// inside the optimizer instead (Optimizer::set_grad_scale, same multiply).
+//
 // Parameters whose grad is undefined are skipped (PyTorch skips grad None).
-// Grads must be contiguous f32 cpu tensors (InvalidArgument otherwise).
+// Grads must be contiguous cpu tensors of dtype f32, bf16 or f16
+// (InvalidArgument otherwise).
 // Thread-safety: pure functions over the given grads; concurrent calls on
 // disjoint parameters are safe.
 #pragma once
@@ -39,7 +51,8 @@ namespace meshtrain::optim {
 // PyTorch's epsilon in max_norm / (total_norm + eps).
 inline constexpr double kClipEps = 1e-6;
 
-// Sum of g^2 over every element of every defined grad, in double.
+// Sum of g^2 over every element of every defined grad (widened to f32), in
+// double.
 double local_sq_norm(const std::vector<nn::Parameter*>& params);
 
 // min(1, max_norm / (total_norm + kClipEps)); 1 when total_norm is not finite
@@ -47,8 +60,16 @@ double local_sq_norm(const std::vector<nn::Parameter*>& params);
 double clip_factor(double total_norm, double max_norm);
 
 // Multiplies every defined grad by factor (rounded to f32, as PyTorch's
-// f32 clip coefficient). factor == 1 leaves the grads untouched.
+// f32 clip coefficient), in f32: g = float(g) * float(factor), rounded back
+// to nearest even for bf16/f16 grads. factor == 1 leaves the grads untouched.
 void scale_grads(const std::vector<nn::Parameter*>& params, double factor);
+
+// True when every element of every defined grad is finite (no inf, no NaN);
+// true for an empty list. What a loss scaler's found_nonfinite is made of
+// (negate it, then all-reduce across ranks: see loss_scaler.h). One pass
+// over each grad's bits, no per-element branch (vectorizes); grads after the
+// first non-finite one are validated but not scanned.
+bool grads_finite(const std::vector<nn::Parameter*>& params);
 
 // Clips the grads to a global L2 norm of max_norm (finite, > 0) and returns
 // the norm they had before clipping.

@@ -11,10 +11,31 @@
 //     opt.step();
 //   }
 //
+//   // Mixed precision: bf16/f16 grads, unscaled (1 / loss scale) and clipped
+//   // inside step() by one f32 multiply, the grads left as they are.
+//   opt.set_grad_scale(clip / loss_scale);
+//   opt.step();
+//
 // Contracts:
 // - Parameters are borrowed: each nn::Parameter must outlive the optimizer
 //   and keep its value tensor (state is sized from it at construction).
-//   value and grad are f32, contiguous and on the cpu, with equal shapes.
+//   Values are f32 master weights; a defined grad is f32, bf16 or f16. Both
+//   are contiguous cpu tensors of the same shape.
+// - Gradient input: step() feeds the update float(g) * float(grad_scale())
+//   for every grad element g (bf16/f16 widened exactly to f32, the scale
+//   rounded to f32 once, one f32 multiply): the multiply optim::scale_grads
+//   does, so for f32 grads `scale_grads(params, f); step()` and
+//   `set_grad_scale(f); step()` give bit-identical parameters (for bf16/f16
+//   grads they agree when g * f is exact in the grad's dtype, e.g. for a
+//   power-of-two f on bf16 grads; otherwise set_grad_scale is the more
+//   precise, since scale_grads rounds the product back to the grad's dtype). Grads are never modified.
+//   Half grads give bit-identical parameters to f32 grads holding their
+//   widened values. Non-finite grads are not detected here (grads_finite, a
+//   loss scaler); they propagate into the parameters as in PyTorch.
+// - Cost: f32 grads at grad scale 1 are read in place; otherwise step()
+//   widens and scales kGradChunk elements at a time into a stack buffer
+//   (no allocation) and updates that slice (updates are element-wise, so
+//   the result equals the whole-parameter update bit for bit).
 // - A parameter whose grad is undefined (Tensor()) is skipped by step(), like
 //   a parameter whose .grad is None in PyTorch: its state and step count do
 //   not advance.
@@ -40,10 +61,11 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // Applies one update to every parameter that has a defined grad. Throws
-  // InvalidArgument (naming the parameter) when a grad is not an f32,
-  // contiguous cpu tensor of the value's shape; parameters before it in
-  // params() have then already been updated.
+  // Applies one update to every parameter that has a defined grad, with the
+  // gradient input described above. Throws InvalidArgument (naming the
+  // parameter) when a grad is not a contiguous cpu tensor of dtype f32, bf16
+  // or f16 and of the value's shape; parameters before it in params() have
+  // then already been updated.
   virtual void step() = 0;
 
   // Sets every defined grad to zero (modules accumulate into grads, so they
@@ -53,6 +75,13 @@ class Optimizer {
   double lr() const { return lr_; }
   // New learning rate for the following steps; needs a finite lr >= 0.
   void set_lr(double lr);
+
+  // Factor every grad element is multiplied by (in f32) on its way into the
+  // following steps, until changed; default 1. Needs a finite s > 0 whose f32
+  // rounding is neither 0 nor inf (InvalidArgument otherwise). Typical use:
+  // s = clip_factor / loss_scale, computed once per step by the trainer.
+  void set_grad_scale(double s);
+  double grad_scale() const { return grad_scale_; }
 
   // Bytes of optimizer state (momentum buffers, moments) held for all
   // parameters; what the tracker was charged.
@@ -65,9 +94,22 @@ class Optimizer {
   // values) and lr; `op` names the optimizer in errors ("SGD", "AdamW").
   Optimizer(std::string op, std::vector<nn::Parameter*> params, double lr);
 
+  // Elements per slice when step() must widen or scale a grad.
+  static constexpr size_t kGradChunk = 2048;
+
   // True when params_[i] has a grad to apply; throws InvalidArgument when the
-  // grad is defined but unusable (dtype, shape, layout, device).
+  // grad is defined but unusable (dtype other than f32/bf16/f16, shape,
+  // layout, device).
   bool has_usable_grad(size_t i) const;
+  // How many elements step() passes to one update call for params_[i] (whose
+  // grad is usable): all of them when grad_slice reads the grad in place (f32
+  // grad, grad scale 1), kGradChunk otherwise.
+  size_t grad_chunk(size_t i) const;
+  // The update's gradient input for elements [offset, offset + n) of
+  // params_[i]'s usable grad: float(g) * float(grad_scale()). Points into the
+  // grad itself for an f32 grad at grad scale 1; otherwise writes the n
+  // values (n <= kGradChunk) to `scratch` and returns it.
+  const float* grad_slice(size_t i, size_t offset, size_t n, float* scratch) const;
   // A zero-filled f32 tensor shaped like params_[i]'s value, charged to
   // `tracker` (may be null) under MemoryCategory::optimizer.
   Tensor zeros_like_param(size_t i, MemoryTracker* tracker) const;
@@ -75,6 +117,7 @@ class Optimizer {
   std::string op_;
   std::vector<nn::Parameter*> params_;
   double lr_;
+  double grad_scale_ = 1.0;
 };
 
 // Throws InvalidArgument naming `op` and `what` unless lo <= value (and

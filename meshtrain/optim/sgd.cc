@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -55,6 +56,7 @@ SGD::SGD(std::vector<nn::Parameter*> params, double lr, double momentum, bool ne
 }
 
 void SGD::step() {
+  float scratch[kGradChunk];  // widened/scaled grads; unused on the in-place path
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!has_usable_grad(i)) continue;
     nn::Parameter& p = *params_[i];
@@ -64,9 +66,16 @@ void SGD::step() {
                        .dampening = dampening_,
                        .weight_decay = p.weight_decay ? weight_decay_ : 0.0,
                        .nesterov = nesterov_};
+    float* value = p.value.data<float>();
     float* buf = s.momentum_buffer.defined() ? s.momentum_buffer.data<float>() : nullptr;
-    sgd_update(p.value.data<float>(), p.grad.data<float>(), buf, static_cast<size_t>(p.value.numel()),
-               s.step == 0, h);
+    // sgd_update is element-wise and `first` is per parameter, so updating
+    // slice by slice gives the whole-parameter result bit for bit.
+    const size_t n = static_cast<size_t>(p.value.numel()), chunk = grad_chunk(i);
+    for (size_t off = 0; off < n; off += chunk) {
+      const size_t len = std::min(chunk, n - off);
+      sgd_update(value + off, grad_slice(i, off, len, scratch), buf != nullptr ? buf + off : nullptr, len,
+                 s.step == 0, h);
+    }
     ++s.step;
   }
 }

@@ -20,7 +20,10 @@
 //
 // The update is a free function on raw slices (sgd_update), so a sharded
 // (ZeRO) optimizer applies it to the shard it owns; the SGD class calls it
-// once per parameter.
+// once per parameter, or once per Optimizer::kGradChunk elements when the
+// grad is bf16/f16 or a grad scale is set (see optimizer.h). The update is
+// element-wise and `first` is per parameter, so a slice update equals that
+// slice of the whole update, bit for bit.
 //
 // Thread-safety: an SGD object belongs to one thread; sgd_update may run
 // concurrently on disjoint slices.

@@ -1,6 +1,8 @@
 // Helpers for the optimizer tests (header-only; not part of the library API).
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +24,14 @@ inline nn::Parameter make_param(std::string name, std::vector<float> value, bool
 
 inline void set_grad(nn::Parameter& p, const std::vector<float>& g) {
   p.grad.copy_from(Tensor::from_vector(g, {static_cast<int64_t>(g.size())}));
+}
+
+// The bit patterns of an f32 tensor's elements, for bit-for-bit comparisons
+// (== on values would equate 0 and -0 and fail on NaN).
+inline std::vector<uint32_t> f32_bits(const Tensor& t) {
+  std::vector<uint32_t> bits(static_cast<size_t>(t.numel()));
+  if (!bits.empty()) std::memcpy(bits.data(), t.data<float>(), bits.size() * sizeof(float));
+  return bits;
 }
 
 }  // namespace meshtrain::optim::testing

@@ -1,0 +1,685 @@
+#include "meshtrain/parallel/fully_sharded.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/half.h"
+#include "meshtrain/core/ops.h"
+#include "meshtrain/core/random.h"
+#include "meshtrain/optim/clip.h"
+
+namespace meshtrain::parallel {
+
+namespace {
+
+constexpr const char* kOp = "FullyShardedDataParallel";
+
+bool is_float_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+// The module path of a parameter: its name up to the last '.'.
+std::string unit_name(const std::string& param) {
+  const size_t dot = param.rfind('.');
+  return dot == std::string::npos ? std::string() : param.substr(0, dot);
+}
+
+// dst += src element-wise over n elements; either may be f32, bf16 or f16.
+// Sums are formed in f32 and rounded once to dst's dtype.
+void accumulate(const Tensor& dst, const Tensor& src) {
+  if (dst.dtype() == src.dtype()) {
+    add(dst, src, dst);
+    return;
+  }
+  const int64_t n = dst.numel();
+  const auto widen = [&](int64_t i) -> float {
+    switch (src.dtype()) {
+      case DType::f32: return src.data<float>()[i];
+      case DType::bf16: return bf16_to_float(src.data<uint16_t>()[i]);
+      default: return f16_to_float(src.data<uint16_t>()[i]);
+    }
+  };
+  switch (dst.dtype()) {
+    case DType::f32: {
+      float* d = dst.data<float>();
+      for (int64_t i = 0; i < n; ++i) d[i] += widen(i);
+      break;
+    }
+    case DType::bf16: {
+      uint16_t* d = dst.data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(bf16_to_float(d[i]) + widen(i));
+      break;
+    }
+    default: {
+      uint16_t* d = dst.data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) d[i] = float_to_f16(f16_to_float(d[i]) + widen(i));
+      break;
+    }
+  }
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+}  // namespace
+
+// ---- names ----
+
+std::string ShardingStrategy::name() const {
+  switch (stage) {
+    case ZeroStage::no_shard: return "no_shard";
+    case ZeroStage::zero1: return "zero1";
+    case ZeroStage::zero2: return hybrid ? "hybrid_shard_grad_op" : "shard_grad_op";
+    case ZeroStage::zero3: return hybrid ? "hybrid_full" : "full";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(std::string_view name) {
+  if (name == "full" || name == "zero3") return {ZeroStage::zero3, false};
+  if (name == "shard_grad_op" || name == "zero2") return {ZeroStage::zero2, false};
+  if (name == "zero1") return {ZeroStage::zero1, false};
+  if (name == "no_shard") return {ZeroStage::no_shard, false};
+  if (name == "hybrid_full") return {ZeroStage::zero3, true};
+  if (name == "hybrid_shard_grad_op") return {ZeroStage::zero2, true};
+  throw InvalidArgument("parse_sharding_strategy", fmt::format("Unknown sharding strategy: {}", name),
+                        "use full (zero3), shard_grad_op (zero2), zero1, no_shard, hybrid_full or "
+                        "hybrid_shard_grad_op");
+}
+
+BackwardPrefetch parse_backward_prefetch(std::string_view name) {
+  if (name == "none") return BackwardPrefetch::none;
+  if (name == "pre" || name == "backward_pre") return BackwardPrefetch::pre;
+  if (name == "post" || name == "backward_post") return BackwardPrefetch::post;
+  throw InvalidArgument("parse_backward_prefetch", fmt::format("Unknown backward prefetch: {}", name),
+                        "use none, pre or post");
+}
+
+std::string_view to_string(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::none: return "none";
+    case BackwardPrefetch::pre: return "pre";
+    case BackwardPrefetch::post: return "post";
+  }
+  return "?";
+}
+
+ModelStateBytes predicted_model_state(ZeroStage stage, int64_t elements, int d, DType param_dtype,
+                                      DType reduce_dtype, double state_bytes_per_element) {
+  const double P = static_cast<double>(elements);
+  const double p = static_cast<double>(dtype_size(param_dtype));
+  const double g = static_cast<double>(dtype_size(reduce_dtype));
+  const double master = param_dtype == DType::f32 ? 0.0 : 4.0;
+  const double dd = stage == ZeroStage::no_shard ? 1.0 : static_cast<double>(d);
+  ModelStateBytes b;
+  b.parameters = stage == ZeroStage::zero3 ? p * P / dd : p * P;
+  b.gradients = stage >= ZeroStage::zero2 ? g * P / dd : g * P;
+  b.optimizer = (master + state_bytes_per_element) * P / dd;
+  return b;
+}
+
+// ---- state ----
+
+struct FullyShardedDataParallel::Unit {
+  std::string name;
+  int index = 0;
+  std::vector<nn::Parameter*> params;   // sharded, flat order
+  std::vector<int64_t> offsets;         // flat offset of each
+  int64_t numel = 0, padded = 0, shard = 0;
+  int64_t lo = 0;                       // first owned flat element
+  // Persistent.
+  Tensor full_param;   // stage 0-2: param_dtype (padded)
+  Tensor shard_param;  // stage 3: param_dtype (shard)
+  Tensor master;       // f32 (shard); a view of the above when param_dtype is f32
+  Tensor full_grad;    // stage 0-1: reduce_dtype (padded)
+  Tensor shard_grad;   // stage 2-3: reduce_dtype (shard)
+  bool has_grad = false;  // shard_grad holds a contribution since zero_grad
+  // Transient.
+  Tensor gathered;     // stage 3: param_dtype (padded), being gathered or in use
+  comm::Work gather;   // in flight when gathering
+  bool gathering = false;
+  Tensor work_value;   // f32 (padded): what p.value views, when not persistent
+  Tensor work_grad;    // f32 (padded): what p.grad views during backward
+  bool materialized = false;  // p.value is valid
+  bool inspecting = false;    // values are master copies from gather_full_parameters
+  bool reduced = false;       // stage 0-1: full reduction launched this window
+};
+
+struct FullyShardedDataParallel::Reduction {
+  Unit* unit = nullptr;
+  Tensor buffer;       // stage 2-3: the padded gradient being reduce-scattered in place
+  comm::Work work;
+};
+
+// ---- construction ----
+
+FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, comm::Communicator& shard_comm,
+                                                   comm::Communicator* replicate_comm, FullyShardedOptions options)
+    : model_(&model), shard_(&shard_comm), replicate_(replicate_comm), options_(options),
+      reduce_dtype_(options.reduce_dtype.value_or(options.param_dtype)) {
+  if (!is_float_dtype(options_.param_dtype) || !is_float_dtype(reduce_dtype_))
+    throw InvalidArgument(kOp,
+                          fmt::format("param_dtype {} / reduce_dtype {}", dtype_name(options_.param_dtype),
+                                      dtype_name(reduce_dtype_)),
+                          "use f32, bf16 or f16");
+  if (options_.min_weight_size < 0)
+    throw InvalidArgument(kOp, fmt::format("min_weight_size {}", options_.min_weight_size), "need >= 0");
+  if (replicate_ == shard_)
+    throw InvalidArgument(kOp, "the replicate communicator is the shard communicator",
+                          "pass nullptr for no replication, or the mesh's replicate axis");
+  d_ = options_.stage == ZeroStage::no_shard ? 1 : shard_->size();
+  rank_ = options_.stage == ZeroStage::no_shard ? 0 : shard_->rank();
+  const std::vector<nn::Parameter*> params = model.parameters();
+  for (const nn::Parameter* p : params) {
+    if (!p->value.defined() || p->value.dtype() != DType::f32 || !p->value.is_contiguous() ||
+        p->value.device().type != DeviceType::cpu)
+      throw InvalidArgument(kOp, fmt::format("parameter '{}' is not a contiguous f32 cpu tensor", p->name),
+                            "wrap a freshly built model (f32 master weights) once");
+  }
+  check_structure(params);
+  if (options_.sync_module_states) sync_states();
+  build_units(params);
+  model.set_param_hook(this);
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  model_->set_param_hook(nullptr);
+  for (auto& r : in_flight_) r->work = comm::Work();  // drains; errors were or will not be seen
+  for (auto& u : units_) u->gather = comm::Work();
+}
+
+void FullyShardedDataParallel::check_structure(const std::vector<nn::Parameter*>& params) {
+  std::string desc = fmt::format("stage={};min={};p={};g={};", static_cast<int>(options_.stage),
+                                 options_.min_weight_size, dtype_name(options_.param_dtype), dtype_name(reduce_dtype_));
+  for (const nn::Parameter* p : params) desc += p->name + shape_to_string(p->value.shape()) + ";";
+  const int64_t mine[2] = {static_cast<int64_t>(params.size()), static_cast<int64_t>(key_from_name(desc))};
+  for (comm::Communicator* c : {shard_, replicate_}) {
+    if (!c) continue;
+    const int n = c->size();
+    std::vector<int64_t> all(2 * static_cast<size_t>(n));
+    c->all_gather(mine, all.data(), 2, DType::i64);
+    std::vector<int> differ;
+    for (int r = 1; r < n; ++r)
+      if (all[2 * r] != all[0] || all[2 * r + 1] != all[1]) differ.push_back(r);
+    if (differ.empty()) continue;
+    throw InvalidArgument(kOp,
+                          fmt::format("rank(s) {} of the {} communicator have different parameters or options "
+                                      "than its rank 0 (names, shapes, stage, min_weight_size and dtypes are "
+                                      "compared)",
+                                      join_ranks(differ), c == shard_ ? "shard" : "replicate"),
+                          "build the same model with the same options on every rank");
+  }
+}
+
+void FullyShardedDataParallel::sync_states() {
+  for (nn::Parameter* p : model_->parameters()) {
+    const size_t n = static_cast<size_t>(p->value.numel());
+    shard_->broadcast(p->value.data<float>(), n, DType::f32, 0);
+    if (replicate_) replicate_->broadcast(p->value.data<float>(), n, DType::f32, 0);
+  }
+}
+
+Tensor FullyShardedDataParallel::alloc(int64_t n, DType dtype, MemoryCategory category) const {
+  return Tensor::zeros({n}, dtype, Device{}, options_.tracker, category);
+}
+
+void FullyShardedDataParallel::build_units(const std::vector<nn::Parameter*>& params) {
+  // Group by module path, in order of first appearance.
+  std::vector<std::pair<std::string, std::vector<nn::Parameter*>>> groups;
+  for (nn::Parameter* p : params) {
+    const std::string name = unit_name(p->name);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == name; });
+    if (it == groups.end()) {
+      groups.push_back({name, {}});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(p);
+  }
+  const DType pd = options_.param_dtype, gd = reduce_dtype_;
+  const ZeroStage stage = options_.stage;
+  int64_t replicated = 0;
+  for (auto& [name, ps] : groups) {
+    auto u = std::make_unique<Unit>();
+    u->name = name;
+    u->index = static_cast<int>(units_.size());
+    UnitInfo info;
+    info.name = name;
+    for (nn::Parameter* p : ps) {
+      if (p->value.numel() >= options_.min_weight_size && p->value.numel() > 0) {
+        u->offsets.push_back(u->numel);
+        u->params.push_back(p);
+        u->numel += p->value.numel();
+        info.sharded.push_back(p->name);
+      } else {
+        replicated_.push_back(p);
+        replicated += p->value.numel();
+        info.replicated.push_back(p->name);
+      }
+      unit_of_param_[p] = u.get();
+    }
+    u->padded = (u->numel + d_ - 1) / d_ * d_;
+    u->shard = u->padded / d_;
+    u->lo = static_cast<int64_t>(rank_) * u->shard;
+    info.numel = u->numel;
+    info.padded = u->padded;
+    info.shard = u->shard;
+    sharded_elements_ += u->numel;
+    if (u->numel > 0) {
+      // The full f32 values, flat (the model's own tensors, freed below).
+      Tensor flat = Tensor::zeros({u->padded}, DType::f32);
+      for (size_t i = 0; i < u->params.size(); ++i)
+        flat.narrow(0, u->offsets[i], u->params[i]->value.numel()).copy_from(u->params[i]->value.view({-1}));
+      const Tensor owned = flat.narrow(0, u->lo, u->shard);
+      if (stage == ZeroStage::zero3) {
+        u->shard_param = alloc(u->shard, pd, MemoryCategory::parameters);
+        u->shard_param.copy_from(owned);
+      } else {
+        u->full_param = alloc(u->padded, pd, MemoryCategory::parameters);
+        u->full_param.copy_from(flat);
+      }
+      if (pd == DType::f32) {
+        u->master = stage == ZeroStage::zero3 ? u->shard_param : u->full_param.narrow(0, u->lo, u->shard);
+      } else {
+        u->master = alloc(u->shard, DType::f32, MemoryCategory::optimizer);
+        u->master.copy_from(owned);  // exact f32 masters, not the rounded copies
+      }
+      if (stage <= ZeroStage::zero1)
+        u->full_grad = alloc(u->padded, gd, MemoryCategory::gradients);
+      else
+        u->shard_grad = alloc(u->shard, gd, MemoryCategory::gradients);
+      for (size_t i = 0; i < u->params.size(); ++i) {
+        nn::Parameter* p = u->params[i];
+        const std::vector<int64_t> shape = p->value.shape();
+        const int64_t n = p->value.numel();
+        p->value = pd == DType::f32 && stage != ZeroStage::zero3
+                       ? u->full_param.narrow(0, u->offsets[i], n).view(shape)
+                       : Tensor();
+        p->grad = grads_persistent()
+                      ? u->full_grad.narrow(0, u->offsets[i], n).view(shape)
+                      : Tensor();
+        shapes_[p] = shape;
+        // The part of p this rank owns: flat [a, b) within [lo, lo + shard).
+        const int64_t a = std::max(u->offsets[i], u->lo);
+        const int64_t b = std::min(u->offsets[i] + n, u->lo + u->shard);
+        if (a >= b) continue;
+        auto sp = std::make_unique<nn::Parameter>();
+        sp->name = p->name;
+        sp->value = u->master.narrow(0, a - u->lo, b - a);
+        sp->grad = owned_grad(*u).narrow(0, a - u->lo, b - a);
+        sp->weight_decay = p->weight_decay;
+        sp->info = p->info;
+        shard_params_.push_back(std::move(sp));
+      }
+    }
+    unit_info_.push_back(std::move(info));
+    units_.push_back(std::move(u));
+  }
+  // Replicated parameters: tracked f32 copies, grads in one flat buffer.
+  replicated_elements_ = replicated;
+  replicated_grads_ = alloc(std::max<int64_t>(replicated, 1), DType::f32, MemoryCategory::gradients);
+  int64_t off = 0;
+  for (nn::Parameter* p : replicated_) {
+    const std::vector<int64_t> shape = p->value.shape();
+    Tensor v = Tensor::empty(shape, DType::f32, Device{}, options_.tracker, MemoryCategory::parameters);
+    v.copy_from(p->value);
+    p->value = v;
+    p->grad = replicated_grads_.narrow(0, off, p->value.numel()).view(shape);
+    off += p->value.numel();
+  }
+}
+
+Tensor FullyShardedDataParallel::owned_grad(Unit& u) {
+  if (options_.stage <= ZeroStage::zero1) return u.full_grad.narrow(0, u.lo, u.shard);
+  return u.shard_grad;
+}
+
+std::vector<nn::Parameter*> FullyShardedDataParallel::optimizer_parameters() {
+  std::vector<nn::Parameter*> out;
+  for (auto& sp : shard_params_) out.push_back(sp.get());
+  for (nn::Parameter* p : replicated_) out.push_back(p);
+  return out;
+}
+
+// ---- use of a unit ----
+
+FullyShardedDataParallel::Unit* FullyShardedDataParallel::unit_of(nn::Module& owner, const char* op) {
+  const std::vector<nn::Parameter*> ps = owner.parameters();
+  if (ps.empty()) return nullptr;
+  Unit* u = nullptr;
+  for (nn::Parameter* p : ps) {
+    auto it = unit_of_param_.find(p);
+    if (it == unit_of_param_.end())
+      throw InvalidArgument(op, fmt::format("parameter '{}' is not managed by this wrapper", p->name),
+                            "wrap the whole model once, before its first forward");
+    if (u && it->second != u)
+      throw InvalidArgument(op, fmt::format("module owning '{}' spans two units ('{}', '{}')", p->name, u->name,
+                                            it->second->name),
+                            "a unit is one leaf module: name its parameters '<path>.<name>'");
+    u = it->second;
+  }
+  return u->params.empty() ? nullptr : u;
+}
+
+bool FullyShardedDataParallel::values_persistent() const {
+  return options_.param_dtype == DType::f32 && options_.stage != ZeroStage::zero3;
+}
+
+bool FullyShardedDataParallel::grads_persistent() const {
+  return reduce_dtype_ == DType::f32 && options_.stage <= ZeroStage::zero1;
+}
+
+void FullyShardedDataParallel::start_gather(Unit& u) {
+  if (options_.stage != ZeroStage::zero3 || u.gathering || u.materialized) return;
+  u.gathered = alloc(u.padded, options_.param_dtype, MemoryCategory::working);
+  u.gather = shard_->all_gather_async(u.shard_param.data_ptr(), u.gathered.data_ptr(),
+                                      static_cast<size_t>(u.shard), options_.param_dtype);
+  u.gathering = true;
+}
+
+void FullyShardedDataParallel::set_value_views(Unit& u, const Tensor& flat) {
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    nn::Parameter* p = u.params[i];
+    const std::vector<int64_t>& shape = shapes_.at(p);
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    p->value = flat.narrow(0, u.offsets[i], n).view(shape);
+  }
+}
+
+void FullyShardedDataParallel::materialize(Unit& u) {
+  if (u.inspecting) release_values(u);
+  if (values_persistent() || u.materialized) return;
+  Tensor src;
+  if (options_.stage == ZeroStage::zero3) {
+    start_gather(u);
+    u.gather.wait();  // idempotent: may have been waited for by finish()
+    u.gathering = false;
+    src = std::move(u.gathered);
+    u.gathered = Tensor();
+  } else {
+    src = u.full_param;
+  }
+  if (src.dtype() == DType::f32) {
+    u.work_value = src;
+  } else {
+    u.work_value = alloc(u.padded, DType::f32, MemoryCategory::working);
+    u.work_value.copy_from(src);
+  }
+  gathers_ += u.padded;
+  set_value_views(u, u.work_value);
+  u.materialized = true;
+}
+
+void FullyShardedDataParallel::release_values(Unit& u) {
+  u.inspecting = false;
+  if (values_persistent()) {
+    // Persistent f32 values: views stay (restored if gather_full_parameters replaced them).
+    set_value_views(u, u.full_param);
+    return;
+  }
+  for (nn::Parameter* p : u.params) p->value = Tensor();
+  u.work_value = Tensor();
+  u.materialized = false;
+}
+
+FullyShardedDataParallel::Unit* FullyShardedDataParallel::neighbour(const Unit& u, int step) {
+  for (int i = u.index + step; i >= 0 && i < static_cast<int>(units_.size()); i += step)
+    if (!units_[static_cast<size_t>(i)]->params.empty()) return units_[static_cast<size_t>(i)].get();
+  return nullptr;
+}
+
+void FullyShardedDataParallel::before_use(nn::Module& owner, nn::Pass pass) {
+  Unit* u = unit_of(owner, "FullyShardedDataParallel::before_use");
+  if (!u) return;
+  poll();
+  if (pass == nn::Pass::backward && options_.stage == ZeroStage::zero3 &&
+      options_.backward_prefetch == BackwardPrefetch::pre) {
+    // Start the next unit's gather before waiting for this one's, so both
+    // are in flight together.
+    if (!u->materialized) start_gather(*u);
+    if (Unit* next = neighbour(*u, -1)) start_gather(*next);
+  }
+  materialize(*u);
+  if (pass == nn::Pass::forward) {
+    if (options_.forward_prefetch)
+      if (Unit* next = neighbour(*u, +1)) start_gather(*next);
+    return;
+  }
+  // Backward: a gradient to accumulate into.
+  window_open_ = true;
+  if (grads_persistent()) return;
+  u->work_grad = alloc(u->padded, DType::f32, MemoryCategory::working);
+  for (size_t i = 0; i < u->params.size(); ++i) {
+    nn::Parameter* p = u->params[i];
+    p->grad = u->work_grad.narrow(0, u->offsets[i], p->value.numel()).view(shapes_.at(p));
+  }
+}
+
+void FullyShardedDataParallel::after_use(nn::Module& owner, nn::Pass pass) {
+  Unit* u = unit_of(owner, "FullyShardedDataParallel::after_use");
+  if (!u) return;
+  if (pass == nn::Pass::forward) {
+    if (options_.reshard_after_forward) release_values(*u);
+    return;
+  }
+  release_values(*u);
+  if (options_.stage == ZeroStage::zero3 && options_.backward_prefetch == BackwardPrefetch::post)
+    if (Unit* next = neighbour(*u, -1)) start_gather(*next);
+  reduce_unit(*u);
+  poll();
+}
+
+void FullyShardedDataParallel::reduce_unit(Unit& u) {
+  const bool last = window_index_ == window_count_ - 1;
+  if (options_.stage <= ZeroStage::zero1) {
+    if (!grads_persistent()) {
+      accumulate(u.full_grad, u.work_grad);
+      u.work_grad = Tensor();
+      for (nn::Parameter* p : u.params) p->grad = Tensor();
+    }
+    if (last) launch_full_reduction(u);
+    return;
+  }
+  // zero2 / zero3: reduce-scatter this micro-batch's gradient now.
+  Tensor buf = std::move(u.work_grad);
+  u.work_grad = Tensor();
+  for (nn::Parameter* p : u.params) p->grad = Tensor();
+  if (reduce_dtype_ != DType::f32) {
+    Tensor half = alloc(u.padded, reduce_dtype_, MemoryCategory::working);
+    half.copy_from(buf);
+    buf = std::move(half);
+  }
+  auto r = std::make_unique<Reduction>();
+  r->unit = &u;
+  const size_t es = dtype_size(reduce_dtype_);
+  char* base = static_cast<char*>(buf.data_ptr());
+  r->work = shard_->reduce_scatter_async(base, base + static_cast<size_t>(u.lo) * es, static_cast<size_t>(u.shard),
+                                         reduce_dtype_, comm::ReduceOp::sum);
+  r->buffer = std::move(buf);
+  in_flight_.push_back(std::move(r));
+}
+
+void FullyShardedDataParallel::launch_full_reduction(Unit& u) {
+  if (u.reduced) return;
+  u.reduced = true;
+  auto r = std::make_unique<Reduction>();
+  r->unit = &u;
+  char* base = static_cast<char*>(u.full_grad.data_ptr());
+  if (options_.stage == ZeroStage::no_shard) {
+    r->work = shard_->all_reduce_async(base, base, static_cast<size_t>(u.padded), reduce_dtype_, comm::ReduceOp::sum);
+  } else {
+    const size_t es = dtype_size(reduce_dtype_);
+    r->work = shard_->reduce_scatter_async(base, base + static_cast<size_t>(u.lo) * es,
+                                           static_cast<size_t>(u.shard), reduce_dtype_, comm::ReduceOp::sum);
+  }
+  in_flight_.push_back(std::move(r));
+}
+
+void FullyShardedDataParallel::complete(Reduction& r) {
+  r.work.wait();
+  if (!r.buffer.defined()) return;  // a full reduction: the result is in place
+  Unit& u = *r.unit;
+  const Tensor mine = r.buffer.narrow(0, u.lo, u.shard);
+  if (u.has_grad)
+    accumulate(u.shard_grad, mine);
+  else
+    u.shard_grad.copy_from(mine);
+  u.has_grad = true;
+  r.buffer = Tensor();
+}
+
+void FullyShardedDataParallel::poll() {
+  size_t done = 0;
+  while (done < in_flight_.size() && in_flight_[done]->work.is_completed()) complete(*in_flight_[done++]);
+  in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
+// ---- the window ----
+
+void FullyShardedDataParallel::begin_micro_batch(int index, int count) {
+  const char* op = "FullyShardedDataParallel::begin_micro_batch";
+  if (count < 1 || index < 0 || index >= count)
+    throw InvalidArgument(op, fmt::format("index {} of count {}", index, count), "need 0 <= index < count");
+  const bool open = micro_batches_ > 0;
+  if (!open && index != 0)
+    throw InvalidArgument(op, fmt::format("index {} of count {} but no window is open", index, count),
+                          "start every window with index 0");
+  if (open && (index != window_index_ + 1 || count != window_count_))
+    throw InvalidArgument(op,
+                          fmt::format("got micro-batch {} of {}, expected {} of {}", index, count,
+                                      window_index_ + 1, window_count_),
+                          "number micro-batches 0..count-1 with one count per window; end a window early with "
+                          "finish()");
+  window_index_ = index;
+  window_count_ = count;
+  ++micro_batches_;
+}
+
+void FullyShardedDataParallel::finish() {
+  if (!window_open_) {
+    micro_batches_ = 0;
+    window_index_ = 0;
+    window_count_ = 1;
+    return;
+  }
+  const int m = std::max(1, micro_batches_);
+  if (options_.stage <= ZeroStage::zero1)
+    for (auto& u : units_)
+      if (!u->params.empty()) launch_full_reduction(*u);
+  // Replicated parameters reduce while the unit reductions finish.
+  comm::Work rep;
+  if (replicated_elements_ > 0)
+    rep = shard_->all_reduce_async(replicated_grads_.data_ptr(), replicated_grads_.data_ptr(),
+                                   static_cast<size_t>(replicated_elements_), DType::f32, comm::ReduceOp::sum);
+  for (auto& r : in_flight_) complete(*r);
+  in_flight_.clear();
+  rep.wait();
+  for (auto& u : units_)
+    if (u->gathering) u->gather.wait();  // prefetched, unused: nothing may read shards during the step
+  if (replicate_) {
+    std::vector<comm::Work> works;
+    for (auto& u : units_) {
+      if (u->params.empty()) continue;
+      const Tensor g = owned_grad(*u);
+      works.push_back(replicate_->all_reduce_async(g.data_ptr(), g.data_ptr(), static_cast<size_t>(u->shard),
+                                                   reduce_dtype_, comm::ReduceOp::sum));
+    }
+    if (replicated_elements_ > 0)
+      works.push_back(replicate_->all_reduce_async(replicated_grads_.data_ptr(), replicated_grads_.data_ptr(),
+                                                   static_cast<size_t>(replicated_elements_), DType::f32,
+                                                   comm::ReduceOp::sum));
+    for (auto& w : works) w.wait();
+  }
+  if (options_.reduce == GradReduce::avg) {
+    const int ranks = shard_->size() * (replicate_ ? replicate_->size() : 1);
+    const double f = 1.0 / (static_cast<double>(ranks) * m);
+    for (auto& u : units_)
+      if (!u->params.empty()) scale(owned_grad(*u), f);
+    if (replicated_elements_ > 0) scale(replicated_grads_, f);
+  }
+  for (auto& u : units_) u->reduced = false;
+  window_open_ = false;
+  micro_batches_ = 0;
+  window_index_ = 0;
+  window_count_ = 1;
+}
+
+bool FullyShardedDataParallel::grads_finite() {
+  int32_t bad = optim::grads_finite(optimizer_parameters()) ? 0 : 1;
+  shard_->all_reduce(&bad, &bad, 1, DType::i32, comm::ReduceOp::max);
+  if (replicate_) replicate_->all_reduce(&bad, &bad, 1, DType::i32, comm::ReduceOp::max);
+  return bad == 0;
+}
+
+double FullyShardedDataParallel::grad_norm() {
+  std::vector<nn::Parameter*> sharded;
+  for (auto& sp : shard_params_) sharded.push_back(sp.get());
+  double sq = optim::local_sq_norm(sharded);
+  if (options_.stage != ZeroStage::no_shard) shard_->all_reduce(&sq, &sq, 1, DType::f64, comm::ReduceOp::sum);
+  return std::sqrt(sq + optim::local_sq_norm(replicated_));
+}
+
+void FullyShardedDataParallel::after_step() {
+  reshard();
+  std::vector<comm::Work> works;
+  for (auto& u : units_) {
+    if (u->params.empty()) continue;
+    if (options_.param_dtype != DType::f32) {
+      const Tensor dst = options_.stage == ZeroStage::zero3 ? u->shard_param : u->full_param.narrow(0, u->lo, u->shard);
+      dst.copy_from(u->master);
+    }
+    if (options_.stage == ZeroStage::zero1 || options_.stage == ZeroStage::zero2) {
+      char* base = static_cast<char*>(u->full_param.data_ptr());
+      const size_t es = dtype_size(options_.param_dtype);
+      works.push_back(shard_->all_gather_async(base + static_cast<size_t>(u->lo) * es, base,
+                                               static_cast<size_t>(u->shard), options_.param_dtype));
+    }
+  }
+  for (auto& w : works) w.wait();
+}
+
+void FullyShardedDataParallel::zero_grad() {
+  for (auto& u : units_) {
+    if (u->full_grad.defined()) u->full_grad.fill(0.0);
+    if (u->shard_grad.defined()) u->shard_grad.fill(0.0);
+    u->has_grad = false;
+  }
+  replicated_grads_.fill(0.0);
+}
+
+void FullyShardedDataParallel::reshard() {
+  for (auto& u : units_) {
+    if (u->params.empty()) continue;
+    if (u->gathering) {
+      u->gather.wait();
+      u->gathering = false;
+      u->gathered = Tensor();
+    }
+    release_values(*u);
+  }
+}
+
+void FullyShardedDataParallel::gather_full_parameters() {
+  reshard();
+  if (values_persistent()) return;  // the values are the f32 masters (after_step gathered them)
+  for (auto& u : units_) {
+    if (u->params.empty()) continue;
+    Tensor full = alloc(u->padded, DType::f32, MemoryCategory::working);
+    if (options_.stage == ZeroStage::no_shard)
+      full.copy_from(u->master);
+    else
+      shard_->all_gather(u->master.data_ptr(), full.data_ptr(), static_cast<size_t>(u->shard), DType::f32);
+    u->work_value = full;
+    set_value_views(*u, full);
+    u->inspecting = true;
+  }
+}
+
+}  // namespace meshtrain::parallel
