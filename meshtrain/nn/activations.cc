@@ -23,7 +23,7 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 Tensor Activation::forward(const Tensor& x) {
   const std::string op = fmt::format("{}::forward", name());
   x_ = internal::f32_contiguous(x, op.c_str(), "input");
-  Tensor& y = internal::reuse_or_allocate(y_, x_.shape());
+  Tensor& y = internal::reuse_or_allocate(y_, x_.shape(), tracker_);
   apply(x_.data<float>(), y.data<float>(), x_.numel());
   return y;
 }
@@ -35,7 +35,7 @@ Tensor Activation::backward(const Tensor& grad_out) {
                           "call forward before backward (backward releases forward's input)");
   Tensor dy = internal::f32_contiguous(grad_out, op.c_str(), "grad_out");
   internal::check_shape(dy, x_.shape(), op.c_str(), "grad_out");
-  Tensor& dx = internal::reuse_or_allocate(dx_, x_.shape());
+  Tensor& dx = internal::reuse_or_allocate(dx_, x_.shape(), tracker_);
   apply_backward(x_.data<float>(), y_.data<float>(), dy.data<float>(), dx.data<float>(), x_.numel());
   x_ = Tensor();
   return dx;

@@ -32,7 +32,7 @@ Tensor Dropout::forward(const Tensor& x) {
   const int64_t n = xc.numel();
   const int64_t batch = xc.size(0);
   const int64_t features = batch == 0 ? 0 : n / batch;  // F: elements per sample
-  Tensor& scale = internal::reuse_or_allocate(scale_, {n});
+  Tensor& scale = internal::reuse_or_allocate(scale_, {n}, tracker_);
   float* s = scale.data<float>();
   // u at global index (first_global_sample + i) * F + f: local elements are
   // one contiguous run of the global stream.
@@ -42,7 +42,7 @@ Tensor Dropout::forward(const Tensor& x) {
   const float keep_scale = p_ == 1.0 ? 0.0f : static_cast<float>(1.0 / (1.0 - p_));
   for (int64_t i = 0; i < n; ++i) s[i] = s[i] >= p ? keep_scale : 0.0f;
 
-  Tensor& y = internal::reuse_or_allocate(y_, shape_);
+  Tensor& y = internal::reuse_or_allocate(y_, shape_, tracker_);
   const float* px = xc.data<float>();
   float* py = y.data<float>();
   for (int64_t i = 0; i < n; ++i) py[i] = px[i] * s[i];
@@ -61,7 +61,7 @@ Tensor Dropout::backward(const Tensor& grad_out) {
   }
   Tensor dy = internal::f32_contiguous(grad_out, op, "grad_out");
   internal::check_shape(dy, shape_, op, "grad_out");
-  Tensor& dx = internal::reuse_or_allocate(dx_, shape_);
+  Tensor& dx = internal::reuse_or_allocate(dx_, shape_, tracker_);
   const int64_t n = dy.numel();
   const float* s = scale_.data<float>();
   const float* pdy = dy.data<float>();

@@ -53,8 +53,8 @@ Tensor LayerNorm::forward(const Tensor& x) {
   const int64_t rows = xc.numel() / dim_;
   begin_use(Pass::forward);
   shape_ = xc.shape();
-  Tensor& xhat = internal::reuse_or_allocate(xhat_, {rows, dim_});  // (R, dim)
-  Tensor& y = internal::reuse_or_allocate(y_, {rows, dim_});        // (R, dim)
+  Tensor& xhat = internal::reuse_or_allocate(xhat_, {rows, dim_}, tracker_);  // (R, dim)
+  Tensor& y = internal::reuse_or_allocate(y_, {rows, dim_}, tracker_);        // (R, dim)
   rstd_.resize(static_cast<size_t>(rows));
   const float* px = xc.data<float>();
   float* ph = xhat.data<float>();
@@ -103,7 +103,7 @@ Tensor LayerNorm::backward(const Tensor& grad_out) {
   internal::check_shape(dy, shape_, op, "grad_out");
   begin_use(Pass::backward);
   const int64_t rows = xhat_.size(0);
-  Tensor& dx = internal::reuse_or_allocate(dx_, {rows, dim_});
+  Tensor& dx = internal::reuse_or_allocate(dx_, {rows, dim_}, tracker_);
   const float* pdy = dy.data<float>();
   const float* ph = xhat_.data<float>();
   float* pdx = dx.data<float>();

@@ -74,7 +74,7 @@ Tensor Linear::forward(const Tensor& x) {
   const int64_t rows = xc.numel() / in_;
   in_shape_ = xc.shape();
   x_ = xc.view({rows, in_});                          // (R, in)
-  Tensor& y = internal::reuse_or_allocate(y_, {rows, out_});  // (R, out)
+  Tensor& y = internal::reuse_or_allocate(y_, {rows, out_}, tracker_);  // (R, out)
   double beta = 0.0;
   if (has_bias_) {
     internal::check_param_tensor(bias_.value, op, bias_.name);
@@ -124,7 +124,7 @@ Tensor Linear::backward(const Tensor& grad_out) {
 
   Tensor result;
   if (needs_input_grad_) {
-    Tensor& dx = internal::reuse_or_allocate(dx_, {rows, in_});
+    Tensor& dx = internal::reuse_or_allocate(dx_, {rows, in_}, tracker_);
     matmul(dy, weight_.value, dx, false, true);  // (R, out) x (in, out)^T -> (R, in)
     result = dx.view(in_shape_);
   }

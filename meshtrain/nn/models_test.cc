@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/memory.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/buffers.h"
@@ -58,6 +59,25 @@ std::vector<double> concat(const std::vector<std::vector<double>>& parts) {
 }
 
 // ---- MLP ----
+
+TEST(MLP, ActivationBuffersAreChargedToTheTracker) {
+  MLPConfig c;
+  c.sizes = {6, 5, 3};
+  MLP mlp(c);
+  MemoryTracker tracker;
+  mlp.set_memory_tracker(&tracker);
+  const Tensor x = internal::random_tensor({4, 6}, 1);
+  const Tensor y = mlp.forward(x);
+  // Linear 0 output (4, 5), ReLU output (4, 5), Linear 1 output (4, 3).
+  EXPECT_EQ(tracker.in_use(MemoryCategory::activations), 4u * (20 + 20 + 12));
+  mlp.backward(internal::random_tensor({4, 3}, 2));
+  // + Linear 1 dX (4, 5) and ReLU dX (4, 5); Linear 0 needs no input gradient.
+  EXPECT_EQ(tracker.in_use(MemoryCategory::activations), 4u * (20 + 20 + 12 + 20 + 20));
+  EXPECT_EQ(tracker.in_use(MemoryCategory::parameters), 0u);
+  // A second step of the same shape reuses every buffer the caller let go of.
+  mlp.forward(x);
+  EXPECT_EQ(tracker.peak(MemoryCategory::activations), 4u * (20 + 20 + 12 + 20 + 20) + 4u * 12);
+}
 
 TEST(MLP, DefaultStructureAndMetadata) {
   MLP mlp;

@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/sharding/strategy.h"
 
@@ -90,18 +91,38 @@ class Module {
   // Every parameter of this module and its children, in definition order.
   virtual std::vector<Parameter*> parameters() = 0;
 
-  // Training mode (dropout active) or evaluation mode. Propagates to children.
-  virtual void set_training(bool training) { training_ = training; }
+  // The modules this one contains (containers override it); the settings
+  // below propagate through it to every descendant.
+  virtual std::vector<Module*> children() { return {}; }
+
+  // Training mode (dropout active) or evaluation mode.
+  void set_training(bool training) {
+    training_ = training;
+    for (Module* c : children()) c->set_training(training);
+  }
   bool training() const { return training_; }
 
-  // Installs the gradient-ready hook on this module and its children
-  // (nullptr removes it). Borrowed: it must outlive its use.
-  virtual void set_param_hook(ParamHook* hook) { hook_ = hook; }
+  // Installs the parameter hook (nullptr removes it). Borrowed: it must
+  // outlive its use.
+  void set_param_hook(ParamHook* hook) {
+    hook_ = hook;
+    for (Module* c : children()) c->set_param_hook(hook);
+  }
 
-  // Sets the batch context of this module and its children (see above).
-  // first_global_sample must be >= 0. Containers override it to propagate.
-  virtual void set_batch_context(uint64_t step, int64_t first_global_sample) {
+  // Charges the buffers modules keep between forward and backward (outputs,
+  // saved inputs' copies, masks, gradient buffers) to `tracker` as
+  // MemoryCategory::activations (nullptr: not charged). Borrowed: it must
+  // outlive the module's buffers. Applies to buffers allocated from now on.
+  void set_memory_tracker(MemoryTracker* tracker) {
+    tracker_ = tracker;
+    for (Module* c : children()) c->set_memory_tracker(tracker);
+  }
+  MemoryTracker* memory_tracker() const { return tracker_; }
+
+  // Sets the batch context (see above); first_global_sample must be >= 0.
+  void set_batch_context(uint64_t step, int64_t first_global_sample) {
     batch_context_ = BatchContext{step, first_global_sample};
+    for (Module* c : children()) c->set_batch_context(step, first_global_sample);
   }
   const BatchContext& batch_context() const { return batch_context_; }
 
@@ -133,6 +154,7 @@ class Module {
 
   bool training_ = true;
   ParamHook* hook_ = nullptr;
+  MemoryTracker* tracker_ = nullptr;
   BatchContext batch_context_;
 };
 

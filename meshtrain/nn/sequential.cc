@@ -25,6 +25,7 @@ void Sequential::add_module(std::unique_ptr<Module> child) {
   }
   child->set_training(training_);
   child->set_param_hook(hook_);
+  child->set_memory_tracker(tracker_);
   child->set_batch_context(batch_context_.step, batch_context_.first_global_sample);
   children_.push_back(std::move(child));
 }
@@ -56,19 +57,10 @@ std::vector<Parameter*> Sequential::parameters() {
   return all;
 }
 
-void Sequential::set_training(bool training) {
-  Module::set_training(training);
-  for (auto& child : children_) child->set_training(training);
-}
-
-void Sequential::set_param_hook(ParamHook* hook) {
-  Module::set_param_hook(hook);
-  for (auto& child : children_) child->set_param_hook(hook);
-}
-
-void Sequential::set_batch_context(uint64_t step, int64_t first_global_sample) {
-  Module::set_batch_context(step, first_global_sample);
-  for (auto& child : children_) child->set_batch_context(step, first_global_sample);
+std::vector<Module*> Sequential::children() {
+  std::vector<Module*> out;
+  for (auto& child : children_) out.push_back(child.get());
+  return out;
 }
 
 }  // namespace meshtrain::nn

@@ -55,9 +55,7 @@ class Sequential : public Module {
   Tensor backward(const Tensor& grad_out) override;
   std::vector<Parameter*> parameters() override;
 
-  void set_training(bool training) override;
-  void set_param_hook(ParamHook* hook) override;
-  void set_batch_context(uint64_t step, int64_t first_global_sample) override;
+  std::vector<Module*> children() override;
 
  private:
   void add_module(std::unique_ptr<Module> child);

@@ -62,30 +62,6 @@ std::vector<Parameter*> VAE::parameters() {
   return all;
 }
 
-void VAE::set_training(bool training) {
-  Module::set_training(training);
-  encoder_.set_training(training);
-  fc_mu_.set_training(training);
-  fc_logvar_.set_training(training);
-  decoder_.set_training(training);
-}
-
-void VAE::set_param_hook(ParamHook* hook) {
-  Module::set_param_hook(hook);
-  encoder_.set_param_hook(hook);
-  fc_mu_.set_param_hook(hook);
-  fc_logvar_.set_param_hook(hook);
-  decoder_.set_param_hook(hook);
-}
-
-void VAE::set_batch_context(uint64_t step, int64_t first_global_sample) {
-  Module::set_batch_context(step, first_global_sample);
-  encoder_.set_batch_context(step, first_global_sample);
-  fc_mu_.set_batch_context(step, first_global_sample);
-  fc_logvar_.set_batch_context(step, first_global_sample);
-  decoder_.set_batch_context(step, first_global_sample);
-}
-
 Tensor VAE::forward(const Tensor& x) {
   const char* op = "VAE::forward";
   mu_ = Tensor();  // let the heads reuse their output buffers
@@ -103,9 +79,9 @@ Tensor VAE::forward(const Tensor& x) {
                           "set_batch_context needs the global index of the first local sample, >= 0");
   const int64_t batch = mu_.size(0), latent = config_.latent;
   const int64_t n = batch * latent;
-  Tensor& eps = internal::reuse_or_allocate(eps_, {batch, latent});
-  Tensor& sd = internal::reuse_or_allocate(std_, {batch, latent});
-  Tensor& z = internal::reuse_or_allocate(z_, {batch, latent});
+  Tensor& eps = internal::reuse_or_allocate(eps_, {batch, latent}, tracker_);
+  Tensor& sd = internal::reuse_or_allocate(std_, {batch, latent}, tracker_);
+  Tensor& z = internal::reuse_or_allocate(z_, {batch, latent}, tracker_);
   // eps at global index (first_global_sample + i) * latent + k: one contiguous run.
   if (noise_override_.defined()) {
     if (noise_override_.shape() != eps.shape())
@@ -145,8 +121,8 @@ Tensor VAE::backward(const Tensor& grad_logits, const Tensor& grad_mu, const Ten
     gl = internal::f32_contiguous(grad_logvar, op, "grad_logvar");
     internal::check_shape(gl, shape, op, "grad_logvar");
   }
-  Tensor& dmu = internal::reuse_or_allocate(dmu_, shape);
-  Tensor& dlv = internal::reuse_or_allocate(dlogvar_, shape);
+  Tensor& dmu = internal::reuse_or_allocate(dmu_, shape, tracker_);
+  Tensor& dlv = internal::reuse_or_allocate(dlogvar_, shape, tracker_);
   const int64_t n = mu_.numel();
   const float* pdz = dz.data<float>();
   float* pdm = dmu.data<float>();
@@ -172,7 +148,7 @@ Tensor VAE::backward(const Tensor& grad_logits, const Tensor& grad_mu, const Ten
   // Heads in reverse definition order, so the hook sees reverse parameter order.
   Tensor dh_logvar = fc_logvar_.backward(dlv);  // (B, L) -> (B, H)
   Tensor dh_mu = fc_mu_.backward(dmu);          // (B, L) -> (B, H)
-  Tensor& dh = internal::reuse_or_allocate(dh_, dh_mu.shape());
+  Tensor& dh = internal::reuse_or_allocate(dh_, dh_mu.shape(), tracker_);
   const float* a = dh_mu.data<float>();
   const float* b = dh_logvar.data<float>();
   float* pdh = dh.data<float>();

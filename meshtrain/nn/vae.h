@@ -73,9 +73,7 @@ class VAE final : public Module {
   Tensor backward(const Tensor& grad_logits, const Tensor& grad_mu, const Tensor& grad_logvar);
   std::vector<Parameter*> parameters() override;
 
-  void set_training(bool training) override;
-  void set_param_hook(ParamHook* hook) override;
-  void set_batch_context(uint64_t step, int64_t first_global_sample) override;
+  std::vector<Module*> children() override { return {&encoder_, &fc_mu_, &fc_logvar_, &decoder_}; }
 
   // forward, the ELBO parts, and backward through decoder, both heads and
   // encoder (gradients accumulate). x is also the BCE target, in [0, 1].

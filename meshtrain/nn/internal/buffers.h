@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
 
 namespace meshtrain::nn::internal {
@@ -19,8 +20,9 @@ namespace meshtrain::nn::internal {
 // Returns `buf` after making it an f32 contiguous tensor of `shape`. The old
 // storage is reused when `buf` is the only handle that refers to it (nobody
 // kept a previous result or a view of it); otherwise new storage is
-// allocated, so a result the caller still holds is never overwritten.
-Tensor& reuse_or_allocate(Tensor& buf, const std::vector<int64_t>& shape);
+// allocated, so a result the caller still holds is never overwritten. New
+// storage is charged to `tracker` (may be null) as activations.
+Tensor& reuse_or_allocate(Tensor& buf, const std::vector<int64_t>& shape, MemoryTracker* tracker = nullptr);
 
 // x itself when it is f32 and contiguous, else a contiguous copy. Throws
 // InvalidArgument naming `op` when x is undefined or not f32.
