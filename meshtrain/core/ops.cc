@@ -336,6 +336,17 @@ void scale(const Tensor& x, double alpha) {
   });
 }
 
+void round_to(const Tensor& x, DType dtype) {
+  check_operand(x, "round_to", "x");
+  if (x.dtype() != DType::f32 || (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16))
+    throw InvalidArgument("round_to", fmt::format("x is {}, dtype {}", dtype_name(x.dtype()), dtype_name(dtype)),
+                          "round an f32 tensor to bf16, f16 (or f32: no-op)");
+  if (dtype == DType::bf16)
+    unary_inplace_kernel<float>(x, [](float v) { return bf16_to_float(float_to_bf16(v)); });
+  else if (dtype == DType::f16)
+    unary_inplace_kernel<float>(x, [](float v) { return f16_to_float(float_to_f16(v)); });
+}
+
 double sum(const Tensor& x) {
   check_operand(x, "sum", "x");
   double acc = 0.0;

@@ -62,6 +62,11 @@ void mul(const Tensor& a, const Tensor& b, const Tensor& out);
 void axpy(double alpha, const Tensor& x, const Tensor& y);
 // x *= alpha, in place. For integer dtypes alpha must be a whole number.
 void scale(const Tensor& x, double alpha);
+// Rounds every element of the f32 tensor x, in place, to the nearest value
+// representable in `dtype` (bf16 or f16, ties to even, overflow to inf, as
+// Tensor::to), keeping it f32: x.copy_from(x.to(dtype)) without the copy.
+// Emulates a half-precision result while computing in f32. f32 is a no-op.
+void round_to(const Tensor& x, DType dtype);
 
 // Sum of all elements (0 for an empty tensor).
 double sum(const Tensor& x);

@@ -352,5 +352,25 @@ TEST(BlasThreadsTest, SetAndGet) {
   EXPECT_EQ(blas_threads(), before);
 }
 
+TEST(RoundToTest, EqualsConvertingThereAndBack) {
+  Tensor x = Tensor::from_vector(std::vector<float>{1.0f, 1.00390625f, 1.001f, -3.14159f, 70000.0f, 1e-8f,
+                                                    std::numeric_limits<float>::infinity(), 0.1f},
+                                 {8});
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Tensor y = x.clone();
+    round_to(y, dt);
+    EXPECT_EQ(y.to_vector(), x.to(dt).to(DType::f32).to_vector()) << dtype_name(dt);
+    Tensor strided = x.clone().view({2, 4}).transpose(0, 1);
+    round_to(strided, dt);
+    EXPECT_EQ(strided.transpose(0, 1).contiguous().view({8}).to_vector(), y.to_vector());
+  }
+  EXPECT_TRUE(std::isinf(x.to(DType::f16).to(DType::f32).item({4})));  // 70000 overflows f16
+  Tensor same = x.clone();
+  round_to(same, DType::f32);
+  EXPECT_EQ(same.to_vector(), x.to_vector());
+  EXPECT_THROW(round_to(x, DType::i32), InvalidArgument);
+  EXPECT_THROW(round_to(x.to(DType::f64), DType::bf16), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace meshtrain

@@ -37,6 +37,34 @@ class RecordingHook : public ParamHook {
 
 // ---- Linear ----
 
+TEST(Linear, HalfComputeRoundsGemmInputsAndOutputs) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    Linear fc(5, 3, "fc", 4);
+    fc.set_compute_dtype(dt);
+    const Tensor x = random_tensor({4, 5}, 1), dy = random_tensor({4, 3}, 2);
+    auto r = [&](const Tensor& t) { return t.to(dt).to(DType::f32); };
+    // Reference: f32 GEMMs on rounded operands, rounded results.
+    Tensor want_y = Tensor::zeros({4, 3}, DType::f32);
+    for (int64_t i = 0; i < 4; ++i)
+      want_y.narrow(0, i, 1).copy_from(fc.bias().value.view({1, 3}));
+    matmul(r(x), fc.weight().value, want_y, false, false, 1.0, 1.0);
+    want_y = r(want_y);
+    Tensor want_dx = r(matmul(r(dy), fc.weight().value.transpose(0, 1)));
+    Tensor want_dw = matmul(r(x).transpose(0, 1), r(dy));
+    EXPECT_EQ(fc.forward(x).to_vector(), want_y.to_vector()) << dtype_name(dt);
+    fc.zero_grad();
+    EXPECT_EQ(fc.backward(dy).to_vector(), want_dx.to_vector());
+    EXPECT_EQ(fc.weight().grad.to_vector(), want_dw.to_vector());
+    EXPECT_NE(want_y.to_vector(), matmul(x, fc.weight().value).to_vector());  // rounding happened
+  }
+  Sequential net;
+  net.add(std::make_unique<Linear>(2, 2, net.next_name(), 1));
+  net.set_compute_dtype(DType::bf16);
+  Linear& late = net.add(std::make_unique<Linear>(2, 2, net.next_name(), 1));
+  EXPECT_EQ(late.compute_dtype(), DType::bf16);  // children added later inherit it
+  EXPECT_THROW(net.set_compute_dtype(DType::i8), InvalidArgument);
+}
+
 TEST(Linear, ForwardMatchesNaiveLoopWithWeightConvention) {
   Linear fc(3, 2, "fc", 7);
   fc.weight().value.copy_from(Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {3, 2}));  // (in, out)

@@ -74,6 +74,12 @@ Tensor Linear::forward(const Tensor& x) {
   const int64_t rows = xc.numel() / in_;
   in_shape_ = xc.shape();
   x_ = xc.view({rows, in_});                          // (R, in)
+  if (compute_dtype_ != DType::f32) {  // the GEMM's input, as a half-precision GEMM would see it
+    Tensor& xr = internal::reuse_or_allocate(xr_, {rows, in_}, tracker_);
+    xr.copy_from(x_);
+    round_to(xr, compute_dtype_);
+    x_ = xr;
+  }
   Tensor& y = internal::reuse_or_allocate(y_, {rows, out_}, tracker_);  // (R, out)
   double beta = 0.0;
   if (has_bias_) {
@@ -85,6 +91,7 @@ Tensor Linear::forward(const Tensor& x) {
     beta = 1.0;
   }
   matmul(x_, weight_.value, y, false, false, 1.0, beta);  // (R, in) x (in, out) -> (R, out)
+  round_to(y, compute_dtype_);                            // f32 accumulation, half-precision result
   end_use(Pass::forward);
   std::vector<int64_t> out_shape = in_shape_;
   out_shape.back() = out_;
@@ -102,6 +109,12 @@ Tensor Linear::backward(const Tensor& grad_out) {
   out_shape.back() = out_;
   internal::check_shape(dy, out_shape, op, "grad_out");
   dy = dy.view({rows, out_});  // (R, out)
+  if (compute_dtype_ != DType::f32) {
+    Tensor& dyr = internal::reuse_or_allocate(dyr_, {rows, out_}, tracker_);
+    dyr.copy_from(dy);
+    round_to(dyr, compute_dtype_);
+    dy = dyr;
+  }
   begin_use(Pass::backward);
   internal::check_param_tensor(weight_.grad, op, weight_.name);
 
@@ -126,6 +139,7 @@ Tensor Linear::backward(const Tensor& grad_out) {
   if (needs_input_grad_) {
     Tensor& dx = internal::reuse_or_allocate(dx_, {rows, in_}, tracker_);
     matmul(dy, weight_.value, dx, false, true);  // (R, out) x (in, out)^T -> (R, in)
+    round_to(dx, compute_dtype_);
     result = dx.view(in_shape_);
   }
   end_use(Pass::backward);

@@ -11,7 +11,11 @@
 // on (seed, name, index) and any shard can be built alone.
 //
 // Inputs may have any number of leading dims: (..., in) -> (..., out); every
-// leading index is one row of the GEMM. Compute is f32 on OpenBLAS:
+// leading index is one row of the GEMM. With a half-precision compute dtype
+// (Module::set_compute_dtype) x, dy, y and dX are rounded to it around the
+// f32 GEMMs, as a bf16/f16 GEMM with f32 accumulation computes (the weight is
+// used as stored: fully sharded data parallelism stores it in that dtype).
+// Compute is f32 on OpenBLAS:
 // forward 1 GEMM, backward 2 (dW, and dX unless needs_input_grad is false;
 // then backward returns an undefined Tensor, which the first layer of a model
 // wants since its input needs no gradient).
@@ -74,6 +78,7 @@ class Linear final : public Module {
   Tensor x_;          // (R, in) input of the last forward, R = rows; dropped by backward
   Tensor y_;          // (R, out) output buffer
   Tensor dx_;         // (R, in) input-gradient buffer
+  Tensor xr_, dyr_;   // x and dy rounded to the compute dtype (when not f32)
   std::vector<int64_t> in_shape_;  // x's shape as given, for dX
   std::vector<float> db_;          // (out) column sums of dy
 };

@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/sharding/strategy.h"
@@ -119,6 +120,19 @@ class Module {
   }
   MemoryTracker* memory_tracker() const { return tracker_; }
 
+  // Half-precision compute emulation: f32, bf16 or f16 (InvalidArgument
+  // otherwise). Layers with GEMMs (Linear) round their GEMM inputs and
+  // outputs to it, as autocast would; norms, activations and losses stay
+  // f32 (autocast's fp32 list). Parameters are not rounded here.
+  void set_compute_dtype(DType dtype) {
+    if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+      throw InvalidArgument("Module::set_compute_dtype", std::string("dtype ") + std::string(dtype_name(dtype)),
+                            "use f32, bf16 or f16");
+    compute_dtype_ = dtype;
+    for (Module* c : children()) c->set_compute_dtype(dtype);
+  }
+  DType compute_dtype() const { return compute_dtype_; }
+
   // Sets the batch context (see above); first_global_sample must be >= 0.
   void set_batch_context(uint64_t step, int64_t first_global_sample) {
     batch_context_ = BatchContext{step, first_global_sample};
@@ -155,6 +169,7 @@ class Module {
   bool training_ = true;
   ParamHook* hook_ = nullptr;
   MemoryTracker* tracker_ = nullptr;
+  DType compute_dtype_ = DType::f32;
   BatchContext batch_context_;
 };
 

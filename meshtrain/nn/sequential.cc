@@ -26,6 +26,7 @@ void Sequential::add_module(std::unique_ptr<Module> child) {
   child->set_training(training_);
   child->set_param_hook(hook_);
   child->set_memory_tracker(tracker_);
+  child->set_compute_dtype(compute_dtype_);
   child->set_batch_context(batch_context_.step, batch_context_.first_global_sample);
   children_.push_back(std::move(child));
 }

@@ -186,11 +186,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, comm::Comm
   check_structure(params);
   if (options_.sync_module_states) sync_states();
   build_units(params);
+  model.set_compute_dtype(options_.param_dtype);
   model.set_param_hook(this);
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   model_->set_param_hook(nullptr);
+  model_->set_compute_dtype(DType::f32);
   for (auto& r : in_flight_) r->work = comm::Work();  // drains; errors were or will not be seen
   for (auto& u : units_) u->gather = comm::Work();
 }

@@ -182,10 +182,12 @@ class FullyShardedDataParallel final : public nn::ParamHook {
   // value/grad become views or undefined, see above), replicated ones get
   // tracked f32 copies; installs itself as the model's hook. Checks that
   // every rank has the same parameter names and shapes (InvalidArgument
-  // naming the first rank that differs). Parameters must be f32.
+  // naming the first rank that differs). Parameters must be f32. Sets the
+  // model's compute dtype to param_dtype (Module::set_compute_dtype).
   FullyShardedDataParallel(nn::Module& model, comm::Communicator& shard_comm,
                            comm::Communicator* replicate_comm, FullyShardedOptions options = {});
-  // Waits for work in flight; removes the hook. Parameters keep whatever
+  // Waits for work in flight; removes the hook and resets the compute
+  // dtype to f32. Parameters keep whatever
   // they point to (call gather_full_parameters() first to keep values).
   ~FullyShardedDataParallel() override;
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
