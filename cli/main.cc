@@ -2,9 +2,11 @@
 //   meshtrain demo                        mesh on 4 simulated devices, every collective checked, benchmark table
 //   meshtrain check --engine E --ranks N  the collective self-test on an engine
 //   meshtrain bench collectives ...       algbw/busbw table against the memory-traffic bound
+//   meshtrain bench train ...             MLP step time, its GEMMs, data-parallel scaling
+//   meshtrain bench memory ...            memory per rank of ZeRO-1/2/3 against the formulas
 //   meshtrain mesh ...                    print a mesh and its groups, or plan one for a model
 //   meshtrain shard ...                   print (and draw) how a tensor is sharded on a mesh
-//   meshtrain train ...                   train an MLP or a VAE on Fashion-MNIST
+//   meshtrain train ...                   train an MLP or a VAE on Fashion-MNIST (data parallel or fully sharded)
 // Library errors become exit code 1 with the message on stderr; bad flags exit 2.
 #include <fmt/format.h>
 

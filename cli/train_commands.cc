@@ -1,14 +1,18 @@
 // meshtrain train: TOML config < launcher environment < command-line flags.
+// meshtrain bench train, bench memory: the training benchmarks (bench/).
 #include <fmt/format.h>
 
 #include <map>
 #include <memory>
 
+#include "bench/memory_bench.h"
 #include "bench/train_bench.h"
 #include "cli/command.h"
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/memory.h"
 #include "meshtrain/mesh/device_mesh.h"
+#include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::cli {
@@ -19,6 +23,8 @@ struct TrainFlags {
   std::string engine;
   std::string devices;
   std::string mesh;
+  std::string mixed_precision;  // no | fp16 | bf16
+  std::string precision;        // fp32 | bf16 | fp16: an alias of --mixed-precision
   double timeout_s = 300;
   std::map<std::string, std::string> values;  // train key -> flag text
   CLI::App* app = nullptr;
@@ -50,8 +56,28 @@ int run_train(TrainFlags& f) {
     set_distributed(dc, "world_size", f.devices, "--devices");
     set_distributed(dc, "num_processes_per_node", f.devices, "--devices");
   }
-  if (!f.mesh.empty()) set_distributed(dc, "mesh", f.mesh, "--mesh");
+  if (!f.mesh.empty()) {
+    set_distributed(dc, "mesh", f.mesh, "--mesh");
+    // Threads engine without --devices: one simulated device per mesh position.
+    if (engine == "threads" && f.devices.empty()) {
+      int64_t devices = 1;
+      for (int size : dc.mesh().shape) devices *= size;
+      const std::string n = std::to_string(devices);
+      set_distributed(dc, "world_size", n, "--mesh");
+      set_distributed(dc, "num_processes_per_node", n, "--mesh");
+    }
+  }
+  if (!f.mixed_precision.empty() && !f.precision.empty() &&
+      f.mixed_precision != (f.precision == "fp32" ? "no" : f.precision))
+    throw InvalidArgument("meshtrain train",
+                          fmt::format("--mixed-precision {} and --precision {} disagree", f.mixed_precision,
+                                      f.precision),
+                          "give one of them");
+  if (!f.mixed_precision.empty()) set_distributed(dc, "mixed_precision", f.mixed_precision, "--mixed-precision");
+  if (!f.precision.empty())
+    set_distributed(dc, "mixed_precision", f.precision == "fp32" ? "no" : f.precision, "--precision");
   dc.validate();
+  const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
 
   const comm::LaunchOptions launch{.engine = dc.backend,
                                    .ranks = dc.backend == comm::Engine::threads ? dc.world_size : 0,
@@ -59,15 +85,31 @@ int run_train(TrainFlags& f) {
   const bool main = dc.rank == 0;
   if (main) {
     fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", engine, dc.world_size, dc.mesh().to_spec());
-    fmt::print("{}\n[distributed]\n# (resolved)\n{}\n\n", tc.to_toml(), dc.to_string());
+    fmt::print("{}", resolved.config.to_toml());
+    for (const auto& note : resolved.notes) fmt::print("# {}\n", note);
+    fmt::print("\n[distributed]\n# (resolved)\n{}\n\n", dc.to_string());
     const plan::NamedShape m = dc.mesh();
     fmt::print("{}\n", mesh::render_mesh(m.shape, m.axis_names));
     std::fflush(stdout);
   }
   const train::TrainResult r = train::run_training(tc, dc, launch);
   if (main) {
-    fmt::print("done: {} steps in {:.1f} s ({:.0f} samples/s), data-parallel communication hidden {:.0f}%\n", r.steps,
-               r.seconds, r.samples_per_second, 100 * r.hidden_fraction);
+    if (r.fsdp.empty())
+      fmt::print("done: {} steps in {:.1f} s ({:.0f} samples/s), data-parallel communication hidden {:.0f}%\n",
+                 r.steps, r.seconds, r.samples_per_second, 100 * r.hidden_fraction);
+    else
+      fmt::print("done: {} steps in {:.1f} s ({:.0f} samples/s), fsdp {}, {}\n", r.steps, r.seconds,
+                 r.samples_per_second, r.fsdp,
+                 dc.mixed_precision == config::MixedPrecision::no ? std::string_view("fp32")
+                                                                  : config::mixed_precision_name(dc.mixed_precision));
+    if (r.loss_scale > 0)
+      fmt::print("loss scale {} at the end, {} steps skipped for inf/NaN gradients\n", r.loss_scale,
+                 r.skipped_steps);
+    std::string peaks;
+    for (MemoryCategory c : kAllMemoryCategories)
+      if (r.memory_peak[static_cast<size_t>(c)] > 0)
+        peaks += fmt::format("{} {}, ", memory_category_name(c), format_bytes(r.memory_peak[static_cast<size_t>(c)]));
+    fmt::print("peak memory per rank (rank 0): {}total {}\n", peaks, format_bytes(r.memory_total_peak));
     if (tc.model == "mlp")
       fmt::print("final test accuracy {:.2f}% (test loss {:.4f})\n", 100 * r.test_accuracy, r.test_loss);
     else
@@ -75,6 +117,77 @@ int run_train(TrainFlags& f) {
     fmt::print("run directory: {} (config.toml, metrics.jsonl, model.safetensors, loss.svg{})\n", r.run_dir,
                tc.model == "vae" ? ", reconstructions.png, samples.png" : "");
   }
+  return 0;
+}
+
+struct MemoryBenchFlags {
+  std::string model = "mlp";
+  std::string hidden = "1024,1024,1024,1024,1024,1024,1024,1024";
+  std::string strategies = "zero1,zero2,zero3";
+  std::string ranks = "1,2,4,8";
+  std::string precisions = "bf16";
+  int steps = bench::MemoryBenchOptions{}.steps;
+  int batch = bench::MemoryBenchOptions{}.batch;
+  int64_t min_weight_size = bench::MemoryBenchOptions{}.min_weight_size;
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t end = std::min(s.find(',', start), s.size());
+    if (end > start) out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+int to_positive(const std::string& text, const char* flag) {
+  size_t used = 0;
+  int v = 0;
+  try {
+    v = std::stoi(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || v < 1)
+    throw InvalidArgument("meshtrain bench memory", fmt::format("{}: '{}' is not a positive integer", flag, text),
+                          "give a comma list such as 1,2,4,8");
+  return v;
+}
+
+int run_bench_memory(const MemoryBenchFlags& f) {
+  bench::MemoryBenchOptions o;
+  o.hidden.clear();
+  for (const auto& h : split_list(f.hidden)) o.hidden.push_back(to_positive(h, "--hidden"));
+  o.strategies = split_list(f.strategies);
+  for (const auto& s : o.strategies) (void)parallel::parse_sharding_strategy(s);  // fail before running
+  o.ranks.clear();
+  for (const auto& r : split_list(f.ranks)) o.ranks.push_back(to_positive(r, "--ranks"));
+  o.precisions.clear();
+  for (const auto& p : split_list(f.precisions)) {
+    if (p == "fp32") o.precisions.push_back(DType::f32);
+    else if (p == "bf16") o.precisions.push_back(DType::bf16);
+    else if (p == "fp16") o.precisions.push_back(DType::f16);
+    else
+      throw InvalidArgument("meshtrain bench memory", fmt::format("--precision: '{}'", p), "use bf16, fp32 or fp16");
+  }
+  o.steps = f.steps;
+  o.batch = f.batch;
+  o.min_weight_size = f.min_weight_size;
+  if (o.hidden.empty() || o.strategies.empty() || o.ranks.empty() || o.precisions.empty() || o.steps < 1 ||
+      o.batch < 1)
+    throw InvalidArgument("meshtrain bench memory", "an empty list, or steps / batch below 1",
+                          "give at least one value per list and positive --steps and --batch");
+  print_config("bench memory", {{"model", f.model},
+                                {"hidden", f.hidden},
+                                {"strategy", f.strategies},
+                                {"ranks", f.ranks},
+                                {"precision", f.precisions},
+                                {"steps", std::to_string(f.steps)},
+                                {"batch", std::to_string(f.batch)},
+                                {"min_weight_size", std::to_string(f.min_weight_size)}});
+  fmt::print("{}", bench::format_memory_bench(bench::run_memory_bench(o), o));
   return 0;
 }
 
@@ -93,20 +206,46 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                    return 0;
                  }});
 
+  auto mo = std::make_shared<MemoryBenchFlags>();
+  auto* mb = bench_cmd->add_subcommand(
+      "memory", "memory per rank of zero1/zero2/zero3/no_shard training against the ZeRO formulas");
+  mb->add_option("--model", mo->model, "model (mlp)")->check(CLI::IsMember({"mlp"}))->capture_default_str();
+  mb->add_option("--hidden", mo->hidden, "MLP hidden sizes (784 -> hidden -> 10)")->capture_default_str();
+  mb->add_option("--strategy", mo->strategies, "comma list of zero1, zero2, zero3, no_shard (or full, shard_grad_op)")
+      ->capture_default_str();
+  mb->add_option("--ranks", mo->ranks, "comma list of rank counts (threads engine)")->capture_default_str();
+  mb->add_option("--precision", mo->precisions, "comma list of bf16, fp32, fp16 (parameter and gradient dtype)")
+      ->capture_default_str();
+  mb->add_option("--steps", mo->steps, "training steps measured (after one warm-up step)")->capture_default_str();
+  mb->add_option("--batch", mo->batch, "samples per rank per step")->capture_default_str();
+  mb->add_option("--min-weight-size", mo->min_weight_size, "smaller parameters stay replicated")
+      ->capture_default_str();
+  out.push_back({mb, [=] { return run_bench_memory(*mo); }});
+
   auto f = std::make_shared<TrainFlags>();
-  auto* cmd = app.add_subcommand("train", "train an MLP or a VAE on Fashion-MNIST, data parallel over the mesh");
+  auto* cmd = app.add_subcommand(
+      "train", "train an MLP or a VAE on Fashion-MNIST, data parallel (or fully sharded: --fsdp) over the mesh");
   f->app = cmd;
   cmd->add_option("--config", f->config, "TOML file with [train] and [distributed] sections (examples/*.toml)");
   cmd->add_option("--engine", f->engine, "threads (default) | mpi (default under mpirun)")
       ->check(CLI::IsMember({"threads", "mpi"}));
   cmd->add_option("--devices", f->devices, "simulated devices (threads engine)");
-  cmd->add_option("--mesh", f->mesh, "device mesh, e.g. data=4");
+  cmd->add_option("--mesh", f->mesh,
+                  "device mesh over data and fsdp axes, e.g. data=4 or data=2,fsdp=2 (threads engine: sets the "
+                  "number of devices unless --devices is given)");
+  cmd->add_option("--mixed-precision", f->mixed_precision,
+                  "no | bf16 | fp16: parameters gathered and computed from that dtype, gradients reduced in it "
+                  "(fp16 adds dynamic loss scaling); without --fsdp it runs as --fsdp no_shard")
+      ->check(CLI::IsMember({"no", "bf16", "fp16"}));
+  cmd->add_option("--precision", f->precision, "fp32 | bf16 | fp16: the same as --mixed-precision (fp32 = no)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cmd->add_option("--timeout", f->timeout_s, "deadline of every wait, seconds")->capture_default_str();
   const train::TrainConfig defaults;
   for (const auto& field : train::train_config_fields()) {
     const std::string key(field.key);
     cmd->add_option(std::string(field.flag), f->values[key],
-                    fmt::format("{} (default {})", field.help, field.format(defaults)));
+                    fmt::format("{} (default {})", field.help,
+                                field.format(defaults).empty() ? "\"\"" : field.format(defaults)));
   }
   out.push_back({cmd, [=] { return run_train(*f); }});
   return out;

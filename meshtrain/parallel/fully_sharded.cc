@@ -171,6 +171,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, comm::Comm
                           "use f32, bf16 or f16");
   if (options_.min_weight_size < 0)
     throw InvalidArgument(kOp, fmt::format("min_weight_size {}", options_.min_weight_size), "need >= 0");
+  if (options_.max_reductions_in_flight < 1)
+    throw InvalidArgument(kOp, fmt::format("max_reductions_in_flight {}", options_.max_reductions_in_flight),
+                          "need >= 1");
   if (replicate_ == shard_)
     throw InvalidArgument(kOp, "the replicate communicator is the shard communicator",
                           "pass nullptr for no replication, or the mesh's replicate axis");
@@ -498,6 +501,7 @@ void FullyShardedDataParallel::reduce_unit(Unit& u) {
     half.copy_from(buf);
     buf = std::move(half);
   }
+  make_room();
   auto r = std::make_unique<Reduction>();
   r->unit = &u;
   const size_t es = dtype_size(reduce_dtype_);
@@ -511,6 +515,7 @@ void FullyShardedDataParallel::reduce_unit(Unit& u) {
 void FullyShardedDataParallel::launch_full_reduction(Unit& u) {
   if (u.reduced) return;
   u.reduced = true;
+  make_room();
   auto r = std::make_unique<Reduction>();
   r->unit = &u;
   char* base = static_cast<char*>(u.full_grad.data_ptr());
@@ -522,6 +527,13 @@ void FullyShardedDataParallel::launch_full_reduction(Unit& u) {
                                            static_cast<size_t>(u.shard), reduce_dtype_, comm::ReduceOp::sum);
   }
   in_flight_.push_back(std::move(r));
+}
+
+void FullyShardedDataParallel::make_room() {
+  while (static_cast<int>(in_flight_.size()) >= options_.max_reductions_in_flight) {
+    complete(*in_flight_.front());
+    in_flight_.erase(in_flight_.begin());
+  }
 }
 
 void FullyShardedDataParallel::complete(Reduction& r) {

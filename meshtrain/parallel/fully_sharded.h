@@ -141,7 +141,7 @@ struct FullyShardedOptions {
   // Compute / all-gather dtype of sharded parameters: f32, bf16 or f16.
   DType param_dtype = DType::f32;
   // Dtype gradients are stored and reduced in; defaults to param_dtype.
-  std::optional<DType> reduce_dtype;
+  std::optional<DType> reduce_dtype = std::nullopt;
   GradReduce reduce = GradReduce::sum;
   bool forward_prefetch = false;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
@@ -149,6 +149,10 @@ struct FullyShardedOptions {
   // values after its forward and gather again for backward (true), or keep
   // them until its backward (false: less communication, more memory).
   bool reshard_after_forward = true;
+  // Rate limit (FSDP's limit_all_gathers): at most this many gradient
+  // reductions in flight; launching one more first waits for the oldest.
+  // Bounds the unsharded gradients alive at once (>= 1).
+  int max_reductions_in_flight = 2;
   // Broadcast every parameter from rank 0 of the shard (and replicate)
   // communicator at construction (seeds' sync_module_states).
   bool sync_module_states = true;
@@ -260,6 +264,7 @@ class FullyShardedDataParallel final : public nn::ParamHook {
   void release_values(Unit& u);
   void reduce_unit(Unit& u);
   void launch_full_reduction(Unit& u);
+  void make_room();  // waits for the oldest reductions beyond the rate limit
   void complete(Reduction& r);
   void poll();
 

@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/parallel/fully_sharded.h"
 
 namespace meshtrain::train {
 namespace {
@@ -55,6 +56,8 @@ std::string num(double v) { return fmt::format("{}", v); }
                       [](const TrainConfig& c) { return fmt::format("{}", c.field); }
 #define MT_DBL(field) [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = to_double(t, s); }, \
                       [](const TrainConfig& c) { return num(c.field); }
+#define MT_BOOL(field) [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = to_bool(t, s); }, \
+                       [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); }
 #define MT_STR(field) [](TrainConfig& c, std::string_view t, std::string_view) { c.field = std::string(t); }, \
                       [](const TrainConfig& c) { return c.field; }
 
@@ -81,9 +84,19 @@ const TrainField kFields[] = {
     {"log_every", "--log-every", "steps between metrics lines", MT_INT(log_every)},
     {"bucket_mb", "--bucket-mb", "data-parallel gradient bucket size in MiB", MT_DBL(bucket_mb)},
     {"threads_per_rank", "--threads-per-rank", "BLAS threads per rank (0 = cores / ranks)", MT_INT(threads_per_rank)},
-    {"drop_last", "--drop-last", "drop the last partial batch of each epoch",
-     [](TrainConfig& c, std::string_view t, std::string_view s) { c.drop_last = to_bool(t, s); },
-     [](const TrainConfig& c) { return std::string(c.drop_last ? "true" : "false"); }},
+    {"drop_last", "--drop-last", "drop the last partial batch of each epoch", MT_BOOL(drop_last)},
+    {"fsdp", "--fsdp",
+     "fully sharded data parallelism: full | shard_grad_op | no_shard | zero1 | zero2 | zero3 | hybrid_full | "
+     "hybrid_shard_grad_op (\"\" = plain data parallelism; an fsdp mesh axis > 1 defaults to full)",
+     MT_STR(fsdp)},
+    {"fsdp_min_weight_size", "--fsdp-min-weight-size", "parameters with fewer elements stay replicated in f32",
+     MT_INT(fsdp_min_weight_size)},
+    {"forward_prefetch", "--forward-prefetch", "fsdp: start the next unit's all-gather during forward",
+     MT_BOOL(forward_prefetch)},
+    {"backward_prefetch", "--backward-prefetch", "fsdp: none | pre | post (when backward gathers the next unit)",
+     MT_STR(backward_prefetch)},
+    {"reshard_after_forward", "--reshard-after-forward",
+     "fsdp: free gathered parameters after forward and gather again for backward", MT_BOOL(reshard_after_forward)},
     {"data_dir", "--data-dir", "Fashion-MNIST directory (Debian: dataset-fashion-mnist)", MT_STR(data_dir)},
     {"run_dir", "--run-dir", "where config, metrics, model and pictures go", MT_STR(run_dir)},
 };
@@ -91,6 +104,7 @@ const TrainField kFields[] = {
 #undef MT_INT
 #undef MT_DBL
 #undef MT_STR
+#undef MT_BOOL
 
 const TrainField& field(std::string_view key, std::string_view source) {
   for (const auto& f : kFields)
@@ -173,6 +187,22 @@ void TrainConfig::validate() const {
           fmt::format("log_every {}, bucket_mb {}, threads_per_rank {}, max_steps {}", log_every, bucket_mb,
                       threads_per_rank, max_steps),
           "log_every and bucket_mb positive; threads_per_rank and max_steps >= 0");
+  if (!fsdp.empty()) {
+    try {
+      (void)parallel::parse_sharding_strategy(fsdp);
+    } catch (const InvalidArgument&) {
+      require(false, fmt::format("fsdp '{}'", fsdp),
+              "use full, shard_grad_op, no_shard, zero1, zero2, zero3, hybrid_full or hybrid_shard_grad_op, "
+              "or \"\" for plain data parallelism");
+    }
+  }
+  require(fsdp_min_weight_size >= 0, fmt::format("fsdp_min_weight_size {}", fsdp_min_weight_size),
+          "use 0 to shard every parameter");
+  try {
+    (void)parallel::parse_backward_prefetch(backward_prefetch);
+  } catch (const InvalidArgument&) {
+    require(false, fmt::format("backward_prefetch '{}'", backward_prefetch), "use none, pre or post");
+  }
 }
 
 std::string TrainConfig::to_toml() const {
@@ -180,7 +210,8 @@ std::string TrainConfig::to_toml() const {
   for (const auto& f : kFields) {
     const std::string v = f.format(*this);
     const bool quoted = f.key == "model" || f.key == "optimizer" || f.key == "schedule" || f.key == "data_dir" ||
-                        f.key == "run_dir" || f.key == "hidden";
+                        f.key == "run_dir" || f.key == "hidden" || f.key == "fsdp" ||
+                        f.key == "backward_prefetch";
     s += fmt::format("{} = {}\n", f.key, quoted ? fmt::format("\"{}\"", v) : v);
   }
   return s;

@@ -41,6 +41,17 @@ struct TrainConfig {
   double bucket_mb = 25.0;     // data-parallel gradient bucket size
   int threads_per_rank = 0;    // BLAS threads per rank; 0 = cores / ranks (at least 1)
   bool drop_last = true;       // drop the last partial batch of an epoch
+  // Fully sharded data parallelism (parallel/fully_sharded.h): "" = plain
+  // data parallelism (DataParallel, f32), else a strategy name of
+  // parallel::parse_sharding_strategy: full | shard_grad_op | no_shard |
+  // zero1 | zero2 | zero3 | hybrid_full | hybrid_shard_grad_op. Resolved by
+  // resolve_training (trainer.h): an fsdp mesh axis > 1 defaults it to
+  // "full", mixed precision without it to "no_shard".
+  std::string fsdp;
+  int64_t fsdp_min_weight_size = 1024;  // smaller parameters stay replicated (f32)
+  bool forward_prefetch = false;        // gather the next unit during forward
+  std::string backward_prefetch = "pre";  // none | pre | post
+  bool reshard_after_forward = true;    // free gathered units after forward (zero3)
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string run_dir = "runs/latest";
 

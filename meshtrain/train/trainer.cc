@@ -19,9 +19,11 @@
 #include "meshtrain/nn/vae.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
+#include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/idx.h"
 #include "meshtrain/train/progress.h"
@@ -38,18 +40,43 @@ int process_cores() {
   return 1;
 }
 
-// The data-parallel axis: "data" when the mesh has it; every other axis must
-// have size 1 (tensor, pipeline, fsdp... arrive with later strategies).
-std::string data_axis(const plan::NamedShape& m) {
-  std::string axis;
-  for (size_t i = 0; i < m.shape.size(); ++i) {
-    if (m.axis_names[i] == "data") axis = "data";
-    else if (m.shape[i] != 1)
+// The data-parallel axes the mesh has, of "data" and "fsdp" (in that order);
+// every other axis must have size 1 (tensor, pipeline, context arrive with
+// later strategies).
+std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
+  std::vector<std::string> axes;
+  for (const char* name : {"data", "fsdp"})
+    for (const auto& a : m.axis_names)
+      if (a == name) axes.push_back(a);
+  for (size_t i = 0; i < m.shape.size(); ++i)
+    if (m.axis_names[i] != "data" && m.axis_names[i] != "fsdp" && m.shape[i] != 1)
       throw Unsupported("meshtrain train",
                         fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), m.axis_names[i], m.shape[i]),
-                        "training supports data parallelism (--mesh data=N) so far");
+                        "training supports data parallelism over data and fsdp axes (--mesh data=2,fsdp=2) so far");
+  return axes;
+}
+
+int axis_size(const plan::NamedShape& m, const std::string& name) {
+  for (size_t i = 0; i < m.shape.size(); ++i)
+    if (m.axis_names[i] == name) return m.shape[i];
+  return 0;  // absent
+}
+
+DType param_dtype_of(config::MixedPrecision p) {
+  switch (p) {
+    case config::MixedPrecision::bf16: return DType::bf16;
+    case config::MixedPrecision::fp16: return DType::f16;
+    case config::MixedPrecision::no: break;
   }
-  return axis;
+  return DType::f32;
+}
+
+// An untracked f32 copy (a clone would stay charged to the rank's tracker,
+// which dies with the rank).
+Tensor detached_f32(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::f32);
+  out.copy_from(t.contiguous().to(DType::f32));
+  return out;
 }
 
 // The rows [lo, hi) of a (B, ...) tensor as a view.
@@ -62,13 +89,12 @@ struct Shared {  // results and files of rank 0
 
 class Run {
  public:
-  Run(const TrainConfig& tc, const Dataset& train, const Dataset& test, comm::Communicator& world,
-      const plan::NamedShape& mesh_shape, Shared& shared)
+  Run(const TrainConfig& tc, const config::DistributedConfig& dc, const Dataset& train, const Dataset& test,
+      comm::Communicator& world, const plan::NamedShape& mesh_shape, Shared& shared)
       : tc_(tc), train_(train), test_(test), shared_(shared),
         mesh_(world, mesh_shape.shape, mesh_shape.axis_names),
         main_(world.rank() == 0) {
-    const std::string axis = data_axis(mesh_shape);
-    dp_comm_ = axis.empty() ? &world : &mesh_.comm(axis);
+    dp_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));  // collective split (all ranks, same order)
     if (tc.model == "mlp") {
       std::vector<int64_t> sizes = {train.features()};
       for (int h : tc.hidden) sizes.push_back(h);
@@ -89,12 +115,34 @@ class Run {
       vae_ = std::make_unique<nn::VAE>(vc);
       model_ = vae_.get();
     }
-    ddp_ = std::make_unique<parallel::DataParallel>(
-        *model_, *dp_comm_,
-        parallel::DataParallelOptions{.bucket_bytes = static_cast<size_t>(tc.bucket_mb * (1 << 20)),
-                                      .reduce = parallel::GradReduce::sum,
-                                      .tracker = &memory_});
-    auto params = model_->parameters();
+    num_parameters_ = model_->num_parameters();  // before wrapping: stage 3 leaves values undefined
+    model_->set_memory_tracker(&memory_);        // activation buffers
+    std::vector<nn::Parameter*> params;
+    if (!tc.fsdp.empty()) {
+      const parallel::ShardingStrategy strategy = parallel::parse_sharding_strategy(tc.fsdp);
+      comm::Communicator& shard = strategy.hybrid ? mesh_.comm("fsdp") : *dp_comm_;
+      comm::Communicator* replicate = strategy.hybrid ? &mesh_.comm("data") : nullptr;
+      fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(
+          *model_, shard, replicate,
+          parallel::FullyShardedOptions{.stage = strategy.stage,
+                                        .min_weight_size = tc.fsdp_min_weight_size,
+                                        .param_dtype = param_dtype_of(dc.mixed_precision),
+                                        .reduce_dtype = std::nullopt,  // = param_dtype
+                                        .reduce = parallel::GradReduce::sum,
+                                        .forward_prefetch = tc.forward_prefetch,
+                                        .backward_prefetch = parallel::parse_backward_prefetch(tc.backward_prefetch),
+                                        .reshard_after_forward = tc.reshard_after_forward,
+                                        .tracker = &memory_});
+      params = fsdp_->optimizer_parameters();
+      if (dc.mixed_precision == config::MixedPrecision::fp16) scaler_ = std::make_unique<optim::DynamicLossScaler>();
+    } else {
+      ddp_ = std::make_unique<parallel::DataParallel>(
+          *model_, *dp_comm_,
+          parallel::DataParallelOptions{.bucket_bytes = static_cast<size_t>(tc.bucket_mb * (1 << 20)),
+                                        .reduce = parallel::GradReduce::sum,
+                                        .tracker = &memory_});
+      params = model_->parameters();
+    }
     if (tc.optimizer == "adamw")
       opt_ = std::make_unique<optim::AdamW>(params, tc.lr, std::pair{0.9, 0.999}, 1e-8, tc.weight_decay, &memory_);
     else
@@ -115,8 +163,11 @@ class Run {
     if (main_) {
       std::filesystem::create_directories(tc_.run_dir);
       log = std::make_unique<MetricsLog>(tc_.run_dir + "/metrics.jsonl");
-      fmt::print("model {}: {} parameters; {} steps of {} samples ({} epochs x {} batches), data parallel {}\n",
-                 tc_.model, model_->num_parameters(), total, tc_.batch_size, tc_.epochs, per_epoch, dp_comm_->size());
+      fmt::print("model {}: {} parameters; {} steps of {} samples ({} epochs x {} batches), data parallel {}{}\n",
+                 tc_.model, num_parameters_, total, tc_.batch_size, tc_.epochs, per_epoch, dp_comm_->size(),
+                 fsdp_ ? fmt::format(", fsdp {} ({} sharded + {} replicated elements, {} units)", tc_.fsdp,
+                                     fsdp_->sharded_elements(), fsdp_->replicated_elements(), fsdp_->units().size())
+                       : std::string());
       std::fflush(stdout);
     }
     ProgressBar bar(total, main_);
@@ -134,7 +185,8 @@ class Run {
         const double loss = train_step(*batch, step);
         ++step;
         samples += batch->global_size;
-        hidden_sum += ddp_->stats().hidden_fraction;
+        if (ddp_) hidden_sum += ddp_->stats().hidden_fraction;
+        if (step == 1 && main_) print_memory();
         window_loss += loss;
         ++window_n;
         if (main_) {
@@ -143,13 +195,23 @@ class Run {
           train_curve.y.push_back(loss);
         }
         const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-        bar.update(step, {{"loss", loss}, {"lr", opt_->lr()}}, samples / elapsed);
+        if (scaler_)
+          bar.update(step, {{"loss", loss}, {"lr", opt_->lr()}, {"scale", scaler_->scale()}}, samples / elapsed);
+        else
+          bar.update(step, {{"loss", loss}, {"lr", opt_->lr()}}, samples / elapsed);
         if (step % tc_.log_every == 0 || step == total) {
-          if (log)
-            log->write({{"step", static_cast<double>(step)}, {"epoch", static_cast<double>(epoch)},
-                        {"loss", window_loss / window_n}, {"lr", opt_->lr()}, {"samples_per_s", samples / elapsed},
-                        {"hidden_fraction", ddp_->stats().hidden_fraction}},
-                       {{"split", "train"}});
+          if (log) {
+            std::vector<std::pair<std::string, double>> numbers = {
+                {"step", static_cast<double>(step)}, {"epoch", static_cast<double>(epoch)},
+                {"loss", window_loss / window_n},    {"lr", opt_->lr()},
+                {"samples_per_s", samples / elapsed}};
+            if (ddp_) numbers.emplace_back("hidden_fraction", ddp_->stats().hidden_fraction);
+            if (scaler_) {
+              numbers.emplace_back("loss_scale", scaler_->scale());
+              numbers.emplace_back("skipped_steps", static_cast<double>(scaler_->skipped_steps()));
+            }
+            log->write(numbers, {{"split", "train"}});
+          }
           if (main_) shared_.result.final_train_loss = window_loss / window_n;
           window_loss = 0;
           window_n = 0;
@@ -173,35 +235,53 @@ class Run {
       }
       if (step < total) bar = ProgressBar(total, main_);  // a fresh line after the summary
     }
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    finish_run(train_curve, test_curve);  // collective under fsdp
     if (!main_) return;
     auto& r = shared_.result;
     r.steps = step;
-    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.seconds = seconds;
     r.samples_per_second = samples / r.seconds;
     r.hidden_fraction = step ? hidden_sum / step : 0;
     r.run_dir = tc_.run_dir;
-    write_artifacts(train_curve, test_curve);
+    r.fsdp = tc_.fsdp;
+    if (scaler_) {
+      r.loss_scale = scaler_->scale();
+      r.skipped_steps = scaler_->skipped_steps();
+    }
+    for (MemoryCategory c : kAllMemoryCategories) r.memory_peak[static_cast<size_t>(c)] = memory_.peak(c);
+    r.memory_total_peak = memory_.total_peak();
   }
 
  private:
   // One optimizer step over one global batch; returns its global mean loss.
   double train_step(const Batch& batch, int64_t step) {
+    return fsdp_ ? fsdp_step(batch, step) : ddp_step(batch, step);
+  }
+
+  // Forward and backward of this rank's rows [lo, hi) of the batch, the loss
+  // divided by `norm` (the global batch size over the loss scale); returns
+  // this rank's part of the (scaled) loss.
+  double forward_backward(const Batch& batch, int64_t step, int64_t lo, int64_t hi, double norm) {
+    model_->set_batch_context(static_cast<uint64_t>(step), batch.first_global_sample + lo);
+    const Tensor x = rows(batch.images, lo, hi);
+    if (mlp_) {
+      const Tensor logits = mlp_->forward(x);
+      const double loss = ce_.forward(logits, rows(batch.labels, lo, hi), norm);
+      mlp_->backward(ce_.backward());
+      return loss;
+    }
+    return vae_->forward_backward(x, norm).total;
+  }
+
+  double ddp_step(const Batch& batch, int64_t step) {
     const int m = tc_.micro_batches;
     const int64_t local = batch.images.size(0);
     double loss = 0;
     for (int i = 0; i < m; ++i) {
-      const int64_t lo = local * i / m, hi = local * (i + 1) / m;
-      model_->set_batch_context(static_cast<uint64_t>(step), batch.first_global_sample + lo);
       ddp_->begin_micro_batch(i, m);
-      const Tensor x = rows(batch.images, lo, hi);
-      const double norm = static_cast<double>(batch.global_size);
-      if (mlp_) {
-        const Tensor logits = mlp_->forward(x);
-        loss += ce_.forward(logits, rows(batch.labels, lo, hi), norm);
-        mlp_->backward(ce_.backward());
-      } else {
-        loss += vae_->forward_backward(x, norm).total;
-      }
+      loss += forward_backward(batch, step, local * i / m, local * (i + 1) / m,
+                               static_cast<double>(batch.global_size));
     }
     ddp_->finish();
     if (tc_.clip_norm > 0) optim::clip_grad_norm(model_->parameters(), tc_.clip_norm);  // grads are replicated
@@ -211,15 +291,57 @@ class Run {
     return loss;
   }
 
-  // Test loss (mean per sample) and accuracy, each rank on its slice.
+  // Fully sharded. With a loss scaler the loss gradient is multiplied by its
+  // scale S (a power of two: scaling and unscaling are exact); the optimizer
+  // unscales (and clips) through its grad scale, and a step whose gradients
+  // are not finite somewhere is skipped while the scale backs off.
+  double fsdp_step(const Batch& batch, int64_t step) {
+    const int m = tc_.micro_batches;
+    const int64_t local = batch.images.size(0);
+    const double s = scaler_ ? scaler_->scale() : 1.0;
+    double loss = 0;
+    for (int i = 0; i < m; ++i) {
+      fsdp_->begin_micro_batch(i, m);
+      loss += forward_backward(batch, step, local * i / m, local * (i + 1) / m,
+                               static_cast<double>(batch.global_size) / s);
+    }
+    fsdp_->finish();
+    const bool finite = scaler_ ? fsdp_->grads_finite() : true;
+    if (finite) {
+      double factor = 1.0 / s;
+      if (tc_.clip_norm > 0) factor = optim::clip_factor(fsdp_->grad_norm() / s, tc_.clip_norm) / s;
+      opt_->set_grad_scale(factor);
+      opt_->step();
+      fsdp_->after_step();
+    }
+    if (scaler_) scaler_->update(!finite);
+    fsdp_->zero_grad();
+    loss /= s;
+    dp_comm_->all_reduce(&loss, &loss, 1, DType::f64, comm::ReduceOp::sum);
+    return loss;
+  }
+
+  void print_memory() const {
+    std::string parts;
+    for (MemoryCategory c : kAllMemoryCategories)
+      if (memory_.peak(c) > 0) parts += fmt::format("{} {}, ", memory_category_name(c), format_bytes(memory_.peak(c)));
+    fmt::print("memory per rank (rank 0, peak through step 1): {}total {}\n", parts,
+               format_bytes(memory_.total_peak()));
+    std::fflush(stdout);
+  }
+
+  // Test loss (mean per sample) and accuracy, each rank on its slice. Every
+  // rank runs the same number of forwards (its slice in equal chunks of at
+  // most about kChunk rows): under fsdp each forward is collective.
   std::pair<double, double> evaluate() {
     model_->set_training(false);
     const int64_t n = test_.size(), d = dp_comm_->size(), r = dp_comm_->rank();
     const int64_t lo = n * r / d, hi = n * (r + 1) / d;
     double sums[2] = {0, 0};  // loss (already divided by n), correct
     constexpr int64_t kChunk = 1000;
-    for (int64_t a = lo; a < hi; a += kChunk) {
-      const int64_t b = std::min(hi, a + kChunk);
+    const int64_t chunks = std::max<int64_t>(1, ((n + d - 1) / d + kChunk - 1) / kChunk);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t a = lo + (hi - lo) * c / chunks, b = lo + (hi - lo) * (c + 1) / chunks;
       const Tensor x = rows(test_.images, a, b).to(DType::f32);
       scale(x, 1.0 / 255.0);
       if (mlp_) {
@@ -232,18 +354,25 @@ class Run {
         sums[0] += vae_->evaluate(x, static_cast<double>(n)).total;
       }
     }
+    if (fsdp_) fsdp_->reshard();
     dp_comm_->all_reduce(sums, sums, 2, DType::f64, comm::ReduceOp::sum);
     model_->set_training(true);
     return {sums[0], sums[1] / static_cast<double>(n)};
   }
 
-  void write_artifacts(const Series& train_curve, const Series& test_curve) {
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    for (nn::Parameter* p : model_->parameters()) tensors.emplace_back(p->name, p->value);
-    save_safetensors(tc_.run_dir + "/model.safetensors", tensors,
-                     {{"format", "meshtrain"}, {"model", tc_.model}, {"weights", "(in, out)"}});
-    write_file_atomic(tc_.run_dir + "/loss.svg",
-                      line_chart_svg(fmt::format("{} on Fashion-MNIST", tc_.model), "step", {train_curve, test_curve}));
+  // The final parameters (the result and model.safetensors), loss.svg and
+  // the VAE's pictures. Every rank calls it: under fsdp, gathering the
+  // parameters and the VAE's forwards are collective; rank 0 writes.
+  void finish_run(const Series& train_curve, const Series& test_curve) {
+    if (fsdp_) fsdp_->gather_full_parameters();
+    if (main_) {
+      auto& params = shared_.result.final_parameters;
+      for (nn::Parameter* p : model_->parameters()) params.emplace_back(p->name, detached_f32(p->value));
+      save_safetensors(tc_.run_dir + "/model.safetensors", params,
+                       {{"format", "meshtrain"}, {"model", tc_.model}, {"weights", "(in, out)"}});
+      write_file_atomic(tc_.run_dir + "/loss.svg", line_chart_svg(fmt::format("{} on Fashion-MNIST", tc_.model),
+                                                                  "step", {train_curve, test_curve}));
+    }
     if (vae_) {
       model_->set_training(false);
       constexpr int kN = 16;
@@ -253,15 +382,18 @@ class Run {
       std::vector<std::vector<float>> pics;
       for (int i = 0; i < kN; ++i) pics.push_back(row_values(x, i));
       for (int i = 0; i < kN; ++i) pics.push_back(row_values(rec, i));
-      write_image_grid_png(tc_.run_dir + "/reconstructions.png", pics, 28, 28, kN);
+      if (main_) write_image_grid_png(tc_.run_dir + "/reconstructions.png", pics, 28, 28, kN);
       Tensor z = Tensor::empty({64, tc_.latent}, DType::f32);
       fill_normal(z, tc_.seed, key_from_name("samples.z"), 0.0, 1.0);
       const Tensor gen = vae_->decode(z);
       pics.clear();
       for (int i = 0; i < 64; ++i) pics.push_back(row_values(gen, i));
-      write_image_grid_png(tc_.run_dir + "/samples.png", pics, 28, 28, 8);
+      if (main_) write_image_grid_png(tc_.run_dir + "/samples.png", pics, 28, 28, 8);
+      model_->set_training(true);
     }
+    if (fsdp_) fsdp_->reshard();
   }
+
 
   static std::vector<float> row_values(const Tensor& t, int64_t i) {
     const Tensor row = t.select(0, i).contiguous();
@@ -280,19 +412,58 @@ class Run {
   std::unique_ptr<nn::MLP> mlp_;
   std::unique_ptr<nn::VAE> vae_;
   nn::Module* model_ = nullptr;
+  int64_t num_parameters_ = 0;
   nn::CrossEntropyLoss ce_;
-  std::unique_ptr<parallel::DataParallel> ddp_;
+  std::unique_ptr<parallel::DataParallel> ddp_;               // plain data parallelism, or
+  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;  // fully sharded
+  std::unique_ptr<optim::DynamicLossScaler> scaler_;          // fp16 only
   std::unique_ptr<optim::Optimizer> opt_;
 };
 
 }  // namespace
 
-TrainResult run_training(const TrainConfig& tc, const config::DistributedConfig& dc,
+ResolvedTraining resolve_training(const TrainConfig& tc, const config::DistributedConfig& dc) {
+  ResolvedTraining out{tc, {}};
+  TrainConfig& c = out.config;
+  const plan::NamedShape mesh = dc.mesh();
+  (void)data_parallel_axes(mesh);  // throws for model-parallel axes
+  const int fsdp_axis = axis_size(mesh, "fsdp"), data_axis = axis_size(mesh, "data");
+  const std::string precision(config::mixed_precision_name(dc.mixed_precision));
+  if (c.fsdp.empty() && fsdp_axis > 1) {
+    c.fsdp = "full";
+    out.notes.push_back(fmt::format("fsdp = \"full\": the mesh has fsdp={} and no strategy was given", fsdp_axis));
+  } else if (c.fsdp.empty() && dc.mixed_precision != config::MixedPrecision::no) {
+    c.fsdp = "no_shard";
+    out.notes.push_back(fmt::format(
+        "fsdp = \"no_shard\": mixed_precision {} needs the fully sharded path (plain data parallelism is f32 only)",
+        precision));
+  }
+  c.validate();
+  if (!c.fsdp.empty()) {
+    const parallel::ShardingStrategy s = parallel::parse_sharding_strategy(c.fsdp);
+    if (s.hybrid && (fsdp_axis == 0 || data_axis == 0))
+      throw InvalidArgument("meshtrain train",
+                            fmt::format("fsdp '{}' shards over the fsdp axis and replicates over the data axis, but "
+                                        "mesh {} lacks {}",
+                                        c.fsdp, mesh.to_spec(), fsdp_axis == 0 ? "fsdp" : "data"),
+                            "use a mesh with both axes (e.g. --mesh data=2,fsdp=2), or a non-hybrid strategy "
+                            "such as --fsdp full");
+    if (dc.mixed_precision == config::MixedPrecision::fp16)
+      out.notes.push_back("fp16: dynamic loss scaling (initial scale 2^15, x2 after 2000 good steps, x0.5 and "
+                          "the step skipped on inf/NaN gradients)");
+  }
+  return out;
+}
+
+TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConfig& dc,
                          const comm::LaunchOptions& launch) {
-  tc.validate();
+  const ResolvedTraining resolved = resolve_training(tc_in, dc);
+  const TrainConfig& tc = resolved.config;
   if (dc.rank == 0) {
     std::filesystem::create_directories(tc.run_dir);
-    write_file_atomic(tc.run_dir + "/config.toml", tc.to_toml() + "\n[distributed]\n" + dc.to_toml());
+    std::string notes;
+    for (const auto& n : resolved.notes) notes += "# " + n + "\n";
+    write_file_atomic(tc.run_dir + "/config.toml", tc.to_toml() + notes + "\n" + dc.to_toml());
   }
   const plan::NamedShape mesh_shape = dc.mesh();
   const int ranks_here = launch.engine == comm::Engine::threads ? launch.ranks : 1;
@@ -302,7 +473,7 @@ TrainResult run_training(const TrainConfig& tc, const config::DistributedConfig&
   const Dataset test = load_fashion_mnist(tc.data_dir, Split::test);
   Shared shared;
   comm::launch(launch, [&](comm::Communicator& world) {
-    Run run(tc, train, test, world, mesh_shape, shared);
+    Run run(tc, dc, train, test, world, mesh_shape, shared);
     run.run();
   });
   return shared.result;

@@ -1,5 +1,8 @@
 // The training loop behind `meshtrain train`: an MLP classifier or a VAE on
-// Fashion-MNIST, data parallel over the mesh's "data" axis, on any engine.
+// Fashion-MNIST, data parallel over the mesh's "data" and "fsdp" axes, on any
+// engine: plain data parallelism (parallel::DataParallel, f32) or fully
+// sharded data parallelism (parallel::FullyShardedDataParallel: ZeRO-1/2/3,
+// hybrid sharding, bf16/fp16 mixed precision with dynamic loss scaling).
 //
 //   TrainConfig tc = TrainConfig::from_toml_file("examples/mlp_fashion.toml");
 //   config::DistributedConfig dc = ...;   // mesh, engine, world size
@@ -9,6 +12,11 @@
 // bar, epoch summaries) and writes the run directory: config.toml,
 // metrics.jsonl, model.safetensors, loss.svg and, for the VAE,
 // reconstructions.png and samples.png.
+//
+// Data-parallel ranks: the group mesh.comm({"data", "fsdp"}) (the axes the
+// mesh has); every other axis must have size 1. Non-hybrid strategies shard
+// over that whole group; hybrid_* shard over "fsdp" and replicate over
+// "data" (both axes required).
 //
 // Exactness: each rank's loss is normalized by the GLOBAL batch size and the
 // data-parallel gradients are summed, so any data-parallel degree computes
@@ -21,10 +29,16 @@
 // Thread-safety: call from one thread.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/config/distributed_config.h"
+#include "meshtrain/core/memory.h"
+#include "meshtrain/core/tensor.h"
 #include "meshtrain/train/train_config.h"
 
 namespace meshtrain::train {
@@ -39,8 +53,34 @@ struct TrainResult {
   double hidden_fraction = 0;     // data-parallel communication hidden behind backward (mean)
   std::vector<double> step_losses;  // every step's global loss
   std::string run_dir;
+  std::string fsdp;               // the resolved strategy ("" = DataParallel)
+  double loss_scale = 0;          // fp16: the loss scale at the end; 0 without a scaler
+  int64_t skipped_steps = 0;      // fp16: steps skipped for non-finite gradients
+  // Rank 0's MemoryTracker peaks over the run, per category (indexed by
+  // MemoryCategory) and of the total.
+  std::array<uint64_t, kNumMemoryCategories> memory_peak{};
+  uint64_t memory_total_peak = 0;
+  // Rank 0: every parameter's final f32 value (full, unsharded), in the
+  // model's parameter order; what model.safetensors holds.
+  std::vector<std::pair<std::string, Tensor>> final_parameters;
 };
 
+// What run_training really runs, for the start-up dump: `config` is tc with
+// fsdp resolved (an fsdp mesh axis > 1 without a strategy -> "full"; mixed
+// precision without one -> "no_shard", since the DataParallel path is f32
+// only), and `notes` says which defaults were applied and why. Throws
+// Unsupported for a mesh axis other than data/fsdp of size > 1 and
+// InvalidArgument for a hybrid strategy without both axes, or a config
+// that does not validate.
+struct ResolvedTraining {
+  TrainConfig config;
+  std::vector<std::string> notes;
+};
+ResolvedTraining resolve_training(const TrainConfig& tc, const config::DistributedConfig& dc);
+
+// Resolves tc (resolve_training), writes config.toml and trains. Collective:
+// every process of the job calls it. The result is filled by world rank 0
+// (under mpirun the other processes get an empty one).
 TrainResult run_training(const TrainConfig& tc, const config::DistributedConfig& dc,
                          const comm::LaunchOptions& launch);
 

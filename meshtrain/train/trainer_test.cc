@@ -1,0 +1,99 @@
+// resolve_training: which strategy a run really uses, and the errors for
+// meshes and strategies that do not fit (no dataset needed).
+#include "meshtrain/train/trainer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+config::DistributedConfig on_mesh(std::vector<int> shape, std::vector<std::string> axes,
+                                  config::MixedPrecision precision = config::MixedPrecision::no) {
+  config::DistributedConfig dc;
+  int n = 1;
+  for (int s : shape) n *= s;
+  dc.world_size = n;
+  dc.num_processes_per_node = n;
+  dc.mesh_shape = std::move(shape);
+  dc.mesh_axis_names = std::move(axes);
+  dc.mixed_precision = precision;
+  return dc;
+}
+
+std::string error_of(const TrainConfig& tc, const config::DistributedConfig& dc) {
+  try {
+    (void)resolve_training(tc, dc);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(ResolveTraining, PlainDataParallelismStaysPlain) {
+  const auto r = resolve_training(TrainConfig{}, on_mesh({4}, {"data"}));
+  EXPECT_EQ(r.config.fsdp, "");
+  EXPECT_TRUE(r.notes.empty());
+}
+
+TEST(ResolveTraining, AnFsdpAxisDefaultsToFull) {
+  const auto r = resolve_training(TrainConfig{}, on_mesh({2, 2}, {"data", "fsdp"}));
+  EXPECT_EQ(r.config.fsdp, "full");
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_THAT(r.notes[0], HasSubstr("fsdp=2"));
+  TrainConfig given;
+  given.fsdp = "zero1";
+  EXPECT_EQ(resolve_training(given, on_mesh({2}, {"fsdp"})).config.fsdp, "zero1");  // an explicit choice stays
+}
+
+TEST(ResolveTraining, MixedPrecisionWithoutFsdpIsNoShard) {
+  const auto r = resolve_training(TrainConfig{}, on_mesh({2}, {"data"}, config::MixedPrecision::bf16));
+  EXPECT_EQ(r.config.fsdp, "no_shard");
+  EXPECT_THAT(r.notes.at(0), HasSubstr("f32 only"));
+  const auto h = resolve_training(TrainConfig{}, on_mesh({2}, {"data"}, config::MixedPrecision::fp16));
+  ASSERT_EQ(h.notes.size(), 2u);
+  EXPECT_THAT(h.notes[1], HasSubstr("loss scaling"));
+}
+
+TEST(ResolveTraining, ErrorsSayWhatToChange) {
+  TrainConfig hybrid;
+  hybrid.fsdp = "hybrid_full";
+  EXPECT_THAT(error_of(hybrid, on_mesh({4}, {"data"})), HasSubstr("mesh data=4 lacks fsdp"));
+  EXPECT_THAT(error_of(hybrid, on_mesh({4}, {"fsdp"})), HasSubstr("--mesh data=2,fsdp=2"));
+  EXPECT_EQ(error_of(hybrid, on_mesh({2, 2}, {"data", "fsdp"})), "no error");
+  auto tensor = on_mesh({2, 2}, {"data", "tensor"});
+  tensor.tensor_parallel_size = 2;
+  EXPECT_THAT(error_of(TrainConfig{}, tensor), HasSubstr("axis 'tensor' of size 2"));
+  TrainConfig bad;
+  bad.fsdp = "zero4";
+  EXPECT_THAT(error_of(bad, on_mesh({2}, {"fsdp"})), HasSubstr("fsdp 'zero4'"));
+  TrainConfig prefetch;
+  prefetch.backward_prefetch = "later";
+  EXPECT_THAT(error_of(prefetch, on_mesh({2}, {"fsdp"})), HasSubstr("use none, pre or post"));
+}
+
+TEST(TrainConfigFsdp, FieldsRoundTripThroughToml) {
+  auto c = TrainConfig::from_toml(R"(
+[train]
+fsdp = "hybrid_shard_grad_op"
+fsdp_min_weight_size = 64
+forward_prefetch = true
+backward_prefetch = "post"
+reshard_after_forward = false
+)");
+  EXPECT_EQ(c.fsdp, "hybrid_shard_grad_op");
+  EXPECT_EQ(c.fsdp_min_weight_size, 64);
+  EXPECT_TRUE(c.forward_prefetch);
+  EXPECT_EQ(c.backward_prefetch, "post");
+  EXPECT_FALSE(c.reshard_after_forward);
+  c.validate();
+  EXPECT_EQ(TrainConfig::from_toml(c.to_toml()).to_toml(), c.to_toml());
+  EXPECT_THAT(TrainConfig{}.to_toml(), HasSubstr("fsdp = \"\"\n"));
+}
+
+}  // namespace
+}  // namespace meshtrain::train
