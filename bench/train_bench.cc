@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/fully_sharded.h"
 
 namespace meshtrain::bench {
 namespace {
@@ -55,23 +57,45 @@ double time_median(int warmup, int steps, Fn&& fn) {
   return median(t);
 }
 
-// Samples/s of data-parallel training with `ranks` ranks, `batch` per rank.
-double dp_throughput(int ranks, const TrainBenchOptions& o) {
+// Samples/s of data-parallel training with `ranks` ranks, `batch` per rank:
+// DataParallel when `fsdp` is empty, else FullyShardedDataParallel with that
+// strategy and parameter dtype.
+double dp_throughput(int ranks, const TrainBenchOptions& o, const std::string& fsdp = "",
+                     DType dtype = DType::f32) {
   double rate = 0;
   std::mutex mu;
   comm::launch({.engine = comm::Engine::threads, .ranks = ranks}, [&](comm::Communicator& c) {
     nn::MLP model(mlp_config());
-    parallel::DataParallel ddp(model, c, {.reduce = parallel::GradReduce::sum});
-    optim::AdamW opt(model.parameters(), 1e-3);
+    std::unique_ptr<parallel::DataParallel> ddp;
+    std::unique_ptr<parallel::FullyShardedDataParallel> sharded;
+    std::vector<nn::Parameter*> params = model.parameters();
+    if (fsdp.empty()) {
+      ddp = std::make_unique<parallel::DataParallel>(model, c,
+                                                     parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum});
+    } else {
+      parallel::FullyShardedOptions fo;
+      fo.stage = parallel::parse_sharding_strategy(fsdp).stage;
+      fo.param_dtype = dtype;
+      sharded = std::make_unique<parallel::FullyShardedDataParallel>(model, c, nullptr, fo);
+      params = sharded->optimizer_parameters();
+    }
+    optim::AdamW opt(params, 1e-3);
     nn::CrossEntropyLoss ce;
     Data d(o.batch, static_cast<uint64_t>(c.rank()));
     const double norm = static_cast<double>(o.batch) * ranks;
     auto step = [&] {
       ce.forward(model.forward(d.x), d.y, norm);
       model.backward(ce.backward());
-      ddp.finish();
-      opt.step();
-      opt.zero_grad();
+      if (ddp) {
+        ddp->finish();
+        opt.step();
+        opt.zero_grad();
+      } else {
+        sharded->finish();
+        opt.step();
+        sharded->after_step();
+        sharded->zero_grad();
+      }
     };
     for (int i = 0; i < o.warmup; ++i) step();
     c.barrier();
@@ -128,6 +152,10 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
   }
   r.dp1_samples_per_s = dp_throughput(1, o);
   r.dp2_samples_per_s = dp_throughput(2, o);
+  if (o.sharded)
+    for (const char* fsdp : {"no_shard", "zero1", "zero2", "zero3"})
+      for (DType dt : {DType::f32, DType::bf16})
+        r.sharded.push_back({fsdp, dt, dp_throughput(2, o, fsdp, dt)});
   return r;
 }
 
@@ -142,6 +170,12 @@ std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOption
   s += fmt::format("  1 rank               {:8.0f} samples/s\n", r.dp1_samples_per_s);
   s += fmt::format("  2 ranks              {:8.0f} samples/s   ({:.2f}x)\n", r.dp2_samples_per_s,
                    r.dp2_samples_per_s / r.dp1_samples_per_s);
+  if (!r.sharded.empty()) {
+    s += "fully sharded, 2 ranks (min_weight_size 1024: weights sharded, biases replicated):\n";
+    for (const auto& row : r.sharded)
+      s += fmt::format("  {:<8} {:<4}        {:8.0f} samples/s   ({:.2f}x data parallel)\n", row.strategy,
+                       dtype_name(row.dtype), row.samples_per_s, row.samples_per_s / r.dp2_samples_per_s);
+  }
   return s;
 }
 

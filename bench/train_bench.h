@@ -15,6 +15,9 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "meshtrain/core/dtype.h"
 
 namespace meshtrain::bench {
 
@@ -22,6 +25,13 @@ struct TrainBenchOptions {
   int steps = 100;
   int warmup = 10;
   int batch = 256;
+  bool sharded = true;  // also time FullyShardedDataParallel on 2 ranks
+};
+
+struct ShardedThroughput {
+  std::string strategy;  // no_shard, zero1, zero2, zero3
+  DType dtype = DType::f32;
+  double samples_per_s = 0;
 };
 
 struct TrainBenchResult {
@@ -30,6 +40,7 @@ struct TrainBenchResult {
   double gemm_gflops = 0;
   double dp1_samples_per_s = 0;
   double dp2_samples_per_s = 0;
+  std::vector<ShardedThroughput> sharded;  // 2 ranks
 };
 
 TrainBenchResult run_train_bench(const TrainBenchOptions& options);

@@ -197,9 +197,11 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   std::vector<Command> out;
   auto bo = std::make_shared<bench::TrainBenchOptions>();
   CLI::App* bench_cmd = app.get_subcommand("bench");
-  auto* tb = bench_cmd->add_subcommand("train", "MLP step time, its GEMMs alone, data-parallel scaling 1 -> 2 ranks");
+  auto* tb = bench_cmd->add_subcommand(
+      "train", "MLP step time, its GEMMs alone, data-parallel scaling 1 -> 2 ranks, fully sharded strategies on 2 ranks");
   tb->add_option("--steps", bo->steps, "timed steps")->capture_default_str();
   tb->add_option("--batch", bo->batch, "batch per rank")->capture_default_str();
+  tb->add_flag("!--no-sharded", bo->sharded, "skip the fully sharded strategies");
   out.push_back({tb, [=] {
                    print_config("bench train", {{"steps", std::to_string(bo->steps)}, {"batch", std::to_string(bo->batch)}});
                    fmt::print("{}", bench::format_train_bench(bench::run_train_bench(*bo), *bo));

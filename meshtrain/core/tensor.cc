@@ -449,11 +449,12 @@ void Tensor::copy_from(const Tensor& src) const {
       internal::for_each_row<2>(shape_, strides, [&](auto off, int64_t len, auto inner) {
         D* d = dst + off[0];
         const S* p = s + off[1];
-        if constexpr (std::is_same_v<D, S>) {
-          if (inner[0] == 1 && inner[1] == 1) {
+        if (inner[0] == 1 && inner[1] == 1) {  // unit strides: a loop the compiler vectorizes
+          if constexpr (std::is_same_v<D, S>)
             std::copy(p, p + len, d);
-            return;
-          }
+          else
+            for (int64_t i = 0; i < len; ++i) d[i] = internal::convert<D>(p[i]);
+          return;
         }
         for (int64_t i = 0; i < len; ++i) d[i * inner[0]] = internal::convert<D>(p[i * inner[1]]);
       });

@@ -28,37 +28,42 @@ std::string unit_name(const std::string& param) {
   return dot == std::string::npos ? std::string() : param.substr(0, dot);
 }
 
-// dst += src element-wise over n elements; either may be f32, bf16 or f16.
-// Sums are formed in f32 and rounded once to dst's dtype.
-void accumulate(const Tensor& dst, const Tensor& src) {
-  if (dst.dtype() == src.dtype()) {
-    add(dst, src, dst);
-    return;
+// Widening and rounding of one element, by dtype.
+template <DType T>
+float widen(const void* p, int64_t i) {
+  if constexpr (T == DType::f32) return static_cast<const float*>(p)[i];
+  else if constexpr (T == DType::bf16) return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+  else return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+}
+template <DType T>
+void store(void* p, int64_t i, float v) {
+  if constexpr (T == DType::f32) static_cast<float*>(p)[i] = v;
+  else if constexpr (T == DType::bf16) static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
+  else static_cast<uint16_t*>(p)[i] = float_to_f16(v);
+}
+
+template <DType D, DType S>
+void accumulate_as(void* dst, const void* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) store<D>(dst, i, widen<D>(dst, i) + widen<S>(src, i));
+}
+
+template <DType D>
+void accumulate_into(void* dst, const Tensor& src, int64_t n) {
+  switch (src.dtype()) {
+    case DType::f32: return accumulate_as<D, DType::f32>(dst, src.data_ptr(), n);
+    case DType::bf16: return accumulate_as<D, DType::bf16>(dst, src.data_ptr(), n);
+    default: return accumulate_as<D, DType::f16>(dst, src.data_ptr(), n);
   }
+}
+
+// dst += src element-wise (contiguous, same length); either may be f32,
+// bf16 or f16. Sums are formed in f32 and rounded once to dst's dtype.
+void accumulate(const Tensor& dst, const Tensor& src) {
   const int64_t n = dst.numel();
-  const auto widen = [&](int64_t i) -> float {
-    switch (src.dtype()) {
-      case DType::f32: return src.data<float>()[i];
-      case DType::bf16: return bf16_to_float(src.data<uint16_t>()[i]);
-      default: return f16_to_float(src.data<uint16_t>()[i]);
-    }
-  };
   switch (dst.dtype()) {
-    case DType::f32: {
-      float* d = dst.data<float>();
-      for (int64_t i = 0; i < n; ++i) d[i] += widen(i);
-      break;
-    }
-    case DType::bf16: {
-      uint16_t* d = dst.data<uint16_t>();
-      for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(bf16_to_float(d[i]) + widen(i));
-      break;
-    }
-    default: {
-      uint16_t* d = dst.data<uint16_t>();
-      for (int64_t i = 0; i < n; ++i) d[i] = float_to_f16(f16_to_float(d[i]) + widen(i));
-      break;
-    }
+    case DType::f32: return accumulate_into<DType::f32>(dst.data_ptr(), src, n);
+    case DType::bf16: return accumulate_into<DType::bf16>(dst.data_ptr(), src, n);
+    default: return accumulate_into<DType::f16>(dst.data_ptr(), src, n);
   }
 }
 
