@@ -1,6 +1,7 @@
 // Fully sharded data parallelism under mpirun equals one device: every
-// process trains 50 steps on the MPI engine with zero2 and zero3 over
-// fsdp=N (N = all processes) and, with 4 processes, hybrid_full over
+// process trains 50 steps on the MPI engine with zero1, zero2 and zero3 over
+// fsdp=N (N = all processes) and, with 4 processes, hybrid_full and
+// hybrid_shard_grad_op over
 // data=2,fsdp=2; rank 0 then trains the same on one threads-engine rank and
 // compares per-step losses and final parameters (1e-5 relative). Exit 0 only
 // if they all agree.
@@ -78,8 +79,11 @@ int main() {
     std::vector<int> shape;
     std::vector<std::string> axes;
   };
-  std::vector<Case> cases = {{"zero2", {n}, {"fsdp"}}, {"zero3", {n}, {"fsdp"}}};
-  if (n == 4) cases.push_back({"hybrid_full", {2, 2}, {"data", "fsdp"}});
+  std::vector<Case> cases = {{"zero1", {n}, {"fsdp"}}, {"zero2", {n}, {"fsdp"}}, {"zero3", {n}, {"fsdp"}}};
+  if (n == 4) {
+    cases.push_back({"hybrid_full", {2, 2}, {"data", "fsdp"}});
+    cases.push_back({"hybrid_shard_grad_op", {2, 2}, {"data", "fsdp"}});
+  }
 
   std::vector<train::TrainResult> results;
   for (const Case& c : cases) {
