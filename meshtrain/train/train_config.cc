@@ -97,6 +97,9 @@ const TrainField kFields[] = {
      MT_STR(backward_prefetch)},
     {"reshard_after_forward", "--reshard-after-forward",
      "fsdp: free gathered parameters after forward and gather again for backward", MT_BOOL(reshard_after_forward)},
+    {"reduce_precision", "--reduce-precision",
+     "fsdp: dtype of gradients and their reduction: \"\" = the compute precision, fp32, bf16 or fp16",
+     MT_STR(reduce_precision)},
     {"data_dir", "--data-dir", "Fashion-MNIST directory (Debian: dataset-fashion-mnist)", MT_STR(data_dir)},
     {"run_dir", "--run-dir", "where config, metrics, model and pictures go", MT_STR(run_dir)},
 };
@@ -203,6 +206,9 @@ void TrainConfig::validate() const {
   } catch (const InvalidArgument&) {
     require(false, fmt::format("backward_prefetch '{}'", backward_prefetch), "use none, pre or post");
   }
+  require(reduce_precision.empty() || reduce_precision == "fp32" || reduce_precision == "bf16" ||
+              reduce_precision == "fp16",
+          fmt::format("reduce_precision '{}'", reduce_precision), "use \"\" (the compute precision), fp32, bf16 or fp16");
 }
 
 std::string TrainConfig::to_toml() const {
@@ -211,7 +217,7 @@ std::string TrainConfig::to_toml() const {
     const std::string v = f.format(*this);
     const bool quoted = f.key == "model" || f.key == "optimizer" || f.key == "schedule" || f.key == "data_dir" ||
                         f.key == "run_dir" || f.key == "hidden" || f.key == "fsdp" ||
-                        f.key == "backward_prefetch";
+                        f.key == "backward_prefetch" || f.key == "reduce_precision";
     s += fmt::format("{} = {}\n", f.key, quoted ? fmt::format("\"{}\"", v) : v);
   }
   return s;

@@ -52,6 +52,10 @@ struct TrainConfig {
   bool forward_prefetch = false;        // gather the next unit during forward
   std::string backward_prefetch = "pre";  // none | pre | post
   bool reshard_after_forward = true;    // free gathered units after forward (zero3)
+  // Dtype gradients are stored and reduced in under fsdp: "" = the compute
+  // precision (mixed_precision), or fp32 | bf16 | fp16 (the seeds'
+  // FSDP2Config reduce_dtype; fp32 keeps full-precision gradient sums).
+  std::string reduce_precision;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string run_dir = "runs/latest";
 

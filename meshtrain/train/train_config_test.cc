@@ -59,6 +59,13 @@ TEST(TrainConfig, ErrorsSayWhatToChange) {
               HasSubstr("micro_batches must divide batch_size"));
   EXPECT_THAT(error_of([] { TrainConfig c; c.dropout = 1.0; c.validate(); }), HasSubstr("dropout must be in [0, 1)"));
   EXPECT_THAT(error_of([] { TrainConfig::from_toml_file("/nonexistent.toml"); }), HasSubstr("cannot open"));
+  EXPECT_THAT(error_of([] { TrainConfig c; c.fsdp = "zero4"; c.validate(); }), HasSubstr("fsdp 'zero4'"));
+  EXPECT_THAT(error_of([] { TrainConfig c; c.backward_prefetch = "later"; c.validate(); }),
+              HasSubstr("use none, pre or post"));
+  EXPECT_THAT(error_of([] { TrainConfig c; c.fsdp_min_weight_size = -1; c.validate(); }),
+              HasSubstr("use 0 to shard every parameter"));
+  EXPECT_THAT(error_of([] { TrainConfig c; c.reduce_precision = "fp8"; c.validate(); }),
+              HasSubstr("reduce_precision 'fp8'"));
 }
 
 }  // namespace

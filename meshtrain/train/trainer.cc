@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
@@ -71,6 +72,14 @@ DType param_dtype_of(config::MixedPrecision p) {
   return DType::f32;
 }
 
+// TrainConfig::reduce_precision: nullopt ("") means the compute dtype.
+std::optional<DType> reduce_dtype_of(const std::string& p) {
+  if (p == "fp32") return DType::f32;
+  if (p == "bf16") return DType::bf16;
+  if (p == "fp16") return DType::f16;
+  return std::nullopt;
+}
+
 // An untracked f32 copy (a clone would stay charged to the rank's tracker,
 // which dies with the rank).
 Tensor detached_f32(const Tensor& t) {
@@ -127,14 +136,16 @@ class Run {
           parallel::FullyShardedOptions{.stage = strategy.stage,
                                         .min_weight_size = tc.fsdp_min_weight_size,
                                         .param_dtype = param_dtype_of(dc.mixed_precision),
-                                        .reduce_dtype = std::nullopt,  // = param_dtype
+                                        .reduce_dtype = reduce_dtype_of(tc.reduce_precision),
                                         .reduce = parallel::GradReduce::sum,
                                         .forward_prefetch = tc.forward_prefetch,
                                         .backward_prefetch = parallel::parse_backward_prefetch(tc.backward_prefetch),
                                         .reshard_after_forward = tc.reshard_after_forward,
                                         .tracker = &memory_});
       params = fsdp_->optimizer_parameters();
-      if (dc.mixed_precision == config::MixedPrecision::fp16) scaler_ = std::make_unique<optim::DynamicLossScaler>();
+      // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
+      if (fsdp_->options().param_dtype == DType::f16 || fsdp_->reduce_dtype() == DType::f16)
+        scaler_ = std::make_unique<optim::DynamicLossScaler>();
     } else {
       ddp_ = std::make_unique<parallel::DataParallel>(
           *model_, *dp_comm_,
