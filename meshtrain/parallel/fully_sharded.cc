@@ -308,12 +308,8 @@ void FullyShardedDataParallel::build_units(const std::vector<nn::Parameter*>& pa
         nn::Parameter* p = u->params[i];
         const std::vector<int64_t> shape = p->value.shape();
         const int64_t n = p->value.numel();
-        p->value = pd == DType::f32 && stage != ZeroStage::zero3
-                       ? u->full_param.narrow(0, u->offsets[i], n).view(shape)
-                       : Tensor();
-        p->grad = grads_persistent()
-                      ? u->full_grad.narrow(0, u->offsets[i], n).view(shape)
-                      : Tensor();
+        p->value = values_persistent() ? u->full_param.narrow(0, u->offsets[i], n).view(shape) : Tensor();
+        p->grad = grads_persistent() ? u->full_grad.narrow(0, u->offsets[i], n).view(shape) : Tensor();
         shapes_[p] = shape;
         // The part of p this rank owns: flat [a, b) within [lo, lo + shard).
         const int64_t a = std::max(u->offsets[i], u->lo);
