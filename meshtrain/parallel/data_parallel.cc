@@ -10,6 +10,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
@@ -41,12 +42,6 @@ uint64_t hash_bytes(const void* data, size_t n) {
   h *= 0x94d049bb133111ebull;
   h ^= h >> 31;
   return h;
-}
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
 }
 
 // Length of the union of the [first, second] intervals (seconds), counting
@@ -255,7 +250,7 @@ void DataParallel::check_structure(const std::vector<nn::Parameter*>& params) {
       "DataParallel",
       fmt::format("rank(s) {} have different parameters or options than rank 0 (rank {}: {} parameters, "
                   "rank 0: {}; the names, shapes, bucket_bytes and reduce are compared)",
-                  join_ranks(differ), r, all[2 * r], all[0]),
+                  fmt::join(differ, ", "), r, all[2 * r], all[0]),
       "build the same model with the same DataParallelOptions on every rank of the data axis");
 }
 
@@ -332,7 +327,7 @@ void DataParallel::verify_replicas() {
   throw ReplicaMismatchError(
       "DataParallel::verify_replicas",
       fmt::format("parameter '{}' differs bit-wise from rank 0's on rank(s) {} ({} of {} parameters differ)",
-                  name, join_ranks(ranks), num_differ, np),
+                  name, fmt::join(ranks, ", "), num_differ, np),
       "replicas must stay identical: update every rank with the same all-reduced gradients, and do not "
       "modify parameters on one rank only",
       name, ranks);

@@ -1,6 +1,7 @@
 #include "meshtrain/parallel/fully_sharded.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -65,12 +66,6 @@ void accumulate(const Tensor& dst, const Tensor& src) {
     case DType::bf16: return accumulate_into<DType::bf16>(dst.data_ptr(), src, n);
     default: return accumulate_into<DType::f16>(dst.data_ptr(), src, n);
   }
-}
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
-  return s;
 }
 
 }  // namespace
@@ -223,7 +218,7 @@ void FullyShardedDataParallel::check_structure(const std::vector<nn::Parameter*>
                           fmt::format("rank(s) {} of the {} communicator have different parameters or options "
                                       "than its rank 0 (names, shapes, stage, min_weight_size and dtypes are "
                                       "compared)",
-                                      join_ranks(differ), c == shard_ ? "shard" : "replicate"),
+                                      fmt::join(differ, ", "), c == shard_ ? "shard" : "replicate"),
                           "build the same model with the same options on every rank");
   }
 }

@@ -65,6 +65,18 @@ std::pair<Tensor, Tensor> batch(int s) {
   return {x, y};
 }
 
+// Forward and backward of rank `rank`'s rows of step s's global batch, the
+// loss normalized by the global batch and multiplied by `loss_scale`.
+double local_forward_backward(nn::Module& model, int s, int rank, int ranks, double loss_scale = 1.0) {
+  auto [x, y] = batch(s);
+  const int64_t local = kBatch / ranks;
+  nn::CrossEntropyLoss ce;
+  const double loss = ce.forward(model.forward(x.narrow(0, local * rank, local)), y.narrow(0, local * rank, local),
+                                 static_cast<double>(kBatch) / loss_scale);
+  model.backward(ce.backward());
+  return loss;
+}
+
 struct Outcome {
   std::vector<double> losses;
   Params params;
@@ -287,12 +299,7 @@ TEST(FullySharded, ModelStateMatchesTheFormulaExactly) {
         EXPECT_EQ(static_cast<double>(tracker.in_use(MemoryCategory::optimizer)), want.optimizer + static_cast<double>(opt.state_bytes()));
         EXPECT_EQ(tracker.in_use(MemoryCategory::working), 0u);
         // One step: working copies come and go.
-        auto [x, y] = batch(0);
-        nn::CrossEntropyLoss ce;
-        const int64_t local = kBatch / 4;
-        ce.forward(model.forward(x.narrow(0, local * world.rank(), local)),
-                   y.narrow(0, local * world.rank(), local), static_cast<double>(kBatch));
-        model.backward(ce.backward());
+        local_forward_backward(model, 0, world.rank(), 4);
         fsdp.finish();
         opt.step();
         fsdp.after_step();
@@ -306,10 +313,7 @@ TEST(FullySharded, ModelStateMatchesTheFormulaExactly) {
 
 TEST(FullySharded, GradNormIsTheOneDeviceNorm) {
   nn::MLP ref(mlp_config());
-  nn::CrossEntropyLoss ce;
-  auto [x, y] = batch(0);
-  ce.forward(ref.forward(x), y, static_cast<double>(kBatch));
-  ref.backward(ce.backward());
+  local_forward_backward(ref, 0, 0, 1);
   const double want = std::sqrt(optim::local_sq_norm(ref.parameters()));
   for (ShardingStrategy st : {ShardingStrategy{ZeroStage::zero1, false}, ShardingStrategy{ZeroStage::zero3, false},
                               ShardingStrategy{ZeroStage::zero3, true}, ShardingStrategy{ZeroStage::no_shard, false}})
@@ -318,11 +322,7 @@ TEST(FullySharded, GradNormIsTheOneDeviceNorm) {
       nn::MLP model(mlp_config());
       FullyShardedDataParallel fsdp(model, st.hybrid ? mesh.comm("fsdp") : world,
                                     st.hybrid ? &mesh.comm("data") : nullptr, opts(st.stage));
-      nn::CrossEntropyLoss loss;
-      const int64_t local = kBatch / 4;
-      loss.forward(model.forward(x.narrow(0, local * world.rank(), local)),
-                   y.narrow(0, local * world.rank(), local), static_cast<double>(kBatch));
-      model.backward(loss.backward());
+      local_forward_backward(model, 0, world.rank(), 4);
       fsdp.finish();
       EXPECT_NEAR(fsdp.grad_norm(), want, 1e-6 * want) << st.name();
     });
@@ -361,15 +361,11 @@ TEST(FullySharded, Fp16OverflowOnOneRankSkipsTheStepEverywhere) {
     FullyShardedDataParallel fsdp(model, world, nullptr, opts(ZeroStage::zero3, DType::f16));
     optim::AdamW opt(fsdp.optimizer_parameters(), 1e-3);
     optim::DynamicLossScaler scaler;
-    nn::CrossEntropyLoss ce;
     const int64_t local = kBatch / 4;
     for (int s = 0; s < 4; ++s) {
-      auto [x, y] = batch(s);
       model.set_batch_context(static_cast<uint64_t>(s), local * world.rank());
       const double S = scaler.scale();
-      ce.forward(model.forward(x.narrow(0, local * world.rank(), local)), y.narrow(0, local * world.rank(), local),
-                 static_cast<double>(kBatch) / S);
-      model.backward(ce.backward());
+      local_forward_backward(model, s, world.rank(), 4, S);
       fsdp.finish();
       const bool finite = fsdp.grads_finite();
       EXPECT_EQ(finite, s != kBad) << "rank " << world.rank() << " step " << s;
