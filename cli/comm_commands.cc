@@ -12,6 +12,7 @@
 #include "cli/command.h"
 #include "meshtrain/comm/selftest.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
 #ifdef MESHTRAIN_HAVE_MPI
 #include "meshtrain/comm/mpi/communicator.h"
@@ -74,10 +75,7 @@ struct BenchFlags {
 
 std::vector<CollectiveOp> parse_ops(const std::string& list) {
   std::vector<CollectiveOp> ops;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t end = std::min(list.find(',', start), list.size());
-    const std::string name = list.substr(start, end - start);
+  for (const std::string_view name : split(list)) {
     bool found = false;
     for (CollectiveOp op : {CollectiveOp::all_reduce, CollectiveOp::reduce_scatter, CollectiveOp::all_gather,
                             CollectiveOp::broadcast, CollectiveOp::all_to_all})
@@ -85,7 +83,6 @@ std::vector<CollectiveOp> parse_ops(const std::string& list) {
     if (!found)
       throw InvalidArgument("--ops", fmt::format("unknown op '{}'", name),
                             "use all_reduce, reduce_scatter, all_gather, broadcast, all_to_all");
-    start = end + 1;
   }
   return ops;
 }

@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/plan/mesh_planning.h"
 #include "meshtrain/sharding/layout.h"
@@ -69,10 +70,8 @@ struct ShardFlags {
 
 std::vector<int64_t> parse_shape(const std::string& text) {
   std::vector<int64_t> shape;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t end = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, end - start);
+  for (const std::string_view piece : split(text)) {
+    const std::string item(piece);
     size_t used = 0;
     int64_t v = -1;
     try {
@@ -82,7 +81,6 @@ std::vector<int64_t> parse_shape(const std::string& text) {
     if (used != item.size() || item.empty() || v < 0)
       throw InvalidArgument("--shape", fmt::format("'{}' is not a list of sizes", text), "write e.g. 128,4096");
     shape.push_back(v);
-    start = end + 1;
   }
   return shape;
 }

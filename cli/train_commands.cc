@@ -11,6 +11,7 @@
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
+#include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/train/trainer.h"
@@ -131,18 +132,8 @@ struct MemoryBenchFlags {
   int64_t min_weight_size = bench::MemoryBenchOptions{}.min_weight_size;
 };
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    const size_t end = std::min(s.find(',', start), s.size());
-    if (end > start) out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
-int to_positive(const std::string& text, const char* flag) {
+int to_positive(std::string_view piece, const char* flag) {
+  const std::string text(piece);
   size_t used = 0;
   int v = 0;
   try {
@@ -159,13 +150,16 @@ int to_positive(const std::string& text, const char* flag) {
 int run_bench_memory(const MemoryBenchFlags& f) {
   bench::MemoryBenchOptions o;
   o.hidden.clear();
-  for (const auto& h : split_list(f.hidden)) o.hidden.push_back(to_positive(h, "--hidden"));
-  o.strategies = split_list(f.strategies);
-  for (const auto& s : o.strategies) (void)parallel::parse_sharding_strategy(s);  // fail before running
+  for (const auto& h : split(f.hidden)) o.hidden.push_back(to_positive(h, "--hidden"));
+  o.strategies.clear();
+  for (const std::string_view s : split(f.strategies)) {
+    (void)parallel::parse_sharding_strategy(s);  // fail before running
+    o.strategies.emplace_back(s);
+  }
   o.ranks.clear();
-  for (const auto& r : split_list(f.ranks)) o.ranks.push_back(to_positive(r, "--ranks"));
+  for (const auto& r : split(f.ranks)) o.ranks.push_back(to_positive(r, "--ranks"));
   o.precisions.clear();
-  for (const auto& p : split_list(f.precisions)) {
+  for (const auto& p : split(f.precisions)) {
     if (p == "fp32") o.precisions.push_back(DType::f32);
     else if (p == "bf16") o.precisions.push_back(DType::bf16);
     else if (p == "fp16") o.precisions.push_back(DType::f16);

@@ -218,10 +218,8 @@ NamedShape parse_mesh_spec(std::string_view spec) {
   const char* hint = "write the mesh as name=size pairs separated by commas, e.g. data=2,tensor=2";
   NamedShape out;
   if (trim(spec).empty()) throw InvalidArgument(op, "empty mesh", hint);
-  size_t start = 0;
-  while (start <= spec.size()) {
-    const size_t comma = std::min(spec.find(',', start), spec.size());
-    const std::string_view token = trim(spec.substr(start, comma - start));
+  for (const std::string_view piece : split(spec)) {
+    const std::string_view token = trim(piece);
     const size_t eq = token.find('=');
     if (eq == std::string_view::npos)
       throw InvalidArgument(op, fmt::format("'{}' in mesh '{}' has no '='", token, spec), hint);
@@ -235,7 +233,6 @@ NamedShape parse_mesh_spec(std::string_view spec) {
                             "axis sizes are positive integers, e.g. data=2,tensor=2");
     out.axis_names.emplace_back(name);
     out.shape.push_back(value);
-    start = comma + 1;
   }
   return out;
 }

@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 #include "meshtrain/parallel/fully_sharded.h"
 
 namespace meshtrain::train {
@@ -41,13 +42,7 @@ bool to_bool(std::string_view t, std::string_view src) {
 }
 std::vector<int> to_ints(std::string_view t, std::string_view src) {
   std::vector<int> out;
-  size_t start = 0;
-  const std::string s(t);
-  while (start <= s.size()) {
-    const size_t end = std::min(s.find(',', start), s.size());
-    out.push_back(static_cast<int>(to_int(std::string_view(s).substr(start, end - start), src)));
-    start = end + 1;
-  }
+  for (const std::string_view piece : split(t)) out.push_back(static_cast<int>(to_int(piece, src)));
   return out;
 }
 std::string num(double v) { return fmt::format("{}", v); }
