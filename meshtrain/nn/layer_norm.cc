@@ -12,26 +12,26 @@ namespace meshtrain::nn {
 
 namespace {
 
-Parameter norm_param(const std::string& name, int64_t dim, double value) {
+Parameter norm_param(const std::string& name, int64_t dim, float value, bool defer) {
   Parameter p;
   p.name = name;
-  p.value = Tensor::full({dim}, value, DType::f32);
-  p.grad = Tensor::zeros({dim}, DType::f32);
   p.weight_decay = false;
   p.info = sharding::ParamInfo{.name = name, .shape = {dim}, .kind = sharding::ParamKind::norm};
+  p.init = [value](int64_t, int64_t count, float* out) { std::fill(out, out + count, value); };
+  if (!defer) materialize(p);
   return p;
 }
 
 }  // namespace
 
-LayerNorm::LayerNorm(int64_t dim, const std::string& prefix, double eps, bool affine)
+LayerNorm::LayerNorm(int64_t dim, const std::string& prefix, double eps, bool affine, bool defer_init)
     : name_(prefix), dim_(dim), eps_(eps), affine_(affine) {
   if (dim < 1 || !(eps > 0.0) || !std::isfinite(eps))
     throw InvalidArgument("LayerNorm", fmt::format("'{}': dim {}, eps {}", prefix, dim, eps),
                           "need dim >= 1 and a finite eps > 0");
   if (affine_) {
-    weight_ = norm_param(internal::join_name(prefix, "weight"), dim, 1.0);
-    bias_ = norm_param(internal::join_name(prefix, "bias"), dim, 0.0);
+    weight_ = norm_param(internal::join_name(prefix, "weight"), dim, 1.0f, defer_init);
+    bias_ = norm_param(internal::join_name(prefix, "bias"), dim, 0.0f, defer_init);
     dgamma_.resize(static_cast<size_t>(dim));
     dbeta_.resize(static_cast<size_t>(dim));
   }

@@ -23,7 +23,8 @@ namespace meshtrain::nn {
 class LayerNorm final : public Module {
  public:
   // dim >= 1, eps > 0. `prefix` is the module's path.
-  LayerNorm(int64_t dim, const std::string& prefix, double eps = 1e-5, bool affine = true);
+  // defer_init: see LinearOptions::defer_init.
+  LayerNorm(int64_t dim, const std::string& prefix, double eps = 1e-5, bool affine = true, bool defer_init = false);
   // Not copyable: a copy would share the parameters' storage.
   LayerNorm(const LayerNorm&) = delete;
   LayerNorm& operator=(const LayerNorm&) = delete;

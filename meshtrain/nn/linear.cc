@@ -15,14 +15,18 @@ namespace meshtrain::nn {
 
 namespace {
 
+// A Linear parameter ~ U(-bound, bound), keyed by its name.
 Parameter make_param(const std::string& name, std::vector<int64_t> shape, sharding::ParamKind kind,
-                     sharding::LinearRole role, bool weight_decay) {
+                     sharding::LinearRole role, bool weight_decay, uint64_t seed, double bound, bool defer) {
   Parameter p;
   p.name = name;
-  p.value = Tensor::empty(shape, DType::f32);
-  p.grad = Tensor::zeros(shape, DType::f32);
   p.weight_decay = weight_decay;
   p.info = sharding::ParamInfo{.name = name, .shape = std::move(shape), .kind = kind, .role = role};
+  const uint64_t key = key_from_name(name);
+  p.init = [seed, key, bound](int64_t start, int64_t count, float* out) {
+    fill_uniform(Tensor::from_blob(out, {count}, DType::f32), seed, key, -bound, bound, static_cast<uint64_t>(start));
+  };
+  if (!defer) materialize(p);
   return p;
 }
 
@@ -39,12 +43,12 @@ Linear::Linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed
   // PyTorch's default: kaiming_uniform_(a=sqrt(5)) gives bound sqrt(6 / (6 in)) = 1/sqrt(in).
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));
   const std::string wname = internal::join_name(prefix, "weight");
-  weight_ = make_param(wname, {in, out}, sharding::ParamKind::linear_weight, options.role, true);
-  fill_uniform(weight_.value, seed, key_from_name(wname), -bound, bound);
+  weight_ = make_param(wname, {in, out}, sharding::ParamKind::linear_weight, options.role, true, seed, bound,
+                       options.defer_init);
   if (has_bias_) {
     const std::string bname = internal::join_name(prefix, "bias");
-    bias_ = make_param(bname, {out}, sharding::ParamKind::linear_bias, options.role, false);
-    fill_uniform(bias_.value, seed, key_from_name(bname), -bound, bound);
+    bias_ = make_param(bname, {out}, sharding::ParamKind::linear_bias, options.role, false, seed, bound,
+                       options.defer_init);
     db_.resize(static_cast<size_t>(out));
   }
 }

@@ -40,6 +40,10 @@ struct LinearOptions {
   bool needs_input_grad = true;
   // Metadata for tensor parallelism (see sharding::LinearRole); no effect here.
   sharding::LinearRole role = sharding::LinearRole::none;
+  // Leave the parameters' values undefined (Parameter::init still describes
+  // them): fully sharded data parallelism then builds only each rank's shard.
+  // nn::materialize(p) builds a whole one. Values are the same either way.
+  bool defer_init = false;
 };
 
 class Linear final : public Module {

@@ -32,6 +32,7 @@ MLP::MLP(MLPConfig config) : Sequential(checked(config).prefix), config_(std::mo
   for (size_t i = 0; i + 1 < s.size(); ++i) {
     LinearOptions options;
     options.needs_input_grad = i > 0 || config_.needs_input_grad;
+    options.defer_init = config_.defer_init;
     add(std::make_unique<Linear>(s[i], s[i + 1], next_name(), config_.seed, options));
     if (i + 2 < s.size()) {  // hidden layer
       add(std::make_unique<ReLU>());

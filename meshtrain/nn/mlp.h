@@ -28,6 +28,7 @@ struct MLPConfig {
   double dropout = 0.0;           // after every hidden ReLU when > 0 (0 <= dropout <= 1)
   uint64_t seed = 0;              // initialization and dropout seed
   bool needs_input_grad = false;  // true: backward returns d loss / d x
+  bool defer_init = false;        // leave parameter values to be built later (LinearOptions::defer_init)
   std::string prefix;             // module path of the MLP ("" at the root)
 };
 

@@ -42,6 +42,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,13 +60,29 @@ struct BatchContext {
   int64_t first_global_sample = 0;  // global index of local sample 0 (>= 0)
 };
 
+// Fills elements [start, start + count) of a parameter's initial value
+// (row-major over info.shape) into out: a pure function of (seed, name,
+// index), so any rank can build exactly its shard (layout-invariant init).
+using ParamInit = std::function<void(int64_t start, int64_t count, float* out)>;
+
 struct Parameter {
   std::string name;           // path in the module tree, e.g. "encoder.0.weight"
-  Tensor value;               // f32
+  Tensor value;               // f32; undefined while deferred (see materialize)
   Tensor grad;                // f32, same shape
   bool weight_decay = true;   // AdamW decays it (false for biases and norms)
-  sharding::ParamInfo info;   // kind and linear role, for the strategies
+  sharding::ParamInfo info;   // global shape, kind and linear role, for the strategies
+  ParamInit init;             // the initial value, sliceable
 };
+
+// Allocates p.value (info.shape, f32) filled by p.init and a zeroed grad.
+// Modules built with deferred initialization (LinearOptions::defer_init,
+// MLPConfig::defer_init, ...) leave values undefined so that fully sharded
+// data parallelism can build each rank's shard alone; this builds the whole.
+inline void materialize(Parameter& p) {
+  p.value = Tensor::empty(p.info.shape, DType::f32);
+  p.init(0, p.value.numel(), p.value.data<float>());
+  p.grad = Tensor::zeros(p.info.shape, DType::f32);
+}
 
 // Which pass a module is in when it calls before_use / after_use.
 enum class Pass : uint8_t { forward, backward };
@@ -145,12 +162,11 @@ class Module {
     for (Parameter* p : parameters())
       if (p->grad.defined()) p->grad.fill(0.0);
   }
-  // Elements of every parameter whose value is defined (count before
-  // sharding: a fully sharded parameter's value is undefined between uses).
+  // Elements of every parameter (by its global shape: a deferred or fully
+  // sharded parameter counts whole).
   int64_t num_parameters() {
     int64_t n = 0;
-    for (Parameter* p : parameters())
-      if (p->value.defined()) n += p->value.numel();
+    for (Parameter* p : parameters()) n += p->info.numel();
     return n;
   }
 

@@ -30,26 +30,30 @@ const VAEConfig& checked(const VAEConfig& c) {
 VAE::VAE(VAEConfig config)
     : config_(checked(config)),
       encoder_(internal::join_name(config_.prefix, "encoder")),
-      fc_mu_(config_.hidden.back(), config_.latent, internal::join_name(config_.prefix, "fc_mu"), config_.seed),
+      fc_mu_(config_.hidden.back(), config_.latent, internal::join_name(config_.prefix, "fc_mu"), config_.seed,
+             LinearOptions{.defer_init = config_.defer_init}),
       fc_logvar_(config_.hidden.back(), config_.latent, internal::join_name(config_.prefix, "fc_logvar"),
-                 config_.seed),
+                 config_.seed, LinearOptions{.defer_init = config_.defer_init}),
       decoder_(internal::join_name(config_.prefix, "decoder")) {
   const std::vector<int64_t>& h = config_.hidden;
   int64_t prev = config_.input;
   for (size_t i = 0; i < h.size(); ++i) {  // input -> h[0] -> ... -> h[n-1]
     LinearOptions options;
     options.needs_input_grad = i > 0 || config_.needs_input_grad;
+    options.defer_init = config_.defer_init;
     encoder_.add(std::make_unique<Linear>(prev, h[i], encoder_.next_name(), config_.seed, options));
     encoder_.add(std::make_unique<ReLU>());
     prev = h[i];
   }
   prev = config_.latent;
   for (size_t i = h.size(); i-- > 0;) {  // latent -> h[n-1] -> ... -> h[0] -> input
-    decoder_.add(std::make_unique<Linear>(prev, h[i], decoder_.next_name(), config_.seed));
+    decoder_.add(std::make_unique<Linear>(prev, h[i], decoder_.next_name(), config_.seed,
+                                          LinearOptions{.defer_init = config_.defer_init}));
     decoder_.add(std::make_unique<ReLU>());
     prev = h[i];
   }
-  decoder_.add(std::make_unique<Linear>(prev, config_.input, decoder_.next_name(), config_.seed));
+  decoder_.add(std::make_unique<Linear>(prev, config_.input, decoder_.next_name(), config_.seed,
+                                        LinearOptions{.defer_init = config_.defer_init}));
 }
 
 std::vector<Parameter*> VAE::parameters() {

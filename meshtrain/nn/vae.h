@@ -49,6 +49,7 @@ struct VAEConfig {
   int64_t latent = 20;
   uint64_t seed = 0;                     // initialization and noise seed
   bool needs_input_grad = false;         // true: backward returns d loss / d x
+  bool defer_init = false;               // leave parameter values to be built later (LinearOptions::defer_init)
   std::string prefix;                    // module path of the VAE ("" at the root)
 };
 

@@ -158,6 +158,22 @@ struct FullyShardedDataParallel::Reduction {
   comm::Work work;
 };
 
+// Elements [from, from + count) of the unit's flat initial vector (zero
+// padding past its N elements) into out, from each parameter's value or,
+// when deferred, its init.
+void FullyShardedDataParallel::fill_flat(const Unit& u, int64_t from, int64_t count, float* out) {
+  std::fill(out, out + count, 0.0f);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    const nn::Parameter& p = *u.params[i];
+    const int64_t o = u.offsets[i], a = std::max(o, from), b = std::min(o + p.info.numel(), from + count);
+    if (a >= b) continue;
+    if (p.value.defined())
+      std::memcpy(out + (a - from), p.value.data<float>() + (a - o), static_cast<size_t>(b - a) * sizeof(float));
+    else
+      p.init(a - o, b - a, out + (a - from));
+  }
+}
+
 // ---- construction ----
 
 FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, comm::Communicator& shard_comm,
@@ -181,10 +197,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, comm::Comm
   rank_ = options_.stage == ZeroStage::no_shard ? 0 : shard_->rank();
   const std::vector<nn::Parameter*> params = model.parameters();
   for (const nn::Parameter* p : params) {
-    if (!p->value.defined() || p->value.dtype() != DType::f32 || !p->value.is_contiguous() ||
-        p->value.device().type != DeviceType::cpu)
-      throw InvalidArgument(kOp, fmt::format("parameter '{}' is not a contiguous f32 cpu tensor", p->name),
-                            "wrap a freshly built model (f32 master weights) once");
+    const bool deferred = !p->value.defined() && p->init;
+    if (!deferred && (!p->value.defined() || p->value.dtype() != DType::f32 || !p->value.is_contiguous() ||
+                      p->value.device().type != DeviceType::cpu || p->value.shape() != p->info.shape))
+      throw InvalidArgument(kOp,
+                            fmt::format("parameter '{}' is neither a contiguous f32 cpu tensor of its shape nor "
+                                        "deferred (undefined value with an init)",
+                                        p->name),
+                            "wrap a freshly built model (f32 master weights, or defer_init) once");
   }
   check_structure(params);
   if (options_.sync_module_states) sync_states();
@@ -203,7 +223,7 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
 void FullyShardedDataParallel::check_structure(const std::vector<nn::Parameter*>& params) {
   std::string desc = fmt::format("stage={};min={};p={};g={};", static_cast<int>(options_.stage),
                                  options_.min_weight_size, dtype_name(options_.param_dtype), dtype_name(reduce_dtype_));
-  for (const nn::Parameter* p : params) desc += p->name + shape_to_string(p->value.shape()) + ";";
+  for (const nn::Parameter* p : params) desc += p->name + shape_to_string(p->info.shape) + ";";
   const int64_t mine[2] = {static_cast<int64_t>(params.size()), static_cast<int64_t>(key_from_name(desc))};
   for (comm::Communicator* c : {shard_, replicate_}) {
     if (!c) continue;
@@ -225,6 +245,7 @@ void FullyShardedDataParallel::check_structure(const std::vector<nn::Parameter*>
 
 void FullyShardedDataParallel::sync_states() {
   for (nn::Parameter* p : model_->parameters()) {
+    if (!p->value.defined()) continue;  // deferred: its init is the same function on every rank
     const size_t n = static_cast<size_t>(p->value.numel());
     shard_->broadcast(p->value.data<float>(), n, DType::f32, 0);
     if (replicate_) replicate_->broadcast(p->value.data<float>(), n, DType::f32, 0);
@@ -257,14 +278,16 @@ void FullyShardedDataParallel::build_units(const std::vector<nn::Parameter*>& pa
     UnitInfo info;
     info.name = name;
     for (nn::Parameter* p : ps) {
-      if (p->value.numel() >= options_.min_weight_size && p->value.numel() > 0) {
+      const int64_t n = p->info.numel();
+      shapes_[p] = p->info.shape;
+      if (n >= options_.min_weight_size && n > 0) {
         u->offsets.push_back(u->numel);
         u->params.push_back(p);
-        u->numel += p->value.numel();
+        u->numel += n;
         info.sharded.push_back(p->name);
       } else {
         replicated_.push_back(p);
-        replicated += p->value.numel();
+        replicated += n;
         info.replicated.push_back(p->name);
       }
       unit_of_param_[p] = u.get();
@@ -277,17 +300,21 @@ void FullyShardedDataParallel::build_units(const std::vector<nn::Parameter*>& pa
     info.shard = u->shard;
     sharded_elements_ += u->numel;
     if (u->numel > 0) {
-      // The full f32 values, flat (the model's own tensors, freed below).
-      Tensor flat = Tensor::zeros({u->padded}, DType::f32);
-      for (size_t i = 0; i < u->params.size(); ++i)
-        flat.narrow(0, u->offsets[i], u->params[i]->value.numel()).copy_from(u->params[i]->value.view({-1}));
-      const Tensor owned = flat.narrow(0, u->lo, u->shard);
+      // The initial f32 values of what this rank stores, from the model's
+      // tensors (freed below) or, for deferred parameters, their init: a
+      // zero3 rank builds only its shard.
+      Tensor owned;
       if (stage == ZeroStage::zero3) {
+        owned = Tensor::empty({u->shard}, DType::f32);
+        fill_flat(*u, u->lo, u->shard, owned.data<float>());
         u->shard_param = alloc(u->shard, pd, MemoryCategory::parameters);
         u->shard_param.copy_from(owned);
       } else {
+        Tensor flat = Tensor::empty({u->padded}, DType::f32);
+        fill_flat(*u, 0, u->padded, flat.data<float>());
         u->full_param = alloc(u->padded, pd, MemoryCategory::parameters);
         u->full_param.copy_from(flat);
+        owned = flat.narrow(0, u->lo, u->shard);
       }
       if (pd == DType::f32) {
         u->master = stage == ZeroStage::zero3 ? u->shard_param : u->full_param.narrow(0, u->lo, u->shard);
@@ -301,11 +328,10 @@ void FullyShardedDataParallel::build_units(const std::vector<nn::Parameter*>& pa
         u->shard_grad = alloc(u->shard, gd, MemoryCategory::gradients);
       for (size_t i = 0; i < u->params.size(); ++i) {
         nn::Parameter* p = u->params[i];
-        const std::vector<int64_t> shape = p->value.shape();
-        const int64_t n = p->value.numel();
+        const std::vector<int64_t>& shape = shapes_.at(p);
+        const int64_t n = p->info.numel();
         p->value = values_persistent() ? u->full_param.narrow(0, u->offsets[i], n).view(shape) : Tensor();
         p->grad = grads_persistent() ? u->full_grad.narrow(0, u->offsets[i], n).view(shape) : Tensor();
-        shapes_[p] = shape;
         // The part of p this rank owns: flat [a, b) within [lo, lo + shard).
         const int64_t a = std::max(u->offsets[i], u->lo);
         const int64_t b = std::min(u->offsets[i] + n, u->lo + u->shard);
@@ -327,6 +353,7 @@ void FullyShardedDataParallel::build_units(const std::vector<nn::Parameter*>& pa
   replicated_grads_ = alloc(std::max<int64_t>(replicated, 1), DType::f32, MemoryCategory::gradients);
   int64_t off = 0;
   for (nn::Parameter* p : replicated_) {
+    if (!p->value.defined()) nn::materialize(*p);
     const std::vector<int64_t> shape = p->value.shape();
     Tensor v = Tensor::empty(shape, DType::f32, Device{}, options_.tracker, MemoryCategory::parameters);
     v.copy_from(p->value);

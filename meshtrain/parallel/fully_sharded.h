@@ -186,7 +186,10 @@ class FullyShardedDataParallel final : public nn::ParamHook {
   // value/grad become views or undefined, see above), replicated ones get
   // tracked f32 copies; installs itself as the model's hook. Checks that
   // every rank has the same parameter names and shapes (InvalidArgument
-  // naming the first rank that differs). Parameters must be f32. Sets the
+  // naming the first rank that differs). Parameters must be f32, or
+  // deferred (undefined value, Parameter::init set: a model built with
+  // defer_init), in which case each rank builds only what it stores (a
+  // zero3 rank: its shard; the full model never exists on any rank). Sets the
   // model's compute dtype to param_dtype (Module::set_compute_dtype).
   FullyShardedDataParallel(nn::Module& model, comm::Communicator& shard_comm,
                            comm::Communicator* replicate_comm, FullyShardedOptions options = {});
@@ -251,6 +254,7 @@ class FullyShardedDataParallel final : public nn::ParamHook {
   void check_structure(const std::vector<nn::Parameter*>& params);
   void sync_states();
   void build_units(const std::vector<nn::Parameter*>& params);
+  static void fill_flat(const Unit& u, int64_t from, int64_t count, float* out);
   Tensor alloc(int64_t n, DType dtype, MemoryCategory category) const;
   Tensor owned_grad(Unit& u);
   // f32 values (grads) live in persistent storage that p.value (p.grad) views.

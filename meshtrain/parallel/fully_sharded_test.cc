@@ -49,10 +49,11 @@ FullyShardedOptions opts(ZeroStage stage, DType dtype = DType::f32) {
   return o;
 }
 
-nn::MLPConfig mlp_config() {
+nn::MLPConfig mlp_config(bool defer_init = false) {
   nn::MLPConfig c;
   c.sizes = kSizes;
   c.seed = 7;
+  c.defer_init = defer_init;
   return c;
 }
 
@@ -111,6 +112,7 @@ struct RunSpec {
   int micro_batches = 1;
   FullyShardedOptions options;
   int steps = kSteps;
+  bool defer_init = false;  // build the model without values; the wrapper builds the shards
 };
 
 // The same training, data parallel over every rank, sharded per `setup`.
@@ -127,7 +129,7 @@ Outcome run(const RunSpec& setup) {
       shard = &mesh->comm("fsdp");
       replicate = &mesh->comm("data");
     }
-    nn::MLP model(mlp_config());
+    nn::MLP model(mlp_config(setup.defer_init));
     FullyShardedOptions o = setup.options;
     o.stage = setup.strategy.stage;
     o.min_weight_size = kMinWeight;
@@ -188,6 +190,28 @@ TEST(FullySharded, EveryStageEqualsOneDevice) {
       s.strategy = {stage, false};
       expect_close(run(s), want, 1e-5, fmt::format("{} on {} ranks", s.strategy.name(), ranks));
     }
+}
+
+TEST(FullySharded, DeferredInitBuildsTheSameShardsWithoutTheFullModel) {
+  for (ZeroStage stage : {ZeroStage::no_shard, ZeroStage::zero1, ZeroStage::zero2, ZeroStage::zero3}) {
+    RunSpec s;
+    s.ranks = 4;
+    s.strategy = {stage, false};
+    const Outcome eager = run(s);
+    s.defer_init = true;
+    const Outcome deferred = run(s);
+    EXPECT_EQ(deferred.losses, eager.losses) << s.strategy.name();  // bit for bit
+    EXPECT_EQ(deferred.params, eager.params) << s.strategy.name();
+  }
+  nn::MLP deferred(mlp_config(true)), eager(mlp_config());
+  EXPECT_EQ(deferred.num_parameters(), eager.num_parameters());
+  for (nn::Parameter* p : deferred.parameters()) {
+    EXPECT_FALSE(p->value.defined()) << p->name;
+    nn::materialize(*p);
+  }
+  const std::vector<nn::Parameter*> ps = eager.parameters();
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_EQ(deferred.parameters()[i]->value.to_vector(), ps[i]->value.to_vector()) << ps[i]->name;
 }
 
 TEST(FullySharded, HybridShardingEqualsOneDevice) {

@@ -112,6 +112,7 @@ class Run {
       mc.sizes = sizes;
       mc.dropout = tc.dropout;
       mc.seed = tc.seed;
+      mc.defer_init = !tc.fsdp.empty();  // the wrapper builds each rank's part alone
       mlp_ = std::make_unique<nn::MLP>(mc);
       model_ = mlp_.get();
     } else {
@@ -121,6 +122,7 @@ class Run {
       vc.hidden = hidden;
       vc.latent = tc.latent;
       vc.seed = tc.seed;
+      vc.defer_init = !tc.fsdp.empty();
       vae_ = std::make_unique<nn::VAE>(vc);
       model_ = vae_.get();
     }
