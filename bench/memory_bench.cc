@@ -46,6 +46,7 @@ MemoryBenchRow run_one(const MemoryBenchOptions& o, const std::string& strategy_
                  for (int64_t h : o.hidden) mc.sizes.push_back(h);
                  mc.sizes.push_back(10);
                  mc.seed = 1;
+                 mc.defer_init = true;  // each rank builds only what it stores
                  nn::MLP model(mc);
                  int64_t largest = 0;
                  {
