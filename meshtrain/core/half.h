@@ -1,6 +1,8 @@
 // bf16 and f16 <-> f32 conversion. Round to nearest, ties to even; NaN stays
-// NaN (quiet, sign kept), infinities stay infinities, f16 subnormals are exact
-// both ways and f32 values past the f16 range round to infinity.
+// NaN (quiet, sign and top payload bits kept), infinities stay infinities, f16
+// subnormals are exact both ways and f32 values past the f16 range round to
+// infinity. f32 <-> f16 equals x86's F16C instructions bit for bit (bulk
+// conversions use them: internal/convert.h).
 // Bit patterns travel as uint16_t. Pure functions; thread-safe.
 #pragma once
 
@@ -22,7 +24,8 @@ inline float f16_to_float(uint16_t h) {
   const uint32_t sign = uint32_t{h & 0x8000u} << 16;
   const uint32_t exp = (h >> 10) & 0x1fu;
   const uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (man << 13));  // inf/NaN
+  if (exp == 0x1f)  // inf, or NaN made quiet with its payload kept (as x86's VCVTPH2PS)
+    return std::bit_cast<float>(sign | 0x7f800000u | (man != 0 ? 0x00400000u : 0u) | (man << 13));
   if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112) << 23) | (man << 13));
   // Zero or subnormal: man * 2^-24, exact in f32.
   const float v = static_cast<float>(man) * 0x1p-24f;

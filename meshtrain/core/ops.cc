@@ -3,11 +3,13 @@
 #include <cblas.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/internal/convert.h"
 #include "meshtrain/core/internal/elements.h"
 
 namespace meshtrain {
@@ -343,8 +345,17 @@ void round_to(const Tensor& x, DType dtype) {
                           "round an f32 tensor to bf16, f16 (or f32: no-op)");
   if (dtype == DType::bf16)
     unary_inplace_kernel<float>(x, [](float v) { return bf16_to_float(float_to_bf16(v)); });
-  else if (dtype == DType::f16)
+  else if (dtype == DType::f16 && x.is_contiguous()) {  // through F16C when present, in cache-sized chunks
+    float* p = x.data<float>();
+    uint16_t h[1024];
+    for (int64_t i = 0, n = x.numel(); i < n; i += 1024) {
+      const size_t m = static_cast<size_t>(std::min<int64_t>(1024, n - i));
+      internal::f32_to_f16(p + i, h, m);
+      internal::f16_to_f32(h, p + i, m);
+    }
+  } else if (dtype == DType::f16) {
     unary_inplace_kernel<float>(x, [](float v) { return f16_to_float(float_to_f16(v)); });
+  }
 }
 
 double sum(const Tensor& x) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/internal/convert.h"
 #include "meshtrain/core/internal/elements.h"
 
 namespace meshtrain {
@@ -452,6 +453,10 @@ void Tensor::copy_from(const Tensor& src) const {
         if (inner[0] == 1 && inner[1] == 1) {  // unit strides: a loop the compiler vectorizes
           if constexpr (std::is_same_v<D, S>)
             std::copy(p, p + len, d);
+          else if constexpr (std::is_same_v<D, internal::F16> && std::is_same_v<S, float>)
+            internal::f32_to_f16(p, reinterpret_cast<uint16_t*>(d), static_cast<size_t>(len));
+          else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, internal::F16>)
+            internal::f16_to_f32(reinterpret_cast<const uint16_t*>(p), d, static_cast<size_t>(len));
           else
             for (int64_t i = 0; i < len; ++i) d[i] = internal::convert<D>(p[i]);
           return;
