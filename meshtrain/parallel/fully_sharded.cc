@@ -446,12 +446,8 @@ void FullyShardedDataParallel::materialize(Unit& u) {
 }
 
 void FullyShardedDataParallel::release_values(Unit& u) {
+  if (values_persistent()) return;  // the values are views of the persistent f32 parameters
   u.inspecting = false;
-  if (values_persistent()) {
-    // Persistent f32 values: views stay (restored if gather_full_parameters replaced them).
-    set_value_views(u, u.full_param);
-    return;
-  }
   for (nn::Parameter* p : u.params) p->value = Tensor();
   u.work_value = Tensor();
   u.materialized = false;
