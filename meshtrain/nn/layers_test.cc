@@ -26,14 +26,9 @@ namespace {
 
 using internal::expect_grad_matches;
 using internal::random_tensor;
+using internal::RecordingHook;
 using internal::weighted_sum;
 
-// Records grad_ready calls in order.
-class RecordingHook : public ParamHook {
- public:
-  void grad_ready(Parameter& p) override { names.push_back(p.name); }
-  std::vector<std::string> names;
-};
 
 // ---- Linear ----
 

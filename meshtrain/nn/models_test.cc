@@ -21,13 +21,9 @@ namespace {
 
 using internal::expect_grad_matches;
 using internal::random_tensor;
+using internal::RecordingHook;
 using internal::weighted_sum;
 
-class RecordingHook : public ParamHook {
- public:
-  void grad_ready(Parameter& p) override { names.push_back(p.name); }
-  std::vector<std::string> names;
-};
 
 std::vector<std::string> names_of(Module& m) {
   std::vector<std::string> out;

@@ -18,11 +18,13 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "meshtrain/core/random.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/nn/module.h"
 
 namespace meshtrain::nn::internal {
 
@@ -101,5 +103,12 @@ inline void expect_grad_matches(const std::function<double()>& f, const Tensor& 
         << "element " << c.indices[k] << ": analytic " << c.analytic[k] << ", numeric " << c.numeric[k];
   }
 }
+
+// Records grad_ready calls in order (parameter names).
+class RecordingHook : public ParamHook {
+ public:
+  void grad_ready(Parameter& p) override { names.push_back(p.name); }
+  std::vector<std::string> names;
+};
 
 }  // namespace meshtrain::nn::internal
