@@ -28,6 +28,8 @@
 
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,11 @@ struct CollectiveOptions {
   DType dtype = DType::f32;
   double seconds_per_size = 0.2;  // timing budget per (op, size)
   std::string label;              // e.g. "threads" or "mpi-native", printed per row
+  // When set, runs each timed call instead of the communicator (e.g.
+  // OpenMPI's own collectives, as the peer); the communicator still
+  // synchronizes and reduces the timings. Arguments: op, send buffer,
+  // receive buffer (distinct), count per call, dtype.
+  std::function<void(comm::CollectiveOp, std::byte*, std::byte*, size_t, DType)> call;
 };
 
 struct CollectiveRow {

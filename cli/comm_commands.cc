@@ -16,6 +16,7 @@
 #include "meshtrain/mesh/device_mesh.h"
 #ifdef MESHTRAIN_HAVE_MPI
 #include "meshtrain/comm/mpi/communicator.h"
+#include "meshtrain/comm/mpi/native.h"
 #endif
 
 namespace meshtrain::cli {
@@ -35,7 +36,8 @@ comm::LaunchOptions EngineFlags::launch_options() const {
   const auto e = comm::parse_engine(engine);
   return {.engine = e,
           .ranks = e == comm::Engine::mpi ? 0 : ranks,
-          .timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000))};
+          .timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
+          .abort_on_error = true};
 }
 
 void print_config(const std::string& command, const std::vector<std::pair<std::string, std::string>>& kv) {
@@ -71,6 +73,7 @@ struct BenchFlags {
   size_t step = 4;
   double seconds = 0.2;
   bool check_fingerprints = false;
+  bool peer = true;  // mpi: time OpenMPI's own collectives too
 };
 
 std::vector<CollectiveOp> parse_ops(const std::string& list) {
@@ -120,7 +123,8 @@ int run_bench_collectives(const BenchFlags& f) {
   } else {
 #ifdef MESHTRAIN_HAVE_MPI
     using comm::mpi::ReduceScatterAlgorithm;
-    auto world = comm::mpi::create_world({.check_fingerprints = f.check_fingerprints});
+    auto world = comm::mpi::create_world({.check_fingerprints = f.check_fingerprints,
+                                          .on_error = comm::mpi::report_and_abort});
     world->set_timeout(f.engine.launch_options().timeout);
     banner(*world);
     o.label = f.check_fingerprints ? "mpi+check" : "mpi";
@@ -128,11 +132,22 @@ int run_bench_collectives(const BenchFlags& f) {
     auto others = o;
     others.ops.erase(std::remove(others.ops.begin(), others.ops.end(), CollectiveOp::reduce_scatter), others.ops.end());
     if (!others.ops.empty()) report(*world, bench::run_collectives(*world, others));
+    if (f.peer) {
+      // The peer in the same run: OpenMPI's own blocking collectives.
+      comm::mpi::NativeCollectives native;
+      auto peer = o;
+      peer.label = "openmpi";
+      peer.call = [&](CollectiveOp op, std::byte* a, std::byte* b, size_t count, DType t) {
+        native.run(op, a, b, count, t);
+      };
+      report(*world, bench::run_collectives(*world, peer));
+    }
     const bool want_rs = std::find(o.ops.begin(), o.ops.end(), CollectiveOp::reduce_scatter) != o.ops.end();
     for (auto algo : {ReduceScatterAlgorithm::native, ReduceScatterAlgorithm::ring}) {
       if (!want_rs || (f.mpi_reduce_scatter != "both" && f.mpi_reduce_scatter != comm::mpi::reduce_scatter_algorithm_name(algo)))
         continue;
-      auto c = comm::mpi::create_world({.check_fingerprints = f.check_fingerprints, .reduce_scatter = algo});
+      auto c = comm::mpi::create_world(
+          {.check_fingerprints = f.check_fingerprints, .reduce_scatter = algo, .on_error = comm::mpi::report_and_abort});
       c->set_timeout(world->timeout());
       auto rs = o;
       rs.ops = {CollectiveOp::reduce_scatter};
@@ -225,6 +240,8 @@ std::vector<Command> add_comm_commands(CLI::App& app) {
       ->check(CLI::IsMember({"native", "ring", "both"}))
       ->capture_default_str();
   coll->add_flag("--check-fingerprints", bf->check_fingerprints, "mpi: exchange fingerprints on every collective");
+  coll->add_flag("--peer,!--no-peer", bf->peer, "mpi: also time OpenMPI's own blocking collectives (rows 'openmpi')")
+      ->capture_default_str();
   out.push_back({coll, [=] { return run_bench_collectives(*bf); }});
   return out;
 }

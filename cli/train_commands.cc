@@ -82,7 +82,8 @@ int run_train(TrainFlags& f) {
 
   const comm::LaunchOptions launch{.engine = dc.backend,
                                    .ranks = dc.backend == comm::Engine::threads ? dc.world_size : 0,
-                                   .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000))};
+                                   .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000)),
+                                   .abort_on_error = true};
   const bool main = dc.rank == 0;
   if (main) {
     fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", engine, dc.world_size, dc.mesh().to_spec());

@@ -22,6 +22,10 @@ int main() {
   dc.mesh_axis_names = {"data"};
   train::TrainConfig tc;
   tc.hidden = {64, 32};
+  // SGD with momentum: see tests/dp_parity_test.cc (AdamW amplifies last-bit
+  // summation-order differences where a gradient nearly cancels).
+  tc.optimizer = "sgd";
+  tc.lr = 0.05;
   tc.dropout = 0.1;
   tc.batch_size = 64;
   tc.max_steps = 50;

@@ -19,8 +19,11 @@ struct Outcome {
   std::vector<std::pair<std::string, Tensor>> params;
 };
 
+// SGD with momentum: under AdamW, g / sqrt(v) turns a last-bit summation-order
+// difference in a gradient that nearly cancels into a difference of up to lr
+// per step (4e-5 relative after 50 steps with OpenBLAS's AVX-512 kernels).
 Outcome train_on(int ranks, const std::string& model, int micro_batches, const std::string& tag,
-                 const std::string& optimizer = "adamw") {
+                 const std::string& optimizer = "sgd") {
   train::TrainConfig tc;
   tc.model = model;
   tc.hidden = model == "mlp" ? std::vector<int>{64, 32} : std::vector<int>{64, 32};
@@ -69,13 +72,8 @@ TEST(DataParallelParity, MlpOneTwoFourRanks) {
   expect_same(one, train_on(4, "mlp", 1, "mlp4"), "mlp 4 ranks");
 }
 
-// With SGD: under AdamW the VAE's first-layer weights of pixels that are
-// almost always 0 get gradients near 0, where Adam's g / sqrt(v) turns
-// last-bit differences of the summation order (one GEMM over 64 samples vs
-// two over 32) into lr-sized steps (7e-5 relative after 50 steps). Losses
-// agree within 1e-5 either way.
 TEST(DataParallelParity, VaeOneAndTwoRanks) {
-  expect_same(train_on(1, "vae", 1, "vae1", "sgd"), train_on(2, "vae", 1, "vae2", "sgd"), "vae 2 ranks");
+  expect_same(train_on(1, "vae", 1, "vae1"), train_on(2, "vae", 1, "vae2"), "vae 2 ranks");
 }
 
 TEST(DataParallelParity, AccumulationEqualsOneLargerBatch) {

@@ -30,7 +30,14 @@ struct RunSpec {
   std::string mesh = "";  // "" = one device
   std::string fsdp = "";  // "" = plain data parallelism
   int micro_batches = 1;
-  std::string optimizer = "adamw";
+  // SGD with momentum for the 1e-5 comparisons: AdamW's g / sqrt(v) turns a
+  // last-bit summation-order difference in a gradient that nearly cancels
+  // (first-layer weights of almost-always-zero pixels) into a difference of
+  // up to lr per step (4e-5 relative after 50 steps when OpenBLAS picks its
+  // AVX-512 kernels, whose blocking depends on the per-rank batch).
+  // AdamW itself is checked against PyTorch (golden_test) and across ranks
+  // over a few steps (parallel_test).
+  std::string optimizer = "sgd";
   config::MixedPrecision precision = config::MixedPrecision::no;
   int64_t max_steps = 50;
   std::vector<int> hidden = {64, 32};
@@ -150,8 +157,7 @@ TEST(FullyShardedParity, ClippingMatches) {
 }
 
 TEST(FullyShardedParity, VaeZero3) {
-  expect_same(train_on({.model = "vae", .optimizer = "sgd"}, "vae1"),
-              train_on({.model = "vae", .mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "sgd"}, "vae_zero3"),
+  expect_same(train_on({.model = "vae"}, "vae1"), train_on({.model = "vae", .mesh = "fsdp=2", .fsdp = "zero3"}, "vae_zero3"),
               "vae zero3 2 ranks");
 }
 
@@ -168,7 +174,7 @@ std::vector<double> window_means(const std::vector<double>& losses) {
 }
 
 TEST(FullyShardedParity, Bf16Zero3FollowsFp32) {
-  const RunSpec base{.max_steps = 0, .hidden = {128, 64}, .batch_size = 128};  // one epoch: 468 steps
+  const RunSpec base{.optimizer = "adamw", .max_steps = 0, .hidden = {128, 64}, .batch_size = 128};  // one epoch
   RunSpec bf16 = base;
   bf16.mesh = "fsdp=2";
   bf16.fsdp = "zero3";
@@ -191,8 +197,8 @@ TEST(FullyShardedParity, Bf16Zero3FollowsFp32) {
 }
 
 TEST(FullyShardedParity, Fp16WithLossScalingFinishes) {
-  const auto r = train_on({.mesh = "fsdp=2", .fsdp = "zero3", .precision = config::MixedPrecision::fp16,
-                           .max_steps = 100},
+  const auto r = train_on({.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw",
+                           .precision = config::MixedPrecision::fp16, .max_steps = 100},
                           "fp16");
   ASSERT_EQ(r.step_losses.size(), 100u);
   for (double l : r.step_losses) EXPECT_TRUE(std::isfinite(l));
@@ -206,7 +212,8 @@ TEST(FullyShardedParity, Fp16WithLossScalingFinishes) {
 // The skip path: a learning rate that blows the model up overflows the fp16
 // gradients; every rank skips those steps and the scale backs off.
 TEST(FullyShardedParity, Fp16OverflowSkipsStepsAndBacksOff) {
-  RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .precision = config::MixedPrecision::fp16, .max_steps = 20};
+  RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw", .precision = config::MixedPrecision::fp16,
+            .max_steps = 20};
   r.hidden = {256, 128};
   r.lr = 0.5;
   const auto got = train_on(r, "fp16_overflow");

@@ -95,13 +95,20 @@ void launch(const LaunchOptions& options, const std::function<void(Communicator&
     case Engine::mpi: {
 #ifdef MESHTRAIN_HAVE_MPI
       mpi::initialize();
-      auto world = mpi::create_world({.check_fingerprints = options.check_fingerprints});
+      mpi::Options mo{.check_fingerprints = options.check_fingerprints};
+      if (options.abort_on_error) mo.on_error = mpi::report_and_abort;
+      auto world = mpi::create_world(mo);
       world->set_timeout(options.timeout);
       if (options.ranks != 0 && options.ranks != world->size())
         throw InvalidArgument("comm::launch",
                               fmt::format("asked for {} ranks but mpirun started {}", options.ranks, world->size()),
                               "pass the same count to mpirun -np and --ranks, or --ranks 0");
-      fn(*world);
+      if (!options.abort_on_error || world->size() == 1) return fn(*world);
+      try {
+        fn(*world);
+      } catch (const std::exception& e) {
+        mpi::report_and_abort(e, world->rank());
+      }
       return;
 #else
       throw Unsupported("comm::launch", "this build has no OpenMPI engine",

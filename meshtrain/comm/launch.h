@@ -9,7 +9,8 @@
 //   rethrows the first error by time (the cause, not its echoes).
 // mpi: the function runs once in this process on MPI_COMM_WORLD (start the
 //   program under mpirun); `ranks` must be 0 or equal the MPI world size.
-//   MPI is initialized on first use and finalized at process exit.
+//   MPI is initialized on first use and finalized at process exit. See
+//   abort_on_error for ending the whole job on the first error.
 // Thread-safety: call from one thread at a time.
 #pragma once
 
@@ -28,6 +29,14 @@ struct LaunchOptions {
   // threads: bind rank r to the r-th allowed core when ranks <= cores (the
   // threads that rank starts, e.g. BLAS's, inherit the binding).
   bool bind_to_cores = true;
+  // mpi, more than one rank: any error on this rank (a communicator failure,
+  // as it is detected, or an exception out of fn) is printed to stderr with
+  // the rank and ends the whole job (mpi::abort_job(1)), so mpirun returns
+  // at once instead of the other ranks waiting for their deadlines or
+  // hanging in MPI_Finalize, and nothing MPI may still write to is freed.
+  // What the meshtrain command does; a library caller that wants to catch
+  // errors leaves it off. threads: no effect (errors are rethrown).
+  bool abort_on_error = false;
 };
 
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn);

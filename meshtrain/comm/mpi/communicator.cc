@@ -2,13 +2,16 @@
 
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <utility>
 
 #include "meshtrain/comm/mpi/internal/channel.h"
 #include "meshtrain/comm/mpi/internal/mpi_util.h"
+#include "meshtrain/comm/mpi/internal/runtime.h"
 #include "meshtrain/core/error.h"
 
 // The operations' life cycle and the failure protocol: internal/channel.h.
@@ -37,8 +40,8 @@ class MpiWork final : public comm::internal::WorkState {
 
 class MpiCommunicator final : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, Options options)
-      : channel_(std::make_shared<Channel>(comm, options)) {}
+  MpiCommunicator(MPI_Comm comm, Options options, uint64_t id)
+      : channel_(std::make_shared<Channel>(comm, std::move(options), id)) {}
 
   int rank() const override { return channel_->rank(); }
   int size() const override { return channel_->size(); }
@@ -49,7 +52,9 @@ class MpiCommunicator final : public Communicator {
     c.send_recv = true;
     c.split = true;
     c.checks_fingerprints = channel_->options().check_fingerprints;
-    c.names_missing_ranks = channel_->options().check_fingerprints;
+    // Fingerprints name the ranks that did not arrive; without them, the
+    // liveness probes do (they need the progress thread).
+    c.names_missing_ranks = channel_->options().check_fingerprints || channel_->probes_peers();
     c.device_memory = false;
     return c;
   }
@@ -74,7 +79,8 @@ class MpiCommunicator final : public Communicator {
       channel_->fail_and_throw(std::current_exception());
     }
     if (sub == MPI_COMM_NULL) return nullptr;
-    auto child = std::make_unique<MpiCommunicator>(sub, channel_->options());
+    auto child = std::make_unique<MpiCommunicator>(sub, channel_->options(),
+                                                   internal::split_id(channel_->id(), seq, color));
     child->set_timeout(timeout());
     return child;
   }
@@ -85,7 +91,7 @@ class MpiCommunicator final : public Communicator {
 
 void finalize_at_exit() {
   int finalized = 0;
-  if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) MPI_Finalize();
+  if (MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized) internal::Runtime::finalize_with_deadline();
 }
 
 }  // namespace
@@ -127,9 +133,24 @@ bool is_initialized() {
 
 std::unique_ptr<Communicator> create_world(Options options) {
   initialize();
+  internal::Runtime& runtime = internal::Runtime::start();
   MPI_Comm comm = MPI_COMM_NULL;
   check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup", "create_world");
-  return std::make_unique<MpiCommunicator>(comm, options);
+  return std::make_unique<MpiCommunicator>(comm, std::move(options), runtime.next_world_id());
+}
+
+void report_and_abort(const std::exception& error, int world_rank) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "meshtrain: error on rank %d: %s\n", world_rank, error.what());
+  std::fflush(stderr);
+  if (dynamic_cast<const AbortedError*>(&error))
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  abort_job(1);
+}
+
+void abort_job(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort does not return; if MPI is gone, end this process at least
 }
 
 }  // namespace meshtrain::comm::mpi

@@ -12,9 +12,10 @@
 //   MPI_Iallgather, MPI_Ibcast, MPI_Ialltoall, MPI_Ibarrier, and
 //   MPI_Ireduce_scatter_block or a ring, see ReduceScatterAlgorithm); send/recv
 //   are MPI_Isend/MPI_Irecv with the caller's tag (at most MPI_TAG_UB).
-//   OpenMPI has no progress thread: an async operation advances while this
-//   rank is inside a call on this communicator (any start, Work::test or
-//   Work::wait), so overlap with compute is what MPI does on its own.
+//   OpenMPI advances non-blocking operations only inside MPI calls, so the
+//   engine runs one progress thread per process: while operations are in
+//   flight it polls them every 50 us (and answers peers' liveness probes,
+//   see Deadlines), so an async operation moves while the caller computes.
 //   Operations finish in issue order: waiting for one first finishes the
 //   earlier ones. A collective with count 0 posts no MPI call (with checks
 //   on, its fingerprints are still exchanged).
@@ -28,18 +29,30 @@
 //   missing at the deadline raises TimeoutError naming it. With checks off, a
 //   timeout cannot say who is missing.
 // - Deadlines: each wait (Work::wait, a blocking call, split) lasts at most
-//   timeout() from the moment it begins; the oldest unfinished operation gets
-//   the TimeoutError. A rank that fails (timeout, mismatch, MPI error) aborts
-//   the communicator and sends every peer a notice, so their pending and later
-//   calls fail at once (AbortedError naming it; MismatchError if they are in
-//   the mismatched collective) instead of at their own deadline. A notice can
-//   cross a late rank's arrival within one message latency; that rank then
-//   times out on its own.
+//   timeout() from the moment it begins. Then the waiting rank asks every
+//   peer process where it is on this communicator (a liveness probe on a
+//   private duplicate of MPI_COMM_WORLD, answered by the peer's progress
+//   thread) and waits up to a quarter of the timeout (20 ms to 1 s) for the
+//   answers; the oldest unfinished operation then gets a TimeoutError that
+//   names the ranks that did not arrive (no fingerprint, or a peer that says
+//   it has not issued that collective) or do not answer (stopped, killed, or
+//   hung with its progress thread starved), with or without fingerprint
+//   checks and also when the stall began in the middle of a transfer. A
+//   rank that fails (timeout, mismatch, MPI error) aborts the communicator,
+//   calls Options::on_error and sends every peer a notice, so their pending
+//   and later calls fail at once (AbortedError naming it; MismatchError if
+//   they are in the mismatched collective) instead of at their own deadline.
+//   A notice can cross a late rank's arrival within one message latency;
+//   that rank then times out on its own.
 // - Operations MPI cannot cancel (a non-blocking collective a peer never
 //   joined, a send in flight) keep using their buffers after the error that
-//   ended them: keep those buffers alive until the communicator is destroyed.
+//   ended them, and the progress thread keeps MPI progressing: keep those
+//   buffers alive until the communicator is destroyed, or end the job from
+//   Options::on_error (abort_job) so that nothing is freed under MPI.
 //   Destroying an aborted communicator waits up to timeout() for them to
 //   finish (a late peer may still join), then leaves them to MPI (leaked).
+//   A process whose communicator failed skips MPI_Finalize at exit (it
+//   would wait for the peer that never came); mpirun then ends the job.
 // - Reductions: f32, f64 and integers use MPI's built-in ops. bf16 and f16
 //   travel as 16-bit words with user-defined MPI ops that widen each pair to
 //   f32 and round the result, so MPI's reduction tree rounds once per step,
@@ -62,6 +75,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <string_view>
 
@@ -97,7 +112,28 @@ struct Options {
   // arrive). Costs n-1 small messages per rank and collective.
   bool check_fingerprints = true;
   ReduceScatterAlgorithm reduce_scatter = ReduceScatterAlgorithm::automatic;
+  // Called once when the communicator fails (timeout, mismatch, MPI error,
+  // a peer's abort notice), with the error and this process's rank in
+  // MPI_COMM_WORLD, before the error
+  // reaches any caller and before anything is unwound. It may run on the
+  // engine's progress thread and must not throw. For a job that cannot go on
+  // without the communicator: report and call abort_job(), so mpirun
+  // returns at once and no buffer of an operation MPI could not cancel is
+  // ever freed (what `meshtrain` does; comm::LaunchOptions::abort_on_error).
+  // Empty: only the throw.
+  std::function<void(const std::exception& error, int rank)> on_error = nullptr;
 };
+
+// Ends every process of the job: MPI_Abort(MPI_COMM_WORLD, code), so mpirun
+// returns `code`. For on_error handlers and programs that decide to stop;
+// the engine never calls it on its own.
+[[noreturn]] void abort_job(int code);
+
+// An on_error handler: prints "meshtrain: error on rank R: <what>" to stderr
+// and calls abort_job(1). For an AbortedError (a peer failed first) it
+// waits half a second before aborting, so the peer that found the cause
+// prints it first.
+[[noreturn]] void report_and_abort(const std::exception& error, int world_rank);
 
 // Initializes MPI with MPI_THREAD_MULTIPLE unless it is already initialized;
 // if this call initialized it, MPI_Finalize runs at process exit (std::atexit).

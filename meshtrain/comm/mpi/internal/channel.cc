@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "meshtrain/comm/internal/reduce.h"
 #include "meshtrain/comm/mpi/internal/reduce.h"
 #include "meshtrain/core/error.h"
 
@@ -48,7 +49,18 @@ std::vector<int> ranks_of(const std::exception_ptr& e) {
 
 }  // namespace
 
-Channel::Channel(MPI_Comm comm, Options options) : comm_(comm), options_(options) {
+uint64_t split_id(uint64_t parent, uint64_t seq, int color) {
+  // splitmix64 over the three values: equal inputs give equal ids everywhere.
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  return mix(mix(mix(parent) ^ seq) ^ static_cast<uint64_t>(static_cast<uint32_t>(color)));
+}
+
+Channel::Channel(MPI_Comm comm, Options options, uint64_t id)
+    : comm_(comm), id_(id), options_(std::move(options)) {
   const char* what = "create";
   try {
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", what);
@@ -56,6 +68,7 @@ Channel::Channel(MPI_Comm comm, Options options) : comm_(comm), options_(options
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", what);
     check(MPI_Comm_dup(comm_, &check_), "MPI_Comm_dup", what);
     check(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup", what);
+    check(MPI_Comm_dup(comm_, &small_), "MPI_Comm_dup", what);
     void* attr = nullptr;
     int flag = 0;
     check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attr, &flag), "MPI_Comm_get_attr", what);
@@ -68,18 +81,31 @@ Channel::Channel(MPI_Comm comm, Options options) : comm_(comm), options_(options
     for (int t = 0; t < 2; ++t)
       for (int o = 0; o < 4; ++o)
         check(MPI_Op_create(fns[t][o], /*commute=*/1, &ops16_[t][o]), "MPI_Op_create", what);
+    MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    check(MPI_Comm_group(comm_, &group), "MPI_Comm_group", what);
+    check(MPI_Comm_group(MPI_COMM_WORLD, &world), "MPI_Comm_group", what);
+    std::vector<int> local(static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) local[static_cast<size_t>(r)] = r;
+    world_ranks_.resize(local.size());
+    const int rc = MPI_Group_translate_ranks(group, size_, local.data(), world, world_ranks_.data());
+    MPI_Group_free(&group);
+    MPI_Group_free(&world);
+    check(rc, "MPI_Group_translate_ranks", what);
   } catch (...) {
     for (auto& row : ops16_)
       for (MPI_Op& op : row)
         if (op != MPI_OP_NULL && op != MPI_Op{}) MPI_Op_free(&op);
+    if (small_ != MPI_COMM_NULL) MPI_Comm_free(&small_);
     if (ring_ != MPI_COMM_NULL) MPI_Comm_free(&ring_);
     if (check_ != MPI_COMM_NULL) MPI_Comm_free(&check_);
     MPI_Comm_free(&comm_);
     throw;
   }
+  if (Runtime* rt = Runtime::get()) rt->attach(this);
 }
 
 Channel::~Channel() {
+  if (Runtime* rt = Runtime::get()) rt->detach(this);
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;  // MPI already released everything; nothing is safe to call
@@ -112,6 +138,7 @@ Channel::~Channel() {
   // and MPI_Op_free only mark the objects for release once pending work ends.
   for (auto& row : ops16_)
     for (MPI_Op& op : row) MPI_Op_free(&op);
+  MPI_Comm_free(&small_);
   MPI_Comm_free(&ring_);
   MPI_Comm_free(&check_);
   MPI_Comm_free(&comm_);
@@ -158,9 +185,19 @@ std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds tim
   auto task = std::make_shared<Task>();
   task->op = op;
   queue_.push_back(task);
+  if (!is_p2p(op.kind)) {
+    issued_ = op.seq;
+    last_op_ = static_cast<uint8_t>(op.kind);
+  }
   try {
     if (is_p2p(op.kind)) {
       post_data(*task);  // not collective: nothing to order or compare
+    } else if (use_small(op)) {
+      post_small(*task);  // its own tags on its own communicator: no order to keep
+      if (options_.check_fingerprints) {
+        task->stage = Stage::fingerprints;
+        post_fingerprints(*task);
+      }
     } else if (options_.check_fingerprints && size_ > 1) {
       task->stage = Stage::fingerprints;
       post_fingerprints(*task);
@@ -170,6 +207,8 @@ std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds tim
     return task;
   }
   progress_locked();
+  if (!task->finished)
+    if (Runtime* rt = Runtime::get()) rt->wake();
   return task;
 }
 
@@ -201,6 +240,7 @@ void Channel::post_data(Task& t) {
   const int count = static_cast<int>(std::min<size_t>(op.count, INT_MAX));
   const size_t block_bytes = op.bytes();
   t.stage = Stage::data;
+  if (!t.small.empty()) return;  // posted by start()
   switch (op.kind) {
     case CollectiveOp::all_reduce:
       if (op.count == 0) break;
@@ -262,6 +302,46 @@ void Channel::post_data(Task& t) {
   t.stage = Stage::done;  // nothing to move
 }
 
+void Channel::post_small(Task& t) {
+  const Op& op = t.op;
+  const size_t bytes = op.bytes(), peers = static_cast<size_t>(size_ - 1);
+  const int count = static_cast<int>(op.count), tag = fingerprint_tag(op.seq);
+  const MPI_Datatype type = mpi_type(op.dtype);
+  if (small_pool_.empty()) {
+    t.inputs = std::make_unique<std::byte[]>(peers * kSmallAllReduceBytes);
+  } else {
+    t.inputs = std::move(small_pool_.back());
+    small_pool_.pop_back();
+  }
+  t.small.assign(2 * peers, MPI_REQUEST_NULL);
+  for (size_t i = 0; i < peers; ++i) {
+    const int p = (rank_ + 1 + static_cast<int>(i)) % size_;
+    check(MPI_Irecv(t.inputs.get() + i * bytes, count, type, p, tag, small_, &t.small[i]),
+          "MPI_Irecv", "all_reduce");
+  }
+  for (size_t i = 0; i < peers; ++i) {
+    const int p = (rank_ + 1 + static_cast<int>(i)) % size_;
+    check(MPI_Isend(op.send, count, type, p, tag, small_, &t.small[peers + i]), "MPI_Isend",
+          "all_reduce");
+  }
+}
+
+void Channel::finish_small(Task& t) {
+  const Op& op = t.op;
+  const size_t bytes = op.bytes();
+  // In rank order, so every rank computes the same bits (and the threads
+  // engine's): in[0] op in[1] op ... op in[n-1].
+  std::vector<const void*> ins(static_cast<size_t>(size_));
+  for (int p = 0; p < size_; ++p) {
+    const size_t i = static_cast<size_t>((p - rank_ - 1 + size_) % size_);
+    ins[static_cast<size_t>(p)] = p == rank_ ? op.send : t.inputs.get() + i * bytes;
+  }
+  void* outs[1] = {op.recv};  // may alias op.send element for element (in place)
+  comm::internal::reduce(outs, 1, ins.data(), size_, op.count, op.dtype, op.reduce, size_);
+  t.small.clear();
+  small_pool_.push_back(std::move(t.inputs));
+}
+
 void Channel::progress_locked() {
   if (aborted_) return;
   if (!orphans_.empty()) test_orphans();
@@ -286,6 +366,7 @@ void Channel::progress_locked() {
       if (r != MPI_REQUEST_NULL) orphans_.push_back({r, t.mine, /*user_buffers=*/false});
     t.fp_send.clear();
     t.finished = true;
+    if (!is_p2p(t.op.kind)) finished_ = t.op.seq;
     queue_.pop_front();
   }
 }
@@ -335,6 +416,15 @@ void Channel::throw_mismatch(const Task& t, const std::vector<int>& arrived) {
 }
 
 void Channel::poll_data(Task& t) {
+  if (!t.small.empty()) {
+    int flag = 0;
+    check(MPI_Testall(static_cast<int>(t.small.size()), t.small.data(), &flag, MPI_STATUSES_IGNORE),
+          "MPI_Testall", "all_reduce");
+    if (!flag) return;
+    finish_small(t);
+    t.stage = Stage::done;
+    return;
+  }
   if (t.ring) {
     if (t.ring->progress()) t.stage = Stage::done;
     return;
@@ -366,35 +456,139 @@ bool Channel::test(Task& task) {
   return task.finished;
 }
 
+bool Channel::poll() {
+  std::unique_lock lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return true;  // another thread is progressing it
+  progress_locked();
+  return !queue_.empty();
+}
+
+ChannelStatus Channel::status() {
+  std::lock_guard lock(mu_);
+  return {.issued = issued_, .finished = finished_, .last_op = last_op_, .waiting = waiting_ > 0,
+          .aborted = aborted_};
+}
+
 void Channel::wait(Task& task, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   Backoff backoff;
   std::unique_lock lock(mu_);
   drain_timeout_ = timeout;
+  ++waiting_;
   for (;;) {
     progress_locked();
     if (task.finished) break;
     if (Clock::now() >= deadline) {
+      // Ask the peers where they are before blaming anyone; the channel
+      // stays unlocked meanwhile, so the progress thread can answer theirs.
+      lock.unlock();
+      const std::vector<PeerStatus> peers = probe_peers(timeout);
+      lock.lock();
+      progress_locked();
+      if (task.finished) break;  // it completed during the probe
       // The oldest unfinished task is the one holding everything up.
       Task& front = *queue_.front();
-      fail(&front, timeout_error(front, timeout), /*notify_peers=*/true, rank_);
+      fail(&front, timeout_error(front, timeout, peers), /*notify_peers=*/true, rank_);
       break;
     }
     lock.unlock();
     backoff.pause();
     lock.lock();
   }
+  --waiting_;
   if (task.error) std::rethrow_exception(task.error);
 }
 
-std::exception_ptr Channel::timeout_error(Task& t, std::chrono::milliseconds timeout) {
+std::vector<PeerStatus> Channel::probe_peers(std::chrono::milliseconds timeout) {
+  Runtime* rt = Runtime::get();
+  if (!rt || !rt->has_thread() || size_ == 1) return {};
+  std::vector<int> peers;
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) peers.push_back(world_ranks_[static_cast<size_t>(p)]);
+  std::vector<PeerStatus> answers = rt->probe(id_, peers, probe_grace(timeout));
+  std::vector<PeerStatus> out(static_cast<size_t>(size_));  // indexed by rank; self: answered
+  out[static_cast<size_t>(rank_)].state = PeerStatus::State::answered;
+  for (int p = 0, i = 0; p < size_; ++p)
+    if (p != rank_) out[static_cast<size_t>(p)] = answers[static_cast<size_t>(i++)];
+  return out;
+}
+
+namespace {
+
+// What the peers' answers to a liveness probe say about collective `seq`
+// (0: a send/recv, which has no sequence number).
+struct ProbeFindings {
+  std::vector<int> silent;  // no answer: stopped, killed, or hung without MPI progress
+  std::vector<int> behind;  // alive, but have not issued collective `seq`
+  std::vector<int> gone;    // no longer have this communicator
+  std::string text;         // "; rank 1 does not answer ..." (empty if nothing to say)
+  std::vector<int> blamed() const {
+    std::vector<int> all = silent;
+    all.insert(all.end(), behind.begin(), behind.end());
+    all.insert(all.end(), gone.begin(), gone.end());
+    std::sort(all.begin(), all.end());
+    return all;
+  }
+};
+
+ProbeFindings read_probe(const std::vector<PeerStatus>& peers, int self, uint64_t seq,
+                         std::chrono::milliseconds grace) {
+  ProbeFindings f;
+  if (peers.empty()) {
+    f.text = "; the peers could not be asked where they are (no progress thread: MPI was "
+             "initialized without MPI_THREAD_MULTIPLE)";
+    return f;
+  }
+  std::vector<std::string> notes;
+  for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
+    if (p == self) continue;
+    const PeerStatus& s = peers[static_cast<size_t>(p)];
+    switch (s.state) {
+      case PeerStatus::State::no_answer: f.silent.push_back(p); break;
+      case PeerStatus::State::unknown_channel:
+        f.gone.push_back(p);
+        notes.push_back(fmt::format("rank {} no longer has this communicator (it returned or "
+                                    "destroyed it)",
+                                    p));
+        break;
+      case PeerStatus::State::answered:
+        if (seq > 0 && s.issued < seq) {
+          f.behind.push_back(p);
+          notes.push_back(
+              s.issued == 0
+                  ? fmt::format("rank {} is alive but has issued no collective here yet", p)
+                  : fmt::format("rank {} is alive but its last collective here is {} #{}{}", p,
+                                collective_op_name(static_cast<CollectiveOp>(s.last_op)),
+                                s.issued, s.waiting ? " (it is waiting)" : " (it is not waiting)"));
+        }
+        break;
+    }
+  }
+  if (!f.silent.empty())
+    notes.insert(notes.begin(),
+                 fmt::format("{} {} not answer a liveness probe within {} ms: stopped, killed, or "
+                             "hung with its MPI progress starved",
+                             format_ranks(f.silent), f.silent.size() == 1 ? "does" : "do",
+                             grace.count()));
+  for (const std::string& n : notes) f.text += "; " + n;
+  return f;
+}
+
+}  // namespace
+
+std::exception_ptr Channel::timeout_error(Task& t, std::chrono::milliseconds timeout,
+                                          const std::vector<PeerStatus>& peers) {
   const Op& op = t.op;
-  const std::string what = is_p2p(op.kind)
-                               ? fmt::format("{} (tag {}, {} x {}) with rank {}",
+  const bool p2p = is_p2p(op.kind);
+  const std::string what = p2p ? fmt::format("{} (tag {}, {} x {}) with rank {}",
                                              collective_op_name(op.kind), op.tag,
                                              dtype_name(op.dtype), op.count, op.peer)
                                : op.fingerprint().to_string();
   const std::string waited = fmt::format("{} did not complete within {} ms", what, timeout.count());
+  const ProbeFindings found = read_probe(peers, rank_, p2p ? 0 : op.seq, probe_grace(timeout));
+  const char* kKeepBuffers =
+      "MPI cannot cancel the posted collective: keep its buffers alive until this communicator "
+      "is destroyed, or end the job (mpi::abort_job)";
   try {
     if (t.stage == Stage::fingerprints) {
       std::vector<int> arrived, missing;
@@ -412,42 +606,70 @@ std::exception_ptr Channel::timeout_error(Task& t, std::chrono::milliseconds tim
       if (missing.empty()) missing = t.peers;  // cannot happen: Testall would have completed
       throw TimeoutError(
           op_name(op),
-          fmt::format("{}; ranks that did not arrive: [{}]", waited, fmt::join(missing, ", ")),
+          fmt::format("{}; ranks that did not arrive: [{}]{}", waited, fmt::join(missing, ", "),
+                      found.text),
           fmt::format("{} {} slow or stuck before this collective (see its log or stack), or "
                       "issued fewer collectives than this rank; if it is only slow, raise the "
                       "timeout with set_timeout",
                       format_ranks(missing), missing.size() == 1 ? "is" : "are"),
           missing);
     }
-    if (is_p2p(op.kind))
-      throw TimeoutError(op_name(op), waited,
-                         fmt::format("rank {} has not posted the matching {} (same tag, count "
-                                     "and dtype)",
-                                     op.peer, op.kind == CollectiveOp::send ? "recv" : "send"),
+    if (p2p) {
+      const bool silent = std::find(found.silent.begin(), found.silent.end(), op.peer) !=
+                          found.silent.end();
+      throw TimeoutError(op_name(op), waited + found.text,
+                         silent ? fmt::format("rank {} is stopped or hung (it does not answer)",
+                                              op.peer)
+                                : fmt::format("rank {} has not posted the matching {} (same tag, "
+                                              "count and dtype)",
+                                              op.peer,
+                                              op.kind == CollectiveOp::send ? "recv" : "send"),
                          {op.peer});
-    if (t.ring)
-      throw TimeoutError(op_name(op), fmt::format("{}; {}", waited, t.ring->describe()),
-                         fmt::format("rank {} stopped making progress: it must be inside a call "
-                                     "on this communicator (wait/test) for the ring to move",
-                                     t.ring->waiting_on()),
-                         {t.ring->waiting_on()});
-    if (options_.check_fingerprints)
-      throw TimeoutError(op_name(op),
-                         fmt::format("{}; every rank arrived, but the data transfer did not "
-                                     "finish",
-                                     waited),
-                         "a peer stopped making MPI progress (it must wait or test its Work), "
-                         "or the network is stalled; raise the timeout if the buffer is huge. "
-                         "MPI cannot cancel the posted collective: keep its buffers alive until "
-                         "this communicator is destroyed",
-                         {});
+    }
+    std::vector<int> blamed = found.blamed();
+    if (t.ring) {
+      if (blamed.empty()) blamed = {t.ring->waiting_on()};
+      throw TimeoutError(op_name(op), fmt::format("{}; {}{}", waited, t.ring->describe(), found.text),
+                         fmt::format("{} stopped making progress: it must be alive and inside a "
+                                     "call on this communicator (wait/test) for the ring to move",
+                                     format_ranks(blamed)),
+                         blamed);
+    }
+    // With checks, every fingerprint arrived: everyone entered. Without,
+    // a peer that answers and has issued this collective is inside it.
+    const bool all_inside = !peers.empty() && blamed.empty();
+    if (options_.check_fingerprints || all_inside) {
+      throw TimeoutError(
+          op_name(op),
+          fmt::format("{}; every rank arrived, but the data transfer did not finish{}", waited,
+                      all_inside ? "; every rank answers and is inside it" : found.text),
+          fmt::format("{}. {}",
+                      blamed.empty() ? "the network or MPI's transport is stalled; raise the "
+                                       "timeout if the buffer is huge"
+                                     : fmt::format("{} stopped in the middle of the transfer",
+                                                   format_ranks(blamed)),
+                      kKeepBuffers),
+          blamed);
+    }
+    if (!peers.empty()) {
+      const std::string arrived =
+          found.behind.empty() ? ""
+                               : fmt::format("; ranks that did not arrive: [{}]",
+                                             fmt::join(found.behind, ", "));
+      throw TimeoutError(op_name(op), fmt::format("{}{}{}", waited, arrived, found.text),
+                         fmt::format("{} {} slow, stuck or stopped (before or inside this "
+                                     "collective), or issued fewer collectives than this rank. {}",
+                                     format_ranks(blamed), blamed.size() == 1 ? "is" : "are",
+                                     kKeepBuffers),
+                         blamed);
+    }
     throw TimeoutError(op_name(op),
                        fmt::format("{}; ranks that did not arrive: unknown (fingerprint checks "
-                                   "are off)",
-                                   waited),
-                       "enable mpi::Options::check_fingerprints to name the missing ranks, or "
-                       "raise the timeout with set_timeout. MPI cannot cancel the posted "
-                       "collective: keep its buffers alive until this communicator is destroyed",
+                                   "are off){}",
+                                   waited, found.text),
+                       fmt::format("enable mpi::Options::check_fingerprints to name the missing "
+                                   "ranks, or raise the timeout with set_timeout. {}",
+                                   kKeepBuffers),
                        {});
   } catch (...) {
     return std::current_exception();
@@ -492,6 +714,7 @@ bool Channel::receive_notice() {
 
 void Channel::fail(Task* culprit, std::exception_ptr error, bool notify_peers, int origin) {
   aborted_ = true;
+  Runtime::note_failure(drain_timeout_);
   abort_reason_ = what_of(error);
   abort_ranks_ = ranks_of(error);
   if (abort_ranks_.empty() && origin != rank_) abort_ranks_ = {origin};
@@ -510,7 +733,10 @@ void Channel::fail(Task* culprit, std::exception_ptr error, bool notify_peers, i
     abandon(t);
     t->finished = true;
   }
-  if (!notify_peers) return;
+  if (!notify_peers) {
+    report(error);
+    return;
+  }
   // Tell every peer, so its pending and later calls fail now instead of at
   // its own deadline. Errors are ignored: we are already failing.
   internal::Notice notice;
@@ -530,6 +756,17 @@ void Channel::fail(Task* culprit, std::exception_ptr error, bool notify_peers, i
     if (MPI_Isend(text->data(), static_cast<int>(text->size()), MPI_BYTE, p, kAbortTag, check_,
                   &r) == MPI_SUCCESS)
       orphans_.push_back({r, text, /*user_buffers=*/false});
+  }
+  report(error);
+}
+
+void Channel::report(const std::exception_ptr& error) {
+  if (!options_.on_error) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    options_.on_error(e, world_ranks_[static_cast<size_t>(rank_)]);
+  } catch (...) {
   }
 }
 
@@ -558,6 +795,17 @@ void Channel::abandon(const std::shared_ptr<Task>& t) {
     if (r != MPI_REQUEST_NULL) orphans_.push_back({r, t->mine, /*user_buffers=*/false});
   t->fp_send.clear();
   if (t->ring) t->ring->abandon(t, orphans_);
+  // A small all_reduce: its receives are cancelled, its sends (from the
+  // caller's buffer) stay with MPI.
+  const size_t peers = t->small.size() / 2;
+  for (size_t i = 0; i < t->small.size(); ++i) {
+    if (i < peers) {
+      cancel(t->small[i]);
+    } else if (t->small[i] != MPI_REQUEST_NULL) {
+      orphans_.push_back({t->small[i], t});
+      t->small[i] = MPI_REQUEST_NULL;
+    }
+  }
   if (t->request != MPI_REQUEST_NULL) {
     if (t->op.kind == CollectiveOp::recv) {
       cancel(t->request);

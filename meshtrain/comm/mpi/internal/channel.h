@@ -16,15 +16,22 @@
 // done -> finished: tasks finish in issue order (the Communicator contract);
 //   Work::test()/wait() report `finished`.
 //
-// Progress happens inside start(), Work::test() and Work::wait(): OpenMPI has
-// no progress thread. Any failure aborts the channel: every unfinished task
-// fails, peers get an abort notice (tag kAbortTag on `check_`), and later
-// calls throw AbortedError.
+// Progress happens inside start(), Work::test() and Work::wait(), and on the
+// runtime's progress thread (internal/runtime.h), which calls poll(). Any
+// failure aborts the channel: every unfinished task fails, peers get an
+// abort notice (tag kAbortTag on `check_`), Options::on_error runs, and
+// later calls throw AbortedError.
+//
+// Timeouts: past the deadline, wait() first asks the peer processes where
+// they are (Runtime::probe, at most probe_grace(timeout)), then fails the
+// oldest unfinished task with an error that names the ranks that did not
+// arrive or do not answer.
 
 #pragma once
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -40,10 +47,31 @@
 #include "meshtrain/comm/mpi/internal/fingerprint.h"
 #include "meshtrain/comm/mpi/internal/mpi_util.h"
 #include "meshtrain/comm/mpi/internal/ring_reduce_scatter.h"
+#include "meshtrain/comm/mpi/internal/runtime.h"
 
 namespace meshtrain::comm::mpi::internal {
 
 enum class Stage : uint8_t { fingerprints, ready, data, done };
+
+// How long a timed-out wait waits for its peers' answers: a quarter of the
+// timeout, within [20 ms, 1 s], so the error comes within 1.25x the deadline.
+inline std::chrono::milliseconds probe_grace(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
+}
+
+// all_reduce of at most kSmallAllReduceBytes per rank on 2 to
+// kSmallAllReduceRanks ranks: every rank sends its input to every peer
+// (MPI_Isend on a private communicator, posted by start() at once, so it
+// overlaps the fingerprint exchange) and reduces the n inputs itself, in
+// rank order. One message latency instead of the rounds of MPI's
+// non-blocking collective schedule, and bit-identical to the threads engine
+// (16-bit types rounded once).
+inline constexpr size_t kSmallAllReduceBytes = size_t{64} << 10;
+inline constexpr int kSmallAllReduceRanks = 8;
+
+// The id of the communicator split(color) makes from channel `parent` at
+// collective `seq`: the same on every member, distinct from its siblings'.
+uint64_t split_id(uint64_t parent, uint64_t seq, int color);
 
 // One operation in flight.
 struct Task {
@@ -59,8 +87,10 @@ struct Task {
   std::vector<int> peers;
   std::vector<MPI_Request> fp_recv, fp_send;
 
-  // Data: one MPI request, or a ring.
+  // Data: one MPI request, a small all_reduce's exchange, or a ring.
   MPI_Request request = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> small;   // receives (one per peer), then sends
+  std::unique_ptr<std::byte[]> inputs;  // peer (rank + 1 + i) % n's input at i * op.bytes()
   std::vector<std::byte> temp;  // native in-place reduce_scatter lands here first
   std::unique_ptr<internal::RingReduceScatter> ring;
 };
@@ -68,7 +98,9 @@ struct Task {
 // The state of one communicator, shared with its Works (which may outlive it).
 class Channel {
  public:
-  Channel(MPI_Comm comm, Options options);
+  // Takes ownership of comm. `id` names the channel in liveness probes: the
+  // same on every member (see Runtime::next_world_id and split_id).
+  Channel(MPI_Comm comm, Options options, uint64_t id);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -87,6 +119,23 @@ class Channel {
     return true;
   }
   MPI_Comm comm() const { return comm_; }
+  // Whether all_reduce `op` takes the small path (see kSmallAllReduceBytes).
+  bool use_small(const Op& op) const {
+    return op.kind == CollectiveOp::all_reduce && op.count > 0 && size_ > 1 &&
+           size_ <= kSmallAllReduceRanks && op.bytes() <= kSmallAllReduceBytes;
+  }
+  uint64_t id() const { return id_; }
+  // Whether timeouts can ask the peers where they are (a progress thread runs).
+  bool probes_peers() const {
+    const Runtime* rt = Runtime::get();
+    return rt && rt->has_thread();
+  }
+
+  // For the progress thread: advances what it can if no other thread holds
+  // the channel; returns whether operations are in flight.
+  bool poll();
+  // What this process answers to a peer's probe.
+  ChannelStatus status();
 
   // Queues `op` and posts what it can without waiting for peers. Throws
   // AbortedError if the channel was aborted, Unsupported for counts MPI
@@ -101,17 +150,23 @@ class Channel {
  private:
   void post_fingerprints(Task& t);
   void post_data(Task& t);
+  void post_small(Task& t);
+  void finish_small(Task& t);
   void progress_locked();
   bool advance(Task& t, bool gate);
   bool poll_fingerprints(Task& t);
   void poll_data(Task& t);
   void finish_data(Task& t);
-  std::exception_ptr timeout_error(Task& t, std::chrono::milliseconds timeout);
+  std::vector<PeerStatus> probe_peers(std::chrono::milliseconds timeout);
+  std::exception_ptr timeout_error(Task& t, std::chrono::milliseconds timeout,
+                                   const std::vector<PeerStatus>& peers);
   // Throws the MismatchError for `t`, given the peers whose fingerprints
   // arrived, and keeps the table for the abort notice.
   [[noreturn]] void throw_mismatch(const Task& t, const std::vector<int>& arrived);
   bool receive_notice();
   void fail(Task* culprit, std::exception_ptr error, bool notify_peers, int origin);
+  // Hands the error to Options::on_error (if set).
+  void report(const std::exception_ptr& error);
   void abandon(const std::shared_ptr<Task>& t);
   void test_orphans();
   MPI_Op mpi_op(DType dtype, ReduceOp op) const;
@@ -123,8 +178,18 @@ class Channel {
   MPI_Comm comm_ = MPI_COMM_NULL;   // data: collectives and user send/recv
   MPI_Comm check_ = MPI_COMM_NULL;  // fingerprints and abort notices
   MPI_Comm ring_ = MPI_COMM_NULL;   // ring reduce-scatter messages
+  MPI_Comm small_ = MPI_COMM_NULL;  // small all_reduce inputs
+  // Receive buffers of finished small all_reduces, (size - 1) *
+  // kSmallAllReduceBytes each, for reuse.
+  std::vector<std::unique_ptr<std::byte[]>> small_pool_;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
+  uint64_t id_ = 0;
+  std::vector<int> world_ranks_;  // MPI_COMM_WORLD rank of each member
   Options options_;
+  // Reported to probing peers.
+  uint64_t issued_ = 0, finished_ = 0;  // last collective seq started / finished
+  uint8_t last_op_ = 0;
+  int waiting_ = 0;                     // threads inside wait()
   MPI_Op ops16_[2][4] = {};  // [bf16, f16][sum, max, min, prod]
   std::deque<std::shared_ptr<Task>> queue_;
   bool aborted_ = false;
