@@ -227,8 +227,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   CLI::App* bench_cmd = app.get_subcommand("bench");
   auto* tb = bench_cmd->add_subcommand(
       "train", "MLP step time, its GEMMs alone, data-parallel scaling 1 -> 2 ranks, fully sharded strategies on 2 ranks");
-  tb->add_option("--steps", bo->steps, "timed steps")->capture_default_str();
-  tb->add_option("--batch", bo->batch, "batch per rank")->capture_default_str();
+  tb->add_option("--steps", bo->steps, "timed steps (1 to 100000)")->capture_default_str()->check(CLI::Range(1, 100000));
+  tb->add_option("--batch", bo->batch, "batch per rank (1 to 65536)")->capture_default_str()->check(CLI::Range(1, 65536));
   tb->add_flag("!--no-sharded", bo->sharded, "skip the fully sharded strategies");
   out.push_back({tb, [=] {
                    print_config("bench train", {{"steps", std::to_string(bo->steps)}, {"batch", std::to_string(bo->batch)}});
@@ -246,8 +246,12 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   mb->add_option("--ranks", mo->ranks, "comma list of rank counts (threads engine)")->capture_default_str();
   mb->add_option("--precision", mo->precisions, "comma list of bf16, fp32, fp16 (parameter and gradient dtype)")
       ->capture_default_str();
-  mb->add_option("--steps", mo->steps, "training steps measured (after one warm-up step)")->capture_default_str();
-  mb->add_option("--batch", mo->batch, "samples per rank per step")->capture_default_str();
+  mb->add_option("--steps", mo->steps, "training steps measured (after one warm-up step), 1 to 100000")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  mb->add_option("--batch", mo->batch, "samples per rank per step (1 to 65536)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
   mb->add_option("--min-weight-size", mo->min_weight_size, "smaller parameters stay replicated")
       ->capture_default_str();
   out.push_back({mb, [=] { return run_bench_memory(*mo); }});
