@@ -2,13 +2,18 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <chrono>
 #include <cstring>
 #include <memory>
 
 #include "meshtrain/comm/internal/reduce.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 
 namespace meshtrain::bench {
 namespace {
@@ -20,6 +25,8 @@ using Clock = std::chrono::steady_clock;
 struct Buffer {
   std::unique_ptr<std::byte, decltype(&std::free)> p{nullptr, &std::free};
   explicit Buffer(size_t bytes) {
+    if (bytes > kMaxCollectiveBytes)  // also keeps the rounding below from wrapping
+      throw InvalidArgument("bench::Buffer", fmt::format("{} bytes", bytes), "sizes up to 4G");
     const size_t rounded = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
     p.reset(static_cast<std::byte*>(std::aligned_alloc(4096, rounded)));
     if (!p) throw Error("bench::Buffer", fmt::format("cannot allocate {} bytes", rounded), "lower --max");
@@ -115,11 +122,33 @@ double bus_factor(CollectiveOp op, int n) {
   }
 }
 
+void validate_collective_options(const CollectiveOptions& o, int ranks_in_process) {
+  const char* op = "bench collectives";
+  const std::string range = fmt::format("[1, {}]", format_size(kMaxCollectiveBytes));
+  if (o.min_bytes == 0 || o.min_bytes > kMaxCollectiveBytes)
+    throw InvalidArgument(op, fmt::format("--min: {} bytes is outside {}", o.min_bytes, range), "use e.g. --min 4K");
+  if (o.max_bytes == 0 || o.max_bytes > kMaxCollectiveBytes)
+    throw InvalidArgument(op, fmt::format("--max: {} bytes is outside {}", o.max_bytes, range), "use e.g. --max 256M");
+  if (o.min_bytes > o.max_bytes)
+    throw InvalidArgument(op, fmt::format("--min {} is above --max {}", format_size(o.min_bytes), format_size(o.max_bytes)),
+                          "give --min <= --max");
+  check_int_in_range(static_cast<int64_t>(std::min<size_t>(o.step, INT64_MAX)), "--step", 2, kMaxCollectiveStep, op);
+  check_double_in_range(o.seconds_per_size, "--seconds", {.min = 0, .max = kMaxSecondsPerSize, .min_open = true}, op);
+  // Four buffers of max_bytes per rank (send, receive and the memcpy pair).
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const double need = 4.0 * static_cast<double>(o.max_bytes) * std::max(ranks_in_process, 1);
+  if (pages > 0 && page > 0 && need > static_cast<double>(pages) * static_cast<double>(page))
+    throw InvalidArgument(op,
+                          fmt::format("{} rank{} x 4 buffers of --max {} need {:.1f} GiB, more than this machine's "
+                                      "{:.1f} GiB",
+                                      ranks_in_process, ranks_in_process == 1 ? "" : "s", format_size(o.max_bytes),
+                                      need / (1 << 30),
+                                      static_cast<double>(pages) * static_cast<double>(page) / (1 << 30)),
+                          "lower --max or --ranks");
+}
+
 std::vector<CollectiveRow> run_collectives(comm::Communicator& c, const CollectiveOptions& o) {
-  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes || o.step < 2)
-    throw InvalidArgument("bench::run_collectives",
-                          fmt::format("min {} max {} step {}", o.min_bytes, o.max_bytes, o.step),
-                          "need 0 < min <= max and step >= 2");
+  validate_collective_options(o);
   const int n = c.size();
   // The largest op buffer is max_bytes (send) and max_bytes (recv).
   Buffer a(o.max_bytes), b(o.max_bytes), copy_src(o.max_bytes), copy_dst(o.max_bytes);
@@ -160,21 +189,29 @@ std::vector<CollectiveRow> run_collectives(comm::Communicator& c, const Collecti
   return rows;
 }
 
-size_t parse_size(const std::string& text) {
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(text, &pos);
-  } catch (const std::exception&) {
-    throw InvalidArgument("bench::parse_size", fmt::format("'{}' is not a size", text), "use e.g. 4K, 64M, 1G");
-  }
-  std::string unit = text.substr(pos);
+size_t parse_size(const std::string& text, std::string_view what) {
+  const std::string range = fmt::format("[1, {}]", format_size(kMaxCollectiveBytes));
+  const std::string_view t = trim(text);
+  uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);  // no sign: "-1" fails
+  if (t.empty() || end == t.data() || (ec != std::errc() && ec != std::errc::result_out_of_range))
+    throw InvalidArgument("bench::parse_size", fmt::format("{}: '{}' is not a size", what, text),
+                          fmt::format("use e.g. 4K, 64M, 1G, in {}", range));
+  std::string unit(end, t.data() + t.size());
   if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
-  if (unit == "" ) return v;
-  if (unit == "K" || unit == "k" || unit == "Ki") return v << 10;
-  if (unit == "M" || unit == "m" || unit == "Mi") return v << 20;
-  if (unit == "G" || unit == "g" || unit == "Gi") return v << 30;
-  throw InvalidArgument("bench::parse_size", fmt::format("unknown unit in '{}'", text), "use K, M or G (powers of 1024)");
+  int shift = -1;
+  if (unit.empty()) shift = 0;
+  else if (unit == "K" || unit == "k" || unit == "Ki") shift = 10;
+  else if (unit == "M" || unit == "m" || unit == "Mi") shift = 20;
+  else if (unit == "G" || unit == "g" || unit == "Gi") shift = 30;
+  if (shift < 0)
+    throw InvalidArgument("bench::parse_size", fmt::format("{}: unknown unit in '{}'", what, text),
+                          "use K, M or G (powers of 1024)");
+  // Checked before shifting, so nothing wraps.
+  if (ec == std::errc::result_out_of_range || v == 0 || v > (kMaxCollectiveBytes >> shift))
+    throw InvalidArgument("bench::parse_size", fmt::format("{}: {} is outside {}", what, t, range),
+                          fmt::format("give {} a size in {}", what, range));
+  return static_cast<size_t>(v) << shift;
 }
 
 std::string format_size(size_t b) {

@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
@@ -65,13 +66,27 @@ struct CollectiveRow {
   double memcpy_gbs = 0;       // per-rank concurrent memcpy bandwidth at this size
 };
 
-// Collective: every rank of comm calls it. Rows are valid on every rank.
+// Limits of the options: sizes 1 byte to 4 GiB, step 2 to 1024, seconds per
+// size in (0, 60].
+inline constexpr size_t kMaxCollectiveBytes = size_t{4} << 30;
+inline constexpr size_t kMaxCollectiveStep = 1024;
+inline constexpr double kMaxSecondsPerSize = 60;
+
+// Throws InvalidArgument naming the flag (--min, --max, --step, --seconds)
+// unless 0 < min <= max <= kMaxCollectiveBytes, 2 <= step <=
+// kMaxCollectiveStep and 0 < seconds_per_size <= kMaxSecondsPerSize (finite),
+// or when `ranks_in_process` ranks' four buffers of max_bytes each would not
+// fit this machine's physical memory.
+void validate_collective_options(const CollectiveOptions& options, int ranks_in_process = 1);
+
+// Collective: every rank of comm calls it (validates first). Rows are valid on every rank.
 std::vector<CollectiveRow> run_collectives(comm::Communicator& comm, const CollectiveOptions& options);
 
 double bus_factor(comm::CollectiveOp op, int n);
 
-// "4K", "256M", "1G" -> bytes; throws InvalidArgument.
-size_t parse_size(const std::string& text);
+// "4K", "256M", "1G" -> bytes (K, M, G are powers of 1024), 1 to
+// kMaxCollectiveBytes; throws InvalidArgument naming `what` (the flag).
+size_t parse_size(const std::string& text, std::string_view what = "size");
 std::string format_size(size_t bytes);
 
 std::string format_table(const std::vector<CollectiveRow>& rows, int ranks);

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -24,19 +25,32 @@ namespace meshtrain::cli {
 using comm::CollectiveOp;
 using comm::Communicator;
 
-void EngineFlags::add(CLI::App* app) {
+void EngineFlags::add(CLI::App* app, int max_ranks) {
   app->add_option("--engine", engine, "threads | mpi (start under mpirun)")
       ->check(CLI::IsMember({"threads", "mpi"}))
       ->capture_default_str();
-  app->add_option("--ranks", ranks, "ranks (threads engine; mpi: taken from mpirun)")->capture_default_str();
-  app->add_option("--timeout", timeout_s, "deadline of every wait, seconds")->capture_default_str();
+  app->add_option("--ranks", ranks, fmt::format("ranks (threads engine, 1 to {}; mpi: taken from mpirun)", max_ranks))
+      ->capture_default_str()
+      ->check(CLI::Range(1, max_ranks));
+  app->add_option("--timeout", timeout, std::string(kTimeoutHelp))->capture_default_str();
+}
+
+std::chrono::milliseconds parse_timeout(std::string_view text, std::string_view flag) {
+  const NumberRange range{.min = std::chrono::duration<double>(comm::kMinTimeout).count(),
+                          .max = std::chrono::duration<double>(comm::kMaxTimeout).count()};
+  try {
+    return std::chrono::milliseconds(std::llround(parse_double_in_range(text, flag, range, "deadline") * 1000));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(e.op(), e.detail(),
+                          fmt::format("give {} in seconds, from 0.001 (1 ms) to 604800 (7 days)", flag));
+  }
 }
 
 comm::LaunchOptions EngineFlags::launch_options() const {
   const auto e = comm::parse_engine(engine);
   return {.engine = e,
           .ranks = e == comm::Engine::mpi ? 0 : ranks,
-          .timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)),
+          .timeout = parse_timeout(timeout),
           .abort_on_error = true};
 }
 
@@ -51,12 +65,27 @@ namespace {
 
 // --- check --------------------------------------------------------------------
 
+// `check` on the threads engine: every collective, dtype and op, with a
+// broadcast from every root, takes about 2 minutes on 2 cores at this many
+// ranks (and grows with the square of the rank count).
+constexpr int kMaxCheckRanks = 128;
+
+// The suite's largest buffer, in elements: 2^20 + 3 up to 64 ranks, then
+// smaller so that all ranks of one process hold about 2 GiB at most (about
+// 32 bytes per element per rank at the peak).
+size_t largest_check_size(int ranks_in_process) {
+  return std::min<size_t>(size_t{1} << 20, (size_t{1} << 26) / static_cast<size_t>(std::max(ranks_in_process, 1))) + 3;
+}
+
 int run_check(const EngineFlags& flags) {
   std::atomic<size_t> checks{0};
   int size = 0;
-  comm::launch(flags.launch_options(), [&](Communicator& c) {
+  const comm::LaunchOptions launch = flags.launch_options();  // validates before anything starts
+  comm::SuiteOptions suite;
+  suite.sizes.back() = largest_check_size(launch.engine == comm::Engine::threads ? launch.ranks : 1);
+  comm::launch(launch, [&](Communicator& c) {
     if (c.rank() == 0) print_config("check", {{"engine", flags.engine}, {"ranks", std::to_string(c.size())}});
-    checks += comm::run_collective_suite(c);
+    checks += comm::run_collective_suite(c, suite);
     if (c.rank() == 0) size = c.size();
   });
   if (size) fmt::print("collective self-test passed: {} ranks, {} buffers compared on each rank\n", size,
@@ -71,7 +100,7 @@ struct BenchFlags {
   std::string min = "4K", max = "256M", dtype = "f32", json, ops = "all_reduce,reduce_scatter,all_gather,broadcast,all_to_all";
   std::string mpi_reduce_scatter = "both";
   size_t step = 4;
-  double seconds = 0.2;
+  std::string seconds = "0.2";
   bool check_fingerprints = false;
   bool peer = true;  // mpi: time OpenMPI's own collectives too
 };
@@ -92,12 +121,17 @@ std::vector<CollectiveOp> parse_ops(const std::string& list) {
 
 int run_bench_collectives(const BenchFlags& f) {
   bench::CollectiveOptions o;
-  o.min_bytes = bench::parse_size(f.min);
-  o.max_bytes = bench::parse_size(f.max);
+  o.min_bytes = bench::parse_size(f.min, "--min");
+  o.max_bytes = bench::parse_size(f.max, "--max");
   o.step = f.step;
   o.dtype = parse_dtype(f.dtype);
   o.ops = parse_ops(f.ops);
-  o.seconds_per_size = f.seconds;
+  o.seconds_per_size = parse_double_in_range(f.seconds, "--seconds", {.min = 0, .max = bench::kMaxSecondsPerSize,
+                                                                     .min_open = true},
+                                             "bench collectives");
+  const comm::LaunchOptions launch = f.engine.launch_options();
+  // Every rank of the threads engine allocates its buffers in this process.
+  bench::validate_collective_options(o, launch.engine == comm::Engine::threads ? launch.ranks : 1);
   std::mutex mu;
   std::vector<bench::CollectiveRow> rows;
   int ranks = 0;
@@ -111,12 +145,12 @@ int run_bench_collectives(const BenchFlags& f) {
     if (c.rank() == 0)
       print_config("bench collectives",
                    {{"engine", f.engine.engine}, {"ranks", std::to_string(c.size())}, {"min", f.min}, {"max", f.max},
-                    {"step", std::to_string(f.step)}, {"dtype", f.dtype}, {"seconds", fmt::format("{}", f.seconds)},
+                    {"step", std::to_string(f.step)}, {"dtype", f.dtype}, {"seconds", f.seconds},
                     {"check_fingerprints", f.check_fingerprints ? "on" : "off"}});
   };
   if (f.engine.engine == "threads") {
     o.label = "threads";
-    comm::launch(f.engine.launch_options(), [&](Communicator& c) {
+    comm::launch(launch, [&](Communicator& c) {
       banner(c);
       report(c, bench::run_collectives(c, o));
     });
@@ -125,7 +159,7 @@ int run_bench_collectives(const BenchFlags& f) {
     using comm::mpi::ReduceScatterAlgorithm;
     auto world = comm::mpi::create_world({.check_fingerprints = f.check_fingerprints,
                                           .on_error = comm::mpi::report_and_abort});
-    world->set_timeout(f.engine.launch_options().timeout);
+    world->set_timeout(launch.timeout);
     banner(*world);
     o.label = f.check_fingerprints ? "mpi+check" : "mpi";
     // reduce_scatter runs once per algorithm; everything else once.
@@ -202,7 +236,7 @@ int run_demo(int ranks, const std::string& max) {
   BenchFlags f;
   f.engine.ranks = ranks;
   f.max = max;
-  f.seconds = 0.05;
+  f.seconds = "0.05";
   f.ops = "all_reduce,reduce_scatter,all_gather";
   return run_bench_collectives(f);
 }
@@ -221,7 +255,7 @@ std::vector<Command> add_comm_commands(CLI::App& app) {
 
   auto check_flags = std::make_shared<EngineFlags>();
   auto* check = app.add_subcommand("check", "run the collective self-test on an engine");
-  check_flags->add(check);
+  check_flags->add(check, kMaxCheckRanks);
   out.push_back({check, [=] { return run_check(*check_flags); }});
 
   auto bf = std::make_shared<BenchFlags>();
@@ -229,12 +263,15 @@ std::vector<Command> add_comm_commands(CLI::App& app) {
   bench_cmd->require_subcommand(1);
   auto* coll = bench_cmd->add_subcommand("collectives", "time/algbw/busbw per size against the memory-traffic bound");
   bf->engine.add(coll);
-  coll->add_option("--min", bf->min, "smallest size (4K, 1M, ...)")->capture_default_str();
-  coll->add_option("--max", bf->max, "largest size")->capture_default_str();
-  coll->add_option("--step", bf->step, "size multiplier between rows")->capture_default_str();
+  coll->add_option("--min", bf->min, "smallest size (4K, 1M, ...; 1 byte to 4G)")->capture_default_str();
+  coll->add_option("--max", bf->max, "largest size (at most 4G; all buffers must fit in memory)")
+      ->capture_default_str();
+  coll->add_option("--step", bf->step, "size multiplier between rows (2 to 1024)")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{2}, bench::kMaxCollectiveStep));
   coll->add_option("--dtype", bf->dtype, "element type")->capture_default_str();
   coll->add_option("--ops", bf->ops, "comma-separated collectives")->capture_default_str();
-  coll->add_option("--seconds", bf->seconds, "timing budget per (op, size)")->capture_default_str();
+  coll->add_option("--seconds", bf->seconds, "timing budget per (op, size), in (0, 60]")->capture_default_str();
   coll->add_option("--json", bf->json, "append rows as JSON lines to this file");
   coll->add_option("--mpi-reduce-scatter", bf->mpi_reduce_scatter, "mpi: native | ring | both")
       ->check(CLI::IsMember({"native", "ring", "both"}))

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -23,11 +24,21 @@ struct Command {
 struct EngineFlags {
   std::string engine = "threads";
   int ranks = 2;
-  double timeout_s = 300;
+  std::string timeout = "300";  // seconds; parsed by parse_timeout
 
-  void add(CLI::App* app);
+  // --ranks accepts 1..max_ranks (threads engine).
+  void add(CLI::App* app, int max_ranks = comm::kMaxThreadsRanks);
+  // Throws InvalidArgument naming --timeout when it is not a finite number
+  // of seconds in [0.001, 604800].
   comm::LaunchOptions launch_options() const;
 };
+
+// --timeout's text as a deadline: a finite number of seconds in
+// [kMinTimeout, kMaxTimeout] (1 ms to 7 days); else InvalidArgument naming
+// `flag` and the range (nan, -1, 0 and 1e10 used to become deadlines of
+// INT64_MIN ms and blame a healthy rank).
+std::chrono::milliseconds parse_timeout(std::string_view text, std::string_view flag = "--timeout");
+inline constexpr std::string_view kTimeoutHelp = "deadline of every wait, seconds (0.001 to 604800)";
 
 // "meshtrain <command>: key=value ..." on one line, printed at start-up.
 void print_config(const std::string& command, const std::vector<std::pair<std::string, std::string>>& kv);

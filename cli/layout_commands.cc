@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 
@@ -58,6 +59,9 @@ int run_mesh(const MeshFlags& f) {
   return 0;
 }
 
+// The rank table lists at most this many ranks, so the output stays bounded.
+constexpr int kMaxTableRanks = 1024;
+
 struct ShardFlags {
   std::string shape;
   std::string spec;
@@ -96,14 +100,21 @@ int run_shard(const ShardFlags& f) {
                                 parse_shape(f.shape), options);
   fmt::print("{}\n\n", layout.to_string());
   fmt::print("{:>5}  {:<16} {:<24} {}\n", "rank", "coords", "global block", "local shape");
-  for (int r = 0; r < layout.num_ranks(); ++r) {
+  const int listed = std::min(layout.num_ranks(), kMaxTableRanks);
+  for (int r = 0; r < listed; ++r) {
     const std::vector<int> coords = mesh::unravel(r, named.shape);
     std::vector<std::string> c;
     for (size_t a = 0; a < coords.size(); ++a) c.push_back(fmt::format("{}={}", named.axis_names[a], coords[a]));
     fmt::print("{:>5}  {:<16} {:<24} ({})\n", r, fmt::format("{}", fmt::join(c, ",")), layout.local_box(r).to_string(),
                fmt::join(layout.local_shape(r), ", "));
   }
-  if (layout.ndim() == 1 || layout.ndim() == 2) {
+  if (listed < layout.num_ranks())
+    fmt::print("... {} more ranks not listed (the table lists the first {})\n", layout.num_ranks() - listed,
+               kMaxTableRanks);
+  if ((layout.ndim() == 1 || layout.ndim() == 2) && layout.num_ranks() > sharding::kMaxPictureRanks) {
+    fmt::print("\n(no picture: more than {} ranks)\n", sharding::kMaxPictureRanks);
+    if (!f.svg.empty()) throw InvalidArgument("shard --svg", "no picture drawn", "draw meshes of at most 4096 ranks");
+  } else if (layout.ndim() == 1 || layout.ndim() == 2) {
     fmt::print("\n{}", sharding::visualize_sharding(layout, {.width = f.width}));
     if (!f.svg.empty()) {
       std::ofstream out(f.svg);
@@ -123,7 +134,10 @@ std::vector<Command> add_layout_commands(CLI::App& app) {
   auto mf = std::make_shared<MeshFlags>();
   auto* mesh_cmd = app.add_subcommand(
       "mesh", "print a mesh and its groups (--mesh), suggest one for a model (--model-size), or a balanced shape");
-  mesh_cmd->add_option("--devices", mf->devices, "number of devices")->required()->check(CLI::PositiveNumber);
+  mesh_cmd->add_option("--devices", mf->devices,
+                       "number of devices, 1 to 2147483647 (pictures and group lists up to 4096)")
+      ->required()
+      ->check(CLI::PositiveNumber);
   mesh_cmd->add_option("--mesh", mf->mesh, "axes and sizes, e.g. data=4,tensor=2");
   mesh_cmd->add_option("--model-size", mf->model_size, "parameters, e.g. 350M, 7B, 1.5T");
   mesh_cmd->add_option("--seq", mf->seq, "sequence length (with --model-size)")->capture_default_str();
@@ -138,12 +152,15 @@ std::vector<Command> add_layout_commands(CLI::App& app) {
 
   auto sf = std::make_shared<ShardFlags>();
   auto* shard_cmd = app.add_subcommand("shard", "print which ranks hold which block of a tensor (and draw it)");
-  shard_cmd->add_option("--shape", sf->shape, "global shape, e.g. 128,4096")->required();
+  shard_cmd->add_option("--shape", sf->shape, "global shape, e.g. 128,4096 (at most 2^63-1 elements)")->required();
   shard_cmd->add_option("--spec", sf->spec, "partition spec, e.g. data,tensor or (data,fsdp),None")->required();
   shard_cmd->add_option("--mesh", sf->mesh, "axes and sizes, e.g. data=4,tensor=2")->required();
   shard_cmd->add_option("--partial", sf->partial, "a mesh axis holding partial sums");
   shard_cmd->add_option("--svg", sf->svg, "also write the picture as SVG to this file");
-  shard_cmd->add_option("--width", sf->width, "columns of the text picture")->capture_default_str();
+  shard_cmd->add_option("--width", sf->width,
+                        fmt::format("columns of the text picture (1 to {})", sharding::kMaxPictureWidth))
+      ->capture_default_str()
+      ->check(CLI::Range(1, sharding::kMaxPictureWidth));
   shard_cmd->add_flag("--strict", sf->strict, "reject dimensions that do not divide evenly");
   out.push_back({shard_cmd, [=] { return run_shard(*sf); }});
   return out;

@@ -26,7 +26,7 @@ struct TrainFlags {
   std::string mesh;
   std::string mixed_precision;  // no | fp16 | bf16
   std::string precision;        // fp32 | bf16 | fp16: an alias of --mixed-precision
-  double timeout_s = 300;
+  std::string timeout = "300";  // seconds, parse_timeout
   std::map<std::string, std::string> values;  // train key -> flag text
   CLI::App* app = nullptr;
 };
@@ -38,7 +38,34 @@ void set_distributed(config::DistributedConfig& dc, std::string_view key, const 
   throw Error("meshtrain train", fmt::format("no distributed field '{}'", key), "");
 }
 
+// Training runs data parallelism over data and fsdp axes only. Said first,
+// before DistributedConfig::validate would suggest "set
+// tensor_parallel_size = 2" for --mesh data=2,tensor=2, a change that only
+// leads to the same refusal.
+void require_data_parallel_mesh(const config::DistributedConfig& dc, std::string_view source) {
+  const char* hint =
+      "training supports only data parallelism over data and fsdp axes today (e.g. --mesh data=4 or "
+      "data=2,fsdp=2); tensor, pipeline and context parallelism are not implemented for training yet";
+  for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i)
+    if (dc.mesh_axis_names[i] != "data" && dc.mesh_axis_names[i] != "fsdp" && dc.mesh_shape[i] != 1)
+      throw Unsupported("meshtrain train",
+                        fmt::format("{}: mesh {} has a {} axis of size {}, which training cannot use", source,
+                                    plan::NamedShape{dc.mesh_shape, dc.mesh_axis_names}.to_spec(),
+                                    dc.mesh_axis_names[i], dc.mesh_shape[i]),
+                        hint);
+  struct Size {
+    const char* key;
+    int value;
+  };
+  for (const Size s : {Size{"tensor_parallel_size", dc.tensor_parallel_size},
+                       Size{"pipeline_parallel_size", dc.pipeline_parallel_size},
+                       Size{"context_parallel_size", dc.context_parallel_size}})
+    if (s.value != 1)
+      throw Unsupported("meshtrain train", fmt::format("{} is {}, which training cannot use", s.key, s.value), hint);
+}
+
 int run_train(TrainFlags& f) {
+  const std::chrono::milliseconds timeout = parse_timeout(f.timeout);  // refuse bad flags before reading files
   train::TrainConfig tc = f.config.empty() ? train::TrainConfig{} : train::TrainConfig::from_toml_file(f.config);
   for (const auto& field : train::train_config_fields())
     if (f.app->get_option(std::string(field.flag))->count() > 0)
@@ -61,13 +88,20 @@ int run_train(TrainFlags& f) {
     set_distributed(dc, "mesh", f.mesh, "--mesh");
     // Threads engine without --devices: one simulated device per mesh position.
     if (engine == "threads" && f.devices.empty()) {
-      int64_t devices = 1;
-      for (int size : dc.mesh().shape) devices *= size;
+      int64_t devices = 1;  // saturates: world_size's range check then names --mesh
+      for (int size : dc.mesh().shape) devices = checked_mul(devices, size).value_or(INT64_MAX);
       const std::string n = std::to_string(devices);
       set_distributed(dc, "world_size", n, "--mesh");
       set_distributed(dc, "num_processes_per_node", n, "--mesh");
     }
   }
+  require_data_parallel_mesh(dc, !f.mesh.empty() ? "--mesh" : f.config.empty() ? "configuration" : f.config);
+  if (dc.backend == comm::Engine::threads && dc.world_size > comm::kMaxThreadsRanks)
+    throw InvalidArgument("meshtrain train",
+                          fmt::format("{}: {} devices, more than the threads engine's {}",
+                                      !f.devices.empty() ? "--devices" : "--mesh", dc.world_size,
+                                      comm::kMaxThreadsRanks),
+                          "simulate at most 1024 devices, or run with mpirun --engine mpi");
   if (!f.mixed_precision.empty() && !f.precision.empty() &&
       f.mixed_precision != (f.precision == "fp32" ? "no" : f.precision))
     throw InvalidArgument("meshtrain train",
@@ -82,7 +116,7 @@ int run_train(TrainFlags& f) {
 
   const comm::LaunchOptions launch{.engine = dc.backend,
                                    .ranks = dc.backend == comm::Engine::threads ? dc.world_size : 0,
-                                   .timeout = std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000)),
+                                   .timeout = timeout,
                                    .abort_on_error = true};
   const bool main = dc.rank == 0;
   if (main) {
@@ -194,8 +228,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   CLI::App* bench_cmd = app.get_subcommand("bench");
   auto* tb = bench_cmd->add_subcommand(
       "train", "MLP step time, its GEMMs alone, data-parallel scaling 1 -> 2 ranks, fully sharded strategies on 2 ranks");
-  tb->add_option("--steps", bo->steps, "timed steps")->capture_default_str();
-  tb->add_option("--batch", bo->batch, "batch per rank")->capture_default_str();
+  tb->add_option("--steps", bo->steps, "timed steps (1 to 100000)")->capture_default_str()->check(CLI::Range(1, 100000));
+  tb->add_option("--batch", bo->batch, "batch per rank (1 to 65536)")->capture_default_str()->check(CLI::Range(1, 65536));
   tb->add_flag("!--no-sharded", bo->sharded, "skip the fully sharded strategies");
   out.push_back({tb, [=] {
                    print_config("bench train", {{"steps", std::to_string(bo->steps)}, {"batch", std::to_string(bo->batch)}});
@@ -213,8 +247,12 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   mb->add_option("--ranks", mo->ranks, "comma list of rank counts (threads engine)")->capture_default_str();
   mb->add_option("--precision", mo->precisions, "comma list of bf16, fp32, fp16 (parameter and gradient dtype)")
       ->capture_default_str();
-  mb->add_option("--steps", mo->steps, "training steps measured (after one warm-up step)")->capture_default_str();
-  mb->add_option("--batch", mo->batch, "samples per rank per step")->capture_default_str();
+  mb->add_option("--steps", mo->steps, "training steps measured (after one warm-up step), 1 to 100000")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  mb->add_option("--batch", mo->batch, "samples per rank per step (1 to 65536)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
   mb->add_option("--min-weight-size", mo->min_weight_size, "smaller parameters stay replicated")
       ->capture_default_str();
   out.push_back({mb, [=] { return run_bench_memory(*mo); }});
@@ -226,17 +264,19 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   cmd->add_option("--config", f->config, "TOML file with [train] and [distributed] sections (examples/*.toml)");
   cmd->add_option("--engine", f->engine, "threads (default) | mpi (default under mpirun)")
       ->check(CLI::IsMember({"threads", "mpi"}));
-  cmd->add_option("--devices", f->devices, "simulated devices (threads engine)");
+  cmd->add_option("--devices", f->devices,
+                  fmt::format("simulated devices (threads engine, 1 to {})", comm::kMaxThreadsRanks));
   cmd->add_option("--mesh", f->mesh,
-                  "device mesh over data and fsdp axes, e.g. data=4 or data=2,fsdp=2 (threads engine: sets the "
-                  "number of devices unless --devices is given)");
+                  "device mesh over data and fsdp axes, e.g. data=4 or data=2,fsdp=2 (training has no tensor, "
+                  "pipeline or context parallelism yet; threads engine: sets the number of devices unless --devices "
+                  "is given)");
   cmd->add_option("--mixed-precision", f->mixed_precision,
                   "no | bf16 | fp16: parameters gathered and computed from that dtype, gradients reduced in it "
                   "(fp16 adds dynamic loss scaling); without --fsdp it runs as --fsdp no_shard")
       ->check(CLI::IsMember({"no", "bf16", "fp16"}));
   cmd->add_option("--precision", f->precision, "fp32 | bf16 | fp16: the same as --mixed-precision (fp32 = no)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  cmd->add_option("--timeout", f->timeout_s, "deadline of every wait, seconds")->capture_default_str();
+  cmd->add_option("--timeout", f->timeout, std::string(kTimeoutHelp))->capture_default_str();
   const train::TrainConfig defaults;
   for (const auto& field : train::train_config_fields()) {
     const std::string key(field.key);

@@ -86,11 +86,17 @@ bool started_by_mpirun() {
 }
 
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {
+  if (options.timeout < kMinTimeout || options.timeout > kMaxTimeout)
+    throw InvalidArgument("comm::launch", fmt::format("timeout {} ms is outside [{}, {}] ms", options.timeout.count(),
+                                                      kMinTimeout.count(), kMaxTimeout.count()),
+                          "give every wait a deadline between 1 ms and 7 days");
   switch (options.engine) {
     case Engine::threads:
-      if (options.ranks < 1)
-        throw InvalidArgument("comm::launch", fmt::format("ranks = {}", options.ranks),
-                              "the threads engine needs --ranks >= 1");
+      if (options.ranks < 1 || options.ranks > kMaxThreadsRanks)
+        throw InvalidArgument("comm::launch", fmt::format("ranks {} is outside [1, {}]", options.ranks, kMaxThreadsRanks),
+                              fmt::format("the threads engine runs 1 to {} ranks in one process; use the mpi engine "
+                                          "for more",
+                                          kMaxThreadsRanks));
       return launch_threads(options, fn);
     case Engine::mpi: {
 #ifdef MESHTRAIN_HAVE_MPI

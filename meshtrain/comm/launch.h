@@ -21,10 +21,19 @@
 
 namespace meshtrain::comm {
 
+// The threads engine runs at most this many ranks (threads of one process):
+// beyond it a simulated mesh costs more in threads and memory than it tells.
+inline constexpr int kMaxThreadsRanks = 1024;
+// Every wait's deadline lies in [kMinTimeout, kMaxTimeout]: a zero or
+// negative one would time out at once and blame a healthy rank, and one past
+// a week is no deadline (and overflows the clock arithmetic near 2^63 ns).
+inline constexpr std::chrono::milliseconds kMinTimeout{1};
+inline constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24 * 7);
+
 struct LaunchOptions {
   Engine engine = Engine::threads;
-  int ranks = 1;  // threads: how many; mpi: 0 (take mpirun's) or the expected size
-  std::chrono::milliseconds timeout = kDefaultTimeout;
+  int ranks = 1;  // threads: 1..kMaxThreadsRanks; mpi: 0 (take mpirun's) or the expected size
+  std::chrono::milliseconds timeout = kDefaultTimeout;  // in [kMinTimeout, kMaxTimeout]
   bool check_fingerprints = true;  // mpi: exchange fingerprints (costs one small message per peer)
   // threads: bind rank r to the r-th allowed core when ranks <= cores (the
   // threads that rank starts, e.g. BLAS's, inherit the binding).
@@ -39,6 +48,8 @@ struct LaunchOptions {
   bool abort_on_error = false;
 };
 
+// Throws InvalidArgument before starting anything when ranks or timeout is
+// outside its range.
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn);
 
 // True when this process was started by mpirun/srun with OpenMPI (reads the

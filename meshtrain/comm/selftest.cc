@@ -13,9 +13,6 @@
 namespace meshtrain::comm {
 namespace {
 
-
-
-
 // Inputs repeat with period kPeriod in the element index.
 constexpr size_t kPeriod = 10;  // a multiple of both input patterns (5 and 2)
 
@@ -69,28 +66,71 @@ int64_t wrap(DType t, int64_t v) {
   }
 }
 
-// Expected reduction over ranks 0..n-1 at element i, as dtype bytes.
-void expected_reduction(DType t, ReduceOp op, int n, size_t i, std::byte* out) {
-  int64_t acc = input_value(op, 0, i);
-  for (int r = 1; r < n; ++r) {
-    const int64_t x = input_value(op, r, i);
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg: acc += x; break;
-      case ReduceOp::prod: acc *= x; break;
-      case ReduceOp::max: acc = std::max(acc, x); break;
-      case ReduceOp::min: acc = std::min(acc, x); break;
-    }
+// v as the dtype holds it: with many ranks the inputs (up to n + 10) exceed
+// the integers bf16 (256) and f16 (2048) hold exactly, and round.
+double as_stored(DType t, int64_t v) {
+  std::byte b[8];
+  store(t, static_cast<double>(v), b);
+  return load(t, b);
+}
+
+// Stores an integer already wrapped to an integer dtype.
+void store_int(DType t, int64_t v, std::byte* out) {
+  auto put = [&](auto x) { std::memcpy(out, &x, sizeof(x)); };
+  switch (t) {
+    case DType::i8: return put(static_cast<int8_t>(v));
+    case DType::u8: return put(static_cast<uint8_t>(v));
+    case DType::i32: return put(static_cast<int32_t>(v));
+    default: return put(v);
   }
-  if (op == ReduceOp::avg) {
-    if (is_floating(t)) {
-      // The engines divide the (exact) sum in the accumulator type.
-      if (t == DType::f64) return store(t, static_cast<double>(acc) / n, out);
+}
+
+// Expected reduction over ranks 0..n-1 at element i, as dtype bytes, for any
+// n. Floating dtypes: the exact value of the stored inputs in double (sums
+// stay far below 2^24, so the engines' f32 accumulator is exact too; products
+// are powers of two, exact up to 2^1023), rounded once to the dtype as the
+// engines do (bf16/f16 accumulate in f32, so an overflow is inf in both).
+// Integer dtypes: sums and products modulo 2^64 (unsigned, defined), which
+// wrap to the dtype exactly as the engines' modulo-2^bits arithmetic does.
+void expected_reduction(DType t, ReduceOp op, int n, size_t i, std::byte* out) {
+  if (is_floating(t)) {
+    double acc = as_stored(t, input_value(op, 0, i));
+    for (int r = 1; r < n; ++r) {
+      const double x = as_stored(t, input_value(op, r, i));
+      switch (op) {
+        case ReduceOp::sum:
+        case ReduceOp::avg: acc += x; break;
+        case ReduceOp::prod: acc *= x; break;
+        case ReduceOp::max: acc = std::max(acc, x); break;
+        case ReduceOp::min: acc = std::min(acc, x); break;
+      }
+    }
+    if (op == ReduceOp::avg) {
+      // The engines divide the sum in the accumulator type (f32 for f32, bf16, f16).
+      if (t == DType::f64) return store(t, acc / n, out);
       return store(t, static_cast<double>(static_cast<float>(acc) / static_cast<float>(n)), out);
     }
-    return store(t, static_cast<double>(wrap(t, acc) / n), out);
+    if (t != DType::f64) acc = static_cast<double>(static_cast<float>(acc));  // f32 accumulator
+    return store(t, acc, out);
   }
-  store(t, static_cast<double>(acc), out);
+  // The inputs (up to n + 10) were stored wrapped to the dtype, so max/min
+  // compare the wrapped values.
+  uint64_t acc = static_cast<uint64_t>(wrap(t, input_value(op, 0, i)));
+  int64_t best = wrap(t, input_value(op, 0, i));
+  for (int r = 1; r < n; ++r) {
+    const int64_t x = wrap(t, input_value(op, r, i));
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg: acc += static_cast<uint64_t>(x); break;
+      case ReduceOp::prod: acc *= static_cast<uint64_t>(x); break;
+      case ReduceOp::max: best = std::max(best, x); break;
+      case ReduceOp::min: best = std::min(best, x); break;
+    }
+  }
+  if (op == ReduceOp::max || op == ReduceOp::min) return store_int(t, best, out);
+  const int64_t wrapped = wrap(t, static_cast<int64_t>(acc));
+  // avg truncates toward zero after wrapping to the dtype.
+  store_int(t, op == ReduceOp::avg ? wrapped / n : wrapped, out);
 }
 
 // A buffer of `count` elements whose element i equals table[i % kPeriod].
@@ -253,10 +293,11 @@ void check_split(Communicator& c, Checker& ck) {
   if (!sub || sub->size() != members || want_order[sub->rank()] != r)
     throw std::runtime_error(fmt::format("rank {}: split(color {}, key {}) gave size {} rank {}", r, r % 2, -r,
                                          sub ? sub->size() : -1, sub ? sub->rank() : -1));
-  int32_t mine = r, gathered[8] = {};
-  sub->all_gather(&mine, gathered, 1, DType::i32);
+  int32_t mine = r;
+  std::vector<int32_t> gathered(members, -1);  // one per member: any rank count
+  sub->all_gather(&mine, gathered.data(), 1, DType::i32);
   std::vector<int32_t> want(want_order.begin(), want_order.end());
-  ck.expect("split then all_gather of world ranks", DType::i32, reinterpret_cast<std::byte*>(gathered),
+  ck.expect("split then all_gather of world ranks", DType::i32, reinterpret_cast<std::byte*>(gathered.data()),
             reinterpret_cast<std::byte*>(want.data()), want.size());
   auto none = c.split(-1, 0);
   if (none) throw std::runtime_error("split with color -1 returned a communicator");
@@ -282,6 +323,15 @@ void check_async(Communicator& c, Checker& ck) {
 }
 
 }  // namespace
+
+namespace internal {
+std::vector<std::byte> suite_input(DType t, ReduceOp op, int rank, size_t count) {
+  return periodic(t, count, input_table(t, op, rank));
+}
+std::vector<std::byte> suite_expected(DType t, ReduceOp op, int n, size_t count) {
+  return periodic(t, count, expected_table(t, op, n, 0));
+}
+}  // namespace internal
 
 size_t run_collective_suite(Communicator& c, const SuiteOptions& options) {
   Checker ck(c);

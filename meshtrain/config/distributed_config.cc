@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <set>
 
 #include "meshtrain/core/error.h"
@@ -16,15 +17,11 @@ namespace {
 
 constexpr const char* kOp = "DistributedConfig";
 
-int parse_int(std::string_view text, std::string_view source) {
-  const std::string_view t = trim(text);
-  int v = 0;
-  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (ec == std::errc::result_out_of_range)
-    throw InvalidArgument(kOp, fmt::format("{}: {} is out of range", source, t), "use a value that fits 32 bits");
-  if (t.empty() || ec != std::errc() || end != t.data() + t.size())
-    throw InvalidArgument(kOp, fmt::format("{}: '{}' is not an integer", source, text), "write a whole number, e.g. 4");
-  return v;
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// Range-checked before narrowing to int (core/strings.h), so no value wraps.
+int parse_int(std::string_view text, std::string_view source, int64_t min, int64_t max) {
+  return static_cast<int>(parse_int_in_range(text, source, min, max, kOp));
 }
 
 bool parse_bool(std::string_view text, std::string_view source) {
@@ -34,9 +31,10 @@ bool parse_bool(std::string_view text, std::string_view source) {
   throw InvalidArgument(kOp, fmt::format("{}: '{}' is not a boolean", source, text), "write true or false");
 }
 
-template <int DistributedConfig::*M>
+template <int DistributedConfig::*M, int64_t Min, int64_t Max>
 void parse_int_field(DistributedConfig& c, std::string_view text, std::string_view source) {
-  c.*M = parse_int(text, source);
+  static_assert(Min <= Max && Max <= kIntMax);
+  c.*M = parse_int(text, source, Min, Max);
 }
 
 template <int DistributedConfig::*M>
@@ -50,21 +48,21 @@ constexpr ConfigField kFields[] = {
      [](DistributedConfig& c, std::string_view t, std::string_view s) { c.enabled = parse_bool(t, s); },
      [](const DistributedConfig& c) { return std::string(c.enabled ? "true" : "false"); }},
     {"world_size", "--world-size", "int", "ranks in the job, one per device",
-     &parse_int_field<&DistributedConfig::world_size>, &format_int_field<&DistributedConfig::world_size>},
+     &parse_int_field<&DistributedConfig::world_size, 1, kIntMax>, &format_int_field<&DistributedConfig::world_size>},
     {"rank", "--rank", "int", "this process's rank, 0..world_size-1 (launchers set it)",
-     &parse_int_field<&DistributedConfig::rank>, &format_int_field<&DistributedConfig::rank>},
+     &parse_int_field<&DistributedConfig::rank, 0, kIntMax>, &format_int_field<&DistributedConfig::rank>},
     {"local_rank", "--local-rank", "int", "rank within its node, 0..num_processes_per_node-1",
-     &parse_int_field<&DistributedConfig::local_rank>, &format_int_field<&DistributedConfig::local_rank>},
-    {"num_nodes", "--num-nodes", "int", "nodes in the job", &parse_int_field<&DistributedConfig::num_nodes>,
+     &parse_int_field<&DistributedConfig::local_rank, 0, kIntMax>, &format_int_field<&DistributedConfig::local_rank>},
+    {"num_nodes", "--num-nodes", "int", "nodes in the job", &parse_int_field<&DistributedConfig::num_nodes, 1, kIntMax>,
      &format_int_field<&DistributedConfig::num_nodes>},
     {"num_processes_per_node", "--num-processes-per-node", "int",
-     "ranks per node (default: world_size / num_nodes)", &parse_int_field<&DistributedConfig::num_processes_per_node>,
+     "ranks per node (default: world_size / num_nodes)", &parse_int_field<&DistributedConfig::num_processes_per_node, 1, kIntMax>,
      &format_int_field<&DistributedConfig::num_processes_per_node>},
     {"master_addr", "--master-addr", "string", "host of rank 0, for TCP rendezvous (gloo, nccl)",
      [](DistributedConfig& c, std::string_view t, std::string_view) { c.master_addr = std::string(trim(t)); },
      [](const DistributedConfig& c) { return c.master_addr; }},
     {"master_port", "--master-port", "int", "port of rank 0, 1024..65535",
-     &parse_int_field<&DistributedConfig::master_port>, &format_int_field<&DistributedConfig::master_port>},
+     &parse_int_field<&DistributedConfig::master_port, 1024, 65535>, &format_int_field<&DistributedConfig::master_port>},
     {"backend", "--backend", "engine", "engine: threads, mpi, gloo or nccl",
      [](DistributedConfig& c, std::string_view t, std::string_view s) {
        try {
@@ -75,13 +73,13 @@ constexpr ConfigField kFields[] = {
      },
      [](const DistributedConfig& c) { return std::string(comm::engine_name(c.backend)); }},
     {"tensor_parallel_size", "--tensor-parallel-size", "int", "ranks that split every layer (inside a node)",
-     &parse_int_field<&DistributedConfig::tensor_parallel_size>,
+     &parse_int_field<&DistributedConfig::tensor_parallel_size, 1, kIntMax>,
      &format_int_field<&DistributedConfig::tensor_parallel_size>},
     {"pipeline_parallel_size", "--pipeline-parallel-size", "int", "pipeline stages",
-     &parse_int_field<&DistributedConfig::pipeline_parallel_size>,
+     &parse_int_field<&DistributedConfig::pipeline_parallel_size, 1, kIntMax>,
      &format_int_field<&DistributedConfig::pipeline_parallel_size>},
     {"context_parallel_size", "--context-parallel-size", "int", "ranks that split the sequence",
-     &parse_int_field<&DistributedConfig::context_parallel_size>,
+     &parse_int_field<&DistributedConfig::context_parallel_size, 1, kIntMax>,
      &format_int_field<&DistributedConfig::context_parallel_size>},
     {"mesh", "--mesh", "mesh", "named mesh, e.g. data=2,tensor=2 (default: derived from the sizes)",
      [](DistributedConfig& c, std::string_view t, std::string_view s) {

@@ -14,8 +14,10 @@
 //   mesh::DeviceMesh mesh(world, c.mesh().shape, c.mesh().axis_names);
 //
 // TOML: keys at the top level, or under [distributed] when the file has that
-// table (other sections are then ignored). Unknown keys and wrong types are
-// errors. The mesh is `mesh = "data=2,tensor=2"` or the arrays
+// table. A file may hold any of the sections in kTomlSections ([distributed],
+// [train]); each loader reads its own and skips the others, and both reject
+// an unknown section, an unknown key, a key outside any section next to a
+// [distributed] table, and wrong types. Syntax errors name file:line:column. The mesh is `mesh = "data=2,tensor=2"` or the arrays
 // `mesh_shape = [2, 2]` and `mesh_axis_names = ["data", "tensor"]`.
 //
 // Loaders (with_toml, with_env, DistributedFlags::config) overlay what their
@@ -44,6 +46,11 @@ namespace meshtrain::config {
 enum class MixedPrecision : uint8_t { no, fp16, bf16 };
 std::string_view mixed_precision_name(MixedPrecision p);
 MixedPrecision parse_mixed_precision(std::string_view name);  // throws InvalidArgument
+
+// The sections a meshtrain TOML file may hold: [distributed] (this config)
+// and [train] (train::TrainConfig). Every TOML loader accepts a file with any
+// subset of them and rejects other top-level tables.
+inline constexpr std::string_view kTomlSections[] = {"distributed", "train"};
 
 // Environment variables by name.
 using EnvMap = std::map<std::string, std::string>;

@@ -237,17 +237,32 @@ mixed_precision = "bf16"
   EXPECT_EQ(c.mesh_shape, (Ints{2, 2}));
 }
 
+// issue 9: a file with only a [train] section was rejected ("unknown key
+// 'train'"): every loader takes any subset of the project's sections.
+TEST(DistributedConfigToml, AcceptsAFileWithAnySubsetOfTheSections) {
+  EXPECT_EQ(DistributedConfig::from_toml("[train]\nepochs = 1\n"), DistributedConfig{});
+  EXPECT_EQ(DistributedConfig::from_toml(""), DistributedConfig{});
+  EXPECT_EQ(DistributedConfig::from_toml("[distributed]\nworld_size = 2\n").world_size, 2);
+  EXPECT_EQ(DistributedConfig::from_toml("world_size = 2\n[train]\nepochs = 1\n").world_size, 2);
+  EXPECT_EQ(DistributedConfig::from_toml("[train]\nepochs = 1\n[distributed]\nworld_size = 2\n").world_size, 2);
+}
+
 TEST(DistributedConfigToml, ErrorsNameTheFileLineAndKey) {
   auto err = [](const char* text) { return error_of([&] { DistributedConfig{}.with_toml(text, "run.toml"); }); };
   EXPECT_THAT(err("world_size = 4\nwrold_size = 4\n"), HasSubstr("run.toml:2: unknown key 'wrold_size'"));
   EXPECT_THAT(err("wrold_size = 4\n"), HasSubstr("did you mean 'world_size'?"));
-  EXPECT_THAT(err("[train]\nsteps = 1\n"), HasSubstr("unknown key 'train'"));
-  EXPECT_THAT(err("[train]\nsteps = 1\n"), HasSubstr("put these keys under [distributed]"));
+  EXPECT_THAT(err("[trian]\nsteps = 1\n"), HasSubstr("run.toml:1:2: unknown section [trian]"));
+  EXPECT_THAT(err("[trian]\nsteps = 1\n"), HasSubstr("holds the sections [distributed], [train]"));
+  EXPECT_THAT(err("rank = 1\n[distributed]\nworld_size = 2\n"),
+              HasSubstr("run.toml:1:1: key 'rank' is outside any section, but the file has [distributed]"));
+  EXPECT_THAT(err("epochs = 3\n"), HasSubstr("training keys under [train]"));
   EXPECT_THAT(err("world_size = \"4\"\n"), HasSubstr("run.toml:1: world_size must be an integer, got a string"));
   EXPECT_THAT(err("enabled = 1\n"), HasSubstr("enabled must be a boolean, got an integer"));
   EXPECT_THAT(err("backend = 3\n"), HasSubstr("backend must be a string, got an integer"));
   EXPECT_THAT(err("mesh = 4\n"), HasSubstr("write e.g. mesh = \"data=2,tensor=2\""));
-  EXPECT_THAT(err("world_size = 99999999999\n"), HasSubstr("run.toml:1: world_size: 99999999999 is out of range"));
+  EXPECT_THAT(err("world_size = 99999999999\n"), HasSubstr("run.toml:1: world_size: 99999999999 is outside [1, 2147483647]"));
+  EXPECT_THAT(err("master_port = 80\n"), HasSubstr("run.toml:1: master_port: 80 is outside [1024, 65535]"));
+  EXPECT_THAT(err("mesh_shape = [4294967298]\n"), HasSubstr("mesh_shape: 4294967298 is outside [1, 2147483647]"));
   EXPECT_THAT(err("backend = \"tcp\"\n"), HasSubstr("run.toml:1: backend: unknown engine 'tcp'"));
   EXPECT_THAT(err("backend = \"tcp\"\n"), HasSubstr("use one of threads, mpi, gloo, nccl"));
   EXPECT_THAT(err("mixed_precision = \"fp8\"\n"), HasSubstr("mixed_precision: unknown mixed precision 'fp8'"));
@@ -258,6 +273,7 @@ TEST(DistributedConfigToml, ErrorsNameTheFileLineAndKey) {
   EXPECT_THAT(err("distributed = 3\n"), HasSubstr("run.toml: distributed must be a table"));
   EXPECT_THAT(err("world_size = \n"), HasSubstr("run.toml:1:"));
   EXPECT_THAT(err("world_size = \n"), HasSubstr("fix the TOML syntax"));
+  EXPECT_THAT(err("[distributed]\nworld_size = 2\nrank = = 1\n"), HasSubstr("run.toml:3:8:"));
 }
 
 TEST(DistributedConfigToml, Files) {

@@ -13,6 +13,7 @@
 
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 
 namespace meshtrain::config {
 namespace {
@@ -54,6 +55,16 @@ std::vector<std::string_view> known_keys() {
   return keys;
 }
 
+bool is_toml_section(std::string_view name) {
+  return std::find(std::begin(kTomlSections), std::end(kTomlSections), name) != std::end(kTomlSections);
+}
+
+std::string toml_section_list() {
+  std::vector<std::string> names;
+  for (std::string_view s : kTomlSections) names.push_back(fmt::format("[{}]", s));
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
 [[noreturn]] void unknown_key(std::string_view where, std::string_view key, bool top_level) {
   const auto keys = known_keys();
   auto best = std::min_element(keys.begin(), keys.end(), [&](std::string_view a, std::string_view b) {
@@ -62,7 +73,7 @@ std::vector<std::string_view> known_keys() {
   std::string hint;
   if (edit_distance(key, *best) <= std::max<size_t>(2, key.size() / 3)) hint = fmt::format("did you mean '{}'? ", *best);
   hint += fmt::format("known keys: {}", fmt::join(keys, ", "));
-  if (top_level) hint += "; in a file with other sections, put these keys under [distributed]";
+  if (top_level) hint += "; in a file with sections, put these keys under [distributed] (training keys under [train])";
   throw InvalidArgument(kOp, fmt::format("{}: unknown key '{}'", where, key), hint);
 }
 
@@ -94,8 +105,7 @@ std::vector<int> int_array(const toml::node& n, std::string_view where) {
   for (const toml::node& e : *a) {
     auto v = e.as_integer();
     if (!v) wrong_type(where, e, "an array of integers", "mesh_shape = [2, 2]");
-    if (v->get() < std::numeric_limits<int>::min() || v->get() > std::numeric_limits<int>::max())
-      throw InvalidArgument(kOp, fmt::format("{}: {} is out of range", where, v->get()), "use sizes that fit 32 bits");
+    check_int_in_range(v->get(), where, 1, std::numeric_limits<int>::max(), kOp);
     out.push_back(static_cast<int>(v->get()));
   }
   return out;
@@ -125,6 +135,10 @@ DistributedConfig DistributedConfig::with_toml(std::string_view text, std::strin
                                       e.description()),
                           "fix the TOML syntax at that position");
   }
+  // The file may hold any of the project's sections (kTomlSections); ours is
+  // [distributed], or the top-level keys when there is no such table. Other
+  // known sections belong to other loaders; anything else is an error here,
+  // so a misspelt section is never silently skipped.
   const toml::table* table = &doc;
   const bool top_level = !doc.contains("distributed");
   if (!top_level) {
@@ -133,9 +147,24 @@ DistributedConfig DistributedConfig::with_toml(std::string_view text, std::strin
       throw InvalidArgument(kOp, fmt::format("{}: distributed must be a table", source_name),
                             "write the keys under a [distributed] header");
   }
+  for (auto&& [k, v] : doc) {
+    const std::string_view key = k.str();
+    if (key == "distributed") continue;
+    const std::string at = fmt::format("{}:{}:{}", source_name, k.source().begin.line, k.source().begin.column);
+    if (v.is_table()) {
+      if (is_toml_section(key)) continue;
+      throw InvalidArgument(kOp, fmt::format("{}: unknown section [{}]", at, key),
+                            fmt::format("a meshtrain TOML file holds the sections {}", toml_section_list()));
+    }
+    if (!top_level)
+      throw InvalidArgument(kOp, fmt::format("{}: key '{}' is outside any section, but the file has [distributed]", at,
+                                             key),
+                            "move it under [distributed] (or under [train], for a training key)");
+  }
   // Visit keys in file order, so the first error is the first in the file.
   std::vector<std::pair<std::string, const toml::node*>> entries;
-  for (auto&& [k, v] : *table) entries.emplace_back(std::string(k.str()), &v);
+  for (auto&& [k, v] : *table)
+    if (!(top_level && v.is_table())) entries.emplace_back(std::string(k.str()), &v);  // sections: checked above
   std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
     return a.second->source().begin.line < b.second->source().begin.line;
   });

@@ -2,11 +2,15 @@
 //
 //   trim("  data=2 ") == "data=2";   to_lower("7B") == "7b"
 //   split("1,2,,4") == {"1", "2", "", "4"}
+//   parse_int_in_range("64", "--ranks", 1, 1024) == 64   (see below)
 //
 // Pure functions; thread-safe.
 #pragma once
 
 #include <cctype>
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,5 +46,47 @@ inline std::vector<std::string_view> split(std::string_view s, char sep = ',') {
     start = end + 1;
   }
 }
+
+// ---- Range-checked numbers -----------------------------------------------------
+//
+// Every number a user or a file gives (a CLI flag, a TOML key, an environment
+// variable, a file header) goes through these, so none is silently narrowed,
+// wrapped or left non-finite. Errors are InvalidArgument(op, ...) whose
+// detail names `what` (the flag or field), the text and the allowed range:
+//
+//   parse_int_in_range("4294967552", "--batch-size", 1, 1 << 20, "TrainConfig")
+//     throws "TrainConfig: --batch-size: 4294967552 is outside [1, 1048576] (hint: ...)"
+//   parse_double_in_range("nan", "--timeout", {.min = 0.001, .max = 604800}, "meshtrain check")
+//     throws "meshtrain check: --timeout: 'nan' is not a finite number, allowed [0.001, 604800] ..."
+
+// A closed or half-open interval of doubles; to_string() is "[0, 1)", "(0, inf)"...
+struct NumberRange {
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_open = false;  // min itself is not allowed
+  bool max_open = false;
+  bool contains(double v) const {
+    return (min_open ? v > min : v >= min) && (max_open ? v < max : v <= max);
+  }
+  std::string to_string() const;
+};
+
+// A whole decimal integer (surrounding whitespace allowed) in [min, max].
+int64_t parse_int_in_range(std::string_view text, std::string_view what, int64_t min, int64_t max,
+                           std::string_view op = "parse_int");
+// A finite decimal number (1.5, 3e-4; never nan or inf) inside range.
+double parse_double_in_range(std::string_view text, std::string_view what, const NumberRange& range,
+                             std::string_view op = "parse_double");
+// Throws the same error as parse_int_in_range unless min <= v <= max (for
+// numbers that arrive already parsed, e.g. a TOML integer or a CLI11 option).
+void check_int_in_range(int64_t v, std::string_view what, int64_t min, int64_t max,
+                        std::string_view op = "check_int");
+// Throws unless v is finite and inside range.
+void check_double_in_range(double v, std::string_view what, const NumberRange& range,
+                           std::string_view op = "check_double");
+
+// a * b, a + b, or nullopt when the exact result does not fit int64.
+std::optional<int64_t> checked_mul(int64_t a, int64_t b);
+std::optional<int64_t> checked_add(int64_t a, int64_t b);
 
 }  // namespace meshtrain

@@ -303,6 +303,16 @@ std::string render_mesh(const std::vector<int>& shape, const std::vector<std::st
   const int ndim = static_cast<int>(shape.size());
   const int n = static_cast<int>(num_ranks(shape));
   std::string out = fmt::format("mesh {}: {} rank{}\n", format_mesh(shape, names), n, n == 1 ? "" : "s");
+  if (n > kMaxRenderRanks) {
+    out += fmt::format("(picture and group members left out: more than {} ranks)\n", kMaxRenderRanks);
+    for (int a = 0; a < ndim; ++a) {
+      std::vector<std::string> fixed;
+      for (int b : other_axes({a}, ndim)) fixed.push_back(names[b]);
+      out += fmt::format("{} groups (vary {}{}): {} groups of {} ranks\n", names[a], names[a],
+                         fixed.empty() ? "" : ", fixed " + join(fixed, ", "), n / shape[a], shape[a]);
+    }
+    return out;
+  }
   if (ndim == 1) {
     render_grid(out, nullptr, 1, names[0], shape[0], 0, n - 1);
   } else {

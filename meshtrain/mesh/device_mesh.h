@@ -103,6 +103,11 @@ std::vector<std::vector<int>> groups_along(const std::vector<int>& shape, const 
 // - one line per axis listing its groups:
 //   "data groups (vary data, fixed tensor): [0 2 4 6] [1 3 5 7]".
 // See mesh_test.cc for a complete example.
+// Meshes of more than kMaxRenderRanks ranks get the title, a line saying the
+// picture is left out, and one line per axis with the number and size of its
+// groups instead of their members, so the text stays bounded (a 16M-rank
+// mesh drew 1.2 GB).
+inline constexpr int kMaxRenderRanks = 4096;
 std::string render_mesh(const std::vector<int>& shape, const std::vector<std::string>& axis_names);
 
 // ---- DeviceMesh -------------------------------------------------------------

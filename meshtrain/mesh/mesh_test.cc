@@ -363,5 +363,16 @@ TEST(DeviceMesh, RanksThatPassDifferentMeshesAreNamed) {
   EXPECT_THAT(errors[3], HasSubstr("this rank, 3, has (data=4, tensor=1)"));
 }
 
+// issue 9: mesh --devices 16777216 printed 1.2 GB and 2147483647 ran out of
+// memory; beyond kMaxRenderRanks the picture is left out.
+TEST(RenderMesh, LargeMeshesStayBounded) {
+  const std::string text = mesh::render_mesh({4096, 4096}, {"data", "tensor"});
+  EXPECT_LT(text.size(), 1000u);
+  EXPECT_THAT(text, HasSubstr("mesh (data=4096, tensor=4096): 16777216 ranks"));
+  EXPECT_THAT(text, HasSubstr("data groups (vary data, fixed tensor): 4096 groups of 4096 ranks"));
+  EXPECT_LT(mesh::render_mesh({1, 2147483647}, {"a", "b"}).size(), 1000u);
+  EXPECT_THAT(mesh::render_mesh({64, 64}, {"data", "tensor"}), HasSubstr("[0 64 128"));  // 4096: still drawn
+}
+
 }  // namespace
 }  // namespace meshtrain::testing

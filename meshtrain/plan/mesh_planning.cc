@@ -230,7 +230,7 @@ NamedShape parse_mesh_spec(std::string_view spec) {
     auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), value);
     if (size.empty() || ec != std::errc() || end != size.data() + size.size() || value < 1)
       throw InvalidArgument(op, fmt::format("axis '{}' in mesh '{}' has size '{}'", name, spec, size),
-                            "axis sizes are positive integers, e.g. data=2,tensor=2");
+                            "axis sizes are integers from 1 to 2147483647, e.g. data=2,tensor=2");
     out.axis_names.emplace_back(name);
     out.shape.push_back(value);
   }

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 #include "meshtrain/core/tensor.h"
 
 namespace meshtrain::sharding {
@@ -100,6 +101,15 @@ void Layout::validate(const char* op) const {
     if (global_shape_[d] < 0)
       throw InvalidArgument(op, fmt::format("dimension {} has negative size {}", d, global_shape_[d]),
                             "sizes are >= 0");
+  // Element counts (Box::numel, local_numel) are int64: the whole tensor's must fit.
+  int64_t elements = 1;
+  for (int64_t size : global_shape_) {
+    const auto next = checked_mul(elements, size);
+    if (!next)
+      throw InvalidArgument(op, fmt::format("shape {} has more than 2^63 - 1 elements", shape_to_string(global_shape_)),
+                            "use sizes whose product fits in int64");
+    elements = *next;
+  }
   spec_.validate(axis_names_, ndim());
   std::set<comm::ReduceOp> ops;
   for (const auto& [axis, reduce] : partial_) {
@@ -155,8 +165,8 @@ int Layout::num_shards(int dim) const {
 }
 
 int64_t Layout::chunk_size(int dim) const {
-  const int64_t k = num_shards(dim);
-  return (global_shape_[dim] + k - 1) / k;
+  const int64_t k = num_shards(dim), n = global_shape_[dim];
+  return n / k + (n % k != 0);  // ceil(n / k) without n + k - 1, which wraps near INT64_MAX
 }
 
 std::pair<int64_t, int64_t> Layout::shard_range(int dim, int shard) const {
@@ -165,7 +175,9 @@ std::pair<int64_t, int64_t> Layout::shard_range(int dim, int shard) const {
     throw InvalidArgument("Layout::shard_range", fmt::format("shard {} of dim {} split into {}", shard, dim, k),
                           "pass a shard in [0, num_shards(dim))");
   const int64_t n = global_shape_[dim], c = chunk_size(dim);
-  return {std::min(n, shard * c), std::min(n, (shard + 1) * c)};
+  // min(n, s * c) without forming s * c when it would pass n (and maybe wrap).
+  const auto at = [&](int64_t s) { return c == 0 || s > n / c ? n : std::min(n, s * c); };
+  return {at(shard), at(int64_t{shard} + 1)};
 }
 
 int Layout::shard_index(int rank, int dim) const {

@@ -271,5 +271,25 @@ TEST(Plan, LargePureMeshPlansQuickly) {
   EXPECT_LT(ms, 2000.0);
 }
 
+// issue 9: shard --shape 9223372036854775807,... overflowed the ceil-division
+// (n + k - 1) and crashed.
+TEST(Layout, HugeDimensionsDoNotOverflow) {
+  constexpr int64_t kMax = INT64_MAX;
+  const Layout l({3}, {"data"}, PartitionSpec::parse("data"), {kMax});
+  EXPECT_EQ(l.chunk_size(0), kMax / 3 + 1);
+  int64_t total = 0;
+  for (int r = 0; r < 3; ++r) {
+    const auto [b, e] = l.shard_range(0, r);
+    EXPECT_LE(b, e);
+    total += e - b;
+  }
+  EXPECT_EQ(total, kMax);
+  EXPECT_EQ(l.shard_range(0, 2).second, kMax);
+  const Layout two({4, 2}, {"data", "tensor"}, PartitionSpec::parse("data,tensor"), {kMax, 1});
+  EXPECT_EQ(two.local_box(7).to_string(), fmt::format("[{}:{}, 1:1]", 3 * (kMax / 4 + 1), kMax));
+  EXPECT_THAT(error_of([] { Layout({4, 2}, {"data", "tensor"}, PartitionSpec::parse("data,tensor"), {kMax, 4}); }),
+              HasSubstr("shape [9223372036854775807, 4] has more than 2^63 - 1 elements"));
+}
+
 }  // namespace
 }  // namespace meshtrain::testing

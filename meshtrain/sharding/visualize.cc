@@ -37,16 +37,21 @@ std::vector<Segment> segments(const Layout& l, int dim) {
   return out;
 }
 
-int segment_of(const std::vector<Segment>& segs, int shard) {
+size_t segment_of(const std::vector<Segment>& segs, int shard) {
   for (size_t i = 0; i < segs.size(); ++i)
-    if (segs[i].shard == shard) return static_cast<int>(i);
-  return -1;
+    if (segs[i].shard == shard) return i;
+  // A non-empty box lies in a non-empty shard; anything else is a bug, never an index -1.
+  throw Error("visualize_sharding", fmt::format("shard {} has no block", shard), "internal: report this layout");
 }
 
 Grid build_grid(const Layout& l, const char* op) {
   if (l.ndim() != 1 && l.ndim() != 2)
     throw InvalidArgument(op, fmt::format("{} is {}-D", l.to_string(), l.ndim()),
                           "pictures are drawn for 1-D and 2-D tensors; print Layout::to_string() otherwise");
+  if (l.num_ranks() > kMaxPictureRanks)
+    throw InvalidArgument(op, fmt::format("a mesh of {} ranks is too large to draw (at most {})", l.num_ranks(),
+                                          kMaxPictureRanks),
+                          "print Layout::to_string() and local_box(rank) instead");
   Grid g;
   const int cd = l.ndim() - 1;
   g.cols = segments(l, cd);
@@ -63,8 +68,8 @@ Grid build_grid(const Layout& l, const char* op) {
       g.empty_ranks.push_back(r);
       continue;
     }
-    const int row = l.ndim() == 2 ? segment_of(g.rows, l.shard_index(r, 0)) : 0;
-    const int col = segment_of(g.cols, l.shard_index(r, cd));
+    const size_t row = l.ndim() == 2 ? segment_of(g.rows, l.shard_index(r, 0)) : 0;
+    const size_t col = segment_of(g.cols, l.shard_index(r, cd));
     g.holders[row][col].push_back(r);
   }
   return g;
@@ -149,9 +154,20 @@ std::string escape_xml(const std::string& s) {
   return out;
 }
 
+
+void check_options(const VisualizeOptions& o, const char* op) {
+  if (o.width < 1 || o.width > kMaxPictureWidth)
+    throw InvalidArgument(op, fmt::format("width {} is outside [1, {}]", o.width, kMaxPictureWidth),
+                          "draw at most 1000 columns");
+  if (o.height < 1 || o.height > kMaxPictureHeight)
+    throw InvalidArgument(op, fmt::format("height {} is outside [1, {}]", o.height, kMaxPictureHeight),
+                          "draw at most 200 lines");
+}
+
 }  // namespace
 
 std::string visualize_sharding(const Layout& layout, const VisualizeOptions& options) {
+  check_options(options, "visualize_sharding");
   const Grid g = build_grid(layout, "visualize_sharding");
   std::string out = header(layout) + "\n";
   if (g.cols.empty() || g.rows.empty()) {
@@ -186,6 +202,7 @@ std::string visualize_sharding(const Layout& layout, const VisualizeOptions& opt
 }
 
 std::string visualize_sharding_svg(const Layout& layout, const VisualizeOptions& options) {
+  check_options(options, "visualize_sharding_svg");
   static constexpr const char* kColors[] = {"#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462",
                                             "#b3de69", "#fccde5", "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"};
   const Grid g = build_grid(layout, "visualize_sharding_svg");

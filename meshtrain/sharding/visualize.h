@@ -51,15 +51,24 @@
 
 namespace meshtrain::sharding {
 
+// Limits that keep a picture's size bounded: width in [1, 1000] columns,
+// height in [1, 200] lines, meshes of at most 4096 ranks (a block is at
+// least as wide as its rank label, so more ranks draw wider than asked).
+inline constexpr int kMaxPictureWidth = 1000;
+inline constexpr int kMaxPictureHeight = 200;
+inline constexpr int kMaxPictureRanks = 4096;
+
 struct VisualizeOptions {
-  // Text: interior columns of the grid. SVG: the grid is 10 * width pixels
-  // wide and, for 2-D, as tall as the tensor's aspect ratio makes it, within
-  // [96, 10 * width] pixels (48 for 1-D).
+  // Text: interior columns of the grid, 1..kMaxPictureWidth. SVG: the grid
+  // is 10 * width pixels wide and, for 2-D, as tall as the tensor's aspect
+  // ratio makes it, within [96, 10 * width] pixels (48 for 1-D).
   int width = 48;
-  int height = 8;  // text only: interior lines of a 2-D grid
+  int height = 8;  // text only: interior lines of a 2-D grid, 1..kMaxPictureHeight
 };
 
-// Throws InvalidArgument unless the layout's tensor is 1-D or 2-D.
+// Throws InvalidArgument unless the layout's tensor is 1-D or 2-D, the
+// options are inside the limits above and the mesh has at most
+// kMaxPictureRanks ranks.
 std::string visualize_sharding(const Layout& layout, const VisualizeOptions& options = {});
 
 // A standalone SVG document: one rectangle per block (colored per block,

@@ -107,5 +107,23 @@ TEST(Visualize, OtherRanksAreRejected) {
   EXPECT_THROW(visualize_sharding_svg(dt("", {})), InvalidArgument);
 }
 
+// issue 9: --width 2000000000 took 14 GB and a huge shape indexed block -1;
+// pictures are bounded now.
+TEST(VisualizeSharding, SizesAreBounded) {
+  EXPECT_THROW(visualize_sharding(dt("data,tensor", {8, 8}), {.width = 2000000000}), InvalidArgument);
+  EXPECT_THROW(visualize_sharding(dt("data,tensor", {8, 8}), {.width = 0}), InvalidArgument);
+  EXPECT_THROW(visualize_sharding_svg(dt("data,tensor", {8, 8}), {.height = 1 << 30}), InvalidArgument);
+  try {
+    visualize_sharding(dt("data", {8}), {.width = 1001});
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_THAT(e.what(), HasSubstr("width 1001 is outside [1, 1000]"));
+  }
+  const Layout big({5000}, {"data"}, PartitionSpec::parse("data"), {5000});
+  EXPECT_THROW(visualize_sharding(big), InvalidArgument);
+  const Layout huge({2, 2}, {"data", "tensor"}, PartitionSpec::parse("data,tensor"), {INT64_MAX, 1});
+  EXPECT_THAT(visualize_sharding(huge), HasSubstr("sizes 4611686018427387904, 4611686018427387903"));
+}
+
 }  // namespace
 }  // namespace meshtrain::testing

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/train/internal/safetensors_header.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #define STB_IMAGE_WRITE_STATIC
@@ -32,12 +33,6 @@ std::string safetensors_dtype(DType t) {
     case DType::u8: return "U8";
   }
   return "?";
-}
-
-DType dtype_from_safetensors(const std::string& s, const std::string& path) {
-  for (DType t : kAllDTypes)
-    if (safetensors_dtype(t) == s) return t;
-  throw IoError("load_safetensors", fmt::format("{}: unsupported dtype '{}'", path, s), "use F32, BF16, ...");
 }
 
 }  // namespace
@@ -102,19 +97,16 @@ std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& 
   for (int i = 0; i < 8; ++i) n |= uint64_t{static_cast<unsigned char>(file[i])} << (8 * i);
   if (n > file.size() - 8)
     throw IoError("load_safetensors", fmt::format("{}: header of {} bytes past the end at offset 8", path, n), "");
-  const auto header = nlohmann::ordered_json::parse(file.substr(8, n));
+  // The whole header is validated before anything is allocated from it.
   const size_t base = 8 + n;
+  const auto entries = internal::parse_safetensors_header(std::string_view(file).substr(8, n), file.size() - base, path);
   std::vector<std::pair<std::string, Tensor>> out;
-  for (const auto& [name, v] : header.items()) {
-    if (name == "__metadata__") continue;
-    const DType t = dtype_from_safetensors(v["dtype"].get<std::string>(), path);
-    const auto shape = v["shape"].get<std::vector<int64_t>>();
-    const auto off = v["data_offsets"].get<std::vector<size_t>>();
-    Tensor x = Tensor::empty(shape, t);
-    if (off.size() != 2 || off[1] < off[0] || base + off[1] > file.size() || off[1] - off[0] != x.nbytes())
-      throw IoError("load_safetensors", fmt::format("{}: tensor '{}' has bad data offsets", path, name), "");
-    std::memcpy(x.data_ptr(), file.data() + base + off[0], x.nbytes());
-    out.emplace_back(name, x);
+  for (const auto& e : entries) {
+    Tensor x = Tensor::empty(e.shape, e.dtype);
+    if (x.nbytes() != e.end - e.begin)
+      throw IoError("load_safetensors", fmt::format("{}: tensor '{}' has bad data offsets", path, e.name), "");
+    if (x.nbytes() > 0) std::memcpy(x.data_ptr(), file.data() + base + e.begin, x.nbytes());
+    out.emplace_back(e.name, x);
   }
   return out;
 }

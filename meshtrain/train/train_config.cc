@@ -3,11 +3,15 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/parallel/fully_sharded.h"
@@ -20,37 +24,50 @@ namespace {
                         fmt::format("give {}", want));
 }
 
-int64_t to_int(std::string_view t, std::string_view src) {
-  int64_t v = 0;
-  auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (ec != std::errc() || p != t.data() + t.size()) bad(src, t, "an integer");
-  return v;
+constexpr const char* kOp = "TrainConfig";
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+// Largest layer width (hidden, latent): a 65536 x 65536 f32 weight is 16 GiB.
+constexpr int64_t kMaxWidth = 65536;
+constexpr int64_t kMaxHiddenLayers = 1024;
+
+// Integers are range-checked before they are narrowed to the field's type,
+// so 4294967552 is refused instead of becoming 256.
+int64_t to_int(std::string_view t, std::string_view src, int64_t min, int64_t max) {
+  return parse_int_in_range(t, src, min, max, kOp);
 }
-double to_double(std::string_view t, std::string_view src) {
-  try {
-    size_t used = 0;
-    const double v = std::stod(std::string(t), &used);
-    if (used == t.size()) return v;
-  } catch (const std::exception&) {
-  }
-  bad(src, t, "a number");
+// Finite numbers only: "nan" and "inf" parse as doubles but are never a setting.
+double to_double(std::string_view t, std::string_view src, const NumberRange& range) {
+  return parse_double_in_range(t, src, range, kOp);
 }
 bool to_bool(std::string_view t, std::string_view src) {
   if (t == "true" || t == "1" || t == "on") return true;
   if (t == "false" || t == "0" || t == "off") return false;
   bad(src, t, "true or false");
 }
-std::vector<int> to_ints(std::string_view t, std::string_view src) {
+std::vector<int> to_widths(std::string_view t, std::string_view src) {
   std::vector<int> out;
-  for (const std::string_view piece : split(t)) out.push_back(static_cast<int>(to_int(piece, src)));
+  const auto pieces = split(t);
+  if (pieces.size() > kMaxHiddenLayers)
+    throw InvalidArgument(kOp, fmt::format("{}: {} hidden layers, more than {}", src, pieces.size(), kMaxHiddenLayers),
+                          "give at most 1024 hidden sizes");
+  for (const std::string_view piece : pieces) out.push_back(static_cast<int>(to_int(piece, src, 1, kMaxWidth)));
   return out;
 }
 std::string num(double v) { return fmt::format("{}", v); }
 
-#define MT_INT(field) [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = static_cast<decltype(c.field)>(to_int(t, s)); }, \
-                      [](const TrainConfig& c) { return fmt::format("{}", c.field); }
-#define MT_DBL(field) [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = to_double(t, s); }, \
-                      [](const TrainConfig& c) { return num(c.field); }
+// MT_INT(field, lo, hi): the range is checked in int64 before the value is
+// narrowed to the field's type, and every range fits that type.
+#define MT_INT(field, lo, hi)                                                                                     \
+  [](TrainConfig& c, std::string_view t, std::string_view s) {                                                    \
+    static_assert((hi) <= std::numeric_limits<decltype(c.field)>::max());                                         \
+    c.field = static_cast<decltype(c.field)>(to_int(t, s, lo, hi));                                               \
+  },                                                                                                              \
+      [](const TrainConfig& c) { return fmt::format("{}", c.field); }
+// MT_DBL(field, range): a finite number inside the NumberRange.
+#define MT_DBL(field, ...)                                                                                        \
+  [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = to_double(t, s, NumberRange __VA_ARGS__); }, \
+      [](const TrainConfig& c) { return num(c.field); }
 #define MT_BOOL(field) [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = to_bool(t, s); }, \
                        [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); }
 #define MT_STR(field) [](TrainConfig& c, std::string_view t, std::string_view) { c.field = std::string(t); }, \
@@ -58,34 +75,34 @@ std::string num(double v) { return fmt::format("{}", v); }
 
 const TrainField kFields[] = {
     {"model", "--model", "mlp | vae", MT_STR(model)},
-    {"hidden", "--hidden", "hidden layer sizes, e.g. 512,512,256",
-     [](TrainConfig& c, std::string_view t, std::string_view s) { c.hidden = to_ints(t, s); },
+    {"hidden", "--hidden", "hidden layer sizes, e.g. 512,512,256 (each 1 to 65536, at most 1024 layers)",
+     [](TrainConfig& c, std::string_view t, std::string_view s) { c.hidden = to_widths(t, s); },
      [](const TrainConfig& c) { return fmt::format("{}", fmt::join(c.hidden, ",")); }},
-    {"latent", "--latent", "VAE latent size", MT_INT(latent)},
-    {"dropout", "--dropout", "MLP dropout probability", MT_DBL(dropout)},
-    {"epochs", "--epochs", "passes over the training set", MT_INT(epochs)},
-    {"batch_size", "--batch-size", "global batch size (all data-parallel ranks)", MT_INT(batch_size)},
-    {"micro_batches", "--micro-batches", "gradient accumulation steps per optimizer step", MT_INT(micro_batches)},
+    {"latent", "--latent", "VAE latent size (1 to 65536)", MT_INT(latent, 1, kMaxWidth)},
+    {"dropout", "--dropout", "MLP dropout probability, in [0, 1)", MT_DBL(dropout, {.min = 0, .max = 1, .max_open = true})},
+    {"epochs", "--epochs", "passes over the training set (1 to 1000000)", MT_INT(epochs, 1, 1000000)},
+    {"batch_size", "--batch-size", "global batch size (all data-parallel ranks), 1 to 16777216", MT_INT(batch_size, 1, 1 << 24)},
+    {"micro_batches", "--micro-batches", "gradient accumulation steps per optimizer step (1 to 16777216)", MT_INT(micro_batches, 1, 1 << 24)},
     {"optimizer", "--optimizer", "adamw | sgd", MT_STR(optimizer)},
-    {"lr", "--lr", "peak learning rate", MT_DBL(lr)},
-    {"momentum", "--momentum", "SGD momentum", MT_DBL(momentum)},
-    {"weight_decay", "--weight-decay", "weight decay (biases and norms never decay)", MT_DBL(weight_decay)},
+    {"lr", "--lr", "peak learning rate (> 0)", MT_DBL(lr, {.min = 0, .min_open = true})},
+    {"momentum", "--momentum", "SGD momentum, in [0, 1)", MT_DBL(momentum, {.min = 0, .max = 1, .max_open = true})},
+    {"weight_decay", "--weight-decay", "weight decay >= 0 (biases and norms never decay)", MT_DBL(weight_decay, {.min = 0})},
     {"schedule", "--schedule", "constant | cosine (after linear warmup)", MT_STR(schedule)},
-    {"warmup_steps", "--warmup-steps", "linear warmup steps", MT_INT(warmup_steps)},
-    {"min_lr_ratio", "--min-lr-ratio", "cosine floor as a fraction of lr", MT_DBL(min_lr_ratio)},
-    {"clip_norm", "--clip-norm", "global gradient-norm clipping (0 = off)", MT_DBL(clip_norm)},
-    {"seed", "--seed", "seed of initialization, shuffling, dropout and noise", MT_INT(seed)},
-    {"max_steps", "--max-steps", "stop after this many optimizer steps (0 = all epochs)", MT_INT(max_steps)},
-    {"log_every", "--log-every", "steps between metrics lines", MT_INT(log_every)},
-    {"bucket_mb", "--bucket-mb", "data-parallel gradient bucket size in MiB", MT_DBL(bucket_mb)},
-    {"threads_per_rank", "--threads-per-rank", "BLAS threads per rank (0 = cores / ranks)", MT_INT(threads_per_rank)},
+    {"warmup_steps", "--warmup-steps", "linear warmup steps (>= 0)", MT_INT(warmup_steps, 0, kIntMax)},
+    {"min_lr_ratio", "--min-lr-ratio", "cosine floor as a fraction of lr, in [0, 1]", MT_DBL(min_lr_ratio, {.min = 0, .max = 1})},
+    {"clip_norm", "--clip-norm", "global gradient-norm clipping, >= 0 (0 = off)", MT_DBL(clip_norm, {.min = 0})},
+    {"seed", "--seed", "seed of initialization, shuffling, dropout and noise (0 to 2^63-1)", MT_INT(seed, 0, kInt64Max)},
+    {"max_steps", "--max-steps", "stop after this many optimizer steps, >= 0 (0 = all epochs)", MT_INT(max_steps, 0, kInt64Max)},
+    {"log_every", "--log-every", "steps between metrics lines (>= 1)", MT_INT(log_every, 1, kIntMax)},
+    {"bucket_mb", "--bucket-mb", "data-parallel gradient bucket size in MiB, in (0, 65536]", MT_DBL(bucket_mb, {.min = 0, .max = 65536, .min_open = true})},
+    {"threads_per_rank", "--threads-per-rank", "BLAS threads per rank, 0 to 1024 (0 = cores / ranks)", MT_INT(threads_per_rank, 0, 1024)},
     {"drop_last", "--drop-last", "drop the last partial batch of each epoch", MT_BOOL(drop_last)},
     {"fsdp", "--fsdp",
      "fully sharded data parallelism: full | shard_grad_op | no_shard | zero1 | zero2 | zero3 | hybrid_full | "
      "hybrid_shard_grad_op (\"\" = plain data parallelism; an fsdp mesh axis > 1 defaults to full)",
      MT_STR(fsdp)},
-    {"fsdp_min_weight_size", "--fsdp-min-weight-size", "parameters with fewer elements stay replicated in f32",
-     MT_INT(fsdp_min_weight_size)},
+    {"fsdp_min_weight_size", "--fsdp-min-weight-size", "parameters with fewer elements stay replicated in f32 (>= 0)",
+     MT_INT(fsdp_min_weight_size, 0, kInt64Max)},
     {"forward_prefetch", "--forward-prefetch", "fsdp: start the next unit's all-gather during forward",
      MT_BOOL(forward_prefetch)},
     {"backward_prefetch", "--backward-prefetch", "fsdp: none | pre | post (when backward gathers the next unit)",
@@ -127,7 +144,30 @@ TrainConfig TrainConfig::from_toml(std::string_view text, std::string_view sourc
   try {
     doc = toml::parse(text, source);
   } catch (const toml::parse_error& e) {
-    throw InvalidArgument("TrainConfig", fmt::format("{}: {}", source, e.description()), "fix the TOML syntax");
+    throw InvalidArgument(kOp,
+                          fmt::format("{}:{}:{}: {}", source, e.source().begin.line, e.source().begin.column,
+                                      e.description()),
+                          "fix the TOML syntax at that position");
+  }
+  // Any subset of the project's sections (config::kTomlSections); the
+  // top-level keys of a file without [distributed] are DistributedConfig's,
+  // which rejects the unknown ones. A training key there was meant for [train].
+  for (auto&& [k, v] : doc) {
+    const std::string at = fmt::format("{}:{}:{}", source, k.source().begin.line, k.source().begin.column);
+    const std::string_view key = k.str();
+    if (v.is_table()) {
+      if (std::find(std::begin(config::kTomlSections), std::end(config::kTomlSections), key) ==
+          std::end(config::kTomlSections))
+        throw InvalidArgument(kOp, fmt::format("{}: unknown section [{}]", at, key),
+                              "a meshtrain TOML file holds the sections [distributed] and [train]");
+      continue;
+    }
+    if (key == "train")
+      throw InvalidArgument(kOp, fmt::format("{}: train must be a table", at), "write the keys under a [train] header");
+    for (const auto& f : kFields)
+      if (f.key == key)
+        throw InvalidArgument(kOp, fmt::format("{}: training key '{}' is outside [train]", at, key),
+                              "put it under a [train] header");
   }
   const toml::table* t = doc["train"].as_table();
   if (!t) return c;  // no [train] section: defaults
@@ -140,10 +180,15 @@ TrainConfig TrainConfig::from_toml(std::string_view text, std::string_view sourc
     else if (v.is_boolean()) text_value = *v.value<bool>() ? "true" : "false";
     else if (const toml::array* a = v.as_array()) {
       std::vector<std::string> parts;
-      for (const auto& e : *a) parts.push_back(fmt::format("{}", e.value<int64_t>().value_or(-1)));
+      for (size_t i = 0; i < a->size(); ++i) {
+        const auto e = (*a)[i].value<int64_t>();
+        if (!(*a)[i].is_integer() || !e)
+          throw InvalidArgument(kOp, fmt::format("{}[{}]: not an integer", where, i), "write e.g. [512, 256]");
+        parts.push_back(fmt::format("{}", *e));
+      }
       text_value = fmt::format("{}", fmt::join(parts, ","));
     } else {
-      throw InvalidArgument("TrainConfig", where + ": unsupported value type", "use a string, number or array");
+      throw InvalidArgument(kOp, where + ": unsupported value type", "use a string, number or array");
     }
     c.set(k.str(), text_value, where);
   }
@@ -164,8 +209,9 @@ void TrainConfig::validate() const {
   };
   require(model == "mlp" || model == "vae", fmt::format("model '{}'", model), "use model = \"mlp\" or \"vae\"");
   require(!hidden.empty(), "hidden is empty", "give at least one hidden size, e.g. 512,512");
-  for (int h : hidden) require(h > 0, fmt::format("hidden size {}", h), "hidden sizes must be positive");
-  require(latent > 0, fmt::format("latent {}", latent), "latent must be positive");
+  for (int h : hidden)
+    require(h > 0 && h <= kMaxWidth, fmt::format("hidden size {}", h), "hidden sizes must be in [1, 65536]");
+  require(latent > 0 && latent <= kMaxWidth, fmt::format("latent {}", latent), "latent must be in [1, 65536]");
   require(dropout >= 0 && dropout < 1, fmt::format("dropout {}", dropout), "dropout must be in [0, 1)");
   require(epochs > 0, fmt::format("epochs {}", epochs), "epochs must be positive");
   require(batch_size > 0, fmt::format("batch_size {}", batch_size), "batch_size must be positive");
@@ -180,7 +226,10 @@ void TrainConfig::validate() const {
   require(warmup_steps >= 0 && min_lr_ratio >= 0 && min_lr_ratio <= 1,
           fmt::format("warmup_steps {}, min_lr_ratio {}", warmup_steps, min_lr_ratio),
           "warmup_steps >= 0 and min_lr_ratio in [0, 1]");
-  require(clip_norm >= 0, fmt::format("clip_norm {}", clip_norm), "0 turns clipping off");
+  require(clip_norm >= 0 && std::isfinite(clip_norm), fmt::format("clip_norm {}", clip_norm), "0 turns clipping off");
+  require(std::isfinite(lr) && momentum >= 0 && momentum < 1 && weight_decay >= 0 && std::isfinite(weight_decay),
+          fmt::format("lr {}, momentum {}, weight_decay {}", lr, momentum, weight_decay),
+          "lr finite, momentum in [0, 1), weight_decay finite and >= 0");
   require(log_every > 0 && bucket_mb > 0 && threads_per_rank >= 0 && max_steps >= 0,
           fmt::format("log_every {}, bucket_mb {}, threads_per_rank {}, max_steps {}", log_every, bucket_mb,
                       threads_per_rank, max_steps),

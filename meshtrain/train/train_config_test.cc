@@ -68,5 +68,62 @@ TEST(TrainConfig, ErrorsSayWhatToChange) {
               HasSubstr("reduce_precision 'fp8'"));
 }
 
+// issue 9: int64 values were narrowed to int (--batch-size 4294967552 trained
+// with 256); every number is now range-checked, naming the flag or key.
+TEST(TrainConfig, NumbersOutsideTheirRangeAreRefusedNotWrapped) {
+  auto set = [](const char* key, const char* value, const char* flag) {
+    return error_of([&] { TrainConfig c; c.set(key, value, flag); });
+  };
+  EXPECT_THAT(set("batch_size", "4294967552", "--batch-size"),
+              HasSubstr("--batch-size: 4294967552 is outside [1, 16777216]"));
+  EXPECT_THAT(set("hidden", "512,4294967304", "--hidden"), HasSubstr("--hidden: 4294967304 is outside [1, 65536]"));
+  EXPECT_THAT(set("epochs", "4294967297", "--epochs"), HasSubstr("--epochs: 4294967297 is outside [1, 1000000]"));
+  EXPECT_THAT(set("seed", "-1", "--seed"), HasSubstr("--seed: -1 is outside [0, 9223372036854775807]"));
+  EXPECT_THAT(set("latent", "0", "--latent"), HasSubstr("--latent: 0 is outside [1, 65536]"));
+  EXPECT_THAT(set("threads_per_rank", "100000", "--threads-per-rank"),
+              HasSubstr("--threads-per-rank: 100000 is outside [0, 1024]"));
+  EXPECT_THAT(set("lr", "nan", "--lr"), HasSubstr("--lr: 'nan' is not a finite number"));
+  EXPECT_THAT(set("lr", "inf", "--lr"), HasSubstr("--lr: 'inf' is not a finite number"));
+  EXPECT_THAT(set("lr", "0", "--lr"), HasSubstr("--lr: 0 is outside (0, inf)"));
+  EXPECT_THAT(set("dropout", "1", "--dropout"), HasSubstr("--dropout: 1 is outside [0, 1)"));
+  EXPECT_THAT(set("bucket_mb", "1e300", "--bucket-mb"), HasSubstr("--bucket-mb: 1e+300 is outside (0, 65536]"));
+  EXPECT_THAT(set("max_steps", "99999999999999999999", "--max-steps"),
+              HasSubstr("--max-steps: 99999999999999999999 is outside [0, 9223372036854775807]"));
+  // The same checks from TOML, naming the file and key.
+  EXPECT_THAT(error_of([] { TrainConfig::from_toml("[train]\nbatch_size = 4294967552\n", "run.toml"); }),
+              HasSubstr("run.toml: train.batch_size: 4294967552 is outside [1, 16777216]"));
+  EXPECT_THAT(error_of([] { TrainConfig::from_toml("[train]\nlr = nan\n", "run.toml"); }),
+              HasSubstr("run.toml: train.lr: 'nan' is not a finite number"));
+  EXPECT_THAT(error_of([] { TrainConfig::from_toml("[train]\nhidden = [512, 4294967304]\n", "run.toml"); }),
+              HasSubstr("run.toml: train.hidden: 4294967304 is outside [1, 65536]"));
+  EXPECT_THAT(error_of([] { TrainConfig::from_toml("[train]\nhidden = [512, \"x\"]\n", "run.toml"); }),
+              HasSubstr("run.toml: train.hidden[1]: not an integer"));
+  // In range: accepted exactly.
+  TrainConfig c;
+  c.set("max_steps", "9223372036854775807", "--max-steps");
+  EXPECT_EQ(c.max_steps, INT64_MAX);
+  c.set("batch_size", "16777216", "--batch-size");
+  EXPECT_EQ(c.batch_size, 16777216);
+}
+
+// issue 9: any subset of the project's sections is accepted; unknown ones,
+// and training keys outside [train], are refused; syntax errors carry the
+// file, line and column.
+TEST(TrainConfig, TomlSectionsAndSyntaxErrors) {
+  EXPECT_EQ(TrainConfig::from_toml("[train]\nepochs = 3\n").epochs, 3);
+  EXPECT_EQ(TrainConfig::from_toml("[distributed]\nworld_size = 2\n").epochs, TrainConfig{}.epochs);
+  EXPECT_EQ(TrainConfig::from_toml("world_size = 2\n").epochs, TrainConfig{}.epochs);
+  EXPECT_EQ(TrainConfig::from_toml("").epochs, TrainConfig{}.epochs);
+  EXPECT_THAT(error_of([] { TrainConfig::from_toml("[trian]\nepochs = 3\n", "run.toml"); }),
+              HasSubstr("run.toml:1:2: unknown section [trian]"));
+  EXPECT_THAT(error_of([] { TrainConfig::from_toml("epochs = 3\n[train]\nlr = 0.1\n", "run.toml"); }),
+              HasSubstr("run.toml:1:1: training key 'epochs' is outside [train]"));
+  EXPECT_THAT(error_of([] { TrainConfig::from_toml("train = 3\n", "run.toml"); }),
+              HasSubstr("train must be a table"));
+  const std::string syntax = error_of([] { TrainConfig::from_toml("[train]\nepochs = 3\nlr = = 0.1\n", "run.toml"); });
+  EXPECT_THAT(syntax, HasSubstr("run.toml:3:6: "));
+  EXPECT_THAT(syntax, HasSubstr("fix the TOML syntax at that position"));
+}
+
 }  // namespace
 }  // namespace meshtrain::train

@@ -72,8 +72,10 @@ Acc divide(Acc a, int d) {
   if constexpr (std::is_floating_point_v<Acc>) {
     return a / static_cast<Acc>(d);
   } else {
-    // Divide in the storage type: signed types truncate toward zero.
-    return static_cast<Acc>(static_cast<T>(static_cast<T>(a) / static_cast<T>(d)));
+    // The wrapped sum as the storage type, divided in int64: signed types
+    // truncate toward zero, and the divisor is never narrowed (an i8 avg over
+    // 128 ranks divided by -128, a u8 one over 256 ranks by zero).
+    return static_cast<Acc>(static_cast<T>(static_cast<int64_t>(static_cast<T>(a)) / d));
   }
 }
 
