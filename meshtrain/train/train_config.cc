@@ -47,20 +47,42 @@ std::vector<int> to_ints(std::string_view t, std::string_view src) {
 }
 std::string num(double v) { return fmt::format("{}", v); }
 
+// A TOML basic string: "..." with \\, \" and control characters escaped.
+std::string toml_basic_string(std::string_view v) {
+  std::string out = "\"";
+  for (const char ch : v) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+          out += fmt::format("\\u{:04X}", static_cast<unsigned char>(ch));
+        else
+          out += ch;
+    }
+  }
+  return out + "\"";
+}
+
 #define MT_INT(field) [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = static_cast<decltype(c.field)>(to_int(t, s)); }, \
-                      [](const TrainConfig& c) { return fmt::format("{}", c.field); }
+                      [](const TrainConfig& c) { return fmt::format("{}", c.field); }, TrainFieldKind::integer
 #define MT_DBL(field) [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = to_double(t, s); }, \
-                      [](const TrainConfig& c) { return num(c.field); }
+                      [](const TrainConfig& c) { return num(c.field); }, TrainFieldKind::number
 #define MT_BOOL(field) [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = to_bool(t, s); }, \
-                       [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); }
+                       [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); }, TrainFieldKind::boolean
 #define MT_STR(field) [](TrainConfig& c, std::string_view t, std::string_view) { c.field = std::string(t); }, \
-                      [](const TrainConfig& c) { return c.field; }
+                      [](const TrainConfig& c) { return c.field; }, TrainFieldKind::string
 
 const TrainField kFields[] = {
     {"model", "--model", "mlp | vae", MT_STR(model)},
     {"hidden", "--hidden", "hidden layer sizes, e.g. 512,512,256",
      [](TrainConfig& c, std::string_view t, std::string_view s) { c.hidden = to_ints(t, s); },
-     [](const TrainConfig& c) { return fmt::format("{}", fmt::join(c.hidden, ",")); }},
+     [](const TrainConfig& c) { return fmt::format("{}", fmt::join(c.hidden, ",")); }, TrainFieldKind::integer_list},
     {"latent", "--latent", "VAE latent size", MT_INT(latent)},
     {"dropout", "--dropout", "MLP dropout probability", MT_DBL(dropout)},
     {"epochs", "--epochs", "passes over the training set", MT_INT(epochs)},
@@ -73,7 +95,16 @@ const TrainField kFields[] = {
     {"schedule", "--schedule", "constant | cosine (after linear warmup)", MT_STR(schedule)},
     {"warmup_steps", "--warmup-steps", "linear warmup steps", MT_INT(warmup_steps)},
     {"min_lr_ratio", "--min-lr-ratio", "cosine floor as a fraction of lr", MT_DBL(min_lr_ratio)},
+    {"lr_decay_steps", "--lr-decay-steps",
+     "length of the cosine schedule in steps (0 = all epochs' steps; --max-steps does not shorten it)",
+     MT_INT(lr_decay_steps)},
     {"clip_norm", "--clip-norm", "global gradient-norm clipping (0 = off)", MT_DBL(clip_norm)},
+    {"on_nonfinite", "--on-nonfinite",
+     "error | skip: a non-finite loss or gradient stops the run, or skips that optimizer step (counted)",
+     MT_STR(on_nonfinite)},
+    {"max_consecutive_skips", "--max-consecutive-skips",
+     "stop after this many skipped steps in a row (non-finite steps with skip, fp16 loss-scale overflows)",
+     MT_INT(max_consecutive_skips)},
     {"seed", "--seed", "seed of initialization, shuffling, dropout and noise", MT_INT(seed)},
     {"max_steps", "--max-steps", "stop after this many optimizer steps (0 = all epochs)", MT_INT(max_steps)},
     {"log_every", "--log-every", "steps between metrics lines", MT_INT(log_every)},
@@ -96,7 +127,9 @@ const TrainField kFields[] = {
      "fsdp: dtype of gradients and their reduction: \"\" = the compute precision, fp32, bf16 or fp16",
      MT_STR(reduce_precision)},
     {"data_dir", "--data-dir", "Fashion-MNIST directory (Debian: dataset-fashion-mnist)", MT_STR(data_dir)},
-    {"run_dir", "--run-dir", "where config, metrics, model and pictures go", MT_STR(run_dir)},
+    {"run_dir", "--run-dir",
+     "where config, metrics, model and pictures go (\"\" = the next runs/<model>/version_<N>)", MT_STR(run_dir)},
+    {"overwrite", "--overwrite", "replace the run in run_dir (only once the new run succeeds)", MT_BOOL(overwrite)},
 };
 
 #undef MT_INT
@@ -181,6 +214,12 @@ void TrainConfig::validate() const {
           fmt::format("warmup_steps {}, min_lr_ratio {}", warmup_steps, min_lr_ratio),
           "warmup_steps >= 0 and min_lr_ratio in [0, 1]");
   require(clip_norm >= 0, fmt::format("clip_norm {}", clip_norm), "0 turns clipping off");
+  require(lr_decay_steps >= 0, fmt::format("lr_decay_steps {}", lr_decay_steps),
+          "0 decays over all epochs' steps, or give the schedule's length in steps");
+  require(on_nonfinite == "error" || on_nonfinite == "skip", fmt::format("on_nonfinite '{}'", on_nonfinite),
+          "use error (stop the run) or skip (skip the step and count it)");
+  require(max_consecutive_skips >= 1, fmt::format("max_consecutive_skips {}", max_consecutive_skips),
+          "give at least 1 (the default is 25)");
   require(log_every > 0 && bucket_mb > 0 && threads_per_rank >= 0 && max_steps >= 0,
           fmt::format("log_every {}, bucket_mb {}, threads_per_rank {}, max_steps {}", log_every, bucket_mb,
                       threads_per_rank, max_steps),
@@ -210,10 +249,23 @@ std::string TrainConfig::to_toml() const {
   std::string s = "[train]\n";
   for (const auto& f : kFields) {
     const std::string v = f.format(*this);
-    const bool quoted = f.key == "model" || f.key == "optimizer" || f.key == "schedule" || f.key == "data_dir" ||
-                        f.key == "run_dir" || f.key == "hidden" || f.key == "fsdp" ||
-                        f.key == "backward_prefetch" || f.key == "reduce_precision";
-    s += fmt::format("{} = {}\n", f.key, quoted ? fmt::format("\"{}\"", v) : v);
+    std::string literal;
+    switch (f.kind) {
+      case TrainFieldKind::string:
+        literal = toml_basic_string(v);
+        break;
+      case TrainFieldKind::integer_list:
+        literal = fmt::format("[{}]", fmt::join(split(v), ", "));
+        break;
+      case TrainFieldKind::number:  // "25" would read back as an integer
+        literal = v.find_first_of(".eEni") == std::string::npos ? v + ".0" : v;
+        break;
+      case TrainFieldKind::integer:
+      case TrainFieldKind::boolean:
+        literal = v;
+        break;
+    }
+    s += fmt::format("{} = {}\n", f.key, literal);
   }
   return s;
 }
