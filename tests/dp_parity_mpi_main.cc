@@ -30,6 +30,7 @@ int main() {
   tc.threads_per_rank = 1;
   const auto tmp = std::filesystem::temp_directory_path();
   tc.run_dir = (tmp / "meshtrain_dp_parity_mpi").string();
+  tc.overwrite = true;  // the previous test run's directory
   const auto mpi = train::run_training(tc, dc, {.engine = comm::Engine::mpi, .ranks = 0,
                                                 .timeout = std::chrono::seconds(120)});
   if (dc.rank != 0) return 0;

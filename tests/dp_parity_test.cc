@@ -35,6 +35,7 @@ Outcome train_on(int ranks, const std::string& model, int micro_batches, const s
   tc.log_every = 1000;
   tc.threads_per_rank = 1;
   tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_dp_parity_" + tag)).string();
+  tc.overwrite = true;  // the previous test run's directory
   config::DistributedConfig dc;
   dc.world_size = ranks;
   dc.num_processes_per_node = ranks;

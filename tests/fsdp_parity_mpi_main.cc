@@ -33,6 +33,7 @@ train::TrainConfig base_config(const std::string& tag) {
   tc.threads_per_rank = 1;
   tc.fsdp_min_weight_size = 64;  // shard every weight, replicate the biases
   tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_fsdp_parity_mpi_" + tag)).string();
+  tc.overwrite = true;  // the previous test run's directory
   return tc;
 }
 
