@@ -25,6 +25,7 @@ int main() {
   tc.dropout = 0.1;
   tc.batch_size = 64;
   tc.max_steps = 50;
+  tc.lr_decay_steps = 50;  // the cosine decays within the run, as these parity bounds were set for
   tc.epochs = 1;
   tc.log_every = 1000;
   tc.threads_per_rank = 1;

@@ -28,6 +28,7 @@ train::TrainConfig base_config(const std::string& tag) {
   tc.dropout = 0.1;
   tc.batch_size = 64;
   tc.max_steps = 50;
+  tc.lr_decay_steps = 50;  // the cosine decays within the run, as these parity bounds were set for
   tc.epochs = 1;
   tc.log_every = 1000;
   tc.threads_per_rank = 1;
@@ -97,6 +98,7 @@ int compare_bf16(const train::TrainResult& got, const train::TrainResult& ref) {
 train::TrainConfig epoch_config(const std::string& tag) {
   train::TrainConfig tc = base_config(tag);
   tc.max_steps = 0;  // one epoch: 468 steps
+  tc.lr_decay_steps = 0;
   tc.hidden = {128, 64};
   tc.batch_size = 128;
   tc.dropout = 0.0;

@@ -52,6 +52,7 @@ train::TrainResult train_on(const RunSpec& run, const std::string& tag) {
   tc.optimizer = run.optimizer;
   tc.lr = run.lr > 0 ? run.lr : run.optimizer == "sgd" ? (run.model == "vae" ? 1e-4 : 0.05) : 1e-3;
   tc.max_steps = run.max_steps;
+  tc.lr_decay_steps = run.max_steps;  // the cosine decays within the run (0: the epoch), as these bounds were set for
   tc.epochs = 1;
   tc.log_every = 50;
   tc.threads_per_rank = 1;
