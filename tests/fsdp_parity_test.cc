@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "meshtrain/core/memory.h"
 #include "meshtrain/train/artifacts.h"
@@ -219,6 +220,15 @@ TEST(FullyShardedParity, Fp16OverflowSkipsStepsAndBacksOff) {
   for (double l : got.step_losses) EXPECT_TRUE(std::isfinite(l));
   EXPECT_GT(got.skipped_steps, 0);
   EXPECT_EQ(got.loss_scale, std::ldexp(32768.0, -static_cast<int>(got.skipped_steps)));
+  // Each skipped step is a line of metrics.jsonl naming the reason.
+  std::ifstream in(got.run_dir + "/metrics.jsonl");
+  int64_t events = 0;
+  for (std::string line; std::getline(in, line);)
+    if (line.find("\"event\":\"skipped_step\"") != std::string::npos) {
+      ++events;
+      EXPECT_NE(line.find("gradients overflowed fp16 at loss scale"), std::string::npos) << line;
+    }
+  EXPECT_EQ(events, got.skipped_steps);
 }
 
 // A learning rate that makes the fp16 forward itself overflow: no loss scale
