@@ -14,6 +14,7 @@
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::cli {
@@ -68,8 +69,11 @@ int run_train(TrainFlags& f) {
   const std::chrono::milliseconds timeout = parse_timeout(f.timeout);  // refuse bad flags before reading files
   train::TrainConfig tc = f.config.empty() ? train::TrainConfig{} : train::TrainConfig::from_toml_file(f.config);
   for (const auto& field : train::train_config_fields())
-    if (f.app->get_option(std::string(field.flag))->count() > 0)
-      tc.set(field.key, f.values[std::string(field.key)], field.flag);
+    if (f.app->get_option(std::string(field.flag))->count() > 0) {
+      const std::string& text = f.values[std::string(field.key)];
+      // A boolean flag alone means true: --overwrite, --drop-last.
+      tc.set(field.key, text.empty() && field.kind == train::TrainFieldKind::boolean ? "true" : text, field.flag);
+    }
   tc.validate();
 
   config::DistributedConfig dc =
@@ -119,6 +123,10 @@ int run_train(TrainFlags& f) {
                                    .timeout = timeout,
                                    .abort_on_error = true};
   const bool main = dc.rank == 0;
+  // One process (threads engine): refuse a run directory that holds a run
+  // before the start-up dump. Under mpirun run_training does it collectively.
+  if (dc.backend == comm::Engine::threads && !tc.run_dir.empty())
+    train::RunDirectory::check(tc.run_dir, tc.overwrite);
   if (main) {
     fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", engine, dc.world_size, dc.mesh().to_spec());
     fmt::print("{}", resolved.config.to_toml());
@@ -139,8 +147,10 @@ int run_train(TrainFlags& f) {
                  dc.mixed_precision == config::MixedPrecision::no ? std::string_view("fp32")
                                                                   : config::mixed_precision_name(dc.mixed_precision));
     if (r.loss_scale > 0)
-      fmt::print("loss scale {} at the end, {} steps skipped for inf/NaN gradients\n", r.loss_scale,
-                 r.skipped_steps);
+      fmt::print("loss scale {} at the end, {} of {} steps skipped (fp16 overflows{})\n", r.loss_scale,
+                 r.skipped_steps, r.steps, tc.on_nonfinite == "skip" ? ", non-finite losses or gradients" : "");
+    else if (tc.on_nonfinite == "skip")
+      fmt::print("{} of {} steps skipped for a non-finite loss or gradients\n", r.skipped_steps, r.steps);
     std::string peaks;
     for (MemoryCategory c : kAllMemoryCategories)
       if (r.memory_peak[static_cast<size_t>(c)] > 0)
@@ -149,7 +159,9 @@ int run_train(TrainFlags& f) {
     if (tc.model == "mlp")
       fmt::print("final test accuracy {:.2f}% (test loss {:.4f})\n", 100 * r.test_accuracy, r.test_loss);
     else
-      fmt::print("final test ELBO loss {:.2f} nats per image\n", r.test_loss);
+      fmt::print("final test negative ELBO {:.2f} nats per image (reconstruction {:.2f} + KL {:.2f}; one sampled z "
+                 "per image)\n",
+                 r.test_loss, r.test_reconstruction, r.test_kl);
     fmt::print("run directory: {} (config.toml, metrics.jsonl, model.safetensors, loss.svg{})\n", r.run_dir,
                tc.model == "vae" ? ", reconstructions.png, samples.png" : "");
   }
@@ -280,9 +292,10 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   const train::TrainConfig defaults;
   for (const auto& field : train::train_config_fields()) {
     const std::string key(field.key);
-    cmd->add_option(std::string(field.flag), f->values[key],
-                    fmt::format("{} (default {})", field.help,
-                                field.format(defaults).empty() ? "\"\"" : field.format(defaults)));
+    CLI::Option* o = cmd->add_option(std::string(field.flag), f->values[key],
+                                     fmt::format("{} (default {})", field.help,
+                                                 field.format(defaults).empty() ? "\"\"" : field.format(defaults)));
+    if (field.kind == train::TrainFieldKind::boolean) o->expected(0, 1);  // --overwrite alone means true
   }
   out.push_back({cmd, [=] { return run_train(*f); }});
   return out;

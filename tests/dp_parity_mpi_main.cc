@@ -29,11 +29,13 @@ int main() {
   tc.dropout = 0.1;
   tc.batch_size = 64;
   tc.max_steps = 50;
+  tc.lr_decay_steps = 50;  // the cosine decays within the run, as these parity bounds were set for
   tc.epochs = 1;
   tc.log_every = 1000;
   tc.threads_per_rank = 1;
   const auto tmp = std::filesystem::temp_directory_path();
   tc.run_dir = (tmp / "meshtrain_dp_parity_mpi").string();
+  tc.overwrite = true;  // the previous test run's directory
   const auto mpi = train::run_training(tc, dc, {.engine = comm::Engine::mpi, .ranks = 0,
                                                 .timeout = std::chrono::seconds(120)});
   if (dc.rank != 0) return 0;

@@ -34,10 +34,12 @@ Outcome train_on(int ranks, const std::string& model, int micro_batches, const s
   tc.optimizer = optimizer;
   tc.lr = optimizer == "sgd" ? (model == "vae" ? 1e-4 : 0.05) : 1e-3;
   tc.max_steps = 50;
+  tc.lr_decay_steps = 50;  // the cosine decays within the run, as these parity bounds were set for
   tc.epochs = 1;
   tc.log_every = 1000;
   tc.threads_per_rank = 1;
   tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_dp_parity_" + tag)).string();
+  tc.overwrite = true;  // the previous test run's directory
   config::DistributedConfig dc;
   dc.world_size = ranks;
   dc.num_processes_per_node = ranks;

@@ -32,11 +32,13 @@ train::TrainConfig base_config(const std::string& tag) {
   tc.dropout = 0.1;
   tc.batch_size = 64;
   tc.max_steps = 50;
+  tc.lr_decay_steps = 50;  // the cosine decays within the run, as these parity bounds were set for
   tc.epochs = 1;
   tc.log_every = 1000;
   tc.threads_per_rank = 1;
   tc.fsdp_min_weight_size = 64;  // shard every weight, replicate the biases
   tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_fsdp_parity_mpi_" + tag)).string();
+  tc.overwrite = true;  // the previous test run's directory
   return tc;
 }
 
@@ -102,6 +104,7 @@ train::TrainConfig epoch_config(const std::string& tag) {
   tc.max_steps = 0;  // one epoch: 468 steps
   tc.optimizer = "adamw";  // compared by loss curve and accuracy, not bit for bit
   tc.lr = 1e-3;
+  tc.lr_decay_steps = 0;
   tc.hidden = {128, 64};
   tc.batch_size = 128;
   tc.dropout = 0.0;

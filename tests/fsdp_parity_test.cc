@@ -11,12 +11,15 @@
 //   test accuracy within 0.5 points.
 // - fp16 (zero3 with a dynamic loss scaler): the run finishes with finite
 //   losses; with a learning rate that overflows the gradients, steps are
-//   skipped and the scale backs off.
+//   skipped and the scale backs off; with one that overflows the forward,
+//   the run stops with TrainingDiverged.
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "meshtrain/core/memory.h"
 #include "meshtrain/train/artifacts.h"
@@ -57,6 +60,7 @@ train::TrainResult train_on(const RunSpec& run, const std::string& tag) {
   tc.optimizer = run.optimizer;
   tc.lr = run.lr > 0 ? run.lr : run.optimizer == "sgd" ? (run.model == "vae" ? 1e-4 : 0.05) : 1e-3;
   tc.max_steps = run.max_steps;
+  tc.lr_decay_steps = run.max_steps;  // the cosine decays within the run (0: the epoch), as these bounds were set for
   tc.epochs = 1;
   tc.log_every = 50;
   tc.threads_per_rank = 1;
@@ -64,6 +68,7 @@ train::TrainResult train_on(const RunSpec& run, const std::string& tag) {
   tc.fsdp_min_weight_size = 64;
   tc.clip_norm = run.clip_norm;
   tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_fsdp_parity_" + tag)).string();
+  tc.overwrite = true;  // the previous test run's directory
   config::DistributedConfig dc;
   if (!run.mesh.empty()) {
     const plan::NamedShape m = plan::parse_mesh_spec(run.mesh);
@@ -209,16 +214,46 @@ TEST(FullyShardedParity, Fp16WithLossScalingFinishes) {
   EXPECT_LT(r.skipped_steps, 10);
 }
 
-// The skip path: a learning rate that blows the model up overflows the fp16
-// gradients; every rank skips those steps and the scale backs off.
+// The skip path: a learning rate that grows the weights overflows the fp16
+// gradients at the loss scale while the loss stays finite; every rank skips
+// those steps (nothing else halves the scale) and the scale backs off.
 TEST(FullyShardedParity, Fp16OverflowSkipsStepsAndBacksOff) {
   RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw", .precision = config::MixedPrecision::fp16,
             .max_steps = 20};
   r.hidden = {256, 128};
-  r.lr = 0.5;
+  r.lr = 0.1;
   const auto got = train_on(r, "fp16_overflow");
+  ASSERT_EQ(got.step_losses.size(), 20u);
+  for (double l : got.step_losses) EXPECT_TRUE(std::isfinite(l));
   EXPECT_GT(got.skipped_steps, 0);
-  EXPECT_LT(got.loss_scale, 32768);
+  EXPECT_EQ(got.loss_scale, std::ldexp(32768.0, -static_cast<int>(got.skipped_steps)));
+  // Each skipped step is a line of metrics.jsonl naming the reason.
+  std::ifstream in(got.run_dir + "/metrics.jsonl");
+  int64_t events = 0;
+  for (std::string line; std::getline(in, line);)
+    if (line.find("\"event\":\"skipped_step\"") != std::string::npos) {
+      ++events;
+      EXPECT_NE(line.find("gradients overflowed fp16 at loss scale"), std::string::npos) << line;
+    }
+  EXPECT_EQ(events, got.skipped_steps);
+}
+
+// A learning rate that makes the fp16 forward itself overflow: no loss scale
+// can help, so the run stops on every rank at the same step, naming the
+// value and suggesting bf16, instead of skipping every step to the end.
+TEST(FullyShardedParity, Fp16NonFiniteLossStopsTheRun) {
+  RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .precision = config::MixedPrecision::fp16, .max_steps = 20};
+  r.hidden = {256, 128};
+  r.lr = 0.5;
+  try {
+    (void)train_on(r, "fp16_diverged");
+    ADD_FAILURE() << "no error";
+  } catch (const train::TrainingDiverged& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("step 2 of 20: the loss is inf"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("--precision bf16"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::temp_directory_path() /
+                                       "meshtrain_fsdp_parity_fp16_diverged.incomplete"));
 }
 
 }  // namespace

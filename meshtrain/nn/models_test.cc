@@ -301,5 +301,41 @@ TEST(VAE, EvalModeAndPicturesAreDeterministic) {
   EXPECT_NE(vae.forward(x).to_vector(), logits);
 }
 
+// What evaluation reports: the negative ELBO with z drawn by the
+// reparameterization (not z = mu), from the "eval_eps" stream keyed like
+// training's noise, in any mode and for any split of the batch.
+TEST(VAE, SampledElboDrawsZFromItsOwnStream) {
+  VAE vae(small_vae());
+  Tensor x = random_tensor({8, 6}, 1, 0, 1);
+  vae.set_training(false);
+  vae.set_batch_context(0, 0);
+  const VAELoss at_mean = vae.evaluate(x);
+  const VAELoss sampled = vae.evaluate_sampled(x);
+  EXPECT_NE(sampled.recon, at_mean.recon);  // z is sampled, not mu
+  EXPECT_EQ(sampled.kl, at_mean.kl);        // the KL is in closed form, independent of z
+  EXPECT_EQ(sampled.total, sampled.recon + sampled.kl);
+  // The same numbers as a training-mode forward given the eval stream's noise.
+  Tensor eps = Tensor::empty({8, 3}, DType::f32);
+  for (int64_t i = 0; i < 24; ++i)
+    eps.data<float>()[i] = static_cast<float>(normal_at(9, internal::step_key("eval_eps", 0), i, 0, 1));
+  VAE reference(small_vae());
+  reference.set_noise_override(eps);
+  reference.set_training(true);
+  const VAELoss want = reference.evaluate(x);
+  EXPECT_EQ(sampled.recon, want.recon);
+  EXPECT_EQ(sampled.kl, want.kl);
+  // Two halves with their global sample index give the whole batch's sum.
+  double total = 0.0;
+  for (int64_t first : {0, 4}) {
+    vae.set_batch_context(0, first);
+    total += vae.evaluate_sampled(x.narrow(0, first, 4), /*normalizer=*/8.0).total;
+  }
+  EXPECT_NEAR(total, sampled.total, 1e-6 * sampled.total);
+  EXPECT_FALSE(vae.training());  // evaluation left the mode alone
+  // Deterministic: the same context draws the same z.
+  vae.set_batch_context(0, 0);
+  EXPECT_EQ(vae.evaluate_sampled(x).total, sampled.total);
+}
+
 }  // namespace
 }  // namespace meshtrain::nn

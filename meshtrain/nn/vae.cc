@@ -66,7 +66,9 @@ std::vector<Parameter*> VAE::parameters() {
   return all;
 }
 
-Tensor VAE::forward(const Tensor& x) {
+Tensor VAE::forward(const Tensor& x) { return forward_impl(x, training_, "eps"); }
+
+Tensor VAE::forward_impl(const Tensor& x, bool sample, std::string_view stream) {
   const char* op = "VAE::forward";
   mu_ = Tensor();  // let the heads reuse their output buffers
   logvar_ = Tensor();
@@ -74,7 +76,7 @@ Tensor VAE::forward(const Tensor& x) {
   mu_ = fc_mu_.forward(h);         // (B, H) -> (B, L)
   logvar_ = fc_logvar_.forward(h);  // (B, H) -> (B, L)
   h = Tensor();
-  sampled_ = training_;
+  sampled_ = sample;
   if (!sampled_) return decoder_.forward(mu_);  // z = mu
 
   const BatchContext& ctx = batch_context_;
@@ -95,7 +97,7 @@ Tensor VAE::forward(const Tensor& x) {
     eps.copy_from(noise_override_);
   } else {
     fill_normal(eps.data<float>(), static_cast<size_t>(n), config_.seed,
-                internal::step_key(internal::join_name(config_.prefix, "eps"), ctx.step),
+                internal::step_key(internal::join_name(config_.prefix, stream), ctx.step),
                 static_cast<uint64_t>(ctx.first_global_sample) * static_cast<uint64_t>(latent), 0.0f, 1.0f);
   }
   const float* pm = mu_.data<float>();
@@ -181,6 +183,11 @@ VAELoss VAE::forward_backward(const Tensor& x, std::optional<double> normalizer)
 
 VAELoss VAE::evaluate(const Tensor& x, std::optional<double> normalizer) {
   Tensor logits = forward(x);
+  return losses(x, logits, normalizer);
+}
+
+VAELoss VAE::evaluate_sampled(const Tensor& x, std::optional<double> normalizer) {
+  Tensor logits = forward_impl(x, true, "eval_eps");
   return losses(x, logits, normalizer);
 }
 

@@ -17,7 +17,9 @@
 // Noise: eps[i][k] = normal_at(seed, step_key("<prefix>.eps", step),
 // (first_global_sample + i) * latent + k, 0, 1) rounded to f32, so any
 // data-parallel split of the batch draws the single-device noise. In
-// evaluation mode z = mu (no noise).
+// evaluation mode forward() uses z = mu (no noise); evaluate_sampled() draws
+// z as in training from its own stream "<prefix>.eval_eps" (same keying),
+// so an evaluation never reuses a training draw.
 //
 // Loss (ELBO, to minimize): recon = sum over pixels of BCE-with-logits(logits,
 // x), kl = sum over latent dims of KL(q(z|x) || N(0, 1)); both divided by the
@@ -35,6 +37,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshtrain/nn/linear.h"
@@ -79,8 +82,16 @@ class VAE final : public Module {
   // forward, the ELBO parts, and backward through decoder, both heads and
   // encoder (gradients accumulate). x is also the BCE target, in [0, 1].
   VAELoss forward_backward(const Tensor& x, std::optional<double> normalizer = std::nullopt);
-  // forward and the ELBO parts only (e.g. for evaluation; honours training()).
+  // forward and the ELBO parts only (honours training(): in evaluation mode
+  // z = mu, so recon + kl is NOT a bound on -log p(x)).
   VAELoss evaluate(const Tensor& x, std::optional<double> normalizer = std::nullopt);
+  // The negative ELBO estimated with one z per sample, drawn by the
+  // reparameterization whatever training() says (noise keyed by the batch
+  // context on the "eval_eps" stream, see Noise above): recon is
+  // -E_q[log p(x|z)] at that z, kl the closed form; total = recon + kl is an
+  // unbiased estimate of the negative ELBO, an upper bound on -log p(x) in
+  // nats. What evaluation should report.
+  VAELoss evaluate_sampled(const Tensor& x, std::optional<double> normalizer = std::nullopt);
 
   // Pixel probabilities sigmoid(decoder(z)): z (N, latent) -> (N, input), new tensor.
   Tensor decode(const Tensor& z);
@@ -99,6 +110,8 @@ class VAE final : public Module {
 
  private:
   VAELoss losses(const Tensor& x, const Tensor& logits, std::optional<double> normalizer);
+  // forward() with z sampled (noise stream `stream`) or z = mu.
+  Tensor forward_impl(const Tensor& x, bool sample, std::string_view stream);
 
   VAEConfig config_;
   Sequential encoder_;  // (B, input) -> (B, hidden.back())

@@ -111,6 +111,14 @@ bool grads_finite(const std::vector<nn::Parameter*>& params) {
   return finite;
 }
 
+bool values_finite(const std::vector<nn::Parameter*>& params) {
+  for (const nn::Parameter* p : params) {
+    if (p == nullptr) throw InvalidArgument("values_finite", "a null parameter", "pass the model's parameters");
+    if (p->value.defined() && !all_finite(p->value.contiguous())) return false;
+  }
+  return true;
+}
+
 double clip_factor(double total_norm, double max_norm) {
   check_max_norm("clip_factor", max_norm);
   if (!std::isfinite(total_norm)) return 1.0;

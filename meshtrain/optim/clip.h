@@ -71,6 +71,11 @@ void scale_grads(const std::vector<nn::Parameter*>& params, double factor);
 // first non-finite one are validated but not scanned.
 bool grads_finite(const std::vector<nn::Parameter*>& params);
 
+// True when every element of every defined parameter value is finite; true
+// for an empty list. The same vectorized scan as grads_finite, over the
+// values (what a trainer checks before it trusts or saves a model).
+bool values_finite(const std::vector<nn::Parameter*>& params);
+
 // Clips the grads to a global L2 norm of max_norm (finite, > 0) and returns
 // the norm they had before clipping.
 double clip_grad_norm(const std::vector<nn::Parameter*>& params, double max_norm,

@@ -228,5 +228,19 @@ TEST(GradsFiniteTest, LargestFiniteValuesSubnormalsAndUndefinedGradsAreFinite) {
   EXPECT_FALSE(grads_finite({&f, &b, &h, &none}));
 }
 
+TEST(ValuesFiniteTest, ChecksValuesNotGrads) {
+  nn::Parameter a = make_param("a", {1.0f, -2.0f, std::numeric_limits<float>::max()});
+  nn::Parameter b = make_param("b", {0.5f});
+  b.grad = Tensor::from_vector(std::vector<float>{NAN}, {1});  // a bad grad is not a bad value
+  EXPECT_TRUE(values_finite({&a, &b}));
+  EXPECT_TRUE(values_finite({}));
+  for (double bad : {HUGE_VAL, -HUGE_VAL, static_cast<double>(NAN)}) {
+    a.value.narrow(0, 1, 1).fill(bad);
+    EXPECT_FALSE(values_finite({&b, &a})) << bad;
+    EXPECT_TRUE(values_finite({&b}));
+  }
+  EXPECT_THROW(values_finite({nullptr}), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace meshtrain::optim

@@ -3,11 +3,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <sstream>
 
@@ -37,25 +41,35 @@ std::string safetensors_dtype(DType t) {
 
 }  // namespace
 
-void write_file_atomic(const std::string& path, const std::string& contents) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw IoError("write_file_atomic", fmt::format("cannot open '{}'", tmp), "check the directory");
-    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    if (!out) throw IoError("write_file_atomic", fmt::format("short write to '{}'", tmp), "check free disk space");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw IoError("write_file_atomic", fmt::format("rename '{}' -> '{}': {}", tmp, path, ec.message()), "");
+MetricsLog::MetricsLog(std::string path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
+  if (fd_ < 0)
+    throw IoError("MetricsLog", fmt::format("cannot open '{}': {}", path_, std::strerror(errno)),
+                  "check the run directory");
 }
 
-MetricsLog::MetricsLog(std::string path) : path_(std::move(path)), out_(path_, std::ios::app) {
-  if (!out_) throw IoError("MetricsLog", fmt::format("cannot open '{}'", path_), "check the run directory");
+MetricsLog::~MetricsLog() {
+  try {
+    close();
+  } catch (const std::exception&) {  // a destructor must not throw; close() reports it when called
+  }
+}
+
+void MetricsLog::close() {
+  if (fd_ < 0) return;
+  const int fd = fd_;
+  fd_ = -1;
+  int err = 0;
+  if (::fsync(fd) != 0 && errno != EINVAL) err = errno;  // EINVAL: a file system without fsync
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err != 0)
+    throw IoError("MetricsLog", fmt::format("fsync/close '{}': {}", path_, std::strerror(err)),
+                  "check free disk space");
 }
 
 void MetricsLog::write(const std::vector<std::pair<std::string, double>>& numbers,
                        const std::vector<std::pair<std::string, std::string>>& strings) {
+  if (fd_ < 0) throw IoError("MetricsLog", fmt::format("'{}' is closed", path_), "write before close()");
   nlohmann::ordered_json j;
   for (const auto& [k, v] : strings) j[k] = v;
   for (const auto& [k, v] : numbers) {
@@ -63,8 +77,15 @@ void MetricsLog::write(const std::vector<std::pair<std::string, double>>& number
     else if (std::isfinite(v)) j[k] = v;
     else j[k] = nullptr;  // JSON has no NaN/inf
   }
-  out_ << j.dump() << '\n';
-  out_.flush();
+  const std::string line = j.dump() + '\n';
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw IoError("MetricsLog", fmt::format("write '{}': {}", path_, n < 0 ? std::strerror(errno) : "no progress"),
+                    "check free disk space");
+    done += static_cast<size_t>(n);
+  }
 }
 
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -172,11 +193,14 @@ void write_image_grid_png(const std::string& path, const std::vector<std::vector
         pixels[static_cast<size_t>(oy + y) * W + ox + x] = static_cast<unsigned char>(std::lround(v * 255));
       }
   }
-  // stb writes directly; go through a temporary name for atomicity.
-  const std::string tmp = path + ".tmp";
-  if (!stbi_write_png(tmp.c_str(), W, H, 1, pixels.data(), W))
-    throw IoError("write_image_grid_png", fmt::format("cannot write '{}'", tmp), "check the run directory");
-  std::filesystem::rename(tmp, path);
+  // stb encodes into memory; the file goes through write_file_atomic like every artifact.
+  std::string png;
+  const auto append = [](void* context, void* data, int size) {
+    static_cast<std::string*>(context)->append(static_cast<const char*>(data), static_cast<size_t>(size));
+  };
+  if (!stbi_write_png_to_func(append, &png, W, H, 1, pixels.data(), W))
+    throw IoError("write_image_grid_png", fmt::format("cannot encode '{}'", path), "");
+  write_file_atomic(path, png);
 }
 
 }  // namespace meshtrain::train

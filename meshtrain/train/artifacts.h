@@ -9,35 +9,43 @@
 //   log.write({{"step", 10}, {"loss", 0.53}}, {{"split", "train"}});
 //   save_safetensors("runs/mlp/model.safetensors", {{"0.weight", w}, ...});
 //
-// Files are written to a temporary name and renamed, so a crash never leaves
-// a half-written file under the final name. Thread-safety: one writer per
-// object; the free functions are reentrant.
+// Files are written through write_file_atomic (core/atomic_file.h: a
+// temporary name in the same directory, fsync, rename, fsync of the
+// directory), so a crash never leaves a half-written file under the final
+// name. The trainer writes them into a RunDirectory's staging directory
+// (run_dir.h). Thread-safety: one writer per object; the free functions are
+// reentrant.
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/tensor.h"
 
 namespace meshtrain::train {
 
-// Writes `contents` to path atomically (temporary file + rename).
-void write_file_atomic(const std::string& path, const std::string& contents);
-
-// Appends JSON lines; numbers as numbers, strings as strings.
+// JSON lines, one write(2) per line (a reader never sees half a line);
+// numbers as numbers (non-finite ones as null), strings as strings. The
+// constructor creates or truncates `path`: one log holds one run. close()
+// (or the destructor) fsyncs the file. Throws IoError naming the path.
 class MetricsLog {
  public:
   explicit MetricsLog(std::string path);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
   void write(const std::vector<std::pair<std::string, double>>& numbers,
              const std::vector<std::pair<std::string, std::string>>& strings = {});
+  // fsync and close; later writes throw. Idempotent.
+  void close();
 
  private:
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 // safetensors (https://github.com/huggingface/safetensors): an 8-byte

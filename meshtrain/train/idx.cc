@@ -326,4 +326,17 @@ Dataset load_fashion_mnist(const std::string& dir, Split split, MemoryTracker* t
   return out;
 }
 
+Tensor normalize_pixels(const Tensor& pixels, MemoryTracker* tracker, MemoryCategory category) {
+  if (pixels.dtype() != DType::u8)
+    throw InvalidArgument("normalize_pixels", fmt::format("pixels of dtype {}", dtype_name(pixels.dtype())),
+                          "pass the dataset's u8 pixels");
+  const Tensor src = pixels.contiguous();  // a view of contiguous rows stays a view
+  Tensor out = Tensor::empty(pixels.shape(), DType::f32, Device::cpu(), tracker, category);
+  const uint8_t* in = src.data<uint8_t>();
+  float* x = out.data<float>();
+  const int64_t n = src.numel();
+  for (int64_t i = 0; i < n; ++i) x[i] = normalize_pixel(in[i]);
+  return out;
+}
+
 }  // namespace meshtrain::train

@@ -86,6 +86,19 @@ struct Dataset {
 Dataset load_fashion_mnist(const std::string& dir = std::string(kFashionMnistDir), Split split = Split::train,
                            MemoryTracker* tracker = nullptr);
 
+// The one rule from a stored pixel to a model input, for training batches
+// (load_batch) and evaluation alike: x / 255 in f32, as torchvision's
+// ToTensor (a division, not a multiply by the rounded f32(1/255), which
+// differs in the last bit for some values).
+inline float normalize_pixel(uint8_t value) { return static_cast<float>(value) / 255.0f; }
+
+// normalize_pixel of every element: a u8 tensor (any shape and strides,
+// e.g. Dataset::images.narrow(0, a, n)) -> a new contiguous f32 tensor of
+// the same shape, charged to `tracker` (may be null) under `category`.
+// Throws InvalidArgument for another dtype.
+Tensor normalize_pixels(const Tensor& pixels, MemoryTracker* tracker = nullptr,
+                        MemoryCategory category = MemoryCategory::activations);
+
 // Class names of Fashion-MNIST, indexed by label.
 inline constexpr std::array<std::string_view, 10> kFashionMnistClasses = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};

@@ -40,6 +40,43 @@ std::string ProgressBar::render(int64_t done, const std::vector<std::pair<std::s
   return s;
 }
 
+ProgressBar::~ProgressBar() {
+  if (open_line_) {
+    fmt::print(out_, "\n");
+    std::fflush(out_);
+  }
+}
+
+ProgressBar::ProgressBar(ProgressBar&& other) noexcept
+    : total_(other.total_),
+      enabled_(other.enabled_),
+      label_(std::move(other.label_)),
+      out_(other.out_),
+      tty_(other.tty_),
+      start_(other.start_),
+      last_draw_(other.last_draw_),
+      last_tenth_(other.last_tenth_),
+      open_line_(other.open_line_) {
+  other.open_line_ = false;
+}
+
+ProgressBar& ProgressBar::operator=(ProgressBar&& other) noexcept {
+  if (this != &other) {
+    if (open_line_) fmt::print(out_, "\n");
+    total_ = other.total_;
+    enabled_ = other.enabled_;
+    label_ = std::move(other.label_);
+    out_ = other.out_;
+    tty_ = other.tty_;
+    start_ = other.start_;
+    last_draw_ = other.last_draw_;
+    last_tenth_ = other.last_tenth_;
+    open_line_ = other.open_line_;
+    other.open_line_ = false;
+  }
+  return *this;
+}
+
 void ProgressBar::update(int64_t done, const std::vector<std::pair<std::string, double>>& values,
                          double items_per_second) {
   if (!enabled_) return;
@@ -48,6 +85,7 @@ void ProgressBar::update(int64_t done, const std::vector<std::pair<std::string, 
     if (now - last_draw_ < std::chrono::milliseconds(100) && done < total_) return;
     last_draw_ = now;
     fmt::print(out_, "\r{}\033[K", render(done, values, items_per_second));
+    open_line_ = true;
   } else {
     const int64_t tenth = done * 10 / total_;
     if (tenth == last_tenth_) return;
@@ -57,8 +95,17 @@ void ProgressBar::update(int64_t done, const std::vector<std::pair<std::string, 
   std::fflush(out_);
 }
 
+void ProgressBar::note(const std::string& line) {
+  if (!enabled_) return;
+  fmt::print(out_, "{}{}\n", tty_ ? "\r\033[K" : "", line);
+  open_line_ = false;
+  last_draw_ = {};  // redraw at the next update
+  std::fflush(out_);
+}
+
 void ProgressBar::finish() {
   if (enabled_ && tty_) fmt::print(out_, "\n");
+  open_line_ = false;
   if (enabled_) std::fflush(out_);
 }
 

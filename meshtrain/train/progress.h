@@ -21,9 +21,18 @@ namespace meshtrain::train {
 class ProgressBar {
  public:
   ProgressBar(int64_t total, bool enabled, std::string label = "train", std::FILE* out = stderr);
+  // Ends a line left open on a terminal (a run that stopped with an error),
+  // so what is printed next starts on a line of its own.
+  ~ProgressBar();
+  ProgressBar(ProgressBar&& other) noexcept;
+  ProgressBar& operator=(ProgressBar&& other) noexcept;
   // `done` steps of `total`; values are shown as "name value".
   void update(int64_t done, const std::vector<std::pair<std::string, double>>& values, double items_per_second);
   void finish();
+  // Prints one line of its own (e.g. "step 37: skipped ...") without mangling
+  // the bar: on a terminal the bar's line is cleared first and redrawn by the
+  // next update().
+  void note(const std::string& line);
 
  private:
   std::string render(int64_t done, const std::vector<std::pair<std::string, double>>& values, double rate) const;
@@ -35,6 +44,7 @@ class ProgressBar {
   bool tty_;
   std::chrono::steady_clock::time_point start_, last_draw_;
   int64_t last_tenth_ = -1;
+  bool open_line_ = false;  // a terminal line was drawn and not ended
 };
 
 // "1h02m", "3m07s", "12s"

@@ -174,7 +174,7 @@ Batch load_batch(const Dataset& data, const DistributedSampler& sampler, int64_t
     const int64_t row = out.indices[static_cast<size_t>(r)];
     const uint8_t* src = pixels + row * features;
     float* dst = x + r * features;
-    for (int64_t k = 0; k < features; ++k) dst[k] = static_cast<float>(src[k]) / 255.0f;  // ToTensor()
+    for (int64_t k = 0; k < features; ++k) dst[k] = normalize_pixel(src[k]);  // as evaluation (idx.h)
     y[r] = labels[row];
   }
   return out;

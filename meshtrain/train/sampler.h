@@ -122,7 +122,7 @@ struct Batch {
   int64_t epoch = 0;
   int64_t index = 0;                // b
   std::vector<int64_t> indices;     // dataset rows of this rank's slice
-  Tensor images;                    // (B_local, features) f32, pixel / 255
+  Tensor images;                    // (B_local, features) f32, normalize_pixel (idx.h): pixel / 255
   Tensor labels;                    // (B_local) i64
   int64_t global_size = 0;          // samples in the whole global batch
   int64_t first_global_sample = 0;  // position of images[0] in the global batch

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <filesystem>
 #include <numeric>
@@ -213,6 +214,31 @@ TEST(DistributedSamplerTest, ErrorsNameTheValues) {
               "batches per epoch)");
   }
   EXPECT_THROW(s.batch(-1, 0), InvalidArgument);
+}
+
+// Training batches and evaluation (normalize_pixels of the dataset's rows)
+// turn every byte value into the same float: x / 255, as ToTensor.
+TEST(LoadBatchTest, TrainingAndEvaluationNormalizePixelsIdentically) {
+  const Dataset data = make_dataset(256, 1, 2);  // image i has pixels i, i
+  const DistributedSampler s(256, 256, 3, false, 0, 1);
+  const Batch batch = load_batch(data, s, 0, 0);
+  const Tensor eval = normalize_pixels(data.images.narrow(0, 0, 256));
+  ASSERT_EQ(eval.shape(), (std::vector<int64_t>{256, 2}));
+  ASSERT_EQ(eval.dtype(), DType::f32);
+  int differs_from_multiply = 0;
+  for (int64_t r = 0; r < 256; ++r) {
+    const int64_t row = batch.indices[static_cast<size_t>(r)];
+    for (int64_t k = 0; k < 2; ++k) {
+      const float train = batch.images.data<float>()[r * 2 + k];
+      const float test = eval.data<float>()[row * 2 + k];
+      ASSERT_EQ(std::bit_cast<uint32_t>(train), std::bit_cast<uint32_t>(test)) << "pixel " << row;
+      ASSERT_EQ(train, static_cast<float>(row) / 255.0f) << "pixel " << row;
+    }
+    differs_from_multiply += normalize_pixel(static_cast<uint8_t>(row)) !=
+                             static_cast<float>(row) * static_cast<float>(1.0 / 255.0);
+  }
+  EXPECT_GT(differs_from_multiply, 0);  // why one rule matters: x * f32(1/255) is not x / 255
+  EXPECT_THROW(normalize_pixels(Tensor::zeros({2}, DType::f32)), InvalidArgument);
 }
 
 TEST(LoadBatchTest, GathersAndConvertsTheLocalSlice) {

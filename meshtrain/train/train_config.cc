@@ -56,6 +56,28 @@ std::vector<int> to_widths(std::string_view t, std::string_view src) {
 }
 std::string num(double v) { return fmt::format("{}", v); }
 
+// A TOML basic string: "..." with \\, \" and control characters escaped.
+std::string toml_basic_string(std::string_view v) {
+  std::string out = "\"";
+  for (const char ch : v) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\t': out += "\\t"; break;
+      case '\n': out += "\\n"; break;
+      case '\f': out += "\\f"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)
+          out += fmt::format("\\u{:04X}", static_cast<unsigned char>(ch));
+        else
+          out += ch;
+    }
+  }
+  return out + "\"";
+}
+
 // MT_INT(field, lo, hi): the range is checked in int64 before the value is
 // narrowed to the field's type, and every range fits that type.
 #define MT_INT(field, lo, hi)                                                                                     \
@@ -63,21 +85,21 @@ std::string num(double v) { return fmt::format("{}", v); }
     static_assert((hi) <= std::numeric_limits<decltype(c.field)>::max());                                         \
     c.field = static_cast<decltype(c.field)>(to_int(t, s, lo, hi));                                               \
   },                                                                                                              \
-      [](const TrainConfig& c) { return fmt::format("{}", c.field); }
+      [](const TrainConfig& c) { return fmt::format("{}", c.field); }, TrainFieldKind::integer
 // MT_DBL(field, range): a finite number inside the NumberRange.
 #define MT_DBL(field, ...)                                                                                        \
   [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = to_double(t, s, NumberRange __VA_ARGS__); }, \
-      [](const TrainConfig& c) { return num(c.field); }
+      [](const TrainConfig& c) { return num(c.field); }, TrainFieldKind::number
 #define MT_BOOL(field) [](TrainConfig& c, std::string_view t, std::string_view s) { c.field = to_bool(t, s); }, \
-                       [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); }
+                       [](const TrainConfig& c) { return std::string(c.field ? "true" : "false"); }, TrainFieldKind::boolean
 #define MT_STR(field) [](TrainConfig& c, std::string_view t, std::string_view) { c.field = std::string(t); }, \
-                      [](const TrainConfig& c) { return c.field; }
+                      [](const TrainConfig& c) { return c.field; }, TrainFieldKind::string
 
 const TrainField kFields[] = {
     {"model", "--model", "mlp | vae", MT_STR(model)},
     {"hidden", "--hidden", "hidden layer sizes, e.g. 512,512,256 (each 1 to 65536, at most 1024 layers)",
      [](TrainConfig& c, std::string_view t, std::string_view s) { c.hidden = to_widths(t, s); },
-     [](const TrainConfig& c) { return fmt::format("{}", fmt::join(c.hidden, ",")); }},
+     [](const TrainConfig& c) { return fmt::format("{}", fmt::join(c.hidden, ",")); }, TrainFieldKind::integer_list},
     {"latent", "--latent", "VAE latent size (1 to 65536)", MT_INT(latent, 1, kMaxWidth)},
     {"dropout", "--dropout", "MLP dropout probability, in [0, 1)", MT_DBL(dropout, {.min = 0, .max = 1, .max_open = true})},
     {"epochs", "--epochs", "passes over the training set (1 to 1000000)", MT_INT(epochs, 1, 1000000)},
@@ -90,7 +112,16 @@ const TrainField kFields[] = {
     {"schedule", "--schedule", "constant | cosine (after linear warmup)", MT_STR(schedule)},
     {"warmup_steps", "--warmup-steps", "linear warmup steps (>= 0)", MT_INT(warmup_steps, 0, kIntMax)},
     {"min_lr_ratio", "--min-lr-ratio", "cosine floor as a fraction of lr, in [0, 1]", MT_DBL(min_lr_ratio, {.min = 0, .max = 1})},
+    {"lr_decay_steps", "--lr-decay-steps",
+     "length of the cosine schedule in steps, >= 0 (0 = all epochs' steps; --max-steps does not shorten it)",
+     MT_INT(lr_decay_steps, 0, kInt64Max)},
     {"clip_norm", "--clip-norm", "global gradient-norm clipping, >= 0 (0 = off)", MT_DBL(clip_norm, {.min = 0})},
+    {"on_nonfinite", "--on-nonfinite",
+     "error | skip: a non-finite loss or gradient stops the run, or skips that optimizer step (counted)",
+     MT_STR(on_nonfinite)},
+    {"max_consecutive_skips", "--max-consecutive-skips",
+     "stop after this many skipped steps in a row (non-finite steps with skip, fp16 loss-scale overflows), >= 1",
+     MT_INT(max_consecutive_skips, 1, kIntMax)},
     {"seed", "--seed", "seed of initialization, shuffling, dropout and noise (0 to 2^63-1)", MT_INT(seed, 0, kInt64Max)},
     {"max_steps", "--max-steps", "stop after this many optimizer steps, >= 0 (0 = all epochs)", MT_INT(max_steps, 0, kInt64Max)},
     {"log_every", "--log-every", "steps between metrics lines (>= 1)", MT_INT(log_every, 1, kIntMax)},
@@ -113,7 +144,9 @@ const TrainField kFields[] = {
      "fsdp: dtype of gradients and their reduction: \"\" = the compute precision, fp32, bf16 or fp16",
      MT_STR(reduce_precision)},
     {"data_dir", "--data-dir", "Fashion-MNIST directory (Debian: dataset-fashion-mnist)", MT_STR(data_dir)},
-    {"run_dir", "--run-dir", "where config, metrics, model and pictures go", MT_STR(run_dir)},
+    {"run_dir", "--run-dir",
+     "where config, metrics, model and pictures go (\"\" = the next runs/<model>/version_<N>)", MT_STR(run_dir)},
+    {"overwrite", "--overwrite", "replace the run in run_dir (only once the new run succeeds)", MT_BOOL(overwrite)},
 };
 
 #undef MT_INT
@@ -230,6 +263,12 @@ void TrainConfig::validate() const {
   require(std::isfinite(lr) && momentum >= 0 && momentum < 1 && weight_decay >= 0 && std::isfinite(weight_decay),
           fmt::format("lr {}, momentum {}, weight_decay {}", lr, momentum, weight_decay),
           "lr finite, momentum in [0, 1), weight_decay finite and >= 0");
+  require(lr_decay_steps >= 0, fmt::format("lr_decay_steps {}", lr_decay_steps),
+          "0 decays over all epochs' steps, or give the schedule's length in steps");
+  require(on_nonfinite == "error" || on_nonfinite == "skip", fmt::format("on_nonfinite '{}'", on_nonfinite),
+          "use error (stop the run) or skip (skip the step and count it)");
+  require(max_consecutive_skips >= 1, fmt::format("max_consecutive_skips {}", max_consecutive_skips),
+          "give at least 1 (the default is 25)");
   require(log_every > 0 && bucket_mb > 0 && threads_per_rank >= 0 && max_steps >= 0,
           fmt::format("log_every {}, bucket_mb {}, threads_per_rank {}, max_steps {}", log_every, bucket_mb,
                       threads_per_rank, max_steps),
@@ -259,10 +298,23 @@ std::string TrainConfig::to_toml() const {
   std::string s = "[train]\n";
   for (const auto& f : kFields) {
     const std::string v = f.format(*this);
-    const bool quoted = f.key == "model" || f.key == "optimizer" || f.key == "schedule" || f.key == "data_dir" ||
-                        f.key == "run_dir" || f.key == "hidden" || f.key == "fsdp" ||
-                        f.key == "backward_prefetch" || f.key == "reduce_precision";
-    s += fmt::format("{} = {}\n", f.key, quoted ? fmt::format("\"{}\"", v) : v);
+    std::string literal;
+    switch (f.kind) {
+      case TrainFieldKind::string:
+        literal = toml_basic_string(v);
+        break;
+      case TrainFieldKind::integer_list:
+        literal = fmt::format("[{}]", fmt::join(split(v), ", "));
+        break;
+      case TrainFieldKind::number:  // "25" would read back as an integer
+        literal = v.find_first_of(".eEni") == std::string::npos ? v + ".0" : v;
+        break;
+      case TrainFieldKind::integer:
+      case TrainFieldKind::boolean:
+        literal = v;
+        break;
+    }
+    s += fmt::format("{} = {}\n", f.key, literal);
   }
   return s;
 }

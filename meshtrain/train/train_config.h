@@ -32,11 +32,24 @@ struct TrainConfig {
   double momentum = 0.9;       // sgd
   double weight_decay = 0.0;   // decoupled (adamw) / L2 (sgd); biases and norms never decay
   std::string schedule = "cosine";  // constant | cosine (linear warmup, then cosine to min_lr_ratio)
-  int warmup_steps = 0;        // clamped to the run's total steps (e.g. a short --max-steps)
+  int warmup_steps = 0;        // clamped to the schedule's length
   double min_lr_ratio = 0.0;
+  // Length of the cosine schedule in optimizer steps; 0 = every step of
+  // `epochs` epochs. max_steps never changes it: a shorter run is a prefix
+  // of the full one (Megatron's --lr-decay-iters, torchtitan's decay steps).
+  int64_t lr_decay_steps = 0;
   double clip_norm = 0.0;      // global gradient-norm clipping; 0 = off
+  // A non-finite loss or gradient (outside the fp16 loss scaler's own
+  // overflow handling): "error" stops the run (non-zero exit, nothing
+  // saved), "skip" skips the optimizer step and counts it. Non-finite
+  // parameters always stop the run.
+  std::string on_nonfinite = "error";
+  // Skipped steps in a row (non-finite with "skip", or fp16 overflows) after
+  // which the run stops with an error. 25: the loss scaler halves its scale
+  // from its ceiling 2^24 to its floor 1 in 24 steps.
+  int max_consecutive_skips = 25;
   uint64_t seed = 42;
-  int64_t max_steps = 0;       // stop after this many optimizer steps; 0 = all epochs
+  int64_t max_steps = 0;       // stop after this many optimizer steps; 0 = all epochs (the schedule keeps its length)
   int log_every = 50;          // steps between metrics.jsonl lines
   double bucket_mb = 25.0;     // data-parallel gradient bucket size
   int threads_per_rank = 0;    // BLAS threads per rank; 0 = cores / ranks (at least 1)
@@ -57,7 +70,11 @@ struct TrainConfig {
   // FSDP2Config reduce_dtype; fp32 keeps full-precision gradient sums).
   std::string reduce_precision;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::string run_dir = "runs/latest";
+  // "" = the next free runs/<model>/version_<N> (a new one per run). A
+  // directory that holds a run is refused unless overwrite (RunDirectory,
+  // run_dir.h).
+  std::string run_dir;
+  bool overwrite = false;  // replace the run in run_dir (only once the new run succeeds)
 
   static TrainConfig from_toml(std::string_view text, std::string_view source = "<string>");
   static TrainConfig from_toml_file(const std::string& path);
@@ -65,15 +82,22 @@ struct TrainConfig {
   void set(std::string_view key, std::string_view value, std::string_view source);
   // Throws InvalidArgument saying what to change.
   void validate() const;
-  std::string to_toml() const;  // a [train] section with every key
+  // A [train] section with every key, each value written as its TOML type
+  // (strings quoted and escaped, numbers, booleans, hidden as an array);
+  // from_toml(to_toml()) gives the same config.
+  std::string to_toml() const;
 };
+
+// The TOML type of a field's value (format() gives it as flag text).
+enum class TrainFieldKind : uint8_t { string, integer, number, boolean, integer_list };
 
 struct TrainField {
   std::string_view key;   // TOML key
   std::string_view flag;  // CLI flag
   std::string_view help;
   void (*parse)(TrainConfig& c, std::string_view text, std::string_view source);
-  std::string (*format)(const TrainConfig& c);
+  std::string (*format)(const TrainConfig& c);  // flag text: "512,512,256", "true", "0.001", "runs/x"
+  TrainFieldKind kind;
 };
 std::span<const TrainField> train_config_fields();
 

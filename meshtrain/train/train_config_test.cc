@@ -125,5 +125,56 @@ TEST(TrainConfig, TomlSectionsAndSyntaxErrors) {
   EXPECT_THAT(syntax, HasSubstr("fix the TOML syntax at that position"));
 }
 
+// Every field of a config, as flag text: equal configs give equal lists.
+std::vector<std::string> values_of(const TrainConfig& c) {
+  std::vector<std::string> out;
+  for (const auto& f : train_config_fields()) out.push_back(std::string(f.key) + "=" + f.format(c));
+  return out;
+}
+
+TEST(TrainConfig, TomlValuesHaveTheirTomlTypes) {
+  const std::string toml = TrainConfig{}.to_toml();
+  EXPECT_THAT(toml, HasSubstr("\nhidden = [512, 512, 256]\n"));  // an array, as in examples/
+  EXPECT_THAT(toml, HasSubstr("\nmodel = \"mlp\"\n"));
+  EXPECT_THAT(toml, HasSubstr("\nlr = 0.001\n"));
+  EXPECT_THAT(toml, HasSubstr("\nbucket_mb = 25.0\n"));  // a float, not the integer 25
+  EXPECT_THAT(toml, HasSubstr("\nepochs = 10\n"));
+  EXPECT_THAT(toml, HasSubstr("\ndrop_last = true\n"));
+  EXPECT_THAT(toml, HasSubstr("\nrun_dir = \"\"\n"));
+  EXPECT_THAT(toml, HasSubstr("\non_nonfinite = \"error\"\n"));
+  TrainConfig one;
+  one.hidden = {7};
+  EXPECT_THAT(one.to_toml(), HasSubstr("\nhidden = [7]\n"));
+}
+
+TEST(TrainConfig, WrittenTomlReloadsToTheSameConfig) {
+  TrainConfig c;
+  c.model = "vae";
+  c.hidden = {300, 100};
+  c.lr = 2.5e-4;
+  c.bucket_mb = 4;
+  c.min_lr_ratio = 0.1;
+  c.lr_decay_steps = 1000;
+  c.on_nonfinite = "skip";
+  c.max_consecutive_skips = 3;
+  c.drop_last = false;
+  c.overwrite = true;
+  c.run_dir = "runs/a \"quoted\" dir\\with\tescapes\x01";
+  c.data_dir = "/data/fashion";
+  c.fsdp = "zero2";
+  const TrainConfig back = TrainConfig::from_toml(c.to_toml(), "config.toml");
+  EXPECT_EQ(values_of(back), values_of(c));
+  EXPECT_EQ(back.run_dir, c.run_dir);
+  EXPECT_EQ(values_of(TrainConfig::from_toml(TrainConfig{}.to_toml())), values_of(TrainConfig{}));
+}
+
+TEST(TrainConfig, NewKeysAreValidated) {
+  EXPECT_THAT(error_of([] { TrainConfig c; c.on_nonfinite = "ignore"; c.validate(); }),
+              HasSubstr("on_nonfinite 'ignore'"));
+  EXPECT_THAT(error_of([] { TrainConfig c; c.max_consecutive_skips = 0; c.validate(); }),
+              HasSubstr("max_consecutive_skips 0"));
+  EXPECT_THAT(error_of([] { TrainConfig c; c.lr_decay_steps = -1; c.validate(); }), HasSubstr("lr_decay_steps -1"));
+}
+
 }  // namespace
 }  // namespace meshtrain::train

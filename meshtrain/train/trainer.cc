@@ -6,7 +6,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -28,6 +27,7 @@
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/idx.h"
 #include "meshtrain/train/progress.h"
+#include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/sampler.h"
 
 namespace meshtrain::train {
@@ -88,12 +88,23 @@ Tensor detached_f32(const Tensor& t) {
   return out;
 }
 
+// A number for a message: "nan" rather than fmt's "-nan".
+std::string number(double v) { return std::isnan(v) ? std::string("nan") : fmt::format("{:.6g}", v); }
+
 // The rows [lo, hi) of a (B, ...) tensor as a view.
 Tensor rows(const Tensor& t, int64_t lo, int64_t hi) { return t.narrow(0, lo, hi - lo); }
 
-struct Shared {  // results and files of rank 0
+struct Shared {  // results and files of world rank 0
   std::mutex mu;
   TrainResult result;
+  std::optional<RunDirectory> dir;  // world rank 0's process only
+};
+
+// What one optimizer step did.
+struct StepOutcome {
+  double loss = 0;         // the global mean loss of the batch (unscaled)
+  bool applied = true;     // false: skipped
+  std::string why_skipped;  // for the log line
 };
 
 class Run {
@@ -156,6 +167,7 @@ class Run {
                                         .tracker = &memory_});
       params = model_->parameters();
     }
+    opt_params_ = params;
     if (tc.optimizer == "adamw")
       opt_ = std::make_unique<optim::AdamW>(params, tc.lr, std::pair{0.9, 0.999}, 1e-8, tc.weight_decay, &memory_);
     else
@@ -166,25 +178,42 @@ class Run {
     DistributedSampler sampler(train_.size(), tc_.batch_size, tc_.seed, tc_.drop_last, dp_comm_->rank(),
                                dp_comm_->size());
     const int64_t per_epoch = sampler.num_batches();
-    int64_t total = per_epoch * tc_.epochs;
-    if (tc_.max_steps > 0) total = std::min(total, tc_.max_steps);
-    const auto schedule = tc_.schedule == "cosine"
-                              ? optim::LrSchedule::cosine_with_warmup(
-                                    tc_.lr, std::min<int64_t>(tc_.warmup_steps, total), total, tc_.min_lr_ratio)
-                              : optim::LrSchedule::constant(tc_.lr);
+    const int64_t full = per_epoch * tc_.epochs;
+    const int64_t total = tc_.max_steps > 0 ? std::min(full, tc_.max_steps) : full;
+    // The schedule's length never depends on max_steps: a short run is a prefix of the full one.
+    schedule_steps_ = tc_.lr_decay_steps > 0 ? tc_.lr_decay_steps : full;
+    const auto schedule =
+        tc_.schedule == "cosine"
+            ? optim::LrSchedule::cosine_with_warmup(tc_.lr, std::min<int64_t>(tc_.warmup_steps, schedule_steps_),
+                                                    schedule_steps_, tc_.min_lr_ratio)
+            : optim::LrSchedule::constant(tc_.lr);
+    total_ = total;
     std::unique_ptr<MetricsLog> log;
     if (main_) {
-      std::filesystem::create_directories(tc_.run_dir);
-      log = std::make_unique<MetricsLog>(tc_.run_dir + "/metrics.jsonl");
-      fmt::print("model {}: {} parameters; {} steps of {} samples ({} epochs x {} batches), data parallel {}{}\n",
-                 tc_.model, num_parameters_, total, tc_.batch_size, tc_.epochs, per_epoch, dp_comm_->size(),
+      log = std::make_unique<MetricsLog>(shared_.dir->file("metrics.jsonl"));
+      const std::string steps =
+          total < full ? fmt::format("{} epochs x {} batches of {} samples = {} steps, stopping at step {} (max_steps)",
+                                     tc_.epochs, per_epoch, tc_.batch_size, full, total)
+                       : fmt::format("{} epochs x {} batches of {} samples = {} steps", tc_.epochs, per_epoch,
+                                     tc_.batch_size, full);
+      const std::string lr =
+          tc_.schedule == "cosine"
+              ? fmt::format("lr {} cosine over {} steps (warmup {}{})", tc_.lr, schedule_steps_,
+                            schedule.warmup_steps(),
+                            tc_.min_lr_ratio > 0 ? fmt::format(", floor {}", tc_.lr * tc_.min_lr_ratio) : "")
+              : fmt::format("lr {} constant", tc_.lr);
+      fmt::print("model {}: {} parameters; {}; {}; data parallel {}{}\n", tc_.model, num_parameters_, steps, lr,
+                 dp_comm_->size(),
                  fsdp_ ? fmt::format(", fsdp {} ({} sharded + {} replicated elements, {} units)", tc_.fsdp,
                                      fsdp_->sharded_elements(), fsdp_->replicated_elements(), fsdp_->units().size())
                        : std::string());
+      fmt::print("run directory: {} (written to {} until the run succeeds)\n", shared_.dir->path(),
+                 shared_.dir->staging());
       std::fflush(stdout);
     }
     ProgressBar bar(total, main_);
-    Series train_curve{"train loss", {}, {}}, test_curve{"test loss", {}, {}};
+    Series train_curve{"train loss", {}, {}},
+        test_curve{vae_ ? "test negative ELBO (sampled)" : "test loss", {}, {}};
     int64_t step = 0, samples = 0;
     double window_loss = 0, hidden_sum = 0;
     int window_n = 0;
@@ -195,9 +224,24 @@ class Run {
       model_->set_training(true);
       while (auto batch = pre.next()) {
         opt_->set_lr(schedule.lr(step));
-        const double loss = train_step(*batch, step);
+        const StepOutcome out = train_step(*batch, step);
+        const double loss = out.loss;
         ++step;
         samples += batch->global_size;
+        if (!out.applied) {
+          ++skipped_;
+          ++consecutive_skips_;
+          if (main_) {
+            bar.note(fmt::format("step {}: skipped, {}; {} skipped so far", step, out.why_skipped, skipped_));
+            log->write({{"step", static_cast<double>(step)},
+                        {"skipped_steps", static_cast<double>(skipped_)},
+                        {"consecutive_skips", static_cast<double>(consecutive_skips_)}},
+                       {{"split", "train"}, {"event", "skipped_step"}, {"reason", out.why_skipped}});
+          }
+          if (consecutive_skips_ >= tc_.max_consecutive_skips) throw too_many_skips(step, out.why_skipped);
+        } else {
+          consecutive_skips_ = 0;
+        }
         if (ddp_) hidden_sum += ddp_->stats().hidden_fraction;
         if (step == 1 && main_) print_memory();
         window_loss += loss;
@@ -219,10 +263,9 @@ class Run {
                 {"loss", window_loss / window_n},    {"lr", opt_->lr()},
                 {"samples_per_s", samples / elapsed}};
             if (ddp_) numbers.emplace_back("hidden_fraction", ddp_->stats().hidden_fraction);
-            if (scaler_) {
-              numbers.emplace_back("loss_scale", scaler_->scale());
-              numbers.emplace_back("skipped_steps", static_cast<double>(scaler_->skipped_steps()));
-            }
+            if (scaler_) numbers.emplace_back("loss_scale", scaler_->scale());
+            if (scaler_ || tc_.on_nonfinite == "skip")
+              numbers.emplace_back("skipped_steps", static_cast<double>(skipped_));
             log->write(numbers, {{"split", "train"}});
           }
           if (main_) shared_.result.final_train_loss = window_loss / window_n;
@@ -230,46 +273,162 @@ class Run {
           window_n = 0;
         }
       }
-      const auto [test_loss, accuracy] = evaluate();
+      check_parameters(step);
+      const Evaluation ev = evaluate();  // the same numbers on every rank
+      if (!std::isfinite(ev.loss))  // finite parameters whose outputs overflow are no model either
+        throw diverged(step - 1, fmt::format("the test {} after step {} is {}", vae_ ? "negative ELBO" : "loss", step,
+                                             number(ev.loss)),
+                       false);
       if (main_) {
         bar.finish();
         test_curve.x.push_back(static_cast<double>(step));
-        test_curve.y.push_back(test_loss);
-        if (mlp_)
-          fmt::print("epoch {:>2}: test loss {:.4f}  test accuracy {:.2f}%\n", epoch + 1, test_loss, 100 * accuracy);
-        else
-          fmt::print("epoch {:>2}: test ELBO loss {:.2f} nats per image\n", epoch + 1, test_loss);
+        test_curve.y.push_back(ev.loss);
+        if (mlp_) {
+          fmt::print("epoch {:>2}: test loss {:.4f}  test accuracy {:.2f}%\n", epoch + 1, ev.loss, 100 * ev.accuracy);
+          log->write({{"step", static_cast<double>(step)}, {"epoch", static_cast<double>(epoch + 1)},
+                      {"loss", ev.loss}, {"accuracy", ev.accuracy}},
+                     {{"split", "test"}});
+        } else {
+          fmt::print("epoch {:>2}: test negative ELBO {:.2f} nats per image (reconstruction {:.2f} + KL {:.2f}; "
+                     "one sampled z per image)\n",
+                     epoch + 1, ev.loss, ev.reconstruction, ev.kl);
+          log->write({{"step", static_cast<double>(step)}, {"epoch", static_cast<double>(epoch + 1)},
+                      {"neg_elbo", ev.loss}, {"reconstruction", ev.reconstruction}, {"kl", ev.kl}},
+                     {{"split", "test"}});
+        }
         std::fflush(stdout);
-        log->write({{"step", static_cast<double>(step)}, {"epoch", static_cast<double>(epoch + 1)},
-                    {"loss", test_loss}, {"accuracy", accuracy}},
-                   {{"split", "test"}});
-        shared_.result.test_loss = test_loss;
-        shared_.result.test_accuracy = accuracy;
+        shared_.result.test_loss = ev.loss;
+        shared_.result.test_accuracy = ev.accuracy;
+        shared_.result.test_reconstruction = ev.reconstruction;
+        shared_.result.test_kl = ev.kl;
       }
       if (step < total) bar = ProgressBar(total, main_);  // a fresh line after the summary
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     finish_run(train_curve, test_curve);  // collective under fsdp
     if (!main_) return;
+    log->close();  // fsync before the run directory is committed
     auto& r = shared_.result;
     r.steps = step;
     r.seconds = seconds;
     r.samples_per_second = samples / r.seconds;
     r.hidden_fraction = step ? hidden_sum / step : 0;
-    r.run_dir = tc_.run_dir;
+    r.run_dir = shared_.dir->path();
     r.fsdp = tc_.fsdp;
-    if (scaler_) {
-      r.loss_scale = scaler_->scale();
-      r.skipped_steps = scaler_->skipped_steps();
-    }
+    r.schedule_steps = schedule_steps_;
+    r.skipped_steps = skipped_;
+    if (scaler_) r.loss_scale = scaler_->scale();
     for (MemoryCategory c : kAllMemoryCategories) r.memory_peak[static_cast<size_t>(c)] = memory_.peak(c);
     r.memory_total_peak = memory_.total_peak();
   }
 
  private:
-  // One optimizer step over one global batch; returns its global mean loss.
-  double train_step(const Batch& batch, int64_t step) {
-    return fsdp_ ? fsdp_step(batch, step) : ddp_step(batch, step);
+  // One optimizer step over one global batch: forward and backward of this
+  // rank's rows, the gradient reduction, then one decision that every rank
+  // makes alike from globally reduced values: stop (TrainingDiverged), skip
+  // the update, or apply it.
+  StepOutcome train_step(const Batch& batch, int64_t step) {
+    const int m = tc_.micro_batches;
+    const int64_t local = batch.images.size(0);
+    // fp16: the loss gradient is multiplied by the scale S (a power of two:
+    // scaling and unscaling are exact); the optimizer unscales (and clips)
+    // through its grad scale.
+    const double s = scaler_ ? scaler_->scale() : 1.0;
+    double loss = 0;
+    for (int i = 0; i < m; ++i) {
+      if (fsdp_) fsdp_->begin_micro_batch(i, m);
+      else ddp_->begin_micro_batch(i, m);
+      loss += forward_backward(batch, step, local * i / m, local * (i + 1) / m,
+                               static_cast<double>(batch.global_size) / s);
+    }
+    if (fsdp_) fsdp_->finish();
+    else ddp_->finish();
+    // {loss, ranks whose parameters are not finite, ranks whose gradients are
+    // not finite}: one reduction, so every rank sees the same numbers. The
+    // parameters checked are the ones the previous step produced (this
+    // rank's shards under fsdp); plain data parallelism's gradients are
+    // replicated, fsdp's are checked by the collective grads_finite().
+    double v[3] = {loss / s, optim::values_finite(opt_params_) ? 0.0 : 1.0,
+                   ddp_ && !optim::grads_finite(model_->parameters()) ? 1.0 : 0.0};
+    dp_comm_->all_reduce(v, v, 3, DType::f64, comm::ReduceOp::sum);
+    const bool grads_finite = fsdp_ ? fsdp_->grads_finite() : v[2] == 0;  // collective under fsdp
+    StepOutcome out;
+    out.loss = v[0];
+    bool overflow = false;  // fp16: the scaler's business
+    if (v[1] > 0)
+      throw diverged(step, fmt::format("the parameters are not finite on {} of {} data-parallel ranks: the update "
+                                       "of step {} overflowed",
+                                       v[1], dp_comm_->size(), step),
+                     false);
+    if (!std::isfinite(out.loss)) {
+      if (tc_.on_nonfinite == "error")
+        throw diverged(step, fmt::format("the loss is {} (the mean over a global batch of {})", number(out.loss),
+                                         batch.global_size),
+                       true);
+      out.applied = false;
+      out.why_skipped = fmt::format("the loss is {}", number(out.loss));
+    } else if (!grads_finite) {
+      if (scaler_) {
+        overflow = true;
+        out.applied = false;
+        out.why_skipped = fmt::format("gradients overflowed fp16 at loss scale {}", s);
+      } else if (tc_.on_nonfinite == "error") {
+        throw diverged(step, fmt::format("the gradients are not finite (the loss is {})", number(out.loss)), true);
+      } else {
+        out.applied = false;
+        out.why_skipped = fmt::format("the gradients are not finite (the loss is {})", number(out.loss));
+      }
+    }
+    if (out.applied) apply_update(s);
+    if (scaler_ && std::isfinite(out.loss)) {  // a non-finite loss is no overflow of the scaled gradients
+      scaler_->update(overflow);
+      if (overflow) out.why_skipped += fmt::format(", scale now {}", scaler_->scale());
+    }
+    if (fsdp_) fsdp_->zero_grad();
+    else opt_->zero_grad();
+    return out;
+  }
+
+  // The optimizer step on finite gradients scaled by s.
+  void apply_update(double s) {
+    if (ddp_) {
+      if (tc_.clip_norm > 0) optim::clip_grad_norm(model_->parameters(), tc_.clip_norm);  // grads are replicated
+      opt_->step();
+      return;
+    }
+    double factor = 1.0 / s;
+    if (tc_.clip_norm > 0) factor = optim::clip_factor(fsdp_->grad_norm() / s, tc_.clip_norm) / s;
+    opt_->set_grad_scale(factor);
+    opt_->step();
+    fsdp_->after_step();
+  }
+
+  // The error that stops a run whose numbers went wrong before (0-based)
+  // step `step`; `nonfinite_policy`: the on_nonfinite option applies.
+  TrainingDiverged diverged(int64_t step, const std::string& what, bool nonfinite_policy) const {
+    std::string hint = fmt::format("lower the learning rate (lr = {:.6g} now), or clip gradients (--clip-norm 1.0)",
+                                   opt_->lr());
+    if (scaler_) hint += ", or train in bf16 (--precision bf16: f32's range, no loss scaling)";
+    if (nonfinite_policy)
+      hint += fmt::format("; --on-nonfinite skip skips such steps instead (at most --max-consecutive-skips {} in "
+                          "a row)",
+                          tc_.max_consecutive_skips);
+    return TrainingDiverged("meshtrain train",
+                            fmt::format("step {} of {}: {}; training stopped and saved nothing", step + 1, total_,
+                                        what),
+                            hint);
+  }
+
+  TrainingDiverged too_many_skips(int64_t step, const std::string& last) const {
+    std::string hint = fmt::format("lower the learning rate (lr = {:.6g} now) or clip gradients (--clip-norm 1.0)",
+                                   opt_->lr());
+    if (scaler_) hint += "; with fp16, bf16 (--precision bf16) needs no loss scale";
+    hint += fmt::format("; --max-consecutive-skips {} sets the limit", tc_.max_consecutive_skips);
+    return TrainingDiverged("meshtrain train",
+                            fmt::format("step {} of {}: {} steps in a row were skipped (the last: {}); {} skipped "
+                                        "in all; training stopped and saved nothing",
+                                        step, total_, consecutive_skips_, last, skipped_),
+                            hint);
   }
 
   // Forward and backward of this rank's rows [lo, hi) of the batch, the loss
@@ -287,53 +446,6 @@ class Run {
     return vae_->forward_backward(x, norm).total;
   }
 
-  double ddp_step(const Batch& batch, int64_t step) {
-    const int m = tc_.micro_batches;
-    const int64_t local = batch.images.size(0);
-    double loss = 0;
-    for (int i = 0; i < m; ++i) {
-      ddp_->begin_micro_batch(i, m);
-      loss += forward_backward(batch, step, local * i / m, local * (i + 1) / m,
-                               static_cast<double>(batch.global_size));
-    }
-    ddp_->finish();
-    if (tc_.clip_norm > 0) optim::clip_grad_norm(model_->parameters(), tc_.clip_norm);  // grads are replicated
-    opt_->step();
-    opt_->zero_grad();
-    dp_comm_->all_reduce(&loss, &loss, 1, DType::f64, comm::ReduceOp::sum);
-    return loss;
-  }
-
-  // Fully sharded. With a loss scaler the loss gradient is multiplied by its
-  // scale S (a power of two: scaling and unscaling are exact); the optimizer
-  // unscales (and clips) through its grad scale, and a step whose gradients
-  // are not finite somewhere is skipped while the scale backs off.
-  double fsdp_step(const Batch& batch, int64_t step) {
-    const int m = tc_.micro_batches;
-    const int64_t local = batch.images.size(0);
-    const double s = scaler_ ? scaler_->scale() : 1.0;
-    double loss = 0;
-    for (int i = 0; i < m; ++i) {
-      fsdp_->begin_micro_batch(i, m);
-      loss += forward_backward(batch, step, local * i / m, local * (i + 1) / m,
-                               static_cast<double>(batch.global_size) / s);
-    }
-    fsdp_->finish();
-    const bool finite = scaler_ ? fsdp_->grads_finite() : true;
-    if (finite) {
-      double factor = 1.0 / s;
-      if (tc_.clip_norm > 0) factor = optim::clip_factor(fsdp_->grad_norm() / s, tc_.clip_norm) / s;
-      opt_->set_grad_scale(factor);
-      opt_->step();
-      fsdp_->after_step();
-    }
-    if (scaler_) scaler_->update(!finite);
-    fsdp_->zero_grad();
-    loss /= s;
-    dp_comm_->all_reduce(&loss, &loss, 1, DType::f64, comm::ReduceOp::sum);
-    return loss;
-  }
-
   void print_memory() const {
     std::string parts;
     for (MemoryCategory c : kAllMemoryCategories)
@@ -343,20 +455,28 @@ class Run {
     std::fflush(stdout);
   }
 
-  // Test loss (mean per sample) and accuracy, each rank on its slice. Every
-  // rank runs the same number of forwards (its slice in equal chunks of at
-  // most about kChunk rows): under fsdp each forward is collective.
-  std::pair<double, double> evaluate() {
+  struct Evaluation {
+    double loss = 0;            // per test sample: cross-entropy, or the VAE's sampled negative ELBO
+    double accuracy = 0;        // MLP
+    double reconstruction = 0;  // VAE: the terms of its negative ELBO
+    double kl = 0;
+  };
+
+  // The test set, each rank on its slice. Every rank runs the same number of
+  // forwards (its slice in equal chunks of at most about kChunk rows): under
+  // fsdp each forward is collective. The VAE's z is sampled
+  // (VAE::evaluate_sampled), keyed by the global test-sample index, so the
+  // numbers do not depend on the data-parallel split.
+  Evaluation evaluate() {
     model_->set_training(false);
     const int64_t n = test_.size(), d = dp_comm_->size(), r = dp_comm_->rank();
     const int64_t lo = n * r / d, hi = n * (r + 1) / d;
-    double sums[2] = {0, 0};  // loss (already divided by n), correct
+    double sums[4] = {0, 0, 0, 0};  // loss (already divided by n), correct, reconstruction, kl
     constexpr int64_t kChunk = 1000;
     const int64_t chunks = std::max<int64_t>(1, ((n + d - 1) / d + kChunk - 1) / kChunk);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t a = lo + (hi - lo) * c / chunks, b = lo + (hi - lo) * (c + 1) / chunks;
-      const Tensor x = rows(test_.images, a, b).to(DType::f32);
-      scale(x, 1.0 / 255.0);
+      const Tensor x = normalize_pixels(rows(test_.images, a, b));  // the rule of training batches
       if (mlp_) {
         const Tensor logits = mlp_->forward(x);
         const Tensor labels = rows(test_.labels, a, b).to(DType::i64);
@@ -364,49 +484,66 @@ class Run {
         sums[1] += static_cast<double>(nn::count_correct(logits, labels));
       } else {
         vae_->set_batch_context(0, a);
-        sums[0] += vae_->evaluate(x, static_cast<double>(n)).total;
+        const nn::VAELoss l = vae_->evaluate_sampled(x, static_cast<double>(n));
+        sums[0] += l.total;
+        sums[2] += l.recon;
+        sums[3] += l.kl;
       }
     }
     if (fsdp_) fsdp_->reshard();
-    dp_comm_->all_reduce(sums, sums, 2, DType::f64, comm::ReduceOp::sum);
+    dp_comm_->all_reduce(sums, sums, 4, DType::f64, comm::ReduceOp::sum);
     model_->set_training(true);
-    return {sums[0], sums[1] / static_cast<double>(n)};
+    return {sums[0], sums[1] / static_cast<double>(n), sums[2], sums[3]};
+  }
+
+  // Collective: stops the run when this rank's parameters (its shards under
+  // fsdp) are not finite on any rank after `steps` steps. Before every
+  // evaluation, so the last update is checked before anything is saved.
+  void check_parameters(int64_t steps) {
+    double bad = optim::values_finite(opt_params_) ? 0.0 : 1.0;
+    dp_comm_->all_reduce(&bad, &bad, 1, DType::f64, comm::ReduceOp::sum);
+    if (bad > 0)
+      throw diverged(steps - 1,
+                     fmt::format("the parameters are not finite on {} of {} data-parallel ranks after step {}", bad,
+                                 dp_comm_->size(), steps),
+                     false);
   }
 
   // The final parameters (the result and model.safetensors), loss.svg and
-  // the VAE's pictures. Every rank calls it: under fsdp, gathering the
-  // parameters and the VAE's forwards are collective; rank 0 writes.
+  // the VAE's pictures, into the run directory's staging area. Every rank
+  // calls it after the last evaluation (check_parameters passed): gathering
+  // the parameters under fsdp and the VAE's forwards are collective; rank 0
+  // writes.
   void finish_run(const Series& train_curve, const Series& test_curve) {
     if (fsdp_) fsdp_->gather_full_parameters();
     if (main_) {
       auto& params = shared_.result.final_parameters;
       for (nn::Parameter* p : model_->parameters()) params.emplace_back(p->name, detached_f32(p->value));
-      save_safetensors(tc_.run_dir + "/model.safetensors", params,
+      save_safetensors(shared_.dir->file("model.safetensors"), params,
                        {{"format", "meshtrain"}, {"model", tc_.model}, {"weights", "(in, out)"}});
-      write_file_atomic(tc_.run_dir + "/loss.svg", line_chart_svg(fmt::format("{} on Fashion-MNIST", tc_.model),
-                                                                  "step", {train_curve, test_curve}));
+      write_file_atomic(shared_.dir->file("loss.svg"),
+                        line_chart_svg(fmt::format("{} on Fashion-MNIST", tc_.model), "step",
+                                       {train_curve, test_curve}));
     }
     if (vae_) {
       model_->set_training(false);
       constexpr int kN = 16;
-      const Tensor x = rows(test_.images, 0, kN).to(DType::f32);
-      scale(x, 1.0 / 255.0);
+      const Tensor x = normalize_pixels(rows(test_.images, 0, kN));
       const Tensor rec = vae_->reconstruct(x);
       std::vector<std::vector<float>> pics;
       for (int i = 0; i < kN; ++i) pics.push_back(row_values(x, i));
       for (int i = 0; i < kN; ++i) pics.push_back(row_values(rec, i));
-      if (main_) write_image_grid_png(tc_.run_dir + "/reconstructions.png", pics, 28, 28, kN);
+      if (main_) write_image_grid_png(shared_.dir->file("reconstructions.png"), pics, 28, 28, kN);
       Tensor z = Tensor::empty({64, tc_.latent}, DType::f32);
       fill_normal(z, tc_.seed, key_from_name("samples.z"), 0.0, 1.0);
       const Tensor gen = vae_->decode(z);
       pics.clear();
       for (int i = 0; i < 64; ++i) pics.push_back(row_values(gen, i));
-      if (main_) write_image_grid_png(tc_.run_dir + "/samples.png", pics, 28, 28, 8);
+      if (main_) write_image_grid_png(shared_.dir->file("samples.png"), pics, 28, 28, 8);
       model_->set_training(true);
     }
     if (fsdp_) fsdp_->reshard();
   }
-
 
   static std::vector<float> row_values(const Tensor& t, int64_t i) {
     const Tensor row = t.select(0, i).contiguous();
@@ -431,6 +568,11 @@ class Run {
   std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;  // fully sharded
   std::unique_ptr<optim::DynamicLossScaler> scaler_;          // fp16 only
   std::unique_ptr<optim::Optimizer> opt_;
+  std::vector<nn::Parameter*> opt_params_;  // what the optimizer updates (this rank's shards under fsdp)
+  int64_t total_ = 0;           // steps this run takes
+  int64_t schedule_steps_ = 0;  // the learning-rate schedule's length
+  int64_t skipped_ = 0;         // optimizer steps skipped, any reason
+  int64_t consecutive_skips_ = 0;
 };
 
 }  // namespace
@@ -468,16 +610,40 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
   return out;
 }
 
+namespace {
+
+// World rank 0 prepares the run directory and writes config.toml into it;
+// every rank learns whether that worked (under mpirun a refusal seen by rank
+// 0 alone would leave the others waiting in their first collective).
+// Returns false on the ranks that must stop quietly because rank 0 failed;
+// rank 0 rethrows its error.
+bool prepare_run_directory(comm::Communicator& world, const ResolvedTraining& resolved,
+                           const config::DistributedConfig& dc, Shared& shared) {
+  const TrainConfig& tc = resolved.config;
+  std::exception_ptr error;
+  if (world.rank() == 0) {
+    try {
+      shared.dir.emplace(tc.run_dir.empty() ? RunDirectory::create_versioned("runs/" + tc.model)
+                                            : RunDirectory::create(tc.run_dir, tc.overwrite));
+      std::string notes;
+      for (const auto& n : resolved.notes) notes += "# " + n + "\n";
+      write_file_atomic(shared.dir->file("config.toml"), tc.to_toml() + notes + "\n" + dc.to_toml());
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  uint8_t failed = error ? 1 : 0;
+  world.broadcast(&failed, 1, DType::u8, 0);
+  if (error) std::rethrow_exception(error);
+  return failed == 0;
+}
+
+}  // namespace
+
 TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConfig& dc,
                          const comm::LaunchOptions& launch) {
   const ResolvedTraining resolved = resolve_training(tc_in, dc);
   const TrainConfig& tc = resolved.config;
-  if (dc.rank == 0) {
-    std::filesystem::create_directories(tc.run_dir);
-    std::string notes;
-    for (const auto& n : resolved.notes) notes += "# " + n + "\n";
-    write_file_atomic(tc.run_dir + "/config.toml", tc.to_toml() + notes + "\n" + dc.to_toml());
-  }
   const plan::NamedShape mesh_shape = dc.mesh();
   const int ranks_here = launch.engine == comm::Engine::threads ? launch.ranks : 1;
   set_blas_threads(tc.threads_per_rank > 0 ? tc.threads_per_rank : std::max(1, process_cores() / ranks_here));
@@ -486,9 +652,13 @@ TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConf
   const Dataset test = load_fashion_mnist(tc.data_dir, Split::test);
   Shared shared;
   comm::launch(launch, [&](comm::Communicator& world) {
+    if (!prepare_run_directory(world, resolved, dc, shared)) return;
     Run run(tc, dc, train, test, world, mesh_shape, shared);
     run.run();
   });
+  // Every rank finished: the run directory now holds this run. On any error
+  // above, shared.dir's destructor removes the staging directory instead.
+  if (shared.dir) shared.dir->commit();
   return shared.result;
 }
 

@@ -11,7 +11,23 @@
 // Every rank runs the same loop; rank 0 alone prints (config dump, progress
 // bar, epoch summaries) and writes the run directory: config.toml,
 // metrics.jsonl, model.safetensors, loss.svg and, for the VAE,
-// reconstructions.png and samples.png.
+// reconstructions.png and samples.png. The run directory (run_dir.h) holds
+// one complete run: a directory holding a run is refused unless
+// tc.overwrite; files are staged in "<run_dir>.incomplete" and swapped in
+// when the run succeeds, so a failed run leaves run_dir as it was.
+//
+// Training that goes wrong stops (TrainingDiverged, on every rank at the
+// same step, since each decision is made from globally reduced values):
+// - non-finite parameters (checked before every step and before saving);
+// - a non-finite loss or gradients with on_nonfinite = "error" (the
+//   default); with "skip" the optimizer step is skipped and counted;
+// - fp16: gradients that overflow at the loss scale are the scaler's: the
+//   step is skipped, the scale backs off, a line is printed;
+// - max_consecutive_skips skipped steps in a row (either kind).
+//
+// Schedule: the cosine schedule spans lr_decay_steps, or every step of
+// `epochs` epochs; max_steps stops the run early without changing it, so a
+// short run's losses are a prefix of the full run's.
 //
 // Data-parallel ranks: the group mesh.comm({"data", "fsdp"}) (the axes the
 // mesh has); every other axis must have size 1. Non-hybrid strategies shard
@@ -37,25 +53,36 @@
 
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/config/distributed_config.h"
+#include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/train/train_config.h"
 
 namespace meshtrain::train {
 
+// A run stopped because its numbers went wrong (see above); what() names
+// the step, the value and what to try.
+class TrainingDiverged : public Error {
+ public:
+  using Error::Error;
+};
+
 struct TrainResult {
   int64_t steps = 0;
   double seconds = 0;             // wall time of the training loop (rank 0)
   double samples_per_second = 0;  // training samples / seconds
   double final_train_loss = 0;    // mean loss of the last logged window
-  double test_loss = 0;           // after the last epoch
+  double test_loss = 0;           // after the last epoch (VAE: the sampled negative ELBO, nats per image)
   double test_accuracy = 0;       // MLP only
+  double test_reconstruction = 0; // VAE only: the reconstruction term of test_loss
+  double test_kl = 0;             // VAE only: the KL term of test_loss
+  int64_t schedule_steps = 0;     // the learning-rate schedule's length
   double hidden_fraction = 0;     // data-parallel communication hidden behind backward (mean)
   std::vector<double> step_losses;  // every step's global loss
   std::string run_dir;
   std::string fsdp;               // the resolved strategy ("" = DataParallel)
   double loss_scale = 0;          // fp16: the loss scale at the end; 0 without a scaler
-  int64_t skipped_steps = 0;      // fp16: steps skipped for non-finite gradients
+  int64_t skipped_steps = 0;      // optimizer steps skipped (fp16 overflows, non-finite with on_nonfinite = skip)
   // Rank 0's MemoryTracker peaks over the run, per category (indexed by
   // MemoryCategory) and of the total.
   std::array<uint64_t, kNumMemoryCategories> memory_peak{};
@@ -78,9 +105,13 @@ struct ResolvedTraining {
 };
 ResolvedTraining resolve_training(const TrainConfig& tc, const config::DistributedConfig& dc);
 
-// Resolves tc (resolve_training), writes config.toml and trains. Collective:
-// every process of the job calls it. The result is filled by world rank 0
-// (under mpirun the other processes get an empty one).
+// Resolves tc (resolve_training), prepares the run directory (world rank 0;
+// tc.run_dir, or the next runs/<model>/version_<N> when empty), writes
+// config.toml and trains. Collective: every process of the job calls it.
+// The result is filled by world rank 0 (under mpirun the other processes
+// get an empty one). Throws TrainingDiverged (see above), InvalidArgument
+// for a run directory that holds a run, or what the run threw; then
+// run_dir is left as it was.
 TrainResult run_training(const TrainConfig& tc, const config::DistributedConfig& dc,
                          const comm::LaunchOptions& launch);
 

@@ -1,0 +1,196 @@
+#include "meshtrain/train/run_dir.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <stdio.h>  // renameat2 (glibc >= 2.28)
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "meshtrain/core/atomic_file.h"
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr const char* kOp = "meshtrain train";
+constexpr const char* kIncomplete = ".incomplete";
+
+// "runs/mlp/" -> "runs/mlp"; "" and "/" name no directory a run can own.
+std::string normalized(const std::string& path) {
+  fs::path p = fs::path(path).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path() && p != p.root_path()) p = p.parent_path();
+  const std::string name = p.filename().string();
+  if (path.empty() || name.empty() || name == "." || name == "..")
+    throw InvalidArgument(kOp, fmt::format("run directory '{}' names no directory of its own", path),
+                          "give a run directory such as --run-dir runs/my_run");
+  return p.string();
+}
+
+bool is_run_artifact(const std::string& name) {
+  if (std::find(kRunArtifacts.begin(), kRunArtifacts.end(), name) != kRunArtifacts.end()) return true;
+  // A temporary of write_file_atomic (".<artifact>.tmp.<pid>.<n>") left by a crash.
+  return name.size() > 1 && name[0] == '.' && name.find(".tmp.") != std::string::npos;
+}
+
+std::vector<std::string> entries_of(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Throws unless `path` may become this run's directory; returns whether it
+// exists (then as a directory).
+bool check_path(const std::string& path, bool overwrite) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (!fs::exists(st)) return false;
+  if (!fs::is_directory(st))
+    throw InvalidArgument(kOp, fmt::format("run directory '{}' exists and is not a directory", path),
+                          "give another --run-dir");
+  const std::vector<std::string> names = entries_of(path);
+  if (names.empty()) return true;
+  std::vector<std::string> foreign;
+  for (const auto& n : names)
+    if (!is_run_artifact(n)) foreign.push_back(n);
+  if (!overwrite)
+    throw InvalidArgument(kOp,
+                          fmt::format("run directory '{}' is not empty ({}){}", path, fmt::join(names, ", "),
+                                      foreign.empty() ? ": it holds a previous run" : ""),
+                          "pass --overwrite to replace that run (it is replaced only when the new run "
+                          "succeeds), give another --run-dir, or leave run_dir unset to get the next "
+                          "runs/<model>/version_<N>");
+  if (!foreign.empty())
+    throw InvalidArgument(kOp,
+                          fmt::format("--overwrite would delete '{}', which holds files no run writes ({})", path,
+                                      fmt::join(foreign, ", ")),
+                          "give a --run-dir of its own: --overwrite only replaces a directory holding "
+                          "nothing but a run's artifacts");
+  return true;
+}
+
+[[noreturn]] void throw_io(const std::string& what, int err, const char* hint) {
+  throw IoError(kOp, fmt::format("{}: {}", what, std::strerror(err)), hint);
+}
+
+}  // namespace
+
+void RunDirectory::check(const std::string& path, bool overwrite) { (void)check_path(normalized(path), overwrite); }
+
+RunDirectory RunDirectory::create(const std::string& path_in, bool overwrite) {
+  const std::string path = normalized(path_in);
+  bool reserved = false;
+  if (!check_path(path, overwrite)) {
+    const fs::path parent = fs::path(path).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    if (ec) throw IoError(kOp, fmt::format("cannot create '{}': {}", parent.string(), ec.message()),
+                          "check the --run-dir path and its permissions");
+    if (::mkdir(path.c_str(), 0777) == 0) {
+      reserved = true;
+    } else if (errno == EEXIST) {
+      (void)check_path(path, overwrite);  // another process was quicker: its rules apply
+    } else {
+      throw_io(fmt::format("cannot create run directory '{}'", path), errno, "check the --run-dir path and its permissions");
+    }
+  }
+  return RunDirectory(path, reserved);
+}
+
+RunDirectory RunDirectory::create_versioned(const std::string& parent_in) {
+  const fs::path parent(normalized(parent_in));
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw IoError(kOp, fmt::format("cannot create '{}': {}", parent.string(), ec.message()),
+                        "check the path and its permissions, or give --run-dir");
+  int64_t next = 0;
+  for (const std::string& name : entries_of(parent)) {
+    constexpr std::string_view kPrefix = "version_";
+    if (name.rfind(kPrefix, 0) != 0) continue;
+    int64_t n = -1;
+    const char* first = name.data() + kPrefix.size();
+    const char* last = name.data() + name.size();
+    auto [p, err] = std::from_chars(first, last, n);
+    if (err == std::errc() && p == last && n >= 0 && n < INT64_MAX) next = std::max(next, n + 1);
+  }
+  for (int attempt = 0; attempt < 1000; ++attempt, ++next) {
+    const std::string path = (parent / fmt::format("version_{}", next)).string();
+    if (::mkdir(path.c_str(), 0777) == 0) return RunDirectory(path, true);
+    if (errno != EEXIST) throw_io(fmt::format("cannot create run directory '{}'", path), errno, "give --run-dir");
+  }
+  throw IoError(kOp, fmt::format("no free version_<N> under '{}'", parent.string()), "give --run-dir");
+}
+
+RunDirectory::RunDirectory(std::string path, bool reserved)
+    : path_(std::move(path)), staging_(path_ + kIncomplete), reserved_(reserved) {
+  std::error_code ec;
+  fs::remove_all(staging_, ec);  // left by a killed run
+  if (ec || ::mkdir(staging_.c_str(), 0777) != 0) {
+    const int err = ec ? ec.value() : errno;
+    if (reserved_) ::rmdir(path_.c_str());
+    throw_io(fmt::format("cannot create the staging directory '{}'", staging_), err,
+             "check the permissions of the run directory's parent");
+  }
+}
+
+RunDirectory::RunDirectory(RunDirectory&& other) noexcept
+    : path_(std::move(other.path_)),
+      staging_(std::move(other.staging_)),
+      reserved_(other.reserved_),
+      committed_(other.committed_) {
+  other.moved_from_ = true;
+}
+
+RunDirectory::~RunDirectory() {
+  if (moved_from_ || committed_) return;
+  std::error_code ec;
+  fs::remove_all(staging_, ec);
+  if (reserved_) ::rmdir(path_.c_str());  // only while empty
+}
+
+std::string RunDirectory::file(std::string_view name) const { return (fs::path(staging_) / name).string(); }
+
+void RunDirectory::commit() {
+  if (committed_) throw Error(kOp, fmt::format("run directory '{}' was committed already", path_), "");
+  fsync_directory(staging_);
+  const std::string parent = fs::path(path_).parent_path().string();
+  std::error_code ec;
+  const bool empty = !fs::exists(path_, ec) || fs::is_empty(path_, ec);
+  if (empty) {
+    // rename(2) replaces an empty directory atomically.
+    if (::rename(staging_.c_str(), path_.c_str()) != 0)
+      throw_io(fmt::format("rename '{}' -> '{}'", staging_, path_), errno, "check the run directory's parent");
+  } else {
+    // The previous run (allowed by --overwrite): swap both names at once where the file system can.
+    if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, path_.c_str(), RENAME_EXCHANGE) == 0) {
+      // staging_ now holds the previous run.
+    } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+      const std::string old = path_ + ".old";
+      fs::remove_all(old, ec);
+      if (::rename(path_.c_str(), old.c_str()) != 0)
+        throw_io(fmt::format("rename '{}' -> '{}'", path_, old), errno, "check the run directory's parent");
+      if (::rename(staging_.c_str(), path_.c_str()) != 0) {
+        const int err = errno;
+        ::rename(old.c_str(), path_.c_str());  // put the previous run back
+        throw_io(fmt::format("rename '{}' -> '{}'", staging_, path_), err, "check the run directory's parent");
+      }
+      staging_ = old;  // now the previous run
+    } else {
+      throw_io(fmt::format("exchange '{}' and '{}'", staging_, path_), errno, "check the run directory's parent");
+    }
+    fs::remove_all(staging_, ec);  // the previous run
+  }
+  committed_ = true;
+  fsync_directory(parent.empty() ? "." : parent);
+}
+
+}  // namespace meshtrain::train

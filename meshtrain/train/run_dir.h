@@ -1,0 +1,75 @@
+// RunDirectory: the directory that holds one training run's artifacts
+// (config.toml, metrics.jsonl, model.safetensors, loss.svg, pictures), and
+// the rule that it only ever holds one complete run.
+//
+//   RunDirectory dir = RunDirectory::create("runs/mlp", /*overwrite=*/false);  // throws if runs/mlp holds a run
+//   write_file_atomic(dir.file("config.toml"), text);   // goes to runs/mlp.incomplete/config.toml
+//   ...                                                  // train, log, save
+//   dir.commit();                                        // runs/mlp now holds exactly this run
+//
+// - create() refuses a path that exists and is not an empty directory,
+//   unless `overwrite`; overwrite only replaces a directory that holds
+//   nothing but run artifacts (kRunArtifacts), so a mistyped --run-dir never
+//   deletes a user's files. A path that does not exist is created empty at
+//   once (reserved), so two runs cannot pick the same one.
+// - Until commit(), every file goes to the staging directory
+//   "<path>.incomplete" next to it (the same file system, so renames are
+//   atomic); the run directory keeps its previous contents (nothing, or the
+//   run being overwritten).
+// - commit() swaps the staging directory in: one rename onto the empty
+//   directory, or an atomic exchange with the old run (renameat2
+//   RENAME_EXCHANGE; where the file system lacks it, two renames), then
+//   removes the old run and fsyncs the parent.
+// - A RunDirectory destroyed without commit() (the run failed) removes its
+//   staging directory and the empty directory it reserved: the path is left
+//   as it was before the run. A staging directory left by a killed process
+//   is removed by the next create() of the same path.
+//
+// Thread-safety: one object per run, used by one thread (rank 0's).
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+
+namespace meshtrain::train {
+
+// What a run writes into its directory; the only names an --overwrite may delete.
+inline constexpr std::array<std::string_view, 6> kRunArtifacts = {
+    "config.toml", "metrics.jsonl", "model.safetensors", "loss.svg", "reconstructions.png", "samples.png"};
+
+class RunDirectory {
+ public:
+  // See above. Throws InvalidArgument (the path holds a run or other files,
+  // is a file, or names no directory) or IoError.
+  static RunDirectory create(const std::string& path, bool overwrite);
+  // The next free "<parent>/version_<N>" (N = 1 + the largest existing N,
+  // from 0), reserved as create() does. What a run without --run-dir gets.
+  static RunDirectory create_versioned(const std::string& parent);
+  // Throws as create() would, without creating anything (for a CLI that
+  // wants to fail before printing its start-up dump).
+  static void check(const std::string& path, bool overwrite);
+
+  RunDirectory(RunDirectory&& other) noexcept;
+  RunDirectory& operator=(RunDirectory&&) = delete;
+  RunDirectory(const RunDirectory&) = delete;
+  ~RunDirectory();
+
+  const std::string& path() const { return path_; }        // where the run ends up
+  const std::string& staging() const { return staging_; }  // where files go until commit()
+  std::string file(std::string_view name) const;           // staging() / name
+  // Moves the staged run into path() (see above). Throws IoError; after a
+  // failed commit the previous contents of path() are intact.
+  void commit();
+
+ private:
+  RunDirectory(std::string path, bool reserved);
+
+  std::string path_;
+  std::string staging_;
+  bool reserved_ = false;   // path_ was created (empty) by this object
+  bool committed_ = false;
+  bool moved_from_ = false;
+};
+
+}  // namespace meshtrain::train

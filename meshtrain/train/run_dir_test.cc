@@ -1,0 +1,170 @@
+#include "meshtrain/train/run_dir.h"
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "meshtrain/core/atomic_file.h"
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+fs::path fresh_parent(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("meshtrain_run_dir_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<std::string> entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+using Names = std::vector<std::string>;
+
+TEST(RunDirectory, AFreshRunIsStagedAndCommitted) {
+  const fs::path parent = fresh_parent("fresh");
+  const std::string path = (parent / "run").string();
+  {
+    RunDirectory dir = RunDirectory::create(path + "/", false);  // a trailing slash names the same directory
+    EXPECT_EQ(dir.path(), path);
+    EXPECT_EQ(dir.staging(), path + ".incomplete");
+    EXPECT_EQ(entries(parent), (Names{"run", "run.incomplete"}));
+    EXPECT_TRUE(fs::is_empty(path));  // reserved, empty until commit
+    write_file_atomic(dir.file("config.toml"), "new config");
+    write_file_atomic(dir.file("model.safetensors"), "new model");
+    dir.commit();
+  }
+  EXPECT_EQ(entries(parent), Names{"run"});
+  EXPECT_EQ(entries(path), (Names{"config.toml", "model.safetensors"}));
+  EXPECT_EQ(read_all(parent / "run" / "config.toml"), "new config");
+}
+
+TEST(RunDirectory, AFailedFreshRunLeavesNothing) {
+  const fs::path parent = fresh_parent("failed");
+  {
+    RunDirectory dir = RunDirectory::create((parent / "run").string(), false);
+    write_file_atomic(dir.file("config.toml"), "config");
+  }  // no commit: the run failed
+  EXPECT_TRUE(entries(parent).empty());
+}
+
+TEST(RunDirectory, ARunDirectoryHoldingARunIsRefused) {
+  const fs::path parent = fresh_parent("refuse");
+  const fs::path path = parent / "run";
+  fs::create_directories(path);
+  write_file_atomic((path / "model.safetensors").string(), "old model");
+  const std::string error = error_of([&] { (void)RunDirectory::create(path.string(), false); });
+  EXPECT_THAT(error, HasSubstr(fmt::format("run directory '{}' is not empty (model.safetensors): it holds a "
+                                           "previous run", path.string())));
+  EXPECT_THAT(error, HasSubstr("pass --overwrite to replace that run"));
+  EXPECT_THAT(error_of([&] { RunDirectory::check(path.string(), false); }), HasSubstr("is not empty"));
+  EXPECT_EQ(error_of([&] { RunDirectory::check(path.string(), true); }), "no error");
+  EXPECT_EQ(entries(parent), Names{"run"});
+  EXPECT_EQ(read_all(path / "model.safetensors"), "old model");
+  // An empty directory is fine; so is a path that does not exist yet.
+  fs::create_directories(parent / "empty");
+  EXPECT_EQ(error_of([&] { RunDirectory::create((parent / "empty").string(), false).commit(); }), "no error");
+}
+
+TEST(RunDirectory, OverwriteReplacesTheRunOnlyWhenTheNewOneSucceeds) {
+  const fs::path parent = fresh_parent("overwrite");
+  const fs::path path = parent / "run";
+  fs::create_directories(path);
+  for (const char* name : {"config.toml", "model.safetensors", "metrics.jsonl", "samples.png"})
+    write_file_atomic((path / name).string(), std::string("old ") + name);
+  {
+    RunDirectory dir = RunDirectory::create(path.string(), true);
+    write_file_atomic(dir.file("config.toml"), "new config");
+  }  // failed: the old run stays, byte for byte
+  EXPECT_EQ(entries(parent), Names{"run"});
+  EXPECT_EQ(read_all(path / "model.safetensors"), "old model.safetensors");
+  EXPECT_EQ(read_all(path / "config.toml"), "old config.toml");
+  {
+    RunDirectory dir = RunDirectory::create(path.string(), true);
+    write_file_atomic(dir.file("config.toml"), "new config");
+    write_file_atomic(dir.file("model.safetensors"), "new model");
+    EXPECT_EQ(read_all(path / "model.safetensors"), "old model.safetensors");  // untouched until commit
+    dir.commit();
+  }
+  EXPECT_EQ(entries(parent), Names{"run"});
+  EXPECT_EQ(entries(path), (Names{"config.toml", "model.safetensors"}));  // nothing of the old run is left
+  EXPECT_EQ(read_all(path / "model.safetensors"), "new model");
+}
+
+TEST(RunDirectory, OverwriteNeverDeletesOtherFiles) {
+  const fs::path parent = fresh_parent("foreign");
+  fs::create_directories(parent / "home");
+  write_file_atomic((parent / "home" / "notes.txt").string(), "mine");
+  write_file_atomic((parent / "home" / "config.toml").string(), "x");
+  EXPECT_THAT(error_of([&] { (void)RunDirectory::create((parent / "home").string(), true); }),
+              HasSubstr("--overwrite would delete '" + (parent / "home").string() +
+                        "', which holds files no run writes (notes.txt)"));
+  EXPECT_EQ(read_all(parent / "home" / "notes.txt"), "mine");
+  write_file_atomic((parent / "file").string(), "x");
+  EXPECT_THAT(error_of([&] { (void)RunDirectory::create((parent / "file").string(), true); }),
+              HasSubstr("exists and is not a directory"));
+  EXPECT_THAT(error_of([] { (void)RunDirectory::create("", false); }), HasSubstr("names no directory"));
+  EXPECT_THAT(error_of([] { (void)RunDirectory::create("/", true); }), HasSubstr("names no directory"));
+  EXPECT_THAT(error_of([] { (void)RunDirectory::create(".", true); }), HasSubstr("names no directory"));
+  EXPECT_EQ(entries(parent), (Names{"file", "home"}));
+}
+
+TEST(RunDirectory, AStaleStagingDirectoryIsReplaced) {
+  const fs::path parent = fresh_parent("stale");
+  fs::create_directories(parent / "run.incomplete");
+  write_file_atomic((parent / "run.incomplete" / "metrics.jsonl").string(), "killed run");
+  {
+    RunDirectory dir = RunDirectory::create((parent / "run").string(), false);
+    EXPECT_TRUE(fs::is_empty(dir.staging()));
+    write_file_atomic(dir.file("metrics.jsonl"), "this run");
+    dir.commit();
+  }
+  EXPECT_EQ(entries(parent), Names{"run"});
+  EXPECT_EQ(read_all(parent / "run" / "metrics.jsonl"), "this run");
+}
+
+TEST(RunDirectory, VersionedDirectoriesCountUp) {
+  const fs::path parent = fresh_parent("versions");
+  {
+    RunDirectory a = RunDirectory::create_versioned((parent / "mlp").string());
+    EXPECT_EQ(a.path(), (parent / "mlp" / "version_0").string());
+    a.commit();
+  }
+  fs::create_directories(parent / "mlp" / "version_7");
+  fs::create_directories(parent / "mlp" / "version_x");
+  {
+    RunDirectory b = RunDirectory::create_versioned((parent / "mlp").string());
+    EXPECT_EQ(b.path(), (parent / "mlp" / "version_8").string());
+  }  // failed: version_8 is not left behind
+  EXPECT_EQ(entries(parent / "mlp"), (Names{"version_0", "version_7", "version_x"}));
+}
+
+}  // namespace
+}  // namespace meshtrain::train
