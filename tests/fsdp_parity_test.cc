@@ -242,7 +242,8 @@ TEST(FullyShardedParity, Fp16OverflowSkipsStepsAndBacksOff) {
 // can help, so the run stops on every rank at the same step, naming the
 // value and suggesting bf16, instead of skipping every step to the end.
 TEST(FullyShardedParity, Fp16NonFiniteLossStopsTheRun) {
-  RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .precision = config::MixedPrecision::fp16, .max_steps = 20};
+  RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw", .precision = config::MixedPrecision::fp16,
+            .max_steps = 20};
   r.hidden = {256, 128};
   r.lr = 0.5;
   try {
