@@ -60,8 +60,8 @@ class MpiCommunicator final : public Communicator {
   }
 
  protected:
-  Work start(const Op& op, Completion /*completion: both wait the same way*/) override {
-    auto task = channel_->start(op, timeout());
+  Work start(const Op& op, Completion completion) override {
+    auto task = channel_->start(op, timeout(), completion == Completion::async);
     return Work(std::make_unique<MpiWork>(channel_, std::move(task), timeout()));
   }
 
@@ -69,7 +69,7 @@ class MpiCommunicator final : public Communicator {
     // Agree first (with a deadline): once every member arrived, the blocking
     // MPI_Comm_split and MPI_Comm_dup calls below cannot hang on a missing peer.
     Op op{.kind = CollectiveOp::split, .seq = seq};
-    auto task = channel_->start(op, timeout());
+    auto task = channel_->start(op, timeout(), /*async=*/false);
     channel_->wait(*task, timeout());
     MPI_Comm sub = MPI_COMM_NULL;
     try {

@@ -17,6 +17,9 @@ namespace meshtrain::comm::mpi::internal {
 namespace {
 
 constexpr int kAbortTag = 0;  // on check_: abort notices; fingerprints use tags >= 1
+constexpr std::chrono::milliseconds kNoticeCheckInterval{1};
+constexpr size_t kSmallPieceBytes = 4000;        // payload of one eager message
+constexpr size_t kSmallPiecesUpTo = size_t{16} << 10;
 
 std::string op_name(const Op& op) { return fmt::format("mpi::{}", collective_op_name(op.kind)); }
 
@@ -165,7 +168,7 @@ MPI_Op Channel::mpi_op(DType dtype, ReduceOp op) const {
   return MPI_SUM;
 }
 
-std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds timeout) {
+std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds timeout, bool async) {
   std::lock_guard lock(mu_);
   drain_timeout_ = timeout;
   if (aborted_)
@@ -207,7 +210,7 @@ std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds tim
     return task;
   }
   progress_locked();
-  if (!task->finished)
+  if (async && !task->finished)
     if (Runtime* rt = Runtime::get()) rt->wake();
   return task;
 }
@@ -305,7 +308,7 @@ void Channel::post_data(Task& t) {
 void Channel::post_small(Task& t) {
   const Op& op = t.op;
   const size_t bytes = op.bytes(), peers = static_cast<size_t>(size_ - 1);
-  const int count = static_cast<int>(op.count), tag = fingerprint_tag(op.seq);
+  const int tag = fingerprint_tag(op.seq);
   const MPI_Datatype type = mpi_type(op.dtype);
   if (small_pool_.empty()) {
     t.inputs = std::make_unique<std::byte[]>(peers * kSmallAllReduceBytes);
@@ -313,16 +316,33 @@ void Channel::post_small(Task& t) {
     t.inputs = std::move(small_pool_.back());
     small_pool_.pop_back();
   }
-  t.small.assign(2 * peers, MPI_REQUEST_NULL);
+  // Up to kSmallPiecesUpTo, pieces that fit OpenMPI's shared-memory eager
+  // limit (4 KiB with its header) go through its FIFOs at once; a larger
+  // message waits for a rendezvous and a process_vm_readv system call,
+  // which costs more than it saves below about 16 KiB (docs/benchmarks.md).
+  const size_t piece = bytes <= kSmallPiecesUpTo ? kSmallPieceBytes / dtype_size(op.dtype) : op.count,
+               pieces = (op.count + piece - 1) / piece;
+  const size_t es = dtype_size(op.dtype);
+  t.small.assign(2 * peers * pieces, MPI_REQUEST_NULL);
+  MPI_Request* recvs = t.small.data();
+  MPI_Request* sends = t.small.data() + peers * pieces;
   for (size_t i = 0; i < peers; ++i) {
     const int p = (rank_ + 1 + static_cast<int>(i)) % size_;
-    check(MPI_Irecv(t.inputs.get() + i * bytes, count, type, p, tag, small_, &t.small[i]),
-          "MPI_Irecv", "all_reduce");
+    for (size_t k = 0; k < pieces; ++k) {
+      const size_t first = k * piece, n = std::min(piece, op.count - first);
+      check(MPI_Irecv(t.inputs.get() + i * bytes + first * es, static_cast<int>(n), type, p, tag, small_,
+                      &recvs[i * pieces + k]),
+            "MPI_Irecv", "all_reduce");
+    }
   }
   for (size_t i = 0; i < peers; ++i) {
     const int p = (rank_ + 1 + static_cast<int>(i)) % size_;
-    check(MPI_Isend(op.send, count, type, p, tag, small_, &t.small[peers + i]), "MPI_Isend",
-          "all_reduce");
+    for (size_t k = 0; k < pieces; ++k) {
+      const size_t first = k * piece, n = std::min(piece, op.count - first);
+      check(MPI_Isend(static_cast<const std::byte*>(op.send) + first * es, static_cast<int>(n), type, p, tag,
+                      small_, &sends[i * pieces + k]),
+            "MPI_Isend", "all_reduce");
+    }
   }
 }
 
@@ -331,13 +351,13 @@ void Channel::finish_small(Task& t) {
   const size_t bytes = op.bytes();
   // In rank order, so every rank computes the same bits (and the threads
   // engine's): in[0] op in[1] op ... op in[n-1].
-  std::vector<const void*> ins(static_cast<size_t>(size_));
+  const void* ins[kSmallAllReduceRanks];
   for (int p = 0; p < size_; ++p) {
     const size_t i = static_cast<size_t>((p - rank_ - 1 + size_) % size_);
-    ins[static_cast<size_t>(p)] = p == rank_ ? op.send : t.inputs.get() + i * bytes;
+    ins[p] = p == rank_ ? op.send : t.inputs.get() + i * bytes;
   }
   void* outs[1] = {op.recv};  // may alias op.send element for element (in place)
-  comm::internal::reduce(outs, 1, ins.data(), size_, op.count, op.dtype, op.reduce, size_);
+  comm::internal::reduce(outs, 1, ins, size_, op.count, op.dtype, op.reduce, size_);
   t.small.clear();
   small_pool_.push_back(std::move(t.inputs));
 }
@@ -345,8 +365,15 @@ void Channel::finish_small(Task& t) {
 void Channel::progress_locked() {
   if (aborted_) return;
   if (!orphans_.empty()) test_orphans();
-  // Notices first: never post data for a collective a peer has given up on.
-  if (size_ > 1 && receive_notice()) return;
+  // A peer's abort notice ends every wait here within 1 ms; looking for it
+  // at every poll would double the latency of small collectives.
+  if (size_ > 1) {
+    const auto now = Clock::now();
+    if (now >= next_notice_check_) {
+      next_notice_check_ = now + kNoticeCheckInterval;
+      if (receive_notice()) return;
+    }
+  }
   bool gate = true;
   for (size_t i = 0; i < queue_.size(); ++i) {
     const std::shared_ptr<Task> t = queue_[i];  // fail() empties queue_
@@ -373,15 +400,17 @@ void Channel::progress_locked() {
 
 // Returns whether later tasks may post their data.
 bool Channel::advance(Task& t, bool gate) {
-  if (t.stage == Stage::fingerprints && poll_fingerprints(t)) {
-    t.stage = Stage::ready;
-    // MPI_Iprobe looks before it progresses, so a notice that came in with
-    // these fingerprints (a peer that gave up on this very collective just
-    // before we arrived) is visible only now. Posting the data anyway would
-    // leave a collective nobody else joins.
-    if (receive_notice()) return false;
+  if (t.stage == Stage::fingerprints && poll_fingerprints(t)) t.stage = Stage::ready;
+  if (t.stage == Stage::ready && gate) {
+    // Never post data for a collective a peer has given up on: it would be
+    // a collective nobody else joins. MPI_Iprobe looks before it
+    // progresses, so a notice that came in with the fingerprints (a peer
+    // that gave up on this very collective just before we arrived) is
+    // visible only now. (A small all_reduce's data is point-to-point,
+    // posted by start().)
+    if (t.small.empty() && size_ > 1 && receive_notice()) return false;
+    post_data(t);
   }
-  if (t.stage == Stage::ready && gate) post_data(t);
   if (t.stage == Stage::data) poll_data(t);
   return gate && (t.stage == Stage::done || (t.stage == Stage::data && !t.ring));
 }
@@ -460,7 +489,7 @@ bool Channel::poll() {
   std::unique_lock lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return true;  // another thread is progressing it
   progress_locked();
-  return !queue_.empty();
+  return !queue_.empty() && waiting_ == 0;
 }
 
 ChannelStatus Channel::status() {

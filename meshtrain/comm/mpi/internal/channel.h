@@ -132,15 +132,17 @@ class Channel {
   }
 
   // For the progress thread: advances what it can if no other thread holds
-  // the channel; returns whether operations are in flight.
+  // the channel; returns whether operations are in flight that nobody is
+  // waiting for (a waiting thread progresses them itself).
   bool poll();
   // What this process answers to a peer's probe.
   ChannelStatus status();
 
-  // Queues `op` and posts what it can without waiting for peers. Throws
-  // AbortedError if the channel was aborted, Unsupported for counts MPI
-  // cannot take.
-  std::shared_ptr<Task> start(const Op& op, std::chrono::milliseconds timeout);
+  // Queues `op` and posts what it can without waiting for peers; `async`:
+  // the caller will not wait at once, so the progress thread takes over.
+  // Throws AbortedError if the channel was aborted, Unsupported for counts
+  // MPI cannot take.
+  std::shared_ptr<Task> start(const Op& op, std::chrono::milliseconds timeout, bool async);
   // Waits until `task` finished (at most `timeout` from now); rethrows its error.
   void wait(Task& task, std::chrono::milliseconds timeout);
   bool test(Task& task);
@@ -190,6 +192,7 @@ class Channel {
   uint64_t issued_ = 0, finished_ = 0;  // last collective seq started / finished
   uint8_t last_op_ = 0;
   int waiting_ = 0;                     // threads inside wait()
+  Clock::time_point next_notice_check_{};
   MPI_Op ops16_[2][4] = {};  // [bf16, f16][sum, max, min, prod]
   std::deque<std::shared_ptr<Task>> queue_;
   bool aborted_ = false;

@@ -40,7 +40,9 @@ MPI_Datatype mpi_type(DType dtype) {
 }
 
 void Backoff::pause() {
-  if (std::chrono::steady_clock::now() - start_ < kYieldFor) {
+  const auto waited = std::chrono::steady_clock::now() - start_;
+  if (waited < kSpinFor) return;  // the caller polls again at once
+  if (waited < kYieldFor) {
     sched_yield();
     return;
   }

@@ -30,15 +30,18 @@ struct Orphan {
   bool user_buffers = true;
 };
 
-// Polls politely: sched_yield() for the first 100 us of a wait (small
-// collectives finish in tens of microseconds, and a sleep costs at least the
-// kernel's 50 us timer slack), then sleeps that double from 1 us up to 50 us,
-// so a waiting rank leaves the core to the ranks it waits for.
+// Polls politely: returns at once for the first 10 us of a wait (a small
+// collective's reply comes within a few microseconds, and one system call
+// costs as much), sched_yield() up to 100 us (small collectives finish in
+// tens of microseconds, and a sleep costs at least the kernel's 50 us timer
+// slack), then sleeps that double from 1 us up to 50 us, so a waiting rank
+// leaves the core to the ranks it waits for.
 class Backoff {
  public:
   void pause();
 
  private:
+  static constexpr std::chrono::microseconds kSpinFor{10};
   static constexpr std::chrono::microseconds kYieldFor{100};
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::nanoseconds sleep_{1000};
