@@ -57,21 +57,27 @@ double time_median(int warmup, int steps, Fn&& fn) {
   return median(t);
 }
 
-// Samples/s of data-parallel training with `ranks` ranks, `batch` per rank:
-// DataParallel when `fsdp` is empty, else FullyShardedDataParallel with that
-// strategy and parameter dtype.
-double dp_throughput(int ranks, const TrainBenchOptions& o, const std::string& fsdp = "",
-                     DType dtype = DType::f32) {
-  double rate = 0;
+// Data-parallel training with `ranks` ranks (threads; 0: the mpirun world on
+// the mpi engine), `batch` per rank: DataParallel when `fsdp` is empty, else
+// FullyShardedDataParallel with that strategy and parameter dtype.
+DataParallelRun dp_run(int ranks, const TrainBenchOptions& o, const std::string& fsdp = "",
+                       DType dtype = DType::f32) {
+  DataParallelRun out;
   std::mutex mu;
-  comm::launch({.engine = comm::Engine::threads, .ranks = ranks}, [&](comm::Communicator& c) {
+  const comm::LaunchOptions launch = ranks > 0 ? comm::LaunchOptions{.engine = comm::Engine::threads, .ranks = ranks}
+                                               : comm::LaunchOptions{.engine = comm::Engine::mpi, .ranks = 0,
+                                                                     .abort_on_error = true};
+  comm::launch(launch, [&](comm::Communicator& c) {
+    const int n = c.size();
     nn::MLP model(mlp_config());
     std::unique_ptr<parallel::DataParallel> ddp;
     std::unique_ptr<parallel::FullyShardedDataParallel> sharded;
     std::vector<nn::Parameter*> params = model.parameters();
     if (fsdp.empty()) {
-      ddp = std::make_unique<parallel::DataParallel>(model, c,
-                                                     parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum});
+      ddp = std::make_unique<parallel::DataParallel>(
+          model, c,
+          parallel::DataParallelOptions{.bucket_bytes = static_cast<size_t>(o.bucket_mb * (1 << 20)),
+                                        .reduce = parallel::GradReduce::sum});
     } else {
       parallel::FullyShardedOptions fo;
       fo.stage = parallel::parse_sharding_strategy(fsdp).stage;
@@ -82,7 +88,7 @@ double dp_throughput(int ranks, const TrainBenchOptions& o, const std::string& f
     optim::AdamW opt(params, 1e-3);
     nn::CrossEntropyLoss ce;
     Data d(o.batch, static_cast<uint64_t>(c.rank()));
-    const double norm = static_cast<double>(o.batch) * ranks;
+    const double norm = static_cast<double>(o.batch) * n;
     auto step = [&] {
       ce.forward(model.forward(d.x), d.y, norm);
       model.backward(ce.backward());
@@ -99,16 +105,28 @@ double dp_throughput(int ranks, const TrainBenchOptions& o, const std::string& f
     };
     for (int i = 0; i < o.warmup; ++i) step();
     c.barrier();
+    const parallel::DataParallelStats before = ddp ? ddp->stats() : parallel::DataParallelStats{};
     const auto t0 = Clock::now();
     for (int i = 0; i < o.steps; ++i) step();
     c.barrier();
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (c.rank() == 0) {
       std::lock_guard l(mu);
-      rate = static_cast<double>(o.steps) * o.batch * ranks / s;
+      out.ranks = n;
+      out.samples_per_s = static_cast<double>(o.steps) * o.batch * n / s;
+      if (ddp) {
+        const parallel::DataParallelStats& after = ddp->stats();
+        const double comm = (after.total_comm_time - before.total_comm_time).count();
+        const double exposed = (after.total_exposed_time - before.total_exposed_time).count();
+        out.comm_ms = 1e3 * comm / o.steps;
+        out.exposed_ms = 1e3 * exposed / o.steps;
+        out.hidden_fraction = comm > 0 ? 1.0 - exposed / comm : 0.0;
+        out.buckets = static_cast<int>(after.buckets.size());
+        out.exact_timing = after.timing == parallel::CommTiming::exact;
+      }
     }
   });
-  return rate;
+  return out;
 }
 
 }  // namespace
@@ -150,13 +168,31 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
     r.gemm_ms = 1e3 * t;
     r.gemm_gflops = flops / t / 1e9;
   }
-  r.dp1_samples_per_s = dp_throughput(1, o);
-  r.dp2_samples_per_s = dp_throughput(2, o);
+  r.dp1 = dp_run(1, o);
+  r.dp2 = dp_run(2, o);
   if (o.sharded)
     for (const char* fsdp : {"no_shard", "zero1", "zero2", "zero3"})
       for (DType dt : {DType::f32, DType::bf16})
-        r.sharded.push_back({fsdp, dt, dp_throughput(2, o, fsdp, dt)});
+        r.sharded.push_back({fsdp, dt, dp_run(2, o, fsdp, dt).samples_per_s});
   return r;
+}
+
+DataParallelRun run_train_bench_mpi(const TrainBenchOptions& options) {
+  set_blas_threads(1);
+  return dp_run(0, options);
+}
+
+std::string format_hidden(const DataParallelRun& r) {
+  return fmt::format("  communication        {:8.3f} ms per step in flight, {:.3f} ms exposed: {:.0f}% hidden behind "
+                     "backward ({} buckets, {} timing)\n",
+                     r.comm_ms, r.exposed_ms, 100 * r.hidden_fraction, r.buckets, r.exact_timing ? "exact" : "polled");
+}
+
+std::string format_train_bench_mpi(const DataParallelRun& r, const TrainBenchOptions& o) {
+  return fmt::format("data parallel, {} samples per rank per step (mpi engine, {} ranks, {} MiB buckets):\n"
+                     "  {} ranks              {:8.0f} samples/s\n",
+                     o.batch, r.ranks, o.bucket_mb, r.ranks, r.samples_per_s) +
+         format_hidden(r);
 }
 
 std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOptions& o) {
@@ -166,15 +202,17 @@ std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOption
   s += fmt::format("  step time            {:8.3f} ms   ({:.0f} samples/s)\n", r.step_ms, o.batch / r.step_ms * 1e3);
   s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({:.1f} GFLOP/s sgemm)\n", r.gemm_ms, r.gemm_gflops);
   s += fmt::format("  GEMM share of step   {:8.1f} %\n", 100 * r.gemm_ms / r.step_ms);
-  s += fmt::format("data parallel, {} samples per rank per step (threads engine):\n", o.batch);
-  s += fmt::format("  1 rank               {:8.0f} samples/s\n", r.dp1_samples_per_s);
-  s += fmt::format("  2 ranks              {:8.0f} samples/s   ({:.2f}x)\n", r.dp2_samples_per_s,
-                   r.dp2_samples_per_s / r.dp1_samples_per_s);
+  s += fmt::format("data parallel, {} samples per rank per step (threads engine, {} MiB buckets):\n", o.batch,
+                   o.bucket_mb);
+  s += fmt::format("  1 rank               {:8.0f} samples/s\n", r.dp1.samples_per_s);
+  s += fmt::format("  2 ranks              {:8.0f} samples/s   ({:.2f}x)\n", r.dp2.samples_per_s,
+                   r.dp2.samples_per_s / r.dp1.samples_per_s);
+  s += format_hidden(r.dp2);
   if (!r.sharded.empty()) {
     s += "fully sharded, 2 ranks (min_weight_size 1024: weights sharded, biases replicated):\n";
     for (const auto& row : r.sharded)
       s += fmt::format("  {:<8} {:<4}        {:8.0f} samples/s   ({:.2f}x data parallel)\n", row.strategy,
-                       dtype_name(row.dtype), row.samples_per_s, row.samples_per_s / r.dp2_samples_per_s);
+                       dtype_name(row.dtype), row.samples_per_s, row.samples_per_s / r.dp2.samples_per_s);
   }
   return s;
 }

@@ -10,7 +10,10 @@
 //   speed they reach; gemm / step is the share of the step spent in GEMMs.
 // - data parallel: samples/s with 1 and with 2 ranks of the threads engine
 //   at a fixed per-rank batch (weak scaling), gradients all-reduced in
-//   buckets overlapped with backward.
+//   buckets of bucket_mb overlapped with backward, and how much of that
+//   communication was hidden (DataParallelStats over the timed steps:
+//   1 - exposed / in flight). run_train_bench_mpi measures the same on the
+//   mpi engine (call it on every rank under mpirun).
 // Thread-safety: call from one thread; it launches its own ranks.
 #pragma once
 
@@ -26,6 +29,18 @@ struct TrainBenchOptions {
   int warmup = 10;
   int batch = 256;
   bool sharded = true;  // also time FullyShardedDataParallel on 2 ranks
+  double bucket_mb = 0.25;  // DataParallel bucket size
+};
+
+// One data-parallel measurement (rank 0's view).
+struct DataParallelRun {
+  int ranks = 0;
+  double samples_per_s = 0;
+  double comm_ms = 0;     // per step: time with at least one bucket all-reduce in flight
+  double exposed_ms = 0;  // per step: the part of it after backward ended
+  double hidden_fraction = 0;
+  int buckets = 0;
+  bool exact_timing = false;
 };
 
 struct ShardedThroughput {
@@ -38,12 +53,13 @@ struct TrainBenchResult {
   double step_ms = 0;
   double gemm_ms = 0;
   double gemm_gflops = 0;
-  double dp1_samples_per_s = 0;
-  double dp2_samples_per_s = 0;
+  DataParallelRun dp1, dp2;
   std::vector<ShardedThroughput> sharded;  // 2 ranks
 };
 
 TrainBenchResult run_train_bench(const TrainBenchOptions& options);
 std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOptions& options);
+DataParallelRun run_train_bench_mpi(const TrainBenchOptions& options);
+std::string format_train_bench_mpi(const DataParallelRun& r, const TrainBenchOptions& options);
 
 }  // namespace meshtrain::bench

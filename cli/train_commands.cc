@@ -243,8 +243,28 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   tb->add_option("--steps", bo->steps, "timed steps (1 to 100000)")->capture_default_str()->check(CLI::Range(1, 100000));
   tb->add_option("--batch", bo->batch, "batch per rank (1 to 65536)")->capture_default_str()->check(CLI::Range(1, 65536));
   tb->add_flag("!--no-sharded", bo->sharded, "skip the fully sharded strategies");
+  tb->add_option("--bucket-mb", bo->bucket_mb, "data-parallel gradient bucket size in MiB, (0, 1024]")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1024.0));
+  auto tb_engine = std::make_shared<std::string>("threads");
+  tb->add_option("--engine", *tb_engine,
+                 "threads (everything) | mpi (under mpirun: data parallelism on the mpirun world only)")
+      ->check(CLI::IsMember({"threads", "mpi"}))
+      ->capture_default_str();
   out.push_back({tb, [=] {
-                   print_config("bench train", {{"steps", std::to_string(bo->steps)}, {"batch", std::to_string(bo->batch)}});
+                   auto banner = [&] {
+                     print_config("bench train", {{"engine", *tb_engine}, {"steps", std::to_string(bo->steps)},
+                                                  {"batch", std::to_string(bo->batch)},
+                                                  {"bucket_mb", fmt::format("{}", bo->bucket_mb)}});
+                   };
+                   if (*tb_engine == "mpi") {
+                     const bench::DataParallelRun r = bench::run_train_bench_mpi(*bo);
+                     if (r.ranks == 0) return 0;  // not rank 0
+                     banner();
+                     fmt::print("{}", bench::format_train_bench_mpi(r, *bo));
+                     return 0;
+                   }
+                   banner();
                    fmt::print("{}", bench::format_train_bench(bench::run_train_bench(*bo), *bo));
                    return 0;
                  }});

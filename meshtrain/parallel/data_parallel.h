@@ -114,11 +114,13 @@ struct BucketTiming {
 //   exact: a watcher thread per DataParallel waits on each bucket's Work and
 //     stamps the moment it returns (microseconds). Needs Work::wait to be
 //     callable from a thread other than the issuing one: used on the threads
-//     engine, whose Work is a condition variable.
+//     engine (whose Work is a condition variable) and the mpi engine (whose
+//     Work waits under its channel's lock, and whose waiting thread also
+//     drives progress).
 //   polled: other engines. grad_ready and finish() test the Works in flight
-//     (which also drives progress on engines without a progress thread, like
-//     mpi); a completion is known only to lie between two polls, i.e. within
-//     one layer's backward.
+//     (which also drives progress on engines without a progress thread); a
+//     completion is known only to lie between two polls, i.e. within one
+//     layer's backward.
 enum class CommTiming : uint8_t { exact, polled };
 
 struct DataParallelStats {

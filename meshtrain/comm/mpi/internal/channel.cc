@@ -310,11 +310,15 @@ void Channel::post_small(Task& t) {
   const size_t bytes = op.bytes(), peers = static_cast<size_t>(size_ - 1);
   const int tag = fingerprint_tag(op.seq);
   const MPI_Datatype type = mpi_type(op.dtype);
-  if (small_pool_.empty()) {
-    t.inputs = std::make_unique<std::byte[]>(peers * kSmallAllReduceBytes);
+  const size_t need = std::max(peers * bytes, peers * kSmallAllReduceBytes);
+  auto fits = std::find_if(small_pool_.begin(), small_pool_.end(), [&](const auto& b) { return b.first >= need; });
+  if (fits != small_pool_.end()) {
+    t.inputs_capacity = fits->first;
+    t.inputs = std::move(fits->second);
+    small_pool_.erase(fits);
   } else {
-    t.inputs = std::move(small_pool_.back());
-    small_pool_.pop_back();
+    t.inputs_capacity = need;
+    t.inputs = std::make_unique<std::byte[]>(need);
   }
   // Up to kSmallPiecesUpTo, pieces that fit OpenMPI's shared-memory eager
   // limit (4 KiB with its header) go through its FIFOs at once; a larger
@@ -359,7 +363,13 @@ void Channel::finish_small(Task& t) {
   void* outs[1] = {op.recv};  // may alias op.send element for element (in place)
   comm::internal::reduce(outs, 1, ins, size_, op.count, op.dtype, op.reduce, size_);
   t.small.clear();
-  small_pool_.push_back(std::move(t.inputs));
+  // Keep the largest few for the next exchanges (a bucket all-reduce reuses
+  // its size every step).
+  small_pool_.emplace_back(t.inputs_capacity, std::move(t.inputs));
+  if (small_pool_.size() > 4) {
+    std::sort(small_pool_.begin(), small_pool_.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    small_pool_.resize(4);
+  }
 }
 
 void Channel::progress_locked() {

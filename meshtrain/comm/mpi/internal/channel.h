@@ -59,15 +59,21 @@ inline std::chrono::milliseconds probe_grace(std::chrono::milliseconds timeout) 
   return std::clamp(timeout / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
 }
 
-// all_reduce of at most kSmallAllReduceBytes per rank on 2 to
-// kSmallAllReduceRanks ranks: every rank sends its input to every peer
-// (MPI_Isend on a private communicator, posted by start() at once, so it
-// overlaps the fingerprint exchange) and reduces the n inputs itself, in
-// rank order. One message latency instead of the rounds of MPI's
-// non-blocking collective schedule, and bit-identical to the threads engine
-// (16-bit types rounded once).
+// all_reduce on 2 ranks of at most kDirectTwoRankBytes, or of at most
+// kSmallAllReduceBytes per rank on up to kSmallAllReduceRanks ranks, is a
+// direct exchange: every rank sends its input to every peer (MPI_Isend on a
+// private communicator, posted by start() at once, so it overlaps the
+// fingerprint exchange) and reduces the n inputs itself, in rank order.
+// One message latency instead of the rounds of MPI's non-blocking
+// collective schedule (each of which needs a progress call: an async
+// all_reduce of 1.6 MB took 7x its blocking time), the same bytes as a ring
+// on 2 ranks, and bit-identical to the threads engine (16-bit types rounded
+// once). Costs a receive buffer of (n-1) inputs, kept for reuse.
 inline constexpr size_t kSmallAllReduceBytes = size_t{64} << 10;
 inline constexpr int kSmallAllReduceRanks = 8;
+// Beyond this, each rank reducing the whole buffer costs more than MPI's
+// reduce-scatter + all-gather (16 MiB: 13 ms vs 7 ms, docs/benchmarks.md).
+inline constexpr size_t kDirectTwoRankBytes = size_t{8} << 20;
 
 // The id of the communicator split(color) makes from channel `parent` at
 // collective `seq`: the same on every member, distinct from its siblings'.
@@ -91,6 +97,7 @@ struct Task {
   MPI_Request request = MPI_REQUEST_NULL;
   std::vector<MPI_Request> small;   // receives (one per peer), then sends
   std::unique_ptr<std::byte[]> inputs;  // peer (rank + 1 + i) % n's input at i * op.bytes()
+  size_t inputs_capacity = 0;
   std::vector<std::byte> temp;  // native in-place reduce_scatter lands here first
   std::unique_ptr<internal::RingReduceScatter> ring;
 };
@@ -121,8 +128,9 @@ class Channel {
   MPI_Comm comm() const { return comm_; }
   // Whether all_reduce `op` takes the small path (see kSmallAllReduceBytes).
   bool use_small(const Op& op) const {
-    return op.kind == CollectiveOp::all_reduce && op.count > 0 && size_ > 1 &&
-           size_ <= kSmallAllReduceRanks && op.bytes() <= kSmallAllReduceBytes;
+    return op.kind == CollectiveOp::all_reduce && op.count > 0 && op.count <= static_cast<size_t>(INT_MAX) &&
+           ((size_ == 2 && op.bytes() <= kDirectTwoRankBytes) ||
+            (size_ > 2 && size_ <= kSmallAllReduceRanks && op.bytes() <= kSmallAllReduceBytes));
   }
   uint64_t id() const { return id_; }
   // Whether timeouts can ask the peers where they are (a progress thread runs).
@@ -181,9 +189,9 @@ class Channel {
   MPI_Comm check_ = MPI_COMM_NULL;  // fingerprints and abort notices
   MPI_Comm ring_ = MPI_COMM_NULL;   // ring reduce-scatter messages
   MPI_Comm small_ = MPI_COMM_NULL;  // small all_reduce inputs
-  // Receive buffers of finished small all_reduces, (size - 1) *
-  // kSmallAllReduceBytes each, for reuse.
-  std::vector<std::unique_ptr<std::byte[]>> small_pool_;
+  // Receive buffers of finished direct-exchange all_reduces, for reuse:
+  // (capacity in bytes, buffer).
+  std::vector<std::pair<size_t, std::unique_ptr<std::byte[]>>> small_pool_;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
   uint64_t id_ = 0;
   std::vector<int> world_ranks_;  // MPI_COMM_WORLD rank of each member

@@ -32,9 +32,10 @@ struct Orphan {
 
 // Polls politely: returns at once for the first 10 us of a wait (a small
 // collective's reply comes within a few microseconds, and one system call
-// costs as much), sched_yield() up to 100 us (small collectives finish in
-// tens of microseconds, and a sleep costs at least the kernel's 50 us timer
-// slack), then sleeps that double from 1 us up to 50 us, so a waiting rank
+// costs as much), then sched_yield() up to 2 ms (a rendezvous transfer
+// needs several progress calls on both sides; yielding gives the core to any
+// runnable thread, and sleeping would add the timer slack to each step),
+// then sleeps that double from 1 us up to 50 us, so a rank that waits long
 // leaves the core to the ranks it waits for.
 class Backoff {
  public:
@@ -42,7 +43,7 @@ class Backoff {
 
  private:
   static constexpr std::chrono::microseconds kSpinFor{10};
-  static constexpr std::chrono::microseconds kYieldFor{100};
+  static constexpr std::chrono::microseconds kYieldFor{2000};
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::nanoseconds sleep_{1000};
 };
