@@ -116,7 +116,8 @@ struct Options {
   // a peer's abort notice), with the error and this process's rank in
   // MPI_COMM_WORLD, before the error
   // reaches any caller and before anything is unwound. It may run on the
-  // engine's progress thread and must not throw. For a job that cannot go on
+  // engine's progress thread, holds the communicator's lock (so it must not
+  // call into it) and must not throw. For a job that cannot go on
   // without the communicator: report and call abort_job(), so mpirun
   // returns at once and no buffer of an operation MPI could not cancel is
   // ever freed (what `meshtrain` does; comm::LaunchOptions::abort_on_error).

@@ -86,16 +86,25 @@ Runtime::Runtime() {
     tag_ub_ = *static_cast<int*>(attr);
   int provided = MPI_THREAD_SINGLE;
   MPI_Query_thread(&provided);
-  if (provided == MPI_THREAD_MULTIPLE) thread_ = std::thread([this] { loop(); });
+  threaded_ = provided == MPI_THREAD_MULTIPLE;
 }
 
-Runtime::~Runtime() {
+void Runtime::stop_thread() {
+  if (!thread_.joinable()) return;
   {
     std::lock_guard lock(wake_mu_);
     stop_ = true;
   }
   wake_cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  thread_.join();
+  stop_ = false;
+}
+
+Runtime::~Runtime() {
+  {
+    std::lock_guard lock(thread_mu_);
+    stop_thread();
+  }
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
@@ -106,13 +115,25 @@ Runtime::~Runtime() {
 }
 
 void Runtime::attach(Channel* c) {
-  std::lock_guard lock(poll_mu_);
-  channels_.push_back(c);
+  std::lock_guard lock(thread_mu_);
+  {
+    std::lock_guard poll(poll_mu_);
+    channels_.push_back(c);
+  }
+  if (threaded_ && !thread_.joinable()) thread_ = std::thread([this] { loop(); });
 }
 
 void Runtime::detach(Channel* c) {
-  std::lock_guard lock(poll_mu_);
-  std::erase(channels_, c);
+  std::lock_guard lock(thread_mu_);
+  bool empty = false;
+  {
+    std::lock_guard poll(poll_mu_);
+    std::erase(channels_, c);
+    empty = channels_.empty();
+  }
+  // No communicator left: no MPI call from this thread may race a
+  // MPI_Finalize the program makes next.
+  if (empty) stop_thread();
 }
 
 void Runtime::wake() {
@@ -217,7 +238,7 @@ std::vector<PeerStatus> Runtime::probe(uint64_t id, const std::vector<int>& worl
   for (;;) {
     // This process's own requests may be waiting for this thread to answer
     // (two ranks probing each other): answer them too if there is no thread.
-    if (!has_thread()) answer_requests();
+    if (!threaded_) answer_requests();
     int done = 0;
     MPI_Testall(static_cast<int>(n), recvs.data(), &done, MPI_STATUSES_IGNORE);
     if (done || std::chrono::steady_clock::now() >= deadline) break;

@@ -90,7 +90,11 @@ class Runtime {
   std::vector<PeerStatus> probe(uint64_t id, const std::vector<int>& world_ranks,
                                 std::chrono::milliseconds grace);
 
-  bool has_thread() const { return thread_.joinable(); }
+  // Whether a progress thread runs while communicators exist (it needs
+  // MPI_THREAD_MULTIPLE). It starts with the first registered channel and
+  // stops when the last one is gone, so a program that destroys its
+  // communicators before MPI_Finalize never races it.
+  bool has_thread() const { return threaded_; }
 
   // A communicator of this process failed; `timeout` was its deadline.
   // MPI_Finalize may then wait forever for a peer that never comes, so
@@ -106,6 +110,7 @@ class Runtime {
  private:
   Runtime();
   void loop();
+  void stop_thread();  // caller holds thread_mu_
   void answer_requests();
   void test_sends();
   ChannelStatus status_of(uint64_t id, bool& known);
@@ -129,6 +134,8 @@ class Runtime {
   std::condition_variable wake_cv_;
   bool woken_ = false;
   bool stop_ = false;
+  bool threaded_ = false;
+  std::mutex thread_mu_;  // serializes attach/detach (starting and stopping the thread)
   std::thread thread_;
 };
 
