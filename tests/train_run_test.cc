@@ -23,6 +23,7 @@
 #include <functional>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/testing.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
@@ -37,18 +38,6 @@ fs::path fresh(const std::string& name) {
   fs::remove_all(dir);
   fs::remove_all(dir.string() + ".incomplete");
   return dir;
-}
-
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::vector<std::string> entries(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 train::TrainConfig small(const fs::path& run_dir) {
@@ -107,9 +96,9 @@ TEST(TrainRun, NonFiniteLossStopsAndKeepsThePreviousRun) {
   train::TrainConfig good = small(dir);
   good.max_steps = 3;
   (void)train_on(good);
-  ASSERT_EQ(entries(dir), kMlpRun);
+  ASSERT_EQ(testing::entries(dir), kMlpRun);
   std::map<std::string, std::string> before;
-  for (const auto& name : kMlpRun) before[name] = read_all(dir / name);
+  for (const auto& name : kMlpRun) before[name] = testing::read_file(dir / name);
 
   train::TrainConfig bad = small(dir);
   bad.optimizer = "sgd";
@@ -122,8 +111,8 @@ TEST(TrainRun, NonFiniteLossStopsAndKeepsThePreviousRun) {
   EXPECT_THAT(error, HasSubstr("lower the learning rate"));
   EXPECT_THAT(error, HasSubstr("--clip-norm"));
   EXPECT_THAT(error, HasSubstr("--on-nonfinite skip"));
-  EXPECT_EQ(entries(dir), kMlpRun);
-  for (const auto& name : kMlpRun) EXPECT_EQ(read_all(dir / name), before[name]) << name;
+  EXPECT_EQ(testing::entries(dir), kMlpRun);
+  for (const auto& name : kMlpRun) EXPECT_EQ(testing::read_file(dir / name), before[name]) << name;
   EXPECT_FALSE(fs::exists(dir.string() + ".incomplete"));
 }
 
@@ -168,18 +157,18 @@ TEST(TrainRun, ARunDirectoryHoldingARunIsRefusedUnlessOverwrite) {
   tc.max_steps = 2;
   const auto first = train_on(tc);
   EXPECT_EQ(first.run_dir, dir.string());
-  const std::string model = read_all(dir / "model.safetensors");
+  const std::string model = testing::read_file(dir / "model.safetensors");
   EXPECT_THAT(error_of(tc), HasSubstr(fmt::format("run directory '{}' is not empty (config.toml, loss.svg, "
                                                   "metrics.jsonl, model.safetensors): it holds a previous run",
                                                   dir.string())));
-  EXPECT_EQ(read_all(dir / "model.safetensors"), model);
+  EXPECT_EQ(testing::read_file(dir / "model.safetensors"), model);
   // overwrite replaces the run: one run's metrics (2 steps logged at step 2, then the test line).
   tc.overwrite = true;
   tc.seed = 7;
   (void)train_on(tc);
-  EXPECT_EQ(entries(dir), kMlpRun);
-  EXPECT_NE(read_all(dir / "model.safetensors"), model);
-  const std::string metrics = read_all(dir / "metrics.jsonl");
+  EXPECT_EQ(testing::entries(dir), kMlpRun);
+  EXPECT_NE(testing::read_file(dir / "model.safetensors"), model);
+  const std::string metrics = testing::read_file(dir / "metrics.jsonl");
   EXPECT_EQ(std::count(metrics.begin(), metrics.end(), '\n'), 2) << metrics;
 }
 
@@ -196,8 +185,8 @@ TEST(TrainRun, WithoutARunDirEachRunGetsItsOwnVersion) {
   fs::current_path(cwd);
   EXPECT_EQ(a.run_dir, "runs/mlp/version_0");
   EXPECT_EQ(b.run_dir, "runs/mlp/version_1");
-  EXPECT_EQ(entries(dir / "runs" / "mlp"), (Names{"version_0", "version_1"}));
-  EXPECT_EQ(entries(dir / "runs" / "mlp" / "version_1"), kMlpRun);
+  EXPECT_EQ(testing::entries(dir / "runs" / "mlp"), (Names{"version_0", "version_1"}));
+  EXPECT_EQ(testing::entries(dir / "runs" / "mlp" / "version_1"), kMlpRun);
 }
 
 // --max-steps stops early; the schedule still spans the epochs' steps, so
@@ -235,7 +224,7 @@ TEST(TrainRun, ConfigTomlReloadsToTheSameConfig) {
   tc.bucket_mb = 2;
   tc.on_nonfinite = "skip";
   (void)train_on(tc, 2);
-  const std::string text = read_all(dir / "config.toml");
+  const std::string text = testing::read_file(dir / "config.toml");
   EXPECT_THAT(text, HasSubstr("\nhidden = [48, 24]\n"));
   EXPECT_THAT(text, HasSubstr("\nbucket_mb = 2.0\n"));
   const train::TrainConfig back = train::TrainConfig::from_toml(text, "config.toml");
@@ -267,7 +256,7 @@ TEST(TrainRun, VaeLogsTheSampledNegativeElboAndItsTerms) {
   EXPECT_NEAR(json_number(test, "kl"), two.test_kl, 1e-9 * two.test_loss) << test;
   EXPECT_THAT(test, Not(HasSubstr("accuracy")));
   EXPECT_THAT(test, Not(HasSubstr("\"loss\"")));
-  EXPECT_EQ(entries(tc.run_dir),
+  EXPECT_EQ(testing::entries(tc.run_dir),
             (Names{"config.toml", "loss.svg", "metrics.jsonl", "model.safetensors", "reconstructions.png",
                    "samples.png"}));
 }

@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/testing.h"
 
 namespace meshtrain {
 namespace {
@@ -19,44 +20,19 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 // A fresh empty directory per test.
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("meshtrain_atomic_file_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::vector<std::string> entries(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  return "no error";
-}
+fs::path fresh_dir(const std::string& name) { return testing::fresh_dir("meshtrain_atomic_file_" + name); }
+using testing::entries;
 
 TEST(AtomicFile, WritesAndReplaces) {
   const fs::path dir = fresh_dir("write");
   const std::string path = (dir / "a.txt").string();
   write_file_atomic(path, "first");
-  EXPECT_EQ(read_all(path), "first");
+  EXPECT_EQ(testing::read_file(path), "first");
   write_file_atomic(path, std::string(100000, 'x'));
-  EXPECT_EQ(read_all(path), std::string(100000, 'x'));
+  EXPECT_EQ(testing::read_file(path), std::string(100000, 'x'));
   write_file_atomic(path, "");
-  EXPECT_EQ(read_all(path), "");
+  EXPECT_EQ(testing::read_file(path), "");
   EXPECT_EQ(entries(dir), std::vector<std::string>{"a.txt"});  // no temporary left
   const mode_t mask = ::umask(0);
   ::umask(mask);
@@ -64,14 +40,14 @@ TEST(AtomicFile, WritesAndReplaces) {
 }
 
 TEST(AtomicFile, MissingDirectoryIsAnIoError) {
-  EXPECT_THAT(error_of([] { write_file_atomic("/nonexistent_meshtrain_dir/a.txt", "x"); }),
+  EXPECT_THAT(testing::error_of<IoError>([] { write_file_atomic("/nonexistent_meshtrain_dir/a.txt", "x"); }),
               HasSubstr("cannot create a temporary file next to '/nonexistent_meshtrain_dir/a.txt'"));
 }
 
 TEST(AtomicFile, AFailedRenameLeavesTheTargetAndNoTemporary) {
   const fs::path dir = fresh_dir("rename");
   fs::create_directories(dir / "target" / "inside");  // a non-empty directory cannot be replaced by a file
-  EXPECT_THAT(error_of([&] { write_file_atomic((dir / "target").string(), "x"); }), HasSubstr("rename"));
+  EXPECT_THAT(testing::error_of<IoError>([&] { write_file_atomic((dir / "target").string(), "x"); }), HasSubstr("rename"));
   EXPECT_EQ(entries(dir), std::vector<std::string>{"target"});
   EXPECT_TRUE(fs::is_directory(dir / "target" / "inside"));
 }
@@ -88,19 +64,19 @@ TEST(AtomicFile, AShortWriteKeepsThePreviousFile) {
   rlimit small = old;
   small.rlim_cur = 4096;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  const std::string error = error_of([&] { write_file_atomic(path, std::string(1 << 20, 'n')); });
+  const std::string error = testing::error_of<IoError>([&] { write_file_atomic(path, std::string(1 << 20, 'n')); });
   ::setrlimit(RLIMIT_FSIZE, &old);
   std::signal(SIGXFSZ, old_handler);
   EXPECT_THAT(error, HasSubstr("write '"));
   EXPECT_THAT(error, HasSubstr("free disk space"));
-  EXPECT_EQ(read_all(path), "the previous model");
+  EXPECT_EQ(testing::read_file(path), "the previous model");
   EXPECT_EQ(entries(dir), std::vector<std::string>{"model.bin"});
 }
 
 TEST(AtomicFile, FsyncDirectory) {
   const fs::path dir = fresh_dir("fsync");
   fsync_directory(dir.string());
-  EXPECT_THAT(error_of([] { fsync_directory("/nonexistent_meshtrain_dir"); }),
+  EXPECT_THAT(testing::error_of<IoError>([] { fsync_directory("/nonexistent_meshtrain_dir"); }),
               HasSubstr("fsync_directory: open '/nonexistent_meshtrain_dir'"));
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/testing.h"
 
 namespace meshtrain {
 namespace {
@@ -29,28 +30,19 @@ TEST(Strings, TrimAndLower) {
   EXPECT_EQ(to_lower("7B Model"), "7b model");
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 using ::testing::HasSubstr;
 
 TEST(Strings, ParseIntInRangeRefusesWhatWouldNarrowOrWrap) {
   EXPECT_EQ(parse_int_in_range(" 64 ", "--ranks", 1, 1024), 64);
   EXPECT_EQ(parse_int_in_range("-9223372036854775808", "x", INT64_MIN, 0), INT64_MIN);
   // 2^32 + 256 would narrow to 256 as an int.
-  EXPECT_THAT(error_of([] { parse_int_in_range("4294967552", "--batch-size", 1, 1 << 20, "TrainConfig"); }),
+  EXPECT_THAT(testing::error_of([] { parse_int_in_range("4294967552", "--batch-size", 1, 1 << 20, "TrainConfig"); }),
               HasSubstr("TrainConfig: --batch-size: 4294967552 is outside [1, 1048576]"));
-  EXPECT_THAT(error_of([] { parse_int_in_range("99999999999999999999", "--epochs", 1, 10); }),
+  EXPECT_THAT(testing::error_of([] { parse_int_in_range("99999999999999999999", "--epochs", 1, 10); }),
               HasSubstr("--epochs: 99999999999999999999 is outside [1, 10]"));
-  EXPECT_THAT(error_of([] { parse_int_in_range("-1", "--hidden", 1, 10); }), HasSubstr("--hidden: -1 is outside [1, 10]"));
+  EXPECT_THAT(testing::error_of([] { parse_int_in_range("-1", "--hidden", 1, 10); }), HasSubstr("--hidden: -1 is outside [1, 10]"));
   for (const char* bad : {"", "1.5", "0x10", "12a", "+", "nan"})
-    EXPECT_THAT(error_of([&] { parse_int_in_range(bad, "--seed", 0, 10); }), HasSubstr("is not an integer")) << bad;
+    EXPECT_THAT(testing::error_of([&] { parse_int_in_range(bad, "--seed", 0, 10); }), HasSubstr("is not an integer")) << bad;
 }
 
 TEST(Strings, ParseDoubleInRangeRefusesNonFiniteAndOutOfRange) {
@@ -58,19 +50,19 @@ TEST(Strings, ParseDoubleInRangeRefusesNonFiniteAndOutOfRange) {
   EXPECT_DOUBLE_EQ(parse_double_in_range("2.5", "--timeout", timeout), 2.5);
   EXPECT_DOUBLE_EQ(parse_double_in_range("3e-4", "--lr", {.min = 0, .min_open = true}), 3e-4);
   for (const char* bad : {"nan", "inf", "-inf", "NaN"})
-    EXPECT_THAT(error_of([&] { parse_double_in_range(bad, "--timeout", timeout); }),
+    EXPECT_THAT(testing::error_of([&] { parse_double_in_range(bad, "--timeout", timeout); }),
                 HasSubstr("--timeout: '")) << bad;
-  EXPECT_THAT(error_of([&] { parse_double_in_range("nan", "--timeout", timeout); }),
+  EXPECT_THAT(testing::error_of([&] { parse_double_in_range("nan", "--timeout", timeout); }),
               HasSubstr("is not a finite number"));
-  EXPECT_THAT(error_of([&] { parse_double_in_range("-1", "--timeout", timeout); }),
+  EXPECT_THAT(testing::error_of([&] { parse_double_in_range("-1", "--timeout", timeout); }),
               HasSubstr("--timeout: -1 is outside [0.001, 604800]"));
-  EXPECT_THAT(error_of([&] { parse_double_in_range("1e10", "--timeout", timeout); }),
+  EXPECT_THAT(testing::error_of([&] { parse_double_in_range("1e10", "--timeout", timeout); }),
               HasSubstr("--timeout: 10000000000 is outside [0.001, 604800]"));
-  EXPECT_THAT(error_of([&] { parse_double_in_range("1e999", "--timeout", timeout); }),
+  EXPECT_THAT(testing::error_of([&] { parse_double_in_range("1e999", "--timeout", timeout); }),
               HasSubstr("--timeout: 1e999 is outside"));
-  EXPECT_THAT(error_of([] { parse_double_in_range("0", "--lr", {.min = 0, .min_open = true}); }),
+  EXPECT_THAT(testing::error_of([] { parse_double_in_range("0", "--lr", {.min = 0, .min_open = true}); }),
               HasSubstr("--lr: 0 is outside (0, inf)"));
-  EXPECT_THAT(error_of([] { parse_double_in_range("fast", "--lr", {}); }), HasSubstr("--lr: 'fast' is not a number"));
+  EXPECT_THAT(testing::error_of([] { parse_double_in_range("fast", "--lr", {}); }), HasSubstr("--lr: 'fast' is not a number"));
   EXPECT_EQ((NumberRange{.min = 0, .max = 1, .max_open = true}).to_string(), "[0, 1)");
 }
 

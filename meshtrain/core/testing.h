@@ -4,22 +4,52 @@
 //   EXPECT_THAT(testing::error_of([] { parse_dtype("f17"); }), HasSubstr("unknown dtype"));
 #pragma once
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "meshtrain/core/error.h"
 
 namespace meshtrain::testing {
 
-// what() of the InvalidArgument `fn` throws, or "" if it throws none (other
-// exceptions propagate, so a wrong error type fails the test).
-inline std::string error_of(const std::function<void()>& fn) {
+// what() of the E (InvalidArgument unless given) `fn` throws, or "" if it
+// throws none (other exceptions propagate, so a wrong error type fails the
+// test).
+template <typename E = InvalidArgument>
+std::string error_of(const std::function<void()>& fn) {
   try {
     fn();
-  } catch (const InvalidArgument& e) {
+  } catch (const E& e) {
     return e.what();
   }
   return "";
+}
+
+// An empty directory under the system's temporary directory (removed first
+// if it exists).
+inline std::filesystem::path fresh_dir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// The names in `dir`, sorted.
+inline std::vector<std::string> entries(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A file's bytes ("" if it cannot be read).
+inline std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 }  // namespace meshtrain::testing

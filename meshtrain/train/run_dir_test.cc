@@ -11,6 +11,7 @@
 
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/testing.h"
 
 namespace meshtrain::train {
 namespace {
@@ -18,33 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-fs::path fresh_parent(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("meshtrain_run_dir_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
-
-std::string read_all(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::vector<std::string> entries(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+fs::path fresh_parent(const std::string& name) { return testing::fresh_dir("meshtrain_run_dir_" + name); }
+using testing::entries;
 
 using Names = std::vector<std::string>;
 
@@ -63,7 +39,7 @@ TEST(RunDirectory, AFreshRunIsStagedAndCommitted) {
   }
   EXPECT_EQ(entries(parent), Names{"run"});
   EXPECT_EQ(entries(path), (Names{"config.toml", "model.safetensors"}));
-  EXPECT_EQ(read_all(parent / "run" / "config.toml"), "new config");
+  EXPECT_EQ(testing::read_file(parent / "run" / "config.toml"), "new config");
 }
 
 TEST(RunDirectory, AFailedFreshRunLeavesNothing) {
@@ -80,17 +56,17 @@ TEST(RunDirectory, ARunDirectoryHoldingARunIsRefused) {
   const fs::path path = parent / "run";
   fs::create_directories(path);
   write_file_atomic((path / "model.safetensors").string(), "old model");
-  const std::string error = error_of([&] { (void)RunDirectory::create(path.string(), false); });
+  const std::string error = testing::error_of<Error>([&] { (void)RunDirectory::create(path.string(), false); });
   EXPECT_THAT(error, HasSubstr(fmt::format("run directory '{}' is not empty (model.safetensors): it holds a "
                                            "previous run", path.string())));
   EXPECT_THAT(error, HasSubstr("pass --overwrite to replace that run"));
-  EXPECT_THAT(error_of([&] { RunDirectory::check(path.string(), false); }), HasSubstr("is not empty"));
-  EXPECT_EQ(error_of([&] { RunDirectory::check(path.string(), true); }), "no error");
+  EXPECT_THAT(testing::error_of<Error>([&] { RunDirectory::check(path.string(), false); }), HasSubstr("is not empty"));
+  EXPECT_EQ(testing::error_of<Error>([&] { RunDirectory::check(path.string(), true); }), "");
   EXPECT_EQ(entries(parent), Names{"run"});
-  EXPECT_EQ(read_all(path / "model.safetensors"), "old model");
+  EXPECT_EQ(testing::read_file(path / "model.safetensors"), "old model");
   // An empty directory is fine; so is a path that does not exist yet.
   fs::create_directories(parent / "empty");
-  EXPECT_EQ(error_of([&] { RunDirectory::create((parent / "empty").string(), false).commit(); }), "no error");
+  EXPECT_EQ(testing::error_of<Error>([&] { RunDirectory::create((parent / "empty").string(), false).commit(); }), "");
 }
 
 TEST(RunDirectory, OverwriteReplacesTheRunOnlyWhenTheNewOneSucceeds) {
@@ -104,18 +80,18 @@ TEST(RunDirectory, OverwriteReplacesTheRunOnlyWhenTheNewOneSucceeds) {
     write_file_atomic(dir.file("config.toml"), "new config");
   }  // failed: the old run stays, byte for byte
   EXPECT_EQ(entries(parent), Names{"run"});
-  EXPECT_EQ(read_all(path / "model.safetensors"), "old model.safetensors");
-  EXPECT_EQ(read_all(path / "config.toml"), "old config.toml");
+  EXPECT_EQ(testing::read_file(path / "model.safetensors"), "old model.safetensors");
+  EXPECT_EQ(testing::read_file(path / "config.toml"), "old config.toml");
   {
     RunDirectory dir = RunDirectory::create(path.string(), true);
     write_file_atomic(dir.file("config.toml"), "new config");
     write_file_atomic(dir.file("model.safetensors"), "new model");
-    EXPECT_EQ(read_all(path / "model.safetensors"), "old model.safetensors");  // untouched until commit
+    EXPECT_EQ(testing::read_file(path / "model.safetensors"), "old model.safetensors");  // untouched until commit
     dir.commit();
   }
   EXPECT_EQ(entries(parent), Names{"run"});
   EXPECT_EQ(entries(path), (Names{"config.toml", "model.safetensors"}));  // nothing of the old run is left
-  EXPECT_EQ(read_all(path / "model.safetensors"), "new model");
+  EXPECT_EQ(testing::read_file(path / "model.safetensors"), "new model");
 }
 
 TEST(RunDirectory, OverwriteNeverDeletesOtherFiles) {
@@ -123,16 +99,16 @@ TEST(RunDirectory, OverwriteNeverDeletesOtherFiles) {
   fs::create_directories(parent / "home");
   write_file_atomic((parent / "home" / "notes.txt").string(), "mine");
   write_file_atomic((parent / "home" / "config.toml").string(), "x");
-  EXPECT_THAT(error_of([&] { (void)RunDirectory::create((parent / "home").string(), true); }),
+  EXPECT_THAT(testing::error_of<Error>([&] { (void)RunDirectory::create((parent / "home").string(), true); }),
               HasSubstr("--overwrite would delete '" + (parent / "home").string() +
                         "', which holds files no run writes (notes.txt)"));
-  EXPECT_EQ(read_all(parent / "home" / "notes.txt"), "mine");
+  EXPECT_EQ(testing::read_file(parent / "home" / "notes.txt"), "mine");
   write_file_atomic((parent / "file").string(), "x");
-  EXPECT_THAT(error_of([&] { (void)RunDirectory::create((parent / "file").string(), true); }),
+  EXPECT_THAT(testing::error_of<Error>([&] { (void)RunDirectory::create((parent / "file").string(), true); }),
               HasSubstr("exists and is not a directory"));
-  EXPECT_THAT(error_of([] { (void)RunDirectory::create("", false); }), HasSubstr("names no directory"));
-  EXPECT_THAT(error_of([] { (void)RunDirectory::create("/", true); }), HasSubstr("names no directory"));
-  EXPECT_THAT(error_of([] { (void)RunDirectory::create(".", true); }), HasSubstr("names no directory"));
+  EXPECT_THAT(testing::error_of<Error>([] { (void)RunDirectory::create("", false); }), HasSubstr("names no directory"));
+  EXPECT_THAT(testing::error_of<Error>([] { (void)RunDirectory::create("/", true); }), HasSubstr("names no directory"));
+  EXPECT_THAT(testing::error_of<Error>([] { (void)RunDirectory::create(".", true); }), HasSubstr("names no directory"));
   EXPECT_EQ(entries(parent), (Names{"file", "home"}));
 }
 
@@ -147,7 +123,7 @@ TEST(RunDirectory, AStaleStagingDirectoryIsReplaced) {
     dir.commit();
   }
   EXPECT_EQ(entries(parent), Names{"run"});
-  EXPECT_EQ(read_all(parent / "run" / "metrics.jsonl"), "this run");
+  EXPECT_EQ(testing::read_file(parent / "run" / "metrics.jsonl"), "this run");
 }
 
 TEST(RunDirectory, VersionedDirectoriesCountUp) {
