@@ -53,6 +53,10 @@ namespace meshtrain::comm::mpi::internal {
 
 enum class Stage : uint8_t { fingerprints, ready, data, done };
 
+// "mpi::all_reduce": the operation named in errors.
+inline std::string op_name(const Op& op) { return "mpi::" + std::string(collective_op_name(op.kind)); }
+inline bool is_p2p(CollectiveOp k) { return k == CollectiveOp::send || k == CollectiveOp::recv; }
+
 // How long a timed-out wait waits for its peers' answers: a quarter of the
 // timeout, within [20 ms, 1 s], so the error comes within 1.25x the deadline.
 inline std::chrono::milliseconds probe_grace(std::chrono::milliseconds timeout) {
