@@ -244,6 +244,8 @@ class ThreadsCommunicator final : public Communicator {
   ThreadsCommunicator(std::shared_ptr<Group> g, int rank, std::chrono::milliseconds timeout)
       : g_(std::move(g)), rank_(rank), ins_(static_cast<size_t>(g_->n)), outs_(static_cast<size_t>(g_->n)) {
     set_timeout(timeout);
+    missing_.reserve(static_cast<size_t>(g_->n));
+    gone_.reserve(static_cast<size_t>(g_->n));
   }
   ~ThreadsCommunicator() override {
     {
@@ -431,7 +433,8 @@ class ThreadsCommunicator final : public Communicator {
 
     const auto deadline = op_deadline_;
     const auto spin_until = Clock::now() + (g_->spin ? Clock::duration(kSpinTime) : Clock::duration(kYieldTime));
-    std::vector<int> missing, gone;
+    std::vector<int>& missing = missing_;  // reused: no allocation per barrier
+    std::vector<int>& gone = gone_;
     unsigned polls = 0;
     for (;;) {
       const uint32_t ep = g_->epoch.load(std::memory_order_acquire);
@@ -698,6 +701,7 @@ class ThreadsCommunicator final : public Communicator {
   // calls drain the async queue first).
   std::vector<const void*> ins_;
   std::vector<void*> outs_;
+  std::vector<int> missing_, gone_;  // sync()'s lists of ranks
   uint64_t my_phase_ = 0;
   Clock::time_point op_deadline_{};
 
