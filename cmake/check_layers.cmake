@@ -1,6 +1,6 @@
 # Build-time layering check (run by the check_layers target, part of ALL):
 # a file may include meshtrain headers only from its own layer and the layers
-# to its left (DESIGN.md), and engine headers (mpi.h, gloo, nccl.h) only from
+# to its left (docs/design.md), and engine headers (mpi.h, gloo, nccl.h) only from
 # inside their engine folder and never from a public header.
 #   cmake -DROOT=<repo> -P cmake/check_layers.cmake
 set(order core comm mesh sharding plan config nn optim parallel train)
@@ -64,5 +64,5 @@ foreach(src ${sources})
 endforeach()
 if(errors)
   list(JOIN errors "\n  " msg)
-  message(FATAL_ERROR "layering violations (see DESIGN.md, Layers):\n  ${msg}")
+  message(FATAL_ERROR "layering violations (see docs/design.md, Layers):\n  ${msg}")
 endif()

@@ -105,7 +105,7 @@ ShardedTensor redistribute(const ShardedTensor& t, const Layout& to);
 // The same with to = t.layout().with_spec(spec, {partial, t.layout().strict()}).
 ShardedTensor redistribute(const ShardedTensor& t, const PartitionSpec& spec, const PartialAxes& partial = {});
 
-// Layout-invariant initialization (DESIGN.md contract 1). Fills t's block so
+// Layout-invariant initialization (docs/design.md, contract 1). Fills t's block so
 // that, once gathered, the tensor equals meshtrain::fill_normal/fill_uniform
 // of the unsharded tensor with key_from_name(name), bit for bit, whatever the
 // layout: each local row is the run of global row-major indices it covers.
