@@ -59,6 +59,10 @@ struct Capabilities {
   bool checks_fingerprints = false;  // every collective's fingerprint is compared
   bool names_missing_ranks = false;  // timeouts can name the ranks that did not arrive
   bool device_memory = false;        // buffers may live on a GPU
+  // Work::wait may be called from a thread other than the issuing one, while
+  // the issuing thread goes on calling the communicator (a watcher thread
+  // can time or complete async operations).
+  bool wait_from_any_thread = false;
 };
 
 // The operation names used in fingerprints and errors.

@@ -219,8 +219,7 @@ DataParallel::DataParallel(nn::Module& model, comm::Communicator& data_comm, Dat
     else if (!p.grad.defined()) p.grad = Tensor::zeros(p.value.shape(), DType::f32);
   }
   // Exact timing where a Work may be waited from another thread (see CommTiming).
-  const comm::Engine engine = data_comm.capabilities().engine;
-  stats_.timing = options_.exact_timing && (engine == comm::Engine::threads || engine == comm::Engine::mpi)
+  stats_.timing = options_.exact_timing && data_comm.capabilities().wait_from_any_thread
                       ? CommTiming::exact
                       : CommTiming::polled;
   if (stats_.timing == CommTiming::exact) watcher_ = std::make_unique<Watcher>(buckets_.size());

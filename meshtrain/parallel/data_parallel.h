@@ -112,12 +112,10 @@ struct BucketTiming {
 
 // How bucket completion times are observed.
 //   exact: a watcher thread per DataParallel waits on each bucket's Work and
-//     stamps the moment it returns (microseconds). Needs Work::wait to be
-//     callable from a thread other than the issuing one: used on the threads
-//     engine (whose Work is a condition variable) and the mpi engine (whose
-//     Work waits under its channel's lock, and whose waiting thread also
-//     drives progress).
-//   polled: other engines. grad_ready and finish() test the Works in flight
+//     stamps the moment it returns (microseconds). Needs
+//     Capabilities::wait_from_any_thread (the threads and mpi engines; on
+//     mpi the waiting thread also drives progress).
+//   polled: engines without it. grad_ready and finish() test the Works in flight
 //     (which also drives progress on engines without a progress thread); a
 //     completion is known only to lie between two polls, i.e. within one
 //     layer's backward.

@@ -56,6 +56,7 @@ class MpiCommunicator final : public Communicator {
     // liveness probes do (they need the progress thread).
     c.names_missing_ranks = channel_->options().check_fingerprints || channel_->probes_peers();
     c.device_memory = false;
+    c.wait_from_any_thread = true;  // a Work waits under its channel's lock
     return c;
   }
 

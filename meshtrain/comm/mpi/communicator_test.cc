@@ -404,7 +404,7 @@ void test_split(Communicator& c) {
 void test_capabilities(Communicator& checked, Communicator& unchecked) {
   auto a = checked.capabilities(), b = unchecked.capabilities();
   expect(a.engine == meshtrain::comm::Engine::mpi && a.async && a.send_recv && a.split &&
-             a.checks_fingerprints && a.names_missing_ranks && !a.device_memory,
+             a.checks_fingerprints && a.names_missing_ranks && !a.device_memory && a.wait_from_any_thread,
          "capabilities with checks");
   // Without checks the liveness probes still name missing ranks.
   expect(!b.checks_fingerprints && b.names_missing_ranks, "capabilities without checks");

@@ -260,7 +260,8 @@ class ThreadsCommunicator final : public Communicator {
   int size() const override { return g_->n; }
   Capabilities capabilities() const override {
     return {.engine = Engine::threads, .async = true, .send_recv = true, .split = true,
-            .checks_fingerprints = true, .names_missing_ranks = true, .device_memory = false};
+            .checks_fingerprints = true, .names_missing_ranks = true, .device_memory = false,
+            .wait_from_any_thread = true};  // a Work is a condition variable
   }
   Group& group() { return *g_; }
 
