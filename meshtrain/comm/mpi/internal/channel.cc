@@ -548,6 +548,8 @@ bool Channel::receive_notice() {
         "MPI_Recv", "abort");
   const int origin = status.MPI_SOURCE;
   const internal::Notice notice = internal::decode_notice(bytes);
+  // A notice for an earlier communicator whose context id MPI reused.
+  if (notice.channel != id_) return false;
   // A mismatch at a collective this rank has issued is this rank's mismatch
   // too: raise the same MismatchError the peer raised (the contract says
   // every rank gets one), rebuilt from the peer's table.
@@ -599,6 +601,7 @@ void Channel::fail(Task* culprit, std::exception_ptr error, bool notify_peers, i
   // Tell every peer, so its pending and later calls fail now instead of at
   // its own deadline. Errors are ignored: we are already failing.
   internal::Notice notice;
+  notice.channel = id_;
   notice.reason = abort_reason_;
   try {
     std::rethrow_exception(error);

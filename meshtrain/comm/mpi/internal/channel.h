@@ -184,8 +184,14 @@ class Channel {
   void abandon(const std::shared_ptr<Task>& t);
   void test_orphans();
   MPI_Op mpi_op(DType dtype, ReduceOp op) const;
+  // Tags of collective `seq` (fingerprints, small all_reduce inputs),
+  // offset by the channel id: OpenMPI reuses a freed communicator's context
+  // id, and a message of an aborted collective that arrives after its
+  // communicator was freed is delivered to the next one with that id; the
+  // offset keeps it from matching that communicator's receives.
   int fingerprint_tag(uint64_t seq) const {
-    return 1 + static_cast<int>((seq - 1) % static_cast<uint64_t>(tag_ub_ - 1));
+    const uint64_t span = static_cast<uint64_t>(tag_ub_ - 1);
+    return 1 + static_cast<int>((seq - 1 + id_ * 0x9E3779B97F4A7C15ULL % span) % span);
   }
 
   std::mutex mu_;

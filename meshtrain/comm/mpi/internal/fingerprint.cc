@@ -13,6 +13,7 @@ namespace {
 constexpr size_t kMaxReasonBytes = 2048;
 
 struct NoticeHeader {
+  uint64_t channel = 0;
   uint64_t seq = 0;
   uint32_t entries = 0;  // rows of the mismatch table that follow
   uint32_t pad = 0;
@@ -75,7 +76,7 @@ MismatchError mismatch_error(const std::string& op, const FingerprintTable& tabl
 }
 
 std::string encode_notice(const Notice& notice) {
-  const NoticeHeader h{notice.seq, static_cast<uint32_t>(notice.mismatch.size()), 0};
+  const NoticeHeader h{notice.channel, notice.seq, static_cast<uint32_t>(notice.mismatch.size()), 0};
   std::string out(reinterpret_cast<const char*>(&h), sizeof h);
   for (const auto& f : notice.mismatch) {
     WireFingerprint w = f ? WireFingerprint::from(*f) : WireFingerprint{};
@@ -97,6 +98,7 @@ Notice decode_notice(std::string_view bytes) {
     n.reason = "(unreadable notice)";
     return n;
   }
+  n.channel = h.channel;
   n.seq = h.seq;
   n.mismatch.resize(h.entries);
   for (size_t r = 0; r < h.entries; ++r) {

@@ -43,6 +43,10 @@ MismatchError mismatch_error(const std::string& op, const FingerprintTable& tabl
 
 // What a failing rank tells its peers (tag 0 of the check communicator).
 struct Notice {
+  // The sending channel's id: OpenMPI reuses a freed communicator's context
+  // id, and a notice that arrives after its communicator was freed is
+  // delivered to the next communicator with that id.
+  uint64_t channel = 0;
   uint64_t seq = 0;          // the collective that failed; 0 if none
   FingerprintTable mismatch; // non-empty iff the failure is a MismatchError
   std::string reason;        // the error's what(), at most 2 KiB
