@@ -12,6 +12,7 @@ packages=(
   libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libstb-dev
   zlib1g-dev
   dataset-fashion-mnist
+  procps  # pgrep, for tests/mpi_signal_test.sh
 )
 
 missing=()
