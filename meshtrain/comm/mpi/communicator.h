@@ -51,8 +51,10 @@
 //   Options::on_error (abort_job) so that nothing is freed under MPI.
 //   Destroying an aborted communicator waits up to timeout() for them to
 //   finish (a late peer may still join), then leaves them to MPI (leaked).
-//   A process whose communicator failed skips MPI_Finalize at exit (it
-//   would wait for the peer that never came); mpirun then ends the job.
+//   In a process whose communicator failed, the MPI_Finalize at exit may
+//   wait for a peer that never comes: it is given twice the failed deadline
+//   (30 s to 10 min), then the process exits with status 1 without it and
+//   mpirun ends the job.
 // - Reductions: f32, f64 and integers use MPI's built-in ops. bf16 and f16
 //   travel as 16-bit words with user-defined MPI ops that widen each pair to
 //   f32 and round the result, so MPI's reduction tree rounds once per step,

@@ -56,7 +56,9 @@ void Runtime::stop() {
 }
 
 void Runtime::note_failure(std::chrono::milliseconds timeout) {
-  int64_t t = std::min<int64_t>(timeout.count(), 60'000), cur = g_failed_timeout_ms.load();
+  // Generous: peers that recovered may still be finishing (draining their own
+  // aborted communicators) when this process reaches MPI_Finalize.
+  int64_t t = std::clamp<int64_t>(2 * timeout.count(), 30'000, 600'000), cur = g_failed_timeout_ms.load();
   while (cur < t && !g_failed_timeout_ms.compare_exchange_weak(cur, t)) {
   }
 }

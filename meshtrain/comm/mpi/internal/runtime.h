@@ -102,7 +102,7 @@ class Runtime {
   static void note_failure(std::chrono::milliseconds timeout);
   // MPI_Finalize; if a communicator failed, a watchdog ends the process
   // (status 1, without finalizing: mpirun then ends the job) when it has not
-  // returned within the longest failed deadline (at most 60 s).
+  // returned within twice the longest failed deadline (30 s to 10 min).
   static void finalize_with_deadline();
 
   ~Runtime();
