@@ -1,7 +1,8 @@
 // Sharding strategies: rules that map a named parameter, and the batch, to a
 // PartitionSpec on a device mesh. This header holds the parameter description,
 // the Strategy interface and the data-, fully-sharded- and tensor-parallel
-// strategies; pipeline.h and multi_dimensional.h hold the other two.
+// strategies; stage_assignment.h (PipelineParallelStrategy) and
+// multi_dimensional.h hold the other two.
 //
 //   ParamInfo fc1{.name = "h.0.mlp.fc1.weight", .shape = {4096, 16384},
 //                 .kind = ParamKind::linear_weight, .role = LinearRole::column};

@@ -1,4 +1,4 @@
-// Tests for the sharding strategies: strategy.h, pipeline.h, multi_dimensional.h.
+// Tests for the sharding strategies: strategy.h, stage_assignment.h, multi_dimensional.h.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/sharding/multi_dimensional.h"
-#include "meshtrain/sharding/pipeline.h"
+#include "meshtrain/sharding/stage_assignment.h"
 #include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::sharding {

@@ -1,4 +1,4 @@
-#include "meshtrain/sharding/pipeline.h"
+#include "meshtrain/sharding/stage_assignment.h"
 
 #include <fmt/format.h>
 
