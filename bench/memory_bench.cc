@@ -27,7 +27,7 @@ std::string mib(double bytes) { return fmt::format("{:.2f}", bytes / (1 << 20));
 std::string precision_name(DType t) { return t == DType::f32 ? "fp32" : t == DType::bf16 ? "bf16" : "fp16"; }
 
 MemoryBenchRow run_one(const MemoryBenchOptions& o, const std::string& strategy_name, int ranks, DType precision) {
-  const parallel::ShardingStrategy strategy = parallel::parse_sharding_strategy(strategy_name);
+  const parallel::FsdpMode strategy = parallel::parse_fsdp_mode(strategy_name);
   MemoryBenchRow row;
   row.strategy = strategy_name;
   row.ranks = ranks;

@@ -33,7 +33,7 @@ namespace meshtrain::bench {
 
 struct MemoryBenchOptions {
   std::vector<int64_t> hidden = {1024, 1024, 1024, 1024, 1024, 1024, 1024, 1024};  // 784 -> hidden -> 10
-  std::vector<std::string> strategies = {"zero1", "zero2", "zero3"};  // parse_sharding_strategy names
+  std::vector<std::string> strategies = {"zero1", "zero2", "zero3"};  // parse_fsdp_mode names
   std::vector<int> ranks = {1, 2, 4, 8};
   std::vector<DType> precisions = {DType::bf16};  // parameter dtype: f32, bf16 or f16
   int steps = 2;             // training steps measured, after one warm-up step

@@ -80,7 +80,7 @@ DataParallelRun dp_run(int ranks, const TrainBenchOptions& o, const std::string&
                                         .reduce = parallel::GradReduce::sum});
     } else {
       parallel::FullyShardedOptions fo;
-      fo.stage = parallel::parse_sharding_strategy(fsdp).stage;
+      fo.stage = parallel::parse_fsdp_mode(fsdp).stage;
       fo.param_dtype = dtype;
       sharded = std::make_unique<parallel::FullyShardedDataParallel>(model, c, nullptr, fo);
       params = sharded->optimizer_parameters();

@@ -200,7 +200,7 @@ int run_bench_memory(const MemoryBenchFlags& f) {
   for (const auto& h : split(f.hidden)) o.hidden.push_back(to_positive(h, "--hidden"));
   o.strategies.clear();
   for (const std::string_view s : split(f.strategies)) {
-    (void)parallel::parse_sharding_strategy(s);  // fail before running
+    (void)parallel::parse_fsdp_mode(s);  // fail before running
     o.strategies.emplace_back(s);
   }
   o.ranks.clear();

@@ -72,7 +72,7 @@ void accumulate(const Tensor& dst, const Tensor& src) {
 
 // ---- names ----
 
-std::string ShardingStrategy::name() const {
+std::string FsdpMode::name() const {
   switch (stage) {
     case ZeroStage::no_shard: return "no_shard";
     case ZeroStage::zero1: return "zero1";
@@ -82,14 +82,14 @@ std::string ShardingStrategy::name() const {
   return "?";
 }
 
-ShardingStrategy parse_sharding_strategy(std::string_view name) {
+FsdpMode parse_fsdp_mode(std::string_view name) {
   if (name == "full" || name == "zero3") return {ZeroStage::zero3, false};
   if (name == "shard_grad_op" || name == "zero2") return {ZeroStage::zero2, false};
   if (name == "zero1") return {ZeroStage::zero1, false};
   if (name == "no_shard") return {ZeroStage::no_shard, false};
   if (name == "hybrid_full") return {ZeroStage::zero3, true};
   if (name == "hybrid_shard_grad_op") return {ZeroStage::zero2, true};
-  throw InvalidArgument("parse_sharding_strategy", fmt::format("Unknown sharding strategy: {}", name),
+  throw InvalidArgument("parse_fsdp_mode", fmt::format("Unknown sharding strategy: {}", name),
                         "use full (zero3), shard_grad_op (zero2), zero1, no_shard, hybrid_full or "
                         "hybrid_shard_grad_op");
 }

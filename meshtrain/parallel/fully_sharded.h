@@ -116,16 +116,16 @@ enum class ZeroStage : uint8_t { no_shard = 0, zero1 = 1, zero2 = 2, zero3 = 3 }
 //   no_shard                     -> no_shard
 //   hybrid_full                  -> zero3, hybrid shard within the shard axis,
 //   hybrid_shard_grad_op         -> zero2, hybrid  all-reduce across replicas
-struct ShardingStrategy {
+struct FsdpMode {
   ZeroStage stage = ZeroStage::zero3;
   bool hybrid = false;
   // "full", "shard_grad_op", "no_shard", "zero1", "hybrid_full",
   // "hybrid_shard_grad_op": the canonical name.
   std::string name() const;
-  bool operator==(const ShardingStrategy&) const = default;
+  bool operator==(const FsdpMode&) const = default;
 };
 // Throws InvalidArgument "Unknown sharding strategy: X" listing the names.
-ShardingStrategy parse_sharding_strategy(std::string_view name);
+FsdpMode parse_fsdp_mode(std::string_view name);
 
 // When stage 3 starts gathering the next unit in backward.
 enum class BackwardPrefetch : uint8_t { none, pre, post };

@@ -108,7 +108,7 @@ Outcome reference(int steps = kSteps) {
 
 struct RunSpec {
   int ranks = 2;
-  ShardingStrategy strategy{ZeroStage::zero3, false};
+  FsdpMode strategy{ZeroStage::zero3, false};
   int micro_batches = 1;
   FullyShardedOptions options;
   int steps = kSteps;
@@ -339,8 +339,8 @@ TEST(FullySharded, GradNormIsTheOneDeviceNorm) {
   nn::MLP ref(mlp_config());
   local_forward_backward(ref, 0, 0, 1);
   const double want = std::sqrt(optim::local_sq_norm(ref.parameters()));
-  for (ShardingStrategy st : {ShardingStrategy{ZeroStage::zero1, false}, ShardingStrategy{ZeroStage::zero3, false},
-                              ShardingStrategy{ZeroStage::zero3, true}, ShardingStrategy{ZeroStage::no_shard, false}})
+  for (FsdpMode st : {FsdpMode{ZeroStage::zero1, false}, FsdpMode{ZeroStage::zero3, false},
+                              FsdpMode{ZeroStage::zero3, true}, FsdpMode{ZeroStage::no_shard, false}})
     comm::launch({.engine = comm::Engine::threads, .ranks = 4}, [&](comm::Communicator& world) {
       mesh::DeviceMesh mesh(world, {2, 2}, {"data", "fsdp"});
       nn::MLP model(mlp_config());
@@ -474,13 +474,13 @@ TEST(FullySharded, StalledRankInParameterGatherIsNamedWithinTwiceTheDeadline) {
 }
 
 TEST(FullySharded, StrategyNamesAndErrors) {
-  EXPECT_EQ(parse_sharding_strategy("full"), (ShardingStrategy{ZeroStage::zero3, false}));
-  EXPECT_EQ(parse_sharding_strategy("zero2"), (ShardingStrategy{ZeroStage::zero2, false}));
-  EXPECT_EQ(parse_sharding_strategy("hybrid_shard_grad_op"), (ShardingStrategy{ZeroStage::zero2, true}));
+  EXPECT_EQ(parse_fsdp_mode("full"), (FsdpMode{ZeroStage::zero3, false}));
+  EXPECT_EQ(parse_fsdp_mode("zero2"), (FsdpMode{ZeroStage::zero2, false}));
+  EXPECT_EQ(parse_fsdp_mode("hybrid_shard_grad_op"), (FsdpMode{ZeroStage::zero2, true}));
   for (const char* n : {"full", "shard_grad_op", "no_shard", "zero1", "hybrid_full", "hybrid_shard_grad_op"})
-    EXPECT_EQ(parse_sharding_strategy(n).name(), n);
+    EXPECT_EQ(parse_fsdp_mode(n).name(), n);
   try {
-    parse_sharding_strategy("zero4");
+    parse_fsdp_mode("zero4");
     FAIL();
   } catch (const InvalidArgument& e) {
     EXPECT_THAT(e.what(), HasSubstr("Unknown sharding strategy: zero4"));

@@ -275,7 +275,7 @@ void TrainConfig::validate() const {
           "log_every and bucket_mb positive; threads_per_rank and max_steps >= 0");
   if (!fsdp.empty()) {
     try {
-      (void)parallel::parse_sharding_strategy(fsdp);
+      (void)parallel::parse_fsdp_mode(fsdp);
     } catch (const InvalidArgument&) {
       require(false, fmt::format("fsdp '{}'", fsdp),
               "use full, shard_grad_op, no_shard, zero1, zero2, zero3, hybrid_full or hybrid_shard_grad_op, "

@@ -56,7 +56,7 @@ struct TrainConfig {
   bool drop_last = true;       // drop the last partial batch of an epoch
   // Fully sharded data parallelism (parallel/fully_sharded.h): "" = plain
   // data parallelism (DataParallel, f32), else a strategy name of
-  // parallel::parse_sharding_strategy: full | shard_grad_op | no_shard |
+  // parallel::parse_fsdp_mode: full | shard_grad_op | no_shard |
   // zero1 | zero2 | zero3 | hybrid_full | hybrid_shard_grad_op. Resolved by
   // resolve_training (trainer.h): an fsdp mesh axis > 1 defaults it to
   // "full", mixed precision without it to "no_shard".

@@ -141,7 +141,7 @@ class Run {
     model_->set_memory_tracker(&memory_);        // activation buffers
     std::vector<nn::Parameter*> params;
     if (!tc.fsdp.empty()) {
-      const parallel::ShardingStrategy strategy = parallel::parse_sharding_strategy(tc.fsdp);
+      const parallel::FsdpMode strategy = parallel::parse_fsdp_mode(tc.fsdp);
       comm::Communicator& shard = strategy.hybrid ? mesh_.comm("fsdp") : *dp_comm_;
       comm::Communicator* replicate = strategy.hybrid ? &mesh_.comm("data") : nullptr;
       fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(
@@ -595,7 +595,7 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
   }
   c.validate();
   if (!c.fsdp.empty()) {
-    const parallel::ShardingStrategy s = parallel::parse_sharding_strategy(c.fsdp);
+    const parallel::FsdpMode s = parallel::parse_fsdp_mode(c.fsdp);
     if (s.hybrid && (fsdp_axis == 0 || data_axis == 0))
       throw InvalidArgument("meshtrain train",
                             fmt::format("fsdp '{}' shards over the fsdp axis and replicates over the data axis, but "
