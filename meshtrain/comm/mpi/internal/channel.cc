@@ -67,7 +67,7 @@ Channel::Channel(MPI_Comm comm, Options options, uint64_t id)
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", what);
     check(MPI_Comm_dup(comm_, &check_), "MPI_Comm_dup", what);
     check(MPI_Comm_dup(comm_, &ring_), "MPI_Comm_dup", what);
-    check(MPI_Comm_dup(comm_, &small_), "MPI_Comm_dup", what);
+    check(MPI_Comm_dup(comm_, &direct_), "MPI_Comm_dup", what);
     void* attr = nullptr;
     int flag = 0;
     check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attr, &flag), "MPI_Comm_get_attr", what);
@@ -94,7 +94,7 @@ Channel::Channel(MPI_Comm comm, Options options, uint64_t id)
     for (auto& row : ops16_)
       for (MPI_Op& op : row)
         if (op != MPI_OP_NULL && op != MPI_Op{}) MPI_Op_free(&op);
-    if (small_ != MPI_COMM_NULL) MPI_Comm_free(&small_);
+    if (direct_ != MPI_COMM_NULL) MPI_Comm_free(&direct_);
     if (ring_ != MPI_COMM_NULL) MPI_Comm_free(&ring_);
     if (check_ != MPI_COMM_NULL) MPI_Comm_free(&check_);
     MPI_Comm_free(&comm_);
@@ -137,7 +137,7 @@ Channel::~Channel() {
   // and MPI_Op_free only mark the objects for release once pending work ends.
   for (auto& row : ops16_)
     for (MPI_Op& op : row) MPI_Op_free(&op);
-  MPI_Comm_free(&small_);
+  MPI_Comm_free(&direct_);
   MPI_Comm_free(&ring_);
   MPI_Comm_free(&check_);
   MPI_Comm_free(&comm_);
@@ -191,8 +191,8 @@ std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds tim
   try {
     if (is_p2p(op.kind)) {
       post_data(*task);  // not collective: nothing to order or compare
-    } else if (use_small(op)) {
-      post_small(*task);  // its own tags on its own communicator: no order to keep
+    } else if (use_direct(op)) {
+      post_direct(*task);  // its own tags on its own communicator: no order to keep
       if (options_.check_fingerprints) {
         task->stage = Stage::fingerprints;
         post_fingerprints(*task);
@@ -239,7 +239,7 @@ void Channel::post_data(Task& t) {
   const int count = static_cast<int>(std::min<size_t>(op.count, INT_MAX));
   const size_t block_bytes = op.bytes();
   t.stage = Stage::data;
-  if (!t.small.empty()) return;  // posted by start()
+  if (!t.direct.empty()) return;  // posted by start()
   switch (op.kind) {
     case CollectiveOp::all_reduce:
       if (op.count == 0) break;
@@ -301,17 +301,17 @@ void Channel::post_data(Task& t) {
   t.stage = Stage::done;  // nothing to move
 }
 
-void Channel::post_small(Task& t) {
+void Channel::post_direct(Task& t) {
   const Op& op = t.op;
   const size_t bytes = op.bytes(), peers = static_cast<size_t>(size_ - 1);
   const int tag = fingerprint_tag(op.seq);
   const MPI_Datatype type = mpi_type(op.dtype);
   const size_t need = std::max(peers * bytes, peers * kSmallAllReduceBytes);
-  auto fits = std::find_if(small_pool_.begin(), small_pool_.end(), [&](const auto& b) { return b.first >= need; });
-  if (fits != small_pool_.end()) {
+  auto fits = std::find_if(direct_pool_.begin(), direct_pool_.end(), [&](const auto& b) { return b.first >= need; });
+  if (fits != direct_pool_.end()) {
     t.inputs_capacity = fits->first;
     t.inputs = std::move(fits->second);
-    small_pool_.erase(fits);
+    direct_pool_.erase(fits);
   } else {
     t.inputs_capacity = need;
     t.inputs = std::make_unique<std::byte[]>(need);
@@ -323,14 +323,14 @@ void Channel::post_small(Task& t) {
   const size_t piece = bytes <= kSmallPiecesUpTo ? kSmallPieceBytes / dtype_size(op.dtype) : op.count,
                pieces = (op.count + piece - 1) / piece;
   const size_t es = dtype_size(op.dtype);
-  t.small.assign(2 * peers * pieces, MPI_REQUEST_NULL);
-  MPI_Request* recvs = t.small.data();
-  MPI_Request* sends = t.small.data() + peers * pieces;
+  t.direct.assign(2 * peers * pieces, MPI_REQUEST_NULL);
+  MPI_Request* recvs = t.direct.data();
+  MPI_Request* sends = t.direct.data() + peers * pieces;
   for (size_t i = 0; i < peers; ++i) {
     const int p = (rank_ + 1 + static_cast<int>(i)) % size_;
     for (size_t k = 0; k < pieces; ++k) {
       const size_t first = k * piece, n = std::min(piece, op.count - first);
-      check(MPI_Irecv(t.inputs.get() + i * bytes + first * es, static_cast<int>(n), type, p, tag, small_,
+      check(MPI_Irecv(t.inputs.get() + i * bytes + first * es, static_cast<int>(n), type, p, tag, direct_,
                       &recvs[i * pieces + k]),
             "MPI_Irecv", "all_reduce");
     }
@@ -340,13 +340,13 @@ void Channel::post_small(Task& t) {
     for (size_t k = 0; k < pieces; ++k) {
       const size_t first = k * piece, n = std::min(piece, op.count - first);
       check(MPI_Isend(static_cast<const std::byte*>(op.send) + first * es, static_cast<int>(n), type, p, tag,
-                      small_, &sends[i * pieces + k]),
+                      direct_, &sends[i * pieces + k]),
             "MPI_Isend", "all_reduce");
     }
   }
 }
 
-void Channel::finish_small(Task& t) {
+void Channel::finish_direct(Task& t) {
   const Op& op = t.op;
   const size_t bytes = op.bytes();
   // In rank order, so every rank computes the same bits (and the threads
@@ -358,13 +358,13 @@ void Channel::finish_small(Task& t) {
   }
   void* outs[1] = {op.recv};  // may alias op.send element for element (in place)
   comm::internal::reduce(outs, 1, ins, size_, op.count, op.dtype, op.reduce, size_);
-  t.small.clear();
+  t.direct.clear();
   // Keep the largest few for the next exchanges (a bucket all-reduce reuses
   // its size every step).
-  small_pool_.emplace_back(t.inputs_capacity, std::move(t.inputs));
-  if (small_pool_.size() > 4) {
-    std::sort(small_pool_.begin(), small_pool_.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-    small_pool_.resize(4);
+  direct_pool_.emplace_back(t.inputs_capacity, std::move(t.inputs));
+  if (direct_pool_.size() > 4) {
+    std::sort(direct_pool_.begin(), direct_pool_.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    direct_pool_.resize(4);
   }
 }
 
@@ -412,9 +412,9 @@ bool Channel::advance(Task& t, bool gate) {
     // a collective nobody else joins. MPI_Iprobe looks before it
     // progresses, so a notice that came in with the fingerprints (a peer
     // that gave up on this very collective just before we arrived) is
-    // visible only now. (A small all_reduce's data is point-to-point,
+    // visible only now. (A direct-exchange all_reduce's data is point-to-point,
     // posted by start().)
-    if (t.small.empty() && size_ > 1 && receive_notice()) return false;
+    if (t.direct.empty() && size_ > 1 && receive_notice()) return false;
     post_data(t);
   }
   if (t.stage == Stage::data) poll_data(t);
@@ -451,12 +451,12 @@ void Channel::throw_mismatch(const Task& t, const std::vector<int>& arrived) {
 }
 
 void Channel::poll_data(Task& t) {
-  if (!t.small.empty()) {
+  if (!t.direct.empty()) {
     int flag = 0;
-    check(MPI_Testall(static_cast<int>(t.small.size()), t.small.data(), &flag, MPI_STATUSES_IGNORE),
+    check(MPI_Testall(static_cast<int>(t.direct.size()), t.direct.data(), &flag, MPI_STATUSES_IGNORE),
           "MPI_Testall", "all_reduce");
     if (!flag) return;
-    finish_small(t);
+    finish_direct(t);
     t.stage = Stage::done;
     return;
   }
@@ -657,15 +657,15 @@ void Channel::abandon(const std::shared_ptr<Task>& t) {
     if (r != MPI_REQUEST_NULL) orphans_.push_back({r, t->mine, /*user_buffers=*/false});
   t->fp_send.clear();
   if (t->ring) t->ring->abandon(t, orphans_);
-  // A small all_reduce: its receives are cancelled, its sends (from the
+  // A direct-exchange all_reduce: its receives are cancelled, its sends (from the
   // caller's buffer) stay with MPI.
-  const size_t peers = t->small.size() / 2;
-  for (size_t i = 0; i < t->small.size(); ++i) {
+  const size_t peers = t->direct.size() / 2;
+  for (size_t i = 0; i < t->direct.size(); ++i) {
     if (i < peers) {
-      cancel(t->small[i]);
-    } else if (t->small[i] != MPI_REQUEST_NULL) {
-      orphans_.push_back({t->small[i], t});
-      t->small[i] = MPI_REQUEST_NULL;
+      cancel(t->direct[i]);
+    } else if (t->direct[i] != MPI_REQUEST_NULL) {
+      orphans_.push_back({t->direct[i], t});
+      t->direct[i] = MPI_REQUEST_NULL;
     }
   }
   if (t->request != MPI_REQUEST_NULL) {

@@ -97,9 +97,9 @@ struct Task {
   std::vector<int> peers;
   std::vector<MPI_Request> fp_recv, fp_send;
 
-  // Data: one MPI request, a small all_reduce's exchange, or a ring.
+  // Data: one MPI request, a direct-exchange all_reduce, or a ring.
   MPI_Request request = MPI_REQUEST_NULL;
-  std::vector<MPI_Request> small;   // receives (one per peer), then sends
+  std::vector<MPI_Request> direct;   // receives (one per peer), then sends
   std::unique_ptr<std::byte[]> inputs;  // peer (rank + 1 + i) % n's input at i * op.bytes()
   size_t inputs_capacity = 0;
   std::vector<std::byte> temp;  // native in-place reduce_scatter lands here first
@@ -130,8 +130,8 @@ class Channel {
     return true;
   }
   MPI_Comm comm() const { return comm_; }
-  // Whether all_reduce `op` takes the small path (see kSmallAllReduceBytes).
-  bool use_small(const Op& op) const {
+  // Whether all_reduce `op` is a direct exchange (see kSmallAllReduceBytes).
+  bool use_direct(const Op& op) const {
     return op.kind == CollectiveOp::all_reduce && op.count > 0 && op.count <= static_cast<size_t>(INT_MAX) &&
            ((size_ == 2 && op.bytes() <= kDirectTwoRankBytes) ||
             (size_ > 2 && size_ <= kSmallAllReduceRanks && op.bytes() <= kSmallAllReduceBytes));
@@ -164,8 +164,8 @@ class Channel {
  private:
   void post_fingerprints(Task& t);
   void post_data(Task& t);
-  void post_small(Task& t);
-  void finish_small(Task& t);
+  void post_direct(Task& t);
+  void finish_direct(Task& t);
   void progress_locked();
   bool advance(Task& t, bool gate);
   bool poll_fingerprints(Task& t);
@@ -184,7 +184,7 @@ class Channel {
   void abandon(const std::shared_ptr<Task>& t);
   void test_orphans();
   MPI_Op mpi_op(DType dtype, ReduceOp op) const;
-  // Tags of collective `seq` (fingerprints, small all_reduce inputs),
+  // Tags of collective `seq` (fingerprints, direct-exchange all_reduce inputs),
   // offset by the channel id: OpenMPI reuses a freed communicator's context
   // id, and a message of an aborted collective that arrives after its
   // communicator was freed is delivered to the next one with that id; the
@@ -198,10 +198,10 @@ class Channel {
   MPI_Comm comm_ = MPI_COMM_NULL;   // data: collectives and user send/recv
   MPI_Comm check_ = MPI_COMM_NULL;  // fingerprints and abort notices
   MPI_Comm ring_ = MPI_COMM_NULL;   // ring reduce-scatter messages
-  MPI_Comm small_ = MPI_COMM_NULL;  // small all_reduce inputs
+  MPI_Comm direct_ = MPI_COMM_NULL;  // direct-exchange all_reduce inputs
   // Receive buffers of finished direct-exchange all_reduces, for reuse:
   // (capacity in bytes, buffer).
-  std::vector<std::pair<size_t, std::unique_ptr<std::byte[]>>> small_pool_;
+  std::vector<std::pair<size_t, std::unique_ptr<std::byte[]>>> direct_pool_;
   int rank_ = 0, size_ = 1, tag_ub_ = 32767;
   uint64_t id_ = 0;
   std::vector<int> world_ranks_;  // MPI_COMM_WORLD rank of each member
