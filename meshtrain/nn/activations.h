@@ -4,10 +4,10 @@
 //   Tensor y = gelu.forward(x);       // (...) -> (...)
 //   Tensor dx = gelu.backward(dy);    // dy * gelu'(x)
 //
-// Each class runs one tight loop per call (one virtual call per tensor, none
-// per element). Forward keeps handles to x and y until backward; outputs and
-// gradients live in buffers reused across steps when the caller no longer
-// holds the previous result.
+// Each class runs one nn::functional kernel per call (one loop per tensor).
+// Forward keeps handles to x and y in the call's Saved until backward;
+// outputs and gradients live in buffers there, reused across steps when the
+// caller no longer holds the previous result.
 //
 // Formulas (f' is used by backward):
 //   ReLU     max(x, 0); f' = 1 for x > 0, else 0 (0 at x = 0, as PyTorch)
@@ -22,39 +22,37 @@
 #include <cstdint>
 #include <vector>
 
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/module.h"
 
 namespace meshtrain::nn {
 
 // Base of the element-wise activations: forward/backward handle shapes,
-// buffers and checks; subclasses give the two kernels.
+// buffers and checks; subclasses name their functional kernel.
 class Activation : public Module {
  public:
-  Tensor forward(const Tensor& x) final;
-  Tensor backward(const Tensor& grad_out) final;
   std::vector<Parameter*> parameters() final { return {}; }
   // "ReLU", "GELU", ..., for errors.
   virtual const char* name() const = 0;
+  virtual functional::ActivationKind kind() const = 0;
 
  protected:
-  // y[i] = f(x[i]) for i in [0, n).
-  virtual void apply(const float* x, float* y, int64_t n) const = 0;
-  // dx[i] = dy[i] * f'(x[i]) for i in [0, n), given x and y = f(x).
-  virtual void apply_backward(const float* x, const float* y, const float* dy, float* dx, int64_t n) const = 0;
+  Tensor do_forward(const Tensor& x, Saved& saved) final;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) final;
+  std::string describe() const final { return name(); }
 
  private:
-  Tensor x_;   // input of the last forward (contiguous); dropped by backward
-  Tensor y_;   // output buffer
-  Tensor dx_;  // input-gradient buffer
+  struct State {
+    Tensor x;   // input of the forward (contiguous); dropped by backward
+    Tensor y;   // output buffer
+    Tensor dx;  // input-gradient buffer
+  };
 };
 
 class ReLU final : public Activation {
  public:
   const char* name() const override { return "ReLU"; }
-
- protected:
-  void apply(const float* x, float* y, int64_t n) const override;
-  void apply_backward(const float* x, const float* y, const float* dy, float* dx, int64_t n) const override;
+  functional::ActivationKind kind() const override { return functional::ActivationKind::relu; }
 };
 
 enum class GeluApproximation : uint8_t { none, tanh };
@@ -64,11 +62,11 @@ class GELU final : public Activation {
   // none: the exact erf form (PyTorch's default); tanh: approximate='tanh' (GPT-2).
   explicit GELU(GeluApproximation approximation = GeluApproximation::none) : approximation_(approximation) {}
   const char* name() const override { return "GELU"; }
+  functional::ActivationKind kind() const override {
+    return approximation_ == GeluApproximation::none ? functional::ActivationKind::gelu
+                                                     : functional::ActivationKind::gelu_tanh;
+  }
   GeluApproximation approximation() const { return approximation_; }
-
- protected:
-  void apply(const float* x, float* y, int64_t n) const override;
-  void apply_backward(const float* x, const float* y, const float* dy, float* dx, int64_t n) const override;
 
  private:
   GeluApproximation approximation_;
@@ -77,28 +75,19 @@ class GELU final : public Activation {
 class SiLU final : public Activation {
  public:
   const char* name() const override { return "SiLU"; }
-
- protected:
-  void apply(const float* x, float* y, int64_t n) const override;
-  void apply_backward(const float* x, const float* y, const float* dy, float* dx, int64_t n) const override;
+  functional::ActivationKind kind() const override { return functional::ActivationKind::silu; }
 };
 
 class Tanh final : public Activation {
  public:
   const char* name() const override { return "Tanh"; }
-
- protected:
-  void apply(const float* x, float* y, int64_t n) const override;
-  void apply_backward(const float* x, const float* y, const float* dy, float* dx, int64_t n) const override;
+  functional::ActivationKind kind() const override { return functional::ActivationKind::tanh; }
 };
 
 class Sigmoid final : public Activation {
  public:
   const char* name() const override { return "Sigmoid"; }
-
- protected:
-  void apply(const float* x, float* y, int64_t n) const override;
-  void apply_backward(const float* x, const float* y, const float* dy, float* dx, int64_t n) const override;
+  functional::ActivationKind kind() const override { return functional::ActivationKind::sigmoid; }
 };
 
 }  // namespace meshtrain::nn

@@ -5,6 +5,8 @@
 #include <cmath>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/ops.h"
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/buffers.h"
 
@@ -15,58 +17,44 @@ Dropout::Dropout(double p, const std::string& name, uint64_t seed) : p_(p), name
     throw InvalidArgument("Dropout", fmt::format("'{}': p = {}", name, p), "use a probability 0 <= p <= 1");
 }
 
-Tensor Dropout::forward(const Tensor& x) {
+Tensor Dropout::do_forward(const Tensor& x, Saved& saved) {
   const char* op = "Dropout::forward";
   Tensor xc = internal::f32_contiguous(x, op, "input");
   if (xc.dim() < 1)
     throw InvalidArgument(op, fmt::format("'{}': input is a scalar", name_), "dim 0 must be the batch");
-  shape_ = xc.shape();
-  pending_ = true;
-  identity_ = !training_ || p_ == 0.0;
-  if (identity_) return x;
+  State& st = saved.state<State>();
+  st.shape = xc.shape();
+  st.identity = !training_ || p_ == 0.0;
+  if (st.identity) return x;
 
-  const BatchContext& ctx = batch_context_;
+  const BatchContext& ctx = saved.batch;
   if (ctx.first_global_sample < 0)
     throw InvalidArgument(op, fmt::format("'{}': first_global_sample {}", name_, ctx.first_global_sample),
                           "set_batch_context needs the global index of the first local sample, >= 0");
   const int64_t n = xc.numel();
   const int64_t batch = xc.size(0);
   const int64_t features = batch == 0 ? 0 : n / batch;  // F: elements per sample
-  Tensor& scale = internal::reuse_or_allocate(scale_, {n}, tracker_);
-  float* s = scale.data<float>();
+  Tensor& scale = internal::reuse_or_allocate(st.scale, {n}, tracker_);
   // u at global index (first_global_sample + i) * F + f: local elements are
   // one contiguous run of the global stream.
   const uint64_t start = static_cast<uint64_t>(ctx.first_global_sample) * static_cast<uint64_t>(features);
-  fill_uniform(s, static_cast<size_t>(n), seed_, internal::step_key(name_, ctx.step), start, 0.0f, 1.0f);
-  const float p = static_cast<float>(p_);
-  const float keep_scale = p_ == 1.0 ? 0.0f : static_cast<float>(1.0 / (1.0 - p_));
-  for (int64_t i = 0; i < n; ++i) s[i] = s[i] >= p ? keep_scale : 0.0f;
-
-  Tensor& y = internal::reuse_or_allocate(y_, shape_, tracker_);
-  const float* px = xc.data<float>();
-  float* py = y.data<float>();
-  for (int64_t i = 0; i < n; ++i) py[i] = px[i] * s[i];
+  functional::dropout_mask(seed_, internal::step_key(name_, ctx.step), start, p_, scale);
+  Tensor& y = internal::reuse_or_allocate(st.y, st.shape, tracker_);
+  mul(xc, scale.view(st.shape), y);
   return y;
 }
 
-Tensor Dropout::backward(const Tensor& grad_out) {
+Tensor Dropout::do_backward_input(const Tensor& grad_out, Saved& saved) {
   const char* op = "Dropout::backward";
-  if (!pending_)
-    throw InvalidArgument(op, fmt::format("'{}': no forward to go back through", name_),
-                          "call forward before backward (one backward per forward)");
-  pending_ = false;
-  if (identity_) {
-    internal::check_shape(grad_out, shape_, op, "grad_out");
+  State& st = saved.state<State>();
+  if (st.identity) {
+    internal::check_shape(grad_out, st.shape, op, "grad_out");
     return grad_out;
   }
   Tensor dy = internal::f32_contiguous(grad_out, op, "grad_out");
-  internal::check_shape(dy, shape_, op, "grad_out");
-  Tensor& dx = internal::reuse_or_allocate(dx_, shape_, tracker_);
-  const int64_t n = dy.numel();
-  const float* s = scale_.data<float>();
-  const float* pdy = dy.data<float>();
-  float* pdx = dx.data<float>();
-  for (int64_t i = 0; i < n; ++i) pdx[i] = pdy[i] * s[i];
+  internal::check_shape(dy, st.shape, op, "grad_out");
+  Tensor& dx = internal::reuse_or_allocate(st.dx, st.shape, tracker_);
+  mul(dy, st.scale.view(st.shape), dx);
   return dx;
 }
 

@@ -3,7 +3,7 @@
 //
 //   nn::Dropout drop(0.1, "3", /*seed=*/42);
 //   drop.set_batch_context(step, /*first_global_sample=*/rank * local_batch);
-//   Tensor y = drop.forward(x);    // (B, ...): y = x * keep / (1 - p)
+//   Tensor y = drop.forward(x);    // (B, ...): y = x * keep / (1 - p); the mask is keyed by the context
 //   Tensor dx = drop.backward(dy); // dy * keep / (1 - p)
 //
 // Mask: dim 0 of x is the batch; F = numel / B is the number of features per
@@ -35,24 +35,27 @@ class Dropout final : public Module {
   // must be unique among the model's dropouts.
   Dropout(double p, const std::string& name, uint64_t seed);
 
-  // x (B, ...) f32 with B >= 0 -> same shape.
-  Tensor forward(const Tensor& x) override;
-  Tensor backward(const Tensor& grad_out) override;
+  // forward: x (B, ...) f32 with B >= 0 -> same shape; backward: dy * mask.
   std::vector<Parameter*> parameters() override { return {}; }
 
   double p() const { return p_; }
   const std::string& name() const { return name_; }
 
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  std::string describe() const override { return "Dropout '" + name_ + "'"; }
+
  private:
+  struct State {
+    bool identity = false;        // the forward passed x through
+    std::vector<int64_t> shape;   // shape of the forward's input
+    Tensor scale;                 // (numel) 0 or 1 / (1 - p) per element
+    Tensor y, dx;                 // output and input-gradient buffers
+  };
   double p_;
   std::string name_;
   uint64_t seed_;
-  bool identity_ = false;        // last forward passed x through
-  std::vector<int64_t> shape_;   // shape of the last forward's input; empty when none
-  bool pending_ = false;         // a forward awaits its backward
-  Tensor scale_;                 // (numel) 0 or 1 / (1 - p) per element
-  Tensor y_;                     // output buffer
-  Tensor dx_;                    // input-gradient buffer
 };
 
 }  // namespace meshtrain::nn

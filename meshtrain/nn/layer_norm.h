@@ -29,10 +29,8 @@ class LayerNorm final : public Module {
   LayerNorm(const LayerNorm&) = delete;
   LayerNorm& operator=(const LayerNorm&) = delete;
 
-  // x (..., dim) f32 -> (..., dim).
-  Tensor forward(const Tensor& x) override;
-  // Accumulates dgamma, dbeta (when affine); notifies bias, then weight.
-  Tensor backward(const Tensor& grad_out) override;
+  // forward: x (..., dim) f32 -> (..., dim). backward accumulates dgamma,
+  // dbeta (when affine); notifies bias, then weight.
   // {weight, bias} when affine, else {}.
   std::vector<Parameter*> parameters() override;
 
@@ -40,19 +38,26 @@ class LayerNorm final : public Module {
   double eps() const { return eps_; }
   bool affine() const { return affine_; }
 
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  std::string describe() const override { return "LayerNorm '" + name_ + "'"; }
+
  private:
+  struct State {
+    std::vector<int64_t> shape;  // input shape of the forward
+    Tensor xhat;                 // (R, dim) normalized input
+    Tensor rstd;                 // (R) 1 / sqrt(var + eps)
+    Tensor dy;                   // (R, dim) kept for the weight pass
+    Tensor y, dx;                // buffers
+  };
   std::string name_;
   int64_t dim_;
   double eps_;
   bool affine_;
-  Parameter weight_;        // gamma (dim)
-  Parameter bias_;          // beta (dim)
-  Tensor xhat_;             // (R, dim) normalized input of the last forward
-  std::vector<float> rstd_; // (R) 1 / sqrt(var + eps)
-  Tensor y_;                // (R, dim) output buffer
-  Tensor dx_;               // (R, dim) input-gradient buffer
-  std::vector<int64_t> shape_;  // input shape of the last forward; empty after backward
-  std::vector<float> dgamma_, dbeta_;  // (dim) per-backward sums
+  Parameter weight_;  // gamma (dim)
+  Parameter bias_;    // beta (dim)
 };
 
 }  // namespace meshtrain::nn

@@ -9,6 +9,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 
 namespace meshtrain::nn {
@@ -49,7 +50,6 @@ Linear::Linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed
     const std::string bname = internal::join_name(prefix, "bias");
     bias_ = make_param(bname, {out}, sharding::ParamKind::linear_bias, options.role, false, seed, bound,
                        options.defer_init);
-    db_.resize(static_cast<size_t>(out));
   }
 }
 
@@ -65,7 +65,18 @@ std::vector<Parameter*> Linear::parameters() {
   return {&weight_};
 }
 
-Tensor Linear::forward(const Tensor& x) {
+// What one call keeps: its input (as the GEMM saw it), dy between a split
+// backward's passes, and the call's reusable buffers.
+struct Linear::State {
+  Tensor x;                        // (R, in) input, rounded to the compute dtype
+  std::vector<int64_t> in_shape;   // x's shape as given, for dX
+  Tensor dy;                       // (R, out) split backward: kept for the weight pass
+  Tensor y, dx, xr, dyr;           // buffers: output, input gradient, rounded copies
+};
+
+std::string Linear::describe() const { return fmt::format("Linear '{}'", name_); }
+
+Tensor Linear::do_forward(const Tensor& x, Saved& saved) {
   const char* op = "Linear::forward";
   Tensor xc = internal::f32_contiguous(x, op, "input");
   if (xc.dim() < 1 || xc.size(-1) != in_)
@@ -73,82 +84,80 @@ Tensor Linear::forward(const Tensor& x) {
                           fmt::format("'{}': input shape {} does not end in in_features {}", name_,
                                       shape_to_string(xc.shape()), in_),
                           "pass (..., in_features); the weight is (in, out)");
-  begin_use(Pass::forward);
   internal::check_param_tensor(weight_.value, op, weight_.name);
+  if (has_bias_) internal::check_param_tensor(bias_.value, op, bias_.name);
+  State& st = saved.state<State>();
   const int64_t rows = xc.numel() / in_;
-  in_shape_ = xc.shape();
-  x_ = xc.view({rows, in_});                          // (R, in)
+  st.in_shape = xc.shape();
+  st.x = xc.view({rows, in_});  // (R, in)
   if (compute_dtype_ != DType::f32) {  // the GEMM's input, as a half-precision GEMM would see it
-    Tensor& xr = internal::reuse_or_allocate(xr_, {rows, in_}, tracker_);
-    xr.copy_from(x_);
+    Tensor& xr = internal::reuse_or_allocate(st.xr, {rows, in_}, tracker_);
+    xr.copy_from(st.x);
     round_to(xr, compute_dtype_);
-    x_ = xr;
+    st.x = xr;
   }
-  Tensor& y = internal::reuse_or_allocate(y_, {rows, out_}, tracker_);  // (R, out)
-  double beta = 0.0;
-  if (has_bias_) {
-    internal::check_param_tensor(bias_.value, op, bias_.name);
-    // Every row starts as b; the GEMM then adds x W on top (beta = 1).
-    const float* b = bias_.value.data<float>();
-    float* py = y.data<float>();
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(py + r * out_, b, static_cast<size_t>(out_) * sizeof(float));
-    beta = 1.0;
-  }
-  matmul(x_, weight_.value, y, false, false, 1.0, beta);  // (R, in) x (in, out) -> (R, out)
-  round_to(y, compute_dtype_);                            // f32 accumulation, half-precision result
-  end_use(Pass::forward);
-  std::vector<int64_t> out_shape = in_shape_;
+  Tensor& y = internal::reuse_or_allocate(st.y, {rows, out_}, tracker_);  // (R, out)
+  functional::linear_forward(st.x, weight_.value, has_bias_ ? bias_.value : Tensor(), y);
+  round_to(y, compute_dtype_);  // f32 accumulation, half-precision result
+  std::vector<int64_t> out_shape = st.in_shape;
   out_shape.back() = out_;
   return y.view(out_shape);
 }
 
-Tensor Linear::backward(const Tensor& grad_out) {
-  const char* op = "Linear::backward";
-  if (!x_.defined())
-    throw InvalidArgument(op, fmt::format("'{}': no forward to go back through", name_),
-                          "call forward before backward (backward releases forward's input, so one backward per forward)");
+Tensor Linear::prepare_grad(const Tensor& grad_out, State& st, const char* op) {
   Tensor dy = internal::f32_contiguous(grad_out, op, "grad_out");
-  const int64_t rows = x_.size(0);
-  std::vector<int64_t> out_shape = in_shape_;
+  const int64_t rows = st.x.size(0);
+  std::vector<int64_t> out_shape = st.in_shape;
   out_shape.back() = out_;
   internal::check_shape(dy, out_shape, op, "grad_out");
   dy = dy.view({rows, out_});  // (R, out)
   if (compute_dtype_ != DType::f32) {
-    Tensor& dyr = internal::reuse_or_allocate(dyr_, {rows, out_}, tracker_);
+    Tensor& dyr = internal::reuse_or_allocate(st.dyr, {rows, out_}, tracker_);
     dyr.copy_from(dy);
     round_to(dyr, compute_dtype_);
     dy = dyr;
   }
-  begin_use(Pass::backward);
+  return dy;
+}
+
+Tensor Linear::input_grad(const Tensor& dy, State& st) {
+  if (!needs_input_grad_) return Tensor();
+  internal::check_param_tensor(weight_.value, "Linear::backward", weight_.name);
+  Tensor& dx = internal::reuse_or_allocate(st.dx, {dy.size(0), in_}, tracker_);
+  functional::linear_backward_input(dy, weight_.value, dx);
+  round_to(dx, compute_dtype_);
+  return dx.view(st.in_shape);
+}
+
+void Linear::weight_grads(const Tensor& dy, const Tensor& x) {
+  const char* op = "Linear::backward";
   internal::check_param_tensor(weight_.grad, op, weight_.name);
-
-  if (has_bias_) {
-    internal::check_param_tensor(bias_.grad, op, bias_.name);
-    // db += sum over rows of dy: (R, out) -> (out)
-    std::fill(db_.begin(), db_.end(), 0.0f);
-    const float* pdy = dy.data<float>();
-    float* db = db_.data();
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = pdy + r * out_;
-      for (int64_t j = 0; j < out_; ++j) db[j] += row[j];
-    }
-    float* gb = bias_.grad.data<float>();
-    for (int64_t j = 0; j < out_; ++j) gb[j] += db[j];
-    notify_grad_ready(bias_);
-  }
-  matmul(x_, dy, weight_.grad, true, false, 1.0, 1.0);  // dW += (R, in)^T x (R, out) -> (in, out)
+  if (has_bias_) internal::check_param_tensor(bias_.grad, op, bias_.name);
+  functional::linear_backward_weight(x, dy, weight_.grad, has_bias_ ? bias_.grad : Tensor());
+  if (has_bias_) notify_grad_ready(bias_);
   notify_grad_ready(weight_);
+}
 
-  Tensor result;
-  if (needs_input_grad_) {
-    Tensor& dx = internal::reuse_or_allocate(dx_, {rows, in_}, tracker_);
-    matmul(dy, weight_.value, dx, false, true);  // (R, out) x (in, out)^T -> (R, in)
-    round_to(dx, compute_dtype_);
-    result = dx.view(in_shape_);
-  }
-  end_use(Pass::backward);
-  x_ = Tensor();  // backward is done with forward's input
-  return result;
+Tensor Linear::do_backward(const Tensor& grad_out, Saved& saved) {
+  State& st = saved.state<State>();
+  Tensor dy = prepare_grad(grad_out, st, "Linear::backward");
+  weight_grads(dy, st.x);
+  Tensor dx = input_grad(dy, st);
+  st.x = Tensor();  // backward is done with forward's input
+  return dx;
+}
+
+Tensor Linear::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  State& st = saved.state<State>();
+  st.dy = prepare_grad(grad_out, st, "Linear::backward_input");
+  return input_grad(st.dy, st);
+}
+
+void Linear::do_backward_weight(Saved& saved) {
+  State& st = saved.state<State>();
+  weight_grads(st.dy, st.x);
+  st.x = Tensor();
+  st.dy = Tensor();
 }
 
 }  // namespace meshtrain::nn

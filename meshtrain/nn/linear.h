@@ -2,8 +2,9 @@
 // sharding/strategy.h (PyTorch's nn.Linear stores W^T: transpose on import).
 //
 //   nn::Linear fc(784, 512, "encoder.0", /*seed=*/42);  // "encoder.0.weight" (784, 512), "encoder.0.bias" (512)
-//   Tensor y = fc.forward(x);                            // (B, 784) -> (B, 512)
-//   Tensor dx = fc.backward(dy);                         // (B, 512) -> (B, 784); grads += x^T dy, sum(dy)
+//   nn::Saved s;
+//   Tensor y = fc.forward(x, s);                         // (B, 784) -> (B, 512)
+//   Tensor dx = fc.backward(dy, s);                      // (B, 512) -> (B, 784); grads += x^T dy, sum(dy)
 //
 // Initialization (PyTorch's default, kaiming-uniform with a = sqrt(5)): weight
 // and bias ~ U(-1/sqrt(in), 1/sqrt(in)), drawn by the counter-based generator
@@ -15,14 +16,15 @@
 // (Module::set_compute_dtype) x, dy, y and dX are rounded to it around the
 // f32 GEMMs, as a bf16/f16 GEMM with f32 accumulation computes (the weight is
 // used as stored: fully sharded data parallelism stores it in that dtype).
-// Compute is f32 on OpenBLAS:
+// Compute: nn::functional's linear kernels (f32 GEMMs on the CPU):
 // forward 1 GEMM, backward 2 (dW, and dX unless needs_input_grad is false;
 // then backward returns an undefined Tensor, which the first layer of a model
-// wants since its input needs no gradient).
+// wants since its input needs no gradient). Split backward: backward_input
+// computes dX and keeps dy; backward_weight accumulates db, dW.
 //
-// Buffers: the output and dX buffers are reused from one step to the next
-// when the caller no longer holds the previous result (see
-// internal/buffers.h); forward keeps a handle to x until backward.
+// Buffers: the output and dX buffers live in the call's Saved and are reused
+// by the next forward into it when the caller no longer holds the previous
+// result (see internal/buffers.h); forward keeps a handle to x until backward.
 // Thread-safety: one thread at a time (a module belongs to one rank).
 #pragma once
 
@@ -55,11 +57,10 @@ class Linear final : public Module {
   Linear(const Linear&) = delete;
   Linear& operator=(const Linear&) = delete;
 
-  // x (..., in) f32 -> (..., out).
-  Tensor forward(const Tensor& x) override;
-  // grad_out (..., out) -> dX (..., in), or undefined when !needs_input_grad().
-  // Accumulates dW and db; notifies bias, then weight (reverse definition order).
-  Tensor backward(const Tensor& grad_out) override;
+  // forward: x (..., in) f32 -> (..., out).
+  // backward: grad_out (..., out) -> dX (..., in), or undefined when
+  // !needs_input_grad(). Accumulates dW and db; notifies bias, then weight
+  // (reverse definition order).
   // {weight, bias} (bias only when enabled).
   std::vector<Parameter*> parameters() override;
 
@@ -71,7 +72,20 @@ class Linear final : public Module {
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
 
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  Tensor do_backward(const Tensor& grad_out, Saved& saved) override;
+  std::string describe() const override;
+
  private:
+  struct State;
+  // dy as (R, out), rounded to the compute dtype; checks its shape.
+  Tensor prepare_grad(const Tensor& grad_out, State& st, const char* op);
+  Tensor input_grad(const Tensor& dy, State& st);
+  void weight_grads(const Tensor& dy, const Tensor& x);
+
   std::string name_;  // module path, for errors
   int64_t in_;
   int64_t out_;
@@ -79,12 +93,6 @@ class Linear final : public Module {
   bool needs_input_grad_;
   Parameter weight_;  // value, grad: (in, out)
   Parameter bias_;    // value, grad: (out); undefined tensors without bias
-  Tensor x_;          // (R, in) input of the last forward, R = rows; dropped by backward
-  Tensor y_;          // (R, out) output buffer
-  Tensor dx_;         // (R, in) input-gradient buffer
-  Tensor xr_, dyr_;   // x and dy rounded to the compute dtype (when not f32)
-  std::vector<int64_t> in_shape_;  // x's shape as given, for dX
-  std::vector<float> db_;          // (out) column sums of dy
 };
 
 }  // namespace meshtrain::nn

@@ -16,9 +16,13 @@
 // single-device mean exactly (up to f32 summation order).
 //
 // backward(grad_output) returns d(grad_output * loss) / d input; grad_output
-// (default 1) is where a loss scale goes. Returned gradients and forward's
-// internal state live in buffers reused across calls when the caller no longer
-// holds the previous result. backward may be called more than once per forward.
+// (default 1) is where a loss scale goes. Per-call state follows the modules'
+// contract (module.h): forward(..., saved) keeps what backward(saved, ...)
+// needs in a Saved, so several micro-batches' losses can be in flight; the
+// forms without a Saved use the loss object's own. Returned gradients and
+// forward's state live in buffers there, reused across calls when the caller
+// no longer holds the previous result. backward may be called more than once
+// per forward. The element loops are nn::functional's.
 // Sums are accumulated in double; gradients are f32.
 // Thread-safety: one thread at a time per loss object.
 #pragma once
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/nn/saved.h"
 
 namespace meshtrain::nn {
 
@@ -37,15 +42,23 @@ namespace meshtrain::nn {
 class CrossEntropyLoss {
  public:
   // logits (N, C) f32, C >= 1; labels (N) i64 or i32, each in [0, C).
-  double forward(const Tensor& logits, const Tensor& labels, std::optional<double> normalizer = std::nullopt);
+  double forward(const Tensor& logits, const Tensor& labels, Saved& saved,
+                 std::optional<double> normalizer = std::nullopt);
   // (N, C): (softmax(z) - onehot(label)) * grad_output / normalizer.
-  Tensor backward(double grad_output = 1.0);
+  Tensor backward(Saved& saved, double grad_output = 1.0);
+  double forward(const Tensor& logits, const Tensor& labels, std::optional<double> normalizer = std::nullopt) {
+    return forward(logits, labels, own_, normalizer);
+  }
+  Tensor backward(double grad_output = 1.0) { return backward(own_, grad_output); }
 
  private:
-  Tensor probs_;                 // (N, C) softmax of the last forward
-  std::vector<int64_t> labels_;  // (N)
-  double normalizer_ = 0.0;      // 0: no forward yet
-  Tensor grad_;                  // (N, C)
+  struct State {
+    Tensor probs;             // (N, C) softmax of the forward
+    Tensor labels;            // (N) i64
+    double normalizer = 0.0;  // 0: no forward yet
+    Tensor grad;              // (N, C)
+  };
+  Saved own_;
 };
 
 // Mean squared error: (x - t)^2 per element. Default normalizer: numel (the
@@ -54,14 +67,22 @@ class CrossEntropyLoss {
 class MSELoss {
  public:
   // input and target: the same shape, f32.
-  double forward(const Tensor& input, const Tensor& target, std::optional<double> normalizer = std::nullopt);
+  double forward(const Tensor& input, const Tensor& target, Saved& saved,
+                 std::optional<double> normalizer = std::nullopt);
   // Same shape as input: 2 (x - t) * grad_output / normalizer.
-  Tensor backward(double grad_output = 1.0);
+  Tensor backward(Saved& saved, double grad_output = 1.0);
+  double forward(const Tensor& input, const Tensor& target, std::optional<double> normalizer = std::nullopt) {
+    return forward(input, target, own_, normalizer);
+  }
+  Tensor backward(double grad_output = 1.0) { return backward(own_, grad_output); }
 
  private:
-  Tensor diff_;  // x - t
-  double normalizer_ = 0.0;
-  Tensor grad_;
+  struct State {
+    Tensor diff;  // x - t
+    double normalizer = 0.0;
+    Tensor grad;
+  };
+  Saved own_;
 };
 
 // Binary cross-entropy on logits: max(x, 0) - x t + log1p(exp(-|x|)) per
@@ -71,14 +92,22 @@ class MSELoss {
 class BCEWithLogitsLoss {
  public:
   // input (logits) and target: the same shape, f32.
-  double forward(const Tensor& input, const Tensor& target, std::optional<double> normalizer = std::nullopt);
+  double forward(const Tensor& input, const Tensor& target, Saved& saved,
+                 std::optional<double> normalizer = std::nullopt);
   // Same shape as input: (sigmoid(x) - t) * grad_output / normalizer.
-  Tensor backward(double grad_output = 1.0);
+  Tensor backward(Saved& saved, double grad_output = 1.0);
+  double forward(const Tensor& input, const Tensor& target, std::optional<double> normalizer = std::nullopt) {
+    return forward(input, target, own_, normalizer);
+  }
+  Tensor backward(double grad_output = 1.0) { return backward(own_, grad_output); }
 
  private:
-  Tensor grad_unscaled_;  // sigmoid(x) - t
-  double normalizer_ = 0.0;
-  Tensor grad_;
+  struct State {
+    Tensor grad_unscaled;  // sigmoid(x) - t
+    double normalizer = 0.0;
+    Tensor grad;
+  };
+  Saved own_;
 };
 
 // KL(N(mu, exp(logvar)) || N(0, 1)) = -0.5 (1 + logvar - mu^2 - exp(logvar))
@@ -91,14 +120,22 @@ class GaussianKLLoss {
     Tensor logvar;  // 0.5 (exp(logvar) - 1) * grad_output / normalizer
   };
   // mu and logvar: the same shape (N, ...), f32, N = size(0).
-  double forward(const Tensor& mu, const Tensor& logvar, std::optional<double> normalizer = std::nullopt);
-  Grads backward(double grad_output = 1.0);
+  double forward(const Tensor& mu, const Tensor& logvar, Saved& saved,
+                 std::optional<double> normalizer = std::nullopt);
+  Grads backward(Saved& saved, double grad_output = 1.0);
+  double forward(const Tensor& mu, const Tensor& logvar, std::optional<double> normalizer = std::nullopt) {
+    return forward(mu, logvar, own_, normalizer);
+  }
+  Grads backward(double grad_output = 1.0) { return backward(own_, grad_output); }
 
  private:
-  Tensor mu_unscaled_;      // mu
-  Tensor logvar_unscaled_;  // 0.5 (exp(logvar) - 1)
-  double normalizer_ = 0.0;
-  Grads grads_;
+  struct State {
+    Tensor mu_unscaled;      // mu
+    Tensor logvar_unscaled;  // 0.5 (exp(logvar) - 1)
+    double normalizer = 0.0;
+    Grads grads;
+  };
+  Saved own_;
 };
 
 // Number of rows of logits (N, C) whose argmax (first on ties) equals the

@@ -1,34 +1,59 @@
-// Module: a layer or model with explicit forward and backward (no autograd).
+// Module: a layer or model with explicit forward and backward (no autograd),
+// whose per-call state lives in a Saved object, not in the module.
 //
 //   nn::Sequential mlp = ...;
-//   Tensor logits = mlp.forward(x);            // (B, 10); keeps what backward needs
-//   Tensor dx = mlp.backward(dlogits);         // accumulates into every parameter's grad
-//   for (Parameter* p : mlp.parameters()) ...  // stable order: definition order
+//   nn::Saved s;                                // what this call keeps for backward
+//   Tensor logits = mlp.forward(x, s);          // (B, 10)
+//   Tensor dx = mlp.backward(dlogits, s);       // accumulates into every parameter's grad
+//   // or split: dx = mlp.backward_input(dlogits, s); ... mlp.backward_weight(s);
+//   Tensor y = mlp.forward(x);                  // one call in flight: the module's own Saved
+//   for (Parameter* p : mlp.parameters()) ...   // stable order: definition order
 //
 // Contracts:
-// - forward(x) may keep references to x and to intermediate results until the
-//   next forward or backward; backward(dy) must follow a forward, takes the
-//   gradient of the loss with respect to forward's output, ACCUMULATES (+=)
-//   into each parameter's grad, and returns the gradient with respect to x.
+// - forward(x, saved) keeps in `saved` what backward needs (references to x
+//   and intermediate results); backward(dy, saved) must follow a forward into
+//   the same Saved, takes the gradient of the loss with respect to forward's
+//   output, ACCUMULATES (+=) into each parameter's grad, and returns the
+//   gradient with respect to x. Forwards into different Saved objects may be
+//   in flight together (micro-batches of a pipeline) and their backwards may
+//   run in any order. forward(x) / backward(dy) use the module's own Saved
+//   (one call in flight).
+// - Split backward: backward_input(dy, saved) returns dX and keeps what the
+//   weight gradients need; backward_weight(saved) then accumulates them and
+//   reports grad_ready. Together they compute exactly (bit for bit) what
+//   backward computes; backward is their fusion. Zero-bubble pipeline
+//   schedules delay backward_weight.
+// - Recompute (set_recompute(true), per module): forward keeps only its input
+//   (and the batch context); the backward passes first re-run forward to
+//   rebuild the activations, then drop them. Results are bit for bit those of
+//   a normal run, with less activation memory between forward and backward.
 // - Parameters are f32 tensors (master weights); grad has the same shape and
 //   is zeroed by zero_grad(). A parameter's name is its path in the module
 //   tree ("layers.0.weight"); its initial value depends only on (seed, name)
 //   through the core's counter-based generator (layout-invariant init).
 // - Weight decay is chosen by parameter metadata (Parameter::weight_decay),
 //   never by position.
-// - Parameter hook (ParamHook), installed with set_param_hook:
-//   * grad_ready(p): during backward, as soon as a parameter's gradient for
-//     this backward is complete, the module calls it (once per parameter per
-//     backward). Data parallelism starts a bucket's all-reduce there.
-//   * before_use(m, pass) / after_use(m, pass): a module that OWNS parameters
-//     (a leaf such as Linear or LayerNorm; containers own none) calls
-//     before_use before it touches its parameters' value or grad in forward
-//     or backward, and after_use when it is done with them (in backward:
-//     after every grad is complete and the last read of a value). Between
-//     the two, the hook may have replaced p.value and p.grad (same shapes):
-//     fully sharded data parallelism materializes a unit's parameters there
-//     and frees them after. Outside these windows a sharded parameter's
-//     value and grad may be undefined tensors.
+// - Hooks (ParamHook), installed with add_hook (several, kept in order):
+//   * grad_ready(p): during backward (the weight pass when split), as soon as
+//     a parameter's gradient for this backward is complete, once per
+//     parameter per backward, to every hook in installation order. Data
+//     parallelism starts a bucket's all-reduce there.
+//   * before_use(m, pass) / after_use(m, pass): a use-scope around each pass
+//     (forward, backward, backward_input, backward_weight) of every module m
+//     for which the hook's scopes(m) is true: by default the modules that own
+//     parameters directly (Linear, LayerNorm); a hook may claim any module
+//     (fully sharded data parallelism claims a whole block to make it one
+//     unit). before_use runs in installation order, after_use in reverse,
+//     so hooks nest. Between the two, the hook may have replaced p.value and
+//     p.grad (same shapes): fully sharded data parallelism materializes a
+//     unit's parameters there and frees them after. Outside these windows a
+//     sharded parameter's value and grad may be undefined tensors. In
+//     backward_input only values are used; in backward_weight only grads.
+// - Tied parameters: a parameter that k modules use (a GPT's token
+//   embedding and output head) is listed once by parameters() (at its first
+//   user in definition order) and has Parameter::users = k. Every user
+//   accumulates into the same grad and reports it; hooks see grad_ready once,
+//   after the k-th report of a backward.
 // - Weights follow the strategies' convention: Linear weights are (in, out),
 //   y = x W + b (see sharding/strategy.h).
 // - Batch context: random draws made during forward (dropout masks, a VAE's
@@ -37,7 +62,8 @@
 //   set_batch_context(step, first_global_sample), where first_global_sample
 //   is the global index of this rank's first local sample, so a rank holding
 //   samples [a, b) of the global batch draws exactly the same numbers for
-//   them as a single device holding all samples. It propagates to children.
+//   them as a single device holding all samples. It propagates to children;
+//   each forward records it in its Saved (recompute replays it).
 // Thread-safety: a module belongs to one rank's thread.
 #pragma once
 
@@ -50,19 +76,15 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/nn/saved.h"
 #include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::nn {
 
-// Where the current local batch sits in the run: see "Batch context" above.
-struct BatchContext {
-  uint64_t step = 0;                // advanced by the trainer once per optimizer step
-  int64_t first_global_sample = 0;  // global index of local sample 0 (>= 0)
-};
-
 // Fills elements [start, start + count) of a parameter's initial value
 // (row-major over info.shape) into out: a pure function of (seed, name,
 // index), so any rank can build exactly its shard (layout-invariant init).
+// fill_box (below) builds any rectangular block from it.
 using ParamInit = std::function<void(int64_t start, int64_t count, float* out)>;
 
 struct Parameter {
@@ -72,6 +94,8 @@ struct Parameter {
   bool weight_decay = true;   // AdamW decays it (false for biases and norms)
   sharding::ParamInfo info;   // global shape, kind and linear role, for the strategies
   ParamInit init;             // the initial value, sliceable
+  int users = 1;              // modules that accumulate into grad per backward (tied: > 1)
+  int reports = 0;            // grad reports so far in this backward (see Module::notify_grad_ready)
 };
 
 // Allocates p.value (info.shape, f32) filled by p.init and a zeroed grad.
@@ -84,34 +108,59 @@ inline void materialize(Parameter& p) {
   p.grad = Tensor::zeros(p.info.shape, DType::f32);
 }
 
-// Which pass a module is in when it calls before_use / after_use.
-enum class Pass : uint8_t { forward, backward };
+// Which pass a module is in when a hook's before_use / after_use runs.
+enum class Pass : uint8_t { forward, backward, backward_input, backward_weight };
 
 class Module;
 
-// Called by modules during forward and backward (see "Parameter hook" above).
-// Every method has a do-nothing default.
+// Called by modules during forward and backward (see "Hooks" above). Every
+// method has a default: grad_ready and the use-scopes do nothing, scopes()
+// claims the modules that own parameters directly.
 class ParamHook {
  public:
   virtual ~ParamHook() = default;
   virtual void grad_ready(Parameter& /*p*/) {}
-  virtual void before_use(Module& /*owner*/, Pass /*pass*/) {}
-  virtual void after_use(Module& /*owner*/, Pass /*pass*/) {}
+  virtual bool scopes(Module& m);
+  virtual void before_use(Module& /*m*/, Pass /*pass*/) {}
+  virtual void after_use(Module& /*m*/, Pass /*pass*/) {}
 };
 
 class Module {
  public:
   virtual ~Module() = default;
 
-  virtual Tensor forward(const Tensor& x) = 0;
-  virtual Tensor backward(const Tensor& grad_out) = 0;
+  // x -> y, keeping in `saved` what backward needs (see the contracts).
+  Tensor forward(const Tensor& x, Saved& saved);
+  // Fused backward: backward_input then backward_weight, in one pass.
+  Tensor backward(const Tensor& grad_out, Saved& saved);
+  // The input gradient only; backward_weight(saved) must follow.
+  Tensor backward_input(const Tensor& grad_out, Saved& saved);
+  // The parameter gradients of a backward_input into `saved`; grad_ready
+  // fires here. Ends the call: `saved` may take the next forward.
+  void backward_weight(Saved& saved);
+  // One call in flight, in the module's own Saved.
+  Tensor forward(const Tensor& x) { return forward(x, own_); }
+  Tensor backward(const Tensor& grad_out) { return backward(grad_out, own_); }
+  Saved& own_saved() { return own_; }
 
-  // Every parameter of this module and its children, in definition order.
+  // Every parameter of this module and its children, in definition order,
+  // each once (a tied parameter at its first user).
   virtual std::vector<Parameter*> parameters() = 0;
 
   // The modules this one contains (containers override it); the settings
   // below propagate through it to every descendant.
   virtual std::vector<Module*> children() { return {}; }
+
+  // True for a module that owns parameters itself (no children, at least
+  // one parameter): the default use-scope of a hook.
+  bool owns_parameters() {
+    if (owns_parameters_ < 0) owns_parameters_ = children().empty() && !parameters().empty() ? 1 : 0;
+    return owns_parameters_ == 1;
+  }
+
+  // Recompute mode of this module (not its children): see the contracts.
+  void set_recompute(bool recompute) { recompute_ = recompute; }
+  bool recompute() const { return recompute_; }
 
   // Training mode (dropout active) or evaluation mode.
   void set_training(bool training) {
@@ -120,12 +169,14 @@ class Module {
   }
   bool training() const { return training_; }
 
-  // Installs the parameter hook (nullptr removes it). Borrowed: it must
-  // outlive its use.
-  void set_param_hook(ParamHook* hook) {
-    hook_ = hook;
-    for (Module* c : children()) c->set_param_hook(hook);
-  }
+  // Appends a hook (non-null, not already installed) to this module and every
+  // descendant. Borrowed: it must outlive its use or be removed.
+  void add_hook(ParamHook* hook);
+  // Removes `hook` from this module and every descendant (no-op if absent).
+  void remove_hook(ParamHook* hook);
+  // Replaces every hook by `hook` (nullptr: removes all).
+  void set_param_hook(ParamHook* hook);
+  const std::vector<ParamHook*>& hooks() const { return hooks_; }
 
   // Charges the buffers modules keep between forward and backward (outputs,
   // saved inputs' copies, masks, gradient buffers) to `tracker` as
@@ -171,22 +222,54 @@ class Module {
   }
 
  protected:
+  // What a module implements. `saved` is this call's (the recomputed one in
+  // recompute mode); the batch context of the call is saved.batch.
+  virtual Tensor do_forward(const Tensor& x, Saved& saved) = 0;
+  virtual Tensor do_backward_input(const Tensor& grad_out, Saved& saved) = 0;
+  // Modules with parameters accumulate their gradients here.
+  virtual void do_backward_weight(Saved& /*saved*/) {}
+  // Override to fuse the two passes (same numbers, e.g. fewer sweeps).
+  virtual Tensor do_backward(const Tensor& grad_out, Saved& saved) {
+    Tensor dx = do_backward_input(grad_out, saved);
+    do_backward_weight(saved);
+    return dx;
+  }
+  // "Linear 'encoder.0'", for errors.
+  virtual std::string describe() const { return "module"; }
+
+  // A module's gradient for p is complete in this backward: hooks see it
+  // once p.users reports have come in.
   void notify_grad_ready(Parameter& p) {
-    if (hook_) hook_->grad_ready(p);
-  }
-  // For modules that own parameters: bracket every use of them.
-  void begin_use(Pass pass) {
-    if (hook_) hook_->before_use(*this, pass);
-  }
-  void end_use(Pass pass) {
-    if (hook_) hook_->after_use(*this, pass);
+    if (++p.reports < p.users) return;
+    p.reports = 0;
+    for (ParamHook* h : hooks_) h->grad_ready(p);
   }
 
   bool training_ = true;
-  ParamHook* hook_ = nullptr;
   MemoryTracker* tracker_ = nullptr;
   DType compute_dtype_ = DType::f32;
   BatchContext batch_context_;
+
+ private:
+  // The Saved the do_* calls of a backward use: `saved` itself, or in
+  // recompute mode the activations rebuilt from saved.input.
+  Saved& backward_target(Saved& saved, const char* op);
+  void require_phase(const Saved& saved, Saved::Phase phase, const char* op) const;
+  void begin_scope(Pass pass);
+  void end_scope(Pass pass);
+  void end_call(Saved& saved);
+
+  std::vector<ParamHook*> hooks_;
+  bool recompute_ = false;
+  int8_t owns_parameters_ = -1;  // cached owns_parameters(): -1 unknown
+  Saved own_;
 };
+
+inline bool ParamHook::scopes(Module& m) { return m.owns_parameters(); }
+
+// Fills the rectangular block `box` of p's initial value (offset and size
+// per dimension of p.info.shape) into out (the block's elements, row-major),
+// from p.init: any shard of any layout, e.g. a column block of a weight.
+void fill_box(const Parameter& p, const std::vector<int64_t>& offset, const std::vector<int64_t>& size, float* out);
 
 }  // namespace meshtrain::nn

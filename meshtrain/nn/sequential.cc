@@ -24,29 +24,48 @@ void Sequential::add_module(std::unique_ptr<Module> child) {
                             "build each child with next_name() as its prefix");
   }
   child->set_training(training_);
-  child->set_param_hook(hook_);
+  child->set_param_hook(nullptr);
+  for (ParamHook* h : hooks()) child->add_hook(h);
   child->set_memory_tracker(tracker_);
   child->set_compute_dtype(compute_dtype_);
   child->set_batch_context(batch_context_.step, batch_context_.first_global_sample);
   children_.push_back(std::move(child));
 }
 
-Tensor Sequential::forward(const Tensor& x) {
+std::string Sequential::describe() const { return fmt::format("Sequential '{}'", prefix_); }
+
+Tensor Sequential::do_forward(const Tensor& x, Saved& saved) {
   Tensor h = x;
-  for (auto& child : children_) h = child->forward(h);
+  for (size_t i = 0; i < children_.size(); ++i) h = children_[i]->forward(h, saved.child(i));
   return h;
 }
 
-Tensor Sequential::backward(const Tensor& grad_out) {
+// The reverse chain of `step` (a child's backward or backward_input).
+template <typename Step>
+static Tensor reverse_chain(const std::string& prefix, size_t n, const Tensor& grad_out, Step step) {
   Tensor g = grad_out;
-  for (size_t i = children_.size(); i-- > 0;) {
+  for (size_t i = n; i-- > 0;) {
     if (!g.defined())
       throw InvalidArgument("Sequential::backward",
-                            fmt::format("'{}': child {} got no gradient from child {}", prefix_, i, i + 1),
+                            fmt::format("'{}': child {} got no gradient from child {}", prefix, i, i + 1),
                             "only the first child may skip its input gradient (needs_input_grad = false)");
-    g = children_[i]->backward(g);
+    g = step(i, g);
   }
   return g;
+}
+
+Tensor Sequential::do_backward(const Tensor& grad_out, Saved& saved) {
+  return reverse_chain(prefix_, children_.size(), grad_out,
+                       [&](size_t i, const Tensor& g) { return children_[i]->backward(g, saved.child(i)); });
+}
+
+Tensor Sequential::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  return reverse_chain(prefix_, children_.size(), grad_out,
+                       [&](size_t i, const Tensor& g) { return children_[i]->backward_input(g, saved.child(i)); });
+}
+
+void Sequential::do_backward_weight(Saved& saved) {
+  for (size_t i = children_.size(); i-- > 0;) children_[i]->backward_weight(saved.child(i));
 }
 
 std::vector<Parameter*> Sequential::parameters() {

@@ -10,6 +10,10 @@
 //   Tensor logits = net.forward(x);   // (B, 784) -> (B, 10)
 //   net.backward(dlogits);            // hooks fire for 2.bias, 2.weight, 0.bias, 0.weight
 //
+// Child i's per-call state is saved.child(i). The split backward runs every
+// child's backward_input (last to first), then every child's
+// backward_weight in the same order, so grad_ready comes in the fused order.
+//
 // A child's parameter names are fixed when it is built (they key its
 // initialization), so build each child with next_name() as its prefix.
 // add() rejects a child whose parameter names repeat one already present.
@@ -48,14 +52,19 @@ class Sequential : public Module {
   size_t size() const { return children_.size(); }
   Module& operator[](size_t i) { return *children_.at(i); }
 
-  // Chains the children: x -> children[0] -> ... -> children[n-1].
-  Tensor forward(const Tensor& x) override;
-  // Reverse chain; returns what the first child returns (undefined when it
-  // skips its input gradient).
-  Tensor backward(const Tensor& grad_out) override;
+  // forward chains the children: x -> children[0] -> ... -> children[n-1];
+  // backward the reverse chain, returning what the first child returns
+  // (undefined when it skips its input gradient).
   std::vector<Parameter*> parameters() override;
 
   std::vector<Module*> children() override;
+
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  Tensor do_backward(const Tensor& grad_out, Saved& saved) override;
+  std::string describe() const override;
 
  private:
   void add_module(std::unique_ptr<Module> child);

@@ -9,6 +9,8 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/activations.h"
+#include "meshtrain/core/ops.h"
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 
 namespace meshtrain::nn {
@@ -66,28 +68,28 @@ std::vector<Parameter*> VAE::parameters() {
   return all;
 }
 
-Tensor VAE::forward(const Tensor& x) { return forward_impl(x, training_, "eps"); }
-
-Tensor VAE::forward_impl(const Tensor& x, bool sample, std::string_view stream) {
+Tensor VAE::do_forward(const Tensor& x, Saved& saved) {
   const char* op = "VAE::forward";
-  mu_ = Tensor();  // let the heads reuse their output buffers
-  logvar_ = Tensor();
-  Tensor h = encoder_.forward(x);  // (B, input) -> (B, H)
-  mu_ = fc_mu_.forward(h);         // (B, H) -> (B, L)
-  logvar_ = fc_logvar_.forward(h);  // (B, H) -> (B, L)
+  State& st = saved.state<State>();
+  st.mu = Tensor();  // let the heads reuse their output buffers
+  st.logvar = Tensor();
+  Tensor h = encoder_.forward(x, saved.child(kEncoder));  // (B, input) -> (B, H)
+  st.mu = fc_mu_.forward(h, saved.child(kMu));             // (B, H) -> (B, L)
+  st.logvar = fc_logvar_.forward(h, saved.child(kLogvar));  // (B, H) -> (B, L)
   h = Tensor();
-  sampled_ = sample;
-  if (!sampled_) return decoder_.forward(mu_);  // z = mu
+  const bool eval_sample = !eval_stream_.empty();
+  st.sampled = training_ || eval_sample;
+  if (!st.sampled) return decoder_.forward(st.mu, saved.child(kDecoder));  // z = mu
 
-  const BatchContext& ctx = batch_context_;
+  const BatchContext& ctx = saved.batch;
   if (ctx.first_global_sample < 0)
     throw InvalidArgument(op, fmt::format("first_global_sample {}", ctx.first_global_sample),
                           "set_batch_context needs the global index of the first local sample, >= 0");
-  const int64_t batch = mu_.size(0), latent = config_.latent;
+  const int64_t batch = st.mu.size(0), latent = config_.latent;
   const int64_t n = batch * latent;
-  Tensor& eps = internal::reuse_or_allocate(eps_, {batch, latent}, tracker_);
-  Tensor& sd = internal::reuse_or_allocate(std_, {batch, latent}, tracker_);
-  Tensor& z = internal::reuse_or_allocate(z_, {batch, latent}, tracker_);
+  Tensor& eps = internal::reuse_or_allocate(st.eps, {batch, latent}, tracker_);
+  Tensor& sd = internal::reuse_or_allocate(st.std, {batch, latent}, tracker_);
+  Tensor& z = internal::reuse_or_allocate(st.z, {batch, latent}, tracker_);
   // eps at global index (first_global_sample + i) * latent + k: one contiguous run.
   if (noise_override_.defined()) {
     if (noise_override_.shape() != eps.shape())
@@ -96,114 +98,139 @@ Tensor VAE::forward_impl(const Tensor& x, bool sample, std::string_view stream) 
                             "pass (batch, latent) noise");
     eps.copy_from(noise_override_);
   } else {
+    const std::string stream = eval_sample ? eval_stream_ : std::string("eps");
     fill_normal(eps.data<float>(), static_cast<size_t>(n), config_.seed,
                 internal::step_key(internal::join_name(config_.prefix, stream), ctx.step),
                 static_cast<uint64_t>(ctx.first_global_sample) * static_cast<uint64_t>(latent), 0.0f, 1.0f);
   }
-  const float* pm = mu_.data<float>();
-  const float* pl = logvar_.data<float>();
-  const float* pe = eps.data<float>();
-  float* ps = sd.data<float>();
-  float* pz = z.data<float>();
-  for (int64_t i = 0; i < n; ++i) {
-    ps[i] = std::exp(0.5f * pl[i]);
-    pz[i] = pm[i] + ps[i] * pe[i];  // z = mu + exp(0.5 logvar) * eps
-  }
-  return decoder_.forward(z);  // (B, L) -> (B, input) logits
+  functional::reparameterize(st.mu, st.logvar, eps, sd, z);  // z = mu + exp(0.5 logvar) * eps
+  return decoder_.forward(z, saved.child(kDecoder));         // (B, L) -> (B, input) logits
 }
 
-Tensor VAE::backward(const Tensor& grad_logits) { return backward(grad_logits, Tensor(), Tensor()); }
-
-Tensor VAE::backward(const Tensor& grad_logits, const Tensor& grad_mu, const Tensor& grad_logvar) {
+Tensor VAE::backward(const Tensor& grad_logits, const Tensor& grad_mu, const Tensor& grad_logvar, Saved& saved) {
   const char* op = "VAE::backward";
-  Tensor dz = decoder_.backward(grad_logits);  // (B, input) -> (B, L)
-  const std::vector<int64_t>& shape = mu_.shape();
-  Tensor gm, gl;
+  const std::vector<int64_t> shape = saved.state<State>().mu.shape();
+  pending_grad_mu_ = Tensor();
+  pending_grad_logvar_ = Tensor();
   if (grad_mu.defined()) {
-    gm = internal::f32_contiguous(grad_mu, op, "grad_mu");
-    internal::check_shape(gm, shape, op, "grad_mu");
+    pending_grad_mu_ = internal::f32_contiguous(grad_mu, op, "grad_mu");
+    internal::check_shape(pending_grad_mu_, shape, op, "grad_mu");
   }
   if (grad_logvar.defined()) {
-    gl = internal::f32_contiguous(grad_logvar, op, "grad_logvar");
-    internal::check_shape(gl, shape, op, "grad_logvar");
+    pending_grad_logvar_ = internal::f32_contiguous(grad_logvar, op, "grad_logvar");
+    internal::check_shape(pending_grad_logvar_, shape, op, "grad_logvar");
   }
-  Tensor& dmu = internal::reuse_or_allocate(dmu_, shape, tracker_);
-  Tensor& dlv = internal::reuse_or_allocate(dlogvar_, shape, tracker_);
-  const int64_t n = mu_.numel();
-  const float* pdz = dz.data<float>();
-  float* pdm = dmu.data<float>();
-  float* pdl = dlv.data<float>();
-  // dz/dmu = 1; dz/dlogvar = 0.5 exp(0.5 logvar) eps (0 when z = mu).
-  std::copy(pdz, pdz + n, pdm);
-  if (sampled_) {
-    const float* pe = eps_.data<float>();
-    const float* ps = std_.data<float>();
-    for (int64_t i = 0; i < n; ++i) pdl[i] = pdz[i] * pe[i] * 0.5f * ps[i];
-  } else {
-    std::fill(pdl, pdl + n, 0.0f);
+  try {
+    return Module::backward(grad_logits, saved);
+  } catch (...) {
+    pending_grad_mu_ = pending_grad_logvar_ = Tensor();
+    throw;
   }
-  if (gm.defined()) {
-    const float* p = gm.data<float>();
-    for (int64_t i = 0; i < n; ++i) pdm[i] += p[i];
-  }
-  if (gl.defined()) {
-    const float* p = gl.data<float>();
-    for (int64_t i = 0; i < n; ++i) pdl[i] += p[i];
-  }
-  dz = Tensor();
-  // Heads in reverse definition order, so the hook sees reverse parameter order.
-  Tensor dh_logvar = fc_logvar_.backward(dlv);  // (B, L) -> (B, H)
-  Tensor dh_mu = fc_mu_.backward(dmu);          // (B, L) -> (B, H)
-  Tensor& dh = internal::reuse_or_allocate(dh_, dh_mu.shape(), tracker_);
-  const float* a = dh_mu.data<float>();
-  const float* b = dh_logvar.data<float>();
-  float* pdh = dh.data<float>();
-  const int64_t m = dh.numel();
-  for (int64_t i = 0; i < m; ++i) pdh[i] = a[i] + b[i];
-  return encoder_.backward(dh);  // (B, H) -> (B, input) or undefined
 }
 
-VAELoss VAE::losses(const Tensor& x, const Tensor& logits, std::optional<double> normalizer) {
+void VAE::latent_grads(const Tensor& dz, State& st) {
+  const std::vector<int64_t>& shape = st.mu.shape();
+  Tensor& dmu = internal::reuse_or_allocate(st.dmu, shape, tracker_);
+  Tensor& dlv = internal::reuse_or_allocate(st.dlogvar, shape, tracker_);
+  // dz/dmu = 1; dz/dlogvar = 0.5 exp(0.5 logvar) eps (0 when z = mu).
+  dmu.copy_from(dz);
+  if (st.sampled)
+    functional::reparameterize_backward_logvar(dz, st.eps, st.std, dlv);
+  else
+    dlv.fill(0.0);
+  if (pending_grad_mu_.defined()) axpy(1.0, pending_grad_mu_, dmu);
+  if (pending_grad_logvar_.defined()) axpy(1.0, pending_grad_logvar_, dlv);
+  pending_grad_mu_ = pending_grad_logvar_ = Tensor();
+}
+
+Tensor VAE::sum_heads(const Tensor& dh_mu, const Tensor& dh_logvar, State& st) {
+  Tensor& dh = internal::reuse_or_allocate(st.dh, dh_mu.shape(), tracker_);
+  add(dh_mu, dh_logvar, dh);
+  return dh;
+}
+
+Tensor VAE::do_backward(const Tensor& grad_logits, Saved& saved) {
+  State& st = saved.state<State>();
+  Tensor dz = decoder_.backward(grad_logits, saved.child(kDecoder));  // (B, input) -> (B, L)
+  latent_grads(dz, st);
+  dz = Tensor();
+  // Heads in reverse definition order, so the hook sees reverse parameter order.
+  Tensor dh_logvar = fc_logvar_.backward(st.dlogvar, saved.child(kLogvar));  // (B, L) -> (B, H)
+  Tensor dh_mu = fc_mu_.backward(st.dmu, saved.child(kMu));                   // (B, L) -> (B, H)
+  Tensor dh = sum_heads(dh_mu, dh_logvar, st);
+  return encoder_.backward(dh, saved.child(kEncoder));  // (B, H) -> (B, input) or undefined
+}
+
+Tensor VAE::do_backward_input(const Tensor& grad_logits, Saved& saved) {
+  State& st = saved.state<State>();
+  Tensor dz = decoder_.backward_input(grad_logits, saved.child(kDecoder));
+  latent_grads(dz, st);
+  dz = Tensor();
+  Tensor dh_logvar = fc_logvar_.backward_input(st.dlogvar, saved.child(kLogvar));
+  Tensor dh_mu = fc_mu_.backward_input(st.dmu, saved.child(kMu));
+  Tensor dh = sum_heads(dh_mu, dh_logvar, st);
+  return encoder_.backward_input(dh, saved.child(kEncoder));
+}
+
+void VAE::do_backward_weight(Saved& saved) {
+  // The fused order: decoder, logvar head, mu head, encoder.
+  decoder_.backward_weight(saved.child(kDecoder));
+  fc_logvar_.backward_weight(saved.child(kLogvar));
+  fc_mu_.backward_weight(saved.child(kMu));
+  encoder_.backward_weight(saved.child(kEncoder));
+}
+
+VAELoss VAE::losses(const Tensor& x, const Tensor& logits, Saved& saved, std::optional<double> normalizer) {
   const double norm = normalizer.value_or(static_cast<double>(std::max<int64_t>(logits.size(0), 1)));
+  State& st = saved.state<State>();
   VAELoss l;
-  l.recon = bce_.forward(logits, x, norm);
-  l.kl = kl_.forward(mu_, logvar_, norm);
+  l.recon = bce_.forward(logits, x, saved.child(kBce), norm);
+  l.kl = kl_.forward(st.mu, st.logvar, saved.child(kKl), norm);
   l.total = l.recon + l.kl;
   return l;
 }
 
-VAELoss VAE::forward_backward(const Tensor& x, std::optional<double> normalizer) {
-  Tensor logits = forward(x);
-  const VAELoss l = losses(x, logits, normalizer);
+VAELoss VAE::forward_backward(const Tensor& x, Saved& saved, std::optional<double> normalizer) {
+  Tensor logits = forward(x, saved);
+  const VAELoss l = losses(x, logits, saved, normalizer);
   logits = Tensor();
-  GaussianKLLoss::Grads g = kl_.backward();
-  backward(bce_.backward(), g.mu, g.logvar);
+  GaussianKLLoss::Grads g = kl_.backward(saved.child(kKl));
+  backward(bce_.backward(saved.child(kBce)), g.mu, g.logvar, saved);
   return l;
 }
 
 VAELoss VAE::evaluate(const Tensor& x, std::optional<double> normalizer) {
-  Tensor logits = forward(x);
-  return losses(x, logits, normalizer);
+  Saved& saved = own_saved();
+  Tensor logits = forward(x, saved);
+  return losses(x, logits, saved, normalizer);
 }
 
 VAELoss VAE::evaluate_sampled(const Tensor& x, std::optional<double> normalizer) {
-  Tensor logits = forward_impl(x, true, "eval_eps");
-  return losses(x, logits, normalizer);
+  Saved& saved = own_saved();
+  eval_stream_ = "eval_eps";
+  Tensor logits;
+  try {
+    logits = forward(x, saved);
+  } catch (...) {
+    eval_stream_.clear();
+    throw;
+  }
+  eval_stream_.clear();
+  return losses(x, logits, saved, normalizer);
 }
 
 Tensor VAE::decode(const Tensor& z) {
-  Tensor logits = decoder_.forward(z);  // (N, L) -> (N, input)
+  Saved scratch;
+  Tensor logits = decoder_.forward(z, scratch);  // (N, L) -> (N, input)
   Tensor out = Tensor::empty(logits.shape(), DType::f32);
-  const float* pl = logits.data<float>();
-  float* po = out.data<float>();
-  const int64_t n = logits.numel();
-  for (int64_t i = 0; i < n; ++i) po[i] = 1.0f / (1.0f + std::exp(-pl[i]));
+  functional::activation_forward(functional::ActivationKind::sigmoid, logits, out);
   return out;
 }
 
 Tensor VAE::reconstruct(const Tensor& x) {
-  Tensor h = encoder_.forward(x);  // (N, input) -> (N, H)
-  return decode(fc_mu_.forward(h));
+  Saved scratch;
+  Tensor h = encoder_.forward(x, scratch.child(kEncoder));  // (N, input) -> (N, H)
+  return decode(fc_mu_.forward(h, scratch.child(kMu)));
 }
 
 }  // namespace meshtrain::nn

@@ -28,9 +28,11 @@
 //
 // forward(x) / backward(dlogits) keep the Module contract with the loss seen
 // as a function of the logits only; the three-argument backward adds the
-// gradients reaching mu and logvar directly (the KL term).
-// decode() and reconstruct() run the layers' forward and so overwrite the
-// state a pending backward needs: call them between steps.
+// gradients reaching mu and logvar directly (the KL term). Every form takes
+// an optional Saved (the call's state: children's activations, mu, logvar,
+// noise, the losses'); without one the VAE's own is used.
+// decode() and reconstruct() keep nothing: they may run between a forward
+// and its backward.
 // Thread-safety: one thread at a time (a module belongs to one rank).
 #pragma once
 
@@ -68,20 +70,25 @@ class VAE final : public Module {
   VAE(const VAE&) = delete;
   VAE& operator=(const VAE&) = delete;
 
-  // x (B, input) f32 -> reconstruction logits (B, input). Keeps mu, logvar.
-  Tensor forward(const Tensor& x) override;
-  // The gradient of a loss of the logits only (no KL term).
-  Tensor backward(const Tensor& grad_logits) override;
+  // forward: x (B, input) f32 -> reconstruction logits (B, input); keeps mu,
+  // logvar. backward: the gradient of a loss of the logits only (no KL term).
+  using Module::backward;
   // grad_logits (B, input); grad_mu and grad_logvar (B, latent), each may be
   // undefined (zero). Returns d loss / d x, or undefined unless needs_input_grad.
-  Tensor backward(const Tensor& grad_logits, const Tensor& grad_mu, const Tensor& grad_logvar);
+  Tensor backward(const Tensor& grad_logits, const Tensor& grad_mu, const Tensor& grad_logvar, Saved& saved);
+  Tensor backward(const Tensor& grad_logits, const Tensor& grad_mu, const Tensor& grad_logvar) {
+    return backward(grad_logits, grad_mu, grad_logvar, own_saved());
+  }
   std::vector<Parameter*> parameters() override;
 
   std::vector<Module*> children() override { return {&encoder_, &fc_mu_, &fc_logvar_, &decoder_}; }
 
   // forward, the ELBO parts, and backward through decoder, both heads and
   // encoder (gradients accumulate). x is also the BCE target, in [0, 1].
-  VAELoss forward_backward(const Tensor& x, std::optional<double> normalizer = std::nullopt);
+  VAELoss forward_backward(const Tensor& x, Saved& saved, std::optional<double> normalizer = std::nullopt);
+  VAELoss forward_backward(const Tensor& x, std::optional<double> normalizer = std::nullopt) {
+    return forward_backward(x, own_saved(), normalizer);
+  }
   // forward and the ELBO parts only (honours training(): in evaluation mode
   // z = mu, so recon + kl is NOT a bound on -log p(x)).
   VAELoss evaluate(const Tensor& x, std::optional<double> normalizer = std::nullopt);
@@ -98,33 +105,53 @@ class VAE final : public Module {
   // decode(mu(x)): the deterministic reconstruction, (N, input) -> (N, input).
   Tensor reconstruct(const Tensor& x);
 
-  // The last forward's posterior parameters, (B, latent).
-  const Tensor& mu() const { return mu_; }
-  const Tensor& logvar() const { return logvar_; }
-  // The last training forward's noise, (B, latent).
-  const Tensor& eps() const { return eps_; }
+  // The posterior parameters of the last forward into `saved` (default: the
+  // VAE's own), (B, latent).
+  const Tensor& mu(Saved& saved) { return saved.state<State>().mu; }
+  const Tensor& logvar(Saved& saved) { return saved.state<State>().logvar; }
+  const Tensor& mu() { return mu(own_saved()); }
+  const Tensor& logvar() { return logvar(own_saved()); }
+  // The noise of the last training forward into the VAE's own Saved, (B, latent).
+  const Tensor& eps() { return own_saved().state<State>().eps; }
   // Uses this (B, latent) noise instead of drawing it, until cleared with an
   // undefined Tensor: for parity tests against another framework's noise.
   void set_noise_override(Tensor eps) { noise_override_ = std::move(eps); }
   const VAEConfig& config() const { return config_; }
 
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_logits, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  Tensor do_backward(const Tensor& grad_logits, Saved& saved) override;
+  std::string describe() const override { return "VAE '" + config_.prefix + "'"; }
+
  private:
-  VAELoss losses(const Tensor& x, const Tensor& logits, std::optional<double> normalizer);
-  // forward() with z sampled (noise stream `stream`) or z = mu.
-  Tensor forward_impl(const Tensor& x, bool sample, std::string_view stream);
+  // Child slots of a VAE's Saved.
+  enum Slot : size_t { kEncoder = 0, kMu, kLogvar, kDecoder, kBce, kKl };
+  struct State {
+    Tensor mu, logvar;        // (B, latent) heads' outputs
+    Tensor eps, std, z;       // (B, latent) noise, exp(0.5 logvar), decoder input
+    bool sampled = false;     // the forward drew noise
+    Tensor dmu, dlogvar, dh;  // gradient buffers
+  };
+  VAELoss losses(const Tensor& x, const Tensor& logits, Saved& saved, std::optional<double> normalizer);
+  // The gradients reaching mu and logvar from the decoder's dz.
+  // (The three-argument backward's extra gradients are added here.)
+  void latent_grads(const Tensor& dz, State& st);
+  // dh = dh_mu + dh_logvar into st.dh.
+  Tensor sum_heads(const Tensor& dh_mu, const Tensor& dh_logvar, State& st);
 
   VAEConfig config_;
   Sequential encoder_;  // (B, input) -> (B, hidden.back())
   Linear fc_mu_;        // (B, hidden.back()) -> (B, latent)
   Linear fc_logvar_;    // (B, hidden.back()) -> (B, latent)
   Sequential decoder_;  // (B, latent) -> (B, input) logits
-  Tensor mu_, logvar_;  // (B, latent) heads' outputs of the last forward
-  Tensor eps_;          // (B, latent) noise of the last training forward
   Tensor noise_override_;  // see set_noise_override
-  Tensor std_;          // (B, latent) exp(0.5 logvar)
-  Tensor z_;            // (B, latent) decoder input buffer
-  Tensor dmu_, dlogvar_, dh_;  // gradient buffers
-  bool sampled_ = false;       // last forward drew noise (training mode)
+  // The three-argument backward's grad_mu, grad_logvar, for the call in progress.
+  Tensor pending_grad_mu_, pending_grad_logvar_;
+  // evaluate_sampled: the noise stream of the next forward (sampled whatever
+  // training() says); empty: training() decides, stream "eps".
+  std::string eval_stream_;
   BCEWithLogitsLoss bce_;
   GaussianKLLoss kl_;
 };

@@ -224,11 +224,11 @@ DataParallel::DataParallel(nn::Module& model, comm::Communicator& data_comm, Dat
                       : CommTiming::polled;
   if (stats_.timing == CommTiming::exact) watcher_ = std::make_unique<Watcher>(buckets_.size());
   reset_backward();
-  model.set_param_hook(this);
+  model.add_hook(this);
 }
 
 DataParallel::~DataParallel() {
-  model_->set_param_hook(nullptr);
+  model_->remove_hook(this);
   watcher_.reset();                                  // waits for its Works, joins
   for (Bucket& b : buckets_) b.work = comm::Work();  // drains (errors were or will not be seen)
 }

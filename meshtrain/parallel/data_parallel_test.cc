@@ -36,7 +36,12 @@ class TinyMlp final : public nn::Module {
     init(b2_, "fc2.bias", {out}, seed);
   }
 
-  Tensor forward(const Tensor& x) override {  // x (B, in) -> (B, out)
+  std::vector<nn::Parameter*> parameters() override { return {&w1_, &b1_, &w2_, &b2_}; }
+
+  void skip_fc1_bias_hook() { skip_fc1_bias_ = true; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, nn::Saved&) override {  // x (B, in) -> (B, out)
     x_ = x;
     a_ = matmul(x, w1_.value);  // (B, hidden)
     add_bias(a_, b1_.value);
@@ -47,7 +52,10 @@ class TinyMlp final : public nn::Module {
     return y;
   }
 
-  Tensor backward(const Tensor& dy) override {  // dy (B, out) -> dx (B, in)
+  Tensor do_backward_input(const Tensor&, nn::Saved&) override {
+    throw Unsupported("TinyMlp", "no split backward", "use backward");
+  }
+  Tensor do_backward(const Tensor& dy, nn::Saved&) override {  // dy (B, out) -> dx (B, in)
     col_sum_into(dy, b2_.grad);
     notify_grad_ready(b2_);
     matmul(a_, dy, w2_.grad, true, false, 1.0, 1.0);  // += a^T dy
@@ -63,10 +71,6 @@ class TinyMlp final : public nn::Module {
     notify_grad_ready(w1_);
     return matmul(dh, w1_.value.transpose(0, 1));
   }
-
-  std::vector<nn::Parameter*> parameters() override { return {&w1_, &b1_, &w2_, &b2_}; }
-
-  void skip_fc1_bias_hook() { skip_fc1_bias_ = true; }
 
  private:
   static void init(nn::Parameter& p, const std::string& name, std::vector<int64_t> shape, uint64_t seed) {

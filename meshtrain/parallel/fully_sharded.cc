@@ -23,10 +23,32 @@ constexpr const char* kOp = "FullyShardedDataParallel";
 
 bool is_float_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
-// The module path of a parameter: its name up to the last '.'.
-std::string unit_name(const std::string& param) {
-  const size_t dot = param.rfind('.');
-  return dot == std::string::npos ? std::string() : param.substr(0, dot);
+// The module path of a unit: the longest dotted prefix its parameters'
+// names share ("layers.0" for "layers.0.weight" and "layers.0.bias").
+std::string unit_name(const std::vector<nn::Parameter*>& params) {
+  if (params.empty()) return "";
+  std::string prefix = params[0]->name;
+  const size_t last = prefix.rfind('.');
+  prefix = last == std::string::npos ? std::string() : prefix.substr(0, last);
+  for (const nn::Parameter* p : params) {
+    while (!prefix.empty() && !(p->name.starts_with(prefix) && p->name.size() > prefix.size() &&
+                                p->name[prefix.size()] == '.')) {
+      const size_t dot = prefix.rfind('.');
+      prefix = dot == std::string::npos ? std::string() : prefix.substr(0, dot);
+    }
+  }
+  return prefix;
+}
+
+// The units of `m`'s subtree, in definition order: each listed module is one
+// unit (its whole subtree); elsewhere every module that owns parameters.
+void collect_units(nn::Module& m, const std::vector<nn::Module*>& listed,
+                   std::vector<std::pair<nn::Module*, std::vector<nn::Parameter*>>>& out) {
+  if (std::find(listed.begin(), listed.end(), &m) != listed.end() || m.owns_parameters()) {
+    out.push_back({&m, m.parameters()});
+    return;
+  }
+  for (nn::Module* c : m.children()) collect_units(*c, listed, out);
 }
 
 // Widening and rounding of one element, by dtype.
@@ -208,13 +230,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, comm::Comm
   }
   check_structure(params);
   if (options_.sync_module_states) sync_states();
-  build_units(params);
+  build_units(model, params);
   model.set_compute_dtype(options_.param_dtype);
-  model.set_param_hook(this);
+  model.add_hook(this);
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
-  model_->set_param_hook(nullptr);
+  model_->remove_hook(this);
   model_->set_compute_dtype(DType::f32);
   for (auto& r : in_flight_) r->work = comm::Work();  // drains; errors were or will not be seen
   for (auto& u : units_) u->gather = comm::Work();
@@ -256,25 +278,36 @@ Tensor FullyShardedDataParallel::alloc(int64_t n, DType dtype, MemoryCategory ca
   return Tensor::zeros({n}, dtype, Device{}, options_.tracker, category);
 }
 
-void FullyShardedDataParallel::build_units(const std::vector<nn::Parameter*>& params) {
-  // Group by module path, in order of first appearance.
-  std::vector<std::pair<std::string, std::vector<nn::Parameter*>>> groups;
-  for (nn::Parameter* p : params) {
-    const std::string name = unit_name(p->name);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == name; });
-    if (it == groups.end()) {
-      groups.push_back({name, {}});
-      it = groups.end() - 1;
-    }
-    it->second.push_back(p);
-  }
+void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<nn::Parameter*>& params) {
+  std::vector<std::pair<nn::Module*, std::vector<nn::Parameter*>>> groups;
+  collect_units(model, options_.unit_modules, groups);
+  // Every parameter in exactly one unit.
+  std::unordered_map<const nn::Parameter*, nn::Module*> owner;
+  for (auto& [m, ps] : groups)
+    for (nn::Parameter* p : ps)
+      if (!owner.emplace(p, m).second)
+        throw InvalidArgument(kOp,
+                              fmt::format("parameter '{}' is used by two units (a tied weight?); the second is '{}'",
+                                          p->name, unit_name(ps)),
+                              "list a module that contains every user of it in unit_modules");
+  for (nn::Module* m : options_.unit_modules)
+    if (std::none_of(groups.begin(), groups.end(), [&](const auto& g) { return g.first == m; }))
+      throw InvalidArgument(kOp, "a module in unit_modules is not in the model (or sits inside another listed one)",
+                            "list modules of the wrapped model, none inside another");
+  for (const nn::Parameter* p : params)
+    if (!owner.count(p))
+      throw InvalidArgument(kOp,
+                            fmt::format("parameter '{}' belongs to no module reachable through children()", p->name),
+                            "a container must list its submodules in children()");
   const DType pd = options_.param_dtype, gd = reduce_dtype_;
   const ZeroStage stage = options_.stage;
   int64_t replicated = 0;
-  for (auto& [name, ps] : groups) {
+  for (auto& [module, ps] : groups) {
+    const std::string name = unit_name(ps);
     auto u = std::make_unique<Unit>();
     u->name = name;
     u->index = static_cast<int>(units_.size());
+    unit_of_module_[module] = u.get();
     UnitInfo info;
     info.name = name;
     for (nn::Parameter* p : ps) {
@@ -290,7 +323,6 @@ void FullyShardedDataParallel::build_units(const std::vector<nn::Parameter*>& pa
         replicated += n;
         info.replicated.push_back(p->name);
       }
-      unit_of_param_[p] = u.get();
     }
     u->padded = (u->numel + d_ - 1) / d_ * d_;
     u->shard = u->padded / d_;
@@ -377,23 +409,13 @@ std::vector<nn::Parameter*> FullyShardedDataParallel::optimizer_parameters() {
 
 // ---- use of a unit ----
 
-FullyShardedDataParallel::Unit* FullyShardedDataParallel::unit_of(nn::Module& owner, const char* op) {
-  const std::vector<nn::Parameter*> ps = owner.parameters();
-  if (ps.empty()) return nullptr;
-  Unit* u = nullptr;
-  for (nn::Parameter* p : ps) {
-    auto it = unit_of_param_.find(p);
-    if (it == unit_of_param_.end())
-      throw InvalidArgument(op, fmt::format("parameter '{}' is not managed by this wrapper", p->name),
-                            "wrap the whole model once, before its first forward");
-    if (u && it->second != u)
-      throw InvalidArgument(op, fmt::format("module owning '{}' spans two units ('{}', '{}')", p->name, u->name,
-                                            it->second->name),
-                            "a unit is one leaf module: name its parameters '<path>.<name>'");
-    u = it->second;
-  }
-  return u->params.empty() ? nullptr : u;
+FullyShardedDataParallel::Unit* FullyShardedDataParallel::unit_of(nn::Module& owner) {
+  auto it = unit_of_module_.find(&owner);
+  if (it == unit_of_module_.end() || it->second->params.empty()) return nullptr;
+  return it->second;
 }
+
+bool FullyShardedDataParallel::scopes(nn::Module& m) { return unit_of_module_.count(&m) > 0; }
 
 bool FullyShardedDataParallel::values_persistent() const {
   return options_.param_dtype == DType::f32 && options_.stage != ZeroStage::zero3;
@@ -460,42 +482,48 @@ FullyShardedDataParallel::Unit* FullyShardedDataParallel::neighbour(const Unit& 
 }
 
 void FullyShardedDataParallel::before_use(nn::Module& owner, nn::Pass pass) {
-  Unit* u = unit_of(owner, "FullyShardedDataParallel::before_use");
+  Unit* u = unit_of(owner);
   if (!u) return;
   poll();
-  if (pass == nn::Pass::backward && options_.stage == ZeroStage::zero3 &&
+  const bool uses_values = pass != nn::Pass::backward_weight;
+  const bool uses_grads = pass == nn::Pass::backward || pass == nn::Pass::backward_weight;
+  if (pass != nn::Pass::forward && uses_values && options_.stage == ZeroStage::zero3 &&
       options_.backward_prefetch == BackwardPrefetch::pre) {
     // Start the next unit's gather before waiting for this one's, so both
     // are in flight together.
     if (!u->materialized) start_gather(*u);
     if (Unit* next = neighbour(*u, -1)) start_gather(*next);
   }
-  materialize(*u);
+  if (uses_values) materialize(*u);
   if (pass == nn::Pass::forward) {
     if (options_.forward_prefetch)
       if (Unit* next = neighbour(*u, +1)) start_gather(*next);
     return;
   }
-  // Backward: a gradient to accumulate into.
+  if (!uses_grads) return;
+  // A gradient to accumulate into.
   window_open_ = true;
   if (grads_persistent()) return;
   u->work_grad = alloc(u->padded, DType::f32, MemoryCategory::working);
   for (size_t i = 0; i < u->params.size(); ++i) {
     nn::Parameter* p = u->params[i];
-    p->grad = u->work_grad.narrow(0, u->offsets[i], p->value.numel()).view(shapes_.at(p));
+    p->grad = u->work_grad.narrow(0, u->offsets[i], p->info.numel()).view(shapes_.at(p));
   }
 }
 
 void FullyShardedDataParallel::after_use(nn::Module& owner, nn::Pass pass) {
-  Unit* u = unit_of(owner, "FullyShardedDataParallel::after_use");
+  Unit* u = unit_of(owner);
   if (!u) return;
   if (pass == nn::Pass::forward) {
     if (options_.reshard_after_forward) release_values(*u);
     return;
   }
-  release_values(*u);
-  if (options_.stage == ZeroStage::zero3 && options_.backward_prefetch == BackwardPrefetch::post)
-    if (Unit* next = neighbour(*u, -1)) start_gather(*next);
+  if (pass != nn::Pass::backward_weight) {  // the values' last use in this backward
+    release_values(*u);
+    if (options_.stage == ZeroStage::zero3 && options_.backward_prefetch == BackwardPrefetch::post)
+      if (Unit* next = neighbour(*u, -1)) start_gather(*next);
+  }
+  if (pass == nn::Pass::backward_input) return;
   reduce_unit(*u);
   poll();
 }

@@ -15,10 +15,11 @@
 //     fsdp.zero_grad();
 //   }
 //
-// Units. A unit is the set of parameters of one leaf module (Linear,
-// LayerNorm: the parameters whose names share everything up to the last
-// '.'), i.e. every parameter-owning module is wrapped, like FSDP's
-// size-based auto-wrap with a threshold of 0. Within a unit, parameters with
+// Units. By default a unit is the set of parameters of one module that owns
+// parameters (Linear, LayerNorm), i.e. every such module is wrapped, like
+// FSDP's size-based auto-wrap with a threshold of 0; options.unit_modules
+// makes whole subtrees (a transformer block) one unit each. A unit is named
+// by its parameters' common module path. Within a unit, parameters with
 // at least min_weight_size elements are SHARDED; smaller ones (biases,
 // norms) stay REPLICATED in f32 (also under mixed precision) and their
 // gradients are all-reduced at finish(), like data parallelism. no_shard
@@ -46,7 +47,10 @@
 // optimizer charges its own state. Transient copies are charged as
 // MemoryCategory::working (see below).
 //
-// Use of a unit (the ParamHook calls of its module):
+// Use of a unit (the ParamHook calls of its module; a split backward's
+// backward_input uses values like backward, its backward_weight gradients
+// like backward, so a unit's values are gathered for the first and its
+// gradient is reduced after the second):
 //   before_use(forward)  stage 3: all-gather the unit (unless prefetched or
 //                        kept); any stage with p < 4: widen the unit to an f32
 //                        working copy. p.value becomes a view of the f32
@@ -156,6 +160,12 @@ struct FullyShardedOptions {
   // Broadcast every parameter from rank 0 of the shard (and replicate)
   // communicator at construction (seeds' sync_module_states).
   bool sync_module_states = true;
+  // Modules that are one unit each with their whole subtree (FSDP2's
+  // fully_shard(block)): e.g. every transformer block, so a block's
+  // parameters are gathered and reduced together. Elsewhere every module
+  // that owns parameters is a unit (the default when empty). Borrowed; none
+  // may sit inside another.
+  std::vector<nn::Module*> unit_modules = {};
   MemoryTracker* tracker = nullptr;  // must outlive the wrapper; may be null
 };
 
@@ -231,7 +241,8 @@ class FullyShardedDataParallel final : public nn::ParamHook {
   // inspection. Call after after_step().
   void gather_full_parameters();
 
-  // nn::ParamHook
+  // nn::ParamHook: the units' modules are this hook's scopes.
+  bool scopes(nn::Module& m) override;
   void before_use(nn::Module& owner, nn::Pass pass) override;
   void after_use(nn::Module& owner, nn::Pass pass) override;
 
@@ -253,14 +264,14 @@ class FullyShardedDataParallel final : public nn::ParamHook {
 
   void check_structure(const std::vector<nn::Parameter*>& params);
   void sync_states();
-  void build_units(const std::vector<nn::Parameter*>& params);
+  void build_units(nn::Module& model, const std::vector<nn::Parameter*>& params);
   static void fill_flat(const Unit& u, int64_t from, int64_t count, float* out);
   Tensor alloc(int64_t n, DType dtype, MemoryCategory category) const;
   Tensor owned_grad(Unit& u);
   // f32 values (grads) live in persistent storage that p.value (p.grad) views.
   bool values_persistent() const;
   bool grads_persistent() const;
-  Unit* unit_of(nn::Module& owner, const char* op);
+  Unit* unit_of(nn::Module& owner);  // null: not a unit, or nothing sharded in it
   Unit* neighbour(const Unit& u, int step);  // next unit with sharded parameters
   void set_value_views(Unit& u, const Tensor& flat);
   void start_gather(Unit& u);
@@ -280,7 +291,7 @@ class FullyShardedDataParallel final : public nn::ParamHook {
   int d_ = 1, rank_ = 0;  // shard degree and rank in it (1 and 0 for no_shard)
   std::vector<std::unique_ptr<Unit>> units_;    // definition order
   std::vector<UnitInfo> unit_info_;
-  std::unordered_map<const nn::Parameter*, Unit*> unit_of_param_;
+  std::unordered_map<const nn::Module*, Unit*> unit_of_module_;
   std::unordered_map<const nn::Parameter*, std::vector<int64_t>> shapes_;
   std::vector<nn::Parameter*> replicated_;      // borrowed model parameters
   Tensor replicated_grads_;                     // f32, flat; their grads view it

@@ -358,8 +358,11 @@ TEST(FullySharded, GradNormIsTheOneDeviceNorm) {
 class GradBlowUp final : public nn::Module {
  public:
   GradBlowUp(int rank, int step) : rank_(rank), step_(step) {}
-  Tensor forward(const Tensor& x) override { return x; }
-  Tensor backward(const Tensor& dy) override {
+  std::vector<nn::Parameter*> parameters() override { return {}; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, nn::Saved&) override { return x; }
+  Tensor do_backward_input(const Tensor& dy, nn::Saved&) override {
     if (static_cast<int>(batch_context().step) == step_ && batch_context().first_global_sample / 4 == rank_) {
       Tensor out = dy.clone();
       scale(out, 1e30);
@@ -367,7 +370,6 @@ class GradBlowUp final : public nn::Module {
     }
     return dy;
   }
-  std::vector<nn::Parameter*> parameters() override { return {}; }
 
  private:
   int rank_, step_;
@@ -425,12 +427,14 @@ TEST(FullySharded, Fp16OverflowOnOneRankSkipsTheStepEverywhere) {
 class Stall final : public nn::Module {
  public:
   Stall(int rank, std::chrono::milliseconds d) : rank_(rank), d_(d) {}
-  Tensor forward(const Tensor& x) override {
+  std::vector<nn::Parameter*> parameters() override { return {}; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, nn::Saved&) override {
     if (batch_context().first_global_sample == rank_) std::this_thread::sleep_for(d_);
     return x;
   }
-  Tensor backward(const Tensor& dy) override { return dy; }
-  std::vector<nn::Parameter*> parameters() override { return {}; }
+  Tensor do_backward_input(const Tensor& dy, nn::Saved&) override { return dy; }
 
  private:
   int rank_;

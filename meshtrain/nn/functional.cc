@@ -1,0 +1,291 @@
+#include "meshtrain/nn/functional.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <initializer_list>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/nn/internal/cpu_backend.h"
+
+namespace meshtrain::nn::functional {
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::array<std::unique_ptr<Backend>, 2> backends;  // by DeviceType
+};
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry;  // never destroyed: kernels may run during static destruction
+    reg->backends[static_cast<size_t>(DeviceType::cpu)] = internal::make_cpu_backend();
+    return reg;
+  }();
+  return *r;
+}
+
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "undefined";
+  return fmt::format("{} {}", dtype_name(t.dtype()), shape_to_string(t.shape()));
+}
+
+// Every operand: defined, contiguous, of `dtype`.
+void check(const char* op, const char* what, const Tensor& t, DType dtype = DType::f32) {
+  if (!t.defined() || t.dtype() != dtype || !t.is_contiguous())
+    throw InvalidArgument(op, fmt::format("{} is {}", what, describe(t)),
+                          fmt::format("pass a contiguous {} tensor", dtype_name(dtype)));
+}
+
+void check_shape(const char* op, const char* what, const Tensor& t, const std::vector<int64_t>& want) {
+  if (t.shape() != want)
+    throw InvalidArgument(op, fmt::format("{} has shape {}, expected {}", what, shape_to_string(t.shape()),
+                                          shape_to_string(want)),
+                          "see nn/functional.h for each operand's shape");
+}
+
+void check_matrix(const char* op, const char* what, const Tensor& t) {
+  check(op, what, t);
+  if (t.dim() != 2) throw InvalidArgument(op, fmt::format("{} is {}", what, describe(t)), "pass a 2-d (rows, features) tensor");
+}
+
+// One device for all defined operands; returns its backend.
+const Backend& dispatch(const char* op, std::initializer_list<const Tensor*> operands) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : operands) {
+    if (!t->defined()) continue;
+    if (first == nullptr) {
+      first = t;
+    } else if (!(t->device() == first->device())) {
+      throw InvalidArgument(op, "operands live on different devices", "move them to one device first");
+    }
+  }
+  return backend_for(first != nullptr ? first->device() : Device{});
+}
+
+void check_labels(const char* op, const Tensor& labels, int64_t n, int64_t classes) {
+  check(op, "labels", labels, DType::i64);
+  check_shape(op, "labels", labels, {n});
+  const int64_t* y = labels.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    if (y[i] < 0 || y[i] >= classes)
+      throw InvalidArgument(op, fmt::format("label {} of row {} is outside [0, {})", y[i], i, classes),
+                            "labels are class indices");
+}
+
+}  // namespace
+
+void register_backend(DeviceType device, std::unique_ptr<Backend> backend) {
+  if (!backend) throw InvalidArgument("register_backend", "backend is null", "pass a Backend");
+  Registry& r = registry();
+  std::lock_guard lock(r.mu);
+  r.backends[static_cast<size_t>(device)] = std::move(backend);
+}
+
+const Backend& backend_for(Device device) {
+  Registry& r = registry();
+  const Backend* b = r.backends[static_cast<size_t>(device.type)].get();
+  if (b == nullptr)
+    throw Unsupported("nn::functional", fmt::format("no kernels registered for device {}",
+                                                    device.type == DeviceType::cuda ? "cuda" : "cpu"),
+                      "build with that device's backend, or move the tensors to the cpu");
+  return *b;
+}
+
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  const char* op = "functional::linear_forward";
+  check_matrix(op, "x", x);
+  check_matrix(op, "w", w);
+  check_shape(op, "w", w, {x.size(1), w.size(1)});
+  check_shape(op, "y", y, {x.size(0), w.size(1)});
+  check(op, "y", y);
+  if (b.defined()) {
+    check(op, "b", b);
+    check_shape(op, "b", b, {w.size(1)});
+  }
+  dispatch(op, {&x, &w, &b, &y}).linear_forward(x, w, b, y);
+}
+
+void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) {
+  const char* op = "functional::linear_backward_input";
+  check_matrix(op, "dy", dy);
+  check_matrix(op, "w", w);
+  check_shape(op, "w", w, {w.size(0), dy.size(1)});
+  check(op, "dx", dx);
+  check_shape(op, "dx", dx, {dy.size(0), w.size(0)});
+  dispatch(op, {&dy, &w, &dx}).linear_backward_input(dy, w, dx);
+}
+
+void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db) {
+  const char* op = "functional::linear_backward_weight";
+  check_matrix(op, "x", x);
+  check_matrix(op, "dy", dy);
+  check_shape(op, "dy", dy, {x.size(0), dy.size(1)});
+  check(op, "dw", dw);
+  check_shape(op, "dw", dw, {x.size(1), dy.size(1)});
+  if (db.defined()) {
+    check(op, "db", db);
+    check_shape(op, "db", db, {dy.size(1)});
+  }
+  dispatch(op, {&x, &dy, &dw, &db}).linear_backward_weight(x, dy, dw, db);
+}
+
+void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y) {
+  const char* op = "functional::activation_forward";
+  check(op, "x", x);
+  check(op, "y", y);
+  check_shape(op, "y", y, x.shape());
+  dispatch(op, {&x, &y}).activation_forward(kind, x, y);
+}
+
+void activation_backward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx) {
+  const char* op = "functional::activation_backward";
+  for (auto [what, t] : {std::pair{"x", &x}, {"y", &y}, {"dy", &dy}, {"dx", &dx}}) {
+    check(op, what, *t);
+    check_shape(op, what, *t, x.shape());
+  }
+  dispatch(op, {&x, &y, &dy, &dx}).activation_backward(kind, x, y, dy, dx);
+}
+
+void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, const Tensor& y,
+                        const Tensor& xhat, const Tensor& rstd) {
+  const char* op = "functional::layer_norm_forward";
+  check_matrix(op, "x", x);
+  const int64_t rows = x.size(0), dim = x.size(1);
+  check(op, "y", y);
+  check_shape(op, "y", y, x.shape());
+  check(op, "xhat", xhat);
+  check_shape(op, "xhat", xhat, x.shape());
+  check(op, "rstd", rstd);
+  check_shape(op, "rstd", rstd, {rows});
+  if (gamma.defined() != beta.defined())
+    throw InvalidArgument(op, "gamma and beta: one is undefined", "pass both (affine) or neither");
+  if (gamma.defined()) {
+    check(op, "gamma", gamma);
+    check_shape(op, "gamma", gamma, {dim});
+    check(op, "beta", beta);
+    check_shape(op, "beta", beta, {dim});
+  }
+  dispatch(op, {&x, &gamma, &beta, &y, &xhat, &rstd}).layer_norm_forward(x, gamma, beta, eps, y, xhat, rstd);
+}
+
+void layer_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor& rstd, const Tensor& gamma,
+                               const Tensor& dx) {
+  const char* op = "functional::layer_norm_backward_input";
+  check_matrix(op, "xhat", xhat);
+  check(op, "dy", dy);
+  check_shape(op, "dy", dy, xhat.shape());
+  check(op, "dx", dx);
+  check_shape(op, "dx", dx, xhat.shape());
+  check(op, "rstd", rstd);
+  check_shape(op, "rstd", rstd, {xhat.size(0)});
+  if (gamma.defined()) {
+    check(op, "gamma", gamma);
+    check_shape(op, "gamma", gamma, {xhat.size(1)});
+  }
+  dispatch(op, {&dy, &xhat, &rstd, &gamma, &dx}).layer_norm_backward_input(dy, xhat, rstd, gamma, dx);
+}
+
+void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = "functional::layer_norm_backward_weight";
+  check_matrix(op, "xhat", xhat);
+  check(op, "dy", dy);
+  check_shape(op, "dy", dy, xhat.shape());
+  for (auto [what, t] : {std::pair{"dgamma", &dgamma}, {"dbeta", &dbeta}}) {
+    check(op, what, *t);
+    check_shape(op, what, *t, {xhat.size(1)});
+  }
+  dispatch(op, {&dy, &xhat, &dgamma, &dbeta}).layer_norm_backward_weight(dy, xhat, dgamma, dbeta);
+}
+
+void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) {
+  const char* op = "functional::dropout_mask";
+  check(op, "scale", scale);
+  if (!(p >= 0.0 && p <= 1.0)) throw InvalidArgument(op, fmt::format("p = {}", p), "use 0 <= p <= 1");
+  dispatch(op, {&scale}).dropout_mask(seed, key, start, p, scale);
+}
+
+double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) {
+  const char* op = "functional::cross_entropy_forward";
+  check_matrix(op, "logits", logits);
+  check_labels(op, labels, logits.size(0), logits.size(1));
+  check(op, "probs", probs);
+  check_shape(op, "probs", probs, logits.shape());
+  return dispatch(op, {&logits, &labels, &probs}).cross_entropy_forward(logits, labels, probs);
+}
+
+void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor, const Tensor& grad) {
+  const char* op = "functional::cross_entropy_backward";
+  check_matrix(op, "probs", probs);
+  check_labels(op, labels, probs.size(0), probs.size(1));
+  check(op, "grad", grad);
+  check_shape(op, "grad", grad, probs.shape());
+  dispatch(op, {&probs, &labels, &grad}).cross_entropy_backward(probs, labels, factor, grad);
+}
+
+double mse_forward(const Tensor& x, const Tensor& t, const Tensor& diff) {
+  const char* op = "functional::mse_forward";
+  for (auto [what, p] : {std::pair{"x", &x}, {"t", &t}, {"diff", &diff}}) {
+    check(op, what, *p);
+    check_shape(op, what, *p, x.shape());
+  }
+  return dispatch(op, {&x, &t, &diff}).mse_forward(x, t, diff);
+}
+
+double bce_with_logits_forward(const Tensor& x, const Tensor& t, const Tensor& grad_unscaled) {
+  const char* op = "functional::bce_with_logits_forward";
+  for (auto [what, p] : {std::pair{"x", &x}, {"t", &t}, {"grad_unscaled", &grad_unscaled}}) {
+    check(op, what, *p);
+    check_shape(op, what, *p, x.shape());
+  }
+  return dispatch(op, {&x, &t, &grad_unscaled}).bce_with_logits_forward(x, t, grad_unscaled);
+}
+
+double gaussian_kl_forward(const Tensor& mu, const Tensor& logvar, const Tensor& dmu, const Tensor& dlogvar) {
+  const char* op = "functional::gaussian_kl_forward";
+  for (auto [what, p] : {std::pair{"mu", &mu}, {"logvar", &logvar}, {"dmu", &dmu}, {"dlogvar", &dlogvar}}) {
+    check(op, what, *p);
+    check_shape(op, what, *p, mu.shape());
+  }
+  return dispatch(op, {&mu, &logvar, &dmu, &dlogvar}).gaussian_kl_forward(mu, logvar, dmu, dlogvar);
+}
+
+void scaled_copy(const Tensor& src, double factor, const Tensor& out) {
+  const char* op = "functional::scaled_copy";
+  check(op, "src", src);
+  check(op, "out", out);
+  check_shape(op, "out", out, src.shape());
+  dispatch(op, {&src, &out}).scaled_copy(src, factor, out);
+}
+
+int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  const char* op = "functional::count_correct";
+  check_matrix(op, "logits", logits);
+  if (logits.size(1) < 1) throw InvalidArgument(op, "logits have no classes", "pass (N, C), C >= 1");
+  check_labels(op, labels, logits.size(0), logits.size(1));
+  return dispatch(op, {&logits, &labels}).count_correct(logits, labels);
+}
+
+void reparameterize(const Tensor& mu, const Tensor& logvar, const Tensor& eps, const Tensor& std, const Tensor& z) {
+  const char* op = "functional::reparameterize";
+  for (auto [what, p] : {std::pair{"mu", &mu}, {"logvar", &logvar}, {"eps", &eps}, {"std", &std}, {"z", &z}}) {
+    check(op, what, *p);
+    check_shape(op, what, *p, mu.shape());
+  }
+  dispatch(op, {&mu, &logvar, &eps, &std, &z}).reparameterize(mu, logvar, eps, std, z);
+}
+
+void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std, const Tensor& dlogvar) {
+  const char* op = "functional::reparameterize_backward_logvar";
+  for (auto [what, p] : {std::pair{"dz", &dz}, {"eps", &eps}, {"std", &std}, {"dlogvar", &dlogvar}}) {
+    check(op, what, *p);
+    check_shape(op, what, *p, dz.shape());
+  }
+  dispatch(op, {&dz, &eps, &std, &dlogvar}).reparameterize_backward_logvar(dz, eps, std, dlogvar);
+}
+
+}  // namespace meshtrain::nn::functional

@@ -1,0 +1,125 @@
+// Stateless kernels of nn: the only place that loops over elements for the
+// modules (Linear, activations, LayerNorm, Dropout, losses, the VAE's
+// reparameterization). Modules keep state and call these; tensor and
+// pipeline parallel variants call the same ones.
+//
+//   namespace F = meshtrain::nn::functional;
+//   F::linear_forward(x, w, b, y);              // y = x W + b, x (R, in), w (in, out)
+//   F::linear_backward_input(dy, w, dx);        // dx = dy W^T
+//   F::linear_backward_weight(x, dy, dw, db);   // dw += x^T dy, db += column sums of dy
+//
+// Dispatch: every function checks its operands (InvalidArgument naming the
+// function and the operand) and runs the kernels of the backend registered
+// for the operands' device (all operands must be on one device). The CPU
+// backend is built in; a GPU backend registers its own (register_backend)
+// without touching nn's modules. A device without a backend is Unsupported.
+//
+// Conventions: f32 operands; matrices are 2-D and contiguous (rows R, a
+// trailing feature dim); outputs are written, except where a name says
+// "accumulate" (+=). Sums over rows are accumulated per column in f32 in
+// row order and then added to the gradient, so a result does not depend on
+// whether the call was split or fused. Loss values are accumulated in double.
+// Thread-safety: functions may run concurrently on disjoint outputs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "meshtrain/core/tensor.h"
+
+namespace meshtrain::nn::functional {
+
+enum class ActivationKind : uint8_t { relu, gelu, gelu_tanh, silu, tanh, sigmoid };
+
+// ---- Linear (weights (in, out): y = x W + b) ----
+// x (R, in), w (in, out), b (out) or undefined, y (R, out).
+void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
+// dy (R, out), w (in, out) -> dx (R, in).
+void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx);
+// Accumulates dw (in, out) += x^T dy and, when defined, db (out) += sum over rows of dy.
+void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db);
+
+// ---- element-wise activations (any shape, contiguous) ----
+void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y);
+// dx = dy * f'(x), given x and y = f(x).
+void activation_backward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx);
+
+// ---- LayerNorm over the last dim ----
+// x (R, D); gamma, beta (D) or both undefined; y, xhat (R, D); rstd (R) = 1/sqrt(var + eps).
+void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, const Tensor& y,
+                        const Tensor& xhat, const Tensor& rstd);
+// dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy gamma (dy without gamma).
+void layer_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor& rstd, const Tensor& gamma,
+                               const Tensor& dx);
+// Accumulates dgamma += sum over rows of dy xhat and dbeta += sum over rows of dy.
+void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tensor& dgamma, const Tensor& dbeta);
+
+// ---- Dropout ----
+// scale[i] = keep ? 1 / (1 - p) : 0 (0 everywhere when p == 1), keep iff
+// u >= p with u = uniform_at(seed, key, start + i, 0, 1) in f32.
+void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale);
+
+// ---- losses: return the sum of per-element terms; the caller divides ----
+// logits (N, C), labels (N) i64 in [0, C): sum of -log softmax(z)[label];
+// probs (N, C) = softmax(z).
+double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs);
+// grad (N, C) = (probs - onehot(label)) * factor.
+void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor, const Tensor& grad);
+// sum (x - t)^2; diff = x - t.
+double mse_forward(const Tensor& x, const Tensor& t, const Tensor& diff);
+// sum max(x, 0) - x t + log1p(exp(-|x|)); grad_unscaled = sigmoid(x) - t.
+double bce_with_logits_forward(const Tensor& x, const Tensor& t, const Tensor& grad_unscaled);
+// sum -0.5 (1 + logvar - mu^2 - exp(logvar)); dmu = mu, dlogvar = 0.5 (exp(logvar) - 1).
+double gaussian_kl_forward(const Tensor& mu, const Tensor& logvar, const Tensor& dmu, const Tensor& dlogvar);
+// out = src * factor (f32 product, like scale()).
+void scaled_copy(const Tensor& src, double factor, const Tensor& out);
+// Rows of logits (N, C) whose argmax (first on ties) equals labels (N) i64.
+int64_t count_correct(const Tensor& logits, const Tensor& labels);
+
+// ---- reparameterization z = mu + exp(0.5 logvar) eps ----
+// std = exp(0.5 logvar); z = mu + std * eps.
+void reparameterize(const Tensor& mu, const Tensor& logvar, const Tensor& eps, const Tensor& std, const Tensor& z);
+// dlogvar = dz * eps * 0.5 * std (d z / d logvar), elementwise.
+void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std, const Tensor& dlogvar);
+
+// The kernels one device provides (the CPU's are built in). Operands have
+// been checked by the functions above.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) const = 0;
+  virtual void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) const = 0;
+  virtual void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw,
+                                      const Tensor& db) const = 0;
+  virtual void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y) const = 0;
+  virtual void activation_backward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy,
+                                   const Tensor& dx) const = 0;
+  virtual void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
+                                  const Tensor& y, const Tensor& xhat, const Tensor& rstd) const = 0;
+  virtual void layer_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor& rstd,
+                                         const Tensor& gamma, const Tensor& dx) const = 0;
+  virtual void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tensor& dgamma,
+                                          const Tensor& dbeta) const = 0;
+  virtual void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) const = 0;
+  virtual double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) const = 0;
+  virtual void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor,
+                                      const Tensor& grad) const = 0;
+  virtual double mse_forward(const Tensor& x, const Tensor& t, const Tensor& diff) const = 0;
+  virtual double bce_with_logits_forward(const Tensor& x, const Tensor& t, const Tensor& grad_unscaled) const = 0;
+  virtual double gaussian_kl_forward(const Tensor& mu, const Tensor& logvar, const Tensor& dmu,
+                                     const Tensor& dlogvar) const = 0;
+  virtual void scaled_copy(const Tensor& src, double factor, const Tensor& out) const = 0;
+  virtual int64_t count_correct(const Tensor& logits, const Tensor& labels) const = 0;
+  virtual void reparameterize(const Tensor& mu, const Tensor& logvar, const Tensor& eps, const Tensor& std,
+                              const Tensor& z) const = 0;
+  virtual void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std,
+                                              const Tensor& dlogvar) const = 0;
+};
+
+// Installs the kernels for one device type (replacing any; the CPU's may be
+// replaced too, e.g. by a oneDNN backend). Call at start-up, before kernels run.
+void register_backend(DeviceType device, std::unique_ptr<Backend> backend);
+// The backend for `device`; Unsupported when none is registered.
+const Backend& backend_for(Device device);
+
+}  // namespace meshtrain::nn::functional

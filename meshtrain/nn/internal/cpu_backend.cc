@@ -1,0 +1,366 @@
+#include "meshtrain/nn/internal/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "meshtrain/core/ops.h"
+#include "meshtrain/core/random.h"
+
+namespace meshtrain::nn::internal {
+
+namespace {
+
+using functional::ActivationKind;
+
+constexpr float kSqrtHalf = 0.70710678118654752f;     // 1 / sqrt(2)
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
+constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// Per-thread f32 scratch of n elements (column sums), zeroed.
+float* zeroed_scratch(int64_t n) {
+  thread_local std::vector<float> buf;
+  buf.assign(static_cast<size_t>(n), 0.0f);
+  return buf.data();
+}
+
+// acc[j] (zeroed scratch) = sum over rows of m[r][j], in row order; then out[j] += acc[j].
+void add_column_sums(const float* m, int64_t rows, int64_t cols, float* out) {
+  float* acc = zeroed_scratch(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = m + r * cols;
+    for (int64_t j = 0; j < cols; ++j) acc[j] += row[j];
+  }
+  for (int64_t j = 0; j < cols; ++j) out[j] += acc[j];
+}
+
+class CpuBackend final : public functional::Backend {
+ public:
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) const override {
+    double beta = 0.0;
+    if (b.defined()) {
+      // Every row starts as b; the GEMM then adds x W on top (beta = 1).
+      const int64_t rows = y.size(0), out = y.size(1);
+      const float* pb = b.data<float>();
+      float* py = y.data<float>();
+      for (int64_t r = 0; r < rows; ++r) std::memcpy(py + r * out, pb, static_cast<size_t>(out) * sizeof(float));
+      beta = 1.0;
+    }
+    matmul(x, w, y, false, false, 1.0, beta);  // (R, in) x (in, out) -> (R, out)
+  }
+
+  void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) const override {
+    matmul(dy, w, dx, false, true);  // (R, out) x (in, out)^T -> (R, in)
+  }
+
+  void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db) const override {
+    if (db.defined()) add_column_sums(dy.data<float>(), dy.size(0), dy.size(1), db.data<float>());
+    matmul(x, dy, dw, true, false, 1.0, 1.0);  // dW += (R, in)^T x (R, out) -> (in, out)
+  }
+
+  void activation_forward(ActivationKind kind, const Tensor& xt, const Tensor& yt) const override {
+    const float* x = xt.data<float>();
+    float* y = yt.data<float>();
+    const int64_t n = xt.numel();
+    switch (kind) {
+      case ActivationKind::relu:
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        break;
+      case ActivationKind::gelu:
+        for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kSqrtHalf));
+        break;
+      case ActivationKind::gelu_tanh:
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = x[i];
+          y[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
+        }
+        break;
+      case ActivationKind::silu:
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid(x[i]);
+        break;
+      case ActivationKind::tanh:
+        for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+        break;
+      case ActivationKind::sigmoid:
+        for (int64_t i = 0; i < n; ++i) y[i] = sigmoid(x[i]);
+        break;
+    }
+  }
+
+  void activation_backward(ActivationKind kind, const Tensor& xt, const Tensor& yt, const Tensor& dyt,
+                           const Tensor& dxt) const override {
+    const float* x = xt.data<float>();
+    const float* y = yt.data<float>();
+    const float* dy = dyt.data<float>();
+    float* dx = dxt.data<float>();
+    const int64_t n = xt.numel();
+    switch (kind) {
+      case ActivationKind::relu:
+        for (int64_t i = 0; i < n; ++i) {
+          const float g = dy[i];  // loaded unconditionally so the select vectorizes
+          dx[i] = x[i] > 0.0f ? g : 0.0f;
+        }
+        break;
+      case ActivationKind::gelu:
+        // d/dx x Phi(x) = Phi(x) + x phi(x)
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = x[i];
+          const float cdf = 0.5f * (1.0f + std::erf(v * kSqrtHalf));
+          const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+          dx[i] = dy[i] * (cdf + v * pdf);
+        }
+        break;
+      case ActivationKind::gelu_tanh:
+        // u = k (v + c v^3), t = tanh u: d/dv = 0.5 (1 + t) + 0.5 v (1 - t^2) k (1 + 3 c v^2)
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = x[i];
+          const float t = std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+          const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+          dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+        }
+        break;
+      case ActivationKind::silu:
+        // d/dx x s(x) = s + x s (1 - s)
+        for (int64_t i = 0; i < n; ++i) {
+          const float s = sigmoid(x[i]);
+          dx[i] = dy[i] * (s + x[i] * s * (1.0f - s));
+        }
+        break;
+      case ActivationKind::tanh:
+        for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+        break;
+      case ActivationKind::sigmoid:
+        for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (1.0f - y[i]);
+        break;
+    }
+  }
+
+  void layer_norm_forward(const Tensor& xt, const Tensor& gamma, const Tensor& beta, double eps, const Tensor& yt,
+                          const Tensor& xhat, const Tensor& rstdt) const override {
+    const int64_t rows = xt.size(0), dim = xt.size(1);
+    const float* px = xt.data<float>();
+    float* ph = xhat.data<float>();
+    float* py = yt.data<float>();
+    float* prstd = rstdt.data<float>();
+    const float* g = gamma.defined() ? gamma.data<float>() : nullptr;
+    const float* b = beta.defined() ? beta.data<float>() : nullptr;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = px + r * dim;
+      double mean = 0.0;
+      for (int64_t j = 0; j < dim; ++j) mean += xr[j];
+      mean /= static_cast<double>(dim);
+      double var = 0.0;  // two passes: no cancellation for large means
+      for (int64_t j = 0; j < dim; ++j) {
+        const double d = xr[j] - mean;
+        var += d * d;
+      }
+      var /= static_cast<double>(dim);
+      const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
+      const float m = static_cast<float>(mean);
+      prstd[r] = rstd;
+      float* hr = ph + r * dim;
+      float* yr = py + r * dim;
+      for (int64_t j = 0; j < dim; ++j) hr[j] = (xr[j] - m) * rstd;
+      if (g != nullptr) {
+        for (int64_t j = 0; j < dim; ++j) yr[j] = hr[j] * g[j] + b[j];
+      } else {
+        std::copy(hr, hr + dim, yr);
+      }
+    }
+  }
+
+  void layer_norm_backward_input(const Tensor& dyt, const Tensor& xhat, const Tensor& rstdt, const Tensor& gamma,
+                                 const Tensor& dxt) const override {
+    const int64_t rows = xhat.size(0), dim = xhat.size(1);
+    const float* pdy = dyt.data<float>();
+    const float* ph = xhat.data<float>();
+    const float* prstd = rstdt.data<float>();
+    float* pdx = dxt.data<float>();
+    const float* g = gamma.defined() ? gamma.data<float>() : nullptr;
+    const float inv_dim = 1.0f / static_cast<float>(dim);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dyr = pdy + r * dim;
+      const float* hr = ph + r * dim;
+      float* dxr = pdx + r * dim;
+      // dxhat = dy * gamma (written into dx first);
+      // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+      float sum_dh = 0.0f, sum_dh_h = 0.0f;
+      for (int64_t j = 0; j < dim; ++j) {
+        const float dh = g != nullptr ? dyr[j] * g[j] : dyr[j];
+        dxr[j] = dh;
+        sum_dh += dh;
+        sum_dh_h += dh * hr[j];
+      }
+      const float mean_dh = sum_dh * inv_dim, mean_dh_h = sum_dh_h * inv_dim;
+      const float rstd = prstd[r];
+      for (int64_t j = 0; j < dim; ++j) dxr[j] = rstd * (dxr[j] - mean_dh - hr[j] * mean_dh_h);
+    }
+  }
+
+  void layer_norm_backward_weight(const Tensor& dyt, const Tensor& xhat, const Tensor& dgamma,
+                                  const Tensor& dbeta) const override {
+    const int64_t rows = xhat.size(0), dim = xhat.size(1);
+    const float* pdy = dyt.data<float>();
+    const float* ph = xhat.data<float>();
+    // Two per-column sums in f32 in row order, then added to the grads
+    // (beta's first: the order the gradients are reported in).
+    thread_local std::vector<float> sg, sb;
+    sg.assign(static_cast<size_t>(dim), 0.0f);
+    sb.assign(static_cast<size_t>(dim), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* dyr = pdy + r * dim;
+      const float* hr = ph + r * dim;
+      for (int64_t j = 0; j < dim; ++j) {
+        sg[static_cast<size_t>(j)] += dyr[j] * hr[j];
+        sb[static_cast<size_t>(j)] += dyr[j];
+      }
+    }
+    float* gb = dbeta.data<float>();
+    float* gg = dgamma.data<float>();
+    for (int64_t j = 0; j < dim; ++j) gb[j] += sb[static_cast<size_t>(j)];
+    for (int64_t j = 0; j < dim; ++j) gg[j] += sg[static_cast<size_t>(j)];
+  }
+
+  void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) const override {
+    float* s = scale.data<float>();
+    const int64_t n = scale.numel();
+    fill_uniform(s, static_cast<size_t>(n), seed, key, start, 0.0f, 1.0f);
+    const float pf = static_cast<float>(p);
+    const float keep_scale = p == 1.0 ? 0.0f : static_cast<float>(1.0 / (1.0 - p));
+    for (int64_t i = 0; i < n; ++i) s[i] = s[i] >= pf ? keep_scale : 0.0f;
+  }
+
+  double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) const override {
+    const int64_t n = logits.size(0), c = logits.size(1);
+    const float* pz = logits.data<float>();
+    const int64_t* y = labels.data<int64_t>();
+    float* pp = probs.data<float>();
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* zr = pz + i * c;
+      float* pr = pp + i * c;
+      const float m = *std::max_element(zr, zr + c);
+      double s = 0.0;
+      for (int64_t j = 0; j < c; ++j) {
+        pr[j] = std::exp(zr[j] - m);
+        s += pr[j];
+      }
+      const float inv = static_cast<float>(1.0 / s);
+      for (int64_t j = 0; j < c; ++j) pr[j] *= inv;
+      // -log softmax(z)[y] = log sum exp(z - m) - (z[y] - m)
+      total += std::log(s) - (static_cast<double>(zr[y[i]]) - m);
+    }
+    return total;
+  }
+
+  void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor,
+                              const Tensor& grad) const override {
+    const int64_t n = probs.size(0), c = probs.size(1);
+    const float f = static_cast<float>(factor);
+    scaled_copy(probs, f, grad);
+    float* pg = grad.data<float>();
+    const int64_t* y = labels.data<int64_t>();
+    for (int64_t i = 0; i < n; ++i) pg[i * c + y[i]] -= f;
+  }
+
+  double mse_forward(const Tensor& xt, const Tensor& tt, const Tensor& diff) const override {
+    const float* px = xt.data<float>();
+    const float* pt = tt.data<float>();
+    float* pd = diff.data<float>();
+    const int64_t n = xt.numel();
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      pd[i] = px[i] - pt[i];
+      total += static_cast<double>(pd[i]) * pd[i];
+    }
+    return total;
+  }
+
+  double bce_with_logits_forward(const Tensor& xt, const Tensor& tt, const Tensor& gu) const override {
+    const float* px = xt.data<float>();
+    const float* pt = tt.data<float>();
+    float* pg = gu.data<float>();
+    const int64_t n = xt.numel();
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = px[i];
+      // log(1 + exp(-|v|)) never overflows; max(v, 0) - v t completes the loss.
+      const float e = std::exp(-std::fabs(v));
+      total += static_cast<double>(std::max(v, 0.0f) - v * pt[i] + std::log1p(e));
+      const float s = v >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);  // sigmoid(v), stable
+      pg[i] = s - pt[i];
+    }
+    return total;
+  }
+
+  double gaussian_kl_forward(const Tensor& mu, const Tensor& logvar, const Tensor& dmu,
+                             const Tensor& dlogvar) const override {
+    const float* pm = mu.data<float>();
+    const float* pl = logvar.data<float>();
+    float* pgm = dmu.data<float>();
+    float* pgl = dlogvar.data<float>();
+    const int64_t n = mu.numel();
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float var = std::exp(pl[i]);
+      total += -0.5 * (1.0 + static_cast<double>(pl[i]) - static_cast<double>(pm[i]) * pm[i] - var);
+      pgm[i] = pm[i];
+      pgl[i] = 0.5f * (var - 1.0f);
+    }
+    return total;
+  }
+
+  void scaled_copy(const Tensor& src, double factor, const Tensor& out) const override {
+    const float f = static_cast<float>(factor);
+    const float* s = src.data<float>();
+    float* o = out.data<float>();
+    const int64_t n = src.numel();
+    for (int64_t i = 0; i < n; ++i) o[i] = s[i] * f;
+  }
+
+  int64_t count_correct(const Tensor& logits, const Tensor& labels) const override {
+    const int64_t n = logits.size(0), c = logits.size(1);
+    const float* pz = logits.data<float>();
+    const int64_t* y = labels.data<int64_t>();
+    int64_t correct = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float* zr = pz + i * c;
+      correct += (std::max_element(zr, zr + c) - zr) == y[i] ? 1 : 0;
+    }
+    return correct;
+  }
+
+  void reparameterize(const Tensor& mu, const Tensor& logvar, const Tensor& eps, const Tensor& stdt,
+                      const Tensor& z) const override {
+    const float* pm = mu.data<float>();
+    const float* pl = logvar.data<float>();
+    const float* pe = eps.data<float>();
+    float* ps = stdt.data<float>();
+    float* pz = z.data<float>();
+    const int64_t n = mu.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      ps[i] = std::exp(0.5f * pl[i]);
+      pz[i] = pm[i] + ps[i] * pe[i];
+    }
+  }
+
+  void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& stdt,
+                                      const Tensor& dlogvar) const override {
+    const float* pdz = dz.data<float>();
+    const float* pe = eps.data<float>();
+    const float* ps = stdt.data<float>();
+    float* pdl = dlogvar.data<float>();
+    const int64_t n = dz.numel();
+    for (int64_t i = 0; i < n; ++i) pdl[i] = pdz[i] * pe[i] * 0.5f * ps[i];
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<functional::Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace meshtrain::nn::internal
