@@ -113,7 +113,20 @@ struct RunSpec {
   FullyShardedOptions options;
   int steps = kSteps;
   bool defer_init = false;  // build the model without values; the wrapper builds the shards
+  bool whole_model_unit = false;  // unit_modules = {the model}: one unit for every parameter
+  bool split_backward = false;    // backward_input, then backward_weight
+  bool interleave = false;        // every micro-batch's forward, then every backward (GPipe order)
 };
+
+// Backward of one micro-batch, fused or split.
+void backward(nn::Module& model, const Tensor& dy, nn::Saved& saved, bool split) {
+  if (!split) {
+    model.backward(dy, saved);
+    return;
+  }
+  model.backward_input(dy, saved);
+  model.backward_weight(saved);
+}
 
 // The same training, data parallel over every rank, sharded per `setup`.
 Outcome run(const RunSpec& setup) {
@@ -133,21 +146,35 @@ Outcome run(const RunSpec& setup) {
     FullyShardedOptions o = setup.options;
     o.stage = setup.strategy.stage;
     o.min_weight_size = kMinWeight;
+    if (setup.whole_model_unit) o.unit_modules = {&model};
     FullyShardedDataParallel fsdp(model, *shard, replicate, o);
+    EXPECT_EQ(fsdp.units().size(), setup.whole_model_unit ? 1u : 3u);
     optim::AdamW opt(fsdp.optimizer_parameters(), 1e-2, {0.9, 0.999}, 1e-8, 0.1);
-    nn::CrossEntropyLoss ce;
+    const int m = setup.micro_batches;
+    std::vector<nn::CrossEntropyLoss> ce(static_cast<size_t>(m));
+    std::vector<nn::Saved> saved(static_cast<size_t>(m));
     const int64_t local = kBatch / world.size(), first = local * world.rank();
     std::vector<double> losses;
     for (int s = 0; s < setup.steps; ++s) {
       auto [x, y] = batch(s);
       double loss = 0;
-      for (int i = 0; i < setup.micro_batches; ++i) {
-        const int64_t lo = first + local * i / setup.micro_batches;
-        const int64_t hi = first + local * (i + 1) / setup.micro_batches;
-        fsdp.begin_micro_batch(i, setup.micro_batches);
-        loss += ce.forward(model.forward(x.narrow(0, lo, hi - lo)), y.narrow(0, lo, hi - lo),
-                           static_cast<double>(kBatch));
-        model.backward(ce.backward());
+      auto forward = [&](int i) {
+        const int64_t lo = first + local * i / m, hi = first + local * (i + 1) / m;
+        loss += ce[i].forward(model.forward(x.narrow(0, lo, hi - lo), saved[i]), y.narrow(0, lo, hi - lo),
+                              static_cast<double>(kBatch));
+      };
+      for (int i = 0; i < m; ++i) {
+        if (setup.interleave) {
+          forward(i);
+          continue;
+        }
+        fsdp.begin_micro_batch(i, m);
+        forward(i);
+        backward(model, ce[i].backward(), saved[i], setup.split_backward);
+      }
+      for (int i = 0; setup.interleave && i < m; ++i) {
+        fsdp.begin_micro_batch(i, m);
+        backward(model, ce[i].backward(), saved[i], setup.split_backward);
       }
       fsdp.finish();
       opt.step();
@@ -190,6 +217,24 @@ TEST(FullySharded, EveryStageEqualsOneDevice) {
       s.strategy = {stage, false};
       expect_close(run(s), want, 1e-5, fmt::format("{} on {} ranks", s.strategy.name(), ranks));
     }
+}
+
+TEST(FullySharded, BlockUnitsSplitBackwardAndInterleavedMicroBatchesEqualOneDevice) {
+  const Outcome want = reference();
+  for (ZeroStage stage : {ZeroStage::zero1, ZeroStage::zero2, ZeroStage::zero3})
+    for (bool whole : {false, true})
+      for (bool split : {false, true}) {
+        RunSpec s;
+        s.ranks = 2;
+        s.strategy = {stage, false};
+        s.micro_batches = 2;
+        s.interleave = true;
+        s.whole_model_unit = whole;
+        s.split_backward = split;
+        expect_close(run(s), want, 1e-5,
+                     fmt::format("{}, {} units, {} backward, interleaved micro-batches", s.strategy.name(),
+                                 whole ? "whole-model" : "per-layer", split ? "split" : "fused"));
+      }
 }
 
 TEST(FullySharded, DeferredInitBuildsTheSameShardsWithoutTheFullModel) {
