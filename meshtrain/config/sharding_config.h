@@ -29,7 +29,7 @@ struct ShardingConfig {
   int pipeline_parallel_size = 1;  // stages
   int context_parallel_size = 1;   // shards of the sequence
   bool fsdp_enabled = false;       // the data-parallel devices shard weights, grads, optimizer state
-  int64_t fsdp_min_weight_size = 1024;  // FSDP leaves weights whose dim 0 is smaller replicated
+  int64_t fsdp_min_weight_size = 1024;  // parameters with fewer ELEMENTS stay replicated (as everywhere)
 
   // data x tensor x pipeline x context, in 64 bits (not validated).
   int64_t total_device_count() const;

@@ -77,6 +77,7 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/nn/saved.h"
+#include "meshtrain/sharding/layout.h"
 #include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::nn {
@@ -87,6 +88,27 @@ namespace meshtrain::nn {
 // fill_box (below) builds any rectangular block from it.
 using ParamInit = std::function<void(int64_t start, int64_t count, float* out)>;
 
+// Which block of a parameter's global tensor (Parameter::info.shape) its
+// value holds on this rank: one description for every layout, so that
+// checkpoints, the planner and tensor parallelism can read it.
+//   whole  the entire tensor (replicated, or one device)
+//   box    a rectangular block (offset and size per dim): a tensor-parallel
+//          shard, built with fill_box
+//   flat   elements [start, start + count) of the row-major flattening: a
+//          fully sharded flat shard (value is 1-D of count elements)
+struct Placement {
+  enum class Kind : uint8_t { whole, box, flat };
+  Kind kind = Kind::whole;
+  sharding::Box box;          // kind box
+  int64_t start = 0;          // kind flat
+  int64_t count = 0;          // kind flat
+  static Placement flat(int64_t start, int64_t count) { return {Kind::flat, {}, start, count}; }
+  static Placement block(sharding::Box b) { return {Kind::box, std::move(b), 0, 0}; }
+  // "whole", "[0:4, 3:6]", "flat[10:42]"
+  std::string to_string() const;
+  bool operator==(const Placement&) const = default;
+};
+
 struct Parameter {
   std::string name;           // path in the module tree, e.g. "encoder.0.weight"
   Tensor value;               // f32; undefined while deferred (see materialize)
@@ -94,6 +116,7 @@ struct Parameter {
   bool weight_decay = true;   // AdamW decays it (false for biases and norms)
   sharding::ParamInfo info;   // global shape, kind and linear role, for the strategies
   ParamInit init;             // the initial value, sliceable
+  Placement placement;        // the block of the global tensor value holds
   int users = 1;              // modules that accumulate into grad per backward (tied: > 1)
   int reports = 0;            // grad reports so far in this backward (see Module::notify_grad_ready)
 };

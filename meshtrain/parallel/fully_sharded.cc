@@ -374,6 +374,7 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
         sp->grad = owned_grad(*u).narrow(0, a - u->lo, b - a);
         sp->weight_decay = p->weight_decay;
         sp->info = p->info;
+        sp->placement = nn::Placement::flat(a - u->offsets[i], b - a);
         shard_params_.push_back(std::move(sp));
       }
     }

@@ -213,7 +213,9 @@ class FullyShardedDataParallel final : public nn::ParamHook {
   // What the optimizer updates: for every sharded parameter, the 1-D part
   // this rank owns (f32 master value, grad in reduce_dtype; parameters this
   // rank owns nothing of are left out), then every replicated parameter.
-  // Pointers stay valid for the wrapper's lifetime.
+  // Pointers stay valid for the wrapper's lifetime. Each records what it
+  // holds in Parameter::placement: a sharded part is flat[start:start+count]
+  // of its parameter's row-major elements; a replicated one is whole.
   std::vector<nn::Parameter*> optimizer_parameters();
 
   // Same contract as DataParallel::begin_micro_batch.

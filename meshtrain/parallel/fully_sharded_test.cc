@@ -237,6 +237,41 @@ TEST(FullySharded, BlockUnitsSplitBackwardAndInterleavedMicroBatchesEqualOneDevi
       }
 }
 
+TEST(FullySharded, ShardPlacementsTileEveryParameterExactlyOnce) {
+  nn::MLP whole(mlp_config());
+  std::map<std::string, std::vector<double>> want;
+  for (nn::Parameter* p : whole.parameters()) want[p->name] = p->value.to_vector();
+  std::mutex mu;
+  std::map<std::string, std::vector<int>> covered;  // parameter -> ranks holding each element
+  comm::launch({.engine = comm::Engine::threads, .ranks = 4}, [&](comm::Communicator& world) {
+    nn::MLP model(mlp_config(/*defer_init=*/true));
+    FullyShardedDataParallel fsdp(model, world, nullptr, opts(ZeroStage::zero3));
+    std::lock_guard lock(mu);
+    for (nn::Parameter* p : fsdp.optimizer_parameters()) {
+      std::vector<int>& c = covered[p->name];
+      c.resize(static_cast<size_t>(p->info.numel()));
+      const nn::Placement& pl = p->placement;
+      if (pl.kind == nn::Placement::Kind::whole) {
+        EXPECT_EQ(p->value.to_vector(), want.at(p->name)) << p->name;
+        for (int& n : c) ++n;  // this rank holds all of it
+        continue;
+      }
+      ASSERT_EQ(pl.kind, nn::Placement::Kind::flat) << p->name;
+      ASSERT_EQ(p->value.numel(), pl.count) << p->name << " " << pl.to_string();
+      const std::vector<double> v = p->value.to_vector();
+      for (int64_t i = 0; i < pl.count; ++i) {
+        ++c[static_cast<size_t>(pl.start + i)];
+        EXPECT_EQ(v[static_cast<size_t>(i)], want.at(p->name)[static_cast<size_t>(pl.start + i)]) << p->name;
+      }
+    }
+  });
+  ASSERT_EQ(covered.size(), want.size());
+  for (const auto& [name, c] : covered) {
+    const bool replicated = want.at(name).size() < static_cast<size_t>(kMinWeight);
+    for (int n : c) ASSERT_EQ(n, replicated ? 4 : 1) << name;
+  }
+}
+
 TEST(FullySharded, DeferredInitBuildsTheSameShardsWithoutTheFullModel) {
   for (ZeroStage stage : {ZeroStage::no_shard, ZeroStage::zero1, ZeroStage::zero2, ZeroStage::zero3}) {
     RunSpec s;
