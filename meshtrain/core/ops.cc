@@ -307,6 +307,54 @@ void mul(const Tensor& a, const Tensor& b, const Tensor& out) {
   });
 }
 
+namespace {
+
+// One element of a float tensor as f32, and back (rounded to nearest even).
+template <DType T>
+float widen(const void* p, int64_t i) {
+  if constexpr (T == DType::f32) return static_cast<const float*>(p)[i];
+  else if constexpr (T == DType::bf16) return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+  else return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+}
+template <DType T>
+void narrow_store(void* p, int64_t i, float v) {
+  if constexpr (T == DType::f32) static_cast<float*>(p)[i] = v;
+  else if constexpr (T == DType::bf16) static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
+  else static_cast<uint16_t*>(p)[i] = float_to_f16(v);
+}
+template <DType D, DType S>
+void accumulate_as(void* dst, const void* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) narrow_store<D>(dst, i, widen<D>(dst, i) + widen<S>(src, i));
+}
+template <DType D>
+void accumulate_from(void* dst, const Tensor& src, int64_t n) {
+  switch (src.dtype()) {
+    case DType::f32: return accumulate_as<D, DType::f32>(dst, src.data_ptr(), n);
+    case DType::bf16: return accumulate_as<D, DType::bf16>(dst, src.data_ptr(), n);
+    default: return accumulate_as<D, DType::f16>(dst, src.data_ptr(), n);
+  }
+}
+bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+}  // namespace
+
+void accumulate(const Tensor& src, const Tensor& dst) {
+  check_operand(src, "accumulate", "src");
+  check_operand(dst, "accumulate", "dst");
+  if (!is_float(src.dtype()) || !is_float(dst.dtype()) || !src.is_contiguous() || !dst.is_contiguous() ||
+      src.numel() != dst.numel())
+    throw InvalidArgument("accumulate",
+                          fmt::format("src {} {} into dst {} {}", dtype_name(src.dtype()), shape_to_string(src.shape()),
+                                      dtype_name(dst.dtype()), shape_to_string(dst.shape())),
+                          "pass contiguous f32/bf16/f16 tensors of the same number of elements");
+  const int64_t n = dst.numel();
+  switch (dst.dtype()) {
+    case DType::f32: return accumulate_from<DType::f32>(dst.data_ptr(), src, n);
+    case DType::bf16: return accumulate_from<DType::bf16>(dst.data_ptr(), src, n);
+    default: return accumulate_from<DType::f16>(dst.data_ptr(), src, n);
+  }
+}
+
 void axpy(double alpha, const Tensor& x, const Tensor& y) {
   check_operand(x, "axpy", "x");
   check_operand(y, "axpy", "y");

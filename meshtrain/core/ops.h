@@ -60,6 +60,10 @@ void add(const Tensor& a, const Tensor& b, const Tensor& out);
 void mul(const Tensor& a, const Tensor& b, const Tensor& out);
 // y += alpha * x. For integer dtypes alpha must be a whole number.
 void axpy(double alpha, const Tensor& x, const Tensor& y);
+// dst += src element-wise, where each of dst and src may be f32, bf16 or f16
+// (mixed is fine; contiguous, same numel): the sum is formed in f32 and
+// rounded once to dst's dtype. Gradient accumulation across precisions.
+void accumulate(const Tensor& src, const Tensor& dst);
 // x *= alpha, in place. For integer dtypes alpha must be a whole number.
 void scale(const Tensor& x, double alpha);
 // Rounds every element of the f32 tensor x, in place, to the nearest value

@@ -1,5 +1,6 @@
 // Every kernel against a naive reference loop, on contiguous and strided
 // operands and for every dtype it supports.
+#include "meshtrain/core/half.h"
 #include "meshtrain/core/ops.h"
 
 #include <gtest/gtest.h>
@@ -370,6 +371,22 @@ TEST(RoundToTest, EqualsConvertingThereAndBack) {
   EXPECT_EQ(same.to_vector(), x.to_vector());
   EXPECT_THROW(round_to(x, DType::i32), InvalidArgument);
   EXPECT_THROW(round_to(x.to(DType::f64), DType::bf16), InvalidArgument);
+}
+
+TEST(AccumulateTest, MixedPrecisionSumsInF32AndRoundsOnce) {
+  // bf16 dst 1.0 += f32 src: the sum is exact in f32, then rounded once to
+  // bf16 (ulp 2^-7 at 1): + 2^-9 (a quarter ulp) stays 1.0, + 3 * 2^-9
+  // (three quarters) rounds up to 1 + 2^-7.
+  Tensor dst = Tensor::full({3}, 1.0, DType::bf16);
+  Tensor src = Tensor::from_vector(std::vector<float>{0x1p-9f, 3 * 0x1p-9f, -0.5f}, {3});
+  accumulate(src, dst);
+  EXPECT_EQ(dst.to(DType::f32).to_vector(), (std::vector<double>{1.0, 1.0078125, 0.5}));
+  // f32 dst += f16 src: the f16 values widen exactly.
+  Tensor acc = Tensor::full({3}, 0.25, DType::f32);
+  accumulate(Tensor::full({3}, 0.1, DType::f16), acc);
+  EXPECT_EQ(acc.to_vector()[0], 0.25 + static_cast<double>(f16_to_float(float_to_f16(0.1f))));
+  EXPECT_THROW(accumulate(Tensor::zeros({2}, DType::i32), acc), InvalidArgument);
+  EXPECT_THROW(accumulate(Tensor::zeros({2}, DType::f32), acc), InvalidArgument);
 }
 
 }  // namespace

@@ -10,7 +10,6 @@
 #include <utility>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/core/half.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/optim/clip.h"
@@ -49,45 +48,6 @@ void collect_units(nn::Module& m, const std::vector<nn::Module*>& listed,
     return;
   }
   for (nn::Module* c : m.children()) collect_units(*c, listed, out);
-}
-
-// Widening and rounding of one element, by dtype.
-template <DType T>
-float widen(const void* p, int64_t i) {
-  if constexpr (T == DType::f32) return static_cast<const float*>(p)[i];
-  else if constexpr (T == DType::bf16) return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-  else return f16_to_float(static_cast<const uint16_t*>(p)[i]);
-}
-template <DType T>
-void store(void* p, int64_t i, float v) {
-  if constexpr (T == DType::f32) static_cast<float*>(p)[i] = v;
-  else if constexpr (T == DType::bf16) static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
-  else static_cast<uint16_t*>(p)[i] = float_to_f16(v);
-}
-
-template <DType D, DType S>
-void accumulate_as(void* dst, const void* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) store<D>(dst, i, widen<D>(dst, i) + widen<S>(src, i));
-}
-
-template <DType D>
-void accumulate_into(void* dst, const Tensor& src, int64_t n) {
-  switch (src.dtype()) {
-    case DType::f32: return accumulate_as<D, DType::f32>(dst, src.data_ptr(), n);
-    case DType::bf16: return accumulate_as<D, DType::bf16>(dst, src.data_ptr(), n);
-    default: return accumulate_as<D, DType::f16>(dst, src.data_ptr(), n);
-  }
-}
-
-// dst += src element-wise (contiguous, same length); either may be f32,
-// bf16 or f16. Sums are formed in f32 and rounded once to dst's dtype.
-void accumulate(const Tensor& dst, const Tensor& src) {
-  const int64_t n = dst.numel();
-  switch (dst.dtype()) {
-    case DType::f32: return accumulate_into<DType::f32>(dst.data_ptr(), src, n);
-    case DType::bf16: return accumulate_into<DType::bf16>(dst.data_ptr(), src, n);
-    default: return accumulate_into<DType::f16>(dst.data_ptr(), src, n);
-  }
 }
 
 }  // namespace
@@ -533,7 +493,7 @@ void FullyShardedDataParallel::reduce_unit(Unit& u) {
   const bool last = window_index_ == window_count_ - 1;
   if (options_.stage <= ZeroStage::zero1) {
     if (!grads_persistent()) {
-      accumulate(u.full_grad, u.work_grad);
+      accumulate(u.work_grad, u.full_grad);
       u.work_grad = Tensor();
       for (nn::Parameter* p : u.params) p->grad = Tensor();
     }
@@ -590,7 +550,7 @@ void FullyShardedDataParallel::complete(Reduction& r) {
   Unit& u = *r.unit;
   const Tensor mine = r.buffer.narrow(0, u.lo, u.shard);
   if (u.has_grad)
-    accumulate(u.shard_grad, mine);
+    accumulate(mine, u.shard_grad);
   else
     u.shard_grad.copy_from(mine);
   u.has_grad = true;
