@@ -15,6 +15,9 @@
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/nn/activations.h"
+#include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/sequential.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -317,6 +320,51 @@ TEST(DataParallel, AccumulationEqualsOneLargerBatch) {
                                         << ", view " << as_view);
         run_accumulation(ranks, {reduce, as_view, 4, 4});  // k = 4 == one 4x batch
       }
+}
+
+// Counts grad_ready calls: a second hook stacked with DataParallel's.
+class CountingHook : public nn::ParamHook {
+ public:
+  void grad_ready(nn::Parameter&) override { ++ready; }
+  int ready = 0;
+};
+
+TEST(DataParallel, GPipeOrderSplitBackwardAndAStackedHookEqualOneRank) {
+  constexpr int64_t kMicro = 8, kM = 2;
+  const Tensor x = uniform({kM * kMicro, kIn}, 3, "x"), t = uniform({kM * kMicro, kOut}, 4, "t");
+  auto build = [](nn::Sequential& net) {
+    net.add(std::make_unique<nn::Linear>(kIn, kHidden, net.next_name(), kSeed));
+    net.add(std::make_unique<nn::Tanh>());
+    net.add(std::make_unique<nn::Linear>(kHidden, kOut, net.next_name(), kSeed));
+  };
+  nn::Sequential ref;
+  build(ref);
+  ref.backward(loss_grad(ref.forward(x), t, double(kM * kMicro)));
+  for (int ranks : {1, 2}) {
+    run_ranks(ranks, [&](comm::Communicator& comm) {
+      nn::Sequential model;
+      build(model);
+      CountingHook counter;
+      model.add_hook(&counter);
+      DataParallel dp(model, comm, {.bucket_bytes = 64, .reduce = GradReduce::sum});
+      nn::Saved saved[kM];
+      std::vector<Tensor> dys;
+      for (int i = 0; i < kM; ++i) {  // every forward first (GPipe), then every backward
+        const Tensor lx = shard_batch(x.narrow(0, i * kMicro, kMicro), comm);
+        const Tensor lt = shard_batch(t.narrow(0, i * kMicro, kMicro), comm);
+        dys.push_back(loss_grad(model.forward(lx, saved[i]), lt, double(kM * kMicro)));
+      }
+      for (int i = 0; i < kM; ++i) {
+        dp.begin_micro_batch(i, kM);
+        model.backward_input(dys[static_cast<size_t>(i)], saved[i]);
+        model.backward_weight(saved[i]);
+      }
+      dp.finish();
+      EXPECT_EQ(counter.ready, kM * 4);  // both hooks saw every gradient of every micro-batch
+      const auto got = model.parameters(), want = ref.parameters();
+      for (size_t k = 0; k < got.size(); ++k) expect_close(got[k]->grad, want[k]->grad, got[k]->name, 1e-5);
+    });
+  }
 }
 
 TEST(DataParallel, PartialWindowDividesByItsRealCount) {
