@@ -134,7 +134,7 @@ class VaeModel final : public RecipeModel {
 
   // Reconstructions of the first 16 test images and 64 samples from the
   // prior (z keyed by "samples.z").
-  std::vector<std::string> write_artifacts(const RunDirectory* dir) override {
+  void write_artifacts(const RunDirectory* dir) override {
     vae_.set_training(false);
     constexpr int kN = 16;
     Batch first;
@@ -154,7 +154,6 @@ class VaeModel final : public RecipeModel {
     for (int i = 0; i < 64; ++i) pics.push_back(row_values(gen, i));
     if (dir != nullptr) write_image_grid_png(dir->file("samples.png"), pics, 28, 28, 8);
     vae_.set_training(true);
-    return {"reconstructions.png", "samples.png"};
   }
 
  private:
@@ -172,6 +171,7 @@ class VaeRecipe final : public FashionMnistRecipe {
             .test_curve = "test negative ELBO (sampled)",
             .chart_title = "vae on Fashion-MNIST"};
   }
+  std::vector<std::string> artifacts() const override { return {"reconstructions.png", "samples.png"}; }
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
     nn::VAEConfig vc;
     vc.input = train_set_.features();

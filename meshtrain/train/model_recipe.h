@@ -29,7 +29,8 @@
 //   summarize(), which every rank calls with the same numbers. Every rank
 //   calls evaluate() the same number of times (forwards may be collective).
 // - write_artifacts() is collective (forwards under fsdp); `dir` is null on
-//   the ranks that do not write.
+//   the ranks that do not write. It writes the files ModelRecipe::artifacts()
+//   names (declared up front: an --overwrite may replace only known names).
 // Errors: make_model_recipe and find_model_recipe throw InvalidArgument for
 // an unknown name, listing the registered ones.
 // Thread-safety: the registry is guarded by a mutex; a RecipeModel belongs to
@@ -96,13 +97,10 @@ class RecipeModel {
   virtual std::vector<double> evaluate(const Batch& chunk, int64_t n) = 0;
   // The evaluation from the all-reduced sums over the whole test set of n.
   virtual Evaluation summarize(std::span<const double> sums, int64_t n) const = 0;
-  // Collective: writes model-specific files (pictures) into `dir` (null on
-  // ranks that do not write); returns their names, the same on every rank.
-  // model.safetensors, metrics.jsonl and loss.svg are the trainer's.
-  virtual std::vector<std::string> write_artifacts(const RunDirectory* dir) {
-    (void)dir;
-    return {};
-  }
+  // Collective: writes the recipe's own files (ModelRecipe::artifacts())
+  // into `dir` (null on ranks that do not write). model.safetensors,
+  // metrics.jsonl and loss.svg are the trainer's.
+  virtual void write_artifacts(const RunDirectory* dir) { (void)dir; }
 };
 
 // A model with its data, once per process.
@@ -112,6 +110,8 @@ class ModelRecipe {
   virtual const DataSource& train_data() const = 0;
   virtual const DataSource& test_data() const = 0;
   virtual MetricsDescription metrics() const = 0;
+  // The files RecipeModel::write_artifacts writes (names in the run directory).
+  virtual std::vector<std::string> artifacts() const { return {}; }
   // One rank's model (see the contracts above).
   virtual std::unique_ptr<RecipeModel> build(const ModelOptions& options) const = 0;
 };

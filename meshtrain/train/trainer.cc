@@ -468,8 +468,7 @@ class Run {
       write_file_atomic(shared_.dir->file("loss.svg"),
                         line_chart_svg(metrics_.chart_title, "step", {train_curve, test_curve}));
     }
-    const std::vector<std::string> files = model_->write_artifacts(main_ ? &*shared_.dir : nullptr);
-    if (main_) shared_.result.artifacts = files;
+    model_->write_artifacts(main_ ? &*shared_.dir : nullptr);
     parallel_->reshard();
   }
 
@@ -536,13 +535,13 @@ namespace {
 // Returns false on the ranks that must stop quietly because rank 0 failed;
 // rank 0 rethrows its error.
 bool prepare_run_directory(comm::Communicator& world, const ResolvedTraining& resolved,
-                           const config::DistributedConfig& dc, Shared& shared) {
+                           const config::DistributedConfig& dc, const ModelRecipe& recipe, Shared& shared) {
   const TrainConfig& tc = resolved.config;
   std::exception_ptr error;
   if (world.rank() == 0) {
     try {
       shared.dir.emplace(tc.run_dir.empty() ? RunDirectory::create_versioned("runs/" + tc.model)
-                                            : RunDirectory::create(tc.run_dir, tc.overwrite));
+                                            : RunDirectory::create(tc.run_dir, tc.overwrite, recipe.artifacts()));
       std::string notes;
       for (const auto& n : resolved.notes) notes += "# " + n + "\n";
       write_file_atomic(shared.dir->file("config.toml"), tc.to_toml() + notes + "\n" + dc.to_toml());
@@ -570,13 +569,16 @@ TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConf
   const std::unique_ptr<ModelRecipe> recipe = make_model_recipe(tc);
   Shared shared;
   comm::launch(launch, [&](comm::Communicator& world) {
-    if (!prepare_run_directory(world, resolved, dc, shared)) return;
+    if (!prepare_run_directory(world, resolved, dc, *recipe, shared)) return;
     Run run(tc, dc, *recipe, world, mesh_shape, shared);
     run.run();
   });
   // Every rank finished: the run directory now holds this run. On any error
   // above, shared.dir's destructor removes the staging directory instead.
-  if (shared.dir) shared.dir->commit();
+  if (shared.dir) {
+    shared.dir->commit();
+    shared.result.artifacts = recipe->artifacts();
+  }
   return shared.result;
 }
 
