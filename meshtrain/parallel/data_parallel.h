@@ -215,8 +215,8 @@ class DataParallel final : public nn::ParamHook, public Parallelism {
   void finish() override;
 
   // Parallelism (parallelism.h; defined in parallelism.cc): the model's
-  // parameters for the optimizer; grads_finite is one all-reduce;
-  // grad_norm is local (the gradients are replicated); after_step,
+  // parameters for the optimizer; grads_finite and grad_norm are local (the
+  // gradients are bit-identical replicas after finish()); after_step,
   // gather_full_parameters and reshard have nothing to do; every parameter
   // is held whole and replicated.
   std::string describe() const override;

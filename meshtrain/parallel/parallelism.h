@@ -25,7 +25,10 @@
 // Contracts:
 // - Collective calls (finish, grads_finite, grad_norm, after_step,
 //   gather_full_parameters) are made by every rank of the strategy's group,
-//   in the same order; the others are local.
+//   in the same order; the others are local. A strategy may answer a
+//   "collective" call locally when every rank provably holds the same
+//   numbers (DataParallel's replicated gradients); callers never rely on
+//   the communication, only on every rank getting the same answer.
 // - optimizer_parameters() are what the optimizer updates: the model's
 //   parameters (data parallelism) or this rank's parts of them (sharded),
 //   each named like the model parameter it is (a part of); their grads hold
