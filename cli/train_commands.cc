@@ -148,22 +148,19 @@ int run_train(TrainFlags& f) {
                                                                   : config::mixed_precision_name(dc.mixed_precision));
     if (r.loss_scale > 0)
       fmt::print("loss scale {} at the end, {} of {} steps skipped (fp16 overflows{})\n", r.loss_scale,
-                 r.skipped_steps, r.steps, tc.on_nonfinite == "skip" ? ", non-finite losses or gradients" : "");
-    else if (tc.on_nonfinite == "skip")
+                 r.skipped_steps, r.steps,
+                 tc.on_nonfinite == train::NonFinitePolicy::skip ? ", non-finite losses or gradients" : "");
+    else if (tc.on_nonfinite == train::NonFinitePolicy::skip)
       fmt::print("{} of {} steps skipped for a non-finite loss or gradients\n", r.skipped_steps, r.steps);
     std::string peaks;
     for (MemoryCategory c : kAllMemoryCategories)
       if (r.memory_peak[static_cast<size_t>(c)] > 0)
         peaks += fmt::format("{} {}, ", memory_category_name(c), format_bytes(r.memory_peak[static_cast<size_t>(c)]));
     fmt::print("peak memory per rank (rank 0): {}total {}\n", peaks, format_bytes(r.memory_total_peak));
-    if (tc.model == "mlp")
-      fmt::print("final test accuracy {:.2f}% (test loss {:.4f})\n", 100 * r.test_accuracy, r.test_loss);
-    else
-      fmt::print("final test negative ELBO {:.2f} nats per image (reconstruction {:.2f} + KL {:.2f}; one sampled z "
-                 "per image)\n",
-                 r.test_loss, r.test_reconstruction, r.test_kl);
-    fmt::print("run directory: {} (config.toml, metrics.jsonl, model.safetensors, loss.svg{})\n", r.run_dir,
-               tc.model == "vae" ? ", reconstructions.png, samples.png" : "");
+    fmt::print("final {}\n", r.test_summary);  // the model recipe's line
+    std::string files;
+    for (const std::string& f : r.artifacts) files += ", " + f;
+    fmt::print("run directory: {} (config.toml, metrics.jsonl, model.safetensors, loss.svg{})\n", r.run_dir, files);
   }
   return 0;
 }
@@ -291,7 +288,7 @@ std::vector<Command> add_train_commands(CLI::App& app) {
 
   auto f = std::make_shared<TrainFlags>();
   auto* cmd = app.add_subcommand(
-      "train", "train an MLP or a VAE on Fashion-MNIST, data parallel (or fully sharded: --fsdp) over the mesh");
+      "train", "train a model recipe (mlp, vae on Fashion-MNIST), data parallel (or fully sharded: --fsdp) over the mesh");
   f->app = cmd;
   cmd->add_option("--config", f->config, "TOML file with [train] and [distributed] sections (examples/*.toml)");
   cmd->add_option("--engine", f->engine, "threads (default) | mpi (default under mpirun)")

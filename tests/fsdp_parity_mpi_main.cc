@@ -134,7 +134,7 @@ int main() {
   std::vector<train::TrainResult> results;
   for (const Case& c : cases) {
     train::TrainConfig tc = base_config(c.fsdp);
-    tc.fsdp = c.fsdp;
+    tc.set("fsdp", c.fsdp, "case");
     config::DistributedConfig d = dc;
     d.mesh_shape = c.shape;
     d.mesh_axis_names = c.axes;
@@ -144,7 +144,7 @@ int main() {
   train::TrainResult bf16;
   if (n == 2) {
     train::TrainConfig tc = epoch_config("bf16");
-    tc.fsdp = "zero3";
+    tc.set("fsdp", "zero3", "case");
     config::DistributedConfig d = dc;
     d.mesh_shape = {n};
     d.mesh_axis_names = {"fsdp"};

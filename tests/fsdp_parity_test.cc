@@ -64,7 +64,7 @@ train::TrainResult train_on(const RunSpec& run, const std::string& tag) {
   tc.epochs = 1;
   tc.log_every = 50;
   tc.threads_per_rank = 1;
-  tc.fsdp = run.fsdp;
+  tc.set("fsdp", run.fsdp, "RunSpec.fsdp");
   tc.fsdp_min_weight_size = 64;
   tc.clip_norm = run.clip_norm;
   tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_fsdp_parity_" + tag)).string();

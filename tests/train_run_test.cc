@@ -144,7 +144,7 @@ TEST(TrainRun, SkipPolicyStopsAfterTooManySkipsInARow) {
   tc.optimizer = "sgd";
   tc.lr = 1e6;
   tc.max_steps = 30;
-  tc.on_nonfinite = "skip";
+  tc.on_nonfinite = train::NonFinitePolicy::skip;
   tc.max_consecutive_skips = 3;
   EXPECT_THAT(error_of(tc, 2), HasSubstr("step 5 of 30: 3 steps in a row were skipped (the last: the loss is nan); "
                                          "3 skipped in all"));
@@ -222,7 +222,7 @@ TEST(TrainRun, ConfigTomlReloadsToTheSameConfig) {
   tc.hidden = {48, 24};
   tc.dropout = 0.1;
   tc.bucket_mb = 2;
-  tc.on_nonfinite = "skip";
+  tc.on_nonfinite = train::NonFinitePolicy::skip;
   (void)train_on(tc, 2);
   const std::string text = testing::read_file(dir / "config.toml");
   EXPECT_THAT(text, HasSubstr("\nhidden = [48, 24]\n"));

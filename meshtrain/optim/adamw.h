@@ -86,6 +86,11 @@ class AdamW : public Optimizer {
   const AdamWState& state(size_t i) const { return state_.at(i); }
   AdamWState& state(size_t i) { return state_.at(i); }
 
+ protected:
+  StateView state_view(size_t i) override {
+    return {&state_.at(i).step, {{"exp_avg", &state_[i].exp_avg}, {"exp_avg_sq", &state_[i].exp_avg_sq}}};
+  }
+
  private:
   double beta1_;
   double beta2_;

@@ -16,6 +16,10 @@
 //   opt.set_grad_scale(clip / loss_scale);
 //   opt.step();
 //
+//   // State for a checkpoint, per parameter name (what issue 16 saves):
+//   OptimizerState saved = opt.export_state();
+//   fresh.import_state(saved);  // same parameter names, shapes and optimizer kind
+//
 // Contracts:
 // - Parameters are borrowed: each nn::Parameter must outlive the optimizer
 //   and keep its value tensor (state is sized from it at construction).
@@ -42,11 +46,24 @@
 // - State tensors are allocated at construction (PyTorch allocates lazily at
 //   the first step; the values it computes are the same) and charged to the
 //   MemoryTracker, if one is given, under MemoryCategory::optimizer.
+// - State export/import is per parameter NAME (names must be unique in the
+//   list), so it does not depend on the order of params(). A parameter's
+//   state is its step count and the optimizer's named f32 tensors, each
+//   shaped like the parameter's value (AdamW: "exp_avg", "exp_avg_sq"; SGD
+//   with momentum: "momentum_buffer"; SGD without: none). Hyperparameters
+//   (lr, betas, ...) are not state: the constructor and the schedule set
+//   them. Optimizers keep no f32 master of their own (the masters are the
+//   parameters, e.g. FullyShardedDataParallel::optimizer_parameters()), so
+//   no master field appears. Importing and continuing gives the parameters
+//   bit for bit what continuing the exporting optimizer gives.
 // Thread-safety: an optimizer belongs to one rank's thread.
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/core/memory.h"
@@ -54,6 +71,17 @@
 #include "meshtrain/nn/module.h"
 
 namespace meshtrain::optim {
+
+// One parameter's optimizer state (see the contracts above).
+struct ParamState {
+  std::string param;  // the parameter's name
+  int64_t step = 0;   // updates applied to it
+  std::vector<std::pair<std::string, Tensor>> tensors;  // named f32 tensors shaped like the parameter
+  // The tensor named `field`, or null.
+  const Tensor* find(std::string_view field) const;
+};
+// Every parameter's state, in params() order when exported.
+using OptimizerState = std::vector<ParamState>;
 
 class Optimizer {
  public:
@@ -89,6 +117,20 @@ class Optimizer {
 
   const std::vector<nn::Parameter*>& params() const { return params_; }
 
+  // Untracked copies of every parameter's state, in params() order. Throws
+  // InvalidArgument when two parameters share a name (their states could
+  // not be told apart).
+  OptimizerState export_state() const;
+  // Replaces every parameter's state with the entry of the same name (any
+  // order). Checks everything before changing anything; throws
+  // InvalidArgument naming the parameter (and the field) for: a parameter
+  // without an entry, an entry for a parameter this optimizer does not hold,
+  // two entries for one parameter, a field this optimizer does not keep or
+  // one it keeps that is missing, a tensor that is undefined, not f32 or
+  // not shaped like the parameter, or a negative step. The values are
+  // copied into the optimizer's own (tracked) state tensors.
+  void import_state(const OptimizerState& state);
+
  protected:
   // Checks the parameter list (no null, no duplicate, f32 contiguous cpu
   // values) and lr; `op` names the optimizer in errors ("SGD", "AdamW").
@@ -113,6 +155,14 @@ class Optimizer {
   // A zero-filled f32 tensor shaped like params_[i]'s value, charged to
   // `tracker` (may be null) under MemoryCategory::optimizer.
   Tensor zeros_like_param(size_t i, MemoryTracker* tracker) const;
+
+  // The state of params_[i] that export_state copies and import_state
+  // fills: its step count and its named state tensors (in a fixed order).
+  struct StateView {
+    int64_t* step = nullptr;
+    std::vector<std::pair<std::string_view, Tensor*>> tensors;
+  };
+  virtual StateView state_view(size_t i) = 0;
 
   std::string op_;
   std::vector<nn::Parameter*> params_;

@@ -79,6 +79,13 @@ class SGD : public Optimizer {
   const SGDState& state(size_t i) const { return state_.at(i); }
   SGDState& state(size_t i) { return state_.at(i); }
 
+ protected:
+  StateView state_view(size_t i) override {
+    StateView v{&state_.at(i).step, {}};
+    if (state_[i].momentum_buffer.defined()) v.tensors.emplace_back("momentum_buffer", &state_[i].momentum_buffer);
+    return v;
+  }
+
  private:
   double momentum_;
   bool nesterov_;

@@ -56,6 +56,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -65,6 +66,7 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/nn/module.h"
+#include "meshtrain/parallel/parallelism.h"
 
 namespace meshtrain::parallel {
 
@@ -168,7 +170,7 @@ class ReplicaMismatchError : public Error {
   std::vector<int> ranks_;
 };
 
-class DataParallel final : public nn::ParamHook {
+class DataParallel final : public nn::ParamHook, public Parallelism {
  public:
   // Collective over data_comm. Checks that every rank has the same parameter
   // names, shapes and options (InvalidArgument naming the first rank that
@@ -195,7 +197,7 @@ class DataParallel final : public nn::ParamHook {
   // backward must be complete. Micro-batches before the last accumulate
   // locally; the last (index == count - 1) launches the buckets. Without a
   // call, every backward is micro-batch 0 of 1.
-  void begin_micro_batch(int index, int count);
+  void begin_micro_batch(int index, int count) override;
 
   // nn::ParamHook. Called by the model's backward: marks p ready (throws
   // InvalidArgument for an unknown parameter or a second call in one
@@ -210,7 +212,24 @@ class DataParallel final : public nn::ParamHook {
   // number of micro-batches. A no-op when no backward ran since the last
   // finish(). Throws InvalidArgument naming parameters whose grad_ready did
   // not come in the current backward.
-  void finish();
+  void finish() override;
+
+  // Parallelism (parallelism.h; defined in parallelism.cc): the model's
+  // parameters for the optimizer; grads_finite and grad_norm are local (the
+  // gradients are bit-identical replicas after finish()); after_step,
+  // gather_full_parameters and reshard have nothing to do; every parameter
+  // is held whole and replicated.
+  std::string describe() const override;
+  std::vector<nn::Parameter*> optimizer_parameters() override;
+  bool grads_finite() override;
+  double grad_norm() override;
+  void after_step() override;
+  void zero_grad() override;
+  void gather_full_parameters() override;
+  void reshard() override;
+  bool needs_loss_scaling() const override { return false; }  // f32 only
+  std::optional<double> hidden_fraction() const override;
+  std::vector<ParamShard> parameter_shards() const override;
 
   const DataParallelStats& stats() const { return stats_; }
   const std::vector<BucketInfo>& buckets() const { return bucket_info_; }

@@ -105,6 +105,7 @@
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/parallelism.h"
 
 namespace meshtrain::parallel {
 
@@ -189,7 +190,7 @@ struct UnitInfo {
   int64_t shard = 0;                  // S = Np / d (Np for no_shard)
 };
 
-class FullyShardedDataParallel final : public nn::ParamHook {
+class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism {
  public:
   // Collective over shard_comm (and replicate_comm when given: HSDP). Takes
   // over the model's parameters: sharded ones move into flat storage (their
@@ -216,32 +217,41 @@ class FullyShardedDataParallel final : public nn::ParamHook {
   // Pointers stay valid for the wrapper's lifetime. Each records what it
   // holds in Parameter::placement: a sharded part is flat[start:start+count]
   // of its parameter's row-major elements; a replicated one is whole.
-  std::vector<nn::Parameter*> optimizer_parameters();
+  std::vector<nn::Parameter*> optimizer_parameters() override;
 
   // Same contract as DataParallel::begin_micro_batch.
-  void begin_micro_batch(int index, int count);
+  void begin_micro_batch(int index, int count) override;
   // Ends the window: see the header comment. A no-op without a backward.
-  void finish();
+  void finish() override;
   // Collective over shard and replicate communicators: true when every
   // owned gradient element on every rank is finite (after finish()).
-  bool grads_finite();
+  bool grads_finite() override;
   // Collective: the global L2 norm of the gradients after finish(), each
   // element counted once (owned shards summed over the shard communicator,
   // replicated parameters counted once). Divide by a loss scale yourself.
-  double grad_norm();
+  double grad_norm() override;
   // Call after an optimizer step that changed the parameters (see above).
-  void after_step();
+  void after_step() override;
   // Zeroes the owned gradients (and the replicated ones).
-  void zero_grad();
+  void zero_grad() override;
   // Frees working copies kept by reshard_after_forward = false (e.g. after
   // an evaluation forward that has no backward).
-  void reshard();
+  void reshard() override;
 
   // Collective: makes every parameter's value a full f32 tensor (values as
   // the optimizer last left them, i.e. the master weights, not their
   // param_dtype copies) until the next use of its unit; for saving and
   // inspection. Call after after_step().
-  void gather_full_parameters();
+  void gather_full_parameters() override;
+
+  // Parallelism (parallelism.h; defined in parallelism.cc): the rest of the
+  // protocol. describe() names the canonical strategy (FsdpMode::name);
+  // loss scaling is needed when param_dtype or reduce_dtype is f16;
+  // parameter_shards() gives each sharded parameter's Placement (the flat
+  // part of it this rank owns), replicated ones whole.
+  std::string describe() const override;
+  bool needs_loss_scaling() const override;
+  std::vector<ParamShard> parameter_shards() const override;
 
   // nn::ParamHook: the units' modules are this hook's scopes.
   bool scopes(nn::Module& m) override;

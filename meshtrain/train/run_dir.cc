@@ -35,8 +35,9 @@ std::string normalized(const std::string& path) {
   return p.string();
 }
 
-bool is_run_artifact(const std::string& name) {
+bool is_run_artifact(const std::string& name, std::span<const std::string> more) {
   if (std::find(kRunArtifacts.begin(), kRunArtifacts.end(), name) != kRunArtifacts.end()) return true;
+  if (std::find(more.begin(), more.end(), name) != more.end()) return true;
   // A temporary of write_file_atomic (".<artifact>.tmp.<pid>.<n>") left by a crash.
   return name.size() > 1 && name[0] == '.' && name.find(".tmp.") != std::string::npos;
 }
@@ -50,7 +51,7 @@ std::vector<std::string> entries_of(const fs::path& dir) {
 
 // Throws unless `path` may become this run's directory; returns whether it
 // exists (then as a directory).
-bool check_path(const std::string& path, bool overwrite) {
+bool check_path(const std::string& path, bool overwrite, std::span<const std::string> more) {
   std::error_code ec;
   const fs::file_status st = fs::symlink_status(path, ec);
   if (!fs::exists(st)) return false;
@@ -61,7 +62,7 @@ bool check_path(const std::string& path, bool overwrite) {
   if (names.empty()) return true;
   std::vector<std::string> foreign;
   for (const auto& n : names)
-    if (!is_run_artifact(n)) foreign.push_back(n);
+    if (!is_run_artifact(n, more)) foreign.push_back(n);
   if (!overwrite)
     throw InvalidArgument(kOp,
                           fmt::format("run directory '{}' is not empty ({}){}", path, fmt::join(names, ", "),
@@ -84,12 +85,15 @@ bool check_path(const std::string& path, bool overwrite) {
 
 }  // namespace
 
-void RunDirectory::check(const std::string& path, bool overwrite) { (void)check_path(normalized(path), overwrite); }
+void RunDirectory::check(const std::string& path, bool overwrite, std::span<const std::string> more_artifacts) {
+  (void)check_path(normalized(path), overwrite, more_artifacts);
+}
 
-RunDirectory RunDirectory::create(const std::string& path_in, bool overwrite) {
+RunDirectory RunDirectory::create(const std::string& path_in, bool overwrite,
+                                  std::span<const std::string> more_artifacts) {
   const std::string path = normalized(path_in);
   bool reserved = false;
-  if (!check_path(path, overwrite)) {
+  if (!check_path(path, overwrite, more_artifacts)) {
     const fs::path parent = fs::path(path).parent_path();
     std::error_code ec;
     if (!parent.empty()) fs::create_directories(parent, ec);
@@ -98,7 +102,7 @@ RunDirectory RunDirectory::create(const std::string& path_in, bool overwrite) {
     if (::mkdir(path.c_str(), 0777) == 0) {
       reserved = true;
     } else if (errno == EEXIST) {
-      (void)check_path(path, overwrite);  // another process was quicker: its rules apply
+      (void)check_path(path, overwrite, more_artifacts);  // another process was quicker: its rules apply
     } else {
       throw_io(fmt::format("cannot create run directory '{}'", path), errno, "check the --run-dir path and its permissions");
     }

@@ -9,8 +9,9 @@
 //
 // - create() refuses a path that exists and is not an empty directory,
 //   unless `overwrite`; overwrite only replaces a directory that holds
-//   nothing but run artifacts (kRunArtifacts), so a mistyped --run-dir never
-//   deletes a user's files. A path that does not exist is created empty at
+//   nothing but run artifacts (kRunArtifacts and the names a model recipe
+//   declares, `more_artifacts`), so a mistyped --run-dir never deletes a
+//   user's files. A path that does not exist is created empty at
 //   once (reserved), so two runs cannot pick the same one.
 // - Until commit(), every file goes to the staging directory
 //   "<path>.incomplete" next to it (the same file system, so renames are
@@ -29,6 +30,7 @@
 #pragma once
 
 #include <array>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -42,13 +44,14 @@ class RunDirectory {
  public:
   // See above. Throws InvalidArgument (the path holds a run or other files,
   // is a file, or names no directory) or IoError.
-  static RunDirectory create(const std::string& path, bool overwrite);
+  static RunDirectory create(const std::string& path, bool overwrite,
+                             std::span<const std::string> more_artifacts = {});
   // The next free "<parent>/version_<N>" (N = 1 + the largest existing N,
   // from 0), reserved as create() does. What a run without --run-dir gets.
   static RunDirectory create_versioned(const std::string& parent);
   // Throws as create() would, without creating anything (for a CLI that
   // wants to fail before printing its start-up dump).
-  static void check(const std::string& path, bool overwrite);
+  static void check(const std::string& path, bool overwrite, std::span<const std::string> more_artifacts = {});
 
   RunDirectory(RunDirectory&& other) noexcept;
   RunDirectory& operator=(RunDirectory&&) = delete;

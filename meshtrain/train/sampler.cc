@@ -149,12 +149,76 @@ std::vector<int64_t> DistributedSampler::batch(int64_t epoch, int64_t b) const {
   return std::vector<int64_t>(first + lo, first + hi);
 }
 
-Batch load_batch(const Dataset& data, const DistributedSampler& sampler, int64_t epoch, int64_t b,
+const Tensor& Batch::operator[](std::string_view name) const {
+  for (const auto& [n, t] : tensors)
+    if (n == name) return t;
+  std::string held;
+  for (const auto& [n, t] : tensors) held += (held.empty() ? "" : ", ") + n;
+  throw InvalidArgument("Batch", fmt::format("the batch has no tensor '{}' (it holds: {})", name,
+                                             held.empty() ? std::string("none") : held),
+                        "the model recipe and its DataSource must agree on the tensor names");
+}
+
+bool Batch::has(std::string_view name) const {
+  return std::any_of(tensors.begin(), tensors.end(), [&](const auto& e) { return e.first == name; });
+}
+
+void Batch::add(std::string name, Tensor t) {
+  if (has(name))
+    throw InvalidArgument("Batch::add", fmt::format("the batch already holds a tensor '{}'", name),
+                          "give every tensor of a batch its own name");
+  if (!tensors.empty() && (t.dim() == 0 || t.size(0) != size()))
+    throw InvalidArgument("Batch::add",
+                          fmt::format("tensor '{}' has shape {}, but the batch holds {} samples along dim 0", name,
+                                      shape_to_string(t.shape()), size()),
+                          "put the samples along dim 0 of every tensor");
+  tensors.emplace_back(std::move(name), std::move(t));
+}
+
+int64_t Batch::size() const {
+  return tensors.empty() ? static_cast<int64_t>(indices.size()) : tensors.front().second.size(0);
+}
+
+Batch Batch::rows(int64_t lo, int64_t hi) const {
+  if (lo < 0 || lo > hi || hi > size())
+    throw InvalidArgument("Batch::rows", fmt::format("rows [{}, {}) of a batch of {}", lo, hi, size()),
+                          "pick rows inside the batch");
+  Batch out;
+  out.epoch = epoch;
+  out.index = index;
+  if (static_cast<int64_t>(indices.size()) >= hi) out.indices.assign(indices.begin() + lo, indices.begin() + hi);
+  out.global_size = global_size;
+  out.first_global_sample = first_global_sample + lo;
+  for (const auto& [n, t] : tensors) out.tensors.emplace_back(n, t.narrow(0, lo, hi - lo));
+  return out;
+}
+
+void ImageDataSource::load(std::span<const int64_t> rows_wanted, Batch& batch, MemoryTracker* tracker) const {
+  const int64_t rows = static_cast<int64_t>(rows_wanted.size());
+  const int64_t features = data_->features();
+  Tensor images = Tensor::empty({rows, features}, DType::f32, Device::cpu(), tracker, MemoryCategory::activations);
+  Tensor labels = Tensor::empty({rows}, DType::i64, Device::cpu(), tracker, MemoryCategory::activations);
+  const uint8_t* pixels = data_->images.data<uint8_t>();
+  const uint8_t* stored = data_->labels.data<uint8_t>();
+  float* x = images.data<float>();
+  int64_t* y = labels.data<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = rows_wanted[static_cast<size_t>(r)];
+    const uint8_t* src = pixels + row * features;
+    float* dst = x + r * features;
+    for (int64_t k = 0; k < features; ++k) dst[k] = normalize_pixel(src[k]);  // as evaluation (idx.h)
+    y[r] = stored[row];
+  }
+  batch.add("images", std::move(images));
+  batch.add("labels", std::move(labels));
+}
+
+Batch load_batch(const DataSource& data, const DistributedSampler& sampler, int64_t epoch, int64_t b,
                  MemoryTracker* tracker) {
   if (sampler.dataset_size() != data.size())
     throw InvalidArgument("load_batch",
                           fmt::format("the sampler covers {} samples but the dataset '{}' has {}",
-                                      sampler.dataset_size(), data.source, data.size()),
+                                      sampler.dataset_size(), data.source(), data.size()),
                           "build the sampler with dataset.size()");
   Batch out;
   out.epoch = epoch;
@@ -162,22 +226,13 @@ Batch load_batch(const Dataset& data, const DistributedSampler& sampler, int64_t
   out.indices = sampler.batch(epoch, b);
   out.global_size = sampler.global_batch_size(b);
   out.first_global_sample = sampler.first_global_sample(b);
-  const int64_t rows = static_cast<int64_t>(out.indices.size());
-  const int64_t features = data.features();
-  out.images = Tensor::empty({rows, features}, DType::f32, Device::cpu(), tracker, MemoryCategory::activations);
-  out.labels = Tensor::empty({rows}, DType::i64, Device::cpu(), tracker, MemoryCategory::activations);
-  const uint8_t* pixels = data.images.data<uint8_t>();
-  const uint8_t* labels = data.labels.data<uint8_t>();
-  float* x = out.images.data<float>();
-  int64_t* y = out.labels.data<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t row = out.indices[static_cast<size_t>(r)];
-    const uint8_t* src = pixels + row * features;
-    float* dst = x + r * features;
-    for (int64_t k = 0; k < features; ++k) dst[k] = normalize_pixel(src[k]);  // as evaluation (idx.h)
-    y[r] = labels[row];
-  }
+  data.load(out.indices, out, tracker);
   return out;
+}
+
+Batch load_batch(const Dataset& data, const DistributedSampler& sampler, int64_t epoch, int64_t b,
+                 MemoryTracker* tracker) {
+  return load_batch(ImageDataSource(data), sampler, epoch, b, tracker);
 }
 
 Prefetcher::Prefetcher(LoadFn load, int64_t begin, int64_t end) : load_(std::move(load)) {

@@ -1,17 +1,23 @@
 // Distributed sampling: which samples form each global batch of an epoch,
-// which contiguous slice of it each data-parallel rank takes, and a
-// background Prefetcher that assembles the next batch while a step runs.
+// which contiguous slice of it each data-parallel rank takes, the typed
+// Batch a DataSource assembles from those samples, and a background
+// Prefetcher that assembles the next batch while a step runs.
 //
-//   DistributedSampler sampler(/*dataset_size=*/60000, /*global_batch=*/256, /*seed=*/42,
+//   ImageDataSource data(load_fashion_mnist());    // "images", "labels"
+//   DistributedSampler sampler(/*dataset_size=*/data.size(), /*global_batch=*/256, /*seed=*/42,
 //                              /*drop_last=*/true, mesh.axis_rank("data"), mesh.axis_size("data"));
 //   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
 //     Prefetcher batches([&](int64_t b) { return load_batch(data, sampler, epoch, b); },
 //                        0, sampler.num_batches());
 //     while (std::optional<Batch> batch = batches.next()) {
-//       // batch->images (B_local, 784) f32, batch->labels (B_local) i64;
+//       // (*batch)["images"] (B_local, 784) f32, (*batch)["labels"] (B_local) i64;
 //       // divide the summed loss by batch->global_size.
 //     }
 //   }
+//
+// A batch is a list of named tensors with the local samples along dim 0, so
+// a new kind of data (a token batch: "tokens" and "targets", (B_local, T)
+// i32) is a new DataSource, not a change to the trainer.
 //
 // Rules (N = dataset_size, G = global_batch, d = data_axis_size, r = rank):
 // - Epoch order: perm_e, a permutation of 0..N-1 that depends only on
@@ -46,7 +52,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
+#include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/core/memory.h"
@@ -117,21 +127,71 @@ class DistributedSampler {
   std::shared_ptr<Cache> cache_;  // shared by copies (the contents are deterministic)
 };
 
-// One rank's part of one global batch, ready for a step.
+// One rank's part of one global batch, ready for a step: named tensors,
+// each with this rank's samples along dim 0.
 struct Batch {
   int64_t epoch = 0;
   int64_t index = 0;                // b
   std::vector<int64_t> indices;     // dataset rows of this rank's slice
-  Tensor images;                    // (B_local, features) f32, normalize_pixel (idx.h): pixel / 255
-  Tensor labels;                    // (B_local) i64
   int64_t global_size = 0;          // samples in the whole global batch
-  int64_t first_global_sample = 0;  // position of images[0] in the global batch
+  int64_t first_global_sample = 0;  // position of row 0 in the global batch
+  // In the order the DataSource adds them; names are unique.
+  std::vector<std::pair<std::string, Tensor>> tensors;
+
+  // The tensor named `name`; throws InvalidArgument naming it and the
+  // tensors the batch holds.
+  const Tensor& operator[](std::string_view name) const;
+  bool has(std::string_view name) const;
+  // Adds a tensor; throws InvalidArgument when the name is taken or dim 0
+  // differs from the tensors already present.
+  void add(std::string name, Tensor t);
+  // Local samples: dim 0 of the tensors (the number of indices when the
+  // batch holds no tensor).
+  int64_t size() const;
+  // Rows [lo, hi) of every tensor, as views (a micro-batch): indices are
+  // sliced and first_global_sample advances by lo; needs 0 <= lo <= hi <=
+  // size().
+  Batch rows(int64_t lo, int64_t hi) const;
 };
 
-// Gathers this rank's slice of batch b of `epoch` from `data` and converts it
-// (u8 pixels -> f32 x / 255; u8 labels -> i64). The tensors are charged to
-// `tracker` (may be null) under MemoryCategory::activations. Throws
-// InvalidArgument when the sampler's dataset_size differs from data.size().
+// Samples by dataset row, assembled into a Batch: what a model recipe
+// (model_recipe.h) trains and evaluates on.
+// Thread-safety: load() is called from a Prefetcher's thread while the
+// training thread uses earlier batches; implementations must only read.
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  virtual int64_t size() const = 0;
+  // Where the samples come from, for messages (a file, "synthetic", ...).
+  virtual std::string source() const = 0;
+  // Adds the samples at dataset rows `rows` (each in [0, size())) to
+  // batch.tensors, charged to `tracker` (may be null) under
+  // MemoryCategory::activations.
+  virtual void load(std::span<const int64_t> rows, Batch& batch, MemoryTracker* tracker) const = 0;
+};
+
+// An image-classification Dataset (idx.h) as a DataSource: "images"
+// (B, features) f32 by normalize_pixel, "labels" (B) i64. Borrows `data`
+// (it must outlive the source).
+class ImageDataSource final : public DataSource {
+ public:
+  explicit ImageDataSource(const Dataset& data) : data_(&data) {}
+  int64_t size() const override { return data_->size(); }
+  std::string source() const override { return data_->source; }
+  void load(std::span<const int64_t> rows, Batch& batch, MemoryTracker* tracker) const override;
+  const Dataset& dataset() const { return *data_; }
+
+ private:
+  const Dataset* data_;
+};
+
+// Gathers this rank's slice of batch b of `epoch` from `data` (through
+// DataSource::load). Throws InvalidArgument when the sampler's dataset_size
+// differs from data.size().
+Batch load_batch(const DataSource& data, const DistributedSampler& sampler, int64_t epoch, int64_t b,
+                 MemoryTracker* tracker = nullptr);
+// load_batch(ImageDataSource(data), ...): u8 pixels -> f32 x / 255 as
+// "images", u8 labels -> i64 as "labels".
 Batch load_batch(const Dataset& data, const DistributedSampler& sampler, int64_t epoch, int64_t b,
                  MemoryTracker* tracker = nullptr);
 

@@ -229,7 +229,7 @@ TEST(LoadBatchTest, TrainingAndEvaluationNormalizePixelsIdentically) {
   for (int64_t r = 0; r < 256; ++r) {
     const int64_t row = batch.indices[static_cast<size_t>(r)];
     for (int64_t k = 0; k < 2; ++k) {
-      const float train = batch.images.data<float>()[r * 2 + k];
+      const float train = batch["images"].data<float>()[r * 2 + k];
       const float test = eval.data<float>()[row * 2 + k];
       ASSERT_EQ(std::bit_cast<uint32_t>(train), std::bit_cast<uint32_t>(test)) << "pixel " << row;
       ASSERT_EQ(train, static_cast<float>(row) / 255.0f) << "pixel " << row;
@@ -249,22 +249,48 @@ TEST(LoadBatchTest, GathersAndConvertsTheLocalSlice) {
   EXPECT_EQ(batch.indices, s.batch(1, 0));
   EXPECT_EQ(batch.global_size, 8);
   EXPECT_EQ(batch.first_global_sample, 4);
-  EXPECT_EQ(batch.images.shape(), (std::vector<int64_t>{4, 4}));
-  EXPECT_EQ(batch.images.dtype(), DType::f32);
-  EXPECT_EQ(batch.labels.dtype(), DType::i64);
+  EXPECT_EQ(batch["images"].shape(), (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(batch["images"].dtype(), DType::f32);
+  EXPECT_EQ(batch["labels"].dtype(), DType::i64);
   for (int64_t r = 0; r < 4; ++r) {
     const int64_t row = batch.indices[static_cast<size_t>(r)];
-    EXPECT_EQ(batch.labels.item({r}), static_cast<double>(row % 10));
+    EXPECT_EQ(batch["labels"].item({r}), static_cast<double>(row % 10));
     for (int64_t k = 0; k < 4; ++k)
-      EXPECT_EQ(batch.images.item({r, k}), static_cast<double>(static_cast<float>(row % 256) / 255.0f));
+      EXPECT_EQ(batch["images"].item({r, k}), static_cast<double>(static_cast<float>(row % 256) / 255.0f));
   }
   EXPECT_EQ(tracker.in_use(MemoryCategory::activations), 4u * 4u * 4u + 4u * 8u);
   // The last batch (30 = 3 * 8 + 6) on rank 1 of 2: samples 3..5 of 6.
   const Batch last = load_batch(data, s, 1, 3);
   EXPECT_EQ(last.global_size, 6);
   EXPECT_EQ(last.first_global_sample, 3);
-  EXPECT_EQ(last.images.size(0), 3);
+  EXPECT_EQ(last["images"].size(0), 3);
   EXPECT_THROW(load_batch(make_dataset(31), s, 0, 0), InvalidArgument);
+}
+
+TEST(BatchTest, NamedTensorsSliceIntoMicroBatches) {
+  Batch b;
+  b.indices = {10, 11, 12, 13};
+  b.global_size = 8;
+  b.first_global_sample = 4;
+  b.add("tokens", Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}));
+  b.add("targets", Tensor::from_vector(std::vector<int64_t>{2, 3, 4, 5, 6, 7, 8, 9}, {4, 2}));
+  EXPECT_EQ(b.size(), 4);
+  const Batch m = b.rows(1, 3);
+  EXPECT_EQ(m.size(), 2);
+  EXPECT_EQ(m.first_global_sample, 5);
+  EXPECT_EQ(m.global_size, 8);
+  EXPECT_EQ(m.indices, (std::vector<int64_t>{11, 12}));
+  EXPECT_EQ(m["targets"].to_vector(), (std::vector<double>{4, 5, 6, 7}));
+  EXPECT_THROW(b.add("tokens", Tensor::zeros({4, 2}, DType::i64)), InvalidArgument);  // name taken
+  EXPECT_THROW(b.add("mask", Tensor::zeros({3, 2}, DType::i64)), InvalidArgument);    // 3 samples, not 4
+  EXPECT_THROW((void)b.rows(2, 5), InvalidArgument);
+  try {
+    (void)b["images"];
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("no tensor 'images' (it holds: tokens, targets)"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(PrefetcherTest, DeliversBatchesInOrderEqualToSynchronousLoading) {
@@ -278,8 +304,8 @@ TEST(PrefetcherTest, DeliversBatchesInOrderEqualToSynchronousLoading) {
       EXPECT_EQ(batch->index, b);
       EXPECT_EQ(batch->epoch, epoch);
       EXPECT_EQ(batch->indices, sync.indices);
-      EXPECT_EQ(batch->images.to_vector(), sync.images.to_vector());
-      EXPECT_EQ(batch->labels.to_vector(), sync.labels.to_vector());
+      EXPECT_EQ((*batch)["images"].to_vector(), sync["images"].to_vector());
+      EXPECT_EQ((*batch)["labels"].to_vector(), sync["labels"].to_vector());
       EXPECT_EQ(batch->global_size, sync.global_size);
       ++b;
     }
@@ -372,7 +398,7 @@ TEST(RealFashionMnistTest, ShardedEpochOverTheTrainingSet) {
     Prefetcher pf([&](int64_t b) { return load_batch(data, s, 0, b); }, 0, s.num_batches());
     while (std::optional<Batch> batch = pf.next()) {
       seen.insert(seen.end(), batch->indices.begin(), batch->indices.end());
-      for (double y : batch->labels.to_vector()) label_sum += static_cast<int64_t>(y);
+      for (double y : (*batch)["labels"].to_vector()) label_sum += static_cast<int64_t>(y);
       EXPECT_EQ(batch->global_size, batch->index == 58 ? 608 : 1024);
     }
   }

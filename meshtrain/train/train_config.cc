@@ -15,6 +15,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/train/model_recipe.h"
 
 namespace meshtrain::train {
 namespace {
@@ -56,6 +57,50 @@ std::vector<int> to_widths(std::string_view t, std::string_view src) {
 }
 std::string num(double v) { return fmt::format("{}", v); }
 
+// The choice-valued keys: parsed here, once, into what the trainer uses.
+// Errors read "<source>: <key> '<text>'" and list the choices.
+[[noreturn]] void bad_choice(std::string_view src, std::string_view key, std::string_view t, std::string_view hint) {
+  throw InvalidArgument(kOp, fmt::format("{}: {} '{}' is not one of its choices", src, key, t), std::string(hint));
+}
+FsdpSetting to_fsdp(std::string_view t, std::string_view src) {
+  if (t.empty()) return {};
+  try {
+    return {std::string(t), parallel::parse_fsdp_mode(t)};
+  } catch (const InvalidArgument&) {
+    bad_choice(src, "fsdp", t,
+               "use full, shard_grad_op, no_shard, zero1, zero2, zero3, hybrid_full or hybrid_shard_grad_op, or \"\" "
+               "for plain data parallelism");
+  }
+}
+NonFinitePolicy to_policy(std::string_view t, std::string_view src) {
+  if (t == "error") return NonFinitePolicy::error;
+  if (t == "skip") return NonFinitePolicy::skip;
+  bad_choice(src, "on_nonfinite", t, "use error (stop the run) or skip (skip the step and count it)");
+}
+parallel::BackwardPrefetch to_prefetch(std::string_view t, std::string_view src) {
+  try {
+    return parallel::parse_backward_prefetch(t);
+  } catch (const InvalidArgument&) {
+    bad_choice(src, "backward_prefetch", t, "use none, pre or post");
+  }
+}
+std::optional<DType> to_reduce_dtype(std::string_view t, std::string_view src) {
+  if (t.empty()) return std::nullopt;
+  if (t == "fp32") return DType::f32;
+  if (t == "bf16") return DType::bf16;
+  if (t == "fp16") return DType::f16;
+  bad_choice(src, "reduce_precision", t, "use \"\" (the compute precision), fp32, bf16 or fp16");
+}
+std::string reduce_dtype_name(std::optional<DType> d) {
+  if (!d) return "";
+  switch (*d) {
+    case DType::f32: return "fp32";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "fp16";
+    default: return std::string(dtype_name(*d));
+  }
+}
+
 // A TOML basic string: "..." with \\, \" and control characters escaped.
 std::string toml_basic_string(std::string_view v) {
   std::string out = "\"";
@@ -96,7 +141,7 @@ std::string toml_basic_string(std::string_view v) {
                       [](const TrainConfig& c) { return c.field; }, TrainFieldKind::string
 
 const TrainField kFields[] = {
-    {"model", "--model", "mlp | vae", MT_STR(model)},
+    {"model", "--model", "the model recipe: mlp | vae (built in)", MT_STR(model)},
     {"hidden", "--hidden", "hidden layer sizes, e.g. 512,512,256 (each 1 to 65536, at most 1024 layers)",
      [](TrainConfig& c, std::string_view t, std::string_view s) { c.hidden = to_widths(t, s); },
      [](const TrainConfig& c) { return fmt::format("{}", fmt::join(c.hidden, ",")); }, TrainFieldKind::integer_list},
@@ -118,7 +163,8 @@ const TrainField kFields[] = {
     {"clip_norm", "--clip-norm", "global gradient-norm clipping, >= 0 (0 = off)", MT_DBL(clip_norm, {.min = 0})},
     {"on_nonfinite", "--on-nonfinite",
      "error | skip: a non-finite loss or gradient stops the run, or skips that optimizer step (counted)",
-     MT_STR(on_nonfinite)},
+     [](TrainConfig& c, std::string_view t, std::string_view s) { c.on_nonfinite = to_policy(t, s); },
+     [](const TrainConfig& c) { return std::string(to_string(c.on_nonfinite)); }, TrainFieldKind::string},
     {"max_consecutive_skips", "--max-consecutive-skips",
      "stop after this many skipped steps in a row (non-finite steps with skip, fp16 loss-scale overflows), >= 1",
      MT_INT(max_consecutive_skips, 1, kIntMax)},
@@ -131,18 +177,22 @@ const TrainField kFields[] = {
     {"fsdp", "--fsdp",
      "fully sharded data parallelism: full | shard_grad_op | no_shard | zero1 | zero2 | zero3 | hybrid_full | "
      "hybrid_shard_grad_op (\"\" = plain data parallelism; an fsdp mesh axis > 1 defaults to full)",
-     MT_STR(fsdp)},
+     [](TrainConfig& c, std::string_view t, std::string_view s) { c.fsdp = to_fsdp(t, s); },
+     [](const TrainConfig& c) { return c.fsdp.name; }, TrainFieldKind::string},
     {"fsdp_min_weight_size", "--fsdp-min-weight-size", "parameters with fewer elements stay replicated in f32 (>= 0)",
      MT_INT(fsdp_min_weight_size, 0, kInt64Max)},
     {"forward_prefetch", "--forward-prefetch", "fsdp: start the next unit's all-gather during forward",
      MT_BOOL(forward_prefetch)},
     {"backward_prefetch", "--backward-prefetch", "fsdp: none | pre | post (when backward gathers the next unit)",
-     MT_STR(backward_prefetch)},
+     [](TrainConfig& c, std::string_view t, std::string_view s) { c.backward_prefetch = to_prefetch(t, s); },
+     [](const TrainConfig& c) { return std::string(parallel::to_string(c.backward_prefetch)); },
+     TrainFieldKind::string},
     {"reshard_after_forward", "--reshard-after-forward",
      "fsdp: free gathered parameters after forward and gather again for backward", MT_BOOL(reshard_after_forward)},
     {"reduce_precision", "--reduce-precision",
      "fsdp: dtype of gradients and their reduction: \"\" = the compute precision, fp32, bf16 or fp16",
-     MT_STR(reduce_precision)},
+     [](TrainConfig& c, std::string_view t, std::string_view s) { c.reduce_precision = to_reduce_dtype(t, s); },
+     [](const TrainConfig& c) { return reduce_dtype_name(c.reduce_precision); }, TrainFieldKind::string},
     {"data_dir", "--data-dir", "Fashion-MNIST directory (Debian: dataset-fashion-mnist)", MT_STR(data_dir)},
     {"run_dir", "--run-dir",
      "where config, metrics, model and pictures go (\"\" = the next runs/<model>/version_<N>)", MT_STR(run_dir)},
@@ -164,6 +214,8 @@ const TrainField& field(std::string_view key, std::string_view source) {
 }
 
 }  // namespace
+
+std::string_view to_string(NonFinitePolicy p) { return p == NonFinitePolicy::skip ? "skip" : "error"; }
 
 std::span<const TrainField> train_config_fields() { return kFields; }
 
@@ -240,7 +292,7 @@ void TrainConfig::validate() const {
   auto require = [](bool ok, const std::string& what, const std::string& hint) {
     if (!ok) throw InvalidArgument("TrainConfig::validate", what, hint);
   };
-  require(model == "mlp" || model == "vae", fmt::format("model '{}'", model), "use model = \"mlp\" or \"vae\"");
+  (void)find_model_recipe(model);  // throws naming the registered recipes
   require(!hidden.empty(), "hidden is empty", "give at least one hidden size, e.g. 512,512");
   for (int h : hidden)
     require(h > 0 && h <= kMaxWidth, fmt::format("hidden size {}", h), "hidden sizes must be in [1, 65536]");
@@ -265,33 +317,14 @@ void TrainConfig::validate() const {
           "lr finite, momentum in [0, 1), weight_decay finite and >= 0");
   require(lr_decay_steps >= 0, fmt::format("lr_decay_steps {}", lr_decay_steps),
           "0 decays over all epochs' steps, or give the schedule's length in steps");
-  require(on_nonfinite == "error" || on_nonfinite == "skip", fmt::format("on_nonfinite '{}'", on_nonfinite),
-          "use error (stop the run) or skip (skip the step and count it)");
   require(max_consecutive_skips >= 1, fmt::format("max_consecutive_skips {}", max_consecutive_skips),
           "give at least 1 (the default is 25)");
   require(log_every > 0 && bucket_mb > 0 && threads_per_rank >= 0 && max_steps >= 0,
           fmt::format("log_every {}, bucket_mb {}, threads_per_rank {}, max_steps {}", log_every, bucket_mb,
                       threads_per_rank, max_steps),
           "log_every and bucket_mb positive; threads_per_rank and max_steps >= 0");
-  if (!fsdp.empty()) {
-    try {
-      (void)parallel::parse_fsdp_mode(fsdp);
-    } catch (const InvalidArgument&) {
-      require(false, fmt::format("fsdp '{}'", fsdp),
-              "use full, shard_grad_op, no_shard, zero1, zero2, zero3, hybrid_full or hybrid_shard_grad_op, "
-              "or \"\" for plain data parallelism");
-    }
-  }
   require(fsdp_min_weight_size >= 0, fmt::format("fsdp_min_weight_size {}", fsdp_min_weight_size),
           "use 0 to shard every parameter");
-  try {
-    (void)parallel::parse_backward_prefetch(backward_prefetch);
-  } catch (const InvalidArgument&) {
-    require(false, fmt::format("backward_prefetch '{}'", backward_prefetch), "use none, pre or post");
-  }
-  require(reduce_precision.empty() || reduce_precision == "fp32" || reduce_precision == "bf16" ||
-              reduce_precision == "fp16",
-          fmt::format("reduce_precision '{}'", reduce_precision), "use \"\" (the compute precision), fp32, bf16 or fp16");
 }
 
 std::string TrainConfig::to_toml() const {

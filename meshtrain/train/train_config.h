@@ -12,15 +12,39 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include "meshtrain/core/dtype.h"
+#include "meshtrain/parallel/fully_sharded.h"
 
 namespace meshtrain::train {
 
+// What to do with a non-finite loss or gradient (see TrainConfig).
+enum class NonFinitePolicy : uint8_t { error, skip };
+std::string_view to_string(NonFinitePolicy p);
+
+// The fsdp setting as set: the mode parallel::parse_fsdp_mode made of the
+// name (once, when the config is read) and the name as written, for the
+// dump and TOML ("zero3" and "full" are one mode; the dump keeps the word
+// the user chose). No mode: plain data parallelism, name "".
+struct FsdpSetting {
+  FsdpSetting() = default;
+  FsdpSetting(std::string n, parallel::FsdpMode m) : name(std::move(n)), mode(m) {}
+  std::string name;
+  std::optional<parallel::FsdpMode> mode;
+  bool enabled() const { return mode.has_value(); }
+};
+
+// Strategy-like keys are parsed when set (TrainConfig::set, from_toml) and
+// held as enums; their text form exists only in the dump and TOML.
 struct TrainConfig {
-  std::string model = "mlp";                 // mlp | vae
+  // A registered model recipe (model_recipe.h): mlp | vae built in.
+  std::string model = "mlp";
   std::vector<int> hidden = {512, 512, 256};  // MLP hidden sizes (VAE: encoder/decoder widths)
   int latent = 20;                           // VAE latent size
   double dropout = 0.0;                      // MLP dropout after each hidden layer
@@ -43,7 +67,7 @@ struct TrainConfig {
   // overflow handling): "error" stops the run (non-zero exit, nothing
   // saved), "skip" skips the optimizer step and counts it. Non-finite
   // parameters always stop the run.
-  std::string on_nonfinite = "error";
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::error;
   // Skipped steps in a row (non-finite with "skip", or fp16 overflows) after
   // which the run stops with an error. 25: the loss scaler halves its scale
   // from its ceiling 2^24 to its floor 1 in 24 steps.
@@ -60,15 +84,15 @@ struct TrainConfig {
   // zero1 | zero2 | zero3 | hybrid_full | hybrid_shard_grad_op. Resolved by
   // resolve_training (trainer.h): an fsdp mesh axis > 1 defaults it to
   // "full", mixed precision without it to "no_shard".
-  std::string fsdp;
+  FsdpSetting fsdp;
   int64_t fsdp_min_weight_size = 1024;  // smaller parameters stay replicated (f32)
   bool forward_prefetch = false;        // gather the next unit during forward
-  std::string backward_prefetch = "pre";  // none | pre | post
+  parallel::BackwardPrefetch backward_prefetch = parallel::BackwardPrefetch::pre;  // none | pre | post
   bool reshard_after_forward = true;    // free gathered units after forward (zero3)
-  // Dtype gradients are stored and reduced in under fsdp: "" = the compute
-  // precision (mixed_precision), or fp32 | bf16 | fp16 (the seeds'
-  // FSDP2Config reduce_dtype; fp32 keeps full-precision gradient sums).
-  std::string reduce_precision;
+  // Dtype gradients are stored and reduced in under fsdp: "" (nullopt) =
+  // the compute precision (mixed_precision), or fp32 | bf16 | fp16 (the
+  // seeds' FSDP2Config reduce_dtype; fp32 keeps full-precision gradient sums).
+  std::optional<DType> reduce_precision;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   // "" = the next free runs/<model>/version_<N> (a new one per run). A
   // directory that holds a run is refused unless overwrite (RunDirectory,
@@ -78,7 +102,8 @@ struct TrainConfig {
 
   static TrainConfig from_toml(std::string_view text, std::string_view source = "<string>");
   static TrainConfig from_toml_file(const std::string& path);
-  // Sets a field from text; errors name `source` (a flag or a TOML location).
+  // Sets a field from text; errors name `source` (a flag or a TOML location)
+  // and, for a name that is not one of a key's choices, list them.
   void set(std::string_view key, std::string_view value, std::string_view source);
   // Throws InvalidArgument saying what to change.
   void validate() const;

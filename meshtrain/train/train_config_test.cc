@@ -59,12 +59,12 @@ TEST(TrainConfig, ErrorsSayWhatToChange) {
               HasSubstr("micro_batches must divide batch_size"));
   EXPECT_THAT(error_of([] { TrainConfig c; c.dropout = 1.0; c.validate(); }), HasSubstr("dropout must be in [0, 1)"));
   EXPECT_THAT(error_of([] { TrainConfig::from_toml_file("/nonexistent.toml"); }), HasSubstr("cannot open"));
-  EXPECT_THAT(error_of([] { TrainConfig c; c.fsdp = "zero4"; c.validate(); }), HasSubstr("fsdp 'zero4'"));
-  EXPECT_THAT(error_of([] { TrainConfig c; c.backward_prefetch = "later"; c.validate(); }),
+  EXPECT_THAT(error_of([] { TrainConfig c; c.set("fsdp", "zero4", "--fsdp"); }), HasSubstr("fsdp 'zero4'"));
+  EXPECT_THAT(error_of([] { TrainConfig c; c.set("backward_prefetch", "later", "--backward-prefetch"); }),
               HasSubstr("use none, pre or post"));
   EXPECT_THAT(error_of([] { TrainConfig c; c.fsdp_min_weight_size = -1; c.validate(); }),
               HasSubstr("use 0 to shard every parameter"));
-  EXPECT_THAT(error_of([] { TrainConfig c; c.reduce_precision = "fp8"; c.validate(); }),
+  EXPECT_THAT(error_of([] { TrainConfig c; c.set("reduce_precision", "fp8", "--reduce-precision"); }),
               HasSubstr("reduce_precision 'fp8'"));
 }
 
@@ -155,13 +155,13 @@ TEST(TrainConfig, WrittenTomlReloadsToTheSameConfig) {
   c.bucket_mb = 4;
   c.min_lr_ratio = 0.1;
   c.lr_decay_steps = 1000;
-  c.on_nonfinite = "skip";
+  c.on_nonfinite = NonFinitePolicy::skip;
   c.max_consecutive_skips = 3;
   c.drop_last = false;
   c.overwrite = true;
   c.run_dir = "runs/a \"quoted\" dir\\with\tescapes\x01";
   c.data_dir = "/data/fashion";
-  c.fsdp = "zero2";
+  c.set("fsdp", "zero2", "test");
   const TrainConfig back = TrainConfig::from_toml(c.to_toml(), "config.toml");
   EXPECT_EQ(values_of(back), values_of(c));
   EXPECT_EQ(back.run_dir, c.run_dir);
@@ -169,7 +169,7 @@ TEST(TrainConfig, WrittenTomlReloadsToTheSameConfig) {
 }
 
 TEST(TrainConfig, NewKeysAreValidated) {
-  EXPECT_THAT(error_of([] { TrainConfig c; c.on_nonfinite = "ignore"; c.validate(); }),
+  EXPECT_THAT(error_of([] { TrainConfig c; c.set("on_nonfinite", "ignore", "--on-nonfinite"); }),
               HasSubstr("on_nonfinite 'ignore'"));
   EXPECT_THAT(error_of([] { TrainConfig c; c.max_consecutive_skips = 0; c.validate(); }),
               HasSubstr("max_consecutive_skips 0"));

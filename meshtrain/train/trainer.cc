@@ -14,9 +14,6 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/mesh/device_mesh.h"
-#include "meshtrain/nn/losses.h"
-#include "meshtrain/nn/mlp.h"
-#include "meshtrain/nn/vae.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/optim/loss_scaler.h"
@@ -24,8 +21,9 @@
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/train/artifacts.h"
-#include "meshtrain/train/idx.h"
+#include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/sampler.h"
@@ -72,14 +70,6 @@ DType param_dtype_of(config::MixedPrecision p) {
   return DType::f32;
 }
 
-// TrainConfig::reduce_precision: nullopt ("") means the compute dtype.
-std::optional<DType> reduce_dtype_of(const std::string& p) {
-  if (p == "fp32") return DType::f32;
-  if (p == "bf16") return DType::bf16;
-  if (p == "fp16") return DType::f16;
-  return std::nullopt;
-}
-
 // An untracked f32 copy (a clone would stay charged to the rank's tracker,
 // which dies with the rank).
 Tensor detached_f32(const Tensor& t) {
@@ -90,9 +80,6 @@ Tensor detached_f32(const Tensor& t) {
 
 // A number for a message: "nan" rather than fmt's "-nan".
 std::string number(double v) { return std::isnan(v) ? std::string("nan") : fmt::format("{:.6g}", v); }
-
-// The rows [lo, hi) of a (B, ...) tensor as a view.
-Tensor rows(const Tensor& t, int64_t lo, int64_t hi) { return t.narrow(0, lo, hi - lo); }
 
 struct Shared {  // results and files of world rank 0
   std::mutex mu;
@@ -107,71 +94,58 @@ struct StepOutcome {
   std::string why_skipped;  // for the log line
 };
 
+// The strategy tc asks for over the data-parallel ranks: fully sharded
+// (tc.fsdp) or plain data parallelism. Collective (the wrappers broadcast
+// and check the parameters).
+std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const config::DistributedConfig& dc,
+                                                       nn::Module& model, mesh::DeviceMesh& mesh,
+                                                       comm::Communicator& dp_comm, MemoryTracker* memory) {
+  if (tc.fsdp.enabled()) {
+    const parallel::FsdpMode mode = *tc.fsdp.mode;
+    comm::Communicator& shard = mode.hybrid ? mesh.comm("fsdp") : dp_comm;
+    comm::Communicator* replicate = mode.hybrid ? &mesh.comm("data") : nullptr;
+    return std::make_unique<parallel::FullyShardedDataParallel>(
+        model, shard, replicate,
+        parallel::FullyShardedOptions{.stage = mode.stage,
+                                      .min_weight_size = tc.fsdp_min_weight_size,
+                                      .param_dtype = param_dtype_of(dc.mixed_precision),
+                                      .reduce_dtype = tc.reduce_precision,
+                                      .reduce = parallel::GradReduce::sum,
+                                      .forward_prefetch = tc.forward_prefetch,
+                                      .backward_prefetch = tc.backward_prefetch,
+                                      .reshard_after_forward = tc.reshard_after_forward,
+                                      .tracker = memory});
+  }
+  return std::make_unique<parallel::DataParallel>(
+      model, dp_comm,
+      parallel::DataParallelOptions{.bucket_bytes = static_cast<size_t>(tc.bucket_mb * (1 << 20)),
+                                    .reduce = parallel::GradReduce::sum,
+                                    .tracker = memory});
+}
+
 class Run {
  public:
-  Run(const TrainConfig& tc, const config::DistributedConfig& dc, const Dataset& train, const Dataset& test,
+  Run(const TrainConfig& tc, const config::DistributedConfig& dc, const ModelRecipe& recipe,
       comm::Communicator& world, const plan::NamedShape& mesh_shape, Shared& shared)
-      : tc_(tc), train_(train), test_(test), shared_(shared),
-        mesh_(world, mesh_shape.shape, mesh_shape.axis_names),
-        main_(world.rank() == 0) {
+      : tc_(tc), train_(recipe.train_data()), test_(recipe.test_data()), metrics_(recipe.metrics()),
+        shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names), main_(world.rank() == 0) {
     dp_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));  // collective split (all ranks, same order)
-    if (tc.model == "mlp") {
-      std::vector<int64_t> sizes = {train.features()};
-      for (int h : tc.hidden) sizes.push_back(h);
-      sizes.push_back(train.num_classes);
-      nn::MLPConfig mc;
-      mc.sizes = sizes;
-      mc.dropout = tc.dropout;
-      mc.seed = tc.seed;
-      mc.defer_init = !tc.fsdp.empty();  // the wrapper builds each rank's part alone
-      mlp_ = std::make_unique<nn::MLP>(mc);
-      model_ = mlp_.get();
-    } else {
-      std::vector<int64_t> hidden(tc.hidden.begin(), tc.hidden.end());
-      nn::VAEConfig vc;
-      vc.input = train.features();
-      vc.hidden = hidden;
-      vc.latent = tc.latent;
-      vc.seed = tc.seed;
-      vc.defer_init = !tc.fsdp.empty();
-      vae_ = std::make_unique<nn::VAE>(vc);
-      model_ = vae_.get();
-    }
-    num_parameters_ = model_->num_parameters();  // before wrapping: stage 3 leaves values undefined
-    model_->set_memory_tracker(&memory_);        // activation buffers
-    std::vector<nn::Parameter*> params;
-    if (!tc.fsdp.empty()) {
-      const parallel::FsdpMode strategy = parallel::parse_fsdp_mode(tc.fsdp);
-      comm::Communicator& shard = strategy.hybrid ? mesh_.comm("fsdp") : *dp_comm_;
-      comm::Communicator* replicate = strategy.hybrid ? &mesh_.comm("data") : nullptr;
-      fsdp_ = std::make_unique<parallel::FullyShardedDataParallel>(
-          *model_, shard, replicate,
-          parallel::FullyShardedOptions{.stage = strategy.stage,
-                                        .min_weight_size = tc.fsdp_min_weight_size,
-                                        .param_dtype = param_dtype_of(dc.mixed_precision),
-                                        .reduce_dtype = reduce_dtype_of(tc.reduce_precision),
-                                        .reduce = parallel::GradReduce::sum,
-                                        .forward_prefetch = tc.forward_prefetch,
-                                        .backward_prefetch = parallel::parse_backward_prefetch(tc.backward_prefetch),
-                                        .reshard_after_forward = tc.reshard_after_forward,
-                                        .tracker = &memory_});
-      params = fsdp_->optimizer_parameters();
-      // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
-      if (fsdp_->options().param_dtype == DType::f16 || fsdp_->reduce_dtype() == DType::f16)
-        scaler_ = std::make_unique<optim::DynamicLossScaler>();
-    } else {
-      ddp_ = std::make_unique<parallel::DataParallel>(
-          *model_, *dp_comm_,
-          parallel::DataParallelOptions{.bucket_bytes = static_cast<size_t>(tc.bucket_mb * (1 << 20)),
-                                        .reduce = parallel::GradReduce::sum,
-                                        .tracker = &memory_});
-      params = model_->parameters();
-    }
-    opt_params_ = params;
+    const bool sharded = tc.fsdp.enabled();
+    model_ = recipe.build({.seed = tc.seed,
+                           .defer_init = sharded,  // the wrapper builds each rank's part alone
+                           .compute_dtype = sharded ? param_dtype_of(dc.mixed_precision) : DType::f32,
+                           .tracker = &memory_});  // activation buffers
+    nn::Module& model = model_->module();
+    num_parameters_ = model.num_parameters();  // before wrapping: stage 3 leaves values undefined
+    parallel_ = make_parallelism(tc, dc, model, mesh_, *dp_comm_, &memory_);
+    // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
+    if (parallel_->needs_loss_scaling()) scaler_ = std::make_unique<optim::DynamicLossScaler>();
+    opt_params_ = parallel_->optimizer_parameters();
     if (tc.optimizer == "adamw")
-      opt_ = std::make_unique<optim::AdamW>(params, tc.lr, std::pair{0.9, 0.999}, 1e-8, tc.weight_decay, &memory_);
+      opt_ = std::make_unique<optim::AdamW>(opt_params_, tc.lr, std::pair{0.9, 0.999}, 1e-8, tc.weight_decay,
+                                            &memory_);
     else
-      opt_ = std::make_unique<optim::SGD>(params, tc.lr, tc.momentum, false, tc.weight_decay, 0.0, &memory_);
+      opt_ = std::make_unique<optim::SGD>(opt_params_, tc.lr, tc.momentum, false, tc.weight_decay, 0.0, &memory_);
   }
 
   void run() {
@@ -202,18 +176,14 @@ class Run {
                             schedule.warmup_steps(),
                             tc_.min_lr_ratio > 0 ? fmt::format(", floor {}", tc_.lr * tc_.min_lr_ratio) : "")
               : fmt::format("lr {} constant", tc_.lr);
-      fmt::print("model {}: {} parameters; {}; {}; data parallel {}{}\n", tc_.model, num_parameters_, steps, lr,
-                 dp_comm_->size(),
-                 fsdp_ ? fmt::format(", fsdp {} ({} sharded + {} replicated elements, {} units)", tc_.fsdp,
-                                     fsdp_->sharded_elements(), fsdp_->replicated_elements(), fsdp_->units().size())
-                       : std::string());
+      fmt::print("model {}: {} parameters; {}; {}; {}\n", tc_.model, num_parameters_, steps, lr,
+                 parallel_->describe());
       fmt::print("run directory: {} (written to {} until the run succeeds)\n", shared_.dir->path(),
                  shared_.dir->staging());
       std::fflush(stdout);
     }
     ProgressBar bar(total, main_);
-    Series train_curve{"train loss", {}, {}},
-        test_curve{vae_ ? "test negative ELBO (sampled)" : "test loss", {}, {}};
+    Series train_curve{"train loss", {}, {}}, test_curve{metrics_.test_curve, {}, {}};
     int64_t step = 0, samples = 0;
     double window_loss = 0, hidden_sum = 0;
     int window_n = 0;
@@ -221,7 +191,7 @@ class Run {
     for (int epoch = 0; epoch < tc_.epochs && step < total; ++epoch) {
       const int64_t batches = std::min(per_epoch, total - step);
       Prefetcher pre([&, epoch](int64_t b) { return load_batch(train_, sampler, epoch, b, &memory_); }, 0, batches);
-      model_->set_training(true);
+      model_->module().set_training(true);
       while (auto batch = pre.next()) {
         opt_->set_lr(schedule.lr(step));
         const StepOutcome out = train_step(*batch, step);
@@ -242,7 +212,7 @@ class Run {
         } else {
           consecutive_skips_ = 0;
         }
-        if (ddp_) hidden_sum += ddp_->stats().hidden_fraction;
+        if (const auto h = parallel_->hidden_fraction()) hidden_sum += *h;
         if (step == 1 && main_) print_memory();
         window_loss += loss;
         ++window_n;
@@ -262,9 +232,9 @@ class Run {
                 {"step", static_cast<double>(step)}, {"epoch", static_cast<double>(epoch)},
                 {"loss", window_loss / window_n},    {"lr", opt_->lr()},
                 {"samples_per_s", samples / elapsed}};
-            if (ddp_) numbers.emplace_back("hidden_fraction", ddp_->stats().hidden_fraction);
+            if (const auto h = parallel_->hidden_fraction()) numbers.emplace_back("hidden_fraction", *h);
             if (scaler_) numbers.emplace_back("loss_scale", scaler_->scale());
-            if (scaler_ || tc_.on_nonfinite == "skip")
+            if (scaler_ || tc_.on_nonfinite == NonFinitePolicy::skip)
               numbers.emplace_back("skipped_steps", static_cast<double>(skipped_));
             log->write(numbers, {{"split", "train"}});
           }
@@ -276,31 +246,20 @@ class Run {
       check_parameters(step);
       const Evaluation ev = evaluate();  // the same numbers on every rank
       if (!std::isfinite(ev.loss))  // finite parameters whose outputs overflow are no model either
-        throw diverged(step - 1, fmt::format("the test {} after step {} is {}", vae_ ? "negative ELBO" : "loss", step,
+        throw diverged(step - 1, fmt::format("the test {} after step {} is {}", metrics_.test_loss, step,
                                              number(ev.loss)),
                        false);
       if (main_) {
         bar.finish();
         test_curve.x.push_back(static_cast<double>(step));
         test_curve.y.push_back(ev.loss);
-        if (mlp_) {
-          fmt::print("epoch {:>2}: test loss {:.4f}  test accuracy {:.2f}%\n", epoch + 1, ev.loss, 100 * ev.accuracy);
-          log->write({{"step", static_cast<double>(step)}, {"epoch", static_cast<double>(epoch + 1)},
-                      {"loss", ev.loss}, {"accuracy", ev.accuracy}},
-                     {{"split", "test"}});
-        } else {
-          fmt::print("epoch {:>2}: test negative ELBO {:.2f} nats per image (reconstruction {:.2f} + KL {:.2f}; "
-                     "one sampled z per image)\n",
-                     epoch + 1, ev.loss, ev.reconstruction, ev.kl);
-          log->write({{"step", static_cast<double>(step)}, {"epoch", static_cast<double>(epoch + 1)},
-                      {"neg_elbo", ev.loss}, {"reconstruction", ev.reconstruction}, {"kl", ev.kl}},
-                     {{"split", "test"}});
-        }
+        fmt::print("epoch {:>2}: {}\n", epoch + 1, ev.epoch_line);
+        std::vector<std::pair<std::string, double>> numbers = {{"step", static_cast<double>(step)},
+                                                               {"epoch", static_cast<double>(epoch + 1)}};
+        numbers.insert(numbers.end(), ev.metrics.begin(), ev.metrics.end());
+        log->write(numbers, {{"split", "test"}});
         std::fflush(stdout);
-        shared_.result.test_loss = ev.loss;
-        shared_.result.test_accuracy = ev.accuracy;
-        shared_.result.test_reconstruction = ev.reconstruction;
-        shared_.result.test_kl = ev.kl;
+        record_evaluation(ev, shared_.result);
       }
       if (step < total) bar = ProgressBar(total, main_);  // a fresh line after the summary
     }
@@ -314,7 +273,7 @@ class Run {
     r.samples_per_second = samples / r.seconds;
     r.hidden_fraction = step ? hidden_sum / step : 0;
     r.run_dir = shared_.dir->path();
-    r.fsdp = tc_.fsdp;
+    r.fsdp = tc_.fsdp.name;
     r.schedule_steps = schedule_steps_;
     r.skipped_steps = skipped_;
     if (scaler_) r.loss_scale = scaler_->scale();
@@ -329,29 +288,25 @@ class Run {
   // the update, or apply it.
   StepOutcome train_step(const Batch& batch, int64_t step) {
     const int m = tc_.micro_batches;
-    const int64_t local = batch.images.size(0);
+    const int64_t local = batch.size();
     // fp16: the loss gradient is multiplied by the scale S (a power of two:
     // scaling and unscaling are exact); the optimizer unscales (and clips)
     // through its grad scale.
     const double s = scaler_ ? scaler_->scale() : 1.0;
     double loss = 0;
     for (int i = 0; i < m; ++i) {
-      if (fsdp_) fsdp_->begin_micro_batch(i, m);
-      else ddp_->begin_micro_batch(i, m);
-      loss += forward_backward(batch, step, local * i / m, local * (i + 1) / m,
-                               static_cast<double>(batch.global_size) / s);
+      parallel_->begin_micro_batch(i, m);
+      loss += model_->loss_step(batch.rows(local * i / m, local * (i + 1) / m), step,
+                                static_cast<double>(batch.global_size) / s);
     }
-    if (fsdp_) fsdp_->finish();
-    else ddp_->finish();
-    // {loss, ranks whose parameters are not finite, ranks whose gradients are
-    // not finite}: one reduction, so every rank sees the same numbers. The
-    // parameters checked are the ones the previous step produced (this
-    // rank's shards under fsdp); plain data parallelism's gradients are
-    // replicated, fsdp's are checked by the collective grads_finite().
-    double v[3] = {loss / s, optim::values_finite(opt_params_) ? 0.0 : 1.0,
-                   ddp_ && !optim::grads_finite(model_->parameters()) ? 1.0 : 0.0};
-    dp_comm_->all_reduce(v, v, 3, DType::f64, comm::ReduceOp::sum);
-    const bool grads_finite = fsdp_ ? fsdp_->grads_finite() : v[2] == 0;  // collective under fsdp
+    parallel_->finish();
+    // {loss, ranks whose parameters are not finite}: one reduction, so every
+    // rank sees the same numbers. The parameters checked are the ones the
+    // previous step produced (this rank's shards under fsdp); the gradients
+    // are checked by the strategy's collective grads_finite().
+    double v[2] = {loss / s, optim::values_finite(opt_params_) ? 0.0 : 1.0};
+    dp_comm_->all_reduce(v, v, 2, DType::f64, comm::ReduceOp::sum);
+    const bool grads_finite = parallel_->grads_finite();
     StepOutcome out;
     out.loss = v[0];
     bool overflow = false;  // fp16: the scaler's business
@@ -361,7 +316,7 @@ class Run {
                                        v[1], dp_comm_->size(), step),
                      false);
     if (!std::isfinite(out.loss)) {
-      if (tc_.on_nonfinite == "error")
+      if (tc_.on_nonfinite == NonFinitePolicy::error)
         throw diverged(step, fmt::format("the loss is {} (the mean over a global batch of {})", number(out.loss),
                                          batch.global_size),
                        true);
@@ -372,7 +327,7 @@ class Run {
         overflow = true;
         out.applied = false;
         out.why_skipped = fmt::format("gradients overflowed fp16 at loss scale {}", s);
-      } else if (tc_.on_nonfinite == "error") {
+      } else if (tc_.on_nonfinite == NonFinitePolicy::error) {
         throw diverged(step, fmt::format("the gradients are not finite (the loss is {})", number(out.loss)), true);
       } else {
         out.applied = false;
@@ -384,23 +339,20 @@ class Run {
       scaler_->update(overflow);
       if (overflow) out.why_skipped += fmt::format(", scale now {}", scaler_->scale());
     }
-    if (fsdp_) fsdp_->zero_grad();
-    else opt_->zero_grad();
+    parallel_->zero_grad();
     return out;
   }
 
   // The optimizer step on finite gradients scaled by s.
+  // The clip factor multiplies the gradients inside the optimizer (for f32
+  // gradients bit for bit what optim::clip_grad_norm's in-place scaling
+  // gives, see optim/optimizer.h).
   void apply_update(double s) {
-    if (ddp_) {
-      if (tc_.clip_norm > 0) optim::clip_grad_norm(model_->parameters(), tc_.clip_norm);  // grads are replicated
-      opt_->step();
-      return;
-    }
     double factor = 1.0 / s;
-    if (tc_.clip_norm > 0) factor = optim::clip_factor(fsdp_->grad_norm() / s, tc_.clip_norm) / s;
+    if (tc_.clip_norm > 0) factor = optim::clip_factor(parallel_->grad_norm() / s, tc_.clip_norm) / s;
     opt_->set_grad_scale(factor);
     opt_->step();
-    fsdp_->after_step();
+    parallel_->after_step();
   }
 
   // The error that stops a run whose numbers went wrong before (0-based)
@@ -431,21 +383,6 @@ class Run {
                             hint);
   }
 
-  // Forward and backward of this rank's rows [lo, hi) of the batch, the loss
-  // divided by `norm` (the global batch size over the loss scale); returns
-  // this rank's part of the (scaled) loss.
-  double forward_backward(const Batch& batch, int64_t step, int64_t lo, int64_t hi, double norm) {
-    model_->set_batch_context(static_cast<uint64_t>(step), batch.first_global_sample + lo);
-    const Tensor x = rows(batch.images, lo, hi);
-    if (mlp_) {
-      const Tensor logits = mlp_->forward(x);
-      const double loss = ce_.forward(logits, rows(batch.labels, lo, hi), norm);
-      mlp_->backward(ce_.backward());
-      return loss;
-    }
-    return vae_->forward_backward(x, norm).total;
-  }
-
   void print_memory() const {
     std::string parts;
     for (MemoryCategory c : kAllMemoryCategories)
@@ -455,45 +392,52 @@ class Run {
     std::fflush(stdout);
   }
 
-  struct Evaluation {
-    double loss = 0;            // per test sample: cross-entropy, or the VAE's sampled negative ELBO
-    double accuracy = 0;        // MLP
-    double reconstruction = 0;  // VAE: the terms of its negative ELBO
-    double kl = 0;
-  };
-
   // The test set, each rank on its slice. Every rank runs the same number of
   // forwards (its slice in equal chunks of at most about kChunk rows): under
-  // fsdp each forward is collective. The VAE's z is sampled
-  // (VAE::evaluate_sampled), keyed by the global test-sample index, so the
-  // numbers do not depend on the data-parallel split.
+  // fsdp each forward is collective. Each chunk is a Batch whose
+  // first_global_sample is its first test-sample index, so sampled noise
+  // (the VAE's z) does not depend on the data-parallel split.
   Evaluation evaluate() {
-    model_->set_training(false);
+    nn::Module& model = model_->module();
+    model.set_training(false);
     const int64_t n = test_.size(), d = dp_comm_->size(), r = dp_comm_->rank();
     const int64_t lo = n * r / d, hi = n * (r + 1) / d;
-    double sums[4] = {0, 0, 0, 0};  // loss (already divided by n), correct, reconstruction, kl
+    std::vector<double> sums;  // the recipe's, added over chunks
     constexpr int64_t kChunk = 1000;
     const int64_t chunks = std::max<int64_t>(1, ((n + d - 1) / d + kChunk - 1) / kChunk);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t a = lo + (hi - lo) * c / chunks, b = lo + (hi - lo) * (c + 1) / chunks;
-      const Tensor x = normalize_pixels(rows(test_.images, a, b));  // the rule of training batches
-      if (mlp_) {
-        const Tensor logits = mlp_->forward(x);
-        const Tensor labels = rows(test_.labels, a, b).to(DType::i64);
-        sums[0] += ce_.forward(logits, labels, static_cast<double>(n));
-        sums[1] += static_cast<double>(nn::count_correct(logits, labels));
-      } else {
-        vae_->set_batch_context(0, a);
-        const nn::VAELoss l = vae_->evaluate_sampled(x, static_cast<double>(n));
-        sums[0] += l.total;
-        sums[2] += l.recon;
-        sums[3] += l.kl;
-      }
+      Batch chunk;
+      chunk.indices.resize(static_cast<size_t>(b - a));
+      for (int64_t i = a; i < b; ++i) chunk.indices[static_cast<size_t>(i - a)] = i;
+      chunk.global_size = n;
+      chunk.first_global_sample = a;
+      test_.load(chunk.indices, chunk, nullptr);
+      const std::vector<double> part = model_->evaluate(chunk, n);
+      if (c == 0) sums.assign(part.size(), 0.0);
+      if (part.size() != sums.size())
+        throw InvalidArgument("meshtrain train",
+                              fmt::format("model '{}': evaluate() returned {} sums for one chunk and {} for another",
+                                          tc_.model, sums.size(), part.size()),
+                              "return the same sums for every chunk (see model_recipe.h)");
+      for (size_t k = 0; k < sums.size(); ++k) sums[k] += part[k];
     }
-    if (fsdp_) fsdp_->reshard();
-    dp_comm_->all_reduce(sums, sums, 4, DType::f64, comm::ReduceOp::sum);
-    model_->set_training(true);
-    return {sums[0], sums[1] / static_cast<double>(n), sums[2], sums[3]};
+    parallel_->reshard();
+    dp_comm_->all_reduce(sums.data(), sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum);
+    model.set_training(true);
+    return model_->summarize(sums, n);
+  }
+
+  // The result's test numbers; the well-known metrics also fill their own fields.
+  static void record_evaluation(const Evaluation& ev, TrainResult& r) {
+    r.test_loss = ev.loss;
+    r.test_metrics = ev.metrics;
+    r.test_summary = ev.final_line;
+    for (const auto& [name, value] : ev.metrics) {
+      if (name == "accuracy") r.test_accuracy = value;
+      if (name == "reconstruction") r.test_reconstruction = value;
+      if (name == "kl") r.test_kl = value;
+    }
   }
 
   // Collective: stops the run when this rank's parameters (its shards under
@@ -510,63 +454,37 @@ class Run {
   }
 
   // The final parameters (the result and model.safetensors), loss.svg and
-  // the VAE's pictures, into the run directory's staging area. Every rank
-  // calls it after the last evaluation (check_parameters passed): gathering
-  // the parameters under fsdp and the VAE's forwards are collective; rank 0
-  // writes.
+  // the recipe's own files (the VAE's pictures), into the run directory's
+  // staging area. Every rank calls it after the last evaluation
+  // (check_parameters passed): gathering the parameters under fsdp and the
+  // recipe's forwards are collective; rank 0 writes.
   void finish_run(const Series& train_curve, const Series& test_curve) {
-    if (fsdp_) fsdp_->gather_full_parameters();
+    parallel_->gather_full_parameters();
     if (main_) {
       auto& params = shared_.result.final_parameters;
-      for (nn::Parameter* p : model_->parameters()) params.emplace_back(p->name, detached_f32(p->value));
+      for (nn::Parameter* p : model_->module().parameters()) params.emplace_back(p->name, detached_f32(p->value));
       save_safetensors(shared_.dir->file("model.safetensors"), params,
                        {{"format", "meshtrain"}, {"model", tc_.model}, {"weights", "(in, out)"}});
       write_file_atomic(shared_.dir->file("loss.svg"),
-                        line_chart_svg(fmt::format("{} on Fashion-MNIST", tc_.model), "step",
-                                       {train_curve, test_curve}));
+                        line_chart_svg(metrics_.chart_title, "step", {train_curve, test_curve}));
     }
-    if (vae_) {
-      model_->set_training(false);
-      constexpr int kN = 16;
-      const Tensor x = normalize_pixels(rows(test_.images, 0, kN));
-      const Tensor rec = vae_->reconstruct(x);
-      std::vector<std::vector<float>> pics;
-      for (int i = 0; i < kN; ++i) pics.push_back(row_values(x, i));
-      for (int i = 0; i < kN; ++i) pics.push_back(row_values(rec, i));
-      if (main_) write_image_grid_png(shared_.dir->file("reconstructions.png"), pics, 28, 28, kN);
-      Tensor z = Tensor::empty({64, tc_.latent}, DType::f32);
-      fill_normal(z, tc_.seed, key_from_name("samples.z"), 0.0, 1.0);
-      const Tensor gen = vae_->decode(z);
-      pics.clear();
-      for (int i = 0; i < 64; ++i) pics.push_back(row_values(gen, i));
-      if (main_) write_image_grid_png(shared_.dir->file("samples.png"), pics, 28, 28, 8);
-      model_->set_training(true);
-    }
-    if (fsdp_) fsdp_->reshard();
-  }
-
-  static std::vector<float> row_values(const Tensor& t, int64_t i) {
-    const Tensor row = t.select(0, i).contiguous();
-    const float* p = row.data<float>();
-    return {p, p + row.numel()};
+    model_->write_artifacts(main_ ? &*shared_.dir : nullptr);
+    parallel_->reshard();
   }
 
   const TrainConfig& tc_;
-  const Dataset& train_;
-  const Dataset& test_;
+  const DataSource& train_;
+  const DataSource& test_;
+  const MetricsDescription metrics_;
   Shared& shared_;
   MemoryTracker memory_;
   mesh::DeviceMesh mesh_;
   bool main_;
   comm::Communicator* dp_comm_ = nullptr;
-  std::unique_ptr<nn::MLP> mlp_;
-  std::unique_ptr<nn::VAE> vae_;
-  nn::Module* model_ = nullptr;
+  std::unique_ptr<RecipeModel> model_;
   int64_t num_parameters_ = 0;
-  nn::CrossEntropyLoss ce_;
-  std::unique_ptr<parallel::DataParallel> ddp_;               // plain data parallelism, or
-  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp_;  // fully sharded
-  std::unique_ptr<optim::DynamicLossScaler> scaler_;          // fp16 only
+  std::unique_ptr<parallel::Parallelism> parallel_;   // data parallel or fully sharded; after model_
+  std::unique_ptr<optim::DynamicLossScaler> scaler_;  // fp16 only
   std::unique_ptr<optim::Optimizer> opt_;
   std::vector<nn::Parameter*> opt_params_;  // what the optimizer updates (this rank's shards under fsdp)
   int64_t total_ = 0;           // steps this run takes
@@ -584,23 +502,22 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
   (void)data_parallel_axes(mesh);  // throws for model-parallel axes
   const int fsdp_axis = axis_size(mesh, "fsdp"), data_axis = axis_size(mesh, "data");
   const std::string precision(config::mixed_precision_name(dc.mixed_precision));
-  if (c.fsdp.empty() && fsdp_axis > 1) {
-    c.fsdp = "full";
+  if (!c.fsdp.enabled() && fsdp_axis > 1) {
+    c.fsdp = {"full", parallel::parse_fsdp_mode("full")};
     out.notes.push_back(fmt::format("fsdp = \"full\": the mesh has fsdp={} and no strategy was given", fsdp_axis));
-  } else if (c.fsdp.empty() && dc.mixed_precision != config::MixedPrecision::no) {
-    c.fsdp = "no_shard";
+  } else if (!c.fsdp.enabled() && dc.mixed_precision != config::MixedPrecision::no) {
+    c.fsdp = {"no_shard", parallel::parse_fsdp_mode("no_shard")};
     out.notes.push_back(fmt::format(
         "fsdp = \"no_shard\": mixed_precision {} needs the fully sharded path (plain data parallelism is f32 only)",
         precision));
   }
   c.validate();
-  if (!c.fsdp.empty()) {
-    const parallel::FsdpMode s = parallel::parse_fsdp_mode(c.fsdp);
-    if (s.hybrid && (fsdp_axis == 0 || data_axis == 0))
+  if (c.fsdp.enabled()) {
+    if (c.fsdp.mode->hybrid && (fsdp_axis == 0 || data_axis == 0))
       throw InvalidArgument("meshtrain train",
                             fmt::format("fsdp '{}' shards over the fsdp axis and replicates over the data axis, but "
                                         "mesh {} lacks {}",
-                                        c.fsdp, mesh.to_spec(), fsdp_axis == 0 ? "fsdp" : "data"),
+                                        c.fsdp.name, mesh.to_spec(), fsdp_axis == 0 ? "fsdp" : "data"),
                             "use a mesh with both axes (e.g. --mesh data=2,fsdp=2), or a non-hybrid strategy "
                             "such as --fsdp full");
     if (dc.mixed_precision == config::MixedPrecision::fp16)
@@ -618,13 +535,13 @@ namespace {
 // Returns false on the ranks that must stop quietly because rank 0 failed;
 // rank 0 rethrows its error.
 bool prepare_run_directory(comm::Communicator& world, const ResolvedTraining& resolved,
-                           const config::DistributedConfig& dc, Shared& shared) {
+                           const config::DistributedConfig& dc, const ModelRecipe& recipe, Shared& shared) {
   const TrainConfig& tc = resolved.config;
   std::exception_ptr error;
   if (world.rank() == 0) {
     try {
       shared.dir.emplace(tc.run_dir.empty() ? RunDirectory::create_versioned("runs/" + tc.model)
-                                            : RunDirectory::create(tc.run_dir, tc.overwrite));
+                                            : RunDirectory::create(tc.run_dir, tc.overwrite, recipe.artifacts()));
       std::string notes;
       for (const auto& n : resolved.notes) notes += "# " + n + "\n";
       write_file_atomic(shared.dir->file("config.toml"), tc.to_toml() + notes + "\n" + dc.to_toml());
@@ -647,18 +564,21 @@ TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConf
   const plan::NamedShape mesh_shape = dc.mesh();
   const int ranks_here = launch.engine == comm::Engine::threads ? launch.ranks : 1;
   set_blas_threads(tc.threads_per_rank > 0 ? tc.threads_per_rank : std::max(1, process_cores() / ranks_here));
-  // Loaded once per process; the threads engine's ranks share them read-only.
-  const Dataset train = load_fashion_mnist(tc.data_dir, Split::train);
-  const Dataset test = load_fashion_mnist(tc.data_dir, Split::test);
+  // The recipe and its data, once per process; the threads engine's ranks
+  // share them read-only.
+  const std::unique_ptr<ModelRecipe> recipe = make_model_recipe(tc);
   Shared shared;
   comm::launch(launch, [&](comm::Communicator& world) {
-    if (!prepare_run_directory(world, resolved, dc, shared)) return;
-    Run run(tc, dc, train, test, world, mesh_shape, shared);
+    if (!prepare_run_directory(world, resolved, dc, *recipe, shared)) return;
+    Run run(tc, dc, *recipe, world, mesh_shape, shared);
     run.run();
   });
   // Every rank finished: the run directory now holds this run. On any error
   // above, shared.dir's destructor removes the staging directory instead.
-  if (shared.dir) shared.dir->commit();
+  if (shared.dir) {
+    shared.dir->commit();
+    shared.result.artifacts = recipe->artifacts();
+  }
   return shared.result;
 }
 

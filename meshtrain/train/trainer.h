@@ -1,8 +1,10 @@
-// The training loop behind `meshtrain train`: an MLP classifier or a VAE on
-// Fashion-MNIST, data parallel over the mesh's "data" and "fsdp" axes, on any
-// engine: plain data parallelism (parallel::DataParallel, f32) or fully
-// sharded data parallelism (parallel::FullyShardedDataParallel: ZeRO-1/2/3,
-// hybrid sharding, bf16/fp16 mixed precision with dynamic loss scaling).
+// The training loop behind `meshtrain train`: any registered model recipe
+// (model_recipe.h; built in: an MLP classifier or a VAE on Fashion-MNIST),
+// data parallel over the mesh's "data" and "fsdp" axes, on any engine,
+// through one parallel::Parallelism (parallelism.h): plain data parallelism
+// (parallel::DataParallel, f32) or fully sharded data parallelism
+// (parallel::FullyShardedDataParallel: ZeRO-1/2/3, hybrid sharding,
+// bf16/fp16 mixed precision with dynamic loss scaling).
 //
 //   TrainConfig tc = TrainConfig::from_toml_file("examples/mlp_fashion.toml");
 //   config::DistributedConfig dc = ...;   // mesh, engine, world size
@@ -10,8 +12,8 @@
 //
 // Every rank runs the same loop; rank 0 alone prints (config dump, progress
 // bar, epoch summaries) and writes the run directory: config.toml,
-// metrics.jsonl, model.safetensors, loss.svg and, for the VAE,
-// reconstructions.png and samples.png. The run directory (run_dir.h) holds
+// metrics.jsonl, model.safetensors, loss.svg and the recipe's own files
+// (the VAE: reconstructions.png and samples.png). The run directory (run_dir.h) holds
 // one complete run: a directory holding a run is refused unless
 // tc.overwrite; files are staged in "<run_dir>.incomplete" and swapped in
 // when the run succeeds, so a failed run leaves run_dir as it was.
@@ -37,7 +39,8 @@
 // Exactness: each rank's loss is normalized by the GLOBAL batch size and the
 // data-parallel gradients are summed, so any data-parallel degree computes
 // the same gradient as one device (up to float summation order); dropout
-// masks and VAE noise are keyed by the global sample index.
+// masks and VAE noise are keyed by the global sample index (recipes get it
+// as Batch::first_global_sample).
 //
 // BLAS threads: one process-wide setting, cores / ranks-in-this-process (at
 // least 1) unless threads_per_rank is given, so ranks never oversubscribe
@@ -73,14 +76,20 @@ struct TrainResult {
   double samples_per_second = 0;  // training samples / seconds
   double final_train_loss = 0;    // mean loss of the last logged window
   double test_loss = 0;           // after the last epoch (VAE: the sampled negative ELBO, nats per image)
-  double test_accuracy = 0;       // MLP only
-  double test_reconstruction = 0; // VAE only: the reconstruction term of test_loss
-  double test_kl = 0;             // VAE only: the KL term of test_loss
+  // Every test metric of the last evaluation, as in metrics.jsonl; the
+  // three below repeat the ones named "accuracy", "reconstruction" and
+  // "kl" (0 when the recipe has none).
+  std::vector<std::pair<std::string, double>> test_metrics;
+  double test_accuracy = 0;       // MLP
+  double test_reconstruction = 0; // VAE: the reconstruction term of test_loss
+  double test_kl = 0;             // VAE: the KL term of test_loss
+  std::string test_summary;       // the recipe's final line, e.g. "test accuracy 89.35% (test loss 0.3046)"
+  std::vector<std::string> artifacts;  // the recipe's own files in run_dir (the VAE's pictures)
   int64_t schedule_steps = 0;     // the learning-rate schedule's length
   double hidden_fraction = 0;     // data-parallel communication hidden behind backward (mean)
   std::vector<double> step_losses;  // every step's global loss
   std::string run_dir;
-  std::string fsdp;               // the resolved strategy ("" = DataParallel)
+  std::string fsdp;               // the resolved strategy as named ("" = DataParallel)
   double loss_scale = 0;          // fp16: the loss scale at the end; 0 without a scaler
   int64_t skipped_steps = 0;      // optimizer steps skipped (fp16 overflows, non-finite with on_nonfinite = skip)
   // Rank 0's MemoryTracker peaks over the run, per category (indexed by
@@ -98,7 +107,7 @@ struct TrainResult {
 // only), and `notes` says which defaults were applied and why. Throws
 // Unsupported for a mesh axis other than data/fsdp of size > 1 and
 // InvalidArgument for a hybrid strategy without both axes, or a config
-// that does not validate.
+// that does not validate (an unknown model lists the registered recipes).
 struct ResolvedTraining {
   TrainConfig config;
   std::vector<std::string> notes;

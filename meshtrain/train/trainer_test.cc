@@ -36,23 +36,23 @@ std::string error_of(const TrainConfig& tc, const config::DistributedConfig& dc)
 
 TEST(ResolveTraining, PlainDataParallelismStaysPlain) {
   const auto r = resolve_training(TrainConfig{}, on_mesh({4}, {"data"}));
-  EXPECT_EQ(r.config.fsdp, "");
+  EXPECT_EQ(r.config.fsdp.name, "");
   EXPECT_TRUE(r.notes.empty());
 }
 
 TEST(ResolveTraining, AnFsdpAxisDefaultsToFull) {
   const auto r = resolve_training(TrainConfig{}, on_mesh({2, 2}, {"data", "fsdp"}));
-  EXPECT_EQ(r.config.fsdp, "full");
+  EXPECT_EQ(r.config.fsdp.name, "full");
   ASSERT_EQ(r.notes.size(), 1u);
   EXPECT_THAT(r.notes[0], HasSubstr("fsdp=2"));
   TrainConfig given;
-  given.fsdp = "zero1";
-  EXPECT_EQ(resolve_training(given, on_mesh({2}, {"fsdp"})).config.fsdp, "zero1");  // an explicit choice stays
+  given.set("fsdp", "zero1", "test");
+  EXPECT_EQ(resolve_training(given, on_mesh({2}, {"fsdp"})).config.fsdp.name, "zero1");  // an explicit choice stays
 }
 
 TEST(ResolveTraining, MixedPrecisionWithoutFsdpIsNoShard) {
   const auto r = resolve_training(TrainConfig{}, on_mesh({2}, {"data"}, config::MixedPrecision::bf16));
-  EXPECT_EQ(r.config.fsdp, "no_shard");
+  EXPECT_EQ(r.config.fsdp.name, "no_shard");
   EXPECT_THAT(r.notes.at(0), HasSubstr("f32 only"));
   const auto h = resolve_training(TrainConfig{}, on_mesh({2}, {"data"}, config::MixedPrecision::fp16));
   ASSERT_EQ(h.notes.size(), 2u);
@@ -61,19 +61,25 @@ TEST(ResolveTraining, MixedPrecisionWithoutFsdpIsNoShard) {
 
 TEST(ResolveTraining, ErrorsSayWhatToChange) {
   TrainConfig hybrid;
-  hybrid.fsdp = "hybrid_full";
+  hybrid.set("fsdp", "hybrid_full", "test");
   EXPECT_THAT(error_of(hybrid, on_mesh({4}, {"data"})), HasSubstr("mesh data=4 lacks fsdp"));
   EXPECT_THAT(error_of(hybrid, on_mesh({4}, {"fsdp"})), HasSubstr("--mesh data=2,fsdp=2"));
   EXPECT_EQ(error_of(hybrid, on_mesh({2, 2}, {"data", "fsdp"})), "no error");
   auto tensor = on_mesh({2, 2}, {"data", "tensor"});
   tensor.tensor_parallel_size = 2;
   EXPECT_THAT(error_of(TrainConfig{}, tensor), HasSubstr("axis 'tensor' of size 2"));
-  TrainConfig bad;
-  bad.fsdp = "zero4";
-  EXPECT_THAT(error_of(bad, on_mesh({2}, {"fsdp"})), HasSubstr("fsdp 'zero4'"));
-  TrainConfig prefetch;
-  prefetch.backward_prefetch = "later";
-  EXPECT_THAT(error_of(prefetch, on_mesh({2}, {"fsdp"})), HasSubstr("use none, pre or post"));
+  // Strategy names are parsed once, when set: a bad one never reaches resolve_training.
+  const auto set_error = [](const char* key, const char* value) {
+    try {
+      TrainConfig c;
+      c.set(key, value, "test");
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_THAT(set_error("fsdp", "zero4"), HasSubstr("fsdp 'zero4'"));
+  EXPECT_THAT(set_error("backward_prefetch", "later"), HasSubstr("use none, pre or post"));
 }
 
 TEST(TrainConfigFsdp, FieldsRoundTripThroughToml) {
@@ -85,10 +91,10 @@ forward_prefetch = true
 backward_prefetch = "post"
 reshard_after_forward = false
 )");
-  EXPECT_EQ(c.fsdp, "hybrid_shard_grad_op");
+  EXPECT_EQ(c.fsdp.name, "hybrid_shard_grad_op");
   EXPECT_EQ(c.fsdp_min_weight_size, 64);
   EXPECT_TRUE(c.forward_prefetch);
-  EXPECT_EQ(c.backward_prefetch, "post");
+  EXPECT_EQ(c.backward_prefetch, parallel::BackwardPrefetch::post);
   EXPECT_FALSE(c.reshard_after_forward);
   c.validate();
   EXPECT_EQ(TrainConfig::from_toml(c.to_toml()).to_toml(), c.to_toml());

@@ -1,0 +1,88 @@
+// The Parallelism adapters of DataParallel and FullyShardedDataParallel:
+// thin methods over what each strategy already does, kept beside the
+// protocol (parallelism.h) so the strategies' own files hold their
+// mechanics only.
+#include "meshtrain/parallel/parallelism.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_map>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/optim/clip.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/fully_sharded.h"
+
+namespace meshtrain::parallel {
+
+// ---- DataParallel: replicated parameters, gradients all-reduced ----
+
+std::string DataParallel::describe() const { return fmt::format("data parallel {}", comm_->size()); }
+
+std::vector<nn::Parameter*> DataParallel::optimizer_parameters() { return params_; }
+
+// After finish() every rank holds the same gradient bytes (an all-reduce
+// gives every rank the same result on every engine), so every rank reaches
+// the same answer without communicating, as grad_norm does; the trainer's
+// step stays at one small reduction, as before the protocol existed.
+bool DataParallel::grads_finite() { return optim::grads_finite(params_); }
+
+// Every rank holds the whole (replicated) gradient: no communication, and
+// the same sum in the same order as optim::clip_grad_norm.
+double DataParallel::grad_norm() { return std::sqrt(optim::local_sq_norm(params_)); }
+
+void DataParallel::after_step() {}  // the optimizer updated the model's own parameters
+
+void DataParallel::zero_grad() {
+  for (nn::Parameter* p : params_)
+    if (p->grad.defined()) p->grad.fill(0.0);
+}
+
+void DataParallel::gather_full_parameters() {}  // every rank holds them
+void DataParallel::reshard() {}
+
+std::optional<double> DataParallel::hidden_fraction() const { return stats_.hidden_fraction; }
+
+std::vector<ParamShard> DataParallel::parameter_shards() const {
+  std::vector<ParamShard> out;
+  for (const nn::Parameter* p : params_) out.push_back({p->name, p->value.shape(), p->placement, true});
+  return out;
+}
+
+// ---- FullyShardedDataParallel: flat padded shards per unit ----
+
+std::string FullyShardedDataParallel::describe() const {
+  const int ranks = shard_->size() * (replicate_ != nullptr ? replicate_->size() : 1);
+  return fmt::format("data parallel {}, fsdp {} ({} sharded + {} replicated elements, {} units)", ranks,
+                     FsdpMode{options_.stage, replicate_ != nullptr}.name(), sharded_elements_,
+                     replicated_elements_, unit_info_.size());
+}
+
+bool FullyShardedDataParallel::needs_loss_scaling() const {
+  return options_.param_dtype == DType::f16 || reduce_dtype_ == DType::f16;
+}
+
+std::vector<ParamShard> FullyShardedDataParallel::parameter_shards() const {
+  // The optimizer's parameters carry what this rank holds (flat ranges of
+  // sharded parameters, whole replicated ones); a sharded parameter this
+  // rank owns nothing of gets an empty flat range.
+  std::unordered_map<std::string, const nn::Parameter*> held;
+  for (const auto& sp : shard_params_) held[sp->name] = sp.get();
+  std::unordered_map<const nn::Parameter*, bool> replicated;
+  for (const nn::Parameter* p : replicated_) replicated[p] = true;
+  std::vector<ParamShard> out;
+  for (nn::Parameter* p : model_->parameters()) {
+    if (replicated.count(p)) {
+      out.push_back({p->name, p->info.shape, nn::Placement{}, true});
+      continue;
+    }
+    const auto it = held.find(p->name);
+    out.push_back({p->name, p->info.shape, it != held.end() ? it->second->placement : nn::Placement::flat(0, 0),
+                   options_.stage == ZeroStage::no_shard});
+  }
+  return out;
+}
+
+}  // namespace meshtrain::parallel
