@@ -17,7 +17,8 @@ function(allowed_for folder out)
   foreach(l ${order})
     if(l STREQUAL "comm")
       # Engines are reached only through the launcher.
-      list(APPEND allowed "comm/communicator.h" "comm/work.h" "comm/launch.h" "comm/selftest.h")
+      list(APPEND allowed "comm/communicator.h" "comm/work.h" "comm/launch.h" "comm/selftest.h" "comm/store.h"
+           "comm/tcp_store.h")
       if(layer STREQUAL "comm")
         list(APPEND allowed "comm/internal/")
       endif()
