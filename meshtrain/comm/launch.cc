@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <cstdlib>
-
 #include "meshtrain/comm/engine_registry.h"
 #include "meshtrain/core/error.h"
 
@@ -23,10 +21,6 @@ EngineRegistry& engines() {
     return r;
   }();
   return *registry;
-}
-
-bool started_by_mpirun() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
 }
 
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn) {

@@ -79,8 +79,4 @@ class EngineRegistry;
 // builtin_engines.cc.in), plus any a program adds.
 EngineRegistry& engines();
 
-// True when this process was started by mpirun/srun with OpenMPI (reads the
-// OMPI_COMM_WORLD_SIZE the launcher sets). Lets a CLI pick the mpi engine.
-bool started_by_mpirun();
-
 }  // namespace meshtrain::comm
