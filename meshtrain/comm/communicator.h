@@ -63,6 +63,9 @@ struct Capabilities {
   // the issuing thread goes on calling the communicator (a watcher thread
   // can time or complete async operations).
   bool wait_from_any_thread = false;
+  // Work::wait(stream) returns before the operation completed, ordering a
+  // device stream instead (CUDA engines); false: it blocks like wait().
+  bool stream_ordered = false;
 };
 
 // The operation names used in fingerprints and errors.
