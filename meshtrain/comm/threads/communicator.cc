@@ -86,6 +86,8 @@ class ThreadsCommunicator final : public Communicator {
     Op op{.kind = CollectiveOp::split, .seq = seq};
     check_not_aborted(op);
     drain();
+    // The exchange's deadline runs from now (run() sets it for collectives).
+    op_deadline_ = Clock::now() + timeout();
     // Exchange (color, key) through the scratch slots: one barrier.
     const int32_t mine[2] = {color, key};
     Slot& s = g_->slots[rank_];
