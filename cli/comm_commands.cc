@@ -1,5 +1,6 @@
 // meshtrain check, demo and bench collectives.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,14 +12,11 @@
 
 #include "bench/collectives.h"
 #include "cli/command.h"
+#include "meshtrain/comm/engine_registry.h"
 #include "meshtrain/comm/selftest.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
-#ifdef MESHTRAIN_HAVE_MPI
-#include "meshtrain/comm/mpi/communicator.h"
-#include "meshtrain/comm/mpi/native.h"
-#endif
 
 namespace meshtrain::cli {
 
@@ -26,8 +24,10 @@ using comm::CollectiveOp;
 using comm::Communicator;
 
 void EngineFlags::add(CLI::App* app, int max_ranks) {
-  app->add_option("--engine", engine, "threads | mpi (start under mpirun)")
-      ->check(CLI::IsMember({"threads", "mpi"}))
+  // Not checked here: launch_options() asks the engine registry, whose error
+  // also says what building a missing engine takes.
+  app->add_option("--engine", engine,
+                  fmt::format("{} (built in; mpi: start under mpirun)", fmt::join(comm::engines().names(), " | ")))
       ->capture_default_str();
   app->add_option("--ranks", ranks, fmt::format("ranks (threads engine, 1 to {}; mpi: taken from mpirun)", max_ranks))
       ->capture_default_str()
@@ -47,11 +47,15 @@ std::chrono::milliseconds parse_timeout(std::string_view text, std::string_view 
 }
 
 comm::LaunchOptions EngineFlags::launch_options() const {
-  const auto e = comm::parse_engine(engine);
-  return {.engine = e,
-          .ranks = e == comm::Engine::mpi ? 0 : ranks,
+  const comm::EngineSpec& e = comm::engines().get(engine);
+  return {.engine = engine,
+          .ranks = e.ranks_in_process ? ranks : 0,
           .timeout = parse_timeout(timeout),
           .abort_on_error = true};
+}
+
+int ranks_in_process(const comm::LaunchOptions& launch) {
+  return comm::engines().get(launch.engine.str()).ranks_in_process ? launch.ranks : 1;
 }
 
 void print_config(const std::string& command, const std::vector<std::pair<std::string, std::string>>& kv) {
@@ -82,14 +86,14 @@ int run_check(const EngineFlags& flags) {
   int size = 0;
   const comm::LaunchOptions launch = flags.launch_options();  // validates before anything starts
   comm::SuiteOptions suite;
-  suite.sizes.back() = largest_check_size(launch.engine == comm::Engine::threads ? launch.ranks : 1);
+  suite.sizes.back() = largest_check_size(ranks_in_process(launch));
   comm::launch(launch, [&](Communicator& c) {
     if (c.rank() == 0) print_config("check", {{"engine", flags.engine}, {"ranks", std::to_string(c.size())}});
     checks += comm::run_collective_suite(c, suite);
     if (c.rank() == 0) size = c.size();
   });
   if (size) fmt::print("collective self-test passed: {} ranks, {} buffers compared on each rank\n", size,
-                       checks.load() / static_cast<size_t>(flags.engine == "threads" ? size : 1));
+                       checks.load() / static_cast<size_t>(ranks_in_process(launch) > 1 ? size : 1));
   return 0;
 }
 
@@ -98,11 +102,11 @@ int run_check(const EngineFlags& flags) {
 struct BenchFlags {
   EngineFlags engine;
   std::string min = "4K", max = "256M", dtype = "f32", json, ops = "all_reduce,reduce_scatter,all_gather,broadcast,all_to_all";
-  std::string mpi_reduce_scatter = "both";
+  std::string mpi_reduce_scatter = "both";  // an engine variant choice, or both
   size_t step = 4;
   std::string seconds = "0.2";
   bool check_fingerprints = false;
-  bool peer = true;  // mpi: time OpenMPI's own collectives too
+  bool peer = true;  // time the engine's own collectives too, if it has them (mpi: OpenMPI's)
 };
 
 std::vector<CollectiveOp> parse_ops(const std::string& list) {
@@ -129,9 +133,11 @@ int run_bench_collectives(const BenchFlags& f) {
   o.seconds_per_size = parse_double_in_range(f.seconds, "--seconds", {.min = 0, .max = bench::kMaxSecondsPerSize,
                                                                      .min_open = true},
                                              "bench collectives");
-  const comm::LaunchOptions launch = f.engine.launch_options();
-  // Every rank of the threads engine allocates its buffers in this process.
-  bench::validate_collective_options(o, launch.engine == comm::Engine::threads ? launch.ranks : 1);
+  comm::LaunchOptions launch = f.engine.launch_options();
+  launch.check_fingerprints = f.check_fingerprints;
+  const comm::EngineSpec& engine = comm::engines().get(launch.engine.str());
+  // Every rank of an in-process engine allocates its buffers in this process.
+  bench::validate_collective_options(o, ranks_in_process(launch));
   std::mutex mu;
   std::vector<bench::CollectiveRow> rows;
   int ranks = 0;
@@ -148,50 +154,38 @@ int run_bench_collectives(const BenchFlags& f) {
                     {"step", std::to_string(f.step)}, {"dtype", f.dtype}, {"seconds", f.seconds},
                     {"check_fingerprints", f.check_fingerprints ? "on" : "off"}});
   };
-  if (f.engine.engine == "threads") {
-    o.label = "threads";
-    comm::launch(launch, [&](Communicator& c) {
-      banner(c);
-      report(c, bench::run_collectives(c, o));
-    });
-  } else {
-#ifdef MESHTRAIN_HAVE_MPI
-    using comm::mpi::ReduceScatterAlgorithm;
-    auto world = comm::mpi::create_world({.check_fingerprints = f.check_fingerprints,
-                                          .on_error = comm::mpi::report_and_abort});
-    world->set_timeout(launch.timeout);
-    banner(*world);
-    o.label = f.check_fingerprints ? "mpi+check" : "mpi";
-    // reduce_scatter runs once per algorithm; everything else once.
-    auto others = o;
-    others.ops.erase(std::remove(others.ops.begin(), others.ops.end(), CollectiveOp::reduce_scatter), others.ops.end());
-    if (!others.ops.empty()) report(*world, bench::run_collectives(*world, others));
-    if (f.peer) {
-      // The peer in the same run: OpenMPI's own blocking collectives.
-      comm::mpi::NativeCollectives native;
-      auto peer = o;
-      peer.label = "openmpi";
-      peer.call = [&](CollectiveOp op, std::byte* a, std::byte* b, size_t count, DType t) {
-        native.run(op, a, b, count, t);
-      };
-      report(*world, bench::run_collectives(*world, peer));
-    }
-    const bool want_rs = std::find(o.ops.begin(), o.ops.end(), CollectiveOp::reduce_scatter) != o.ops.end();
-    for (auto algo : {ReduceScatterAlgorithm::native, ReduceScatterAlgorithm::ring}) {
-      if (!want_rs || (f.mpi_reduce_scatter != "both" && f.mpi_reduce_scatter != comm::mpi::reduce_scatter_algorithm_name(algo)))
-        continue;
-      auto c = comm::mpi::create_world(
-          {.check_fingerprints = f.check_fingerprints, .reduce_scatter = algo, .on_error = comm::mpi::report_and_abort});
-      c->set_timeout(world->timeout());
-      auto rs = o;
-      rs.ops = {CollectiveOp::reduce_scatter};
-      rs.label = fmt::format("mpi-{}", comm::mpi::reduce_scatter_algorithm_name(algo));
-      report(*c, bench::run_collectives(*c, rs));
-    }
-#else
-    throw Unsupported("bench collectives", "this build has no OpenMPI engine", "install libopenmpi-dev and rebuild");
-#endif
+  o.label = f.check_fingerprints && !engine.ranks_in_process ? engine.name + "+check" : engine.name;
+  const bool want_rs = std::find(o.ops.begin(), o.ops.end(), CollectiveOp::reduce_scatter) != o.ops.end();
+  std::vector<std::string> choices;  // the engine's variants to time (reduce_scatter algorithms)
+  if (want_rs && engine.bench_variants) {
+    choices = engine.variant_choices;
+    if (f.mpi_reduce_scatter != "both") choices = {f.mpi_reduce_scatter};
   }
+  comm::launch(launch, [&](Communicator& world) {
+    banner(world);
+    // With variants, reduce_scatter runs once per variant; everything else once.
+    auto main = o;
+    if (!choices.empty())
+      main.ops.erase(std::remove(main.ops.begin(), main.ops.end(), CollectiveOp::reduce_scatter), main.ops.end());
+    if (!main.ops.empty()) report(world, bench::run_collectives(world, main));
+    if (f.peer && engine.native_peer) {
+      // The peer in the same run: the engine's own blocking collectives.
+      std::unique_ptr<comm::PeerCollectives> native = engine.native_peer(world);
+      auto peer = o;
+      peer.label = native->label();
+      peer.call = [&](CollectiveOp op, std::byte* a, std::byte* b, size_t count, DType t) {
+        native->run(op, a, b, count, t);
+      };
+      report(world, bench::run_collectives(world, peer));
+    }
+    if (choices.empty()) return;
+    for (comm::EngineVariant& v : engine.bench_variants(launch, world, choices)) {
+      auto opts = o;
+      opts.ops = v.ops;
+      opts.label = v.label;
+      report(*v.comm, bench::run_collectives(*v.comm, opts));
+    }
+  });
   if (ranks == 0) return 0;  // not rank 0
   std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
     return std::tie(a.op, a.bytes) < std::tie(b.op, b.bytes);
@@ -273,11 +267,12 @@ std::vector<Command> add_comm_commands(CLI::App& app) {
   coll->add_option("--ops", bf->ops, "comma-separated collectives")->capture_default_str();
   coll->add_option("--seconds", bf->seconds, "timing budget per (op, size), in (0, 60]")->capture_default_str();
   coll->add_option("--json", bf->json, "append rows as JSON lines to this file");
-  coll->add_option("--mpi-reduce-scatter", bf->mpi_reduce_scatter, "mpi: native | ring | both")
+  coll->add_option("--mpi-reduce-scatter", bf->mpi_reduce_scatter, "mpi: native | ring | both (engine variants)")
       ->check(CLI::IsMember({"native", "ring", "both"}))
       ->capture_default_str();
   coll->add_flag("--check-fingerprints", bf->check_fingerprints, "mpi: exchange fingerprints on every collective");
-  coll->add_flag("--peer,!--no-peer", bf->peer, "mpi: also time OpenMPI's own blocking collectives (rows 'openmpi')")
+  coll->add_flag("--peer,!--no-peer", bf->peer,
+                 "also time the engine's own blocking collectives if it has them (mpi: rows 'openmpi')")
       ->capture_default_str();
   out.push_back({coll, [=] { return run_bench_collectives(*bf); }});
   return out;

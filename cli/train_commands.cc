@@ -79,7 +79,7 @@ int run_train(TrainFlags& f) {
   config::DistributedConfig dc =
       f.config.empty() ? config::DistributedConfig{} : config::DistributedConfig::from_toml_file(f.config);
   dc = dc.with_env(config::read_launcher_env());
-  const bool mpirun = comm::started_by_mpirun();
+  const bool mpirun = dc.launcher == config::Launcher::mpirun;
   const std::string engine = !f.engine.empty() ? f.engine : mpirun ? "mpi" : std::string(comm::engine_name(dc.backend));
   set_distributed(dc, "backend", engine, f.engine.empty() ? "environment" : "--engine");
   if (!f.devices.empty()) {

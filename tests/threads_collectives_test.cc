@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <thread>
 
 #include "meshtrain/comm/selftest.h"
 #include "meshtrain/comm/launch.h"
@@ -45,6 +46,25 @@ TEST(ThreadsDeterminism, SameBitsEveryRun) {
           a2 = 1.0f / static_cast<float>(i + 1 + 2 * 7919);
     EXPECT_EQ(results[0][i], (a0 + a1) + a2) << i;
   }
+}
+
+// split's barrier has the communicator's deadline, counted from the call:
+// a split that is the first call of a communicator, or comes long after the
+// last collective, waits for a late rank instead of timing out at once.
+TEST(ThreadsSplit, WaitsForALateRankWithItsOwnDeadline) {
+  std::atomic<int> sizes{0};
+  comm::launch({.engine = comm::Engine::threads, .ranks = 3, .timeout = std::chrono::seconds(30)},
+               [&](comm::Communicator& c) {
+                 if (c.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                 auto sub = c.split(0, c.rank());  // the first call: no earlier deadline exists
+                 sizes += sub->size();
+                 int v = 1;
+                 c.all_reduce(&v, &v, 1, DType::i32, comm::ReduceOp::sum);
+                 if (c.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+                 auto again = c.split(c.rank() % 2, 0);  // long after the all_reduce's deadline began
+                 sizes += again->size();
+               });
+  EXPECT_EQ(sizes.load(), 3 * 3 + (2 + 1 + 2));
 }
 
 }  // namespace

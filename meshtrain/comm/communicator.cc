@@ -195,6 +195,95 @@ void Communicator::recv(void* buf, size_t count, DType dtype, int peer, int tag)
 }
 void Communicator::barrier() { issue({.kind = CollectiveOp::barrier}, Completion::blocking).wait(); }
 
+namespace {
+
+// The Work of a group: every part's Work, and the error of a part that could
+// not even start (the others were started regardless, so that the peers'
+// matching ops do not wait for nothing).
+class GroupWork final : public internal::WorkState {
+ public:
+  GroupWork(std::vector<Work> parts, std::exception_ptr start_error)
+      : parts_(std::move(parts)), error_(std::move(start_error)) {}
+  void wait() override {
+    // Every part is waited for, even after an error: when wait() returns,
+    // no op of the group uses its buffers any more (or its engine has
+    // failed them). The parts' deadlines run from when they were started,
+    // so a group that times out does so within one timeout.
+    bool echo = false;  // error_ is an AbortedError: a consequence of another failure
+    for (Work& w : parts_) {
+      try {
+        w.wait();
+      } catch (const AbortedError&) {
+        if (!error_) error_ = std::current_exception(), echo = true;
+      } catch (...) {
+        if (!error_ || echo) error_ = std::current_exception(), echo = false;
+      }
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool test() override {
+    for (Work& w : parts_)
+      if (!w.is_completed()) return false;
+    return true;
+  }
+
+ private:
+  std::vector<Work> parts_;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+Work Communicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
+  const int n = size();
+  std::vector<Op> group;
+  group.reserve(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& p = ops[i];
+    auto require = [&](bool ok, const std::string& what, const std::string& hint) {
+      if (!ok) throw InvalidArgument("Communicator::batch_isend_irecv", fmt::format("op {}: {}", i, what), hint);
+    };
+    require(p.kind == CollectiveOp::send || p.kind == CollectiveOp::recv,
+            fmt::format("kind {} is not send or recv", collective_op_name(p.kind)), "use P2POp::isend or P2POp::irecv");
+    require(p.peer >= 0 && p.peer < n, fmt::format("peer {} outside [0, {})", p.peer, n),
+            "pass a rank of this communicator");
+    require(p.tag >= 0, fmt::format("tag {} < 0", p.tag), "tags are non-negative");
+    const bool is_send = p.kind == CollectiveOp::send;
+    require(p.count == 0 || (is_send ? p.send != nullptr : p.recv != nullptr), "null buffer with count > 0",
+            "pass a valid buffer");
+    group.push_back({.kind = p.kind, .send = is_send ? p.send : nullptr, .recv = is_send ? nullptr : p.recv,
+                     .count = p.count, .dtype = p.dtype, .peer = p.peer, .tag = p.tag});
+  }
+  // A recv that overlaps another op's buffer would race with it.
+  for (size_t i = 0; i < group.size(); ++i) {
+    if (group[i].kind != CollectiveOp::recv) continue;
+    for (size_t j = 0; j < group.size(); ++j) {
+      if (j == i) continue;
+      const void* other = group[j].kind == CollectiveOp::recv ? group[j].recv : group[j].send;
+      if (overlaps(group[i].recv, group[i].bytes(), other, group[j].bytes()))
+        throw InvalidArgument("Communicator::batch_isend_irecv",
+                              fmt::format("op {} (recv) overlaps op {} ({})", i, j, collective_op_name(group[j].kind)),
+                              "give every recv of a group its own buffer");
+    }
+  }
+  if (group.empty()) return Work{};
+  return start_group(group);
+}
+
+Work Communicator::start_group(const std::vector<Op>& ops) {
+  std::vector<Work> parts;
+  parts.reserve(ops.size());
+  std::exception_ptr error;
+  for (const Op& op : ops) {
+    try {
+      parts.push_back(start(op, Completion::async));
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+  }
+  return Work(std::make_unique<GroupWork>(std::move(parts), std::move(error)));
+}
+
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   return do_split(color, key, ++seq_);
 }

@@ -63,6 +63,9 @@ struct Capabilities {
   // the issuing thread goes on calling the communicator (a watcher thread
   // can time or complete async operations).
   bool wait_from_any_thread = false;
+  // Work::wait(stream) returns before the operation completed, ordering a
+  // device stream instead (CUDA engines); false: it blocks like wait().
+  bool stream_ordered = false;
 };
 
 // The operation names used in fingerprints and errors.
@@ -104,6 +107,28 @@ struct Op {
 
   Fingerprint fingerprint() const { return {seq, kind, dtype, reduce, count, root}; }
   size_t bytes() const { return count * dtype_size(dtype); }
+};
+
+// One point-to-point operation of a group (batch_isend_irecv), as in
+// torch.distributed.P2POp:
+//   std::vector<P2POp> ops = {P2POp::isend(out, n, DType::f32, next),
+//                             P2POp::irecv(in, n, DType::f32, prev)};
+//   comm.batch_isend_irecv(ops).wait();
+struct P2POp {
+  CollectiveOp kind = CollectiveOp::send;  // send or recv
+  const void* send = nullptr;              // kind == send: the data
+  void* recv = nullptr;                    // kind == recv: where it lands
+  size_t count = 0;
+  DType dtype = DType::u8;
+  int peer = -1;
+  int tag = 0;
+
+  static P2POp isend(const void* buf, size_t count, DType dtype, int peer, int tag = 0) {
+    return {.kind = CollectiveOp::send, .send = buf, .count = count, .dtype = dtype, .peer = peer, .tag = tag};
+  }
+  static P2POp irecv(void* buf, size_t count, DType dtype, int peer, int tag = 0) {
+    return {.kind = CollectiveOp::recv, .recv = buf, .count = count, .dtype = dtype, .peer = peer, .tag = tag};
+  }
 };
 
 // How the caller will complete an operation: a blocking call may run inline
@@ -155,6 +180,20 @@ class Communicator {
   [[nodiscard]] Work send_async(const void* buf, size_t count, DType dtype, int peer, int tag);
   [[nodiscard]] Work recv_async(void* buf, size_t count, DType dtype, int peer, int tag);
 
+  // Grouped point-to-point (torch's batch_isend_irecv): starts every op
+  // before waiting for any, so ops that depend on each other across ranks
+  // cannot deadlock whatever their order (rank r sends to r+1 and receives
+  // from r-1; two ranks each send to and receive from the other). Returns
+  // one Work that completes when every op has; its wait() waits for all of
+  // them and rethrows the first error (the cause rather than an echo). Each
+  // op follows send/recv's rules (matching in order per peer and tag, count
+  // and dtype agreeing), except that a peer may be this rank: a send to self
+  // is matched by a recv from self in the same or a later group. A recv
+  // buffer may not overlap any other buffer of the group. Throws
+  // InvalidArgument, before starting anything, for an invalid op. An empty
+  // group is complete at once.
+  [[nodiscard]] Work batch_isend_irecv(const std::vector<P2POp>& ops);
+
   // Returns once every rank has entered the barrier.
   [[nodiscard]] Work barrier_async();
 
@@ -178,6 +217,13 @@ class Communicator {
   // Engines implement these. `op` is validated and numbered.
   virtual Work start(const Op& op, Completion completion) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key, uint64_t seq) = 0;
+  // Starts the validated send/recv `ops` together. The default starts each
+  // with start(op, Completion::async) and joins their Works: right for
+  // engines whose async send/recv only post (threads: a mailbox entry; mpi:
+  // MPI_Isend/MPI_Irecv through the progress engine), since nothing waits
+  // until every op is posted. An engine whose posts can block on a peer
+  // (NCCL) overrides it to bracket the posts (ncclGroupStart/End).
+  virtual Work start_group(const std::vector<Op>& ops);
 
  private:
   Work issue(Op op, Completion completion);

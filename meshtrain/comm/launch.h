@@ -1,8 +1,11 @@
-// Runs one SPMD function on every rank of an engine.
+// Runs one SPMD function on every rank of an engine, chosen by name.
 //
-//   meshtrain::comm::LaunchOptions opt{.engine = Engine::threads, .ranks = 4};
+//   meshtrain::comm::LaunchOptions opt{.engine = "threads", .ranks = 4};  // or Engine::threads
 //   meshtrain::comm::launch(opt, [](Communicator& world) { ... });
 //
+// The engine is looked up in engines() (engine_registry.h): an unknown name,
+// or one this build does not have, throws InvalidArgument listing the
+// engines it has.
 // threads: `ranks` threads in this process, one communicator each; launch()
 //   returns when all have returned. If any rank throws, the others' pending and
 //   later waits fail at once with AbortedError naming that rank, and launch()
@@ -16,6 +19,8 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
+#include <string_view>
 
 #include "meshtrain/comm/communicator.h"
 
@@ -30,8 +35,24 @@ inline constexpr int kMaxThreadsRanks = 1024;
 inline constexpr std::chrono::milliseconds kMinTimeout{1};
 inline constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24 * 7);
 
+// An engine's registry name. Converts from the Engine enum (its
+// engine_name()), so `.engine = Engine::threads` and `.engine = "threads"`
+// select the same engine, and compares with either.
+class EngineName {
+ public:
+  EngineName(Engine e) : name_(engine_name(e)) {}  // NOLINT: implicit by design
+  EngineName(std::string_view name) : name_(name) {}  // NOLINT
+  EngineName(const char* name) : name_(name) {}  // NOLINT
+  EngineName(const std::string& name) : name_(name) {}  // NOLINT
+  const std::string& str() const { return name_; }
+  bool operator==(const EngineName&) const = default;
+
+ private:
+  std::string name_;
+};
+
 struct LaunchOptions {
-  Engine engine = Engine::threads;
+  EngineName engine = Engine::threads;
   int ranks = 1;  // threads: 1..kMaxThreadsRanks; mpi: 0 (take mpirun's) or the expected size
   std::chrono::milliseconds timeout = kDefaultTimeout;  // in [kMinTimeout, kMaxTimeout]
   bool check_fingerprints = true;  // mpi: exchange fingerprints (costs one small message per peer)
@@ -48,12 +69,14 @@ struct LaunchOptions {
   bool abort_on_error = false;
 };
 
-// Throws InvalidArgument before starting anything when ranks or timeout is
-// outside its range.
+// Throws InvalidArgument before starting anything when the engine is not
+// in engines(), or ranks or timeout is outside its range.
 void launch(const LaunchOptions& options, const std::function<void(Communicator&)>& fn);
 
-// True when this process was started by mpirun/srun with OpenMPI (reads the
-// OMPI_COMM_WORLD_SIZE the launcher sets). Lets a CLI pick the mpi engine.
-bool started_by_mpirun();
+class EngineRegistry;
+// The engines of this program: every engine CMake built in, registered on
+// the first call (by the generated register_builtin_engines, see
+// builtin_engines.cc.in), plus any a program adds.
+EngineRegistry& engines();
 
 }  // namespace meshtrain::comm

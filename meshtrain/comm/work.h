@@ -7,10 +7,17 @@
 // Until wait() returns, the operation's buffers belong to the engine: do not
 // read, write or free them. A default-constructed Work is already complete.
 // Destroying an unwaited Work waits for it (errors are then swallowed: call
-// wait() to see them). Thread-safety: one Work is used by one thread.
+// wait() to see them). Thread-safety: one Work is used by one thread; its
+// Events may be used by others (see stream.h).
+//
+// Ordering on a stream (see stream.h for what a CUDA engine does):
+//   w.wait(Stream::host());   // CPU engines: the same as w.wait()
+//   Event e = w.event();      // completes with the operation
 #pragma once
 
 #include <memory>
+
+#include "meshtrain/comm/stream.h"
 
 namespace meshtrain::comm {
 
@@ -35,6 +42,7 @@ class [[nodiscard]] Work {
     if (this != &other) {
       drain();
       state_ = std::move(other.state_);
+      event_ = std::move(other.event_);
     }
     return *this;
   }
@@ -51,6 +59,15 @@ class [[nodiscard]] Work {
   // True once the operation finished (successfully or not).
   bool is_completed() { return !state_ || state_->test(); }
 
+  // Orders `stream` after this operation: work issued on it later sees the
+  // operation's results. Host stream (CPU engines): wait(). Device streams:
+  // returns at once, the stream waits (stream.h).
+  void wait(const Stream& stream) { stream.wait(event()); }
+  // An event that completes when the operation does; its synchronize()
+  // rethrows the operation's error, as does wait(). Taken after wait()
+  // returned, or from a default Work: complete. stream.cc.
+  Event event();
+
  private:
   void drain() noexcept {
     if (!state_) return;
@@ -61,6 +78,7 @@ class [[nodiscard]] Work {
     state_.reset();
   }
   std::unique_ptr<internal::WorkState> state_;
+  std::shared_ptr<internal::EventState> event_;  // set once event() was called
 };
 
 }  // namespace meshtrain::comm

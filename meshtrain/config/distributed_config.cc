@@ -170,10 +170,31 @@ MixedPrecision parse_mixed_precision(std::string_view name) {
                         "use one of no, fp16, bf16");
 }
 
-EnvMap read_launcher_env() {
-  EnvMap env;
+std::string_view launcher_name(Launcher l) {
+  switch (l) {
+    case Launcher::none: return "none";
+    case Launcher::torchrun: return "torchrun";
+    case Launcher::mpirun: return "mpirun";
+  }
+  return "?";
+}
+
+const std::string* LauncherEnv::find(std::string_view name) const {
+  auto it = variables.find(std::string(name));
+  return it == variables.end() ? nullptr : &it->second;
+}
+
+Launcher LauncherEnv::launcher() const {
+  if (find("OMPI_COMM_WORLD_SIZE") || find("PMIX_RANK")) return Launcher::mpirun;
+  for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
+    if (find(v)) return Launcher::torchrun;
+  return Launcher::none;
+}
+
+LauncherEnv read_launcher_env() {
+  LauncherEnv env;
   for (std::string_view name : kLauncherVariables)
-    if (const char* v = std::getenv(std::string(name).c_str())) env.emplace(name, v);
+    if (const char* v = std::getenv(std::string(name).c_str())) env.variables.emplace(name, v);
   return env;
 }
 
@@ -312,13 +333,9 @@ ParallelismConfig DistributedConfig::parallelism_config() const {
   return p;
 }
 
-DistributedConfig DistributedConfig::with_env(const EnvMap& env) const {
+DistributedConfig DistributedConfig::with_env(const LauncherEnv& env) const {
   DistributedConfig c = *this;
-  auto find = [&](const char* name) -> const std::string* {
-    if (!name) return nullptr;
-    auto it = env.find(name);
-    return it == env.end() ? nullptr : &it->second;
-  };
+  auto find = [&](const char* name) -> const std::string* { return name ? env.find(name) : nullptr; };
   struct Source {
     const char* key;
     const char* torchrun;
@@ -343,12 +360,16 @@ DistributedConfig DistributedConfig::with_env(const EnvMap& env) const {
     given.insert(s.key);
     ompi = ompi || o;
   }
+  const Launcher launcher = env.launcher();
+  // Under mpirun the engine is mpi even when only PMIX_RANK says so.
+  if (launcher == Launcher::mpirun) c.backend = comm::Engine::mpi;
+  if (launcher != Launcher::none) c.launcher = launcher;
   if (given.empty()) return c;
   c.enabled = true;
   if (ompi) c.backend = comm::Engine::mpi;
   c.launcher_env.clear();
   for (std::string_view name : kLauncherVariables)
-    if (auto it = env.find(std::string(name)); it != env.end()) c.launcher_env.push_back(fmt::format("{}={}", name, it->second));
+    if (const std::string* v = env.find(name)) c.launcher_env.push_back(fmt::format("{}={}", name, *v));
   const bool gave_world = given.count("world_size") > 0, gave_local = given.count("num_processes_per_node") > 0;
   if (gave_world && gave_local) {
     const char* w = find("OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE" : "WORLD_SIZE";

@@ -27,14 +27,17 @@
 // `--world-size 8` alone means 8 ranks on one node).
 //
 // The environment is read only by read_launcher_env(), once, at start-up;
-// everything else takes the map it returns, so tests inject their own.
+// everything else takes what it returns (a LauncherEnv) or the config made
+// from it (DistributedConfig::launcher), so tests inject their own maps.
 // Thread-safety: plain values; const methods may be called concurrently.
 #pragma once
 
+#include <initializer_list>
 #include <map>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
@@ -55,14 +58,37 @@ inline constexpr std::string_view kTomlSections[] = {"distributed", "train"};
 // Environment variables by name.
 using EnvMap = std::map<std::string, std::string>;
 
-// The launcher variables meshtrain reads (torchrun's and OpenMPI's).
+// The launcher variables meshtrain reads (torchrun's and OpenMPI's; PMIX_RANK
+// marks a process started by mpirun or srun with PMIx).
 inline constexpr std::string_view kLauncherVariables[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMIX_RANK"};
 
-// The one place that reads the process environment: those of
-// kLauncherVariables that are set. Call once at start-up.
-EnvMap read_launcher_env();
+// Which launcher started this process.
+enum class Launcher : uint8_t { none, torchrun, mpirun };
+std::string_view launcher_name(Launcher l);  // "none", "torchrun", "mpirun"
+
+// What the launcher told this process: the launcher variables that are set.
+// Built from the real environment by read_launcher_env(), or from any map
+// (tests: LauncherEnv{{"RANK", "1"}, {"WORLD_SIZE", "2"}}, or an EnvMap).
+struct LauncherEnv {
+  LauncherEnv() = default;
+  LauncherEnv(EnvMap v) : variables(std::move(v)) {}  // NOLINT: implicit, a map is an environment
+  LauncherEnv(std::initializer_list<EnvMap::value_type> v) : variables(v) {}
+
+  EnvMap variables;  // only names in kLauncherVariables are consulted
+  // mpirun: OMPI_COMM_WORLD_SIZE or PMIX_RANK is set; torchrun: RANK,
+  // WORLD_SIZE, LOCAL_RANK or LOCAL_WORLD_SIZE is (and mpirun's are not).
+  Launcher launcher() const;
+  // The value of one variable, or nullptr.
+  const std::string* find(std::string_view name) const;
+};
+
+// The one place in meshtrain that reads the process environment (getenv):
+// those of kLauncherVariables that are set. Call once at start-up and hand
+// the result (or the DistributedConfig made from it) to whatever needs it.
+LauncherEnv read_launcher_env();
 
 struct DistributedConfig {
   bool enabled = false;            // set by with_env when a launcher's variables are present
@@ -84,6 +110,8 @@ struct DistributedConfig {
   // "NAME=value" for each launcher variable with_env used, echoed by to_toml().
   // Not a config key.
   std::vector<std::string> launcher_env;
+  // The launcher that started this process, set by with_env. Not a config key.
+  Launcher launcher = Launcher::none;
 
   // Throws InvalidArgument (op "DistributedConfig") at the first broken rule,
   // saying what to change:
@@ -120,15 +148,16 @@ struct DistributedConfig {
   DistributedConfig with_toml_file(const std::string& path) const;
   // torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE (num_nodes =
   // WORLD_SIZE / LOCAL_WORLD_SIZE), MASTER_ADDR, MASTER_PORT. OpenMPI:
-  // OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, and backend = mpi.
-  // Any of them sets enabled. Two launchers that disagree are an error.
-  DistributedConfig with_env(const EnvMap& env) const;
+  // OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}. Any of them sets
+  // enabled. Started by mpirun (LauncherEnv::launcher): backend = mpi.
+  // Sets `launcher`. Two launchers that disagree are an error.
+  DistributedConfig with_env(const LauncherEnv& env) const;
 
   static DistributedConfig from_toml(std::string_view text) { return DistributedConfig{}.with_toml(text); }
   static DistributedConfig from_toml_file(const std::string& path) {
     return DistributedConfig{}.with_toml_file(path);
   }
-  static DistributedConfig from_env(const EnvMap& env) { return DistributedConfig{}.with_env(env); }
+  static DistributedConfig from_env(const LauncherEnv& env) { return DistributedConfig{}.with_env(env); }
 
   // A [distributed] table with every key (with_toml reads it back to an
   // equal config, launcher_env aside), preceded by a comment echoing

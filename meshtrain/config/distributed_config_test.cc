@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -358,13 +359,66 @@ TEST(DistributedConfigEnv, Errors) {
 TEST(DistributedConfigEnv, ReadLauncherEnvReadsOnlyLauncherVariables) {
   ::setenv("MASTER_PORT", "29777", 1);
   ::setenv("MESHTRAIN_UNRELATED_TEST_VARIABLE", "1", 1);
-  const EnvMap env = read_launcher_env();
+  const LauncherEnv env = read_launcher_env();
   ::unsetenv("MASTER_PORT");
   ::unsetenv("MESHTRAIN_UNRELATED_TEST_VARIABLE");
-  EXPECT_EQ(env.at("MASTER_PORT"), "29777");
-  EXPECT_EQ(env.count("MESHTRAIN_UNRELATED_TEST_VARIABLE"), 0u);
-  for (const auto& [k, v] : env)
+  EXPECT_EQ(env.variables.at("MASTER_PORT"), "29777");
+  EXPECT_EQ(env.variables.count("MESHTRAIN_UNRELATED_TEST_VARIABLE"), 0u);
+  for (const auto& [k, v] : env.variables)
     EXPECT_NE(std::find(std::begin(kLauncherVariables), std::end(kLauncherVariables), k), std::end(kLauncherVariables));
+}
+
+TEST(DistributedConfigEnv, WhichLauncherStartedTheProcess) {
+  EXPECT_EQ((LauncherEnv{}.launcher()), Launcher::none);
+  EXPECT_EQ((LauncherEnv{{"MASTER_ADDR", "h"}}.launcher()), Launcher::none);  // an address alone starts nothing
+  EXPECT_EQ((LauncherEnv{{"RANK", "0"}, {"WORLD_SIZE", "2"}}.launcher()), Launcher::torchrun);
+  EXPECT_EQ((LauncherEnv{{"LOCAL_RANK", "0"}}.launcher()), Launcher::torchrun);
+  EXPECT_EQ((LauncherEnv{{"OMPI_COMM_WORLD_SIZE", "2"}, {"RANK", "0"}}.launcher()), Launcher::mpirun);
+  EXPECT_EQ((LauncherEnv{{"PMIX_RANK", "3"}}.launcher()), Launcher::mpirun);
+  EXPECT_EQ(launcher_name(Launcher::torchrun), "torchrun");
+
+  // The config carries it, so nothing else needs the environment.
+  const DistributedConfig t = DistributedConfig::from_env(LauncherEnv{{"RANK", "1"}, {"WORLD_SIZE", "2"}});
+  EXPECT_EQ(t.launcher, Launcher::torchrun);
+  EXPECT_EQ(t.backend, comm::Engine::threads);  // torchrun does not say which engine
+  const DistributedConfig m = DistributedConfig::from_env(
+      LauncherEnv{{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}});
+  EXPECT_EQ(m.launcher, Launcher::mpirun);
+  EXPECT_EQ(m.backend, comm::Engine::mpi);
+  EXPECT_EQ(m.rank, 1);
+  // srun with PMIx may set only PMIX_RANK: still mpirun and the mpi engine,
+  // nothing else changes (the engine takes sizes from MPI itself).
+  const DistributedConfig p = DistributedConfig::from_env(LauncherEnv{{"PMIX_RANK", "0"}});
+  EXPECT_EQ(p.launcher, Launcher::mpirun);
+  EXPECT_EQ(p.backend, comm::Engine::mpi);
+  EXPECT_FALSE(p.enabled);
+  EXPECT_EQ(p.world_size, 1);
+  const DistributedConfig none = DistributedConfig::from_env(LauncherEnv{{"HOME", "/root"}});
+  EXPECT_EQ(none.launcher, Launcher::none);
+  EXPECT_EQ(none, DistributedConfig{});
+}
+
+// read_launcher_env() is the one reader of the environment: no other file
+// of the library or the CLI calls getenv.
+TEST(DistributedConfigEnv, NothingElseReadsTheEnvironment) {
+  namespace fs = std::filesystem;
+  const fs::path root(MESHTRAIN_SOURCE_DIR);
+  std::vector<std::string> readers;
+  for (const char* dir : {"meshtrain", "cli", "bench"})
+    for (const auto& entry : fs::recursive_directory_iterator(root / dir)) {
+      const std::string ext = entry.path().extension().string();
+      if (ext != ".cc" && ext != ".h") continue;
+      std::ifstream in(entry.path());
+      std::stringstream text;
+      text << in.rdbuf();
+      const std::string s = text.str();
+      if (s.find("getenv(") != std::string::npos || s.find("secure_getenv(") != std::string::npos ||
+          s.find(" environ[") != std::string::npos)
+        readers.push_back(fs::relative(entry.path(), root).string());
+    }
+  // This test names the call too; it reads nothing.
+  std::erase(readers, "meshtrain/config/distributed_config_test.cc");
+  EXPECT_EQ(readers, std::vector<std::string>{"meshtrain/config/distributed_config.cc"});
 }
 
 // ---- CLI flags ------------------------------------------------------------------

@@ -83,6 +83,7 @@
 #include <string_view>
 
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/engine_registry.h"
 
 namespace meshtrain::comm::mpi {
 
@@ -150,5 +151,10 @@ bool is_initialized();
 // MPI_COMM_WORLD). Initializes MPI if needed. Collective over MPI_COMM_WORLD:
 // every process must call it. Sub-communicators from split() inherit options.
 std::unique_ptr<Communicator> create_world(Options options = {});
+
+// Adds the engine "mpi" to `registry`, with OpenMPI's own collectives as
+// its native peer and the reduce-scatter algorithms as bench variants
+// (comm::engines() calls it; see comm/builtin_engines.cc.in). mpi/launch.cc.
+void register_engine(EngineRegistry& registry);
 
 }  // namespace meshtrain::comm::mpi

@@ -368,6 +368,49 @@ void test_async_order(Communicator& c) {
   expect(c.seq() >= 5, "sequence numbers advance");
 }
 
+// Grouped send/recv (batch_isend_irecv): a ring each way, a pairwise swap
+// posted in opposite orders, and every rank with every rank (itself included).
+void test_p2p_group(Communicator& c) {
+  const int n = c.size(), r = c.rank(), next = (r + 1) % n, prev = (r + n - 1) % n;
+  auto value = [](int rank, size_t i) { return int64_t{rank} * 1'000'003 + static_cast<int64_t>(i); };
+  for (size_t count : {size_t{1}, size_t{100'000}}) {
+    std::vector<int64_t> out(count), in(count, -1), back(count, -1);
+    for (size_t i = 0; i < count; ++i) out[i] = value(r, i);
+    Work w = c.batch_isend_irecv({meshtrain::comm::P2POp::isend(out.data(), count, DType::i64, next),
+                                  meshtrain::comm::P2POp::irecv(in.data(), count, DType::i64, prev)});
+    w.wait();
+    bool ok = w.is_completed();
+    for (size_t i = 0; i < count; ++i) ok = ok && in[i] == value(prev, i);
+    expect(ok, fmt::format("group ring from rank {} (count {})", prev, count));
+    c.batch_isend_irecv({meshtrain::comm::P2POp::irecv(back.data(), count, DType::i64, next, 3),
+                         meshtrain::comm::P2POp::isend(out.data(), count, DType::i64, prev, 3)})
+        .wait();
+    ok = true;
+    for (size_t i = 0; i < count; ++i) ok = ok && back[i] == value(next, i);
+    expect(ok, fmt::format("group reverse ring from rank {} (count {})", next, count));
+  }
+  if (n >= 2 && r < 2) {  // ranks 0 and 1 swap; rank 1 lists the recv first
+    const int peer = 1 - r;
+    std::vector<float> out(5000, float(r + 1)), in(5000, 0);
+    std::vector<meshtrain::comm::P2POp> ops = {meshtrain::comm::P2POp::isend(out.data(), out.size(), DType::f32, peer),
+                                               meshtrain::comm::P2POp::irecv(in.data(), in.size(), DType::f32, peer)};
+    if (r == 1) std::swap(ops[0], ops[1]);
+    c.batch_isend_irecv(ops).wait();
+    expect(in == std::vector<float>(5000, float(peer + 1)), "group swap in opposite orders");
+  }
+  std::vector<int64_t> out(static_cast<size_t>(n)), in(static_cast<size_t>(n), -1);
+  std::vector<meshtrain::comm::P2POp> ops;
+  for (int p = 0; p < n; ++p) {
+    out[size_t(p)] = value(r, size_t(p));
+    ops.push_back(meshtrain::comm::P2POp::irecv(&in[size_t(p)], 1, DType::i64, p, 9));
+  }
+  for (int p = n - 1; p >= 0; --p) ops.push_back(meshtrain::comm::P2POp::isend(&out[size_t(p)], 1, DType::i64, p, 9));
+  c.batch_isend_irecv(ops).wait();
+  bool ok = true;
+  for (int p = 0; p < n; ++p) ok = ok && in[size_t(p)] == value(p, size_t(r));
+  expect(ok, "group with every rank, self included");
+}
+
 void test_split(Communicator& c) {
   const int n = c.size(), r = c.rank();
   // Two colors; key reverses the order inside each group.
@@ -567,6 +610,8 @@ int main(int argc, char** argv) {
     run("ring vs native", [&] { test_ring_vs_native(*world, *native); });
     run("async order", [&] { test_async_order(*world); });
     run("async order unchecked", [&] { test_async_order(*unchecked); });
+    run("p2p group", [&] { test_p2p_group(*world); });
+    run("p2p group unchecked", [&] { test_p2p_group(*unchecked); });
     run("split", [&] { test_split(*world); });
     run("split unchecked", [&] { test_split(*unchecked); });
   }

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/engine_registry.h"
 
 namespace meshtrain::comm::threads {
 
@@ -53,5 +54,9 @@ std::vector<std::unique_ptr<Communicator>> create_world(int n, const Options& op
 void mark_failed(Communicator& comm, int rank, const std::string& reason);
 // Marks world rank `rank` as returned: waits that still need it fail at once.
 void mark_exited(Communicator& comm, int rank);
+
+// Adds the engine "threads" to `registry` (comm::engines() calls it; see
+// comm/builtin_engines.cc.in). threads/launch.cc.
+void register_engine(EngineRegistry& registry);
 
 }  // namespace meshtrain::comm::threads

@@ -1,0 +1,38 @@
+// TcpStore's server: one thread, poll() over the listening socket, a wake-up
+// pipe and every client connection; the keys live in a map only that thread
+// touches. Blocking requests (get, wait) are parked with their deadline and
+// answered when the keys appear or the deadline passes. A client is
+// answered in request order: while one of its requests is parked, its later
+// requests wait in its input buffer.
+// Internal to comm (see comm/tcp_store.h for the contracts).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <thread>
+
+namespace meshtrain::comm::internal {
+
+class TcpStoreServer {
+ public:
+  // Listens on host:port (port 0: any free one; host "" or "0.0.0.0": every
+  // IPv4 interface) and starts the thread. Throws IoError when it cannot
+  // (port in use, host not local), InvalidArgument when host does not resolve.
+  TcpStoreServer(const std::string& host, uint16_t port);
+  // Stops the thread and closes every connection: clients see it closed.
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+  uint16_t port() const { return port_; }
+
+ private:
+  void run();
+
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};  // the destructor writes one byte to wake_[1]
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace meshtrain::comm::internal

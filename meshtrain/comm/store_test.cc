@@ -1,0 +1,303 @@
+// The Store contracts (store.h) on both implementations, and TcpStore's
+// server: concurrent clients, deadlines that name the missing keys, a server
+// that goes away under a waiting client, malformed messages, two processes.
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <thread>
+
+#include "meshtrain/comm/internal/tcp_store_wire.h"
+#include "meshtrain/comm/store.h"
+#include "meshtrain/comm/tcp_store.h"
+#include "meshtrain/core/testing.h"
+
+namespace meshtrain::comm {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using meshtrain::testing::error_of;
+using Clock = std::chrono::steady_clock;
+
+// A server on a free port, and a way to make more clients of it.
+struct TcpFixture {
+  std::unique_ptr<TcpStore> server =
+      std::make_unique<TcpStore>(TcpStoreOptions{.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 5s});
+  std::unique_ptr<TcpStore> client(std::chrono::milliseconds timeout = 5s,
+                                   std::chrono::milliseconds connect_timeout = 5s) const {
+    return std::make_unique<TcpStore>(TcpStoreOptions{
+        .host = "127.0.0.1", .port = server->port(), .timeout = timeout, .connect_timeout = connect_timeout});
+  }
+};
+
+enum class Kind { in_process, tcp };
+
+class StoreTest : public ::testing::TestWithParam<Kind> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Kind::in_process) {
+      shared_ = std::make_unique<InProcessStore>(5s);
+    } else {
+      tcp_ = std::make_unique<TcpFixture>();
+    }
+  }
+  // A handle for one thread: the shared in-process store, or a new TCP client.
+  std::shared_ptr<Store> handle(std::chrono::milliseconds timeout = 5s) {
+    if (shared_) return std::shared_ptr<Store>(shared_.get(), [](Store*) {});
+    return tcp_->client(timeout);
+  }
+
+  std::unique_ptr<InProcessStore> shared_;
+  std::unique_ptr<TcpFixture> tcp_;
+};
+
+TEST_P(StoreTest, SetGetAddCheckDelete) {
+  auto s = handle();
+  s->set("a", "hello");
+  EXPECT_EQ(s->get("a"), "hello");
+  s->set("a", std::string("x\0y", 3));  // overwrites; bytes, NULs included
+  EXPECT_EQ(s->get("a"), std::string("x\0y", 3));
+  EXPECT_EQ(s->add("n", 5), 5);
+  EXPECT_EQ(s->add("n", -2), 3);
+  EXPECT_EQ(s->get("n"), "3");  // counters are decimal text
+  EXPECT_TRUE(s->check({"a", "n"}));
+  EXPECT_FALSE(s->check({"a", "missing"}));
+  EXPECT_TRUE(s->check({}));
+  s->wait({"a", "n"});
+  EXPECT_TRUE(s->delete_key("a"));
+  EXPECT_FALSE(s->delete_key("a"));
+  EXPECT_FALSE(s->check({"a"}));
+  const std::string big(1 << 20, 'z');
+  s->set("big", big);
+  EXPECT_EQ(s->get("big"), big);
+}
+
+TEST_P(StoreTest, GetBlocksUntilAnotherThreadSets) {
+  auto reader = handle();
+  std::thread writer([&] {
+    auto w = handle();
+    std::this_thread::sleep_for(30ms);
+    w->set("late", "v");
+    w->add("counter", 7);
+  });
+  EXPECT_EQ(reader->get("late", 2s), "v");
+  reader->wait({"late", "counter"}, 2s);
+  EXPECT_EQ(reader->get("counter"), "7");
+  writer.join();
+}
+
+TEST_P(StoreTest, ConcurrentAddsGiveEveryValueOnce) {
+  constexpr int kThreads = 12, kAdds = 50;
+  std::vector<std::vector<int64_t>> seen(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      auto s = handle();
+      for (int i = 0; i < kAdds; ++i) seen[t].push_back(s->add("counter", 1));
+    });
+  for (auto& t : threads) t.join();
+  std::vector<int64_t> all;
+  for (auto& v : seen) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> expected(kThreads * kAdds);
+  std::iota(expected.begin(), expected.end(), 1);
+  EXPECT_EQ(all, expected);  // atomic: no value returned twice, none lost
+  EXPECT_EQ(handle()->get("counter"), std::to_string(kThreads * kAdds));
+}
+
+TEST_P(StoreTest, GetDeadlineNamesTheMissingKey) {
+  auto s = handle();
+  const auto start = Clock::now();
+  const std::string e = error_of<TimeoutError>([&] { s->get("rank7/addr", 150ms); });
+  const auto took = Clock::now() - start;
+  EXPECT_THAT(e, HasSubstr("key 'rank7/addr' was not set"));
+  EXPECT_THAT(e, HasSubstr("after waiting 1"));  // 150 ms and a little
+  EXPECT_THAT(e, HasSubstr("check that it started"));
+  EXPECT_GE(took, 150ms);
+  EXPECT_LT(took, 1500ms);
+  // The store is usable afterwards.
+  s->set("rank7/addr", "x");
+  EXPECT_EQ(s->get("rank7/addr", 150ms), "x");
+}
+
+TEST_P(StoreTest, WaitDeadlineNamesOnlyTheKeysThatNeverAppeared) {
+  auto s = handle();
+  s->set("here", "1");
+  const std::string e = error_of<TimeoutError>([&] { s->wait({"here", "gone1", "gone2"}, 100ms); });
+  EXPECT_THAT(e, HasSubstr("keys 'gone1' and 'gone2' were not set"));
+  EXPECT_THAT(e, Not(HasSubstr("'here'")));
+  // The store's default deadline applies without a per-call one.
+  auto quick = handle(60ms);
+  quick->set_timeout(60ms);
+  EXPECT_THAT(error_of<TimeoutError>([&] { quick->get("never"); }), HasSubstr("'never'"));
+}
+
+TEST_P(StoreTest, BadArgumentsAreRefused) {
+  auto s = handle();
+  EXPECT_THAT(error_of([&] { s->set("", "v"); }), HasSubstr("empty key"));
+  EXPECT_THAT(error_of([&] { s->get(std::string(kMaxStoreKeyBytes + 1, 'k'), 10ms); }), HasSubstr("key of 4097 bytes"));
+  EXPECT_THAT(error_of([&] { s->set("v", std::string(kMaxStoreValueBytes + 1, 'v')); }), HasSubstr("more than"));
+  EXPECT_THAT(error_of([&] { s->get("k", 0ms); }), HasSubstr("timeout 0 ms is outside"));
+  s->set("text", "abc");
+  EXPECT_THAT(error_of([&] { s->add("text", 1); }), HasSubstr("not a decimal integer"));
+  EXPECT_EQ(s->get("text"), "abc");  // unchanged
+  s->set("big", std::to_string(INT64_MAX));
+  EXPECT_THAT(error_of([&] { s->add("big", 1); }), HasSubstr("overflows"));
+  EXPECT_EQ(s->add("ok", 1), 1);  // still usable (TcpStore: same connection)
+}
+
+INSTANTIATE_TEST_SUITE_P(Both, StoreTest, ::testing::Values(Kind::in_process, Kind::tcp),
+                         [](const auto& info) { return info.param == Kind::tcp ? "tcp" : "in_process"; });
+
+// --- TcpStore only ------------------------------------------------------------------
+
+TEST(TcpStore, ServerShutdownWhileAClientWaitsIsACleanError) {
+  TcpFixture f;
+  auto c = f.client(5s, 200ms);
+  std::string error;
+  auto start = Clock::now();
+  std::thread waiter([&] { error = error_of<AbortedError>([&] { c->get("never", 10s); }); });
+  std::this_thread::sleep_for(50ms);
+  f.server.reset();  // stops the server under the waiting client
+  waiter.join();
+  EXPECT_LT(Clock::now() - start, 3s);  // not its 10 s deadline
+  EXPECT_THAT(error, HasSubstr("closed the connection"));
+  // Later calls fail cleanly too (no server to reconnect to).
+  EXPECT_THROW(c->set("k", "v"), TimeoutError);
+}
+
+TEST(TcpStore, ClientRetriesUntilTheServerStarts) {
+  uint16_t port;
+  {
+    TcpFixture probe;  // find a free port, then free it
+    port = probe.server->port();
+  }
+  std::unique_ptr<TcpStore> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(100ms);
+    server = std::make_unique<TcpStore>(TcpStoreOptions{.host = "127.0.0.1", .port = port, .is_server = true});
+  });
+  TcpStore client({.host = "127.0.0.1", .port = port, .connect_timeout = 5s});
+  client.set("k", "v");
+  starter.join();
+  EXPECT_EQ(server->get("k"), "v");
+}
+
+TEST(TcpStore, ConnectDeadlineNamesTheAddress) {
+  uint16_t port;
+  {
+    TcpFixture probe;
+    port = probe.server->port();
+  }
+  const std::string e = error_of<TimeoutError>(
+      [&] { TcpStore c({.host = "127.0.0.1", .port = port, .connect_timeout = 100ms}); });
+  EXPECT_THAT(e, HasSubstr(fmt::format("127.0.0.1:{}", port)));
+  EXPECT_THAT(e, HasSubstr("MASTER_ADDR and MASTER_PORT"));
+}
+
+TEST(TcpStore, PortInUseAndBadOptionsAreRefused) {
+  TcpFixture f;
+  EXPECT_THAT(error_of<IoError>([&] {
+                TcpStore s({.host = "127.0.0.1", .port = f.server->port(), .is_server = true});
+              }),
+              HasSubstr("another process uses this port"));
+  EXPECT_THAT(error_of([] { TcpStore s({.host = "127.0.0.1", .port = 0}); }), HasSubstr("port 0 on a client"));
+  EXPECT_THAT(error_of([] { TcpStore s({.host = "", .port = 1234}); }), HasSubstr("empty host"));
+}
+
+// Sends raw bytes to the server; returns the answer frame's status byte (or
+// -1 when the server closed without one) and whether it then closed.
+std::pair<int, bool> raw_exchange(uint16_t port, const std::string& bytes, bool then_hang_up = false) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  int err = 0;
+  const auto deadline = Clock::now() + 2s;
+  EXPECT_EQ(internal::send_all(fd, bytes, deadline, &err), internal::IoResult::ok);
+  if (then_hang_up) ::shutdown(fd, SHUT_WR);
+  std::string body;
+  int status = -1;
+  if (internal::recv_frame(fd, body, deadline, &err) == internal::IoResult::ok) status = static_cast<uint8_t>(body[0]);
+  char c;
+  const bool closed = internal::recv_exact(fd, &c, 1, deadline, &err) == internal::IoResult::closed;
+  ::close(fd);
+  return {status, closed};
+}
+
+TEST(TcpStore, MalformedMessagesAreRefusedAndTheServerGoesOn) {
+  TcpFixture f;
+  const uint16_t port = f.server->port();
+  const auto error = static_cast<int>(internal::StoreStatus::error);
+  // Unknown opcode: an error answer, then the connection is closed.
+  EXPECT_EQ(raw_exchange(port, std::string("\x01\x00\x00\x00\x63", 5)), std::make_pair(error, true));
+  // A length prefix beyond the limit: refused before anything is read.
+  EXPECT_EQ(raw_exchange(port, std::string("\xff\xff\xff\x7f", 4)), std::make_pair(error, true));
+  // A set whose key length runs past the message.
+  internal::FrameWriter w;
+  w.u8(static_cast<uint8_t>(internal::StoreOp::set)).u32(1000);
+  EXPECT_EQ(raw_exchange(port, w.finish("test")), std::make_pair(error, true));
+  // A check that claims more keys than allowed.
+  internal::FrameWriter k;
+  k.u8(static_cast<uint8_t>(internal::StoreOp::check)).u32(kMaxStoreKeys + 1);
+  EXPECT_EQ(raw_exchange(port, k.finish("test")), std::make_pair(error, true));
+  // A client that disappears mid-message.
+  EXPECT_EQ(raw_exchange(port, std::string("\x10\x00\x00\x00\x01", 5), true), std::make_pair(-1, true));
+  // The server still serves everyone else.
+  auto c = f.client();
+  c->set("after", "ok");
+  EXPECT_EQ(f.server->get("after"), "ok");
+}
+
+TEST(TcpStore, TwoProcesses) {
+  int to_child[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  // Fork before the server starts its thread: the child is single-threaded.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(to_child[1]);
+    uint16_t port = 0;
+    int code = 1;
+    if (::read(to_child[0], &port, sizeof(port)) == sizeof(port)) {
+      try {
+        TcpStore c({.host = "127.0.0.1", .port = port, .timeout = 5s});
+        c.add("arrived", 1);
+        c.set("child/ready", "pid " + std::to_string(::getpid()));
+        code = c.get("parent/reply") == "hello child" ? 0 : 2;
+      } catch (...) {
+        code = 3;
+      }
+    }
+    ::_exit(code);
+  }
+  ::close(to_child[0]);
+  TcpStore server({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 5s});
+  const uint16_t port = server.port();
+  ASSERT_EQ(::write(to_child[1], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  ::close(to_child[1]);
+  server.wait({"child/ready"});
+  EXPECT_EQ(server.get("child/ready"), "pid " + std::to_string(pid));
+  EXPECT_EQ(server.add("arrived", 1), 2);
+  server.set("parent/reply", "hello child");
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace meshtrain::comm
