@@ -134,6 +134,14 @@ void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw,
   dispatch(op, {&x, &dy, &dw, &db}).linear_backward_weight(x, dy, dw, db);
 }
 
+void bias_backward(const Tensor& dy, const Tensor& db) {
+  const char* op = "functional::bias_backward";
+  check_matrix(op, "dy", dy);
+  check(op, "db", db);
+  check_shape(op, "db", db, {dy.size(1)});
+  dispatch(op, {&dy, &db}).bias_backward(dy, db);
+}
+
 void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y) {
   const char* op = "functional::activation_forward";
   check(op, "x", x);

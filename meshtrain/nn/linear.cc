@@ -133,8 +133,13 @@ void Linear::weight_grads(const Tensor& dy, const Tensor& x) {
   const char* op = "Linear::backward";
   internal::check_param_tensor(weight_.grad, op, weight_.name);
   if (has_bias_) internal::check_param_tensor(bias_.grad, op, bias_.name);
-  functional::linear_backward_weight(x, dy, weight_.grad, has_bias_ ? bias_.grad : Tensor());
-  if (has_bias_) notify_grad_ready(bias_);
+  // The bias first, reported before the weight GEMM runs: data parallelism
+  // can start the bucket holding it that much earlier.
+  if (has_bias_) {
+    functional::bias_backward(dy, bias_.grad);
+    notify_grad_ready(bias_);
+  }
+  functional::linear_backward_weight(x, dy, weight_.grad, Tensor());
   notify_grad_ready(weight_);
 }
 

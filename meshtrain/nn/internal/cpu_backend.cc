@@ -62,6 +62,10 @@ class CpuBackend final : public functional::Backend {
     matmul(x, dy, dw, true, false, 1.0, 1.0);  // dW += (R, in)^T x (R, out) -> (in, out)
   }
 
+  void bias_backward(const Tensor& dy, const Tensor& db) const override {
+    add_column_sums(dy.data<float>(), dy.size(0), dy.size(1), db.data<float>());
+  }
+
   void activation_forward(ActivationKind kind, const Tensor& xt, const Tensor& yt) const override {
     const float* x = xt.data<float>();
     float* y = yt.data<float>();
