@@ -1,5 +1,5 @@
 // Redistribution under mpirun: `mpirun -np 4 redistribute_mpi_test`.
-// The property test's checks (meshtrain/sharding/redistribute_testing.h) on
+// The property test's checks (meshtrain/testing/redistribute.h) on
 // the mpi engine, for fixed meshes (4), (2, 2), (2, 1, 2) and (1, 4) with 40
 // seeded random case pairs each. Exit code 0 only if every rank passed.
 #include <fmt/format.h>
@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "meshtrain/comm/launch.h"
-#include "meshtrain/sharding/redistribute_testing.h"
+#include "meshtrain/testing/redistribute.h"
 
 int main() {
   using namespace meshtrain;

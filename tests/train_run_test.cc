@@ -23,7 +23,7 @@
 #include <functional>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {

@@ -12,7 +12,7 @@
 
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/core/strings.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain::comm {
 namespace {

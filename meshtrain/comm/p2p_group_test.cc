@@ -9,7 +9,7 @@
 #include <numeric>
 
 #include "meshtrain/comm/launch.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain::comm {
 namespace {

@@ -19,7 +19,7 @@
 #include "meshtrain/comm/internal/tcp_store_wire.h"
 #include "meshtrain/comm/store.h"
 #include "meshtrain/comm/tcp_store.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain::comm {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/comm/work.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain::comm {
 namespace {

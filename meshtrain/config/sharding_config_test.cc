@@ -4,7 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 #include <functional>
 

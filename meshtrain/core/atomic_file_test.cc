@@ -12,7 +12,7 @@
 #include <functional>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain {
 namespace {

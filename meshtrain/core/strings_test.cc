@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain {
 namespace {

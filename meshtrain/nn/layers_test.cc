@@ -16,7 +16,7 @@
 #include "meshtrain/nn/activations.h"
 #include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/internal/buffers.h"
-#include "meshtrain/nn/internal/grad_check.h"
+#include "meshtrain/testing/grad_check.h"
 #include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/sequential.h"
@@ -24,10 +24,10 @@
 namespace meshtrain::nn {
 namespace {
 
-using internal::expect_grad_matches;
-using internal::random_tensor;
-using internal::RecordingHook;
-using internal::weighted_sum;
+using testing::expect_grad_matches;
+using testing::random_tensor;
+using testing::RecordingHook;
+using testing::weighted_sum;
 
 
 // ---- Linear ----

@@ -8,14 +8,14 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
-#include "meshtrain/nn/internal/grad_check.h"
+#include "meshtrain/testing/grad_check.h"
 #include "meshtrain/nn/losses.h"
 
 namespace meshtrain::nn {
 namespace {
 
-using internal::expect_grad_matches;
-using internal::random_tensor;
+using testing::expect_grad_matches;
+using testing::random_tensor;
 
 Tensor labels_of(std::vector<int64_t> v) {
   const int64_t n = static_cast<int64_t>(v.size());
@@ -27,10 +27,10 @@ TEST(GradCheck, DetectsAOnePercentError) {
   auto f = [&] { return 0.5 * std::pow(l2_norm(x), 2); };  // gradient: x
   Tensor wrong = x.clone();
   scale(wrong, 1.01);
-  const double bad = internal::compare_grads(f, x, wrong).relative_error;
+  const double bad = testing::compare_grads(f, x, wrong).relative_error;
   EXPECT_GT(bad, 0.009);
   EXPECT_LT(bad, 0.011);
-  EXPECT_LT(internal::compare_grads(f, x, x.clone()).relative_error, 1e-5);
+  EXPECT_LT(testing::compare_grads(f, x, x.clone()).relative_error, 1e-5);
 }
 
 TEST(CrossEntropyLoss, MatchesClosedFormAndIsStable) {

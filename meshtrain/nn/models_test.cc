@@ -11,7 +11,7 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/buffers.h"
-#include "meshtrain/nn/internal/grad_check.h"
+#include "meshtrain/testing/grad_check.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/nn/vae.h"
@@ -19,10 +19,10 @@
 namespace meshtrain::nn {
 namespace {
 
-using internal::expect_grad_matches;
-using internal::random_tensor;
-using internal::RecordingHook;
-using internal::weighted_sum;
+using testing::expect_grad_matches;
+using testing::random_tensor;
+using testing::RecordingHook;
+using testing::weighted_sum;
 
 
 std::vector<std::string> names_of(Module& m) {
@@ -62,11 +62,11 @@ TEST(MLP, ActivationBuffersAreChargedToTheTracker) {
   MLP mlp(c);
   MemoryTracker tracker;
   mlp.set_memory_tracker(&tracker);
-  const Tensor x = internal::random_tensor({4, 6}, 1);
+  const Tensor x = testing::random_tensor({4, 6}, 1);
   const Tensor y = mlp.forward(x);
   // Linear 0 output (4, 5), ReLU output (4, 5), Linear 1 output (4, 3).
   EXPECT_EQ(tracker.in_use(MemoryCategory::activations), 4u * (20 + 20 + 12));
-  mlp.backward(internal::random_tensor({4, 3}, 2));
+  mlp.backward(testing::random_tensor({4, 3}, 2));
   // + Linear 1 dX (4, 5) and ReLU dX (4, 5); Linear 0 needs no input gradient.
   EXPECT_EQ(tracker.in_use(MemoryCategory::activations), 4u * (20 + 20 + 12 + 20 + 20));
   EXPECT_EQ(tracker.in_use(MemoryCategory::parameters), 0u);

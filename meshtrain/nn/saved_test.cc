@@ -12,10 +12,10 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 #include "meshtrain/nn/activations.h"
 #include "meshtrain/nn/dropout.h"
-#include "meshtrain/nn/internal/grad_check.h"
+#include "meshtrain/testing/grad_check.h"
 #include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/mlp.h"
@@ -25,7 +25,7 @@
 namespace meshtrain::nn {
 namespace {
 
-using internal::random_tensor;
+using testing::random_tensor;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using meshtrain::testing::error_of;
@@ -142,7 +142,7 @@ TEST(Saved, SplitBackwardEqualsFusedBitForBit) {
 TEST(Saved, SplitBackwardReportsGradReadyInTheFusedOrder) {
   auto order = [](bool split) {
     MLP mlp(MLPConfig{.sizes = {kIn, 16, 10, 4}, .seed = 7, .prefix = ""});
-    internal::RecordingHook hook;
+    testing::RecordingHook hook;
     mlp.add_hook(&hook);
     Saved s;
     mlp.forward(input(0), s);
@@ -326,7 +326,7 @@ TEST(Hooks, ATiedParameterIsReportedOnceAfterItsLastUser) {
   net.add(std::make_unique<Scale>(w, true));
   net.add(std::make_unique<Tanh>());
   net.add(std::make_unique<Scale>(w, false));
-  internal::RecordingHook hook;
+  testing::RecordingHook hook;
   net.add_hook(&hook);
   for (int step = 0; step < 2; ++step) {
     Saved s;

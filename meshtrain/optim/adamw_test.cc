@@ -1,4 +1,4 @@
-#include "meshtrain/optim/testing.h"
+#include "meshtrain/testing/optim.h"
 #include "meshtrain/optim/adamw.h"
 
 #include <gtest/gtest.h>

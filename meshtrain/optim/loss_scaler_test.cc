@@ -8,7 +8,7 @@
 #include <string>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain::optim {
 namespace {

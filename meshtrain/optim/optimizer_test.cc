@@ -15,11 +15,11 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/half.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/optim/sgd.h"
-#include "meshtrain/optim/testing.h"
+#include "meshtrain/testing/optim.h"
 
 namespace meshtrain::optim {
 namespace {

@@ -13,7 +13,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/sgd.h"
-#include "meshtrain/optim/testing.h"
+#include "meshtrain/testing/optim.h"
 
 namespace meshtrain::optim {
 namespace {

@@ -6,7 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 #include <algorithm>
 #include <fstream>

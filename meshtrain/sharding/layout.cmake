@@ -11,14 +11,9 @@ meshtrain_test(layout_test
   TIMEOUT 60 LABELS sharding)
 target_link_libraries(layout_test PRIVATE GTest::gmock)
 
-# Test support: the redistribution property checks, shared by the threads
-# property test and its mpirun counterpart. Not part of the library.
-add_library(meshtrain_sharding_testing STATIC ${CMAKE_CURRENT_LIST_DIR}/redistribute_testing.cc)
-target_link_libraries(meshtrain_sharding_testing PUBLIC meshtrain_sharding)
-
 meshtrain_test(sharded_tensor_property_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/sharded_tensor_property_test.cc
-  DEPS meshtrain_sharding_testing meshtrain_launch
+  DEPS meshtrain_testing meshtrain_launch
   TIMEOUT 300 LABELS sharding multirank)
 
 meshtrain_test(sharded_tensor_test
@@ -36,7 +31,7 @@ target_link_libraries(visualize_test PRIVATE GTest::gmock)
 # The property test's fixed subset under mpirun (tests/redistribute_mpi_main.cc).
 if(MESHTRAIN_HAVE_MPI)
   add_executable(redistribute_mpi_test ${PROJECT_SOURCE_DIR}/tests/redistribute_mpi_main.cc)
-  target_link_libraries(redistribute_mpi_test PRIVATE meshtrain_sharding_testing meshtrain_launch)
+  target_link_libraries(redistribute_mpi_test PRIVATE meshtrain_testing meshtrain_launch)
   add_test(NAME redistribute_mpi_np4
     COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 4 $<TARGET_FILE:redistribute_mpi_test>)
   set_tests_properties(redistribute_mpi_np4 PROPERTIES TIMEOUT 300 LABELS "multirank;mpi"

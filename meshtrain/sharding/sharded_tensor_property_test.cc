@@ -13,7 +13,7 @@
 
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/mesh/device_mesh.h"
-#include "meshtrain/sharding/redistribute_testing.h"
+#include "meshtrain/testing/redistribute.h"
 
 namespace meshtrain::testing {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/core/testing.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain::train {
 namespace {

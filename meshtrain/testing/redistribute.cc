@@ -1,4 +1,4 @@
-#include "meshtrain/sharding/redistribute_testing.h"
+#include "meshtrain/testing/redistribute.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,8 @@
 // Helpers for meshtrain's own tests (header-only; not part of the library's
-// API).
+// API). The testing folder holds every layer's test support: this file
+// (errors, temporary directories), grad_check.h (finite differences),
+// optim.h (parameters for optimizer tests), redistribute.h (the layout
+// property checks, in the meshtrain_testing library).
 //
 //   EXPECT_THAT(testing::error_of([] { parse_dtype("f17"); }), HasSubstr("unknown dtype"));
 #pragma once

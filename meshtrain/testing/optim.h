@@ -9,7 +9,7 @@
 
 #include "meshtrain/nn/module.h"
 
-namespace meshtrain::optim::testing {
+namespace meshtrain::testing {
 
 // A 1-D f32 parameter with the given values and a zero gradient.
 inline nn::Parameter make_param(std::string name, std::vector<float> value, bool decay = true) {
@@ -34,4 +34,4 @@ inline std::vector<uint32_t> f32_bits(const Tensor& t) {
   return bits;
 }
 
-}  // namespace meshtrain::optim::testing
+}  // namespace meshtrain::testing

@@ -1,5 +1,5 @@
-// Test helpers: central finite differences against analytic gradients, for
-// nn's tests only.
+// Test helpers: central finite differences against analytic gradients (and
+// a hook that records grad_ready), for the tests of nn and above.
 //
 //   Tensor w = random_tensor({4, 3}, 7);                 // fixed weights of the probe
 //   auto loss = [&] { return weighted_sum(layer.forward(x), w); };  // sum(w * y), in double
@@ -26,7 +26,7 @@
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/nn/module.h"
 
-namespace meshtrain::nn::internal {
+namespace meshtrain::testing {
 
 // f32 tensor of `shape` with values U(lo, hi) from the counter-based generator.
 inline Tensor random_tensor(std::vector<int64_t> shape, uint64_t key, double lo = -1.0, double hi = 1.0) {
@@ -105,10 +105,10 @@ inline void expect_grad_matches(const std::function<double()>& f, const Tensor& 
 }
 
 // Records grad_ready calls in order (parameter names).
-class RecordingHook : public ParamHook {
+class RecordingHook : public nn::ParamHook {
  public:
-  void grad_ready(Parameter& p) override { names.push_back(p.name); }
+  void grad_ready(nn::Parameter& p) override { names.push_back(p.name); }
   std::vector<std::string> names;
 };
 
-}  // namespace meshtrain::nn::internal
+}  // namespace meshtrain::testing
