@@ -12,6 +12,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/sharding/strategy.h"
 #include "meshtrain/optim/clip.h"
 
 namespace meshtrain::parallel {
@@ -261,6 +262,10 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
                             "a container must list its submodules in children()");
   const DType pd = options_.param_dtype, gd = reduce_dtype_;
   const ZeroStage stage = options_.stage;
+  // Which parameters are sharded is the strategy's decision (one rule for
+  // the runtime, the planner and pictures); how is the runtime's: flat and
+  // padded per unit.
+  const sharding::FSDPStrategy rule("fsdp", d_, options_.min_weight_size);
   int64_t replicated = 0;
   for (auto& [module, ps] : groups) {
     const std::string name = unit_name(ps);
@@ -273,7 +278,7 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
     for (nn::Parameter* p : ps) {
       const int64_t n = p->info.numel();
       shapes_[p] = p->info.shape;
-      if (n >= options_.min_weight_size && n > 0) {
+      if (rule.should_shard(p->info)) {
         u->offsets.push_back(u->numel);
         u->params.push_back(p);
         u->numel += n;

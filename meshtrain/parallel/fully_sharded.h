@@ -141,7 +141,8 @@ std::string_view to_string(BackwardPrefetch p);
 
 struct FullyShardedOptions {
   ZeroStage stage = ZeroStage::zero3;
-  // Parameters with fewer elements stay replicated (seeds' fsdp_min_weight_size).
+  // Parameters with fewer elements stay replicated (seeds' fsdp_min_weight_size;
+  // the decision is sharding::FSDPStrategy::should_shard, also for scalars).
   int64_t min_weight_size = 1024;
   // Compute / all-gather dtype of sharded parameters: f32, bf16 or f16.
   DType param_dtype = DType::f32;

@@ -131,14 +131,16 @@ int64_t FSDPStrategy::axis_size(const std::string& axis) const { return axis == 
 
 int FSDPStrategy::shard_dim(const ParamInfo& p) const {
   internal::check_param("FSDPStrategy::param_spec", p);
-  if (p.numel() < min_weight_size_) return -1;
-  int best = -1;
+  if (p.numel() < min_weight_size_ || p.numel() == 0 || p.shape.empty()) return -1;
+  // The largest dimension divisible by the axis size; failing that, the
+  // largest one, split unevenly (strict >: ties keep the first, outermost).
+  int divisible = -1, largest = -1;
   for (size_t d = 0; d < p.shape.size(); ++d) {
     const int64_t n = p.shape[d];
-    if (n == 0 || n % axis_size_ != 0) continue;
-    if (best < 0 || n > p.shape[best]) best = static_cast<int>(d);  // strict: ties keep the first
+    if (largest < 0 || n > p.shape[largest]) largest = static_cast<int>(d);
+    if (n % axis_size_ == 0 && (divisible < 0 || n > p.shape[divisible])) divisible = static_cast<int>(d);
   }
-  return best;
+  return divisible >= 0 ? divisible : largest;
 }
 
 PartitionSpec FSDPStrategy::param_spec(const ParamInfo& p) const {
@@ -158,14 +160,17 @@ PartitionSpec FSDPStrategy::batch_spec(int ndim, int batch_dim) const {
 std::string FSDPStrategy::explain(const ParamInfo& p) const {
   const int d = shard_dim(p);
   const std::string head = fmt::format("{}: {}", name(), p.to_string());
-  if (d >= 0)
+  if (d >= 0 && p.shape[d] % axis_size_ == 0)
     return fmt::format("{} -> {}: dimension {} (size {}) is the largest divisible by {}", head,
                        param_spec(p).to_string(), d, p.shape[d], axis_size_);
-  if (p.numel() < min_weight_size_)
-    return fmt::format("{} has {} elements < min_weight_size {}: replicated", head, p.numel(), min_weight_size_);
+  if (d >= 0)
+    return fmt::format("{} -> {}: no dimension is divisible by {} size {}: dimension {} (size {}), the largest, is "
+                       "split unevenly ({} per rank, the last ones fewer; the runtime pads)",
+                       head, param_spec(p).to_string(), axis_, axis_size_, d, p.shape[d],
+                       (p.shape[d] + axis_size_ - 1) / axis_size_);
   if (p.shape.empty()) return fmt::format("{} is a scalar: replicated", head);
-  return fmt::format("{}: no dimension is divisible by {} size {}: replicated (a ZeRO-3 runtime could pad instead)",
-                     head, axis_, axis_size_);
+  if (p.numel() == 0) return fmt::format("{} is empty: replicated", head);
+  return fmt::format("{} has {} elements < min_weight_size {}: replicated", head, p.numel(), min_weight_size_);
 }
 
 // ---------------------------------------------------------------- TensorParallel

@@ -130,13 +130,17 @@ class DataParallelStrategy final : public Strategy {
 // over `axis` along one dimension; the batch split over `axis` too, since FSDP
 // is data parallelism whose replicas hold shards.
 //
-// Rule for a parameter:
-//   numel < min_weight_size            -> replicated (not worth a collective)
+// Rule for a parameter (should_shard is THE decision the runtime,
+// parallel::FullyShardedDataParallel, makes too):
+//   numel < min_weight_size (elements), empty or scalar -> replicated
 //   else the largest dimension whose size is divisible by axis_size is split
-//        (ties: the first, outermost one)
-//   no dimension divisible             -> replicated; explain() says why.
-// The kind of parameter does not matter. A later ZeRO-3 runtime may pad
-// indivisible parameters instead of replicating them; this rule does not.
+//        (ties: the first, outermost one); when none is, the largest
+//        dimension is split unevenly (Layout's torch.chunk rule)
+// The kind of parameter does not matter. The runtime stores a unit's sharded
+// parameters as one flat, padded vector (FSDP1 / ZeRO style); each rank's
+// Parameter::placement records the flat range it really holds, while
+// param_spec is the per-dimension layout used when FSDP composes with other
+// strategies (MultiDimensionalStrategy) and for pictures.
 class FSDPStrategy final : public Strategy {
  public:
   // axis_size >= 1, min_weight_size >= 0.

@@ -12,6 +12,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/sharding/multi_dimensional.h"
 #include "meshtrain/sharding/stage_assignment.h"
+#include "meshtrain/sharding/layout.h"
 #include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::sharding {
@@ -81,13 +82,22 @@ TEST(FSDP, ShardsTheLargestDivisibleDimension) {
               HasSubstr("-> P(None, fsdp): dimension 1 (size 4096) is the largest divisible by 8"));
 }
 
-TEST(FSDP, ReplicatesIndivisibleWeightsAndSaysWhy) {
+// Like the runtime (which pads a unit's flat vector), a large parameter no
+// dimension of which divides evenly is still sharded: its largest dimension,
+// unevenly. Scalars and small parameters stay replicated.
+TEST(FSDP, SplitsIndivisibleWeightsUnevenlyAndSaysWhy) {
   FSDPStrategy fsdp("fsdp", 8);
   const auto w = param("odd", {1001, 1003}, ParamKind::other);
-  EXPECT_EQ(fsdp.param_spec(w), P({{}, {}}));
+  EXPECT_EQ(fsdp.param_spec(w), P({{}, {"fsdp"}}));
+  EXPECT_TRUE(fsdp.should_shard(w));
   EXPECT_EQ(fsdp.explain(w),
-            "FSDP(fsdp=8, min_weight_size=1024): 'odd' (1001, 1003): no dimension is divisible by fsdp size 8: "
-            "replicated (a ZeRO-3 runtime could pad instead)");
+            "FSDP(fsdp=8, min_weight_size=1024): 'odd' (1001, 1003) -> P(None, fsdp): no dimension is divisible by "
+            "fsdp size 8: dimension 1 (size 1003), the largest, is split unevenly (126 per rank, the last ones "
+            "fewer; the runtime pads)");
+  const Layout l({8}, {"fsdp"}, fsdp.param_spec(w), w.shape);
+  EXPECT_EQ(l.local_shape(0), (std::vector<int64_t>{1001, 126}));
+  EXPECT_EQ(l.local_shape(7), (std::vector<int64_t>{1001, 121}));
+  EXPECT_FALSE(FSDPStrategy("fsdp", 8, 0).should_shard(param("scalar", {}, ParamKind::other)));
 }
 
 TEST(FSDP, SplitsTheBatchTooAndValidatesSettings) {
