@@ -296,4 +296,45 @@ void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const T
   dispatch(op, {&dz, &eps, &std, &dlogvar}).reparameterize_backward_logvar(dz, eps, std, dlogvar);
 }
 
+namespace {
+
+void check_update(const char* op, const Tensor& value, const Tensor& grad,
+                  std::initializer_list<std::pair<const char*, const Tensor*>> state) {
+  check(op, "value", value);
+  if (!grad.defined() || !grad.is_contiguous() ||
+      (grad.dtype() != DType::f32 && grad.dtype() != DType::bf16 && grad.dtype() != DType::f16) ||
+      grad.numel() != value.numel())
+    throw InvalidArgument(op, fmt::format("grad is {} for a value of {} elements", describe(grad), value.numel()),
+                          "pass a contiguous f32, bf16 or f16 gradient with the value's element count");
+  for (auto [what, t] : state) {
+    check(op, what, *t);
+    if (t->numel() != value.numel())
+      throw InvalidArgument(op, fmt::format("{} has {} elements, the value {}", what, t->numel(), value.numel()),
+                            "keep optimizer state shaped like the parameter");
+  }
+}
+
+}  // namespace
+
+void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const AdamWStep& h) {
+  const char* op = "functional::adamw_step";
+  if (h.step < 1)
+    throw InvalidArgument(op, fmt::format("step {} < 1", h.step),
+                          "pass the 1-based number of this update (the state's step count after it)");
+  check_update(op, value, grad, {{"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
+  dispatch(op, {&value, &grad, &exp_avg, &exp_avg_sq}).adamw_step(value, grad, exp_avg, exp_avg_sq, h);
+}
+
+void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const SgdStep& h) {
+  const char* op = "functional::sgd_step";
+  if (h.momentum != 0.0 && !momentum_buffer.defined())
+    throw InvalidArgument(op, "momentum > 0 but no momentum buffer", "pass a zeroed f32 buffer like the value");
+  if (momentum_buffer.defined())
+    check_update(op, value, grad, {{"momentum_buffer", &momentum_buffer}});
+  else
+    check_update(op, value, grad, {});
+  dispatch(op, {&value, &grad, &momentum_buffer}).sgd_step(value, grad, momentum_buffer, h);
+}
+
 }  // namespace meshtrain::nn::functional

@@ -1,6 +1,6 @@
 // Stateless kernels of nn: the only place that loops over elements for the
 // modules (Linear, activations, LayerNorm, Dropout, losses, the VAE's
-// reparameterization). Modules keep state and call these; tensor and
+// reparameterization) and for the optimizers' updates (AdamW, SGD). Modules keep state and call these; tensor and
 // pipeline parallel variants call the same ones.
 //
 //   namespace F = meshtrain::nn::functional;
@@ -85,6 +85,29 @@ void reparameterize(const Tensor& mu, const Tensor& logvar, const Tensor& eps, c
 // dlogvar = dz * eps * 0.5 * std (d z / d logvar), elementwise.
 void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std, const Tensor& dlogvar);
 
+// ---- optimizer updates (PyTorch's single-tensor formulas, f32 arithmetic) ----
+// The gradient may be f32, bf16 or f16; it is read as float(g) * float(grad_scale)
+// (widened a chunk at a time when it is not f32 at scale 1). Updates are
+// element-wise: a slice's update equals that slice of the whole update (a
+// ZeRO rank updates the shard it owns).
+struct AdamWStep {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.0;  // 0 for parameters that are not decayed
+  int64_t step = 1;           // this update's 1-based number (bias correction), >= 1
+  double grad_scale = 1.0;
+};
+// value, exp_avg, exp_avg_sq: f32, contiguous, one numel with grad; in place.
+void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const AdamWStep& h);
+struct SgdStep {
+  double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+  bool first = true;  // the momentum buffer is initialized from this gradient
+  double grad_scale = 1.0;
+};
+// momentum_buffer: f32 like value, or undefined when momentum == 0; in place.
+void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const SgdStep& h);
+
 // The kernels one device provides (the CPU's are built in). Operands have
 // been checked by the functions above.
 class Backend {
@@ -118,6 +141,10 @@ class Backend {
                               const Tensor& z) const = 0;
   virtual void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std,
                                               const Tensor& dlogvar) const = 0;
+  virtual void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                          const AdamWStep& h) const = 0;
+  virtual void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer,
+                        const SgdStep& h) const = 0;
 };
 
 // Installs the kernels for one device type (replacing any; the CPU's may be

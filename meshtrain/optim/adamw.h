@@ -20,11 +20,10 @@
 // multiply-adds); the formula and the order of operations are the same.
 //
 // The update is a free function on raw slices (adamw_update), so a sharded
-// (ZeRO) optimizer applies it to the shard of (p, g, m, v) it owns; the AdamW
-// class calls it once per parameter, or once per Optimizer::kGradChunk
-// elements when the grad is bf16/f16 or a grad scale is set (see
-// optimizer.h). A slice update equals the same slice of the whole-parameter
-// update, bit for bit.
+// (ZeRO) optimizer applies it to the shard of (p, g, m, v) it owns; it and
+// the AdamW class run nn::functional::adamw_step (the kernel, dispatched on
+// the tensors' device). A slice update equals the same slice of the
+// whole-parameter update, bit for bit.
 //
 // Thread-safety: an AdamW object belongs to one thread; adamw_update may run
 // concurrently on disjoint slices.

@@ -84,41 +84,6 @@ bool Optimizer::has_usable_grad(size_t i) const {
   return true;
 }
 
-size_t Optimizer::grad_chunk(size_t i) const {
-  const Tensor& g = params_[i]->grad;
-  return g.dtype() == DType::f32 && grad_scale_ == 1.0 ? static_cast<size_t>(g.numel()) : kGradChunk;
-}
-
-const float* Optimizer::grad_slice(size_t i, size_t offset, size_t n, float* scratch) const {
-  const Tensor& g = params_[i]->grad;
-  // The same f32 factor and f32 multiply as scale_grads (ops::scale), so
-  // scale_grads(f) + step() and set_grad_scale(f) + step() agree bit for bit.
-  const float s = static_cast<float>(grad_scale_);
-  switch (g.dtype()) {
-    case DType::f32: {
-      const float* src = g.data<float>() + offset;
-      if (grad_scale_ == 1.0) return src;
-      for (size_t k = 0; k < n; ++k) scratch[k] = src[k] * s;
-      return scratch;
-    }
-    case DType::bf16: {
-      const uint16_t* src = g.data<uint16_t>() + offset;
-      for (size_t k = 0; k < n; ++k) scratch[k] = bf16_to_float(src[k]) * s;
-      return scratch;
-    }
-    case DType::f16: {
-      const uint16_t* src = g.data<uint16_t>() + offset;
-      for (size_t k = 0; k < n; ++k) scratch[k] = f16_to_float(src[k]) * s;
-      return scratch;
-    }
-    default:
-      throw InvalidArgument(op_ + "::step",
-                            fmt::format("grad of parameter '{}' has dtype {}", params_[i]->name,
-                                        dtype_name(g.dtype())),
-                            "check has_usable_grad(i) before grad_slice");
-  }
-}
-
 Tensor Optimizer::zeros_like_param(size_t i, MemoryTracker* tracker) const {
   return Tensor::zeros(params_[i]->value.shape(), DType::f32, Device::cpu(), tracker,
                        MemoryCategory::optimizer);

@@ -36,10 +36,12 @@
 //   Half grads give bit-identical parameters to f32 grads holding their
 //   widened values. Non-finite grads are not detected here (grads_finite, a
 //   loss scaler); they propagate into the parameters as in PyTorch.
-// - Cost: f32 grads at grad scale 1 are read in place; otherwise step()
-//   widens and scales kGradChunk elements at a time into a stack buffer
-//   (no allocation) and updates that slice (updates are element-wise, so
-//   the result equals the whole-parameter update bit for bit).
+// - Kernels: the element-wise updates are nn::functional's (adamw_step,
+//   sgd_step), dispatched on the tensors' device. On the CPU, f32 grads at
+//   grad scale 1 are read in place; otherwise the kernel widens and scales
+//   2048 elements at a time into a stack buffer (no allocation) and updates
+//   that slice (updates are element-wise, so the result equals the
+//   whole-parameter update bit for bit).
 // - A parameter whose grad is undefined (Tensor()) is skipped by step(), like
 //   a parameter whose .grad is None in PyTorch: its state and step count do
 //   not advance.
@@ -136,22 +138,10 @@ class Optimizer {
   // values) and lr; `op` names the optimizer in errors ("SGD", "AdamW").
   Optimizer(std::string op, std::vector<nn::Parameter*> params, double lr);
 
-  // Elements per slice when step() must widen or scale a grad.
-  static constexpr size_t kGradChunk = 2048;
-
   // True when params_[i] has a grad to apply; throws InvalidArgument when the
   // grad is defined but unusable (dtype other than f32/bf16/f16, shape,
   // layout, device).
   bool has_usable_grad(size_t i) const;
-  // How many elements step() passes to one update call for params_[i] (whose
-  // grad is usable): all of them when grad_slice reads the grad in place (f32
-  // grad, grad scale 1), kGradChunk otherwise.
-  size_t grad_chunk(size_t i) const;
-  // The update's gradient input for elements [offset, offset + n) of
-  // params_[i]'s usable grad: float(g) * float(grad_scale()). Points into the
-  // grad itself for an f32 grad at grad scale 1; otherwise writes the n
-  // values (n <= kGradChunk) to `scratch` and returns it.
-  const float* grad_slice(size_t i, size_t offset, size_t n, float* scratch) const;
   // A zero-filled f32 tensor shaped like params_[i]'s value, charged to
   // `tracker` (may be null) under MemoryCategory::optimizer.
   Tensor zeros_like_param(size_t i, MemoryTracker* tracker) const;

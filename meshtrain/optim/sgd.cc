@@ -7,32 +7,25 @@
 #include <utility>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/nn/functional.h"
 
 namespace meshtrain::optim {
 
+namespace {
+
+nn::functional::SgdStep to_step(const SGDHParams& h, bool first, double grad_scale) {
+  return {.lr = h.lr, .momentum = h.momentum, .dampening = h.dampening, .weight_decay = h.weight_decay,
+          .nesterov = h.nesterov, .first = first, .grad_scale = grad_scale};
+}
+
+}  // namespace
+
 void sgd_update(float* p, const float* g, float* buf, size_t n, bool first, const SGDHParams& h) {
-  // PyTorch casts each Python-float hyperparameter to the tensor's dtype.
-  const float wd = static_cast<float>(h.weight_decay);
-  const float momentum = static_cast<float>(h.momentum);
-  const float blend = static_cast<float>(1.0 - h.dampening);
-  const float neg_lr = static_cast<float>(-h.lr);
-  const bool decay = h.weight_decay != 0.0, use_momentum = h.momentum != 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    float d = g[i];
-    if (decay) d = d + wd * p[i];  // grad.add(param, alpha=weight_decay)
-    if (use_momentum) {
-      float b;
-      if (first) {
-        b = d;  // torch.clone(grad)
-      } else {
-        b = buf[i] * momentum;  // buf.mul_(momentum)
-        b = b + blend * d;      // .add_(grad, alpha=1 - dampening)
-      }
-      buf[i] = b;
-      d = h.nesterov ? d + momentum * b : b;
-    }
-    p[i] = p[i] + neg_lr * d;  // param.add_(grad, alpha=-lr)
-  }
+  const int64_t len = static_cast<int64_t>(n);
+  auto wrap = [len](const float* x) {
+    return x == nullptr ? Tensor() : Tensor::from_blob(const_cast<float*>(x), {len}, DType::f32);
+  };
+  nn::functional::sgd_step(wrap(p), wrap(g), wrap(buf), to_step(h, first, 1.0));
 }
 
 SGD::SGD(std::vector<nn::Parameter*> params, double lr, double momentum, bool nesterov,
@@ -56,7 +49,6 @@ SGD::SGD(std::vector<nn::Parameter*> params, double lr, double momentum, bool ne
 }
 
 void SGD::step() {
-  float scratch[kGradChunk];  // widened/scaled grads; unused on the in-place path
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!has_usable_grad(i)) continue;
     nn::Parameter& p = *params_[i];
@@ -66,16 +58,7 @@ void SGD::step() {
                        .dampening = dampening_,
                        .weight_decay = p.weight_decay ? weight_decay_ : 0.0,
                        .nesterov = nesterov_};
-    float* value = p.value.data<float>();
-    float* buf = s.momentum_buffer.defined() ? s.momentum_buffer.data<float>() : nullptr;
-    // sgd_update is element-wise and `first` is per parameter, so updating
-    // slice by slice gives the whole-parameter result bit for bit.
-    const size_t n = static_cast<size_t>(p.value.numel()), chunk = grad_chunk(i);
-    for (size_t off = 0; off < n; off += chunk) {
-      const size_t len = std::min(chunk, n - off);
-      sgd_update(value + off, grad_slice(i, off, len, scratch), buf != nullptr ? buf + off : nullptr, len,
-                 s.step == 0, h);
-    }
+    nn::functional::sgd_step(p.value, p.grad, s.momentum_buffer, to_step(h, s.step == 0, grad_scale_));
     ++s.step;
   }
 }

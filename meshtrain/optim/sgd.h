@@ -19,11 +19,10 @@
 // in a param group with weight_decay=0).
 //
 // The update is a free function on raw slices (sgd_update), so a sharded
-// (ZeRO) optimizer applies it to the shard it owns; the SGD class calls it
-// once per parameter, or once per Optimizer::kGradChunk elements when the
-// grad is bf16/f16 or a grad scale is set (see optimizer.h). The update is
-// element-wise and `first` is per parameter, so a slice update equals that
-// slice of the whole update, bit for bit.
+// (ZeRO) optimizer applies it to the shard it owns; it and the SGD class run
+// nn::functional::sgd_step (the kernel, dispatched on the tensors' device).
+// The update is element-wise and `first` is per parameter, so a slice update
+// equals that slice of the whole update, bit for bit.
 //
 // Thread-safety: an SGD object belongs to one thread; sgd_update may run
 // concurrently on disjoint slices.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "meshtrain/core/half.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 
@@ -36,6 +37,102 @@ void add_column_sums(const float* m, int64_t rows, int64_t cols, float* out) {
     for (int64_t j = 0; j < cols; ++j) acc[j] += row[j];
   }
   for (int64_t j = 0; j < cols; ++j) out[j] += acc[j];
+}
+
+// Calls update(offset, len, g) over [0, n) with g = float(grad) *
+// float(grad_scale): the grad itself when it is f32 at scale 1, else widened
+// and scaled a chunk at a time into a stack buffer (the same f32 factor and
+// multiply as core's scale(), so scaling grads first or passing the scale
+// agree bit for bit).
+template <typename Update>
+void for_grad_chunks(const Tensor& grad, double grad_scale, int64_t n, Update update) {
+  if (grad.dtype() == DType::f32 && grad_scale == 1.0) {
+    update(0, n, grad.data<float>());
+    return;
+  }
+  constexpr int64_t kChunk = 2048;
+  float scratch[kChunk];
+  const float s = static_cast<float>(grad_scale);
+  for (int64_t off = 0; off < n; off += kChunk) {
+    const int64_t len = std::min(kChunk, n - off);
+    switch (grad.dtype()) {
+      case DType::f32: {
+        const float* src = grad.data<float>() + off;
+        for (int64_t k = 0; k < len; ++k) scratch[k] = src[k] * s;
+        break;
+      }
+      case DType::bf16: {
+        const uint16_t* src = grad.data<uint16_t>() + off;
+        for (int64_t k = 0; k < len; ++k) scratch[k] = bf16_to_float(src[k]) * s;
+        break;
+      }
+      default: {  // f16 (checked by the caller)
+        const uint16_t* src = grad.data<uint16_t>() + off;
+        for (int64_t k = 0; k < len; ++k) scratch[k] = f16_to_float(src[k]) * s;
+        break;
+      }
+    }
+    update(off, len, scratch);
+  }
+}
+
+// One AdamW update of n elements in place (torch.optim.AdamW, single tensor).
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const functional::AdamWStep& h) {
+  // Python-side scalars (double), each rounded to f32 where the tensor op uses it.
+  const double t = static_cast<double>(h.step);
+  const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
+  const double bias_correction2 = 1.0 - std::pow(h.beta2, t);
+  const float decay = static_cast<float>(1.0 - h.lr * h.weight_decay);
+  const float w1 = static_cast<float>(1.0 - h.beta1);  // lerp weight
+  const bool small_weight = std::abs(w1) < 0.5f;
+  const float beta2 = static_cast<float>(h.beta2);
+  const float c2 = static_cast<float>(1.0 - h.beta2);
+  const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  const float eps = static_cast<float>(h.eps);
+  const float neg_step_size = static_cast<float>(-(h.lr / bias_correction1));
+  const bool decay_on = h.weight_decay != 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    float pi = p[i];
+    if (decay_on) pi = pi * decay;  // param.mul_(1 - lr * weight_decay)
+    const float gi = g[i];
+    // exp_avg.lerp_(grad, 1 - beta1), with torch.lerp's two branches.
+    const float mi = small_weight ? m[i] + w1 * (gi - m[i]) : gi - (gi - m[i]) * (1.0f - w1);
+    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    float vi = v[i] * beta2;
+    vi = vi + c2 * gi * gi;
+    // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+    // param.addcdiv_(exp_avg, denom, value=-step_size)
+    p[i] = pi + neg_step_size * mi / denom;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+// One SGD update of n elements in place (torch.optim.SGD, single tensor).
+void sgd_update(float* p, const float* g, float* buf, int64_t n, const functional::SgdStep& h) {
+  // PyTorch casts each Python-float hyperparameter to the tensor's dtype.
+  const float wd = static_cast<float>(h.weight_decay);
+  const float momentum = static_cast<float>(h.momentum);
+  const float blend = static_cast<float>(1.0 - h.dampening);
+  const float neg_lr = static_cast<float>(-h.lr);
+  const bool decay = h.weight_decay != 0.0, use_momentum = h.momentum != 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    float d = g[i];
+    if (decay) d = d + wd * p[i];  // grad.add(param, alpha=weight_decay)
+    if (use_momentum) {
+      float b;
+      if (h.first) {
+        b = d;  // torch.clone(grad)
+      } else {
+        b = buf[i] * momentum;  // buf.mul_(momentum)
+        b = b + blend * d;      // .add_(grad, alpha=1 - dampening)
+      }
+      buf[i] = b;
+      d = h.nesterov ? d + momentum * b : b;
+    }
+    p[i] = p[i] + neg_lr * d;  // param.add_(grad, alpha=-lr)
+  }
 }
 
 class CpuBackend final : public functional::Backend {
@@ -360,6 +457,25 @@ class CpuBackend final : public functional::Backend {
     float* pdl = dlogvar.data<float>();
     const int64_t n = dz.numel();
     for (int64_t i = 0; i < n; ++i) pdl[i] = pdz[i] * pe[i] * 0.5f * ps[i];
+  }
+
+  void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                  const functional::AdamWStep& h) const override {
+    float* p = value.data<float>();
+    float* m = exp_avg.data<float>();
+    float* v = exp_avg_sq.data<float>();
+    for_grad_chunks(grad, h.grad_scale, value.numel(), [&](int64_t off, int64_t len, const float* g) {
+      adamw_update(p + off, g, m + off, v + off, len, h);
+    });
+  }
+
+  void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer,
+                const functional::SgdStep& h) const override {
+    float* p = value.data<float>();
+    float* buf = momentum_buffer.defined() ? momentum_buffer.data<float>() : nullptr;
+    for_grad_chunks(grad, h.grad_scale, value.numel(), [&](int64_t off, int64_t len, const float* g) {
+      sgd_update(p + off, g, buf != nullptr ? buf + off : nullptr, len, h);
+    });
   }
 };
 
