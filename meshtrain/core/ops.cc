@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -337,6 +338,80 @@ void accumulate_from(void* dst, const Tensor& src, int64_t n) {
 bool is_float(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
 
 }  // namespace
+
+namespace {
+
+// Sum of float(g)^2 in double, in element order.
+template <float (*Widen)(uint16_t)>
+double sq_norm_half(const uint16_t* g, size_t n) {
+  double acc = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = Widen(g[i]);
+    acc += x * x;
+  }
+  return acc;
+}
+
+double sum_of_squares_impl(const Tensor& g) {
+  const size_t n = static_cast<size_t>(g.numel());
+  switch (g.dtype()) {
+    case DType::bf16: return sq_norm_half<bf16_to_float>(g.data<uint16_t>(), n);
+    case DType::f16: return sq_norm_half<f16_to_float>(g.data<uint16_t>(), n);
+    default: {  // f32 (checked by the caller)
+      const float* x = g.data<float>();
+      double acc = 0.0;
+      for (size_t i = 0; i < n; ++i) acc += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+      return acc;
+    }
+  }
+}
+
+// True when no element of bits[0, n) has an all-ones exponent field (inf or
+// NaN) under `exp_mask`. An OR of per-element compares instead of a branch
+// per element, so the loop vectorizes with the baseline x86-64 instruction
+// set (a max reduction needs SSE4.1's pmaxud and ran 4x slower: 198 vs 54 us
+// for the MLP's 670K f32 parameters, scanned twice per training step).
+template <typename U>
+bool exponents_finite(const U* bits, size_t n, U exp_mask) {
+  U bad = 0;
+  for (size_t i = 0; i < n; ++i) bad |= static_cast<U>((bits[i] & exp_mask) == exp_mask);
+  return bad == 0;
+}
+
+bool all_finite_impl(const Tensor& g) {
+  const size_t n = static_cast<size_t>(g.numel());
+  switch (g.dtype()) {
+    case DType::bf16: return exponents_finite<uint16_t>(g.data<uint16_t>(), n, 0x7f80u);
+    case DType::f16: return exponents_finite<uint16_t>(g.data<uint16_t>(), n, 0x7c00u);
+    default: {  // f32, read as bits (no aliasing through uint32_t*)
+      const float* x = g.data<float>();
+      uint32_t bad = 0;
+      for (size_t i = 0; i < n; ++i)
+        bad |= static_cast<uint32_t>((std::bit_cast<uint32_t>(x[i]) & 0x7f800000u) == 0x7f800000u);
+      return bad == 0;
+    }
+  }
+}
+
+
+void check_float_contiguous(const Tensor& x, const char* op) {
+  check_operand(x, op, "x");
+  if ((x.dtype() != DType::f32 && x.dtype() != DType::bf16 && x.dtype() != DType::f16) || !x.is_contiguous())
+    throw InvalidArgument(op, fmt::format("x is {} {}", dtype_name(x.dtype()), x.is_contiguous() ? "" : "(strided)"),
+                          "pass a contiguous f32, bf16 or f16 tensor");
+}
+
+}  // namespace
+
+bool all_finite(const Tensor& x) {
+  check_float_contiguous(x, "all_finite");
+  return all_finite_impl(x);
+}
+
+double sum_of_squares(const Tensor& x) {
+  check_float_contiguous(x, "sum_of_squares");
+  return sum_of_squares_impl(x);
+}
 
 void accumulate(const Tensor& src, const Tensor& dst) {
   check_operand(src, "accumulate", "src");

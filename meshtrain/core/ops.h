@@ -72,6 +72,12 @@ void scale(const Tensor& x, double alpha);
 // Emulates a half-precision result while computing in f32. f32 is a no-op.
 void round_to(const Tensor& x, DType dtype);
 
+// True when no element is inf or NaN; x contiguous f32, bf16 or f16. A
+// branch-free scan of the exponent bits (vectorizes on baseline x86-64).
+bool all_finite(const Tensor& x);
+// Sum of float(x)^2 accumulated in double in element order (no rescaling);
+// x contiguous f32, bf16 or f16. inf/NaN propagate.
+double sum_of_squares(const Tensor& x);
 // Sum of all elements (0 for an empty tensor).
 double sum(const Tensor& x);
 // Largest element; NaN if any element is NaN. Throws InvalidArgument when empty.

@@ -389,5 +389,20 @@ TEST(AccumulateTest, MixedPrecisionSumsInF32AndRoundsOnce) {
   EXPECT_THROW(accumulate(Tensor::zeros({2}, DType::f32), acc), InvalidArgument);
 }
 
+TEST(FiniteScanTest, AllFiniteAndSumOfSquaresInEveryFloatDtype) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    Tensor x = Tensor::from_vector(std::vector<float>{1, -2, 3, 0.5f}, {4}).to(t);
+    EXPECT_TRUE(all_finite(x)) << dtype_name(t);
+    EXPECT_EQ(sum_of_squares(x), 1 + 4 + 9 + 0.25) << dtype_name(t);
+    for (double bad : {INFINITY, -INFINITY, NAN}) {
+      Tensor y = Tensor::from_vector(std::vector<float>(37, 1.0f), {37}).to(t);
+      y.narrow(0, 36, 1).fill(bad);
+      EXPECT_FALSE(all_finite(y)) << dtype_name(t) << " " << bad;
+    }
+  }
+  EXPECT_THROW(all_finite(Tensor::zeros({2}, DType::i32)), InvalidArgument);
+  EXPECT_THROW(sum_of_squares(Tensor::zeros({4, 4}, DType::f32).transpose(0, 1)), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace meshtrain
