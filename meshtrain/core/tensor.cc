@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -16,28 +17,42 @@ namespace {
 
 using internal::dispatch;
 
-// The one place that turns a Device into memory. A CUDA backend adds its case
-// here (and in device_free) instead of sprinkling device checks elsewhere.
-void* device_allocate(Device device, size_t nbytes) {
-  switch (device.type) {
-    case DeviceType::cpu: {
-      void* p = ::operator new(nbytes, std::align_val_t{Storage::kAlignment}, std::nothrow);
-      if (p == nullptr)
-        throw OutOfMemory("Storage::allocate",
-                          fmt::format("cannot allocate {} on cpu", format_bytes(nbytes)),
-                          "reduce the batch size or model size, or shard over more ranks");
-      return p;
-    }
-    case DeviceType::cuda:
-      break;
+class CpuAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t nbytes, int) override {
+    return ::operator new(nbytes, std::align_val_t{Storage::kAlignment}, std::nothrow);
   }
-  throw Unsupported("Storage::allocate",
-                    fmt::format("device {} is not implemented", device.to_string()),
-                    "use Device::cpu(); CUDA support arrives with the CUDA backend");
+  void deallocate(void* p, size_t, int) noexcept override {
+    ::operator delete(p, std::align_val_t{Storage::kAlignment});
+  }
+};
+
+// The allocators by device type; the CPU's built in. Never destroyed:
+// storages may be freed during static destruction.
+std::array<std::unique_ptr<DeviceAllocator>, 2>& allocators() {
+  static auto* a = [] {
+    auto* t = new std::array<std::unique_ptr<DeviceAllocator>, 2>;
+    (*t)[static_cast<size_t>(DeviceType::cpu)] = std::make_unique<CpuAllocator>();
+    return t;
+  }();
+  return *a;
 }
 
-void device_free(Device device, void* p) noexcept {
-  if (device.type == DeviceType::cpu) ::operator delete(p, std::align_val_t{Storage::kAlignment});
+// The one place that turns a Device into memory.
+void* device_allocate(Device device, size_t nbytes) {
+  DeviceAllocator* a = allocators()[static_cast<size_t>(device.type)].get();
+  if (a == nullptr)
+    throw Unsupported("Storage::allocate", fmt::format("no allocator for device {}", device.to_string()),
+                      "use Device::cpu(), or register the device's backend (register_allocator) first");
+  void* p = a->allocate(nbytes, device.index);
+  if (p == nullptr)
+    throw OutOfMemory("Storage::allocate", fmt::format("cannot allocate {} on {}", format_bytes(nbytes), device.to_string()),
+                      "reduce the batch size or model size, or shard over more ranks");
+  return p;
+}
+
+void device_free(Device device, void* p, size_t nbytes) noexcept {
+  if (DeviceAllocator* a = allocators()[static_cast<size_t>(device.type)].get()) a->deallocate(p, nbytes, device.index);
 }
 
 // Validates sizes and returns the element count; throws naming `op`.
@@ -164,6 +179,12 @@ Storage::Storage(Key, void* data, size_t nbytes, Device device, bool owned, Memo
                  MemoryCategory category)
     : data_(data), nbytes_(nbytes), device_(device), owned_(owned), tracker_(tracker), category_(category) {}
 
+void register_allocator(DeviceType type, std::unique_ptr<DeviceAllocator> allocator) {
+  if (!allocator && type == DeviceType::cpu)
+    throw InvalidArgument("register_allocator", "a null allocator for the cpu", "pass a DeviceAllocator");
+  allocators()[static_cast<size_t>(type)] = std::move(allocator);
+}
+
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device, MemoryTracker* tracker,
                                            MemoryCategory category) {
   void* p = device_allocate(device, nbytes);
@@ -171,7 +192,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device, MemoryT
   try {
     s = std::make_shared<Storage>(Key{}, p, nbytes, device, true, tracker, category);
   } catch (...) {
-    device_free(device, p);
+    device_free(device, p, nbytes);
     throw;
   }
   if (tracker != nullptr) tracker->allocate(category, nbytes);
@@ -184,7 +205,7 @@ std::shared_ptr<Storage> Storage::wrap(void* data, size_t nbytes, Device device)
 
 Storage::~Storage() {
   if (!owned_) return;
-  device_free(device_, data_);
+  device_free(device_, data_, nbytes_);
   if (tracker_ != nullptr) {
     // A destructor must not throw; a mismatch here means the tracker was
     // reset or charged by hand, which the tracker's own tests catch.

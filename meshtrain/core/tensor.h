@@ -57,6 +57,22 @@ struct Device {
   std::string to_string() const;
 };
 
+// Memory for one device type. The CPU's (64-byte aligned operator new) is
+// built in; a GPU backend registers its own (a caching allocator) with
+// register_allocator, so Storage, Tensor and everything above stay
+// device-neutral.
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  // nbytes on device `index`, aligned to Storage::kAlignment; nullptr when
+  // the device is out of memory.
+  virtual void* allocate(size_t nbytes, int index) = 0;
+  virtual void deallocate(void* p, size_t nbytes, int index) noexcept = 0;
+};
+// Installs the allocator of `type` (replacing any; nullptr removes a non-cpu
+// one). Call at start-up, before tensors of that type exist.
+void register_allocator(DeviceType type, std::unique_ptr<DeviceAllocator> allocator);
+
 // A block of device memory. Owned blocks are 64-byte aligned, charged to an
 // optional tracker, and freed (and released from the tracker) when the last
 // shared_ptr goes. Wrapped blocks belong to someone else, who must keep them
@@ -70,8 +86,9 @@ class Storage {
  public:
   static constexpr size_t kAlignment = 64;
 
-  // Uninitialized bytes on `device` (throws Unsupported for cuda today, and
-  // OutOfMemory when the allocation fails). `tracker`, if given, is charged
+  // Uninitialized bytes on `device` (Unsupported when no allocator is
+  // registered for its type, as for cuda without a GPU backend; OutOfMemory
+  // when the allocation fails). `tracker`, if given, is charged
   // `nbytes` in `category` and must outlive the Storage.
   static std::shared_ptr<Storage> allocate(size_t nbytes, Device device = Device{},
                                            MemoryTracker* tracker = nullptr,

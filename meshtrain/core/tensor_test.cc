@@ -311,5 +311,40 @@ TEST(TensorTest, MayOverlap) {
   EXPECT_FALSE(may_overlap(t, Tensor()));
 }
 
+// The allocator registry: storages of a device type come from the allocator
+// registered for it (here a counting one over host memory, standing in for
+// a GPU backend's), and go back to it with their size.
+class CountingAllocator final : public DeviceAllocator {
+ public:
+  explicit CountingAllocator(int* live) : live_(live) {}
+  void* allocate(size_t nbytes, int index) override {
+    EXPECT_EQ(index, 1);
+    ++*live_;
+    return ::operator new(nbytes, std::align_val_t{Storage::kAlignment});
+  }
+  void deallocate(void* p, size_t nbytes, int) noexcept override {
+    --*live_;
+    EXPECT_EQ(nbytes, 16u);
+    ::operator delete(p, std::align_val_t{Storage::kAlignment});
+  }
+
+ private:
+  int* live_;
+};
+
+TEST(TensorTest, StorageComesFromTheAllocatorRegisteredForItsDevice) {
+  int live = 0;
+  register_allocator(DeviceType::cuda, std::make_unique<CountingAllocator>(&live));
+  {
+    Tensor t = Tensor::empty({4}, DType::f32, Device::cuda(1));
+    EXPECT_EQ(t.device(), Device::cuda(1));
+    EXPECT_EQ(live, 1);
+  }
+  EXPECT_EQ(live, 0);
+  register_allocator(DeviceType::cuda, nullptr);
+  EXPECT_THROW(Tensor::empty({4}, DType::f32, Device::cuda(0)), Unsupported);
+  EXPECT_THROW(register_allocator(DeviceType::cpu, nullptr), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace meshtrain
