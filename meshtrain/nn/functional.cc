@@ -67,6 +67,19 @@ const Backend& dispatch(const char* op, std::initializer_list<const Tensor*> ope
   return backend_for(first != nullptr ? first->device() : Device{});
 }
 
+// Token ids: 1-d i64 or i32, each in [0, rows).
+void check_ids(const char* op, const Tensor& ids, int64_t rows) {
+  if (!ids.defined() || ids.dim() != 1 || !ids.is_contiguous() ||
+      (ids.dtype() != DType::i64 && ids.dtype() != DType::i32))
+    throw InvalidArgument(op, fmt::format("ids are {}", describe(ids)), "pass a contiguous 1-d i64 or i32 tensor");
+  for (int64_t i = 0; i < ids.size(0); ++i) {
+    const int64_t id = ids.dtype() == DType::i64 ? ids.data<int64_t>()[i] : ids.data<int32_t>()[i];
+    if (id < 0 || id >= rows)
+      throw InvalidArgument(op, fmt::format("id {} at position {} is outside [0, {})", id, i, rows),
+                            "token ids must be below the vocabulary size (check the tokenizer and the model)");
+  }
+}
+
 void check_labels(const char* op, const Tensor& labels, int64_t n, int64_t classes) {
   check(op, "labels", labels, DType::i64);
   check_shape(op, "labels", labels, {n});
@@ -294,6 +307,72 @@ void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const T
     check_shape(op, what, *p, dz.shape());
   }
   dispatch(op, {&dz, &eps, &std, &dlogvar}).reparameterize_backward_logvar(dz, eps, std, dlogvar);
+}
+
+void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out) {
+  const char* op = "functional::embedding_forward";
+  check_matrix(op, "weight", weight);
+  check_ids(op, ids, weight.size(0));
+  check(op, "out", out);
+  check_shape(op, "out", out, {ids.size(0), weight.size(1)});
+  dispatch(op, {&ids, &weight, &out}).embedding_forward(ids, weight, out);
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight) {
+  const char* op = "functional::embedding_backward";
+  check_matrix(op, "dweight", dweight);
+  check_ids(op, ids, dweight.size(0));
+  check(op, "dy", dy);
+  check_shape(op, "dy", dy, {ids.size(0), dweight.size(1)});
+  dispatch(op, {&ids, &dy, &dweight}).embedding_backward(ids, dy, dweight);
+}
+
+namespace {
+
+// q, k, v and the outputs (N, T, D), lse (N, T).
+void check_attention(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> mats,
+                     const Tensor& lse) {
+  const Tensor& q = *mats.begin()->second;
+  check(op, "q", q);
+  if (q.dim() != 3)
+    throw InvalidArgument(op, fmt::format("q is {}", describe(q)), "pass (batch x heads, T, head_dim)");
+  for (auto [what, t] : mats) {
+    check(op, what, *t);
+    check_shape(op, what, *t, q.shape());
+  }
+  if (lse.defined()) {
+    check(op, "lse", lse);
+    check_shape(op, "lse", lse, {q.size(0), q.size(1)});
+  }
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                       const Tensor& out, const Tensor& lse) {
+  const char* op = "functional::attention_forward";
+  if (!lse.defined()) throw InvalidArgument(op, "lse is undefined", "pass an (N, T) f32 tensor");
+  check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, lse);
+  dispatch(op, {&q, &k, &v, &out, &lse}).attention_forward(q, k, v, causal, scale, out, lse);
+}
+
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv) {
+  const char* op = "functional::attention_backward";
+  if (!lse.defined()) throw InvalidArgument(op, "lse is undefined", "pass the forward's lse");
+  check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk},
+                       {"dv", &dv}},
+                  lse);
+  dispatch(op, {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv})
+      .attention_backward(q, k, v, out, lse, dout, causal, scale, dq, dk, dv);
+}
+
+void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                         const Tensor& out) {
+  const char* op = "functional::attention_reference";
+  check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, Tensor());
+  dispatch(op, {&q, &k, &v, &out}).attention_reference(q, k, v, causal, scale, out);
 }
 
 namespace {

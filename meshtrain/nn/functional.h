@@ -85,6 +85,30 @@ void reparameterize(const Tensor& mu, const Tensor& logvar, const Tensor& eps, c
 // dlogvar = dz * eps * 0.5 * std (d z / d logvar), elementwise.
 void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std, const Tensor& dlogvar);
 
+// ---- embedding ----
+// ids (N) i64 or i32, each in [0, V); weight (V, C); out (N, C) = weight rows.
+void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out);
+// Accumulates dweight[ids[i]] += dy[i] (dy (N, C)), in row order (deterministic).
+void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight);
+
+// ---- attention ----
+// q, k, v, out (N, T, D) contiguous f32 (N = batch x heads); lse (N, T).
+// out = softmax(scale q k^T, keys after the query masked when causal) v,
+// computed blockwise with an online softmax (flash-attention style): memory
+// grows with T, not T^2. lse[n][i] = log sum_j exp(scale q_i . k_j) over the
+// keys row i sees: what the backward (and a context-parallel merge) needs.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                       const Tensor& out, const Tensor& lse);
+// dq, dk, dv (N, T, D), written: the gradients given dout and the forward's
+// out and lse (the probabilities are rebuilt tile by tile, never stored).
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
+                        const Tensor& dv);
+// The plain reference: the whole T x T probability matrix per (n); for
+// tests and the kernel benchmark.
+void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                         const Tensor& out);
+
 // ---- optimizer updates (PyTorch's single-tensor formulas, f32 arithmetic) ----
 // The gradient may be f32, bf16 or f16; it is read as float(g) * float(grad_scale)
 // (widened a chunk at a time when it is not f32 at scale 1). Updates are
@@ -141,6 +165,15 @@ class Backend {
                               const Tensor& z) const = 0;
   virtual void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std,
                                               const Tensor& dlogvar) const = 0;
+  virtual void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out) const = 0;
+  virtual void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight) const = 0;
+  virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                                 const Tensor& out, const Tensor& lse) const = 0;
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& dout, bool causal, double scale, const Tensor& dq,
+                                  const Tensor& dk, const Tensor& dv) const = 0;
+  virtual void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                                   const Tensor& out) const = 0;
   virtual void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                           const AdamWStep& h) const = 0;
   virtual void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer,

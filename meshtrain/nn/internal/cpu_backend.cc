@@ -8,6 +8,7 @@
 #include "meshtrain/core/half.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/nn/internal/cpu_attention.h"
 
 namespace meshtrain::nn::internal {
 
@@ -133,6 +134,10 @@ void sgd_update(float* p, const float* g, float* buf, int64_t n, const functiona
     }
     p[i] = p[i] + neg_lr * d;  // param.add_(grad, alpha=-lr)
   }
+}
+
+int64_t id_at(const Tensor& ids, int64_t i) {
+  return ids.dtype() == DType::i64 ? ids.data<int64_t>()[i] : ids.data<int32_t>()[i];
 }
 
 class CpuBackend final : public functional::Backend {
@@ -457,6 +462,41 @@ class CpuBackend final : public functional::Backend {
     float* pdl = dlogvar.data<float>();
     const int64_t n = dz.numel();
     for (int64_t i = 0; i < n; ++i) pdl[i] = pdz[i] * pe[i] * 0.5f * ps[i];
+  }
+
+  void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out) const override {
+    const int64_t n = ids.size(0), c = weight.size(1);
+    const float* w = weight.data<float>();
+    float* o = out.data<float>();
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(o + i * c, w + id_at(ids, i) * c, static_cast<size_t>(c) * sizeof(float));
+  }
+
+  void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight) const override {
+    const int64_t n = ids.size(0), c = dweight.size(1);
+    const float* g = dy.data<float>();
+    float* dw = dweight.data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      float* row = dw + id_at(ids, i) * c;
+      const float* gi = g + i * c;
+      for (int64_t j = 0; j < c; ++j) row[j] += gi[j];
+    }
+  }
+
+  void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                         const Tensor& out, const Tensor& lse) const override {
+    attention_forward_cpu(q, k, v, causal, scale, out, lse);
+  }
+
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv) const override {
+    attention_backward_cpu(q, k, v, out, lse, dout, causal, scale, dq, dk, dv);
+  }
+
+  void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                           const Tensor& out) const override {
+    attention_reference_cpu(q, k, v, causal, scale, out);
   }
 
   void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,

@@ -1,0 +1,184 @@
+// nn::functional: the blockwise attention against the plain reference and
+// finite differences, its log-sum-exp, the embedding kernels, and dispatch
+// through the registered backend.
+#include "meshtrain/nn/functional.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "meshtrain/core/random.h"
+#include "meshtrain/nn/internal/cpu_backend.h"
+#include "meshtrain/nn/linear.h"
+#include "meshtrain/testing/grad_check.h"
+#include "meshtrain/testing/testing.h"
+
+namespace meshtrain::nn {
+namespace {
+
+namespace F = functional;
+using ::testing::HasSubstr;
+using meshtrain::testing::compare_grads;
+using meshtrain::testing::error_of;
+using meshtrain::testing::random_tensor;
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const std::vector<double> x = a.to_vector(), y = b.to_vector();
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+TEST(Attention, BlockwiseEqualsTheReferenceAcrossBlockEdges) {
+  for (bool causal : {false, true})
+    for (int64_t t : {1, 7, 64, 65, 130}) {
+      const int64_t n = 3, d = 8;
+      const Tensor q = random_tensor({n, t, d}, 1), k = random_tensor({n, t, d}, 2), v = random_tensor({n, t, d}, 3);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      Tensor out = Tensor::empty({n, t, d}, DType::f32), lse = Tensor::empty({n, t}, DType::f32);
+      Tensor ref = Tensor::empty({n, t, d}, DType::f32);
+      F::attention_forward(q, k, v, causal, scale, out, lse);
+      F::attention_reference(q, k, v, causal, scale, ref);
+      EXPECT_LT(max_abs_diff(out, ref), 2e-6) << "T " << t << (causal ? " causal" : "");
+      // lse in double from the definition.
+      const std::vector<double> qs = q.to_vector(), ks = k.to_vector(), ls = lse.to_vector();
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t i = 0; i < t; ++i) {
+          double sum = 0;
+          for (int64_t j = 0; j < (causal ? i + 1 : t); ++j) {
+            double dot = 0;
+            for (int64_t e = 0; e < d; ++e)
+              dot += qs[static_cast<size_t>((b * t + i) * d + e)] * ks[static_cast<size_t>((b * t + j) * d + e)];
+            sum += std::exp(scale * dot);
+          }
+          ASSERT_NEAR(ls[static_cast<size_t>(b * t + i)], std::log(sum), 2e-5) << "row " << i << " of " << b;
+        }
+    }
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferences) {
+  for (bool causal : {true, false}) {
+    const int64_t n = 2, t = 70, d = 4;  // 70 > one 64-row block: the tiles' seams are crossed
+    const double scale = 0.5;
+    Tensor q = random_tensor({n, t, d}, 11), k = random_tensor({n, t, d}, 12), v = random_tensor({n, t, d}, 13);
+    const Tensor w = random_tensor({n, t, d}, 14);  // loss = sum(w * out)
+    Tensor out = Tensor::empty({n, t, d}, DType::f32), lse = Tensor::empty({n, t}, DType::f32);
+    auto loss = [&] {
+      F::attention_forward(q, k, v, causal, scale, out, lse);
+      return testing::weighted_sum(out, w);
+    };
+    loss();
+    Tensor dq = Tensor::empty({n, t, d}, DType::f32), dk = Tensor::empty({n, t, d}, DType::f32),
+           dv = Tensor::empty({n, t, d}, DType::f32);
+    F::attention_backward(q, k, v, out, lse, w, causal, scale, dq, dk, dv);
+    // A spread of elements, including rows past the first block.
+    const std::vector<int64_t> idx = {0, 5, 63 * d + 1, 64 * d + 2, 69 * d + 3, (t + 3) * d, (2 * t - 1) * d + 1};
+    for (auto [name, x, g] : {std::tuple{"q", &q, &dq}, {"k", &k, &dk}, {"v", &v, &dv}}) {
+      const auto c = compare_grads(loss, *x, *g, 1e-2, idx);
+      EXPECT_LT(c.relative_error, 2e-3) << name << (causal ? " causal" : "");
+    }
+  }
+}
+
+TEST(Embedding, GathersRowsAndAccumulatesRepeatedIds) {
+  const Tensor w = Tensor::from_vector(std::vector<float>{0, 1, 10, 11, 20, 21}, {3, 2});
+  const Tensor ids = Tensor::from_vector(std::vector<int64_t>{2, 0, 2}, {3});
+  Tensor out = Tensor::empty({3, 2}, DType::f32);
+  F::embedding_forward(ids, w, out);
+  EXPECT_EQ(out.to_vector(), (std::vector<double>{20, 21, 0, 1, 20, 21}));
+  Tensor dw = Tensor::full({3, 2}, 0.5, DType::f32);
+  F::embedding_backward(ids.to(DType::i32), Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {3, 2}), dw);
+  EXPECT_EQ(dw.to_vector(), (std::vector<double>{3.5, 4.5, 0.5, 0.5, 6.5, 8.5}));
+  EXPECT_THAT(error_of([&] { F::embedding_forward(Tensor::from_vector(std::vector<int64_t>{1, 3}, {2}), w,
+                                                  Tensor::empty({2, 2}, DType::f32)); }),
+              HasSubstr("id 3 at position 1 is outside [0, 3)"));
+}
+
+// Wraps the CPU kernels and counts the linear forwards that reach it.
+class CountingBackend final : public F::Backend {
+ public:
+  explicit CountingBackend(int* calls) : cpu_(internal::make_cpu_backend()), calls_(calls) {}
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) const override {
+    ++*calls_;
+    cpu_->linear_forward(x, w, b, y);
+  }
+#define MT_FORWARD(name, params, args) \
+  void name params const override { cpu_->name args; }
+  MT_FORWARD(linear_backward_input, (const Tensor& dy, const Tensor& w, const Tensor& dx), (dy, w, dx))
+  MT_FORWARD(linear_backward_weight, (const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db),
+             (x, dy, dw, db))
+  MT_FORWARD(bias_backward, (const Tensor& dy, const Tensor& db), (dy, db))
+  MT_FORWARD(activation_forward, (F::ActivationKind k, const Tensor& x, const Tensor& y), (k, x, y))
+  MT_FORWARD(activation_backward,
+             (F::ActivationKind k, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx),
+             (k, x, y, dy, dx))
+  MT_FORWARD(layer_norm_forward,
+             (const Tensor& x, const Tensor& g, const Tensor& b, double eps, const Tensor& y, const Tensor& h,
+              const Tensor& r),
+             (x, g, b, eps, y, h, r))
+  MT_FORWARD(layer_norm_backward_input,
+             (const Tensor& dy, const Tensor& h, const Tensor& r, const Tensor& g, const Tensor& dx),
+             (dy, h, r, g, dx))
+  MT_FORWARD(layer_norm_backward_weight, (const Tensor& dy, const Tensor& h, const Tensor& dg, const Tensor& db),
+             (dy, h, dg, db))
+  MT_FORWARD(dropout_mask, (uint64_t s, uint64_t k, uint64_t st, double p, const Tensor& sc), (s, k, st, p, sc))
+  MT_FORWARD(cross_entropy_backward, (const Tensor& p, const Tensor& l, double f, const Tensor& g), (p, l, f, g))
+  MT_FORWARD(scaled_copy, (const Tensor& s, double f, const Tensor& o), (s, f, o))
+  MT_FORWARD(reparameterize,
+             (const Tensor& m, const Tensor& l, const Tensor& e, const Tensor& s, const Tensor& z), (m, l, e, s, z))
+  MT_FORWARD(reparameterize_backward_logvar, (const Tensor& dz, const Tensor& e, const Tensor& s, const Tensor& dl),
+             (dz, e, s, dl))
+  MT_FORWARD(embedding_forward, (const Tensor& i, const Tensor& w, const Tensor& o), (i, w, o))
+  MT_FORWARD(embedding_backward, (const Tensor& i, const Tensor& dy, const Tensor& dw), (i, dy, dw))
+  MT_FORWARD(attention_forward,
+             (const Tensor& q, const Tensor& k, const Tensor& v, bool c, double s, const Tensor& o, const Tensor& l),
+             (q, k, v, c, s, o, l))
+  MT_FORWARD(attention_backward,
+             (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& l, const Tensor& d,
+              bool c, double s, const Tensor& dq, const Tensor& dk, const Tensor& dv),
+             (q, k, v, o, l, d, c, s, dq, dk, dv))
+  MT_FORWARD(attention_reference,
+             (const Tensor& q, const Tensor& k, const Tensor& v, bool c, double s, const Tensor& o),
+             (q, k, v, c, s, o))
+  MT_FORWARD(adamw_step,
+             (const Tensor& v, const Tensor& g, const Tensor& m, const Tensor& s, const F::AdamWStep& h),
+             (v, g, m, s, h))
+  MT_FORWARD(sgd_step, (const Tensor& v, const Tensor& g, const Tensor& b, const F::SgdStep& h), (v, g, b, h))
+#undef MT_FORWARD
+  double cross_entropy_forward(const Tensor& z, const Tensor& l, const Tensor& p) const override {
+    return cpu_->cross_entropy_forward(z, l, p);
+  }
+  double mse_forward(const Tensor& x, const Tensor& t, const Tensor& d) const override {
+    return cpu_->mse_forward(x, t, d);
+  }
+  double bce_with_logits_forward(const Tensor& x, const Tensor& t, const Tensor& g) const override {
+    return cpu_->bce_with_logits_forward(x, t, g);
+  }
+  double gaussian_kl_forward(const Tensor& m, const Tensor& l, const Tensor& dm, const Tensor& dl) const override {
+    return cpu_->gaussian_kl_forward(m, l, dm, dl);
+  }
+  int64_t count_correct(const Tensor& z, const Tensor& l) const override { return cpu_->count_correct(z, l); }
+
+ private:
+  std::unique_ptr<F::Backend> cpu_;
+  int* calls_;
+};
+
+TEST(Backend, ModulesRunTheKernelsRegisteredForTheirDevice) {
+  int calls = 0;
+  F::register_backend(DeviceType::cpu, std::make_unique<CountingBackend>(&calls));
+  Linear fc(4, 3, "fc", 1);
+  fc.forward(random_tensor({2, 4}, 1));
+  fc.forward(random_tensor({5, 4}, 2));
+  F::register_backend(DeviceType::cpu, internal::make_cpu_backend());  // restore
+  EXPECT_EQ(calls, 2);
+  fc.forward(random_tensor({2, 4}, 1));
+  EXPECT_EQ(calls, 2);
+  EXPECT_THROW(F::backend_for(Device::cuda(0)), Unsupported);
+}
+
+}  // namespace
+}  // namespace meshtrain::nn
