@@ -327,6 +327,36 @@ void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweig
   dispatch(op, {&ids, &dy, &dweight}).embedding_backward(ids, dy, dweight);
 }
 
+void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {
+  const char* op = "functional::unembed_forward";
+  check_matrix(op, "x", x);
+  check_matrix(op, "w", w);
+  check_shape(op, "w", w, {w.size(0), x.size(1)});
+  check(op, "y", y);
+  check_shape(op, "y", y, {x.size(0), w.size(0)});
+  dispatch(op, {&x, &w, &y}).unembed_forward(x, w, y);
+}
+
+void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) {
+  const char* op = "functional::unembed_backward_input";
+  check_matrix(op, "dy", dy);
+  check_matrix(op, "w", w);
+  check_shape(op, "w", w, {dy.size(1), w.size(1)});
+  check(op, "dx", dx);
+  check_shape(op, "dx", dx, {dy.size(0), w.size(1)});
+  dispatch(op, {&dy, &w, &dx}).unembed_backward_input(dy, w, dx);
+}
+
+void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw) {
+  const char* op = "functional::unembed_backward_weight";
+  check_matrix(op, "x", x);
+  check_matrix(op, "dy", dy);
+  check_shape(op, "dy", dy, {x.size(0), dy.size(1)});
+  check(op, "dw", dw);
+  check_shape(op, "dw", dw, {dy.size(1), x.size(1)});
+  dispatch(op, {&x, &dy, &dw}).unembed_backward_weight(x, dy, dw);
+}
+
 namespace {
 
 // q, k, v and the outputs (N, T, D), lse (N, T).

@@ -91,6 +91,15 @@ void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& ou
 // Accumulates dweight[ids[i]] += dy[i] (dy (N, C)), in row order (deterministic).
 void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight);
 
+// ---- unembedding: logits against a (V, C) weight stored like an embedding ----
+// y (R, V) = x (R, C) w^T: a language model's output head tied to its token
+// embedding.
+void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y);
+// dx (R, C) = dy (R, V) w.
+void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx);
+// Accumulates dw (V, C) += dy^T x.
+void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw);
+
 // ---- attention ----
 // q, k, v, out (N, T, D) contiguous f32 (N = batch x heads); lse (N, T).
 // out = softmax(scale q k^T, keys after the query masked when causal) v,
@@ -165,6 +174,9 @@ class Backend {
                               const Tensor& z) const = 0;
   virtual void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std,
                                               const Tensor& dlogvar) const = 0;
+  virtual void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) const = 0;
+  virtual void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) const = 0;
+  virtual void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw) const = 0;
   virtual void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out) const = 0;
   virtual void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight) const = 0;
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,

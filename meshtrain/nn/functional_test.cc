@@ -131,6 +131,9 @@ class CountingBackend final : public F::Backend {
              (const Tensor& m, const Tensor& l, const Tensor& e, const Tensor& s, const Tensor& z), (m, l, e, s, z))
   MT_FORWARD(reparameterize_backward_logvar, (const Tensor& dz, const Tensor& e, const Tensor& s, const Tensor& dl),
              (dz, e, s, dl))
+  MT_FORWARD(unembed_forward, (const Tensor& x, const Tensor& w, const Tensor& y), (x, w, y))
+  MT_FORWARD(unembed_backward_input, (const Tensor& dy, const Tensor& w, const Tensor& dx), (dy, w, dx))
+  MT_FORWARD(unembed_backward_weight, (const Tensor& x, const Tensor& dy, const Tensor& dw), (x, dy, dw))
   MT_FORWARD(embedding_forward, (const Tensor& i, const Tensor& w, const Tensor& o), (i, w, o))
   MT_FORWARD(embedding_backward, (const Tensor& i, const Tensor& dy, const Tensor& dw), (i, dy, dw))
   MT_FORWARD(attention_forward,

@@ -51,6 +51,18 @@ Linear::Linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed
     bias_ = make_param(bname, {out}, sharding::ParamKind::linear_bias, options.role, false, seed, bound,
                        options.defer_init);
   }
+  if (options.init_std > 0.0) {  // GPT-2: N(0, std) weights, zero biases
+    const uint64_t key = key_from_name(wname);
+    const double std = options.init_std;
+    weight_.init = [seed, key, std](int64_t start, int64_t count, float* o) {
+      fill_normal(o, static_cast<size_t>(count), seed, key, static_cast<uint64_t>(start), 0.0f, static_cast<float>(std));
+    };
+    if (has_bias_) bias_.init = [](int64_t, int64_t count, float* o) { std::fill(o, o + count, 0.0f); };
+    if (!options.defer_init) {
+      materialize(weight_);
+      if (has_bias_) materialize(bias_);
+    }
+  }
 }
 
 Parameter& Linear::bias() {

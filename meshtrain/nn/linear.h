@@ -46,6 +46,9 @@ struct LinearOptions {
   // them): fully sharded data parallelism then builds only each rank's shard.
   // nn::materialize(p) builds a whole one. Values are the same either way.
   bool defer_init = false;
+  // > 0: weight ~ N(0, init_std) and bias = 0 (GPT-2's initialization);
+  // 0: PyTorch's default (kaiming-uniform, see above).
+  double init_std = 0.0;
 };
 
 class Linear final : public Module {

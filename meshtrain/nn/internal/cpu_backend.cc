@@ -464,6 +464,16 @@ class CpuBackend final : public functional::Backend {
     for (int64_t i = 0; i < n; ++i) pdl[i] = pdz[i] * pe[i] * 0.5f * ps[i];
   }
 
+  void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) const override {
+    matmul(x, w, y, false, true);  // (R, C) x (V, C)^T -> (R, V)
+  }
+  void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) const override {
+    matmul(dy, w, dx);  // (R, V) x (V, C) -> (R, C)
+  }
+  void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw) const override {
+    matmul(dy, x, dw, true, false, 1.0, 1.0);  // dW += (R, V)^T x (R, C) -> (V, C)
+  }
+
   void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out) const override {
     const int64_t n = ids.size(0), c = weight.size(1);
     const float* w = weight.data<float>();

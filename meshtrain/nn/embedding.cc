@@ -1,0 +1,65 @@
+#include "meshtrain/nn/embedding.h"
+
+#include <fmt/format.h>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/random.h"
+#include "meshtrain/nn/functional.h"
+#include "meshtrain/nn/internal/buffers.h"
+
+namespace meshtrain::nn {
+
+Embedding::Embedding(int64_t num, int64_t dim, const std::string& prefix, uint64_t seed, EmbeddingOptions options)
+    : name_(prefix), num_(num), dim_(dim) {
+  if (num < 1 || dim < 1 || !(options.init_std >= 0.0))
+    throw InvalidArgument("Embedding", fmt::format("'{}': num {}, dim {}, init_std {}", prefix, num, dim, options.init_std),
+                          "need num >= 1, dim >= 1 and init_std >= 0");
+  const std::string name = internal::join_name(prefix, "weight");
+  weight_.name = name;
+  weight_.weight_decay = true;  // a matrix
+  weight_.info = sharding::ParamInfo{.name = name, .shape = {num, dim}, .kind = options.kind};
+  const uint64_t key = key_from_name(name);
+  const float std = static_cast<float>(options.init_std);
+  weight_.init = [seed, key, std](int64_t start, int64_t count, float* out) {
+    fill_normal(out, static_cast<size_t>(count), seed, key, static_cast<uint64_t>(start), 0.0f, std);
+  };
+  if (!options.defer_init) materialize(weight_);
+}
+
+Tensor Embedding::do_forward(const Tensor& ids, Saved& saved) {
+  const char* op = "Embedding::forward";
+  if (!ids.defined() || (ids.dtype() != DType::i64 && ids.dtype() != DType::i32))
+    throw InvalidArgument(op, fmt::format("'{}': ids must be an i64 or i32 tensor", name_),
+                          "pass token (or position) ids, e.g. (batch, T)");
+  internal::check_param_tensor(weight_.value, op, weight_.name);
+  State& st = saved.state<State>();
+  st.shape = ids.shape();
+  st.ids = ids.contiguous().view({ids.numel()});
+  Tensor& y = internal::reuse_or_allocate(st.y, {ids.numel(), dim_}, tracker_);
+  functional::embedding_forward(st.ids, weight_.value, y);
+  std::vector<int64_t> out_shape = st.shape;
+  out_shape.push_back(dim_);
+  return y.view(out_shape);
+}
+
+Tensor Embedding::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  const char* op = "Embedding::backward";
+  State& st = saved.state<State>();
+  std::vector<int64_t> want = st.shape;
+  want.push_back(dim_);
+  Tensor dy = internal::f32_contiguous(grad_out, op, "grad_out");
+  internal::check_shape(dy, want, op, "grad_out");
+  st.dy = dy.view({st.ids.numel(), dim_});
+  return Tensor();  // ids have no gradient
+}
+
+void Embedding::do_backward_weight(Saved& saved) {
+  State& st = saved.state<State>();
+  internal::check_param_tensor(weight_.grad, "Embedding::backward", weight_.name);
+  functional::embedding_backward(st.ids, st.dy, weight_.grad);
+  notify_grad_ready(weight_);
+  st.dy = Tensor();
+  st.ids = Tensor();
+}
+
+}  // namespace meshtrain::nn

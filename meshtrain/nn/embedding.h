@@ -1,0 +1,61 @@
+// Embedding: a lookup table (num, dim); forward maps integer ids to rows.
+//
+//   nn::Embedding wte(50257, 768, "wte", /*seed=*/42);   // "wte.weight" (50257, 768) ~ N(0, 0.02)
+//   Tensor x = wte.forward(tokens);                      // (B, T) i64/i32 -> (B, T, 768)
+//   wte.backward(dx);                                    // weight.grad rows += dx; returns undefined
+//
+// Ids have no gradient: backward returns an undefined Tensor (split:
+// backward_input returns it and keeps dy; backward_weight scatter-adds into
+// the rows the ids name, in order, so repeated ids accumulate
+// deterministically). The weight is ParamKind::embedding (vocab-parallel
+// under tensor parallelism) and is decayed (a matrix). Its initial value is
+// N(0, init_std) from (seed, name, index): any shard can be built alone.
+// A language model ties its output head to this weight (see gpt.h and the
+// tied-parameter rule in module.h).
+// Thread-safety: one thread at a time (a module belongs to one rank).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/module.h"
+
+namespace meshtrain::nn {
+
+struct EmbeddingOptions {
+  double init_std = 0.02;
+  bool defer_init = false;  // see LinearOptions::defer_init
+  sharding::ParamKind kind = sharding::ParamKind::embedding;  // position tables: other
+};
+
+class Embedding final : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, const std::string& prefix, uint64_t seed, EmbeddingOptions options = {});
+  Embedding(const Embedding&) = delete;
+  Embedding& operator=(const Embedding&) = delete;
+
+  std::vector<Parameter*> parameters() override { return {&weight_}; }
+  Parameter& weight() { return weight_; }
+  int64_t num() const { return num_; }
+  int64_t dim() const { return dim_; }
+
+ protected:
+  Tensor do_forward(const Tensor& ids, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  std::string describe() const override { return "Embedding '" + name_ + "'"; }
+
+ private:
+  struct State {
+    Tensor ids;                    // (N) as given (flattened)
+    std::vector<int64_t> shape;    // ids' shape
+    Tensor dy;                     // (N, dim) kept for the weight pass
+    Tensor y;                      // output buffer
+  };
+  std::string name_;
+  int64_t num_, dim_;
+  Parameter weight_;  // (num, dim)
+};
+
+}  // namespace meshtrain::nn

@@ -1,0 +1,268 @@
+#include "meshtrain/nn/gpt.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/ops.h"
+#include "meshtrain/nn/activations.h"
+#include "meshtrain/nn/functional.h"
+#include "meshtrain/nn/internal/buffers.h"
+
+namespace meshtrain::nn {
+
+namespace F = functional;
+using internal::join_name;
+
+namespace {
+
+// One of q, k, v from the projection's (B, T, 3C) output, as (B H, T, D):
+// the head dim leaves the channels and comes before time (a copy).
+Tensor split_heads(const Tensor& qkv, int64_t which, int64_t heads) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3, d = c / heads;
+  return qkv.view({b, t, 3, heads, d}).select(2, which).transpose(1, 2).contiguous().view({b * heads, t, d});
+}
+
+// (B H, T, D) -> (B, T, H D): the heads back side by side (a copy).
+Tensor merge_heads(const Tensor& x, int64_t b, int64_t heads) {
+  const int64_t t = x.size(1), d = x.size(2);
+  return x.view({b, heads, t, d}).transpose(1, 2).contiguous().view({b, t, heads * d});
+}
+
+}  // namespace
+
+// ---- CausalSelfAttention ----
+
+CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed,
+                                         double proj_std, bool defer_init)
+    : name_(prefix),
+      width_(width),
+      heads_(heads),
+      c_attn_(width, 3 * width, join_name(prefix, "c_attn"), seed,
+              LinearOptions{.role = sharding::LinearRole::column, .defer_init = defer_init, .init_std = 0.02}),
+      c_proj_(width, width, join_name(prefix, "c_proj"), seed,
+              LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}) {
+  if (heads < 1 || width % heads != 0)
+    throw InvalidArgument("CausalSelfAttention", fmt::format("'{}': width {} over {} heads", prefix, width, heads),
+                          "pick a head count that divides the width");
+}
+
+std::vector<Parameter*> CausalSelfAttention::parameters() {
+  std::vector<Parameter*> ps = c_attn_.parameters();
+  for (Parameter* p : c_proj_.parameters()) ps.push_back(p);
+  return ps;
+}
+
+Tensor CausalSelfAttention::do_forward(const Tensor& x, Saved& saved) {
+  if (x.dim() != 3 || x.size(2) != width_)
+    throw InvalidArgument("CausalSelfAttention::forward",
+                          fmt::format("'{}': input {} is not (B, T, {})", name_, shape_to_string(x.shape()), width_),
+                          "pass (batch, time, width)");
+  State& st = saved.state<State>();
+  st.b = x.size(0);
+  st.t = x.size(1);
+  const Tensor qkv = c_attn_.forward(x, saved.child(0));  // (B, T, 3C)
+  st.q = split_heads(qkv, 0, heads_);
+  st.k = split_heads(qkv, 1, heads_);
+  st.v = split_heads(qkv, 2, heads_);
+  st.out = Tensor::empty(st.q.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  st.lse = Tensor::empty({st.q.size(0), st.t}, DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(width_ / heads_));
+  F::attention_forward(st.q, st.k, st.v, /*causal=*/true, scale, st.out, st.lse);
+  return c_proj_.forward(merge_heads(st.out, st.b, heads_), saved.child(1));
+}
+
+Tensor CausalSelfAttention::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  State& st = saved.state<State>();
+  const Tensor dmerged = c_proj_.backward_input(grad_out, saved.child(1));  // (B, T, C)
+  Tensor dq = Tensor::empty(st.q.shape(), DType::f32), dk = Tensor::empty(st.q.shape(), DType::f32),
+         dv = Tensor::empty(st.q.shape(), DType::f32);
+  const int64_t d = width_ / heads_;
+  const Tensor g =
+      dmerged.contiguous().view({st.b, st.t, heads_, d}).transpose(1, 2).contiguous().view({st.b * heads_, st.t, d});
+  F::attention_backward(st.q, st.k, st.v, st.out, st.lse, g, true, 1.0 / std::sqrt(static_cast<double>(d)), dq, dk,
+                        dv);
+  // dq, dk, dv back into the projection's (B, T, 3, H, D) layout.
+  Tensor dqkv = Tensor::empty({st.b, st.t, 3, heads_, d}, DType::f32);
+  int64_t which = 0;
+  for (const Tensor* part : {&dq, &dk, &dv})
+    dqkv.select(2, which++).copy_from(part->view({st.b, heads_, st.t, d}).transpose(1, 2));
+  st.q = st.k = st.v = st.out = st.lse = Tensor();
+  return c_attn_.backward_input(dqkv.view({st.b, st.t, 3 * width_}), saved.child(0));
+}
+
+void CausalSelfAttention::do_backward_weight(Saved& saved) {
+  c_proj_.backward_weight(saved.child(1));
+  c_attn_.backward_weight(saved.child(0));
+}
+
+// ---- GPTBlock ----
+
+GPTBlock::GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std,
+                   bool defer_init)
+    : name_(prefix),
+      ln_1_(width, join_name(prefix, "ln_1"), 1e-5, true, defer_init),
+      attn_(width, heads, join_name(prefix, "attn"), seed, proj_std, defer_init),
+      ln_2_(width, join_name(prefix, "ln_2"), 1e-5, true, defer_init),
+      mlp_(join_name(prefix, "mlp")) {
+  // nanoGPT's names: mlp.c_fc, mlp.c_proj (the GELU takes no name).
+  mlp_.add(std::make_unique<Linear>(width, 4 * width, join_name(prefix, "mlp.c_fc"), seed,
+                                    LinearOptions{.role = sharding::LinearRole::column, .defer_init = defer_init,
+                                                  .init_std = 0.02}));
+  mlp_.add(std::make_unique<GELU>(GeluApproximation::tanh));
+  mlp_.add(std::make_unique<Linear>(4 * width, width, join_name(prefix, "mlp.c_proj"), seed,
+                                    LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init,
+                                                  .init_std = proj_std}));
+}
+
+std::vector<Parameter*> GPTBlock::parameters() {
+  std::vector<Parameter*> ps;
+  for (Module* m : children())
+    for (Parameter* p : m->parameters()) ps.push_back(p);
+  return ps;
+}
+
+Tensor GPTBlock::do_forward(const Tensor& x, Saved& saved) {
+  // x + attn(ln_1(x)), then h + mlp(ln_2(h)); the sums are new tensors
+  // (the branches keep what they need themselves).
+  const Tensor a = attn_.forward(ln_1_.forward(x, saved.child(kLn1)), saved.child(kAttn));
+  Tensor h = Tensor::empty(x.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  add(x.contiguous(), a, h);
+  const Tensor m = mlp_.forward(ln_2_.forward(h, saved.child(kLn2)), saved.child(kMlp));
+  Tensor y = Tensor::empty(x.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  add(h, m, y);
+  return y;
+}
+
+template <typename Step>
+Tensor GPTBlock::residual_backward(const Tensor& dy, Saved& saved, Step step) {
+  const Tensor g = dy.contiguous();
+  const Tensor dm = step(ln_2_, step(mlp_, g, saved.child(kMlp)), saved.child(kLn2));
+  Tensor dh = Tensor::empty(g.shape(), DType::f32);
+  add(g, dm, dh);  // the residual passes dy straight through
+  const Tensor da = step(ln_1_, step(attn_, dh, saved.child(kAttn)), saved.child(kLn1));
+  Tensor dx = Tensor::empty(g.shape(), DType::f32);
+  add(dh, da, dx);
+  return dx;
+}
+
+Tensor GPTBlock::do_backward(const Tensor& grad_out, Saved& saved) {
+  return residual_backward(grad_out, saved, [](Module& m, const Tensor& g, Saved& s) { return m.backward(g, s); });
+}
+
+Tensor GPTBlock::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  return residual_backward(grad_out, saved,
+                           [](Module& m, const Tensor& g, Saved& s) { return m.backward_input(g, s); });
+}
+
+void GPTBlock::do_backward_weight(Saved& saved) {
+  mlp_.backward_weight(saved.child(kMlp));
+  ln_2_.backward_weight(saved.child(kLn2));
+  attn_.backward_weight(saved.child(kAttn));
+  ln_1_.backward_weight(saved.child(kLn1));
+}
+
+// ---- GPT ----
+
+namespace {
+
+const GPTConfig& checked(const GPTConfig& c) {
+  if (c.vocab < 1 || c.block_size < 1 || c.layers < 0 || c.heads < 1 || c.width < 1 || c.width % c.heads != 0)
+    throw InvalidArgument("GPT",
+                          fmt::format("vocab {}, block_size {}, layers {}, heads {}, width {}", c.vocab, c.block_size,
+                                      c.layers, c.heads, c.width),
+                          "need vocab, block_size, heads, width >= 1, layers >= 0 and heads dividing width");
+  return c;
+}
+
+}  // namespace
+
+GPT::GPT(GPTConfig config)
+    : config_(checked(config)),
+      wte_(config_.vocab, config_.width, "wte", config_.seed, EmbeddingOptions{.defer_init = config_.defer_init}),
+      wpe_(config_.block_size, config_.width, "wpe", config_.seed,
+           EmbeddingOptions{.defer_init = config_.defer_init, .kind = sharding::ParamKind::other}),
+      h_("h"),
+      ln_f_(config_.width, "ln_f", 1e-5, true, config_.defer_init) {
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(config_.layers, 1)));
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    auto& block = h_.add(std::make_unique<GPTBlock>(config_.width, config_.heads, h_.next_name(), config_.seed,
+                                                    proj_std, config_.defer_init));
+    block.set_recompute(config_.recompute);
+  }
+  wte_.weight().users = 2;  // the embedding and the tied output head
+}
+
+std::vector<Parameter*> GPT::parameters() {
+  std::vector<Parameter*> ps;
+  for (Module* m : children())
+    for (Parameter* p : m->parameters()) ps.push_back(p);
+  return ps;
+}
+
+std::vector<Module*> GPT::children() { return {&wte_, &wpe_, &h_, &ln_f_}; }
+
+std::vector<Module*> GPT::blocks() { return h_.children(); }
+
+Tensor GPT::do_forward(const Tensor& ids, Saved& saved) {
+  const char* op = "GPT::forward";
+  if (!ids.defined() || ids.dim() != 2 || ids.size(1) < 1 || ids.size(1) > config_.block_size)
+    throw InvalidArgument(op,
+                          fmt::format("ids {} for block_size {}",
+                                      ids.defined() ? shape_to_string(ids.shape()) : std::string("undefined"),
+                                      config_.block_size),
+                          "pass token ids (batch, T) with 1 <= T <= block_size");
+  State& st = saved.state<State>();
+  st.b = ids.size(0);
+  st.t = ids.size(1);
+  if (!st.positions.defined() || st.positions.size(0) != st.t) {
+    std::vector<int64_t> pos(static_cast<size_t>(st.t));
+    for (int64_t i = 0; i < st.t; ++i) pos[static_cast<size_t>(i)] = i;
+    st.positions = Tensor::from_vector(pos, {st.t});
+  }
+  const Tensor tok = wte_.forward(ids, saved.child(kWte));            // (B, T, C)
+  const Tensor pos = wpe_.forward(st.positions, saved.child(kWpe));   // (T, C)
+  Tensor x = Tensor::empty(tok.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  for (int64_t b = 0; b < st.b; ++b) add(tok.select(0, b), pos, x.select(0, b));
+  const Tensor h = ln_f_.forward(h_.forward(x, saved.child(kBlocks)), saved.child(kLnF));
+  st.h = h.contiguous().view({st.b * st.t, config_.width});
+  Tensor logits = Tensor::empty({st.b * st.t, config_.vocab}, DType::f32, Device{}, tracker_,
+                                MemoryCategory::activations);
+  F::unembed_forward(st.h, wte_.weight().value, logits);  // the head tied to wte
+  return logits;
+}
+
+Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  const char* op = "GPT::backward";
+  State& st = saved.state<State>();
+  st.dlogits = internal::f32_contiguous(grad_out, op, "grad_out");
+  internal::check_shape(st.dlogits, {st.b * st.t, config_.vocab}, op, "grad_out");
+  Tensor dh = Tensor::empty({st.b * st.t, config_.width}, DType::f32);
+  F::unembed_backward_input(st.dlogits, wte_.weight().value, dh);
+  const Tensor dx =
+      h_.backward_input(ln_f_.backward_input(dh.view({st.b, st.t, config_.width}), saved.child(kLnF)),
+                        saved.child(kBlocks));
+  Tensor dpos = Tensor::zeros({st.t, config_.width}, DType::f32);  // the position table is shared by the batch
+  for (int64_t b = 0; b < st.b; ++b) add(dpos, dx.select(0, b), dpos);
+  wpe_.backward_input(dpos, saved.child(kWpe));
+  wte_.backward_input(dx, saved.child(kWte));
+  return Tensor();  // ids have no gradient
+}
+
+void GPT::do_backward_weight(Saved& saved) {
+  State& st = saved.state<State>();
+  // The head's share of the tied weight first (its first report), then the
+  // layers in reverse; wte's own report comes last and completes it.
+  Parameter& w = wte_.weight();
+  internal::check_param_tensor(w.grad, "GPT::backward", w.name);
+  F::unembed_backward_weight(st.h, st.dlogits, w.grad);
+  notify_grad_ready(w);
+  st.dlogits = Tensor();
+  ln_f_.backward_weight(saved.child(kLnF));
+  h_.backward_weight(saved.child(kBlocks));
+  wpe_.backward_weight(saved.child(kWpe));
+  wte_.backward_weight(saved.child(kWte));
+}
+
+}  // namespace meshtrain::nn

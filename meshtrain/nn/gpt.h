@@ -1,0 +1,141 @@
+// GPT-2: a decoder-only transformer language model with explicit forward
+// and backward, built from nn's modules and nn::functional's kernels.
+//
+//   nn::GPT gpt(nn::GPTConfig{.vocab = 8192, .block_size = 128, .layers = 4, .heads = 4, .width = 256});
+//   Tensor logits = gpt.forward(tokens);          // (B, T) i64 -> (B * T, vocab)
+//   nn::CrossEntropyLoss ce;
+//   double loss = ce.forward(logits, targets.view({B * T}));
+//   gpt.backward(ce.backward());                  // grads += ...; returns undefined (ids)
+//
+// Architecture (GPT-2): token embedding "wte" (vocab, width) plus learned
+// position embedding "wpe" (block_size, width); `layers` pre-LayerNorm
+// blocks "h.<i>": x + attn(ln_1(x)), then x + mlp(ln_2(x)), where attn is
+// causal multi-head self-attention (c_attn: width -> 3 width for q, k, v;
+// heads of width / heads; c_proj back to width) computed by the blockwise
+// kernel (nn::functional::attention_*), and mlp is c_fc (width -> 4 width),
+// GELU (tanh approximation), c_proj; a final LayerNorm "ln_f"; the output
+// head is tied to wte (logits = h wte^T; wte.weight has users = 2, so hooks
+// see its gradient once, after both uses: module.h's tied rule).
+// Parameter names follow GPT-2's checkpoints ("h.0.attn.c_attn.weight"),
+// with Linear weights stored (in, out) as everywhere in meshtrain.
+//
+// Initialization (GPT-2): Linear weights and both embeddings ~ N(0, 0.02),
+// the residual projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 /
+// sqrt(2 layers)), biases 0, LayerNorms 1 and 0; every value a function of
+// (seed, name, index). Weight decay: matrices (weights, embeddings) only.
+//
+// Recompute: config.recompute sets every block's recompute mode (its
+// activations are rebuilt in backward; numbers identical).
+// Thread-safety: one thread at a time (a module belongs to one rank).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/embedding.h"
+#include "meshtrain/nn/layer_norm.h"
+#include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/module.h"
+#include "meshtrain/nn/sequential.h"
+
+namespace meshtrain::nn {
+
+struct GPTConfig {
+  int64_t vocab = 8192;
+  int64_t block_size = 128;  // longest sequence (rows of wpe)
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t width = 256;       // divisible by heads
+  uint64_t seed = 0;
+  bool recompute = false;    // every block in recompute mode
+  bool defer_init = false;   // see LinearOptions::defer_init
+};
+
+// Causal multi-head self-attention: (B, T, C) -> (B, T, C).
+class CausalSelfAttention final : public Module {
+ public:
+  CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std,
+                      bool defer_init);
+  std::vector<Parameter*> parameters() override;
+  std::vector<Module*> children() override { return {&c_attn_, &c_proj_}; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  std::string describe() const override { return "CausalSelfAttention '" + name_ + "'"; }
+
+ private:
+  struct State {
+    int64_t b = 0, t = 0;
+    Tensor q, k, v, out, lse;  // (B H, T, D), lse (B H, T)
+  };
+  std::string name_;
+  int64_t width_, heads_;
+  Linear c_attn_;  // width -> 3 width
+  Linear c_proj_;  // width -> width
+};
+
+// One pre-LayerNorm transformer block: (B, T, C) -> (B, T, C).
+class GPTBlock final : public Module {
+ public:
+  GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std, bool defer_init);
+  std::vector<Parameter*> parameters() override;
+  std::vector<Module*> children() override { return {&ln_1_, &attn_, &ln_2_, &mlp_}; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  Tensor do_backward(const Tensor& grad_out, Saved& saved) override;
+  std::string describe() const override { return "GPTBlock '" + name_ + "'"; }
+
+ private:
+  enum Slot : size_t { kLn1 = 0, kAttn, kLn2, kMlp };
+  // The residual backward with `step` running each branch's backward.
+  template <typename Step>
+  Tensor residual_backward(const Tensor& dy, Saved& saved, Step step);
+  std::string name_;
+  LayerNorm ln_1_;
+  CausalSelfAttention attn_;
+  LayerNorm ln_2_;
+  Sequential mlp_;  // c_fc, GELU(tanh), c_proj
+};
+
+class GPT final : public Module {
+ public:
+  explicit GPT(GPTConfig config = {});
+  GPT(const GPT&) = delete;
+  GPT& operator=(const GPT&) = delete;
+
+  // forward: ids (B, T) i64/i32 with T <= block_size -> logits (B * T, vocab).
+  std::vector<Parameter*> parameters() override;
+  std::vector<Module*> children() override;
+  const GPTConfig& config() const { return config_; }
+  // The transformer blocks (for FSDP's unit_modules, recompute, pipelines).
+  std::vector<Module*> blocks();
+
+ protected:
+  Tensor do_forward(const Tensor& ids, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  std::string describe() const override { return "GPT"; }
+
+ private:
+  enum Slot : size_t { kWte = 0, kWpe, kBlocks, kLnF };
+  struct State {
+    int64_t b = 0, t = 0;
+    Tensor positions;  // (T) i64
+    Tensor h;          // (B T, C) ln_f output: the head's input
+    Tensor dlogits;    // (B T, V) kept for the head's weight pass
+  };
+  GPTConfig config_;
+  Embedding wte_;
+  Embedding wpe_;
+  Sequential h_;
+  LayerNorm ln_f_;
+};
+
+}  // namespace meshtrain::nn
