@@ -3,7 +3,7 @@
 
     /usr/bin/python3 scripts/make_golden.py golden/   # Debian's python3 with python3-torch
 
-For a small MLP and a small VAE it stores, in safetensors files: the inputs,
+For a small MLP, a small VAE and a small GPT it stores, in safetensors files: the inputs,
 the initial weights (Linear weights transposed to meshtrain's (in, out)
 convention), the loss, every gradient after one backward, and the losses of
 10 AdamW steps on the same batch (weight decay 0.01 on weights only, as
@@ -142,8 +142,96 @@ def vae(outdir):
           "optimizer": "adamw lr 1e-3 wd 0.01"})
 
 
+class GPT(torch.nn.Module):
+    """GPT-2 as meshtrain builds it (nanoGPT's layout): pre-LN blocks, causal
+    attention, GELU (tanh), the output head tied to the token embedding."""
+
+    def __init__(self, vocab, block, layers, heads, width):
+        super().__init__()
+        self.heads = heads
+        self.wte = torch.nn.Embedding(vocab, width)
+        self.wpe = torch.nn.Embedding(block, width)
+        self.h = torch.nn.ModuleList()
+        for _ in range(layers):
+            b = torch.nn.Module()
+            b.ln_1, b.ln_2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+            b.c_attn, b.attn_proj = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+            b.c_fc, b.mlp_proj = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+            self.h.append(b)
+        self.ln_f = torch.nn.LayerNorm(width)
+
+    def forward(self, ids):
+        bsz, t = ids.shape
+        x = self.wte(ids) + self.wpe(torch.arange(t))
+        for b in self.h:
+            q, k, v = b.c_attn(b.ln_1(x)).split(x.shape[-1], dim=2)
+            q, k, v = (z.view(bsz, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)  # plain causal attention
+            att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+            a = torch.softmax(att, dim=-1) @ v
+            x = x + b.attn_proj(a.transpose(1, 2).reshape(bsz, t, -1))
+            x = x + b.mlp_proj(torch.nn.functional.gelu(b.c_fc(b.ln_2(x)), approximate="tanh"))
+        return torch.nn.functional.linear(self.ln_f(x), self.wte.weight)  # tied head
+
+    def named(self):
+        """(meshtrain name, tensor, is_linear_weight) in meshtrain's parameter order."""
+        out = [("wte.weight", self.wte.weight, False), ("wpe.weight", self.wpe.weight, False)]
+        for i, b in enumerate(self.h):
+            p = f"h.{i}"
+            for name, m, lin in (("ln_1", b.ln_1, False), ("attn.c_attn", b.c_attn, True),
+                                 ("attn.c_proj", b.attn_proj, True), ("ln_2", b.ln_2, False),
+                                 ("mlp.c_fc", b.c_fc, True), ("mlp.c_proj", b.mlp_proj, True)):
+                out.append((f"{p}.{name}.weight", m.weight, lin))
+                out.append((f"{p}.{name}.bias", m.bias, False))
+        out += [("ln_f.weight", self.ln_f.weight, False), ("ln_f.bias", self.ln_f.bias, False)]
+        return out
+
+
+def gpt(outdir):
+    torch.manual_seed(4321)  # its own stream: writing only this file gives the same values
+    cfg = {"vocab": 13, "block": 32, "layers": 2, "heads": 2, "width": 16}
+    model = GPT(**cfg)
+    with torch.no_grad():  # nonzero LayerNorm and bias values so their gradients are exercised
+        for name, t, _ in model.named():
+            if not name.startswith(("wte", "wpe")) and not name.endswith("c_attn.weight"):
+                t.add_(0.1 * torch.randn_like(t))
+    ids = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
+    targets = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
+    out = {"ids": ids, "targets": targets}
+    named = model.named()
+    for name, t, lin in named:
+        out[f"init.{name}"] = t.detach().t().clone() if lin else t.detach().clone()
+
+    def loss_of():
+        return torch.nn.functional.cross_entropy(model(ids).view(-1, cfg["vocab"]), targets.view(-1))
+
+    loss = loss_of()
+    loss.backward()
+    out["loss"] = loss.detach().reshape(1)
+    for name, t, lin in named:
+        out[f"grad.{name}"] = t.grad.detach().t().clone() if lin else t.grad.detach().clone()
+    # Weight decay on matrices (Linear weights and embeddings), as meshtrain decides by metadata.
+    decay = [t for name, t, _ in named if t.dim() == 2]
+    no_decay = [t for name, t, _ in named if t.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        l = loss_of()
+        l.backward()
+        opt.step()
+        losses.append(l.item())
+    out["steps.loss"] = torch.tensor(losses)
+    save(f"{outdir}/gpt_v{VERSION}.safetensors", out,
+         dict(cfg, version=VERSION, torch=torch.__version__, optimizer="adamw lr 1e-3 wd 0.01 on matrices"))
+
+
 if __name__ == "__main__":
+    # make_golden.py [outdir [mlp|vae|gpt ...]]: every model by default.
     outdir = sys.argv[1] if len(sys.argv) > 1 else "golden"
-    mlp(outdir)
-    vae(outdir)
-    print(f"wrote {outdir}/mlp_v{VERSION}.safetensors and {outdir}/vae_v{VERSION}.safetensors")
+    wanted = sys.argv[2:] or ["mlp", "vae", "gpt"]
+    for name in ("mlp", "vae", "gpt"):
+        if name in wanted:
+            globals()[name](outdir)
+            print(f"wrote {outdir}/{name}_v{VERSION}.safetensors")

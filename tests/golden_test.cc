@@ -1,4 +1,5 @@
-// PyTorch parity (llm.c style): golden files written by scripts/make_golden.py
+// PyTorch parity (llm.c style) for the MLP, the VAE and the GPT (tied
+// embedding, causal attention): golden files written by scripts/make_golden.py
 // with Debian's python3-torch hold inputs, initial weights, the loss, every
 // gradient and 10 AdamW steps of losses. meshtrain loads the same weights and
 // must agree within 1e-5 (fp32). CI needs only the committed files.
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <map>
 
+#include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/nn/vae.h"
@@ -108,6 +110,31 @@ TEST(GoldenPyTorch, VaeElboGradientsAndTenAdamWSteps) {
     const double total = model.forward_backward(x).total;
     opt.step();
     EXPECT_LT(rel(total, want[s]), 1e-5) << "step " << s;
+  }
+}
+
+TEST(GoldenPyTorch, GptLossGradientsAndTenAdamWSteps) {
+  const Golden g = load("gpt_v1.safetensors");
+  nn::GPT model(nn::GPTConfig{.vocab = 13, .block_size = 32, .layers = 2, .heads = 2, .width = 16});
+  for (nn::Parameter* p : model.parameters()) p->value.copy_from(g.at("init." + p->name));
+  const Tensor& ids = g.at("ids");
+  const Tensor targets = g.at("targets").view({ids.numel()});
+  nn::CrossEntropyLoss ce;
+  model.zero_grad();
+  const double loss = ce.forward(model.forward(ids), targets);
+  model.backward(ce.backward());
+  EXPECT_LT(rel(loss, g.at("loss").to_vector()[0]), 1e-5);
+  for (nn::Parameter* p : model.parameters())
+    EXPECT_LT(rel_diff(p->grad, g.at("grad." + p->name)), 1e-5) << p->name;
+
+  optim::AdamW opt(model.parameters(), 1e-3, {0.9, 0.999}, 1e-8, 0.01);  // decay: matrices, by metadata
+  const auto want = g.at("steps.loss").to_vector();
+  for (size_t s = 0; s < want.size(); ++s) {
+    opt.zero_grad();
+    const double l = ce.forward(model.forward(ids), targets);
+    model.backward(ce.backward());
+    opt.step();
+    EXPECT_LT(rel(l, want[s]), 1e-5) << "step " << s;
   }
 }
 
