@@ -40,11 +40,47 @@ std::string unit_name(const std::vector<nn::Parameter*>& params) {
   return prefix;
 }
 
+using UnitList = std::vector<std::pair<nn::Module*, std::vector<nn::Parameter*>>>;
+
+bool is_listed(const std::vector<nn::Module*>& listed, const nn::Module* m) {
+  return std::find(listed.begin(), listed.end(), m) != listed.end();
+}
+
+// The listed modules below m (not m itself), as units, outermost first.
+void collect_listed_below(nn::Module& m, const std::vector<nn::Module*>& listed, UnitList& out);
+
+// A listed module's unit: its parameters except those of listed modules
+// inside it, which are units of their own (FSDP2's fully_shard on blocks,
+// then on the root: the root keeps what is left, e.g. embeddings, the final
+// norm and a tied head). Placed before its nested units (forward order).
+void add_listed_unit(nn::Module& m, const std::vector<nn::Module*>& listed, UnitList& out) {
+  const size_t at = out.size();
+  out.push_back({&m, {}});
+  collect_listed_below(m, listed, out);
+  std::vector<const nn::Parameter*> nested;
+  for (size_t i = at + 1; i < out.size(); ++i) nested.insert(nested.end(), out[i].second.begin(), out[i].second.end());
+  for (nn::Parameter* p : m.parameters())
+    if (std::find(nested.begin(), nested.end(), p) == nested.end()) out[at].second.push_back(p);
+}
+
+void collect_listed_below(nn::Module& m, const std::vector<nn::Module*>& listed, UnitList& out) {
+  for (nn::Module* c : m.children()) {
+    if (is_listed(listed, c))
+      add_listed_unit(*c, listed, out);
+    else
+      collect_listed_below(*c, listed, out);
+  }
+}
+
 // The units of `m`'s subtree, in definition order: each listed module is one
-// unit (its whole subtree); elsewhere every module that owns parameters.
-void collect_units(nn::Module& m, const std::vector<nn::Module*>& listed,
-                   std::vector<std::pair<nn::Module*, std::vector<nn::Parameter*>>>& out) {
-  if (std::find(listed.begin(), listed.end(), &m) != listed.end() || m.owns_parameters()) {
+// unit (its subtree, less nested listed modules); elsewhere every module
+// that owns parameters.
+void collect_units(nn::Module& m, const std::vector<nn::Module*>& listed, UnitList& out) {
+  if (is_listed(listed, &m)) {
+    add_listed_unit(m, listed, out);
+    return;
+  }
+  if (m.owns_parameters()) {
     out.push_back({&m, m.parameters()});
     return;
   }
@@ -240,7 +276,7 @@ Tensor FullyShardedDataParallel::alloc(int64_t n, DType dtype, MemoryCategory ca
 }
 
 void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<nn::Parameter*>& params) {
-  std::vector<std::pair<nn::Module*, std::vector<nn::Parameter*>>> groups;
+  UnitList groups;
   collect_units(model, options_.unit_modules, groups);
   // Every parameter in exactly one unit.
   std::unordered_map<const nn::Parameter*, nn::Module*> owner;
@@ -253,8 +289,8 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
                               "list a module that contains every user of it in unit_modules");
   for (nn::Module* m : options_.unit_modules)
     if (std::none_of(groups.begin(), groups.end(), [&](const auto& g) { return g.first == m; }))
-      throw InvalidArgument(kOp, "a module in unit_modules is not in the model (or sits inside another listed one)",
-                            "list modules of the wrapped model, none inside another");
+      throw InvalidArgument(kOp, "a module in unit_modules is not in the model",
+                            "list modules of the wrapped model (reachable through children())");
   for (const nn::Parameter* p : params)
     if (!owner.count(p))
       throw InvalidArgument(kOp,

@@ -162,11 +162,13 @@ struct FullyShardedOptions {
   // Broadcast every parameter from rank 0 of the shard (and replicate)
   // communicator at construction (seeds' sync_module_states).
   bool sync_module_states = true;
-  // Modules that are one unit each with their whole subtree (FSDP2's
+  // Modules that are one unit each with their subtree (FSDP2's
   // fully_shard(block)): e.g. every transformer block, so a block's
-  // parameters are gathered and reduced together. Elsewhere every module
-  // that owns parameters is a unit (the default when empty). Borrowed; none
-  // may sit inside another.
+  // parameters are gathered and reduced together. A listed module may
+  // contain listed ones (list the blocks and the model itself): it keeps
+  // what they leave (embeddings, final norm, a tied head), gathered around
+  // its whole forward and backward. Elsewhere every module that owns
+  // parameters is a unit (the default when empty). Borrowed.
   std::vector<nn::Module*> unit_modules = {};
   MemoryTracker* tracker = nullptr;  // must outlive the wrapper; may be null
 };
