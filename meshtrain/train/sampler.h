@@ -16,8 +16,8 @@
 //   }
 //
 // A batch is a list of named tensors with the local samples along dim 0, so
-// a new kind of data (a token batch: "tokens" and "targets", (B_local, T)
-// i32) is a new DataSource, not a change to the trainer.
+// a new kind of data is a new DataSource, not a change to the trainer (the
+// token batches of text_data.h: "tokens" and "targets", (B_local, T) i64).
 //
 // Rules (N = dataset_size, G = global_batch, d = data_axis_size, r = rank):
 // - Epoch order: perm_e, a permutation of 0..N-1 that depends only on

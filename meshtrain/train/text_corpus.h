@@ -32,7 +32,7 @@
 namespace meshtrain::train {
 
 // Where Debian's `fortunes` package installs the fortune files: about
-// 2.5 MB of English text in 60 files (the default corpus).
+// 2.5 MB of English text in 43 files (the default corpus).
 inline constexpr std::string_view kFortunesDir = "/usr/share/games/fortunes";
 inline constexpr std::string_view kFortunesInstallHint =
     "install it with `sudo apt install fortunes` (or run scripts/install-deps.sh), or pass a text file or "

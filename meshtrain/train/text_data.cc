@@ -32,6 +32,7 @@ PreparedText prepare_text_data(const TextDataOptions& options) {
   PreparedText p;
   p.corpus = options.corpus;
   p.files = static_cast<int64_t>(corpus.files.size());
+  p.skipped = std::move(corpus.skipped);
   p.bytes = static_cast<int64_t>(corpus.text.size());
   p.characters = count_characters(corpus.text);
   p.corpus_hash = content_hash(corpus.text);

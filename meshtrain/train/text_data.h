@@ -78,6 +78,7 @@ struct TextDataOptions {
 struct PreparedText {
   std::string corpus;               // the path given
   int64_t files = 0;                // files read
+  std::vector<std::string> skipped; // TextCorpus::skipped: entries left out, with the reason
   int64_t bytes = 0;                // corpus bytes
   int64_t characters = 0;           // UTF-8 code points (count_characters)
   uint64_t corpus_hash = 0;         // content_hash of the corpus
