@@ -49,5 +49,7 @@ std::vector<Command> add_comm_commands(CLI::App& app);
 std::vector<Command> add_layout_commands(CLI::App& app);
 // train
 std::vector<Command> add_train_commands(CLI::App& app);
+// tokenize
+std::vector<Command> add_data_commands(CLI::App& app);
 
 }  // namespace meshtrain::cli

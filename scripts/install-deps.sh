@@ -11,7 +11,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libstb-dev
   zlib1g-dev
+  libsentencepiece-dev  # the BPE tokenizer (train/tokenizer.h)
   dataset-fashion-mnist
+  fortunes  # the default text corpus, /usr/share/games/fortunes
   procps  # pgrep, for tests/mpi_signal_test.sh
 )
 

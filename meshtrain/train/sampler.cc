@@ -149,6 +149,28 @@ std::vector<int64_t> DistributedSampler::batch(int64_t epoch, int64_t b) const {
   return std::vector<int64_t>(first + lo, first + hi);
 }
 
+DataPosition DataPosition::at_step(const DistributedSampler& sampler, int64_t step) {
+  if (step < 0)
+    throw InvalidArgument("DataPosition::at_step", fmt::format("step {} < 0", step), "steps count from 0");
+  const int64_t per_epoch = sampler.num_batches();
+  DataPosition at{step / per_epoch, step % per_epoch};
+  check_epoch("DataPosition::at_step", at.epoch);
+  return at;
+}
+
+int64_t DataPosition::step(const DistributedSampler& sampler) const {
+  check_epoch("DataPosition::step", epoch);
+  if (batch < 0 || batch >= sampler.num_batches())
+    throw InvalidArgument("DataPosition::step",
+                          fmt::format("batch {} is outside [0, {}) (epoch {})", batch, sampler.num_batches(), epoch),
+                          "restore a position saved with a sampler of the same dataset size and global batch");
+  return epoch * sampler.num_batches() + batch;
+}
+
+DataPosition DataPosition::next(const DistributedSampler& sampler) const {
+  return at_step(sampler, step(sampler) + 1);
+}
+
 const Tensor& Batch::operator[](std::string_view name) const {
   for (const auto& [n, t] : tensors)
     if (n == name) return t;
@@ -228,6 +250,11 @@ Batch load_batch(const DataSource& data, const DistributedSampler& sampler, int6
   out.first_global_sample = sampler.first_global_sample(b);
   data.load(out.indices, out, tracker);
   return out;
+}
+
+Batch load_batch(const DataSource& data, const DistributedSampler& sampler, const DataPosition& at,
+                 MemoryTracker* tracker) {
+  return load_batch(data, sampler, at.epoch, at.batch, tracker);
 }
 
 Batch load_batch(const Dataset& data, const DistributedSampler& sampler, int64_t epoch, int64_t b,

@@ -16,8 +16,8 @@
 //   }
 //
 // A batch is a list of named tensors with the local samples along dim 0, so
-// a new kind of data (a token batch: "tokens" and "targets", (B_local, T)
-// i32) is a new DataSource, not a change to the trainer.
+// a new kind of data is a new DataSource, not a change to the trainer (the
+// token batches of text_data.h: "tokens" and "targets", (B_local, T) i64).
 //
 // Rules (N = dataset_size, G = global_batch, d = data_axis_size, r = rank):
 // - Epoch order: perm_e, a permutation of 0..N-1 that depends only on
@@ -127,6 +127,27 @@ class DistributedSampler {
   std::shared_ptr<Cache> cache_;  // shared by copies (the contents are deterministic)
 };
 
+// Where a run is in its data: the next global batch it trains on, as
+// (epoch, batch within the epoch). Under the rules above the batches are a
+// pure function of the sampler's (N, G, seed, drop_last) and this position,
+// so saving it and building the same sampler on resume (any data-parallel
+// degree) gives exactly the batches that came next. Step s of a run that
+// starts at epoch 0 trains on at_step(sampler, s).
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t batch = 0;  // in [0, sampler.num_batches())
+
+  // The position of optimizer step `step` (>= 0): epoch step / num_batches(),
+  // batch step % num_batches().
+  static DataPosition at_step(const DistributedSampler& sampler, int64_t step);
+  // The inverse: epoch * num_batches() + batch. Throws InvalidArgument when
+  // batch is outside [0, num_batches()) or epoch outside [0, 2^32).
+  int64_t step(const DistributedSampler& sampler) const;
+  // The position after this one (the next epoch after its last batch).
+  DataPosition next(const DistributedSampler& sampler) const;
+  friend bool operator==(const DataPosition&, const DataPosition&) = default;
+};
+
 // One rank's part of one global batch, ready for a step: named tensors,
 // each with this rank's samples along dim 0.
 struct Batch {
@@ -189,6 +210,9 @@ class ImageDataSource final : public DataSource {
 // DataSource::load). Throws InvalidArgument when the sampler's dataset_size
 // differs from data.size().
 Batch load_batch(const DataSource& data, const DistributedSampler& sampler, int64_t epoch, int64_t b,
+                 MemoryTracker* tracker = nullptr);
+// load_batch(data, sampler, at.epoch, at.batch, tracker).
+Batch load_batch(const DataSource& data, const DistributedSampler& sampler, const DataPosition& at,
                  MemoryTracker* tracker = nullptr);
 // load_batch(ImageDataSource(data), ...): u8 pixels -> f32 x / 255 as
 // "images", u8 labels -> i64 as "labels".
