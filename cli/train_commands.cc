@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 
+#include "bench/attention_bench.h"
 #include "bench/memory_bench.h"
 #include "bench/train_bench.h"
 #include "cli/command.h"
@@ -285,6 +286,26 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   mb->add_option("--min-weight-size", mo->min_weight_size, "smaller parameters stay replicated")
       ->capture_default_str();
   out.push_back({mb, [=] { return run_bench_memory(*mo); }});
+
+  auto ao = std::make_shared<bench::AttentionBenchOptions>();
+  auto* ab = bench_cmd->add_subcommand(
+      "attention", "the blockwise attention kernel (forward, backward) against the plain reference: time and memory");
+  ab->add_option("--lengths", ao->lengths, "comma list of sequence lengths")->delimiter(',')->capture_default_str();
+  ab->add_option("--heads", ao->heads, "heads (batch x heads sequences)")->capture_default_str()->check(CLI::Range(1, 4096));
+  ab->add_option("--head-dim", ao->head_dim, "head dimension")->capture_default_str()->check(CLI::Range(1, 4096));
+  ab->add_option("--batch", ao->batch, "batch")->capture_default_str()->check(CLI::Range(1, 4096));
+  ab->add_option("--reps", ao->reps, "timed runs per kernel (median)")->capture_default_str()->check(CLI::Range(1, 10000));
+  ab->add_flag("--causal,!--full", ao->causal, "causal mask (default) or full attention");
+  out.push_back({ab, [=] {
+                   for (int64_t t : ao->lengths)
+                     if (t < 1 || t > (1 << 16))
+                       throw InvalidArgument("--lengths", fmt::format("length {}", t), "use lengths from 1 to 65536");
+                   print_config("bench attention", {{"lengths", fmt::format("{}", fmt::join(ao->lengths, ","))},
+                                                    {"heads", std::to_string(ao->heads)},
+                                                    {"head_dim", std::to_string(ao->head_dim)}});
+                   fmt::print("{}", bench::format_attention_bench(bench::run_attention_bench(*ao), *ao));
+                   return 0;
+                 }});
 
   auto f = std::make_shared<TrainFlags>();
   auto* cmd = app.add_subcommand(
