@@ -141,11 +141,20 @@ std::string toml_basic_string(std::string_view v) {
                       [](const TrainConfig& c) { return c.field; }, TrainFieldKind::string
 
 const TrainField kFields[] = {
-    {"model", "--model", "the model recipe: mlp | vae (built in)", MT_STR(model)},
+    {"model", "--model", "the model recipe: mlp | vae | gpt (built in)", MT_STR(model)},
     {"hidden", "--hidden", "hidden layer sizes, e.g. 512,512,256 (each 1 to 65536, at most 1024 layers)",
      [](TrainConfig& c, std::string_view t, std::string_view s) { c.hidden = to_widths(t, s); },
      [](const TrainConfig& c) { return fmt::format("{}", fmt::join(c.hidden, ",")); }, TrainFieldKind::integer_list},
     {"latent", "--latent", "VAE latent size (1 to 65536)", MT_INT(latent, 1, kMaxWidth)},
+    {"vocab", "--vocab", "GPT: BPE vocabulary size (300 to 65536; the tokenizer is trained to it)",
+     MT_INT(vocab, 300, 65536)},
+    {"context", "--context", "GPT: tokens per sample, T (2 to 8192)", MT_INT(context, 2, 8192)},
+    {"layers", "--layers", "GPT: transformer blocks (1 to 1024)", MT_INT(layers, 1, 1024)},
+    {"heads", "--heads", "GPT: attention heads, dividing width (1 to 1024)", MT_INT(heads, 1, 1024)},
+    {"width", "--width", "GPT: model width (1 to 65536)", MT_INT(width, 1, kMaxWidth)},
+    {"recompute", "--recompute", "GPT: recompute each block's activations in backward", MT_BOOL(recompute)},
+    {"corpus", "--corpus", "GPT: the text corpus, a file or directory", MT_STR(corpus)},
+    {"text_cache", "--text-cache", "GPT: where the tokenizer and token file are cached", MT_STR(text_cache)},
     {"dropout", "--dropout", "MLP dropout probability, in [0, 1)", MT_DBL(dropout, {.min = 0, .max = 1, .max_open = true})},
     {"epochs", "--epochs", "passes over the training set (1 to 1000000)", MT_INT(epochs, 1, 1000000)},
     {"batch_size", "--batch-size", "global batch size (all data-parallel ranks), 1 to 16777216", MT_INT(batch_size, 1, 1 << 24)},
@@ -298,6 +307,8 @@ void TrainConfig::validate() const {
     require(h > 0 && h <= kMaxWidth, fmt::format("hidden size {}", h), "hidden sizes must be in [1, 65536]");
   require(latent > 0 && latent <= kMaxWidth, fmt::format("latent {}", latent), "latent must be in [1, 65536]");
   require(dropout >= 0 && dropout < 1, fmt::format("dropout {}", dropout), "dropout must be in [0, 1)");
+  require(heads > 0 && width % heads == 0, fmt::format("width {} over heads {}", width, heads),
+          "pick --heads dividing --width (e.g. width 256, heads 4)");
   require(epochs > 0, fmt::format("epochs {}", epochs), "epochs must be positive");
   require(batch_size > 0, fmt::format("batch_size {}", batch_size), "batch_size must be positive");
   require(micro_batches > 0 && batch_size % micro_batches == 0,

@@ -47,6 +47,15 @@ struct TrainConfig {
   std::string model = "mlp";
   std::vector<int> hidden = {512, 512, 256};  // MLP hidden sizes (VAE: encoder/decoder widths)
   int latent = 20;                           // VAE latent size
+  // GPT (model = "gpt"): a GPT-2 decoder on a text corpus.
+  int vocab = 8192;                          // BPE vocabulary (the tokenizer is trained to it)
+  int context = 64;                          // tokens per sample (T)
+  int layers = 4;
+  int heads = 4;
+  int width = 256;                           // divisible by heads
+  bool recompute = false;                    // recompute every block's activations in backward
+  std::string corpus = "/usr/share/games/fortunes";  // a text file or directory
+  std::string text_cache = "data/text";      // tokenizer and token-file cache
   double dropout = 0.0;                      // MLP dropout after each hidden layer
   int epochs = 10;
   int batch_size = 256;    // global batch (all data-parallel ranks together)

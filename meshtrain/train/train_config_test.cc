@@ -54,7 +54,8 @@ TEST(TrainConfig, ErrorsSayWhatToChange) {
   EXPECT_THAT(error_of([] { TrainConfig::from_toml("[train]\nepoch = 3\n", "run.toml"); }),
               HasSubstr("run.toml: train.epoch: unknown key 'epoch'"));
   EXPECT_THAT(error_of([] { TrainConfig c; c.set("lr", "fast", "--lr"); }), HasSubstr("--lr: 'fast' is not a number"));
-  EXPECT_THAT(error_of([] { TrainConfig c; c.model = "gpt"; c.validate(); }), HasSubstr("use model = \"mlp\" or \"vae\""));
+  EXPECT_THAT(error_of([] { TrainConfig c; c.model = "bert"; c.validate(); }),
+              HasSubstr("use model = \"mlp\", \"vae\" or \"gpt\""));
   EXPECT_THAT(error_of([] { TrainConfig c; c.batch_size = 256; c.micro_batches = 3; c.validate(); }),
               HasSubstr("micro_batches must divide batch_size"));
   EXPECT_THAT(error_of([] { TrainConfig c; c.dropout = 1.0; c.validate(); }), HasSubstr("dropout must be in [0, 1)"));

@@ -9,5 +9,7 @@
 namespace meshtrain::train::internal {
 
 std::vector<RecipeRegistration> builtin_recipes();
+// "gpt" (gpt_recipe.cc).
+RecipeRegistration gpt_recipe();
 
 }  // namespace meshtrain::train::internal
