@@ -7,25 +7,60 @@
 // by norm * context and every rank's gradient sums to the mean over the
 // global batch's tokens. Evaluation reports nats per token and perplexity
 // beside the corpus's unigram entropy (the loss a model with no context
-// would reach).
+// would reach). At the end, sample.txt holds text the model writes after
+// the prompt "The " (temperature 0.8, top-k 40).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <numeric>
+#include <vector>
 
+#include "meshtrain/core/atomic_file.h"
+#include "meshtrain/core/random.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/train/internal/builtin_recipes.h"
+#include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/text_data.h"
+#include "meshtrain/train/tokenizer.h"
 
 namespace meshtrain::train::internal {
 
 namespace {
 
+// The next token after `ids` (at most the model's context), drawn from
+// softmax(logits / temperature) restricted to the top_k most likely, with
+// the counter-based generator's draw `u` in [0, 1): every rank draws the
+// same (generation under fsdp stays in step).
+int32_t sample_next(nn::GPT& gpt, const std::vector<int32_t>& ids, double temperature, int top_k, double u) {
+  const int64_t t = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.config().block_size);
+  std::vector<int64_t> window(ids.end() - t, ids.end());
+  const Tensor logits = gpt.forward(Tensor::from_vector(window, {1, t}));
+  const std::vector<double> all = logits.narrow(0, t - 1, 1).to_vector();  // the last position's row
+  std::vector<int32_t> order(all.size());
+  std::iota(order.begin(), order.end(), 0);
+  const size_t k = std::min<size_t>(static_cast<size_t>(std::max(top_k, 1)), order.size());
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](int32_t a, int32_t b) { return all[static_cast<size_t>(a)] > all[static_cast<size_t>(b)]; });
+  std::vector<double> p(k);
+  const double top = all[static_cast<size_t>(order[0])];
+  double sum = 0;
+  for (size_t i = 0; i < k; ++i) sum += p[i] = std::exp((all[static_cast<size_t>(order[i])] - top) / temperature);
+  double acc = 0;
+  for (size_t i = 0; i < k; ++i) {
+    acc += p[i] / sum;
+    if (u < acc) return order[i];
+  }
+  return order[k - 1];
+}
+
 class GptModel final : public RecipeModel {
  public:
-  GptModel(const nn::GPTConfig& c, double unigram, MemoryTracker* tracker) : gpt_(c), unigram_(unigram) {
+  GptModel(const nn::GPTConfig& c, double unigram, std::shared_ptr<const Tokenizer> tokenizer, uint64_t seed,
+           MemoryTracker* tracker)
+      : gpt_(c), unigram_(unigram), tokenizer_(std::move(tokenizer)), seed_(seed) {
     gpt_.set_memory_tracker(tracker);
   }
   nn::Module& module() override { return gpt_; }
@@ -56,6 +91,24 @@ class GptModel final : public RecipeModel {
     return {sum};
   }
 
+  // sample.txt: kSampleTokens tokens continuing kPrompt (temperature 0.8,
+  // top-k 40), printed by rank 0 too. Every rank generates (collective
+  // under fsdp: the forwards gather parameters).
+  void write_artifacts(const RunDirectory* dir) override {
+    constexpr const char* kPrompt = "The ";
+    constexpr int kSampleTokens = 120;
+    gpt_.set_training(false);
+    std::vector<int32_t> ids = tokenizer_->encode(kPrompt);
+    const uint64_t key = key_from_name("gpt.sample");
+    for (int i = 0; i < kSampleTokens; ++i)
+      ids.push_back(sample_next(gpt_, ids, 0.8, 40, uniform_at(seed_, key, static_cast<uint64_t>(i), 0.0, 1.0)));
+    gpt_.set_training(true);
+    const std::string text = tokenizer_->decode(ids);
+    if (dir == nullptr) return;
+    write_file_atomic(dir->file("sample.txt"), text + "\n");
+    fmt::print("sample (prompt \"{}\", temperature 0.8, top-k 40):\n{}\n", kPrompt, text);
+  }
+
   Evaluation summarize(std::span<const double> s, int64_t) const override {
     const double loss = s[0], ppl = std::exp(loss);
     return {.loss = loss,
@@ -71,6 +124,8 @@ class GptModel final : public RecipeModel {
   nn::GPT gpt_;
   nn::CrossEntropyLoss ce_;
   double unigram_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  uint64_t seed_;
 };
 
 class GptRecipe final : public ModelRecipe {
@@ -80,12 +135,14 @@ class GptRecipe final : public ModelRecipe {
     opt.tokenizer.vocab_size = tc.vocab;
     const PreparedText p = prepare_text_data(opt);
     tokens_ = std::make_shared<const TokenFile>(TokenFile::open(p.tokens_path, tc.vocab));
+    tokenizer_ = std::make_shared<const Tokenizer>(Tokenizer::load(p.tokenizer_path));
     unigram_ = unigram_entropy(*tokens_);
     train_ = std::make_unique<TokenDataSource>(tokens_, TextSplit::train, WindowOptions{.context = tc.context});
     valid_ = std::make_unique<TokenDataSource>(tokens_, TextSplit::validation, WindowOptions{.context = tc.context});
   }
   const DataSource& train_data() const override { return *train_; }
   const DataSource& test_data() const override { return *valid_; }
+  std::vector<std::string> artifacts() const override { return {"sample.txt"}; }
   MetricsDescription metrics() const override {
     return {.test_loss = "validation loss", .test_curve = "validation loss (nats/token)",
             .chart_title = fmt::format("GPT ({} x {}, {} heads) on {}", tc_.layers, tc_.width, tc_.heads, tc_.corpus)};
@@ -93,7 +150,7 @@ class GptRecipe final : public ModelRecipe {
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
     nn::GPTConfig c{.vocab = tc_.vocab, .block_size = tc_.context, .layers = tc_.layers, .heads = tc_.heads,
                     .width = tc_.width, .seed = o.seed, .recompute = tc_.recompute, .defer_init = o.defer_init};
-    auto m = std::make_unique<GptModel>(c, unigram_, o.tracker);
+    auto m = std::make_unique<GptModel>(c, unigram_, tokenizer_, o.seed, o.tracker);
     m->module().set_compute_dtype(o.compute_dtype);
     return m;
   }
@@ -101,6 +158,7 @@ class GptRecipe final : public ModelRecipe {
  private:
   TrainConfig tc_;
   std::shared_ptr<const TokenFile> tokens_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
   double unigram_ = 0;
   std::unique_ptr<TokenDataSource> train_, valid_;
 };
