@@ -15,6 +15,7 @@
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/trainer.h"
 
@@ -127,7 +128,7 @@ int run_train(TrainFlags& f) {
   // One process (threads engine): refuse a run directory that holds a run
   // before the start-up dump. Under mpirun run_training does it collectively.
   if (dc.backend == comm::Engine::threads && !tc.run_dir.empty())
-    train::RunDirectory::check(tc.run_dir, tc.overwrite);
+    train::RunDirectory::check(tc.run_dir, tc.overwrite, train::find_model_recipe(tc.model).artifacts);
   if (main) {
     fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", engine, dc.world_size, dc.mesh().to_spec());
     fmt::print("{}", resolved.config.to_toml());
@@ -139,12 +140,16 @@ int run_train(TrainFlags& f) {
   }
   const train::TrainResult r = train::run_training(tc, dc, launch);
   if (main) {
+    // "1234 samples/s", or with the recipe's unit "56789 tokens/s, 1234 samples/s".
+    const std::string rate =
+        r.rate_unit.empty() ? fmt::format("{:.0f} samples/s", r.samples_per_second)
+                            : fmt::format("{:.0f} {}/s, {:.0f} samples/s", r.units_per_second, r.rate_unit,
+                                          r.samples_per_second);
     if (r.fsdp.empty())
-      fmt::print("done: {} steps in {:.1f} s ({:.0f} samples/s), data-parallel communication hidden {:.0f}%\n",
-                 r.steps, r.seconds, r.samples_per_second, 100 * r.hidden_fraction);
+      fmt::print("done: {} steps in {:.1f} s ({}), data-parallel communication hidden {:.0f}%\n", r.steps, r.seconds,
+                 rate, 100 * r.hidden_fraction);
     else
-      fmt::print("done: {} steps in {:.1f} s ({:.0f} samples/s), fsdp {}, {}\n", r.steps, r.seconds,
-                 r.samples_per_second, r.fsdp,
+      fmt::print("done: {} steps in {:.1f} s ({}), fsdp {}, {}\n", r.steps, r.seconds, rate, r.fsdp,
                  dc.mixed_precision == config::MixedPrecision::no ? std::string_view("fp32")
                                                                   : config::mixed_precision_name(dc.mixed_precision));
     if (r.loss_scale > 0)

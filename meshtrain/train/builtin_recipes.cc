@@ -191,7 +191,8 @@ std::vector<RecipeRegistration> builtin_recipes() {
   return {{"mlp", "MLP classifier on Fashion-MNIST (hidden, dropout)",
            [](const TrainConfig& tc) { return std::make_unique<MlpRecipe>(tc); }},
           {"vae", "variational autoencoder on Fashion-MNIST (hidden, latent); writes reconstructions.png, samples.png",
-           [](const TrainConfig& tc) { return std::make_unique<VaeRecipe>(tc); }},
+           [](const TrainConfig& tc) { return std::make_unique<VaeRecipe>(tc); },
+           {"reconstructions.png", "samples.png"}},
           gpt_recipe()};
 }
 

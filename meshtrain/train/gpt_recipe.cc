@@ -145,7 +145,9 @@ class GptRecipe final : public ModelRecipe {
   std::vector<std::string> artifacts() const override { return {"sample.txt"}; }
   MetricsDescription metrics() const override {
     return {.test_loss = "validation loss", .test_curve = "validation loss (nats/token)",
-            .chart_title = fmt::format("GPT ({} x {}, {} heads) on {}", tc_.layers, tc_.width, tc_.heads, tc_.corpus)};
+            .chart_title = fmt::format("GPT ({} x {}, {} heads) on {}", tc_.layers, tc_.width, tc_.heads, tc_.corpus),
+            .rate_unit = "tokens",
+            .units_per_sample = static_cast<double>(tc_.context)};
   }
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
     nn::GPTConfig c{.vocab = tc_.vocab, .block_size = tc_.context, .layers = tc_.layers, .heads = tc_.heads,
@@ -167,7 +169,8 @@ class GptRecipe final : public ModelRecipe {
 
 RecipeRegistration gpt_recipe() {
   return {"gpt", "GPT-2 decoder on a text corpus (vocab, context, layers, heads, width, corpus)",
-          [](const TrainConfig& tc) { return std::make_unique<GptRecipe>(tc); }};
+          [](const TrainConfig& tc) { return std::make_unique<GptRecipe>(tc); },
+          {"sample.txt"}};
 }
 
 }  // namespace meshtrain::train::internal

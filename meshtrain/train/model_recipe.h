@@ -79,7 +79,11 @@ struct Evaluation {
 struct MetricsDescription {
   std::string test_loss = "loss";        // in messages: "the test {test_loss} after step 5 is nan"
   std::string test_curve = "test loss";  // the series in loss.svg
-  std::string chart_title;               // loss.svg's title
+  std::string chart_title = {};          // loss.svg's title
+  // The progress line's and summary's rate in other units than samples
+  // (a language model: "tokens", context tokens per sample); "" = samples.
+  std::string rate_unit = {};
+  double units_per_sample = 1.0;
 };
 
 // One rank's model and what it computes.
@@ -121,6 +125,9 @@ struct RecipeRegistration {
   std::string help;  // one line for --help
   // Loads the data and returns the recipe for a validated config.
   std::function<std::unique_ptr<ModelRecipe>(const TrainConfig&)> make;
+  // The files its recipes write (ModelRecipe::artifacts()), known before
+  // any data is loaded: the CLI's early run-directory check uses them.
+  std::vector<std::string> artifacts = {};
 };
 
 // Adds a recipe; throws InvalidArgument when the name is taken or empty, or

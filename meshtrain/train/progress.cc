@@ -36,7 +36,8 @@ std::string ProgressBar::render(int64_t done, const std::vector<std::pair<std::s
   const double eta = done > 0 ? elapsed * (total_ - done) / done : NAN;
   std::string s = fmt::format("{} [{}] {:>3.0f}% {}/{}", label_, bar, 100 * frac, done, total_);
   for (const auto& [k, v] : values) s += fmt::format("  {} {:.4f}", k, v);
-  s += fmt::format("  {:.0f}/s  elapsed {}  ETA {}", rate, format_duration(elapsed), format_duration(eta));
+  s += fmt::format("  {:.0f}{}/s  elapsed {}  ETA {}", rate, rate_unit_.empty() ? "" : " " + rate_unit_,
+                   format_duration(elapsed), format_duration(eta));
   return s;
 }
 
@@ -51,6 +52,7 @@ ProgressBar::ProgressBar(ProgressBar&& other) noexcept
     : total_(other.total_),
       enabled_(other.enabled_),
       label_(std::move(other.label_)),
+      rate_unit_(std::move(other.rate_unit_)),
       out_(other.out_),
       tty_(other.tty_),
       start_(other.start_),

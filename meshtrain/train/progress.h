@@ -33,6 +33,9 @@ class ProgressBar {
   // the bar: on a terminal the bar's line is cleared first and redrawn by the
   // next update().
   void note(const std::string& line);
+  // The unit of the rate update() gets ("tokens" prints "1234 tokens/s");
+  // "" (the default) prints "1234/s".
+  void set_rate_unit(std::string unit) { rate_unit_ = std::move(unit); }
 
  private:
   std::string render(int64_t done, const std::vector<std::pair<std::string, double>>& values, double rate) const;
@@ -40,6 +43,7 @@ class ProgressBar {
   int64_t total_;
   bool enabled_;
   std::string label_;
+  std::string rate_unit_;
   std::FILE* out_;
   bool tty_;
   std::chrono::steady_clock::time_point start_, last_draw_;

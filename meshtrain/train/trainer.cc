@@ -183,6 +183,8 @@ class Run {
       std::fflush(stdout);
     }
     ProgressBar bar(total, main_);
+    bar.set_rate_unit(metrics_.rate_unit);
+    const double units = metrics_.units_per_sample;  // per sample, in the rate's unit
     Series train_curve{"train loss", {}, {}}, test_curve{metrics_.test_curve, {}, {}};
     int64_t step = 0, samples = 0;
     double window_loss = 0, hidden_sum = 0;
@@ -223,9 +225,10 @@ class Run {
         }
         const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
         if (scaler_)
-          bar.update(step, {{"loss", loss}, {"lr", opt_->lr()}, {"scale", scaler_->scale()}}, samples / elapsed);
+          bar.update(step, {{"loss", loss}, {"lr", opt_->lr()}, {"scale", scaler_->scale()}},
+                     units * samples / elapsed);
         else
-          bar.update(step, {{"loss", loss}, {"lr", opt_->lr()}}, samples / elapsed);
+          bar.update(step, {{"loss", loss}, {"lr", opt_->lr()}}, units * samples / elapsed);
         if (step % tc_.log_every == 0 || step == total) {
           if (log) {
             std::vector<std::pair<std::string, double>> numbers = {
@@ -261,7 +264,10 @@ class Run {
         std::fflush(stdout);
         record_evaluation(ev, shared_.result);
       }
-      if (step < total) bar = ProgressBar(total, main_);  // a fresh line after the summary
+      if (step < total) {  // a fresh line after the summary
+        bar = ProgressBar(total, main_);
+        bar.set_rate_unit(metrics_.rate_unit);
+      }
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     finish_run(train_curve, test_curve);  // collective under fsdp
@@ -271,6 +277,8 @@ class Run {
     r.steps = step;
     r.seconds = seconds;
     r.samples_per_second = samples / r.seconds;
+    r.rate_unit = metrics_.rate_unit;
+    r.units_per_second = r.samples_per_second * metrics_.units_per_sample;
     r.hidden_fraction = step ? hidden_sum / step : 0;
     r.run_dir = shared_.dir->path();
     r.fsdp = tc_.fsdp.name;

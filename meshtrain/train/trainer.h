@@ -74,6 +74,8 @@ struct TrainResult {
   int64_t steps = 0;
   double seconds = 0;             // wall time of the training loop (rank 0)
   double samples_per_second = 0;  // training samples / seconds
+  std::string rate_unit;          // the recipe's rate unit ("tokens"), "" = samples
+  double units_per_second = 0;    // samples_per_second in that unit
   double final_train_loss = 0;    // mean loss of the last logged window
   double test_loss = 0;           // after the last epoch (VAE: the sampled negative ELBO, nats per image)
   // Every test metric of the last evaluation, as in metrics.jsonl; the
