@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "meshtrain/core/ops.h"
+#include "meshtrain/nn/internal/softmax_row.h"
 
 namespace meshtrain::nn::internal {
 
@@ -146,17 +147,7 @@ void attention_reference_cpu(const Tensor& q, const Tensor& k, const Tensor& v, 
     matmul(mat(q.data<float>() + off, t, d), mat(k.data<float>() + off, t, d), mat(s.data(), t, t), false, true,
            scale);
     if (causal) mask_tile(s.data(), t, t, 0, 0);
-    for (int64_t r = 0; r < t; ++r) {
-      float* sr = s.data() + r * t;
-      const float mx = *std::max_element(sr, sr + t);
-      double sum = 0.0;
-      for (int64_t c = 0; c < t; ++c) {
-        sr[c] = std::exp(sr[c] - mx);
-        sum += sr[c];
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t c = 0; c < t; ++c) sr[c] *= inv;
-    }
+    for (int64_t r = 0; r < t; ++r) softmax_row(s.data() + r * t, s.data() + r * t, t);
     matmul(mat(s.data(), t, t), mat(v.data<float>() + off, t, d), mat(out.data<float>() + off, t, d));
   }
 }

@@ -9,6 +9,7 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/cpu_attention.h"
+#include "meshtrain/nn/internal/softmax_row.h"
 
 namespace meshtrain::nn::internal {
 
@@ -348,17 +349,9 @@ class CpuBackend final : public functional::Backend {
     double total = 0.0;
     for (int64_t i = 0; i < n; ++i) {
       const float* zr = pz + i * c;
-      float* pr = pp + i * c;
-      const float m = *std::max_element(zr, zr + c);
-      double s = 0.0;
-      for (int64_t j = 0; j < c; ++j) {
-        pr[j] = std::exp(zr[j] - m);
-        s += pr[j];
-      }
-      const float inv = static_cast<float>(1.0 / s);
-      for (int64_t j = 0; j < c; ++j) pr[j] *= inv;
+      const SoftmaxRow row = softmax_row(zr, pp + i * c, c);
       // -log softmax(z)[y] = log sum exp(z - m) - (z[y] - m)
-      total += std::log(s) - (static_cast<double>(zr[y[i]]) - m);
+      total += std::log(row.sum) - (static_cast<double>(zr[y[i]]) - row.max);
     }
     return total;
   }
