@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
+#include "meshtrain/core/memory.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/testing/grad_check.h"
 
@@ -95,6 +97,29 @@ TEST(GPT, InterleavedSplitAndRecomputeEqualTheSequentialFusedRunBitForBit) {
   }
   EXPECT_EQ(grads(seq), grads(inter));
   EXPECT_EQ(grads(seq), grads(recompute));
+}
+
+// Activation bytes held between forward and backward (MemoryTracker's
+// activations), 4 blocks of width 64 at T = 32: with recompute each block
+// keeps only its input, without it every block's LayerNorm, attention and
+// MLP intermediates (about 20 x B x T x width floats).
+TEST(GPT, RecomputeHoldsAFractionOfTheActivations) {
+  uint64_t held[2] = {};
+  for (int re = 0; re < 2; ++re) {
+    MemoryTracker mem;
+    GPT gpt(GPTConfig{.vocab = 16, .block_size = 32, .layers = 4, .heads = 2, .width = 64, .seed = 1,
+                      .recompute = re == 1});
+    gpt.set_memory_tracker(&mem);
+    std::vector<int64_t> ids(2 * 32);
+    for (size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<int64_t>(k * 7 % 16);
+    Saved s;
+    gpt.forward(Tensor::from_vector(ids, {2, 32}), s);
+    held[re] = mem.in_use(MemoryCategory::activations);
+  }
+  std::printf("activations held between forward and backward: %llu bytes with recompute, %llu without\n",
+              static_cast<unsigned long long>(held[1]), static_cast<unsigned long long>(held[0]));
+  EXPECT_LT(held[1], held[0] / 4) << "recompute held " << held[1] << " bytes, plain " << held[0];
+  EXPECT_GT(held[1], 0u);
 }
 
 TEST(GPT, TheTiedEmbeddingIsReportedOnceAfterBothUses) {

@@ -64,6 +64,13 @@ class GptModel final : public RecipeModel {
     gpt_.set_memory_tracker(tracker);
   }
   nn::Module& module() override { return gpt_; }
+  // One FSDP unit per transformer block; the root's unit holds the rest
+  // (embeddings, the final LayerNorm), as FSDP wraps GPT-2 in torchtitan.
+  std::vector<nn::Module*> fsdp_units() override {
+    std::vector<nn::Module*> units = gpt_.blocks();
+    units.push_back(&gpt_);
+    return units;
+  }
 
   double loss_step(const Batch& micro, int64_t step, double norm) override {
     gpt_.set_batch_context(static_cast<uint64_t>(step), micro.first_global_sample);

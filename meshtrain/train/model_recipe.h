@@ -105,6 +105,10 @@ class RecipeModel {
   // into `dir` (null on ranks that do not write). model.safetensors,
   // metrics.jsonl and loss.svg are the trainer's.
   virtual void write_artifacts(const RunDirectory* dir) { (void)dir; }
+  // The modules fully sharded training makes one unit each (gathered and
+  // freed together), e.g. each transformer block and then the root for the
+  // rest; empty: one unit per module that owns parameters.
+  virtual std::vector<nn::Module*> fsdp_units() { return {}; }
 };
 
 // A model with its data, once per process.

@@ -98,8 +98,9 @@ struct StepOutcome {
 // (tc.fsdp) or plain data parallelism. Collective (the wrappers broadcast
 // and check the parameters).
 std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const config::DistributedConfig& dc,
-                                                       nn::Module& model, mesh::DeviceMesh& mesh,
+                                                       RecipeModel& recipe_model, mesh::DeviceMesh& mesh,
                                                        comm::Communicator& dp_comm, MemoryTracker* memory) {
+  nn::Module& model = recipe_model.module();
   if (tc.fsdp.enabled()) {
     const parallel::FsdpMode mode = *tc.fsdp.mode;
     comm::Communicator& shard = mode.hybrid ? mesh.comm("fsdp") : dp_comm;
@@ -114,6 +115,7 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                       .forward_prefetch = tc.forward_prefetch,
                                       .backward_prefetch = tc.backward_prefetch,
                                       .reshard_after_forward = tc.reshard_after_forward,
+                                      .unit_modules = recipe_model.fsdp_units(),
                                       .tracker = memory});
   }
   return std::make_unique<parallel::DataParallel>(
@@ -137,7 +139,7 @@ class Run {
                            .tracker = &memory_});  // activation buffers
     nn::Module& model = model_->module();
     num_parameters_ = model.num_parameters();  // before wrapping: stage 3 leaves values undefined
-    parallel_ = make_parallelism(tc, dc, model, mesh_, *dp_comm_, &memory_);
+    parallel_ = make_parallelism(tc, dc, *model_, mesh_, *dp_comm_, &memory_);
     // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
     if (parallel_->needs_loss_scaling()) scaler_ = std::make_unique<optim::DynamicLossScaler>();
     opt_params_ = parallel_->optimizer_parameters();
@@ -282,6 +284,7 @@ class Run {
     r.hidden_fraction = step ? hidden_sum / step : 0;
     r.run_dir = shared_.dir->path();
     r.fsdp = tc_.fsdp.name;
+    r.parallelism = parallel_->describe();
     r.schedule_steps = schedule_steps_;
     r.skipped_steps = skipped_;
     if (scaler_) r.loss_scale = scaler_->scale();

@@ -92,6 +92,7 @@ struct TrainResult {
   std::vector<double> step_losses;  // every step's global loss
   std::string run_dir;
   std::string fsdp;               // the resolved strategy as named ("" = DataParallel)
+  std::string parallelism;        // Parallelism::describe(), e.g. "data parallel 2, fsdp full (... 3 units)"
   double loss_scale = 0;          // fp16: the loss scale at the end; 0 without a scaler
   int64_t skipped_steps = 0;      // optimizer steps skipped (fp16 overflows, non-finite with on_nonfinite = skip)
   // Rank 0's MemoryTracker peaks over the run, per category (indexed by

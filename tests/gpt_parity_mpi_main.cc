@@ -1,0 +1,56 @@
+// The GPT under mpirun equals one device: every process trains the run of
+// tests/gpt_parity.h on the MPI engine with data parallelism and
+// zero1/zero2/zero3 over all processes (and hybrid_full on data=2,fsdp=2
+// with 4); rank 0 then trains it on one threads-engine rank and compares
+// per-step losses and final parameters (1e-5 relative). Exit 0 only if all
+// agree.
+//   mpirun -np 2 gpt_parity_mpi_test
+#include <fmt/format.h>
+
+#include "meshtrain/config/distributed_config.h"
+#include "meshtrain/testing/parity.h"
+#include "meshtrain/train/trainer.h"
+#include "tests/gpt_parity.h"
+
+using namespace meshtrain;
+
+int main() {
+  const config::DistributedConfig dc =
+      config::DistributedConfig{}.with_env(config::read_launcher_env());
+  const int n = dc.world_size;
+  struct Case {
+    std::string fsdp;  // "" = data parallelism
+    std::vector<int> shape;
+    std::vector<std::string> axes;
+  };
+  std::vector<Case> cases = {{"", {n}, {"data"}},
+                             {"zero1", {n}, {"fsdp"}},
+                             {"zero2", {n}, {"fsdp"}},
+                             {"zero3", {n}, {"fsdp"}}};
+  if (n == 4) cases.push_back({"hybrid_full", {2, 2}, {"data", "fsdp"}});
+
+  std::vector<train::TrainResult> results;
+  for (const Case& c : cases) {
+    train::TrainConfig tc = gpt_parity_config("mpi_" + (c.fsdp.empty() ? std::string("dp") : c.fsdp));
+    tc.set("fsdp", c.fsdp, "case");
+    config::DistributedConfig d = dc;
+    d.backend = comm::Engine::mpi;
+    d.mesh_shape = c.shape;
+    d.mesh_axis_names = c.axes;
+    results.push_back(
+        train::run_training(tc, d, {.engine = comm::Engine::mpi, .ranks = 0, .timeout = std::chrono::seconds(120)}));
+  }
+  if (dc.rank != 0) return 0;
+  const auto ref = train::run_training(gpt_parity_config("mpi_one"), config::DistributedConfig{},
+                                       {.engine = comm::Engine::threads, .ranks = 1});
+  int bad = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string what =
+        fmt::format("gpt {} on {} processes", cases[i].fsdp.empty() ? "data parallel" : cases[i].fsdp, n);
+    const auto problems = testing::run_differences(results[i], ref, 1e-5);
+    for (const auto& p : problems) fmt::print(stderr, "FAIL {}: {}\n", what, p);
+    fmt::print("mpi {} vs 1 rank over {} steps: {}\n", what, kGptParitySteps, problems.empty() ? "PASS" : "FAIL");
+    bad += problems.empty() ? 0 : 1;
+  }
+  return bad ? 1 : 0;
+}

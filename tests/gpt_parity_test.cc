@@ -1,0 +1,131 @@
+// The GPT (model = "gpt") through the real trainer on real text (threads
+// engine) equals one device:
+// - fp32, 30 steps (tests/gpt_parity.h): data parallelism on 2 and 4 ranks, zero1/zero2/zero3 on
+//   2 and 4 ranks, hybrid_full on data=2,fsdp=2: per-step losses and final
+//   parameters within 1e-5 relative of the 1-device run (SGD with
+//   momentum: gpt_parity.h says why).
+// - FSDP units are the transformer blocks plus the root (layers + 1 units).
+// - Recomputing every block's activations gives the same run bit for bit on
+//   one device, and within 1e-5 under zero3.
+// - bf16 zero3 follows the fp32 curve within 1e-2 relative; fp16 zero3
+//   (dynamic loss scaler) trains with finite losses.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "meshtrain/testing/parity.h"
+#include "meshtrain/train/trainer.h"
+#include "tests/gpt_parity.h"
+
+namespace meshtrain {
+namespace {
+
+struct GptRun {
+  std::string mesh = "";  // "" = one device
+  std::string fsdp = "";  // "" = plain data parallelism
+  bool recompute = false;
+  config::MixedPrecision precision = config::MixedPrecision::no;
+  std::string optimizer = "sgd";
+};
+
+constexpr int64_t kSteps = kGptParitySteps;
+
+train::TrainResult train_gpt(const GptRun& run, const std::string& tag) {
+  train::TrainConfig tc = gpt_parity_config(tag, run.optimizer);
+  tc.recompute = run.recompute;
+  tc.set("fsdp", run.fsdp, "GptRun.fsdp");
+  config::DistributedConfig dc;
+  if (!run.mesh.empty()) {
+    const plan::NamedShape m = plan::parse_mesh_spec(run.mesh);
+    int ranks = 1;
+    for (int s : m.shape) ranks *= s;
+    dc.world_size = ranks;
+    dc.num_processes_per_node = ranks;
+    dc.mesh_shape = m.shape;
+    dc.mesh_axis_names = m.axis_names;
+  }
+  dc.mixed_precision = run.precision;
+  return train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
+                                      .timeout = std::chrono::seconds(120)});
+}
+
+void expect_same(const train::TrainResult& got, const train::TrainResult& ref, const std::string& what) {
+  ASSERT_EQ(ref.step_losses.size(), static_cast<size_t>(kSteps)) << what;
+  for (const std::string& p : testing::run_differences(got, ref, 1e-5)) ADD_FAILURE() << what << ": " << p;
+}
+
+const train::TrainResult& one_device() {
+  static const train::TrainResult r = train_gpt({}, "one");
+  return r;
+}
+
+TEST(GptParity, OneDeviceLearns) {
+  const auto& one = one_device();
+  ASSERT_EQ(one.step_losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_LT(one.step_losses.back(), one.step_losses.front() - 0.5);  // from about ln(512) = 6.24 down
+  EXPECT_EQ(one.rate_unit, "tokens");
+}
+
+TEST(GptParity, DataParallelOnTwoAndFourRanks) {
+  for (int d : {2, 4}) expect_same(train_gpt({.mesh = fmt::format("data={}", d)}, fmt::format("dp{}", d)), one_device(), fmt::format("data={}", d));
+}
+
+TEST(GptParity, ZeroStagesOnTwoAndFourRanks) {
+  for (const char* stage : {"zero1", "zero2", "zero3"})
+    for (int d : {2, 4}) {
+      const std::string what = fmt::format("{} on fsdp={}", stage, d);
+      const auto r = train_gpt({.mesh = fmt::format("fsdp={}", d), .fsdp = stage}, fmt::format("{}_{}", stage, d));
+      // One unit per block and one for the root's own parameters.
+      EXPECT_THAT(r.parallelism, ::testing::HasSubstr(", 3 units)")) << what;
+      expect_same(r, one_device(), what);
+    }
+}
+
+TEST(GptParity, HybridFull) {
+  expect_same(train_gpt({.mesh = "data=2,fsdp=2", .fsdp = "hybrid_full"}, "hybrid"), one_device(), "hybrid_full");
+}
+
+TEST(GptParity, RecomputeChangesNothing) {
+  const auto r = train_gpt({.recompute = true}, "recompute");
+  EXPECT_EQ(r.step_losses, one_device().step_losses);
+  ASSERT_EQ(r.final_parameters.size(), one_device().final_parameters.size());
+  for (size_t i = 0; i < r.final_parameters.size(); ++i)
+    EXPECT_EQ(r.final_parameters[i].second.to_vector(), one_device().final_parameters[i].second.to_vector())
+        << r.final_parameters[i].first;
+  expect_same(train_gpt({.mesh = "fsdp=2", .fsdp = "zero3", .recompute = true}, "zero3_recompute"), one_device(),
+              "zero3 with recompute");
+}
+
+// The largest per-step relative difference of b's losses from a's.
+double worst_step(const train::TrainResult& a, const train::TrainResult& b) {
+  EXPECT_EQ(a.step_losses.size(), b.step_losses.size());
+  double worst = 0;
+  for (size_t s = 0; s < std::min(a.step_losses.size(), b.step_losses.size()); ++s)
+    worst = std::max(worst, std::fabs(b.step_losses[s] - a.step_losses[s]) / a.step_losses[s]);
+  return worst;
+}
+
+// AdamW (compared by curve, not bit for bit).
+TEST(GptParity, HalfPrecisionZero3FollowsFp32) {
+  const auto fp32 = train_gpt({.optimizer = "adamw"}, "fp32_adamw");
+  EXPECT_LT(fp32.step_losses.back(), fp32.step_losses.front() - 0.3);
+  EXPECT_FALSE(testing::run_differences(fp32, one_device(), 1e-5).empty());  // the comparison can fail
+  for (auto precision : {config::MixedPrecision::bf16, config::MixedPrecision::fp16}) {
+    const auto half = train_gpt({.mesh = "fsdp=2", .fsdp = "zero3", .precision = precision, .optimizer = "adamw"},
+                                precision == config::MixedPrecision::bf16 ? "bf16" : "fp16");
+    const double worst = worst_step(fp32, half);
+    fmt::print("GPT {} zero3 vs fp32 one device: worst step {:.2e} relative, {} skipped steps\n",
+               config::mixed_precision_name(precision), worst, half.skipped_steps);
+    EXPECT_LT(worst, 1e-2) << config::mixed_precision_name(precision);
+    EXPECT_GT(worst, 0) << config::mixed_precision_name(precision);  // half precision really is in use
+    if (precision == config::MixedPrecision::fp16) {
+      EXPECT_GT(half.loss_scale, 0);  // the scaler is on
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain
