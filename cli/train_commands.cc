@@ -2,6 +2,8 @@
 // meshtrain bench train, bench memory: the training benchmarks (bench/).
 #include <fmt/format.h>
 
+#include <chrono>
+#include <filesystem>
 #include <map>
 #include <memory>
 
@@ -15,6 +17,7 @@
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/train/generate.h"
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/trainer.h"
@@ -235,6 +238,38 @@ int run_bench_memory(const MemoryBenchFlags& f) {
   return 0;
 }
 
+struct GenerateFlags {
+  std::string run_dir;
+  train::SampleOptions sample;
+  bool seed_given = false;
+};
+
+// The run's config.toml names the model; its seed is the draws' seed unless
+// --seed is given, so the defaults reproduce the run's sample.txt.
+int run_generate(GenerateFlags& f) {
+  const std::string config = (std::filesystem::path(f.run_dir) / "config.toml").string();
+  if (!std::filesystem::exists(config))
+    throw IoError("--run-dir", fmt::format("{} does not exist", config),
+                  "give the directory of a finished run (meshtrain train --run-dir ...)");
+  const train::TrainConfig tc = train::TrainConfig::from_toml_file(config);
+  if (!f.seed_given) f.sample.seed = tc.seed;
+  print_config("generate", {{"run_dir", f.run_dir},
+                            {"model", fmt::format("gpt {} layers x {} width, {} heads, vocab {}, context {}", tc.layers,
+                                                  tc.width, tc.heads, tc.vocab, tc.context)},
+                            {"prompt", fmt::format("\"{}\"", f.sample.prompt)},
+                            {"tokens", std::to_string(f.sample.tokens)},
+                            {"temperature", fmt::format("{}", f.sample.temperature)},
+                            {"top_k", std::to_string(f.sample.top_k)},
+                            {"seed", std::to_string(f.sample.seed)}});
+  train::LoadedGpt run = train::load_gpt_run(f.run_dir, tc);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string text = train::generate_text(*run.model, run.tokenizer, f.sample);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("{}\n", text);
+  fmt::print("({} tokens in {:.2f} s, {:.0f} tokens/s)\n", f.sample.tokens, s, f.sample.tokens / s);
+  return 0;
+}
+
 }  // namespace
 
 std::vector<Command> add_train_commands(CLI::App& app) {
@@ -311,6 +346,24 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                    fmt::print("{}", bench::format_attention_bench(bench::run_attention_bench(*ao), *ao));
                    return 0;
                  }});
+
+  auto g = std::make_shared<GenerateFlags>();
+  auto* gen = app.add_subcommand("generate", "continue a prompt with a GPT trained by meshtrain train (a run directory)");
+  gen->add_option("--run-dir", g->run_dir, "the run directory (config.toml, model.safetensors, tokenizer.model)")
+      ->required();
+  gen->add_option("--prompt", g->sample.prompt, "the text to continue")->capture_default_str();
+  gen->add_option("--tokens", g->sample.tokens, "new tokens to generate")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  gen->add_option("--temperature", g->sample.temperature, "softmax temperature (0: always the most likely token)")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
+  gen->add_option("--top-k", g->sample.top_k, "draw among the k most likely tokens (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  gen->add_option("--seed", g->sample.seed, "seed of the draws (default: the run's, which reproduces sample.txt)")
+      ->each([g](const std::string&) { g->seed_given = true; });
+  out.push_back({gen, [=] { return run_generate(*g); }});
 
   auto f = std::make_shared<TrainFlags>();
   auto* cmd = app.add_subcommand(

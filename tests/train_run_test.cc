@@ -10,6 +10,8 @@
 // - --max-steps stops early without changing the schedule: its losses are a
 //   prefix of the longer run's;
 // - config.toml reloads to the configuration that ran;
+// - trainer_state.json says where the run stands (step, data position), and
+//   reads back;
 // - the VAE logs its sampled negative ELBO and both terms.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -86,7 +88,7 @@ double json_number(const std::string& line, const std::string& key) {
 }
 
 using Names = std::vector<std::string>;
-const Names kMlpRun = {"config.toml", "loss.svg", "metrics.jsonl", "model.safetensors"};
+const Names kMlpRun = {"config.toml", "loss.svg", "metrics.jsonl", "model.safetensors", "trainer_state.json"};
 
 // A good run, then the same directory with --overwrite and a learning rate
 // that makes the loss NaN: the run stops with the step and the value, on
@@ -159,7 +161,7 @@ TEST(TrainRun, ARunDirectoryHoldingARunIsRefusedUnlessOverwrite) {
   EXPECT_EQ(first.run_dir, dir.string());
   const std::string model = testing::read_file(dir / "model.safetensors");
   EXPECT_THAT(error_of(tc), HasSubstr(fmt::format("run directory '{}' is not empty (config.toml, loss.svg, "
-                                                  "metrics.jsonl, model.safetensors): it holds a previous run",
+                                                  "metrics.jsonl, model.safetensors, trainer_state.json): it holds a previous run",
                                                   dir.string())));
   EXPECT_EQ(testing::read_file(dir / "model.safetensors"), model);
   // overwrite replaces the run: one run's metrics (2 steps logged at step 2, then the test line).
@@ -214,6 +216,32 @@ TEST(TrainRun, MaxStepsRunIsAPrefixOfTheLongerRun) {
   EXPECT_NE(decayed.step_losses[6], long_run.step_losses[6]);  // updates 4, 5 decay faster
 }
 
+// Batches of 20000 of 60000 images: 3 steps per epoch; after 2 epochs the
+// next batch is epoch 2's first, and after 4 steps epoch 1's second. The
+// state is the same on 1 and 2 ranks and trainer_state.json reads back to it.
+TEST(TrainRun, TrainerStateSaysWhereTheRunStands) {
+  train::TrainConfig tc = small(fresh("state"));
+  tc.batch_size = 20000;
+  tc.epochs = 2;
+  tc.max_steps = 0;
+  const auto full = train_on(tc);
+  EXPECT_EQ(full.state, (train::TrainerState{.step = 6, .data = {.epoch = 2, .batch = 0}, .seed = tc.seed}));
+  tc.max_steps = 4;
+  tc.run_dir = fresh("state2").string();
+  const auto part = train_on(tc, 2);
+  EXPECT_EQ(part.state, (train::TrainerState{.step = 4, .data = {.epoch = 1, .batch = 1}, .seed = tc.seed}));
+  const std::string file = (fs::path(part.run_dir) / "trainer_state.json").string();
+  EXPECT_EQ(train::TrainerState::from_json(testing::read_file(file), file), part.state);
+  EXPECT_THAT(testing::error_of<IoError>([] { train::TrainerState::from_json("{\"step\": 3}", "x.json"); }),
+              HasSubstr("x.json: format is not \"meshtrain.trainer_state\""));
+  EXPECT_THAT(testing::error_of<IoError>([&] {
+                std::string text = part.state.to_json();
+                text.replace(text.find("\"batch\": 1"), 10, "\"batch\": -1");
+                train::TrainerState::from_json(text, "y.json");
+              }),
+              HasSubstr("y.json: \"batch\" is missing or not a count"));
+}
+
 // config.toml holds the configuration that ran, in TOML types, and reads back to it.
 TEST(TrainRun, ConfigTomlReloadsToTheSameConfig) {
   const fs::path dir = fresh("config");
@@ -258,7 +286,7 @@ TEST(TrainRun, VaeLogsTheSampledNegativeElboAndItsTerms) {
   EXPECT_THAT(test, Not(HasSubstr("\"loss\"")));
   EXPECT_EQ(testing::entries(tc.run_dir),
             (Names{"config.toml", "loss.svg", "metrics.jsonl", "model.safetensors", "reconstructions.png",
-                   "samples.png"}));
+                   "samples.png", "trainer_state.json"}));
 }
 
 }  // namespace

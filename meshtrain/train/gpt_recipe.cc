@@ -8,19 +8,19 @@
 // global batch's tokens. Evaluation reports nats per token and perplexity
 // beside the corpus's unigram entropy (the loss a model with no context
 // would reach). At the end, sample.txt holds text the model writes after
-// the prompt "The " (temperature 0.8, top-k 40).
+// the prompt "The " (generate.h: temperature 0.8, top-k 40) and
+// tokenizer.model the run's tokenizer.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <numeric>
 #include <vector>
 
 #include "meshtrain/core/atomic_file.h"
-#include "meshtrain/core/random.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
+#include "meshtrain/train/generate.h"
 #include "meshtrain/train/internal/builtin_recipes.h"
 #include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/text_data.h"
@@ -29,32 +29,6 @@
 namespace meshtrain::train::internal {
 
 namespace {
-
-// The next token after `ids` (at most the model's context), drawn from
-// softmax(logits / temperature) restricted to the top_k most likely, with
-// the counter-based generator's draw `u` in [0, 1): every rank draws the
-// same (generation under fsdp stays in step).
-int32_t sample_next(nn::GPT& gpt, const std::vector<int32_t>& ids, double temperature, int top_k, double u) {
-  const int64_t t = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.config().block_size);
-  std::vector<int64_t> window(ids.end() - t, ids.end());
-  const Tensor logits = gpt.forward(Tensor::from_vector(window, {1, t}));
-  const std::vector<double> all = logits.narrow(0, t - 1, 1).to_vector();  // the last position's row
-  std::vector<int32_t> order(all.size());
-  std::iota(order.begin(), order.end(), 0);
-  const size_t k = std::min<size_t>(static_cast<size_t>(std::max(top_k, 1)), order.size());
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                    [&](int32_t a, int32_t b) { return all[static_cast<size_t>(a)] > all[static_cast<size_t>(b)]; });
-  std::vector<double> p(k);
-  const double top = all[static_cast<size_t>(order[0])];
-  double sum = 0;
-  for (size_t i = 0; i < k; ++i) sum += p[i] = std::exp((all[static_cast<size_t>(order[i])] - top) / temperature);
-  double acc = 0;
-  for (size_t i = 0; i < k; ++i) {
-    acc += p[i] / sum;
-    if (u < acc) return order[i];
-  }
-  return order[k - 1];
-}
 
 class GptModel final : public RecipeModel {
  public:
@@ -98,22 +72,17 @@ class GptModel final : public RecipeModel {
     return {sum};
   }
 
-  // sample.txt: kSampleTokens tokens continuing kPrompt (temperature 0.8,
-  // top-k 40), printed by rank 0 too. Every rank generates (collective
+  // sample.txt: SampleOptions's defaults with the run's seed, printed by
+  // rank 0 too; tokenizer.model: the run's tokenizer, so the run directory
+  // alone generates (meshtrain generate). Every rank samples (collective
   // under fsdp: the forwards gather parameters).
   void write_artifacts(const RunDirectory* dir) override {
-    constexpr const char* kPrompt = "The ";
-    constexpr int kSampleTokens = 120;
-    gpt_.set_training(false);
-    std::vector<int32_t> ids = tokenizer_->encode(kPrompt);
-    const uint64_t key = key_from_name("gpt.sample");
-    for (int i = 0; i < kSampleTokens; ++i)
-      ids.push_back(sample_next(gpt_, ids, 0.8, 40, uniform_at(seed_, key, static_cast<uint64_t>(i), 0.0, 1.0)));
-    gpt_.set_training(true);
-    const std::string text = tokenizer_->decode(ids);
+    const SampleOptions o{.seed = seed_};
+    const std::string text = generate_text(gpt_, *tokenizer_, o);
     if (dir == nullptr) return;
     write_file_atomic(dir->file("sample.txt"), text + "\n");
-    fmt::print("sample (prompt \"{}\", temperature 0.8, top-k 40):\n{}\n", kPrompt, text);
+    write_file_atomic(dir->file("tokenizer.model"), tokenizer_->serialized());
+    fmt::print("sample (prompt \"{}\", temperature {}, top-k {}):\n{}\n", o.prompt, o.temperature, o.top_k, text);
   }
 
   Evaluation summarize(std::span<const double> s, int64_t) const override {
@@ -149,7 +118,7 @@ class GptRecipe final : public ModelRecipe {
   }
   const DataSource& train_data() const override { return *train_; }
   const DataSource& test_data() const override { return *valid_; }
-  std::vector<std::string> artifacts() const override { return {"sample.txt"}; }
+  std::vector<std::string> artifacts() const override { return {"sample.txt", "tokenizer.model"}; }
   MetricsDescription metrics() const override {
     return {.test_loss = "validation loss", .test_curve = "validation loss (nats/token)",
             .chart_title = fmt::format("GPT ({} x {}, {} heads) on {}", tc_.layers, tc_.width, tc_.heads, tc_.corpus),
@@ -177,7 +146,7 @@ class GptRecipe final : public ModelRecipe {
 RecipeRegistration gpt_recipe() {
   return {"gpt", "GPT-2 decoder on a text corpus (vocab, context, layers, heads, width, corpus)",
           [](const TrainConfig& tc) { return std::make_unique<GptRecipe>(tc); },
-          {"sample.txt"}};
+          {"sample.txt", "tokenizer.model"}};
 }
 
 }  // namespace meshtrain::train::internal

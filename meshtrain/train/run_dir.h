@@ -37,8 +37,9 @@
 namespace meshtrain::train {
 
 // What a run writes into its directory; the only names an --overwrite may delete.
-inline constexpr std::array<std::string_view, 6> kRunArtifacts = {
-    "config.toml", "metrics.jsonl", "model.safetensors", "loss.svg", "reconstructions.png", "samples.png"};
+inline constexpr std::array<std::string_view, 7> kRunArtifacts = {
+    "config.toml", "metrics.jsonl", "model.safetensors", "trainer_state.json", "loss.svg", "reconstructions.png",
+    "samples.png"};
 
 class RunDirectory {
  public:

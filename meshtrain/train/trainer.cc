@@ -288,6 +288,12 @@ class Run {
     r.schedule_steps = schedule_steps_;
     r.skipped_steps = skipped_;
     if (scaler_) r.loss_scale = scaler_->scale();
+    r.state = {.step = step,
+               .data = DataPosition::at_step(sampler, step),
+               .seed = tc_.seed,
+               .loss_scale = r.loss_scale,
+               .skipped_steps = skipped_};
+    write_file_atomic(shared_.dir->file("trainer_state.json"), r.state.to_json());
     for (MemoryCategory c : kAllMemoryCategories) r.memory_peak[static_cast<size_t>(c)] = memory_.peak(c);
     r.memory_total_peak = memory_.total_peak();
   }

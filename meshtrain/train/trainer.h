@@ -12,8 +12,9 @@
 //
 // Every rank runs the same loop; rank 0 alone prints (config dump, progress
 // bar, epoch summaries) and writes the run directory: config.toml,
-// metrics.jsonl, model.safetensors, loss.svg and the recipe's own files
-// (the VAE: reconstructions.png and samples.png). The run directory (run_dir.h) holds
+// metrics.jsonl, model.safetensors, trainer_state.json (trainer_state.h),
+// loss.svg and the recipe's own files (the VAE: reconstructions.png and
+// samples.png; the GPT: sample.txt and tokenizer.model). The run directory (run_dir.h) holds
 // one complete run: a directory holding a run is refused unless
 // tc.overwrite; files are staged in "<run_dir>.incomplete" and swapped in
 // when the run succeeds, so a failed run leaves run_dir as it was.
@@ -60,6 +61,7 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/train/train_config.h"
+#include "meshtrain/train/trainer_state.h"
 
 namespace meshtrain::train {
 
@@ -90,6 +92,7 @@ struct TrainResult {
   int64_t schedule_steps = 0;     // the learning-rate schedule's length
   double hidden_fraction = 0;     // data-parallel communication hidden behind backward (mean)
   std::vector<double> step_losses;  // every step's global loss
+  TrainerState state;               // where the run stands after its last step (trainer_state.json)
   std::string run_dir;
   std::string fsdp;               // the resolved strategy as named ("" = DataParallel)
   std::string parallelism;        // Parallelism::describe(), e.g. "data parallel 2, fsdp full (... 3 units)"
