@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "bench/attention_bench.h"
+#include "bench/gpt_bench.h"
 #include "bench/memory_bench.h"
 #include "bench/train_bench.h"
 #include "cli/command.h"
@@ -344,6 +345,42 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                                                     {"heads", std::to_string(ao->heads)},
                                                     {"head_dim", std::to_string(ao->head_dim)}});
                    fmt::print("{}", bench::format_attention_bench(bench::run_attention_bench(*ao), *ao));
+                   return 0;
+                 }});
+
+  auto go = std::make_shared<bench::GptBenchOptions>();
+  go->torch_script = MESHTRAIN_TORCH_GPT_SCRIPT;
+  auto* gb = bench_cmd->add_subcommand(
+      "gpt", "GPT training step (default: GPT-2 124M, T = 64, batch 4, fp32, AdamW): time, tokens/s, GFLOP/s beside "
+             "the sgemm rate, PyTorch's step in the same run, and where the time goes per kernel");
+  gb->add_option("--layers", go->layers, "transformer blocks")->capture_default_str()->check(CLI::Range(1, 1024));
+  gb->add_option("--heads", go->heads, "attention heads")->capture_default_str()->check(CLI::Range(1, 1024));
+  gb->add_option("--width", go->width, "model width (divisible by --heads)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  gb->add_option("--vocab", go->vocab, "vocabulary")->capture_default_str()->check(CLI::Range(2, 1 << 22));
+  gb->add_option("--context", go->context, "tokens per sample T")->capture_default_str()->check(CLI::Range(1, 65536));
+  gb->add_option("--batch", go->batch, "samples per step")->capture_default_str()->check(CLI::Range(1, 65536));
+  gb->add_option("--steps", go->steps, "timed steps (median)")->capture_default_str()->check(CLI::Range(1, 100000));
+  gb->add_option("--warmup", go->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000));
+  gb->add_option("--threads", go->threads, "BLAS threads (and PyTorch's)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  gb->add_option("--torch-script", go->torch_script,
+                 "the PyTorch peer run with /usr/bin/python3 (needs Debian's python3-torch)")
+      ->capture_default_str();
+  gb->add_flag_callback("--no-torch", [go] { go->torch_script.clear(); }, "skip the PyTorch peer");
+  out.push_back({gb, [=] {
+                   if (go->width % go->heads != 0)
+                     throw InvalidArgument("--width", fmt::format("width {} with {} heads", go->width, go->heads),
+                                           "use a width divisible by --heads");
+                   print_config("bench gpt",
+                                {{"layers", std::to_string(go->layers)}, {"heads", std::to_string(go->heads)},
+                                 {"width", std::to_string(go->width)}, {"vocab", std::to_string(go->vocab)},
+                                 {"context", std::to_string(go->context)}, {"batch", std::to_string(go->batch)},
+                                 {"steps", std::to_string(go->steps)}, {"threads", std::to_string(go->threads)},
+                                 {"torch_script", go->torch_script.empty() ? "none" : go->torch_script}});
+                   fmt::print("{}", bench::format_gpt_bench(bench::run_gpt_bench(*go), *go));
                    return 0;
                  }});
 

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <initializer_list>
 #include <mutex>
 #include <string>
@@ -53,8 +55,46 @@ void check_matrix(const char* op, const char* what, const Tensor& t) {
   if (t.dim() != 2) throw InvalidArgument(op, fmt::format("{} is {}", what, describe(t)), "pass a 2-d (rows, features) tensor");
 }
 
+// This thread's op profile (set_op_profiling), by op name.
+struct Profile {
+  bool on = false;
+  std::vector<OpTime> ops;
+};
+thread_local Profile t_profile;
+
+// Adds the time from construction to destruction to the op's entry while
+// this thread profiles.
+class OpTimer {
+ public:
+  explicit OpTimer(const char* op) : op_(t_profile.on ? op : nullptr) {
+    if (op_ != nullptr) t0_ = std::chrono::steady_clock::now();
+  }
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+  ~OpTimer() {
+    if (op_ == nullptr) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    auto it = std::find_if(t_profile.ops.begin(), t_profile.ops.end(), [&](const OpTime& o) { return o.op == op_; });
+    if (it == t_profile.ops.end()) it = t_profile.ops.insert(it, OpTime{op_, 0, 0});
+    ++it->calls;
+    it->seconds += s;
+  }
+
+ private:
+  const char* op_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// The backend an op runs on, and the op's timer: a temporary that lives to
+// the end of the call expression `dispatch(...)->kernel(...)`.
+struct Dispatched {
+  const Backend& backend;
+  OpTimer timer;
+  const Backend* operator->() const { return &backend; }
+};
+
 // One device for all defined operands; returns its backend.
-const Backend& dispatch(const char* op, std::initializer_list<const Tensor*> operands) {
+Dispatched dispatch(const char* op, std::initializer_list<const Tensor*> operands) {
   const Tensor* first = nullptr;
   for (const Tensor* t : operands) {
     if (!t->defined()) continue;
@@ -64,7 +104,7 @@ const Backend& dispatch(const char* op, std::initializer_list<const Tensor*> ope
       throw InvalidArgument(op, "operands live on different devices", "move them to one device first");
     }
   }
-  return backend_for(first != nullptr ? first->device() : Device{});
+  return {backend_for(first != nullptr ? first->device() : Device{}), OpTimer(op)};
 }
 
 // Token ids: 1-d i64 or i32, each in [0, rows).
@@ -91,6 +131,16 @@ void check_labels(const char* op, const Tensor& labels, int64_t n, int64_t class
 }
 
 }  // namespace
+
+void set_op_profiling(bool on) { t_profile.on = on; }
+
+std::vector<OpTime> op_profile() {
+  std::vector<OpTime> out = t_profile.ops;
+  std::stable_sort(out.begin(), out.end(), [](const OpTime& a, const OpTime& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+void reset_op_profile() { t_profile.ops.clear(); }
 
 void register_backend(DeviceType device, std::unique_ptr<Backend> backend) {
   if (!backend) throw InvalidArgument("register_backend", "backend is null", "pass a Backend");
@@ -120,7 +170,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
     check(op, "b", b);
     check_shape(op, "b", b, {w.size(1)});
   }
-  dispatch(op, {&x, &w, &b, &y}).linear_forward(x, w, b, y);
+  dispatch(op, {&x, &w, &b, &y})->linear_forward(x, w, b, y);
 }
 
 void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) {
@@ -130,7 +180,7 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) 
   check_shape(op, "w", w, {w.size(0), dy.size(1)});
   check(op, "dx", dx);
   check_shape(op, "dx", dx, {dy.size(0), w.size(0)});
-  dispatch(op, {&dy, &w, &dx}).linear_backward_input(dy, w, dx);
+  dispatch(op, {&dy, &w, &dx})->linear_backward_input(dy, w, dx);
 }
 
 void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db) {
@@ -144,7 +194,7 @@ void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw,
     check(op, "db", db);
     check_shape(op, "db", db, {dy.size(1)});
   }
-  dispatch(op, {&x, &dy, &dw, &db}).linear_backward_weight(x, dy, dw, db);
+  dispatch(op, {&x, &dy, &dw, &db})->linear_backward_weight(x, dy, dw, db);
 }
 
 void bias_backward(const Tensor& dy, const Tensor& db) {
@@ -152,7 +202,7 @@ void bias_backward(const Tensor& dy, const Tensor& db) {
   check_matrix(op, "dy", dy);
   check(op, "db", db);
   check_shape(op, "db", db, {dy.size(1)});
-  dispatch(op, {&dy, &db}).bias_backward(dy, db);
+  dispatch(op, {&dy, &db})->bias_backward(dy, db);
 }
 
 void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y) {
@@ -160,7 +210,7 @@ void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y) {
   check(op, "x", x);
   check(op, "y", y);
   check_shape(op, "y", y, x.shape());
-  dispatch(op, {&x, &y}).activation_forward(kind, x, y);
+  dispatch(op, {&x, &y})->activation_forward(kind, x, y);
 }
 
 void activation_backward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx) {
@@ -169,7 +219,7 @@ void activation_backward(ActivationKind kind, const Tensor& x, const Tensor& y, 
     check(op, what, *t);
     check_shape(op, what, *t, x.shape());
   }
-  dispatch(op, {&x, &y, &dy, &dx}).activation_backward(kind, x, y, dy, dx);
+  dispatch(op, {&x, &y, &dy, &dx})->activation_backward(kind, x, y, dy, dx);
 }
 
 void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, const Tensor& y,
@@ -191,7 +241,7 @@ void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
     check(op, "beta", beta);
     check_shape(op, "beta", beta, {dim});
   }
-  dispatch(op, {&x, &gamma, &beta, &y, &xhat, &rstd}).layer_norm_forward(x, gamma, beta, eps, y, xhat, rstd);
+  dispatch(op, {&x, &gamma, &beta, &y, &xhat, &rstd})->layer_norm_forward(x, gamma, beta, eps, y, xhat, rstd);
 }
 
 void layer_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor& rstd, const Tensor& gamma,
@@ -208,7 +258,7 @@ void layer_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tenso
     check(op, "gamma", gamma);
     check_shape(op, "gamma", gamma, {xhat.size(1)});
   }
-  dispatch(op, {&dy, &xhat, &rstd, &gamma, &dx}).layer_norm_backward_input(dy, xhat, rstd, gamma, dx);
+  dispatch(op, {&dy, &xhat, &rstd, &gamma, &dx})->layer_norm_backward_input(dy, xhat, rstd, gamma, dx);
 }
 
 void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tensor& dgamma, const Tensor& dbeta) {
@@ -220,14 +270,14 @@ void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tens
     check(op, what, *t);
     check_shape(op, what, *t, {xhat.size(1)});
   }
-  dispatch(op, {&dy, &xhat, &dgamma, &dbeta}).layer_norm_backward_weight(dy, xhat, dgamma, dbeta);
+  dispatch(op, {&dy, &xhat, &dgamma, &dbeta})->layer_norm_backward_weight(dy, xhat, dgamma, dbeta);
 }
 
 void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) {
   const char* op = "functional::dropout_mask";
   check(op, "scale", scale);
   if (!(p >= 0.0 && p <= 1.0)) throw InvalidArgument(op, fmt::format("p = {}", p), "use 0 <= p <= 1");
-  dispatch(op, {&scale}).dropout_mask(seed, key, start, p, scale);
+  dispatch(op, {&scale})->dropout_mask(seed, key, start, p, scale);
 }
 
 double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) {
@@ -236,7 +286,7 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const T
   check_labels(op, labels, logits.size(0), logits.size(1));
   check(op, "probs", probs);
   check_shape(op, "probs", probs, logits.shape());
-  return dispatch(op, {&logits, &labels, &probs}).cross_entropy_forward(logits, labels, probs);
+  return dispatch(op, {&logits, &labels, &probs})->cross_entropy_forward(logits, labels, probs);
 }
 
 void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor, const Tensor& grad) {
@@ -245,7 +295,7 @@ void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double fa
   check_labels(op, labels, probs.size(0), probs.size(1));
   check(op, "grad", grad);
   check_shape(op, "grad", grad, probs.shape());
-  dispatch(op, {&probs, &labels, &grad}).cross_entropy_backward(probs, labels, factor, grad);
+  dispatch(op, {&probs, &labels, &grad})->cross_entropy_backward(probs, labels, factor, grad);
 }
 
 double mse_forward(const Tensor& x, const Tensor& t, const Tensor& diff) {
@@ -254,7 +304,7 @@ double mse_forward(const Tensor& x, const Tensor& t, const Tensor& diff) {
     check(op, what, *p);
     check_shape(op, what, *p, x.shape());
   }
-  return dispatch(op, {&x, &t, &diff}).mse_forward(x, t, diff);
+  return dispatch(op, {&x, &t, &diff})->mse_forward(x, t, diff);
 }
 
 double bce_with_logits_forward(const Tensor& x, const Tensor& t, const Tensor& grad_unscaled) {
@@ -263,7 +313,7 @@ double bce_with_logits_forward(const Tensor& x, const Tensor& t, const Tensor& g
     check(op, what, *p);
     check_shape(op, what, *p, x.shape());
   }
-  return dispatch(op, {&x, &t, &grad_unscaled}).bce_with_logits_forward(x, t, grad_unscaled);
+  return dispatch(op, {&x, &t, &grad_unscaled})->bce_with_logits_forward(x, t, grad_unscaled);
 }
 
 double gaussian_kl_forward(const Tensor& mu, const Tensor& logvar, const Tensor& dmu, const Tensor& dlogvar) {
@@ -272,7 +322,7 @@ double gaussian_kl_forward(const Tensor& mu, const Tensor& logvar, const Tensor&
     check(op, what, *p);
     check_shape(op, what, *p, mu.shape());
   }
-  return dispatch(op, {&mu, &logvar, &dmu, &dlogvar}).gaussian_kl_forward(mu, logvar, dmu, dlogvar);
+  return dispatch(op, {&mu, &logvar, &dmu, &dlogvar})->gaussian_kl_forward(mu, logvar, dmu, dlogvar);
 }
 
 void scaled_copy(const Tensor& src, double factor, const Tensor& out) {
@@ -280,7 +330,7 @@ void scaled_copy(const Tensor& src, double factor, const Tensor& out) {
   check(op, "src", src);
   check(op, "out", out);
   check_shape(op, "out", out, src.shape());
-  dispatch(op, {&src, &out}).scaled_copy(src, factor, out);
+  dispatch(op, {&src, &out})->scaled_copy(src, factor, out);
 }
 
 int64_t count_correct(const Tensor& logits, const Tensor& labels) {
@@ -288,7 +338,7 @@ int64_t count_correct(const Tensor& logits, const Tensor& labels) {
   check_matrix(op, "logits", logits);
   if (logits.size(1) < 1) throw InvalidArgument(op, "logits have no classes", "pass (N, C), C >= 1");
   check_labels(op, labels, logits.size(0), logits.size(1));
-  return dispatch(op, {&logits, &labels}).count_correct(logits, labels);
+  return dispatch(op, {&logits, &labels})->count_correct(logits, labels);
 }
 
 void reparameterize(const Tensor& mu, const Tensor& logvar, const Tensor& eps, const Tensor& std, const Tensor& z) {
@@ -297,7 +347,7 @@ void reparameterize(const Tensor& mu, const Tensor& logvar, const Tensor& eps, c
     check(op, what, *p);
     check_shape(op, what, *p, mu.shape());
   }
-  dispatch(op, {&mu, &logvar, &eps, &std, &z}).reparameterize(mu, logvar, eps, std, z);
+  dispatch(op, {&mu, &logvar, &eps, &std, &z})->reparameterize(mu, logvar, eps, std, z);
 }
 
 void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std, const Tensor& dlogvar) {
@@ -306,7 +356,7 @@ void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const T
     check(op, what, *p);
     check_shape(op, what, *p, dz.shape());
   }
-  dispatch(op, {&dz, &eps, &std, &dlogvar}).reparameterize_backward_logvar(dz, eps, std, dlogvar);
+  dispatch(op, {&dz, &eps, &std, &dlogvar})->reparameterize_backward_logvar(dz, eps, std, dlogvar);
 }
 
 void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out) {
@@ -315,7 +365,7 @@ void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& ou
   check_ids(op, ids, weight.size(0));
   check(op, "out", out);
   check_shape(op, "out", out, {ids.size(0), weight.size(1)});
-  dispatch(op, {&ids, &weight, &out}).embedding_forward(ids, weight, out);
+  dispatch(op, {&ids, &weight, &out})->embedding_forward(ids, weight, out);
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight) {
@@ -324,7 +374,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweig
   check_ids(op, ids, dweight.size(0));
   check(op, "dy", dy);
   check_shape(op, "dy", dy, {ids.size(0), dweight.size(1)});
-  dispatch(op, {&ids, &dy, &dweight}).embedding_backward(ids, dy, dweight);
+  dispatch(op, {&ids, &dy, &dweight})->embedding_backward(ids, dy, dweight);
 }
 
 void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {
@@ -334,7 +384,7 @@ void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {
   check_shape(op, "w", w, {w.size(0), x.size(1)});
   check(op, "y", y);
   check_shape(op, "y", y, {x.size(0), w.size(0)});
-  dispatch(op, {&x, &w, &y}).unembed_forward(x, w, y);
+  dispatch(op, {&x, &w, &y})->unembed_forward(x, w, y);
 }
 
 void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) {
@@ -344,7 +394,7 @@ void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx)
   check_shape(op, "w", w, {dy.size(1), w.size(1)});
   check(op, "dx", dx);
   check_shape(op, "dx", dx, {dy.size(0), w.size(1)});
-  dispatch(op, {&dy, &w, &dx}).unembed_backward_input(dy, w, dx);
+  dispatch(op, {&dy, &w, &dx})->unembed_backward_input(dy, w, dx);
 }
 
 void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw) {
@@ -354,7 +404,7 @@ void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw
   check_shape(op, "dy", dy, {x.size(0), dy.size(1)});
   check(op, "dw", dw);
   check_shape(op, "dw", dw, {dy.size(1), x.size(1)});
-  dispatch(op, {&x, &dy, &dw}).unembed_backward_weight(x, dy, dw);
+  dispatch(op, {&x, &dy, &dw})->unembed_backward_weight(x, dy, dw);
 }
 
 namespace {
@@ -383,7 +433,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool c
   const char* op = "functional::attention_forward";
   if (!lse.defined()) throw InvalidArgument(op, "lse is undefined", "pass an (N, T) f32 tensor");
   check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, lse);
-  dispatch(op, {&q, &k, &v, &out, &lse}).attention_forward(q, k, v, causal, scale, out, lse);
+  dispatch(op, {&q, &k, &v, &out, &lse})->attention_forward(q, k, v, causal, scale, out, lse);
 }
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
@@ -394,15 +444,14 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk},
                        {"dv", &dv}},
                   lse);
-  dispatch(op, {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv})
-      .attention_backward(q, k, v, out, lse, dout, causal, scale, dq, dk, dv);
+  dispatch(op, {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv})->attention_backward(q, k, v, out, lse, dout, causal, scale, dq, dk, dv);
 }
 
 void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                          const Tensor& out) {
   const char* op = "functional::attention_reference";
   check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, Tensor());
-  dispatch(op, {&q, &k, &v, &out}).attention_reference(q, k, v, causal, scale, out);
+  dispatch(op, {&q, &k, &v, &out})->attention_reference(q, k, v, causal, scale, out);
 }
 
 namespace {
@@ -432,7 +481,7 @@ void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, 
     throw InvalidArgument(op, fmt::format("step {} < 1", h.step),
                           "pass the 1-based number of this update (the state's step count after it)");
   check_update(op, value, grad, {{"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
-  dispatch(op, {&value, &grad, &exp_avg, &exp_avg_sq}).adamw_step(value, grad, exp_avg, exp_avg_sq, h);
+  dispatch(op, {&value, &grad, &exp_avg, &exp_avg_sq})->adamw_step(value, grad, exp_avg, exp_avg_sq, h);
 }
 
 void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const SgdStep& h) {
@@ -443,7 +492,7 @@ void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_bu
     check_update(op, value, grad, {{"momentum_buffer", &momentum_buffer}});
   else
     check_update(op, value, grad, {});
-  dispatch(op, {&value, &grad, &momentum_buffer}).sgd_step(value, grad, momentum_buffer, h);
+  dispatch(op, {&value, &grad, &momentum_buffer})->sgd_step(value, grad, momentum_buffer, h);
 }
 
 }  // namespace meshtrain::nn::functional

@@ -24,6 +24,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "meshtrain/core/tensor.h"
 
@@ -191,6 +193,20 @@ class Backend {
   virtual void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer,
                         const SgdStep& h) const = 0;
 };
+
+// Per-op wall time, for benchmarks: while a thread profiles, every function
+// above that it calls adds its kernel's time under its name
+// ("functional::linear_forward"). Per thread: a rank profiles its own calls.
+//   set_op_profiling(true);  /* steps */  for (auto& o : op_profile()) ...;
+struct OpTime {
+  std::string op;
+  int64_t calls = 0;
+  double seconds = 0;
+};
+void set_op_profiling(bool on);
+// This thread's times, the largest first.
+std::vector<OpTime> op_profile();
+void reset_op_profile();
 
 // Installs the kernels for one device type (replacing any; the CPU's may be
 // replaced too, e.g. by a oneDNN backend). Call at start-up, before kernels run.

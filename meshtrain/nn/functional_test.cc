@@ -6,12 +6,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <limits>
+#include <thread>
 #include <memory>
 #include <vector>
 
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/cpu_backend.h"
+#include "meshtrain/nn/internal/fast_math.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/testing/grad_check.h"
 #include "meshtrain/testing/testing.h"
@@ -169,6 +173,81 @@ class CountingBackend final : public F::Backend {
   std::unique_ptr<F::Backend> cpu_;
   int* calls_;
 };
+
+// exp_approx within 3e-7 relative of libm's exp (in double) over the whole
+// float range it covers, and its edges: 0 below -87, inf above 88, NaN.
+TEST(FastMath, ExpApproxIsWithinTwoUlps) {
+  double worst = 0;
+  for (double x = -87.0; x <= 88.0; x += 1e-4) {
+    const double want = std::exp(static_cast<double>(static_cast<float>(x)));
+    worst = std::max(worst, std::fabs(internal::exp_approx(static_cast<float>(x)) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(internal::exp_approx(0.0f), 1.0f);
+  EXPECT_EQ(internal::exp_approx(-100.0f), 0.0f);
+  EXPECT_EQ(internal::exp_approx(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(internal::exp_approx(100.0f), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(internal::exp_approx(std::nanf(""))));
+  EXPECT_NEAR(internal::sigmoid_approx(0.0f), 0.5f, 1e-7);
+  EXPECT_EQ(internal::sigmoid_approx(-200.0f), 0.0f);
+  EXPECT_EQ(internal::sigmoid_approx(200.0f), 1.0f);
+}
+
+// The softmax row's reductions: max over every length around the 4-lane
+// blocks (the largest anywhere, negative rows too), and the double sum.
+TEST(FastMath, MaxAndSumCoverEveryElement) {
+  for (int64_t n = 1; n <= 19; ++n)
+    for (int64_t at = 0; at < n; ++at) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) x[static_cast<size_t>(i)] = -100.0f - static_cast<float>(i);
+      x[static_cast<size_t>(at)] = -1.5f;
+      EXPECT_EQ(internal::max_f32(x.data(), n), -1.5f) << n << " " << at;
+      double want = 0;
+      for (float v : x) want += v;
+      EXPECT_NEAR(internal::sum_f64(x.data(), n), want, 1e-9) << n;
+    }
+}
+
+// GELU (tanh form) computed as v sigmoid(2u) equals 0.5 v (1 + tanh u) in
+// double, and its backward matches the derivative of that formula.
+TEST(FastMath, GeluTanhMatchesTheTanhFormula) {
+  std::vector<float> xs;
+  for (float v = -12.0f; v <= 12.0f; v += 0.01f) xs.push_back(v);
+  const int64_t n = static_cast<int64_t>(xs.size());
+  const Tensor x = Tensor::from_vector(xs, {n});
+  Tensor y = Tensor::empty({n}, DType::f32), dx = Tensor::empty({n}, DType::f32);
+  const Tensor dy = Tensor::full({n}, 1.0, DType::f32);
+  F::activation_forward(F::ActivationKind::gelu_tanh, x, y);
+  F::activation_backward(F::ActivationKind::gelu_tanh, x, y, dy, dx);
+  const double k = std::sqrt(2.0 / M_PI), c = 0.044715;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = xs[static_cast<size_t>(i)], u = k * (v + c * v * v * v), t = std::tanh(u);
+    EXPECT_NEAR(y.data<float>()[i], 0.5 * v * (1 + t), 2e-6 * std::max(1.0, std::fabs(v))) << v;
+    const double d = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k * (1 + 3 * c * v * v);
+    EXPECT_NEAR(dx.data<float>()[i], d, 2e-6 * std::max(1.0, std::fabs(v))) << v;
+  }
+}
+
+// While a thread profiles, each kernel it calls is counted under its name;
+// other threads and calls after profiling stops are not.
+TEST(OpProfile, CountsThisThreadsKernels) {
+  const Tensor x = Tensor::full({4, 3}, 1.0, DType::f32), w = Tensor::full({3, 2}, 1.0, DType::f32);
+  Tensor y = Tensor::empty({4, 2}, DType::f32);
+  F::reset_op_profile();
+  F::set_op_profiling(true);
+  F::linear_forward(x, w, Tensor(), y);
+  F::linear_forward(x, w, Tensor(), y);
+  std::thread([&] { F::linear_forward(x, w, Tensor(), Tensor::empty({4, 2}, DType::f32)); }).join();
+  F::set_op_profiling(false);
+  F::linear_forward(x, w, Tensor(), y);
+  const auto profile = F::op_profile();
+  ASSERT_EQ(profile.size(), 1u);
+  EXPECT_EQ(profile[0].op, "functional::linear_forward");
+  EXPECT_EQ(profile[0].calls, 2);
+  EXPECT_GT(profile[0].seconds, 0);
+  F::reset_op_profile();
+  EXPECT_TRUE(F::op_profile().empty());
+}
 
 TEST(Backend, ModulesRunTheKernelsRegisteredForTheirDevice) {
   int calls = 0;

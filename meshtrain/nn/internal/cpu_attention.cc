@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "meshtrain/core/ops.h"
+#include "meshtrain/nn/internal/fast_math.h"
 #include "meshtrain/nn/internal/softmax_row.h"
 
 namespace meshtrain::nn::internal {
@@ -59,12 +60,10 @@ void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bo
         for (int64_t r = 0; r < rows; ++r) {
           float* sr = s.data() + r * cols;
           const float mx = std::max(m[r], *std::max_element(sr, sr + cols));
-          const float correction = m[r] == kNegInf ? 0.0f : std::exp(m[r] - mx);
+          const float correction = m[r] == kNegInf ? 0.0f : exp_approx(m[r] - mx);
+          map_f32(sr, sr, cols, [mx](auto x) { return exp_approx(x - mx); });
           float sum = 0.0f;
-          for (int64_t c = 0; c < cols; ++c) {
-            sr[c] = std::exp(sr[c] - mx);
-            sum += sr[c];
-          }
+          for (int64_t c = 0; c < cols; ++c) sum += sr[c];
           l[r] = l[r] * correction + sum;
           m[r] = mx;
           float* ar = acc.data() + r * d;
@@ -118,8 +117,10 @@ void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, c
         // rebuilt from the saved log-sum-exp (no T x T matrix is kept).
         matmul(mat(qb + i0 * d, rows, d), mat(kb + j0 * d, cols, d), mat(p.data(), rows, cols), false, true, scale);
         if (causal && j0 + cols - 1 > i0) mask_tile(p.data(), rows, cols, i0, j0);
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < cols; ++c) p[r * cols + c] = std::exp(p[r * cols + c] - lb[i0 + r]);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float l = lb[i0 + r];
+          map_f32(p.data() + r * cols, p.data() + r * cols, cols, [l](auto x) { return exp_approx(x - l); });
+        }
         // dV_j += P^T dO_i
         matmul(mat(p.data(), rows, cols), mat(gb + i0 * d, rows, d), mat(dvb + j0 * d, cols, d), true, false, 1.0,
                1.0);

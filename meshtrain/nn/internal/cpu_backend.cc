@@ -9,6 +9,7 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/cpu_attention.h"
+#include "meshtrain/nn/internal/fast_math.h"
 #include "meshtrain/nn/internal/softmax_row.h"
 
 namespace meshtrain::nn::internal {
@@ -22,7 +23,6 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;   // 1 / sqrt(2 pi)
 constexpr float kSqrt2OverPi = 0.79788456080286536f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 // Per-thread f32 scratch of n elements (column sums), zeroed.
 float* zeroed_scratch(int64_t n) {
@@ -181,19 +181,17 @@ class CpuBackend final : public functional::Backend {
         for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kSqrtHalf));
         break;
       case ActivationKind::gelu_tanh:
-        for (int64_t i = 0; i < n; ++i) {
-          const float v = x[i];
-          y[i] = 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v)));
-        }
+        // 0.5 v (1 + tanh u) = v sigmoid(2u), u = k (v + c v^3)
+        map_f32(x, y, n, [](auto v) { return v * sigmoid_approx(2.0f * kSqrt2OverPi * (v + kGeluCubic * v * v * v)); });
         break;
       case ActivationKind::silu:
-        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid(x[i]);
+        map_f32(x, y, n, [](auto v) { return v * sigmoid_approx(v); });
         break;
       case ActivationKind::tanh:
         for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
         break;
       case ActivationKind::sigmoid:
-        for (int64_t i = 0; i < n; ++i) y[i] = sigmoid(x[i]);
+        map_f32(x, y, n, [](auto v) { return sigmoid_approx(v); });
         break;
     }
   }
@@ -222,20 +220,20 @@ class CpuBackend final : public functional::Backend {
         }
         break;
       case ActivationKind::gelu_tanh:
-        // u = k (v + c v^3), t = tanh u: d/dv = 0.5 (1 + t) + 0.5 v (1 - t^2) k (1 + 3 c v^2)
-        for (int64_t i = 0; i < n; ++i) {
-          const float v = x[i];
-          const float t = std::tanh(kSqrt2OverPi * (v + kGeluCubic * v * v * v));
-          const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-          dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-        }
+        // u = k (v + c v^3), t = tanh u, s = sigmoid(2u) = (1 + t) / 2:
+        // d/dv = 0.5 (1 + t) + 0.5 v (1 - t^2) u' = s + 2 v s (1 - s) u', u' = k (1 + 3 c v^2)
+        map2_f32(x, dy, dx, n, [](auto v, auto g) {
+          const auto s = sigmoid_approx(2.0f * kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+          const auto du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+          return g * (s + 2.0f * v * s * (1.0f - s) * du);
+        });
         break;
       case ActivationKind::silu:
         // d/dx x s(x) = s + x s (1 - s)
-        for (int64_t i = 0; i < n; ++i) {
-          const float s = sigmoid(x[i]);
-          dx[i] = dy[i] * (s + x[i] * s * (1.0f - s));
-        }
+        map2_f32(x, dy, dx, n, [](auto v, auto g) {
+          const auto s = sigmoid_approx(v);
+          return g * (s + v * s * (1.0f - s));
+        });
         break;
       case ActivationKind::tanh:
         for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "meshtrain/nn/internal/fast_math.h"
+
 namespace meshtrain::nn::internal {
 
 struct SoftmaxRow {
@@ -14,16 +16,14 @@ struct SoftmaxRow {
 };
 
 // out[j] = softmax(in)[j] for j in [0, n) (n >= 1; out may be in). The row
-// max is subtracted first, so no exp overflows.
+// max is subtracted first, so no exp overflows; exp is exp_approx
+// (fast_math.h), the sum sum_f64's (double, fixed order).
 inline SoftmaxRow softmax_row(const float* in, float* out, int64_t n) {
-  const float m = *std::max_element(in, in + n);
-  double s = 0.0;
-  for (int64_t j = 0; j < n; ++j) {
-    out[j] = std::exp(in[j] - m);
-    s += out[j];
-  }
+  const float m = max_f32(in, n);
+  map_f32(in, out, n, [m](auto v) { return exp_approx(v - m); });
+  const double s = sum_f64(out, n);
   const float inv = static_cast<float>(1.0 / s);
-  for (int64_t j = 0; j < n; ++j) out[j] *= inv;
+  map_f32(out, out, n, [inv](auto v) { return v * inv; });
   return {m, s};
 }
 
