@@ -298,6 +298,60 @@ void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double fa
   dispatch(op, {&probs, &labels, &grad})->cross_entropy_backward(probs, labels, factor, grad);
 }
 
+void row_max(const Tensor& logits, const Tensor& max) {
+  const char* op = "functional::row_max";
+  check_matrix(op, "logits", logits);
+  check(op, "max", max);
+  check_shape(op, "max", max, {logits.size(0)});
+  dispatch(op, {&logits, &max})->row_max(logits, max);
+}
+
+// Labels (N) i64, non-negative global ids (any may fall outside the shard
+// that begins at vocabulary id `begin`).
+void check_shard_labels(const char* op, const Tensor& labels, int64_t n, int64_t begin) {
+  if (begin < 0)
+    throw InvalidArgument(op, fmt::format("shard begins at column {}", begin), "begin is the shard's first vocabulary id");
+  check(op, "labels", labels, DType::i64);
+  check_shape(op, "labels", labels, {n});
+  const int64_t* y = labels.data<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    if (y[i] < 0)
+      throw InvalidArgument(op, fmt::format("label {} of row {} is negative", y[i], i), "labels are vocabulary ids");
+}
+
+void vocab_parallel_ce_partial(const Tensor& logits, const Tensor& labels, int64_t begin, const Tensor& max,
+                               const Tensor& probs, const Tensor& stats) {
+  const char* op = "functional::vocab_parallel_ce_partial";
+  check_matrix(op, "logits", logits);
+  const int64_t n = logits.size(0);
+  check_shard_labels(op, labels, n, begin);
+  check(op, "max", max);
+  check_shape(op, "max", max, {n});
+  check(op, "probs", probs);
+  check_shape(op, "probs", probs, logits.shape());
+  check(op, "stats", stats, DType::f64);
+  check_shape(op, "stats", stats, {n, 2});
+  dispatch(op, {&logits, &labels, &max, &probs, &stats})->vocab_parallel_ce_partial(logits, labels, begin, max, probs, stats);
+}
+
+double vocab_parallel_ce_finish(const Tensor& stats, const Tensor& probs) {
+  const char* op = "functional::vocab_parallel_ce_finish";
+  check_matrix(op, "probs", probs);
+  check(op, "stats", stats, DType::f64);
+  check_shape(op, "stats", stats, {probs.size(0), 2});
+  return dispatch(op, {&stats, &probs})->vocab_parallel_ce_finish(stats, probs);
+}
+
+void vocab_parallel_ce_backward(const Tensor& probs, const Tensor& labels, int64_t begin, double factor,
+                                const Tensor& grad) {
+  const char* op = "functional::vocab_parallel_ce_backward";
+  check_matrix(op, "probs", probs);
+  check_shard_labels(op, labels, probs.size(0), begin);
+  check(op, "grad", grad);
+  check_shape(op, "grad", grad, probs.shape());
+  dispatch(op, {&probs, &labels, &grad})->vocab_parallel_ce_backward(probs, labels, begin, factor, grad);
+}
+
 double mse_forward(const Tensor& x, const Tensor& t, const Tensor& diff) {
   const char* op = "functional::mse_forward";
   for (auto [what, p] : {std::pair{"x", &x}, {"t", &t}, {"diff", &diff}}) {

@@ -64,6 +64,24 @@ void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tens
 // u >= p with u = uniform_at(seed, key, start + i, 0, 1) in f32.
 void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale);
 
+// ---- vocabulary-parallel cross-entropy (nn/tensor_parallel.h) ----
+// A rank holds columns [begin, begin + C) of the logits (N, V); labels (N)
+// i64 are global ids in [0, V). Three steps around two all-reduces:
+// row_max (N) = each row's largest logit (of this shard).
+void row_max(const Tensor& logits, const Tensor& max);
+// Given the global row max m (N): probs (N, C) = exp(logits - m), and stats
+// (N, 2) f64 = {row sum of probs, logits[i][label - begin] - m[i] when the
+// label is in this shard, else 0}.
+void vocab_parallel_ce_partial(const Tensor& logits, const Tensor& labels, int64_t begin, const Tensor& max,
+                               const Tensor& probs, const Tensor& stats);
+// With stats summed over the shards (S, t): probs /= S per row; returns the
+// sum over rows of log S - t (the loss terms, each row's on every rank).
+double vocab_parallel_ce_finish(const Tensor& stats, const Tensor& probs);
+// grad (N, C) = (probs - onehot(label - begin)) * factor; labels outside
+// the shard add no one-hot.
+void vocab_parallel_ce_backward(const Tensor& probs, const Tensor& labels, int64_t begin, double factor,
+                                const Tensor& grad);
+
 // ---- losses: return the sum of per-element terms; the caller divides ----
 // logits (N, C), labels (N) i64 in [0, C): sum of -log softmax(z)[label];
 // probs (N, C) = softmax(z).
@@ -188,6 +206,12 @@ class Backend {
                                   const Tensor& dk, const Tensor& dv) const = 0;
   virtual void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                    const Tensor& out) const = 0;
+  virtual void row_max(const Tensor& logits, const Tensor& max) const = 0;
+  virtual void vocab_parallel_ce_partial(const Tensor& logits, const Tensor& labels, int64_t begin, const Tensor& max,
+                                         const Tensor& probs, const Tensor& stats) const = 0;
+  virtual double vocab_parallel_ce_finish(const Tensor& stats, const Tensor& probs) const = 0;
+  virtual void vocab_parallel_ce_backward(const Tensor& probs, const Tensor& labels, int64_t begin, double factor,
+                                          const Tensor& grad) const = 0;
   virtual void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                           const AdamWStep& h) const = 0;
   virtual void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer,

@@ -154,7 +154,16 @@ class CountingBackend final : public F::Backend {
              (const Tensor& v, const Tensor& g, const Tensor& m, const Tensor& s, const F::AdamWStep& h),
              (v, g, m, s, h))
   MT_FORWARD(sgd_step, (const Tensor& v, const Tensor& g, const Tensor& b, const F::SgdStep& h), (v, g, b, h))
+  MT_FORWARD(row_max, (const Tensor& z, const Tensor& m), (z, m))
+  MT_FORWARD(vocab_parallel_ce_partial,
+             (const Tensor& z, const Tensor& l, int64_t b, const Tensor& m, const Tensor& p, const Tensor& s),
+             (z, l, b, m, p, s))
+  MT_FORWARD(vocab_parallel_ce_backward, (const Tensor& p, const Tensor& l, int64_t b, double f, const Tensor& g),
+             (p, l, b, f, g))
 #undef MT_FORWARD
+  double vocab_parallel_ce_finish(const Tensor& s, const Tensor& p) const override {
+    return cpu_->vocab_parallel_ce_finish(s, p);
+  }
   double cross_entropy_forward(const Tensor& z, const Tensor& l, const Tensor& p) const override {
     return cpu_->cross_entropy_forward(z, l, p);
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "meshtrain/core/half.h"
@@ -362,6 +363,52 @@ class CpuBackend final : public functional::Backend {
     float* pg = grad.data<float>();
     const int64_t* y = labels.data<int64_t>();
     for (int64_t i = 0; i < n; ++i) pg[i * c + y[i]] -= f;
+  }
+
+  void row_max(const Tensor& logits, const Tensor& max) const override {
+    const int64_t n = logits.size(0), c = logits.size(1);
+    for (int64_t i = 0; i < n; ++i)
+      max.data<float>()[i] = c == 0 ? -std::numeric_limits<float>::infinity() : max_f32(logits.data<float>() + i * c, c);
+  }
+
+  void vocab_parallel_ce_partial(const Tensor& logits, const Tensor& labels, int64_t begin, const Tensor& max,
+                                 const Tensor& probs, const Tensor& stats) const override {
+    const int64_t n = logits.size(0), c = logits.size(1);
+    const int64_t* y = labels.data<int64_t>();
+    double* st = stats.data<double>();
+    for (int64_t i = 0; i < n; ++i) {
+      const float* zr = logits.data<float>() + i * c;
+      float* pr = probs.data<float>() + i * c;
+      const float m = max.data<float>()[i];
+      map_f32(zr, pr, c, [m](auto v) { return exp_approx(v - m); });
+      st[2 * i] = sum_f64(pr, c);
+      const int64_t local = y[i] - begin;
+      st[2 * i + 1] = local >= 0 && local < c ? static_cast<double>(zr[local]) - m : 0.0;
+    }
+  }
+
+  double vocab_parallel_ce_finish(const Tensor& stats, const Tensor& probs) const override {
+    const int64_t n = probs.size(0), c = probs.size(1);
+    const double* st = stats.data<double>();
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float inv = static_cast<float>(1.0 / st[2 * i]);
+      float* pr = probs.data<float>() + i * c;
+      map_f32(pr, pr, c, [inv](auto v) { return v * inv; });
+      total += std::log(st[2 * i]) - st[2 * i + 1];
+    }
+    return total;
+  }
+
+  void vocab_parallel_ce_backward(const Tensor& probs, const Tensor& labels, int64_t begin, double factor,
+                                  const Tensor& grad) const override {
+    const int64_t n = probs.size(0), c = probs.size(1);
+    const float f = static_cast<float>(factor);
+    scaled_copy(probs, f, grad);
+    float* pg = grad.data<float>();
+    const int64_t* y = labels.data<int64_t>();
+    for (int64_t i = 0; i < n; ++i)
+      if (y[i] >= begin && y[i] < begin + c) pg[i * c + (y[i] - begin)] -= f;
   }
 
   double mse_forward(const Tensor& xt, const Tensor& tt, const Tensor& diff) const override {
