@@ -197,6 +197,14 @@ void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw,
   dispatch(op, {&x, &dy, &dw, &db})->linear_backward_weight(x, dy, dw, db);
 }
 
+void bias_add(const Tensor& b, const Tensor& y) {
+  const char* op = "functional::bias_add";
+  check_matrix(op, "y", y);
+  check(op, "b", b);
+  check_shape(op, "b", b, {y.size(1)});
+  dispatch(op, {&b, &y})->bias_add(b, y);
+}
+
 void bias_backward(const Tensor& dy, const Tensor& db) {
   const char* op = "functional::bias_backward";
   check_matrix(op, "dy", dy);

@@ -40,6 +40,9 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
 void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx);
 // Accumulates dw (in, out) += x^T dy and, when defined, db (out) += sum over rows of dy.
 void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db);
+// y (R, out) += b (out) on every row: a bias added after the product (a
+// row-parallel layer adds it once the partial products are reduced).
+void bias_add(const Tensor& b, const Tensor& y);
 // Accumulates db (out) += sum over rows of dy (R, out): the bias part alone,
 // so a layer can report its bias gradient before the weight GEMM runs.
 void bias_backward(const Tensor& dy, const Tensor& db);
@@ -171,6 +174,7 @@ class Backend {
   virtual void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw,
                                       const Tensor& db) const = 0;
   virtual void bias_backward(const Tensor& dy, const Tensor& db) const = 0;
+  virtual void bias_add(const Tensor& b, const Tensor& y) const = 0;
   virtual void activation_forward(ActivationKind kind, const Tensor& x, const Tensor& y) const = 0;
   virtual void activation_backward(ActivationKind kind, const Tensor& x, const Tensor& y, const Tensor& dy,
                                    const Tensor& dx) const = 0;

@@ -115,6 +115,7 @@ class CountingBackend final : public F::Backend {
   MT_FORWARD(linear_backward_weight, (const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db),
              (x, dy, dw, db))
   MT_FORWARD(bias_backward, (const Tensor& dy, const Tensor& db), (dy, db))
+  MT_FORWARD(bias_add, (const Tensor& b, const Tensor& y), (b, y))
   MT_FORWARD(activation_forward, (F::ActivationKind k, const Tensor& x, const Tensor& y), (k, x, y))
   MT_FORWARD(activation_backward,
              (F::ActivationKind k, const Tensor& x, const Tensor& y, const Tensor& dy, const Tensor& dx),

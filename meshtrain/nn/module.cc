@@ -132,7 +132,7 @@ void Module::backward_weight(Saved& saved) {
 std::string Placement::to_string() const {
   switch (kind) {
     case Kind::whole: return "whole";
-    case Kind::box: return box.to_string();
+    case Kind::box: return fmt::format("{} of {}", box.to_string(), shape_to_string(shape));
     case Kind::flat: return fmt::format("flat[{}:{}]", start, start + count);
   }
   return "?";
@@ -171,6 +171,38 @@ void fill_box(const Parameter& p, const std::vector<int64_t>& offset, const std:
       idx[d] = 0;
     }
   }
+}
+
+ParamInit box_init(ParamInit whole, std::vector<int64_t> shape, sharding::Box box) {
+  const size_t nd = shape.size();
+  bool ok = nd >= 1 && box.offsets.size() == nd && box.sizes.size() == nd && static_cast<bool>(whole);
+  for (size_t d = 0; ok && d < nd; ++d)
+    ok = box.offsets[d] >= 0 && box.sizes[d] >= 0 && box.offsets[d] + box.sizes[d] <= shape[d];
+  if (!ok)
+    throw InvalidArgument("box_init", fmt::format("box {} of shape {}", box.to_string(), shape_to_string(shape)),
+                          "give a box (offset and size per dimension) inside the shape, and an init");
+  return [whole = std::move(whole), shape = std::move(shape), box = std::move(box)](int64_t start, int64_t count,
+                                                                                     float* out) {
+    // Element e of the block sits at global row-major index sum_d (offset_d +
+    // i_d) stride_d, where (i_d) is e's index in the block; the block is runs
+    // along the last dim, each one call of `whole`.
+    const size_t nd = shape.size();
+    std::vector<int64_t> strides(nd, 1);
+    for (size_t d = nd - 1; d-- > 0;) strides[d] = strides[d + 1] * shape[d + 1];
+    const int64_t run = box.sizes[nd - 1];
+    if (run == 0) return;
+    int64_t e = start;
+    while (e < start + count) {
+      int64_t r = e / run, global = box.offsets[nd - 1] + e % run;
+      for (size_t d = nd - 1; d-- > 0;) {
+        global += (box.offsets[d] + r % box.sizes[d]) * strides[d];
+        r /= box.sizes[d];
+      }
+      const int64_t n = std::min(run - e % run, start + count - e);
+      whole(global, n, out + (e - start));
+      e += n;
+    }
+  };
 }
 
 }  // namespace meshtrain::nn

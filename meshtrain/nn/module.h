@@ -92,8 +92,11 @@ using ParamInit = std::function<void(int64_t start, int64_t count, float* out)>;
 // value holds on this rank: one description for every layout, so that
 // checkpoints, the planner and tensor parallelism can read it.
 //   whole  the entire tensor (replicated, or one device)
-//   box    a rectangular block (offset and size per dim): a tensor-parallel
-//          shard, built with fill_box
+//   box    a rectangular block (offset and size per dim) of the global
+//          tensor viewed as `shape` (the global shape, or a reshape of it:
+//          a fused q|k|v weight (in, 3 C) split by heads is the box
+//          [0:in, 0:3, c0:c1] of its (in, 3, C) view): a tensor-parallel
+//          shard, built with box_init
 //   flat   elements [start, start + count) of the row-major flattening: a
 //          fully sharded flat shard (value is 1-D of count elements)
 struct Placement {
@@ -102,8 +105,11 @@ struct Placement {
   sharding::Box box;          // kind box
   int64_t start = 0;          // kind flat
   int64_t count = 0;          // kind flat
-  static Placement flat(int64_t start, int64_t count) { return {Kind::flat, {}, start, count}; }
-  static Placement block(sharding::Box b) { return {Kind::box, std::move(b), 0, 0}; }
+  std::vector<int64_t> shape;  // kind box: the (viewed) global shape the box lies in
+  static Placement flat(int64_t start, int64_t count) { return {Kind::flat, {}, start, count, {}}; }
+  static Placement block(sharding::Box b, std::vector<int64_t> global_shape) {
+    return {Kind::box, std::move(b), 0, 0, std::move(global_shape)};
+  }
   // "whole", "[0:4, 3:6]", "flat[10:42]"
   std::string to_string() const;
   bool operator==(const Placement&) const = default;
@@ -294,5 +300,12 @@ inline bool ParamHook::scopes(Module& m) { return m.owns_parameters(); }
 // per dimension of p.info.shape) into out (the block's elements, row-major),
 // from p.init: any shard of any layout, e.g. a column block of a weight.
 void fill_box(const Parameter& p, const std::vector<int64_t>& offset, const std::vector<int64_t>& size, float* out);
+
+// The initial value of the block `box` of a tensor of `shape` whose whole
+// initial value is `whole`, as a ParamInit over the block's own row-major
+// elements: what a tensor-parallel rank's parameter (of the block's shape)
+// is initialized from, bit-identical to that block of the unsharded value.
+// InvalidArgument when the box does not lie inside the shape.
+ParamInit box_init(ParamInit whole, std::vector<int64_t> shape, sharding::Box box);
 
 }  // namespace meshtrain::nn

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/ops.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 #include "meshtrain/nn/internal/loss_args.h"
@@ -19,6 +20,148 @@ ShardRange shard_range(int64_t n, int rank, int ranks) {
   const int64_t begin = std::min(n, rank * c);
   return {begin, std::min(n, begin + c)};
 }
+
+namespace {
+
+// Sets a deferred parameter (built at the block's shape) to the block `box`
+// of the unsharded parameter `whole` viewed as `view`, and builds its value
+// unless `defer`.
+void take_block(Parameter& p, const Parameter& whole, std::vector<int64_t> view, sharding::Box box, bool defer) {
+  p.init = box_init(whole.init, view, box);
+  p.placement = Placement::block(std::move(box), std::move(view));
+  p.info.role = whole.info.role;
+  if (!defer) materialize(p);
+}
+
+void all_reduce_sum(const TensorParallelGroup& g, const Tensor& t) {
+  if (g.size() == 1 || !t.defined()) return;
+  g.comm->all_reduce(t.data<float>(), t.data<float>(), static_cast<size_t>(t.numel()), DType::f32,
+                     comm::ReduceOp::sum);
+}
+
+int64_t checked_parts(int64_t out, int64_t parts, const std::string& prefix) {
+  if (parts < 1 || out % parts != 0)
+    throw InvalidArgument("ColumnParallelLinear",
+                          fmt::format("'{}': {} output features in {} parts", prefix, out, parts),
+                          "use a part count that divides the output features (3 for a fused q|k|v projection)");
+  return parts;
+}
+
+LinearOptions deferred(LinearOptions o, bool bias) {
+  o.defer_init = true;
+  o.bias = bias;
+  return o;
+}
+
+// This rank's shard of n features; InvalidArgument when it is empty.
+ShardRange nonempty_shard(int64_t n, const TensorParallelGroup& g, const char* op, const std::string& prefix,
+                          const char* what) {
+  const ShardRange s = shard_range(n, g.rank(), g.size());
+  if (s.size() == 0)
+    throw InvalidArgument(op,
+                          fmt::format("'{}': {} {} features over {} tensor-parallel ranks leave rank {} none", prefix,
+                                      n, what, g.size(), g.rank()),
+                          fmt::format("use at most {} tensor-parallel ranks for this layer", n));
+  return s;
+}
+
+}  // namespace
+
+// ---- ColumnParallelLinear ----
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed,
+                                           const LinearOptions& options, TensorParallelGroup group, int64_t parts)
+    : name_(prefix),
+      group_(group),
+      local_(in,
+             checked_parts(out, parts, prefix) *
+                 nonempty_shard(out / parts, group, "ColumnParallelLinear", prefix, "output").size(),
+             prefix, seed, deferred(options, options.bias)) {
+  const int64_t block = out / parts;
+  const ShardRange s = shard_range(block, group.rank(), group.size());
+  Linear whole(in, out, prefix, seed, deferred(options, options.bias));  // metadata and init only: nothing allocated
+  take_block(local_.weight(), whole.weight(), {in, parts, block}, {{0, 0, s.begin}, {in, parts, s.size()}},
+             options.defer_init);
+  if (local_.has_bias())
+    take_block(local_.bias(), whole.bias(), {parts, block}, {{0, s.begin}, {parts, s.size()}}, options.defer_init);
+}
+
+Tensor ColumnParallelLinear::do_forward(const Tensor& x, Saved& saved) { return local_.forward(x, saved.child(0)); }
+
+Tensor ColumnParallelLinear::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  Tensor dx = local_.backward_input(grad_out, saved.child(0));
+  all_reduce_sum(group_, dx);
+  return dx;
+}
+
+void ColumnParallelLinear::do_backward_weight(Saved& saved) { local_.backward_weight(saved.child(0)); }
+
+Tensor ColumnParallelLinear::do_backward(const Tensor& grad_out, Saved& saved) {
+  Tensor dx = local_.backward(grad_out, saved.child(0));
+  all_reduce_sum(group_, dx);
+  return dx;
+}
+
+// ---- RowParallelLinear ----
+
+RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed,
+                                     const LinearOptions& options, TensorParallelGroup group)
+    : name_(prefix),
+      group_(group),
+      has_bias_(options.bias),
+      local_(nonempty_shard(in, group, "RowParallelLinear", prefix, "input").size(), out, prefix, seed,
+             deferred(options, /*bias=*/false)) {
+  const ShardRange s = shard_range(in, group.rank(), group.size());
+  Linear whole(in, out, prefix, seed, deferred(options, options.bias));  // metadata and init only
+  take_block(local_.weight(), whole.weight(), {in, out}, {{s.begin, 0}, {s.size(), out}}, options.defer_init);
+  if (has_bias_) {
+    bias_ = whole.bias();  // replicated: the whole bias on every rank
+    if (!options.defer_init) materialize(bias_);
+  }
+}
+
+std::vector<Parameter*> RowParallelLinear::parameters() {
+  std::vector<Parameter*> ps = local_.parameters();
+  if (has_bias_) ps.push_back(&bias_);
+  return ps;
+}
+
+Tensor RowParallelLinear::do_forward(const Tensor& x, Saved& saved) {
+  Tensor y = local_.forward(x, saved.child(0));  // this rank's partial product
+  all_reduce_sum(group_, y);
+  if (has_bias_) {
+    internal::check_param_tensor(bias_.value, "RowParallelLinear::forward", bias_.name);
+    functional::bias_add(bias_.value, y.view({y.numel() / y.size(-1), y.size(-1)}));
+    round_to(y, compute_dtype_);
+  }
+  return y;
+}
+
+void RowParallelLinear::bias_grad(const Tensor& dy) {
+  if (!has_bias_) return;
+  internal::check_param_tensor(bias_.grad, "RowParallelLinear::backward", bias_.name);
+  functional::bias_backward(dy.contiguous().view({dy.numel() / dy.size(-1), dy.size(-1)}), bias_.grad);
+  notify_grad_ready(bias_);
+}
+
+Tensor RowParallelLinear::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  saved.state<State>().dy = grad_out;
+  return local_.backward_input(grad_out, saved.child(0));
+}
+
+void RowParallelLinear::do_backward_weight(Saved& saved) {
+  State& st = saved.state<State>();
+  bias_grad(st.dy);
+  st.dy = Tensor();
+  local_.backward_weight(saved.child(0));
+}
+
+Tensor RowParallelLinear::do_backward(const Tensor& grad_out, Saved& saved) {
+  bias_grad(grad_out);
+  return local_.backward(grad_out, saved.child(0));
+}
+
+// ---- VocabParallelCrossEntropy ----
 
 VocabParallelCrossEntropy::VocabParallelCrossEntropy(TensorParallelGroup group, int64_t vocab, MemoryTracker* tracker)
     : group_(group), vocab_(vocab), shard_(shard_range(vocab, group.rank(), group.size())), tracker_(tracker) {

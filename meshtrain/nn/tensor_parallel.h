@@ -1,7 +1,6 @@
 // Tensor parallelism's building blocks (Megatron-LM's split of a transformer
-// across a `tensor` mesh axis). This file grows with the tensor-parallel
-// issue; today it holds the group, the shard rule and the
-// vocabulary-parallel cross-entropy.
+// across a `tensor` mesh axis): the group, the shard rule, column- and
+// row-parallel linear layers and the vocabulary-parallel cross-entropy.
 //
 //   nn::TensorParallelGroup tp{&mesh.comm("tensor")};
 //   const nn::ShardRange cols = nn::shard_range(vocab, tp.rank(), tp.size());  // this rank's vocabulary ids
@@ -11,6 +10,24 @@
 //
 // Shard rule (torch.chunk, as sharding::Layout): n items over k ranks, c =
 // ceil(n / k); rank j holds [j c, min(n, (j + 1) c)), possibly empty.
+//
+// ColumnParallelLinear (Megatron's split of the first MLP matrix and the
+// q|k|v projection): rank r holds the columns (output features) of its shard
+// of each of `parts` equal column blocks (parts = 3 for a fused q|k|v
+// weight, so each rank holds q, k and v of its own heads), and the bias
+// entries of those columns. Forward takes the whole input and returns this
+// rank's output columns (no communication); backward all-reduces dX over the
+// group (the "f" operator). RowParallelLinear (the second MLP matrix, the
+// attention output projection): rank r holds the rows (input features) of
+// its shard; forward takes this rank's input columns, all-reduces the
+// partial products (the "g" operator) and adds the bias, which every rank
+// holds whole; backward needs no communication (dy is the same on every
+// rank, so is the bias gradient). A group of one rank computes what a plain
+// Linear computes (the bias added after the product instead of before the
+// GEMM's accumulation: the same up to one rounding). Parameters keep the unsharded names; info.shape is the rank's
+// block, placement says where it lies (Placement::box) and its initial
+// value is that block of the unsharded layer's (box_init): the model is the
+// same whatever the split.
 //
 // VocabParallelCrossEntropy: each rank holds the logits of its vocabulary
 // shard for every row. Forward all-reduces the row maxima (max, f32), then
@@ -27,10 +44,14 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/module.h"
 #include "meshtrain/nn/saved.h"
 
 namespace meshtrain::nn {
@@ -48,6 +69,58 @@ struct ShardRange {
 };
 // Rank `rank` of `ranks`' part of n items (the rule above).
 ShardRange shard_range(int64_t n, int rank, int ranks);
+
+class ColumnParallelLinear final : public Module {
+ public:
+  // in, out: the unsharded layer's; out divisible by parts. options as for
+  // Linear (defer_init, init_std, bias, needs_input_grad).
+  ColumnParallelLinear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed, const LinearOptions& options,
+                       TensorParallelGroup group, int64_t parts = 1);
+  std::vector<Parameter*> parameters() override { return local_.parameters(); }
+  std::vector<Module*> children() override { return {&local_}; }
+  int64_t local_out_features() const { return local_.out_features(); }
+  Linear& local() { return local_; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  Tensor do_backward(const Tensor& grad_out, Saved& saved) override;
+  std::string describe() const override { return "ColumnParallelLinear '" + name_ + "'"; }
+
+ private:
+  std::string name_;
+  TensorParallelGroup group_;
+  Linear local_;
+};
+
+class RowParallelLinear final : public Module {
+ public:
+  // in, out: the unsharded layer's.
+  RowParallelLinear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed, const LinearOptions& options,
+                    TensorParallelGroup group);
+  std::vector<Parameter*> parameters() override;
+  std::vector<Module*> children() override { return {&local_}; }
+  int64_t local_in_features() const { return local_.in_features(); }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  Tensor do_backward(const Tensor& grad_out, Saved& saved) override;
+  std::string describe() const override { return "RowParallelLinear '" + name_ + "'"; }
+
+ private:
+  struct State {
+    Tensor dy;  // (R, out) kept for the bias gradient of a split backward
+  };
+  void bias_grad(const Tensor& dy);
+  std::string name_;
+  TensorParallelGroup group_;
+  bool has_bias_;
+  Linear local_;  // (in shard, out), no bias
+  Parameter bias_;
+};
 
 class VocabParallelCrossEntropy {
  public:

@@ -157,6 +157,15 @@ class CpuBackend final : public functional::Backend {
     matmul(x, w, y, false, false, 1.0, beta);  // (R, in) x (in, out) -> (R, out)
   }
 
+  void bias_add(const Tensor& b, const Tensor& y) const override {
+    const int64_t rows = y.size(0), out = y.size(1);
+    const float* pb = b.data<float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      float* py = y.data<float>() + r * out;
+      map2_f32(py, pb, py, out, [](auto a, auto c) { return a + c; });
+    }
+  }
+
   void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) const override {
     matmul(dy, w, dx, false, true);  // (R, out) x (in, out)^T -> (R, in)
   }
