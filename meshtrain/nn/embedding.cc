@@ -10,10 +10,16 @@
 namespace meshtrain::nn {
 
 Embedding::Embedding(int64_t num, int64_t dim, const std::string& prefix, uint64_t seed, EmbeddingOptions options)
-    : name_(prefix), num_(num), dim_(dim) {
+    : name_(prefix), num_(num), dim_(dim), tensor_(options.tensor) {
   if (num < 1 || dim < 1 || !(options.init_std >= 0.0))
     throw InvalidArgument("Embedding", fmt::format("'{}': num {}, dim {}, init_std {}", prefix, num, dim, options.init_std),
                           "need num >= 1, dim >= 1 and init_std >= 0");
+  shard_ = shard_range(num, tensor_.rank(), tensor_.size());
+  if (shard_.size() == 0)
+    throw InvalidArgument("Embedding",
+                          fmt::format("'{}': {} rows over {} tensor-parallel ranks leave rank {} none", prefix, num,
+                                      tensor_.size(), tensor_.rank()),
+                          fmt::format("use at most {} tensor-parallel ranks", num));
   const std::string name = internal::join_name(prefix, "weight");
   weight_.name = name;
   weight_.weight_decay = true;  // a matrix
@@ -23,6 +29,12 @@ Embedding::Embedding(int64_t num, int64_t dim, const std::string& prefix, uint64
   weight_.init = [seed, key, std](int64_t start, int64_t count, float* out) {
     fill_normal(out, static_cast<size_t>(count), seed, key, static_cast<uint64_t>(start), 0.0f, std);
   };
+  if (tensor_.size() > 1) {  // this rank's rows of the table
+    sharding::Box rows{{shard_.begin, 0}, {shard_.size(), dim}};
+    weight_.info.shape = {shard_.size(), dim};
+    weight_.init = box_init(weight_.init, {num, dim}, rows);
+    weight_.placement = Placement::block(std::move(rows), {num, dim});
+  }
   if (!options.defer_init) materialize(weight_);
 }
 
@@ -36,7 +48,10 @@ Tensor Embedding::do_forward(const Tensor& ids, Saved& saved) {
   st.shape = ids.shape();
   st.ids = ids.contiguous().view({ids.numel()});
   Tensor& y = internal::reuse_or_allocate(st.y, {ids.numel(), dim_}, tracker_);
-  functional::embedding_forward(st.ids, weight_.value, y);
+  functional::embedding_forward(st.ids, weight_.value, y, shard_.begin, num_);
+  if (tensor_.size() > 1)  // each id's row came from the one rank holding it
+    tensor_.comm->all_reduce(y.data<float>(), y.data<float>(), static_cast<size_t>(y.numel()), DType::f32,
+                             comm::ReduceOp::sum);
   std::vector<int64_t> out_shape = st.shape;
   out_shape.push_back(dim_);
   return y.view(out_shape);
@@ -56,7 +71,7 @@ Tensor Embedding::do_backward_input(const Tensor& grad_out, Saved& saved) {
 void Embedding::do_backward_weight(Saved& saved) {
   State& st = saved.state<State>();
   internal::check_param_tensor(weight_.grad, "Embedding::backward", weight_.name);
-  functional::embedding_backward(st.ids, st.dy, weight_.grad);
+  functional::embedding_backward(st.ids, st.dy, weight_.grad, shard_.begin, num_);
   notify_grad_ready(weight_);
   st.dy = Tensor();
   st.ids = Tensor();

@@ -12,6 +12,11 @@
 // N(0, init_std) from (seed, name, index): any shard can be built alone.
 // A language model ties its output head to this weight (see gpt.h and the
 // tied-parameter rule in module.h).
+// Vocabulary-parallel (options.tensor of k > 1 ranks): rank r holds rows
+// shard_range(num, r, k) of the table (its block of the unsharded
+// initialization, Placement::box); forward looks up the ids in its rows,
+// zeros elsewhere, and all-reduces over the group, so every rank returns
+// the full lookup; backward accumulates into the rank's rows only.
 // Thread-safety: one thread at a time (a module belongs to one rank).
 #pragma once
 
@@ -20,6 +25,7 @@
 #include <vector>
 
 #include "meshtrain/nn/module.h"
+#include "meshtrain/nn/tensor_parallel.h"
 
 namespace meshtrain::nn {
 
@@ -27,6 +33,7 @@ struct EmbeddingOptions {
   double init_std = 0.02;
   bool defer_init = false;  // see LinearOptions::defer_init
   sharding::ParamKind kind = sharding::ParamKind::embedding;  // position tables: other
+  TensorParallelGroup tensor = {};  // vocabulary-parallel over these ranks (see above)
 };
 
 class Embedding final : public Module {
@@ -37,8 +44,9 @@ class Embedding final : public Module {
 
   std::vector<Parameter*> parameters() override { return {&weight_}; }
   Parameter& weight() { return weight_; }
-  int64_t num() const { return num_; }
+  int64_t num() const { return num_; }  // the whole table's rows
   int64_t dim() const { return dim_; }
+  ShardRange shard() const { return shard_; }  // the rows this rank holds
 
  protected:
   Tensor do_forward(const Tensor& ids, Saved& saved) override;
@@ -55,7 +63,9 @@ class Embedding final : public Module {
   };
   std::string name_;
   int64_t num_, dim_;
-  Parameter weight_;  // (num, dim)
+  TensorParallelGroup tensor_;
+  ShardRange shard_;
+  Parameter weight_;  // (shard rows, dim)
 };
 
 }  // namespace meshtrain::nn

@@ -421,22 +421,31 @@ void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const T
   dispatch(op, {&dz, &eps, &std, &dlogvar})->reparameterize_backward_logvar(dz, eps, std, dlogvar);
 }
 
-void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out) {
-  const char* op = "functional::embedding_forward";
-  check_matrix(op, "weight", weight);
-  check_ids(op, ids, weight.size(0));
-  check(op, "out", out);
-  check_shape(op, "out", out, {ids.size(0), weight.size(1)});
-  dispatch(op, {&ids, &weight, &out})->embedding_forward(ids, weight, out);
+// The full vocabulary of a shard of `rows` starting at `begin`.
+int64_t checked_vocab(const char* op, int64_t rows, int64_t begin, int64_t vocab) {
+  if (vocab == 0) vocab = rows;
+  if (begin < 0 || begin + rows > vocab)
+    throw InvalidArgument(op, fmt::format("a shard of {} rows at id {} of a vocabulary of {}", rows, begin, vocab),
+                          "the shard must lie inside the vocabulary");
+  return vocab;
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight) {
+void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out, int64_t begin, int64_t vocab) {
+  const char* op = "functional::embedding_forward";
+  check_matrix(op, "weight", weight);
+  check_ids(op, ids, checked_vocab(op, weight.size(0), begin, vocab));
+  check(op, "out", out);
+  check_shape(op, "out", out, {ids.size(0), weight.size(1)});
+  dispatch(op, {&ids, &weight, &out})->embedding_forward(ids, weight, out, begin);
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight, int64_t begin, int64_t vocab) {
   const char* op = "functional::embedding_backward";
   check_matrix(op, "dweight", dweight);
-  check_ids(op, ids, dweight.size(0));
+  check_ids(op, ids, checked_vocab(op, dweight.size(0), begin, vocab));
   check(op, "dy", dy);
   check_shape(op, "dy", dy, {ids.size(0), dweight.size(1)});
-  dispatch(op, {&ids, &dy, &dweight})->embedding_backward(ids, dy, dweight);
+  dispatch(op, {&ids, &dy, &dweight})->embedding_backward(ids, dy, dweight, begin);
 }
 
 void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {

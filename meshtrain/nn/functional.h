@@ -109,10 +109,16 @@ void reparameterize(const Tensor& mu, const Tensor& logvar, const Tensor& eps, c
 void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const Tensor& std, const Tensor& dlogvar);
 
 // ---- embedding ----
-// ids (N) i64 or i32, each in [0, V); weight (V, C); out (N, C) = weight rows.
-void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out);
-// Accumulates dweight[ids[i]] += dy[i] (dy (N, C)), in row order (deterministic).
-void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight);
+// ids (N) i64 or i32, each in [0, vocab) (vocab 0: the weight's rows);
+// weight (rows, C) holds ids [begin, begin + rows) (a vocabulary shard under
+// tensor parallelism; begin 0 and vocab = rows otherwise); out (N, C) = the
+// id's row, or zeros for an id outside the shard.
+void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out, int64_t begin = 0,
+                       int64_t vocab = 0);
+// Accumulates dweight[ids[i] - begin] += dy[i] (dy (N, C)) for the ids in
+// the shard, in row order (deterministic).
+void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight, int64_t begin = 0,
+                        int64_t vocab = 0);
 
 // ---- unembedding: logits against a (V, C) weight stored like an embedding ----
 // y (R, V) = x (R, C) w^T: a language model's output head tied to its token
@@ -201,8 +207,9 @@ class Backend {
   virtual void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) const = 0;
   virtual void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) const = 0;
   virtual void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw) const = 0;
-  virtual void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out) const = 0;
-  virtual void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight) const = 0;
+  virtual void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out, int64_t begin) const = 0;
+  virtual void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight,
+                                  int64_t begin) const = 0;
   virtual void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                  const Tensor& out, const Tensor& lse) const = 0;
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

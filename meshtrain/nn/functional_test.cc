@@ -139,8 +139,8 @@ class CountingBackend final : public F::Backend {
   MT_FORWARD(unembed_forward, (const Tensor& x, const Tensor& w, const Tensor& y), (x, w, y))
   MT_FORWARD(unembed_backward_input, (const Tensor& dy, const Tensor& w, const Tensor& dx), (dy, w, dx))
   MT_FORWARD(unembed_backward_weight, (const Tensor& x, const Tensor& dy, const Tensor& dw), (x, dy, dw))
-  MT_FORWARD(embedding_forward, (const Tensor& i, const Tensor& w, const Tensor& o), (i, w, o))
-  MT_FORWARD(embedding_backward, (const Tensor& i, const Tensor& dy, const Tensor& dw), (i, dy, dw))
+  MT_FORWARD(embedding_forward, (const Tensor& i, const Tensor& w, const Tensor& o, int64_t b), (i, w, o, b))
+  MT_FORWARD(embedding_backward, (const Tensor& i, const Tensor& dy, const Tensor& dw, int64_t b), (i, dy, dw, b))
   MT_FORWARD(attention_forward,
              (const Tensor& q, const Tensor& k, const Tensor& v, bool c, double s, const Tensor& o, const Tensor& l),
              (q, k, v, c, s, o, l))

@@ -521,20 +521,27 @@ class CpuBackend final : public functional::Backend {
     matmul(dy, x, dw, true, false, 1.0, 1.0);  // dW += (R, V)^T x (R, C) -> (V, C)
   }
 
-  void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out) const override {
-    const int64_t n = ids.size(0), c = weight.size(1);
+  void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out, int64_t begin) const override {
+    const int64_t n = ids.size(0), rows = weight.size(0), c = weight.size(1);
     const float* w = weight.data<float>();
     float* o = out.data<float>();
-    for (int64_t i = 0; i < n; ++i)
-      std::memcpy(o + i * c, w + id_at(ids, i) * c, static_cast<size_t>(c) * sizeof(float));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t r = id_at(ids, i) - begin;
+      if (r >= 0 && r < rows)
+        std::memcpy(o + i * c, w + r * c, static_cast<size_t>(c) * sizeof(float));
+      else
+        std::fill(o + i * c, o + (i + 1) * c, 0.0f);
+    }
   }
 
-  void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight) const override {
-    const int64_t n = ids.size(0), c = dweight.size(1);
+  void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight, int64_t begin) const override {
+    const int64_t n = ids.size(0), rows = dweight.size(0), c = dweight.size(1);
     const float* g = dy.data<float>();
     float* dw = dweight.data<float>();
     for (int64_t i = 0; i < n; ++i) {
-      float* row = dw + id_at(ids, i) * c;
+      const int64_t r = id_at(ids, i) - begin;
+      if (r < 0 || r >= rows) continue;
+      float* row = dw + r * c;
       const float* gi = g + i * c;
       for (int64_t j = 0; j < c; ++j) row[j] += gi[j];
     }
