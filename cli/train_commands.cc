@@ -1,11 +1,12 @@
 // meshtrain train: TOML config < launcher environment < command-line flags.
-// meshtrain bench train, bench memory: the training benchmarks (bench/).
+// meshtrain bench train, bench memory, bench gemm: the training benchmarks (bench/).
 #include <fmt/format.h>
 
 #include <map>
 #include <memory>
 
 #include "bench/attention_bench.h"
+#include "bench/gemm_bench.h"
 #include "bench/memory_bench.h"
 #include "bench/train_bench.h"
 #include "cli/command.h"
@@ -269,6 +270,37 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                    }
                    banner();
                    fmt::print("{}", bench::format_train_bench(bench::run_train_bench(*bo), *bo));
+                   return 0;
+                 }});
+
+  auto go = std::make_shared<bench::GemmBenchOptions>();
+  auto* gb = bench_cmd->add_subcommand(
+      "gemm",
+      "the MLP's and a GPT-2 124M step's GEMMs (forward, input and weight gradients) on OpenBLAS f32, oneDNN f32 "
+      "and oneDNN bf16: GFLOP/s against the core's FMA peak measured in the same run");
+  gb->add_option("--sets", go->sets, "comma list of mlp (784-512-512-10), gpt (GPT-2 124M block and head)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"mlp", "gpt"}))
+      ->capture_default_str();
+  gb->add_option("--m", go->m, "rows: MLP batch / GPT tokens per step (1 to 65536)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  gb->add_option("--reps", go->reps, "timed rounds, each GEMM once per round (median; 1 to 10000)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  gb->add_option("--threads", go->threads, "GEMM threads (set_blas_threads) and peak-loop threads (1 to 1024)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  gb->add_option("--vocab", go->vocab, "the GPT head's vocabulary (1 to 1000000)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  out.push_back({gb, [=] {
+                   print_config("bench gemm", {{"sets", fmt::format("{}", fmt::join(go->sets, ","))},
+                                               {"m", std::to_string(go->m)},
+                                               {"reps", std::to_string(go->reps)},
+                                               {"threads", std::to_string(go->threads)},
+                                               {"vocab", std::to_string(go->vocab)}});
+                   fmt::print("{}", bench::format_gemm_bench(bench::run_gemm_bench(*go), *go));
                    return 0;
                  }});
 
