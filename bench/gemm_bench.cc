@@ -72,12 +72,12 @@ __attribute__((target("avx2,fma"))) float fma256_loop(int64_t iters) {
   return out[0] + out[7];
 }
 
-// GFLOP/s of `loop` on `threads` threads at once (flops_per_iter each), best of 7.
+// GFLOP/s of `loop` on `threads` threads at once (flops_per_iter each), best of 15.
 double loop_gflops(float (*loop)(int64_t), double flops_per_iter, int threads) {
   constexpr int64_t kIters = 2'000'000;  // ~10 ms per run at 100 GFLOP/s
   double best = 0;
   volatile float sink = 0;
-  for (int run = 0; run < 7; ++run) {
+  for (int run = 0; run < 15; ++run) {
     const auto t0 = Clock::now();
     std::vector<std::thread> pool;
     for (int t = 1; t < threads; ++t) pool.emplace_back([&] { sink = sink + loop(kIters); });
@@ -210,7 +210,7 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
 
 std::string format_gemm_bench(const GemmBenchResult& r, const GemmBenchOptions& o) {
   std::string s;
-  s += fmt::format("peak ({} thread{}, {} loop, best of 7): f32 FMA {:.1f} GFLOP/s", o.threads,
+  s += fmt::format("peak ({} thread{}, {} loop, best of 15): f32 FMA {:.1f} GFLOP/s", o.threads,
                    o.threads == 1 ? "" : "s", r.peak_isa, r.f32_peak_gflops);
   s += r.bf16_peak_gflops > 0 ? fmt::format(", bf16 dot product {:.1f} GFLOP/s\n", r.bf16_peak_gflops)
                               : std::string(", no AVX512-BF16\n");

@@ -15,7 +15,7 @@
 //   (MatmulBackendScope), weight gradients accumulate (beta = 1) as in training.
 // - peak: a register-only loop of independent 512-bit FMAs (vfmadd231ps,
 //   AVX-512F) and of bf16 dot products (vdpbf16ps, AVX512-BF16), on `threads`
-//   threads, best of several runs: what the cores can issue. Each kernel is
+//   threads, best of 15 runs of ~10 ms: what the cores can issue. Each kernel is
 //   compiled for its ISA (target attribute) and runs only when the CPU has it;
 //   an AVX2 FMA loop stands in without AVX-512 (then no bf16 peak).
 // Timing: rounds interleave every (shape, variant); each entry is the median
