@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "meshtrain/comm/launch.h"
@@ -135,16 +136,32 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
   TrainBenchResult r;
   set_blas_threads(1);
   {
-    nn::MLP model(mlp_config());
-    optim::AdamW opt(model.parameters(), 1e-3);
+    // fp32 and bf16 (the MLP's Linear layers compute in bf16: bf16 GEMMs
+    // with f32 accumulation) interleaved in blocks of 10 steps, so a slow
+    // phase of a shared machine hits both.
+    nn::MLP model(mlp_config()), model16(mlp_config());
+    model16.set_compute_dtype(DType::bf16);
+    optim::AdamW opt(model.parameters(), 1e-3), opt16(model16.parameters(), 1e-3);
     nn::CrossEntropyLoss ce;
     Data d(o.batch, 0);
-    r.step_ms = 1e3 * time_median(o.warmup, o.steps, [&] {
-                  opt.zero_grad();
-                  ce.forward(model.forward(d.x), d.y);
-                  model.backward(ce.backward());
-                  opt.step();
-                });
+    auto step = [&](nn::MLP& m, optim::AdamW& op) {
+      op.zero_grad();
+      ce.forward(m.forward(d.x), d.y);
+      m.backward(ce.backward());
+      op.step();
+    };
+    std::vector<double> t32, t16;
+    for (int done = 0; done < o.warmup + o.steps; done += 10) {
+      const int n = std::min(10, o.warmup + o.steps - done);
+      for (auto [m, op, t] : {std::tuple{&model, &opt, &t32}, {&model16, &opt16, &t16}})
+        for (int i = 0; i < n; ++i) {
+          const auto t0 = Clock::now();
+          step(*m, *op);
+          if (done + i >= o.warmup) t->push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+    }
+    r.step_ms = 1e3 * median(t32);
+    r.step_bf16_ms = 1e3 * median(t16);
   }
   {
     // The step's GEMMs with their shapes: (M, K) x (K, N).
@@ -167,6 +184,22 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
     });
     r.gemm_ms = 1e3 * t;
     r.gemm_gflops = flops / t / 1e9;
+    // The same 8 GEMMs on bf16 operands (f32 outputs), as the bf16 step runs them.
+    auto h = [](const Tensor& t) { return t.to(DType::bf16); };
+    const Tensor xh = h(x), h1h = h(h1), h2h = h(h2), outh = h(out), w1h = h(w1), w2h = h(w2), w3h = h(w3),
+                 d1h = h(d1), d2h = h(d2);
+    const double t16 = time_median(o.warmup, o.steps, [&] {
+      matmul(xh, w1h, h1);
+      matmul(h1h, w2h, h2);
+      matmul(h2h, w3h, out);
+      matmul(h2h, outh, g3, true, false);
+      matmul(outh, w3h, d2, false, true);
+      matmul(h1h, d2h, g2, true, false);
+      matmul(d2h, w2h, d1, false, true);
+      matmul(xh, d1h, g1, true, false);
+    });
+    r.gemm_bf16_ms = 1e3 * t16;
+    r.gemm_bf16_gflops = flops / t16 / 1e9;
   }
   r.dp1 = dp_run(1, o);
   r.dp2 = dp_run(2, o);
@@ -197,11 +230,15 @@ std::string format_train_bench_mpi(const DataParallelRun& r, const TrainBenchOpt
 
 std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOptions& o) {
   std::string s;
-  s += fmt::format("MLP 784-512-512-10, batch {}, fp32, 1 BLAS thread, AdamW ({} timed steps, median)\n", o.batch,
-                   o.steps);
-  s += fmt::format("  step time            {:8.3f} ms   ({:.0f} samples/s)\n", r.step_ms, o.batch / r.step_ms * 1e3);
-  s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({:.1f} GFLOP/s sgemm)\n", r.gemm_ms, r.gemm_gflops);
+  s += fmt::format("MLP 784-512-512-10, batch {}, 1 GEMM thread ({}), AdamW ({} timed steps, median)\n", o.batch,
+                   matmul_backend_description(matmul_backend()), o.steps);
+  s += fmt::format("  fp32 step time       {:8.3f} ms   ({:.0f} samples/s)\n", r.step_ms, o.batch / r.step_ms * 1e3);
+  s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({:.1f} GFLOP/s f32)\n", r.gemm_ms, r.gemm_gflops);
   s += fmt::format("  GEMM share of step   {:8.1f} %\n", 100 * r.gemm_ms / r.step_ms);
+  s += fmt::format("  bf16 step time       {:8.3f} ms   ({:.0f} samples/s, {:.2f}x the fp32 step)\n", r.step_bf16_ms,
+                   o.batch / r.step_bf16_ms * 1e3, r.step_bf16_ms / r.step_ms);
+  s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({:.1f} GFLOP/s bf16)\n", r.gemm_bf16_ms, r.gemm_bf16_gflops);
+  s += fmt::format("  GEMM share of step   {:8.1f} %\n", 100 * r.gemm_bf16_ms / r.step_bf16_ms);
   s += fmt::format("data parallel, {} samples per rank per step (threads engine, {} MiB buckets):\n", o.batch,
                    o.bucket_mb);
   s += fmt::format("  1 rank               {:8.0f} samples/s\n", r.dp1.samples_per_s);

@@ -1,13 +1,16 @@
-// Training benchmark: the MLP 784-512-512-10 at batch 256, fp32.
+// Training benchmark: the MLP 784-512-512-10 at batch 256, fp32 and bf16.
 //
 //   auto r = bench::run_train_bench({.steps = 100});
 //   fmt::print("{}", bench::format_train_bench(r));
 //
 // - step: median time of forward + cross-entropy + backward + AdamW step on
-//   one BLAS thread, synthetic data (as bench/torch_mlp.py does for PyTorch).
+//   one GEMM thread, synthetic data (as bench/torch_mlp.py does for PyTorch);
+//   fp32, and bf16 (Linear layers in the bf16 compute dtype, f32 masters),
+//   interleaved in blocks of 10 steps.
 // - gemm: median time of the same 8 GEMMs alone (3 forward, 3 weight
-//   gradients, 2 input gradients: the first layer needs none), and the sgemm
-//   speed they reach; gemm / step is the share of the step spent in GEMMs.
+//   gradients, 2 input gradients: the first layer needs none), in f32 and on
+//   bf16 operands, and the speed they reach; gemm / step is the share of the
+//   step spent in GEMMs.
 // - data parallel: samples/s with 1 and with 2 ranks of the threads engine
 //   at a fixed per-rank batch (weak scaling), gradients all-reduced in
 //   buckets of bucket_mb overlapped with backward, and how much of that
@@ -53,6 +56,9 @@ struct TrainBenchResult {
   double step_ms = 0;
   double gemm_ms = 0;
   double gemm_gflops = 0;
+  double step_bf16_ms = 0;  // the Linear layers computing in bf16
+  double gemm_bf16_ms = 0;  // the 8 GEMMs on bf16 operands
+  double gemm_bf16_gflops = 0;
   DataParallelRun dp1, dp2;
   std::vector<ShardedThroughput> sharded;  // 2 ranks
 };

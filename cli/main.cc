@@ -4,6 +4,7 @@
 //   meshtrain bench collectives ...       algbw/busbw table against the memory-traffic bound
 //   meshtrain bench train ...             MLP step time, its GEMMs, data-parallel scaling
 //   meshtrain bench memory ...            memory per rank of ZeRO-1/2/3 against the formulas
+//   meshtrain bench gemm ...              a step's GEMMs on OpenBLAS/oneDNN, f32/bf16, against the FMA peak
 //   meshtrain mesh ...                    print a mesh and its groups, or plan one for a model
 //   meshtrain shard ...                   print (and draw) how a tensor is sharded on a mesh
 //   meshtrain train ...                   train an MLP or a VAE on Fashion-MNIST (data parallel or fully sharded)

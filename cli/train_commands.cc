@@ -1,5 +1,5 @@
 // meshtrain train: TOML config < launcher environment < command-line flags.
-// meshtrain bench train, bench memory: the training benchmarks (bench/).
+// meshtrain bench train, bench memory, bench gemm: the training benchmarks (bench/).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "bench/attention_bench.h"
+#include "bench/gemm_bench.h"
 #include "bench/gpt_bench.h"
 #include "bench/memory_bench.h"
 #include "bench/train_bench.h"
@@ -308,6 +309,37 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                    return 0;
                  }});
 
+  auto go = std::make_shared<bench::GemmBenchOptions>();
+  auto* gb = bench_cmd->add_subcommand(
+      "gemm",
+      "the MLP's and a GPT-2 124M step's GEMMs (forward, input and weight gradients) on OpenBLAS f32, oneDNN f32 "
+      "and oneDNN bf16: GFLOP/s against the core's FMA peak measured in the same run");
+  gb->add_option("--sets", go->sets, "comma list of mlp (784-512-512-10), gpt (GPT-2 124M block and head)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"mlp", "gpt"}))
+      ->capture_default_str();
+  gb->add_option("--m", go->m, "rows: MLP batch / GPT tokens per step (1 to 65536)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  gb->add_option("--reps", go->reps, "timed rounds, each GEMM once per round (median; 1 to 10000)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  gb->add_option("--threads", go->threads, "GEMM threads (set_blas_threads) and peak-loop threads (1 to 1024)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  gb->add_option("--vocab", go->vocab, "the GPT head's vocabulary (1 to 1000000)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  out.push_back({gb, [=] {
+                   print_config("bench gemm", {{"sets", fmt::format("{}", fmt::join(go->sets, ","))},
+                                               {"m", std::to_string(go->m)},
+                                               {"reps", std::to_string(go->reps)},
+                                               {"threads", std::to_string(go->threads)},
+                                               {"vocab", std::to_string(go->vocab)}});
+                   fmt::print("{}", bench::format_gemm_bench(bench::run_gemm_bench(*go), *go));
+                   return 0;
+                 }});
+
   auto mo = std::make_shared<MemoryBenchFlags>();
   auto* mb = bench_cmd->add_subcommand(
       "memory", "memory per rank of zero1/zero2/zero3/no_shard training against the ZeRO formulas");
@@ -348,39 +380,39 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                    return 0;
                  }});
 
-  auto go = std::make_shared<bench::GptBenchOptions>();
-  go->torch_script = MESHTRAIN_TORCH_GPT_SCRIPT;
-  auto* gb = bench_cmd->add_subcommand(
+  auto gpt_opts = std::make_shared<bench::GptBenchOptions>();
+  gpt_opts->torch_script = MESHTRAIN_TORCH_GPT_SCRIPT;
+  auto* gpt_cmd = bench_cmd->add_subcommand(
       "gpt", "GPT training step (default: GPT-2 124M, T = 64, batch 4, fp32, AdamW): time, tokens/s, GFLOP/s beside "
              "the sgemm rate, PyTorch's step in the same run, and where the time goes per kernel");
-  gb->add_option("--layers", go->layers, "transformer blocks")->capture_default_str()->check(CLI::Range(1, 1024));
-  gb->add_option("--heads", go->heads, "attention heads")->capture_default_str()->check(CLI::Range(1, 1024));
-  gb->add_option("--width", go->width, "model width (divisible by --heads)")
+  gpt_cmd->add_option("--layers", gpt_opts->layers, "transformer blocks")->capture_default_str()->check(CLI::Range(1, 1024));
+  gpt_cmd->add_option("--heads", gpt_opts->heads, "attention heads")->capture_default_str()->check(CLI::Range(1, 1024));
+  gpt_cmd->add_option("--width", gpt_opts->width, "model width (divisible by --heads)")
       ->capture_default_str()
       ->check(CLI::Range(1, 65536));
-  gb->add_option("--vocab", go->vocab, "vocabulary")->capture_default_str()->check(CLI::Range(2, 1 << 22));
-  gb->add_option("--context", go->context, "tokens per sample T")->capture_default_str()->check(CLI::Range(1, 65536));
-  gb->add_option("--batch", go->batch, "samples per step")->capture_default_str()->check(CLI::Range(1, 65536));
-  gb->add_option("--steps", go->steps, "timed steps (median)")->capture_default_str()->check(CLI::Range(1, 100000));
-  gb->add_option("--warmup", go->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000));
-  gb->add_option("--threads", go->threads, "BLAS threads (and PyTorch's)")
+  gpt_cmd->add_option("--vocab", gpt_opts->vocab, "vocabulary")->capture_default_str()->check(CLI::Range(2, 1 << 22));
+  gpt_cmd->add_option("--context", gpt_opts->context, "tokens per sample T")->capture_default_str()->check(CLI::Range(1, 65536));
+  gpt_cmd->add_option("--batch", gpt_opts->batch, "samples per step")->capture_default_str()->check(CLI::Range(1, 65536));
+  gpt_cmd->add_option("--steps", gpt_opts->steps, "timed steps (median)")->capture_default_str()->check(CLI::Range(1, 100000));
+  gpt_cmd->add_option("--warmup", gpt_opts->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000));
+  gpt_cmd->add_option("--threads", gpt_opts->threads, "BLAS threads (and PyTorch's)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  gb->add_option("--torch-script", go->torch_script,
+  gpt_cmd->add_option("--torch-script", gpt_opts->torch_script,
                  "the PyTorch peer run with /usr/bin/python3 (needs Debian's python3-torch)")
       ->capture_default_str();
-  gb->add_flag_callback("--no-torch", [go] { go->torch_script.clear(); }, "skip the PyTorch peer");
-  out.push_back({gb, [=] {
-                   if (go->width % go->heads != 0)
-                     throw InvalidArgument("--width", fmt::format("width {} with {} heads", go->width, go->heads),
+  gpt_cmd->add_flag_callback("--no-torch", [gpt_opts] { gpt_opts->torch_script.clear(); }, "skip the PyTorch peer");
+  out.push_back({gpt_cmd, [=] {
+                   if (gpt_opts->width % gpt_opts->heads != 0)
+                     throw InvalidArgument("--width", fmt::format("width {} with {} heads", gpt_opts->width, gpt_opts->heads),
                                            "use a width divisible by --heads");
                    print_config("bench gpt",
-                                {{"layers", std::to_string(go->layers)}, {"heads", std::to_string(go->heads)},
-                                 {"width", std::to_string(go->width)}, {"vocab", std::to_string(go->vocab)},
-                                 {"context", std::to_string(go->context)}, {"batch", std::to_string(go->batch)},
-                                 {"steps", std::to_string(go->steps)}, {"threads", std::to_string(go->threads)},
-                                 {"torch_script", go->torch_script.empty() ? "none" : go->torch_script}});
-                   fmt::print("{}", bench::format_gpt_bench(bench::run_gpt_bench(*go), *go));
+                                {{"layers", std::to_string(gpt_opts->layers)}, {"heads", std::to_string(gpt_opts->heads)},
+                                 {"width", std::to_string(gpt_opts->width)}, {"vocab", std::to_string(gpt_opts->vocab)},
+                                 {"context", std::to_string(gpt_opts->context)}, {"batch", std::to_string(gpt_opts->batch)},
+                                 {"steps", std::to_string(gpt_opts->steps)}, {"threads", std::to_string(gpt_opts->threads)},
+                                 {"torch_script", gpt_opts->torch_script.empty() ? "none" : gpt_opts->torch_script}});
+                   fmt::print("{}", bench::format_gpt_bench(bench::run_gpt_bench(*gpt_opts), *gpt_opts));
                    return 0;
                  }});
 

@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   g++ cmake ninja-build make pkg-config
   libopenblas-dev
+  libdnnl-dev  # oneDNN: f32/bf16 matrix products (core/matmul.h); without it OpenBLAS runs them
   libopenmpi-dev openmpi-bin
   libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev

@@ -191,6 +191,28 @@ TEST(F16Test, BulkConversionEqualsScalarCode) {
   std::printf("F16C in use: %s\n", internal::have_f16c() ? "yes" : "no");
 }
 
+// The bulk bf16 rounding (AVX-512 when present) equals the scalar code bit
+// for bit on every 97th f32 pattern (NaNs with payloads, subnormals, values
+// rounding up to inf), in both its forms, with a scalar tail.
+TEST(Bf16Test, BulkConversionEqualsScalarCode) {
+  std::vector<float> x;
+  for (uint64_t bits = 0; bits <= 0xffffffffu; bits += 97) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
+  for (uint32_t b : {0x7f7fffffu, 0x7f7f8000u, 0x00008000u, 0x00018000u, 0x7f800001u, 0xff800000u, 0x80000000u})
+    x.push_back(std::bit_cast<float>(b));
+  x.push_back(1.0f);  // 1 + 7 * 16 + ...: an odd count leaves a tail
+  std::vector<uint16_t> fast(x.size()), slow(x.size());
+  internal::f32_to_bf16(x.data(), fast.data(), x.size());
+  internal::f32_to_bf16_portable(x.data(), slow.data(), x.size());
+  std::vector<float> rounded = x;
+  internal::round_f32_to_bf16(rounded.data(), rounded.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(fast[i], slow[i]) << "float bits 0x" << std::hex << std::bit_cast<uint32_t>(x[i]);
+    ASSERT_EQ(std::bit_cast<uint32_t>(rounded[i]), uint32_t{slow[i]} << 16)
+        << "float bits 0x" << std::hex << std::bit_cast<uint32_t>(x[i]);
+  }
+  std::printf("AVX-512 bf16 rounding in use: %s\n", internal::have_avx512_bf16_rounding() ? "yes" : "no");
+}
+
 TEST(F16Test, OverflowsToInfinityHalfwayPastMax) {
   EXPECT_EQ(f16_to_float(0x7bff), 65504.0f);
   EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);

@@ -1,6 +1,5 @@
 #include "meshtrain/core/ops.h"
 
-#include <cblas.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -149,130 +148,7 @@ void for_each_value(const Tensor& x, F f) {
   });
 }
 
-// ---- matmul ----
-
-// A 2-D operand as BLAS sees it: row-major storage with leading dim `ld`,
-// transposed or not.
-struct BlasOperand {
-  Tensor t;  // holds the memory (possibly a contiguous copy)
-  bool trans;
-  int64_t ld;
-};
-
-BlasOperand as_blas(const Tensor& x, bool trans) {
-  const int64_t rows = x.size(0), cols = x.size(1);
-  const int64_t s0 = x.stride(0), s1 = x.stride(1);
-  if ((s1 == 1 || cols <= 1) && (rows <= 1 || s0 >= std::max<int64_t>(cols, 1)))
-    return {x, trans, rows <= 1 ? std::max<int64_t>(cols, 1) : s0};
-  // A transpose() view of a row-major matrix: hand BLAS the storage and flip.
-  if ((s0 == 1 || rows <= 1) && (cols <= 1 || s1 >= std::max<int64_t>(rows, 1)))
-    return {x, !trans, cols <= 1 ? std::max<int64_t>(rows, 1) : s1};
-  return {x.contiguous(), trans, std::max<int64_t>(cols, 1)};
-}
-
-void check_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
-                  int batch_dims, const char* op) {
-  check_operand(a, op, "a");
-  check_operand(b, op, "b");
-  check_operand(out, op, "out");
-  const int nd = 2 + batch_dims;
-  for (const Tensor* t : {&a, &b, &out}) {
-    if (t->dim() != nd)
-      throw InvalidArgument(op, fmt::format("operand of shape {} is {}-d", shape_to_string(t->shape()), t->dim()),
-                            fmt::format("{} takes {}-d tensors", op, nd));
-  }
-  if (a.dtype() != b.dtype() || a.dtype() != out.dtype() ||
-      (a.dtype() != DType::f32 && a.dtype() != DType::f64))
-    throw InvalidArgument(op, fmt::format("dtypes a {}, b {}, out {}", dtype_name(a.dtype()),
-                                          dtype_name(b.dtype()), dtype_name(out.dtype())),
-                          "matmul needs all f32 or all f64; convert bf16/f16 with to(DType::f32)");
-  const int64_t m = trans_a ? a.size(-1) : a.size(-2);
-  const int64_t ka = trans_a ? a.size(-2) : a.size(-1);
-  const int64_t kb = trans_b ? b.size(-1) : b.size(-2);
-  const int64_t n = trans_b ? b.size(-2) : b.size(-1);
-  const bool batch_ok = batch_dims == 0 || (a.size(0) == b.size(0) && a.size(0) == out.size(0));
-  if (ka != kb || out.size(-2) != m || out.size(-1) != n || !batch_ok)
-    throw InvalidArgument(op,
-                          fmt::format("a {}{} @ b {}{} does not give out {}", shape_to_string(a.shape()),
-                                      trans_a ? "^T" : "", shape_to_string(b.shape()), trans_b ? "^T" : "",
-                                      shape_to_string(out.shape())),
-                          "need op(a) (M, K), op(b) (K, N), out (M, N), and equal batch sizes");
-  if (may_overlap(out, a) || may_overlap(out, b))
-    throw InvalidArgument(op, "out overlaps an input", "write the product to a separate tensor");
-}
-
-void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
-               double alpha, double beta) {
-  const int64_t m = out.size(0), n = out.size(1);
-  const int64_t k = trans_a ? a.size(0) : a.size(1);
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // the product is empty: out = beta * out
-    if (beta == 0.0) out.fill(0.0);
-    else scale(out, beta);
-    return;
-  }
-  BlasOperand pa = as_blas(a, trans_a);
-  BlasOperand pb = as_blas(b, trans_b);
-  const bool out_direct = out.stride(1) == 1 && (m <= 1 || out.stride(0) >= n);
-  Tensor c = out_direct ? out : (beta == 0.0 ? Tensor::empty(out.shape(), out.dtype()) : out.contiguous());
-  const int64_t ldc = m <= 1 ? n : c.stride(0);
-  constexpr int64_t kMax = std::numeric_limits<blasint>::max();
-  for (int64_t v : {m, n, k, pa.ld, pb.ld, ldc}) {
-    if (v > kMax)
-      throw InvalidArgument("matmul", fmt::format("size or leading dimension {} exceeds BLAS's {}", v, kMax),
-                            "split the product into smaller blocks");
-  }
-  const auto ta = pa.trans ? CblasTrans : CblasNoTrans;
-  const auto tb = pb.trans ? CblasTrans : CblasNoTrans;
-  const auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n), bk = static_cast<blasint>(k);
-  if (a.dtype() == DType::f32) {
-    cblas_sgemm(CblasRowMajor, ta, tb, bm, bn, bk, static_cast<float>(alpha),
-                static_cast<const float*>(pa.t.data_ptr()), static_cast<blasint>(pa.ld),
-                static_cast<const float*>(pb.t.data_ptr()), static_cast<blasint>(pb.ld),
-                static_cast<float>(beta), static_cast<float*>(c.data_ptr()), static_cast<blasint>(ldc));
-  } else {
-    cblas_dgemm(CblasRowMajor, ta, tb, bm, bn, bk, alpha, static_cast<const double*>(pa.t.data_ptr()),
-                static_cast<blasint>(pa.ld), static_cast<const double*>(pb.t.data_ptr()),
-                static_cast<blasint>(pb.ld), beta, static_cast<double*>(c.data_ptr()),
-                static_cast<blasint>(ldc));
-  }
-  if (!out_direct) out.copy_from(c);
-}
-
 }  // namespace
-
-void set_blas_threads(int n) {
-  if (n < 1)
-    throw InvalidArgument("set_blas_threads", fmt::format("thread count {}", n), "use n >= 1");
-  openblas_set_num_threads(n);
-}
-
-int blas_threads() { return openblas_get_num_threads(); }
-
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b, double alpha,
-            double beta) {
-  check_matmul(a, b, out, trans_a, trans_b, 0, "matmul");
-  matmul_2d(a, b, out, trans_a, trans_b, alpha, beta);
-}
-
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  check_operand(a, "matmul", "a");
-  check_operand(b, "matmul", "b");
-  if (a.dim() != 2 || b.dim() != 2)
-    throw InvalidArgument("matmul", fmt::format("a {} and b {} must be 2-d", shape_to_string(a.shape()),
-                                                shape_to_string(b.shape())),
-                          "use batched_matmul for 3-d operands");
-  Tensor out = Tensor::empty({a.size(0), b.size(1)}, a.dtype());
-  matmul(a, b, out);
-  return out;
-}
-
-void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
-                    double alpha, double beta) {
-  check_matmul(a, b, out, trans_a, trans_b, 1, "batched_matmul");
-  for (int64_t i = 0; i < out.size(0); ++i)
-    matmul_2d(a.select(0, i), b.select(0, i), out.select(0, i), trans_a, trans_b, alpha, beta);
-}
 
 void add(const Tensor& a, const Tensor& b, const Tensor& out) {
   check_operand(a, "add", "a");
@@ -466,7 +342,9 @@ void round_to(const Tensor& x, DType dtype) {
   if (x.dtype() != DType::f32 || (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16))
     throw InvalidArgument("round_to", fmt::format("x is {}, dtype {}", dtype_name(x.dtype()), dtype_name(dtype)),
                           "round an f32 tensor to bf16, f16 (or f32: no-op)");
-  if (dtype == DType::bf16)
+  if (dtype == DType::bf16 && x.is_contiguous())
+    internal::round_f32_to_bf16(x.data<float>(), static_cast<size_t>(x.numel()));
+  else if (dtype == DType::bf16)
     unary_inplace_kernel<float>(x, [](float v) { return bf16_to_float(float_to_bf16(v)); });
   else if (dtype == DType::f16 && x.is_contiguous()) {  // through F16C when present, in cache-sized chunks
     float* p = x.data<float>();

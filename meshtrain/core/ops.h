@@ -1,5 +1,6 @@
-// CPU kernels over Tensor: BLAS-backed matrix products, element-wise
-// arithmetic and reductions. The building blocks of nn's forward/backward.
+// CPU kernels over Tensor: matrix products (core/matmul.h, included here),
+// element-wise arithmetic and reductions. The building blocks of nn's
+// forward/backward.
 //
 //   Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
 //   Tensor b = Tensor::full({3, 2}, 0.5, DType::f32);
@@ -24,35 +25,14 @@
 // on overflow. Reductions accumulate in double in row-major order, so results
 // are deterministic for a given shape, dtype and strides.
 //
-// Thread-safety: functions may run concurrently on disjoint outputs. matmul
-// uses OpenBLAS, whose thread pool is per process (see set_blas_threads).
+// Thread-safety: functions may run concurrently on disjoint outputs. matmul's
+// backends and threads: core/matmul.h.
 #pragma once
 
+#include "meshtrain/core/matmul.h"
 #include "meshtrain/core/tensor.h"
 
 namespace meshtrain {
-
-// Sets OpenBLAS's per-process thread count (n >= 1). Process-wide state:
-// call it in one place at start-up (the CLI or a test main), before kernels
-// run; with N simulated ranks per process, n = cores / N avoids oversubscription.
-void set_blas_threads(int n);
-// The current OpenBLAS thread count.
-int blas_threads();
-
-// out = alpha * op(a) @ op(b) + beta * out, where op(x) is x or x^T.
-// a, b, out: 2-D, all f32 or all f64; op(a) (M, K), op(b) (K, N), out (M, N).
-// Matrices with unit stride in one dim (e.g. narrowed columns or transpose()
-// views) go to BLAS directly; others are copied to contiguous first. When
-// beta == 0, out's old values are ignored (NaN in out does not propagate).
-// out must not overlap a or b.
-void matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a = false,
-            bool trans_b = false, double alpha = 1.0, double beta = 0.0);
-// a @ b as a new contiguous (M, N) tensor of a's dtype.
-Tensor matmul(const Tensor& a, const Tensor& b);
-// matmul for each index of a leading batch dim: a (B, ., .), b (B, ., .),
-// out (B, M, N); same rules as matmul per batch.
-void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a = false,
-                    bool trans_b = false, double alpha = 1.0, double beta = 0.0);
 
 // out = a + b, element-wise; any dtype.
 void add(const Tensor& a, const Tensor& b, const Tensor& out);

@@ -172,7 +172,8 @@ TEST(MatmulTest, RejectsBadShapesDTypesAndOverlap) {
     EXPECT_NE(e.detail().find("[4, 4]"), std::string::npos) << e.what();
   }
   EXPECT_THROW(matmul(a, b, Tensor::zeros({4, 5}, DType::f32), true, false), InvalidArgument);
-  EXPECT_THROW(matmul(a.to(DType::bf16), b.to(DType::bf16), Tensor::zeros({4, 5}, DType::bf16)), InvalidArgument);
+  EXPECT_THROW(matmul(a.to(DType::bf16), b, Tensor::zeros({4, 5}, DType::f32)), InvalidArgument);  // mixed
+  EXPECT_THROW(matmul(a.to(DType::bf16), b.to(DType::bf16), Tensor::zeros({4, 5}, DType::f16)), InvalidArgument);
   EXPECT_THROW(matmul(a, b.to(DType::f64)), InvalidArgument);
   EXPECT_THROW(matmul(Tensor::zeros({2, 3, 4}, DType::f32), b), InvalidArgument);
   Tensor sq = Tensor::zeros({3, 3}, DType::f32);

@@ -476,6 +476,8 @@ void Tensor::copy_from(const Tensor& src) const {
             std::copy(p, p + len, d);
           else if constexpr (std::is_same_v<D, internal::F16> && std::is_same_v<S, float>)
             internal::f32_to_f16(p, reinterpret_cast<uint16_t*>(d), static_cast<size_t>(len));
+          else if constexpr (std::is_same_v<D, internal::Bf16> && std::is_same_v<S, float>)
+            internal::f32_to_bf16(p, reinterpret_cast<uint16_t*>(d), static_cast<size_t>(len));
           else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, internal::F16>)
             internal::f16_to_f32(reinterpret_cast<const uint16_t*>(p), d, static_cast<size_t>(len));
           else

@@ -55,6 +55,21 @@ void check_matrix(const char* op, const char* what, const Tensor& t) {
   if (t.dim() != 2) throw InvalidArgument(op, fmt::format("{} is {}", what, describe(t)), "pass a 2-d (rows, features) tensor");
 }
 
+// A GEMM operand pair: 2-d, contiguous, both f32 or both bf16/f16 of one
+// dtype (half-precision operands, f32 accumulation and outputs).
+void check_gemm_pair(const char* op, const char* wa, const Tensor& a, const char* wb, const Tensor& b) {
+  const DType d = a.defined() ? a.dtype() : DType::f32;
+  if (d != DType::f32 && d != DType::bf16 && d != DType::f16)
+    throw InvalidArgument(op, fmt::format("{} is {}", wa, describe(a)), "pass f32, bf16 or f16 GEMM operands");
+  check(op, wa, a, d);
+  if (a.dim() != 2) throw InvalidArgument(op, fmt::format("{} is {}", wa, describe(a)), "pass a 2-d (rows, features) tensor");
+  if (!b.defined() || b.dtype() != d)
+    throw InvalidArgument(op, fmt::format("{} is {} but {} is {}", wa, describe(a), wb, describe(b)),
+                          "GEMM operands share one dtype: f32, or bf16/f16 for a half-precision product");
+  check(op, wb, b, d);
+  if (b.dim() != 2) throw InvalidArgument(op, fmt::format("{} is {}", wb, describe(b)), "pass a 2-d (rows, features) tensor");
+}
+
 // This thread's op profile (set_op_profiling), by op name.
 struct Profile {
   bool on = false;
@@ -161,8 +176,7 @@ const Backend& backend_for(Device device) {
 
 void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
   const char* op = "functional::linear_forward";
-  check_matrix(op, "x", x);
-  check_matrix(op, "w", w);
+  check_gemm_pair(op, "x", x, "w", w);
   check_shape(op, "w", w, {x.size(1), w.size(1)});
   check_shape(op, "y", y, {x.size(0), w.size(1)});
   check(op, "y", y);
@@ -175,8 +189,7 @@ void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Ten
 
 void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) {
   const char* op = "functional::linear_backward_input";
-  check_matrix(op, "dy", dy);
-  check_matrix(op, "w", w);
+  check_gemm_pair(op, "dy", dy, "w", w);
   check_shape(op, "w", w, {w.size(0), dy.size(1)});
   check(op, "dx", dx);
   check_shape(op, "dx", dx, {dy.size(0), w.size(0)});
@@ -185,8 +198,7 @@ void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) 
 
 void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db) {
   const char* op = "functional::linear_backward_weight";
-  check_matrix(op, "x", x);
-  check_matrix(op, "dy", dy);
+  check_gemm_pair(op, "x", x, "dy", dy);
   check_shape(op, "dy", dy, {x.size(0), dy.size(1)});
   check(op, "dw", dw);
   check_shape(op, "dw", dw, {x.size(1), dy.size(1)});
@@ -207,7 +219,7 @@ void bias_add(const Tensor& b, const Tensor& y) {
 
 void bias_backward(const Tensor& dy, const Tensor& db) {
   const char* op = "functional::bias_backward";
-  check_matrix(op, "dy", dy);
+  check_gemm_pair(op, "dy", dy, "dy", dy);
   check(op, "db", db);
   check_shape(op, "db", db, {dy.size(1)});
   dispatch(op, {&dy, &db})->bias_backward(dy, db);
@@ -450,8 +462,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweig
 
 void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {
   const char* op = "functional::unembed_forward";
-  check_matrix(op, "x", x);
-  check_matrix(op, "w", w);
+  check_gemm_pair(op, "x", x, "w", w);
   check_shape(op, "w", w, {w.size(0), x.size(1)});
   check(op, "y", y);
   check_shape(op, "y", y, {x.size(0), w.size(0)});
@@ -460,8 +471,7 @@ void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {
 
 void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) {
   const char* op = "functional::unembed_backward_input";
-  check_matrix(op, "dy", dy);
-  check_matrix(op, "w", w);
+  check_gemm_pair(op, "dy", dy, "w", w);
   check_shape(op, "w", w, {dy.size(1), w.size(1)});
   check(op, "dx", dx);
   check_shape(op, "dx", dx, {dy.size(0), w.size(1)});
@@ -470,8 +480,7 @@ void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx)
 
 void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw) {
   const char* op = "functional::unembed_backward_weight";
-  check_matrix(op, "x", x);
-  check_matrix(op, "dy", dy);
+  check_gemm_pair(op, "x", x, "dy", dy);
   check_shape(op, "dy", dy, {x.size(0), dy.size(1)});
   check(op, "dw", dw);
   check_shape(op, "dw", dw, {dy.size(1), x.size(1)});

@@ -14,7 +14,10 @@
 // backend is built in; a GPU backend registers its own (register_backend)
 // without touching nn's modules. A device without a backend is Unsupported.
 //
-// Conventions: f32 operands; matrices are 2-D and contiguous (rows R, a
+// Conventions: f32 operands, except the GEMM operands of linear and unembed
+// (x, w, dy), which may instead be a bf16 (or f16) pair: half-precision
+// products with f32 accumulation into f32 outputs (core/matmul.h); bias
+// sums read a half-precision dy exactly. Matrices are 2-D and contiguous (rows R, a
 // trailing feature dim); outputs are written, except where a name says
 // "accumulate" (+=). Sums over rows are accumulated per column in f32 in
 // row order and then added to the gradient, so a result does not depend on

@@ -32,19 +32,21 @@ using testing::weighted_sum;
 
 // ---- Linear ----
 
-TEST(Linear, HalfComputeRoundsGemmInputsAndOutputs) {
+TEST(Linear, HalfComputeMultipliesRoundedOperandsAndRoundsOutputs) {
   for (DType dt : {DType::bf16, DType::f16}) {
     Linear fc(5, 3, "fc", 4);
     fc.set_compute_dtype(dt);
     const Tensor x = random_tensor({4, 5}, 1), dy = random_tensor({4, 3}, 2);
     auto r = [&](const Tensor& t) { return t.to(dt).to(DType::f32); };
-    // Reference: f32 GEMMs on rounded operands, rounded results.
+    // Reference: f32 GEMMs on rounded operands (x, dy and the weight: the
+    // products a bf16/f16 GEMM with f32 accumulation forms), rounded results.
+    const Tensor w = r(fc.weight().value);
     Tensor want_y = Tensor::zeros({4, 3}, DType::f32);
     for (int64_t i = 0; i < 4; ++i)
       want_y.narrow(0, i, 1).copy_from(fc.bias().value.view({1, 3}));
-    matmul(r(x), fc.weight().value, want_y, false, false, 1.0, 1.0);
+    matmul(r(x), w, want_y, false, false, 1.0, 1.0);
     want_y = r(want_y);
-    Tensor want_dx = r(matmul(r(dy), fc.weight().value.transpose(0, 1)));
+    Tensor want_dx = r(matmul(r(dy), w.transpose(0, 1)));
     Tensor want_dw = matmul(r(x).transpose(0, 1), r(dy));
     EXPECT_EQ(fc.forward(x).to_vector(), want_y.to_vector()) << dtype_name(dt);
     fc.zero_grad();

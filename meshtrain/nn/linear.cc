@@ -31,6 +31,19 @@ Parameter make_param(const std::string& name, std::vector<int64_t> shape, shardi
   return p;
 }
 
+// The weight (in, out) in the half-precision compute dtype, in a per-thread
+// buffer that lives until this thread's next call (not charged to a tracker:
+// transient, like a GEMM's own packing buffers). Fully sharded data
+// parallelism gathers weights that are exactly representable, so this is the
+// weight as stored; a plain f32 weight is rounded to nearest even.
+Tensor half_weight(const Tensor& w, DType dtype) {
+  thread_local std::vector<uint16_t> buf;
+  buf.resize(static_cast<size_t>(w.numel()));
+  Tensor h = Tensor::from_blob(buf.data(), w.shape(), dtype);
+  h.copy_from(w);
+  return h;
+}
+
 }  // namespace
 
 Linear::Linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed, bool bias)
@@ -80,10 +93,10 @@ std::vector<Parameter*> Linear::parameters() {
 // What one call keeps: its input (as the GEMM saw it), dy between a split
 // backward's passes, and the call's reusable buffers.
 struct Linear::State {
-  Tensor x;                        // (R, in) input, rounded to the compute dtype
+  Tensor x;                        // (R, in) input: f32, or its compute-dtype copy
   std::vector<int64_t> in_shape;   // x's shape as given, for dX
   Tensor dy;                       // (R, out) split backward: kept for the weight pass
-  Tensor y, dx, xr, dyr;           // buffers: output, input gradient, rounded copies
+  Tensor y, dx, xr, dyr;           // buffers: output, input gradient, compute-dtype copies
 };
 
 std::string Linear::describe() const { return fmt::format("Linear '{}'", name_); }
@@ -102,14 +115,15 @@ Tensor Linear::do_forward(const Tensor& x, Saved& saved) {
   const int64_t rows = xc.numel() / in_;
   st.in_shape = xc.shape();
   st.x = xc.view({rows, in_});  // (R, in)
-  if (compute_dtype_ != DType::f32) {  // the GEMM's input, as a half-precision GEMM would see it
-    Tensor& xr = internal::reuse_or_allocate(st.xr, {rows, in_}, tracker_);
+  const bool half = compute_dtype_ != DType::f32;
+  if (half) {  // the GEMM's input in the compute dtype (kept for the weight gradient)
+    Tensor& xr = internal::reuse_or_allocate(st.xr, {rows, in_}, tracker_, compute_dtype_);
     xr.copy_from(st.x);
-    round_to(xr, compute_dtype_);
     st.x = xr;
   }
   Tensor& y = internal::reuse_or_allocate(st.y, {rows, out_}, tracker_);  // (R, out)
-  functional::linear_forward(st.x, weight_.value, has_bias_ ? bias_.value : Tensor(), y);
+  functional::linear_forward(st.x, half ? half_weight(weight_.value, compute_dtype_) : weight_.value,
+                             has_bias_ ? bias_.value : Tensor(), y);
   round_to(y, compute_dtype_);  // f32 accumulation, half-precision result
   std::vector<int64_t> out_shape = st.in_shape;
   out_shape.back() = out_;
@@ -124,9 +138,8 @@ Tensor Linear::prepare_grad(const Tensor& grad_out, State& st, const char* op) {
   internal::check_shape(dy, out_shape, op, "grad_out");
   dy = dy.view({rows, out_});  // (R, out)
   if (compute_dtype_ != DType::f32) {
-    Tensor& dyr = internal::reuse_or_allocate(st.dyr, {rows, out_}, tracker_);
+    Tensor& dyr = internal::reuse_or_allocate(st.dyr, {rows, out_}, tracker_, compute_dtype_);
     dyr.copy_from(dy);
-    round_to(dyr, compute_dtype_);
     dy = dyr;
   }
   return dy;
@@ -136,7 +149,8 @@ Tensor Linear::input_grad(const Tensor& dy, State& st) {
   if (!needs_input_grad_) return Tensor();
   internal::check_param_tensor(weight_.value, "Linear::backward", weight_.name);
   Tensor& dx = internal::reuse_or_allocate(st.dx, {dy.size(0), in_}, tracker_);
-  functional::linear_backward_input(dy, weight_.value, dx);
+  const bool half = dy.dtype() != DType::f32;
+  functional::linear_backward_input(dy, half ? half_weight(weight_.value, dy.dtype()) : weight_.value, dx);
   round_to(dx, compute_dtype_);
   return dx.view(st.in_shape);
 }

@@ -13,10 +13,14 @@
 //
 // Inputs may have any number of leading dims: (..., in) -> (..., out); every
 // leading index is one row of the GEMM. With a half-precision compute dtype
-// (Module::set_compute_dtype) x, dy, y and dX are rounded to it around the
-// f32 GEMMs, as a bf16/f16 GEMM with f32 accumulation computes (the weight is
-// used as stored: fully sharded data parallelism stores it in that dtype).
-// Compute: nn::functional's linear kernels (f32 GEMMs on the CPU):
+// (Module::set_compute_dtype) the three GEMMs run in it: x, dy and the weight
+// are converted to bf16/f16 (round to nearest even; fully sharded data
+// parallelism gathers weights already exact in that dtype), multiplied with
+// f32 accumulation (core/matmul.h: oneDNN's bf16 kernels, AVX512-BF16 where
+// the CPU has it), and y and dX are rounded to the compute dtype as a
+// half-precision result. The saved input is the bf16/f16 copy (half the
+// bytes); the converted weight is a per-thread scratch, made again for dX.
+// Compute: nn::functional's linear kernels (GEMMs on the CPU):
 // forward 1 GEMM, backward 2 (dW, and dX unless needs_input_grad is false;
 // then backward returns an undefined Tensor, which the first layer of a model
 // wants since its input needs no gradient). Split backward: backward_input

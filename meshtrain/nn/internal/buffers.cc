@@ -9,10 +9,10 @@
 
 namespace meshtrain::nn::internal {
 
-Tensor& reuse_or_allocate(Tensor& buf, const std::vector<int64_t>& shape, MemoryTracker* tracker) {
-  const bool reusable = buf.defined() && buf.storage().use_count() == 1 && buf.dtype() == DType::f32 &&
+Tensor& reuse_or_allocate(Tensor& buf, const std::vector<int64_t>& shape, MemoryTracker* tracker, DType dtype) {
+  const bool reusable = buf.defined() && buf.storage().use_count() == 1 && buf.dtype() == dtype &&
                         buf.shape() == shape && buf.storage_offset() == 0 && buf.is_contiguous();
-  if (!reusable) buf = Tensor::empty(shape, DType::f32, Device{}, tracker, MemoryCategory::activations);
+  if (!reusable) buf = Tensor::empty(shape, dtype, Device{}, tracker, MemoryCategory::activations);
   return buf;
 }
 

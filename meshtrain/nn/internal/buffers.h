@@ -1,4 +1,4 @@
-// Helpers shared by nn's layers: reusable f32 buffers, input checks, and the
+// Helpers shared by nn's layers: reusable buffers, input checks, and the
 // random-stream key of a (name, step) pair. Not for use outside nn.
 //
 //   Tensor& y = internal::reuse_or_allocate(y_, {batch, out});  // no malloc when y_ is free
@@ -17,12 +17,14 @@
 
 namespace meshtrain::nn::internal {
 
-// Returns `buf` after making it an f32 contiguous tensor of `shape`. The old
+// Returns `buf` after making it a contiguous tensor of `shape` and `dtype`
+// (f32 unless given: a half-precision layer keeps bf16 copies). The old
 // storage is reused when `buf` is the only handle that refers to it (nobody
 // kept a previous result or a view of it); otherwise new storage is
 // allocated, so a result the caller still holds is never overwritten. New
 // storage is charged to `tracker` (may be null) as activations.
-Tensor& reuse_or_allocate(Tensor& buf, const std::vector<int64_t>& shape, MemoryTracker* tracker = nullptr);
+Tensor& reuse_or_allocate(Tensor& buf, const std::vector<int64_t>& shape, MemoryTracker* tracker = nullptr,
+                          DType dtype = DType::f32);
 
 // x itself when it is f32 and contiguous, else a contiguous copy. Throws
 // InvalidArgument naming `op` when x is undefined or not f32.

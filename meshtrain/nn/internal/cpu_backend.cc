@@ -33,13 +33,24 @@ float* zeroed_scratch(int64_t n) {
 }
 
 // acc[j] (zeroed scratch) = sum over rows of m[r][j], in row order; then out[j] += acc[j].
-void add_column_sums(const float* m, int64_t rows, int64_t cols, float* out) {
+template <typename T, float (*Widen)(T)>
+void add_column_sums(const T* m, int64_t rows, int64_t cols, float* out) {
   float* acc = zeroed_scratch(cols);
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = m + r * cols;
-    for (int64_t j = 0; j < cols; ++j) acc[j] += row[j];
+    const T* row = m + r * cols;
+    for (int64_t j = 0; j < cols; ++j) acc[j] += Widen(row[j]);
   }
   for (int64_t j = 0; j < cols; ++j) out[j] += acc[j];
+}
+inline float as_float(float v) { return v; }
+// The column sums of an f32, bf16 or f16 matrix dy (R, C) into db (C).
+void add_column_sums(const Tensor& dy, const Tensor& db) {
+  const int64_t rows = dy.size(0), cols = dy.size(1);
+  switch (dy.dtype()) {
+    case DType::bf16: return add_column_sums<uint16_t, bf16_to_float>(dy.data<uint16_t>(), rows, cols, db.data<float>());
+    case DType::f16: return add_column_sums<uint16_t, f16_to_float>(dy.data<uint16_t>(), rows, cols, db.data<float>());
+    default: return add_column_sums<float, as_float>(dy.data<float>(), rows, cols, db.data<float>());
+  }
 }
 
 // Calls update(offset, len, g) over [0, n) with g = float(grad) *
@@ -171,12 +182,12 @@ class CpuBackend final : public functional::Backend {
   }
 
   void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db) const override {
-    if (db.defined()) add_column_sums(dy.data<float>(), dy.size(0), dy.size(1), db.data<float>());
+    if (db.defined()) add_column_sums(dy, db);
     matmul(x, dy, dw, true, false, 1.0, 1.0);  // dW += (R, in)^T x (R, out) -> (in, out)
   }
 
   void bias_backward(const Tensor& dy, const Tensor& db) const override {
-    add_column_sums(dy.data<float>(), dy.size(0), dy.size(1), db.data<float>());
+    add_column_sums(dy, db);
   }
 
   void activation_forward(ActivationKind kind, const Tensor& xt, const Tensor& yt) const override {

@@ -1,0 +1,211 @@
+#include "meshtrain/core/matmul.h"
+
+#include <cblas.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/internal/onednn_gemm.h"
+#include "meshtrain/core/ops.h"
+
+namespace meshtrain {
+namespace {
+
+// The count set_blas_threads last set (0: never; each backend's default).
+std::atomic<int> g_threads{0};
+// The calling thread's MatmulBackendScope: -1 none, else a MatmulBackend.
+thread_local int t_backend = -1;
+
+void check_operand(const Tensor& t, const char* op, const char* what) {
+  if (!t.defined())
+    throw InvalidArgument(op, fmt::format("{} is undefined (default-constructed)", what),
+                          "pass a tensor created with Tensor::empty, zeros, ...");
+  if (t.device().type != DeviceType::cpu)
+    throw Unsupported(op, fmt::format("{} is on {}", what, t.device().to_string()),
+                      "these kernels run on cpu tensors only");
+}
+
+bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
+
+// A 2-D operand as a GEMM sees it: row-major storage with leading dim `ld`,
+// transposed or not.
+struct GemmOperand {
+  Tensor t;  // holds the memory (possibly a contiguous copy)
+  bool trans;
+  int64_t ld;
+};
+
+GemmOperand as_gemm(const Tensor& x, bool trans) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const int64_t s0 = x.stride(0), s1 = x.stride(1);
+  if ((s1 == 1 || cols <= 1) && (rows <= 1 || s0 >= std::max<int64_t>(cols, 1)))
+    return {x, trans, rows <= 1 ? std::max<int64_t>(cols, 1) : s0};
+  // A transpose() view of a row-major matrix: hand over the storage and flip.
+  if ((s0 == 1 || rows <= 1) && (cols <= 1 || s1 >= std::max<int64_t>(rows, 1)))
+    return {x, !trans, cols <= 1 ? std::max<int64_t>(rows, 1) : s1};
+  return {x.contiguous(), trans, std::max<int64_t>(cols, 1)};
+}
+
+void check_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
+                  int batch_dims, const char* op) {
+  check_operand(a, op, "a");
+  check_operand(b, op, "b");
+  check_operand(out, op, "out");
+  const int nd = 2 + batch_dims;
+  for (const Tensor* t : {&a, &b, &out}) {
+    if (t->dim() != nd)
+      throw InvalidArgument(op, fmt::format("operand of shape {} is {}-d", shape_to_string(t->shape()), t->dim()),
+                            fmt::format("{} takes {}-d tensors", op, nd));
+  }
+  const DType in = a.dtype(), o = out.dtype();
+  const bool full = (in == DType::f32 || in == DType::f64) && o == in;
+  const bool half = is_half(in) && (o == DType::f32 || o == in);
+  if (b.dtype() != in || !(full || half))
+    throw InvalidArgument(op, fmt::format("dtypes a {}, b {}, out {}", dtype_name(in), dtype_name(b.dtype()),
+                                          dtype_name(o)),
+                          "use all f32, all f64, or bf16/f16 a and b (one dtype) with an f32 out or one of "
+                          "their dtype");
+  const int64_t m = trans_a ? a.size(-1) : a.size(-2);
+  const int64_t ka = trans_a ? a.size(-2) : a.size(-1);
+  const int64_t kb = trans_b ? b.size(-1) : b.size(-2);
+  const int64_t n = trans_b ? b.size(-2) : b.size(-1);
+  const bool batch_ok = batch_dims == 0 || (a.size(0) == b.size(0) && a.size(0) == out.size(0));
+  if (ka != kb || out.size(-2) != m || out.size(-1) != n || !batch_ok)
+    throw InvalidArgument(op,
+                          fmt::format("a {}{} @ b {}{} does not give out {}", shape_to_string(a.shape()),
+                                      trans_a ? "^T" : "", shape_to_string(b.shape()), trans_b ? "^T" : "",
+                                      shape_to_string(out.shape())),
+                          "need op(a) (M, K), op(b) (K, N), out (M, N), and equal batch sizes");
+  if (may_overlap(out, a) || may_overlap(out, b))
+    throw InvalidArgument(op, "out overlaps an input", "write the product to a separate tensor");
+}
+
+void blas_gemm(const GemmOperand& pa, const GemmOperand& pb, const Tensor& c, int64_t m, int64_t n, int64_t k,
+               int64_t ldc, double alpha, double beta) {
+  constexpr int64_t kMax = std::numeric_limits<blasint>::max();
+  for (int64_t v : {m, n, k, pa.ld, pb.ld, ldc}) {
+    if (v > kMax)
+      throw InvalidArgument("matmul", fmt::format("size or leading dimension {} exceeds BLAS's {}", v, kMax),
+                            "split the product into smaller blocks");
+  }
+  const auto ta = pa.trans ? CblasTrans : CblasNoTrans;
+  const auto tb = pb.trans ? CblasTrans : CblasNoTrans;
+  const auto bm = static_cast<blasint>(m), bn = static_cast<blasint>(n), bk = static_cast<blasint>(k);
+  if (c.dtype() == DType::f32) {
+    cblas_sgemm(CblasRowMajor, ta, tb, bm, bn, bk, static_cast<float>(alpha),
+                static_cast<const float*>(pa.t.data_ptr()), static_cast<blasint>(pa.ld),
+                static_cast<const float*>(pb.t.data_ptr()), static_cast<blasint>(pb.ld),
+                static_cast<float>(beta), static_cast<float*>(c.data_ptr()), static_cast<blasint>(ldc));
+  } else {
+    cblas_dgemm(CblasRowMajor, ta, tb, bm, bn, bk, alpha, static_cast<const double*>(pa.t.data_ptr()),
+                static_cast<blasint>(pa.ld), static_cast<const double*>(pb.t.data_ptr()),
+                static_cast<blasint>(pb.ld), beta, static_cast<double*>(c.data_ptr()),
+                static_cast<blasint>(ldc));
+  }
+}
+
+void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
+               double alpha, double beta) {
+  const int64_t m = out.size(0), n = out.size(1);
+  const int64_t k = trans_a ? a.size(0) : a.size(1);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // the product is empty: out = beta * out
+    if (beta == 0.0) out.fill(0.0);
+    else scale(out, beta);
+    return;
+  }
+  const DType in = a.dtype();
+  const bool use_onednn = in != DType::f64 && matmul_backend() == MatmulBackend::onednn;
+  GemmOperand pa = as_gemm(a, trans_a);
+  GemmOperand pb = as_gemm(b, trans_b);
+  const bool out_direct = out.stride(1) == 1 && (m <= 1 || out.stride(0) >= n);
+  Tensor c = out_direct ? out : (beta == 0.0 ? Tensor::empty(out.shape(), out.dtype()) : out.contiguous());
+  const int64_t ldc = m <= 1 ? n : c.stride(0);
+  if (use_onednn) {
+    const internal::GemmCall g{.in = in, .out = c.dtype(), .m = m, .n = n, .k = k,
+                               .a = pa.t.data_ptr(), .lda = pa.ld, .trans_a = pa.trans,
+                               .b = pb.t.data_ptr(), .ldb = pb.ld, .trans_b = pb.trans,
+                               .c = c.data_ptr(), .ldc = ldc,
+                               .alpha = static_cast<float>(alpha), .beta = static_cast<float>(beta)};
+    if (internal::onednn_gemm(g, g_threads.load(std::memory_order_relaxed))) {
+      if (!out_direct) out.copy_from(c);
+      return;
+    }
+  }
+  if (!is_half(in)) {
+    blas_gemm(pa, pb, c, m, n, k, ldc, alpha, beta);
+  } else {
+    // No half-precision kernel: widen the operands (exact) and run the f32
+    // GEMM into an f32 result, rounded once into a half-precision out.
+    const Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32);
+    const Tensor c32 = c.dtype() == DType::f32 ? c : (beta == 0.0 ? Tensor::empty(c.shape(), DType::f32) : c.to(DType::f32));
+    matmul_2d(a32, b32, c32, trans_a, trans_b, alpha, beta);
+    if (c32.storage() != c.storage()) c.copy_from(c32);
+  }
+  if (!out_direct) out.copy_from(c);
+}
+
+}  // namespace
+
+void set_blas_threads(int n) {
+  if (n < 1)
+    throw InvalidArgument("set_blas_threads", fmt::format("thread count {}", n), "use n >= 1");
+  openblas_set_num_threads(n);
+  g_threads.store(n, std::memory_order_relaxed);
+}
+
+int blas_threads() {
+  const int n = g_threads.load(std::memory_order_relaxed);
+  return n > 0 ? n : openblas_get_num_threads();
+}
+
+MatmulBackend matmul_backend() {
+  if (t_backend >= 0) return static_cast<MatmulBackend>(t_backend);
+  return internal::onednn_built() ? MatmulBackend::onednn : MatmulBackend::openblas;
+}
+
+bool matmul_backend_available(MatmulBackend b) { return b == MatmulBackend::openblas || internal::onednn_built(); }
+
+std::string matmul_backend_description(MatmulBackend b) {
+  if (b == MatmulBackend::onednn) return internal::onednn_built() ? internal::onednn_description() : "oneDNN (not built)";
+  return fmt::format("OpenBLAS ({})", openblas_get_config());
+}
+
+MatmulBackendScope::MatmulBackendScope(MatmulBackend b) : previous_(t_backend) {
+  if (!matmul_backend_available(b))
+    throw Unsupported("MatmulBackendScope", "this build has no oneDNN",
+                      "install libdnnl-dev (scripts/install-deps.sh) and reconfigure");
+  t_backend = static_cast<int>(b);
+}
+
+MatmulBackendScope::~MatmulBackendScope() { t_backend = previous_; }
+
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b, double alpha,
+            double beta) {
+  check_matmul(a, b, out, trans_a, trans_b, 0, "matmul");
+  matmul_2d(a, b, out, trans_a, trans_b, alpha, beta);
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_operand(a, "matmul", "a");
+  check_operand(b, "matmul", "b");
+  if (a.dim() != 2 || b.dim() != 2)
+    throw InvalidArgument("matmul", fmt::format("a {} and b {} must be 2-d", shape_to_string(a.shape()),
+                                                shape_to_string(b.shape())),
+                          "use batched_matmul for 3-d operands");
+  Tensor out = Tensor::empty({a.size(0), b.size(1)}, is_half(a.dtype()) ? DType::f32 : a.dtype());
+  matmul(a, b, out);
+  return out;
+}
+
+void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
+                    double alpha, double beta) {
+  check_matmul(a, b, out, trans_a, trans_b, 1, "batched_matmul");
+  for (int64_t i = 0; i < out.size(0); ++i)
+    matmul_2d(a.select(0, i), b.select(0, i), out.select(0, i), trans_a, trans_b, alpha, beta);
+}
+
+}  // namespace meshtrain

@@ -1,0 +1,86 @@
+// Matrix products over Tensor: oneDNN for f32 and half precision (bf16
+// operands with f32 accumulation run as real bf16 GEMMs: AVX512-BF16 where
+// the CPU has it), OpenBLAS for f64 and as the fallback of a build without
+// oneDNN. Included by core/ops.h.
+//
+//   Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+//   Tensor b = Tensor::full({3, 2}, 0.5, DType::f32);
+//   Tensor c = matmul(a, b);                          // (2, 2): [[3, 3], [7.5, 7.5]]
+//   matmul(a, b, c, false, false, 1.0, 1.0);          // c += a @ b
+//   matmul(a.to(DType::bf16), b.to(DType::bf16), c);  // bf16 x bf16 -> f32 (f32 accumulation)
+//   set_blas_threads(1);                              // one GEMM thread per calling thread
+//
+// dtypes: a and b have one dtype; f32 and f64 products write an out of that
+// dtype; bf16 and f16 operands write an f32 out (f32 accumulation, like a
+// tensor core or AVX512-BF16's dot product) or one of their own dtype
+// (accumulated in f32, rounded once). f16 runs on oneDNN only where it has an
+// f16 kernel (AVX512-FP16); elsewhere, and for bf16 without oneDNN, operands
+// are widened to f32 (exact) and the f32 GEMM runs: the same products and f32
+// accumulation, at f32 speed. Which backend a build uses: matmul_backend()
+// and CMake's configure summary.
+//
+// Layout: 2-D operands with unit stride in one dim (row-major, narrowed
+// columns, transpose() views) go to the backend directly; others are copied
+// to contiguous first. out must not overlap a or b (InvalidArgument).
+// When beta == 0, out's old values are ignored (NaN in out does not propagate).
+//
+// Threads: set_blas_threads(n) sets the GEMM thread count of both backends:
+// OpenBLAS's (one pool per process) and oneDNN's, whose OpenMP runtime keeps
+// the count per calling thread: each thread applies the latest n at its next
+// matmul, so ranks running as threads of one process (the threads engine)
+// each use n threads. With N ranks per process, n = cores / N avoids
+// oversubscription (train/trainer.cc does this). Thread-safety: concurrent
+// calls on disjoint outputs are safe; oneDNN primitives are created once per
+// shape and shared (a process-wide cache), their memory handles per thread.
+#pragma once
+
+#include <string>
+
+#include "meshtrain/core/tensor.h"
+
+namespace meshtrain {
+
+// Sets the GEMM thread count (n >= 1) of OpenBLAS (process-wide) and of
+// oneDNN (each calling thread picks it up at its next matmul). Call it at
+// start-up (the CLI, a benchmark or a test main), before kernels run.
+void set_blas_threads(int n);
+// The thread count set by set_blas_threads (OpenBLAS's current count before
+// any call).
+int blas_threads();
+
+// out = alpha * op(a) @ op(b) + beta * out, where op(x) is x or x^T.
+// a, b, out: 2-D; op(a) (M, K), op(b) (K, N), out (M, N); dtypes as above.
+void matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a = false,
+            bool trans_b = false, double alpha = 1.0, double beta = 0.0);
+// a @ b as a new contiguous (M, N) tensor: a's dtype for f32/f64, f32 for bf16/f16.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// matmul for each index of a leading batch dim: a (B, ., .), b (B, ., .),
+// out (B, M, N); same rules as matmul per batch.
+void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a = false,
+                    bool trans_b = false, double alpha = 1.0, double beta = 0.0);
+
+// Which library runs f32 and half-precision products.
+enum class MatmulBackend : uint8_t { onednn, openblas };
+// oneDNN when the build has it, else OpenBLAS (the calling thread's
+// MatmulBackendScope, if any, overrides).
+MatmulBackend matmul_backend();
+// Whether this build can run `b` (OpenBLAS always; oneDNN when CMake found it).
+bool matmul_backend_available(MatmulBackend b);
+// "oneDNN 2.6.3 (OpenMP runtime, CPU ISA avx512_core_bf16)" or "OpenBLAS 0.3.21 ...".
+std::string matmul_backend_description(MatmulBackend b);
+
+// Runs the calling thread's products on `b` while it lives (benchmarks and
+// tests put the two backends side by side). Unsupported when the build
+// lacks `b`. Not copyable; scopes nest.
+class MatmulBackendScope {
+ public:
+  explicit MatmulBackendScope(MatmulBackend b);
+  ~MatmulBackendScope();
+  MatmulBackendScope(const MatmulBackendScope&) = delete;
+  MatmulBackendScope& operator=(const MatmulBackendScope&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace meshtrain
