@@ -226,7 +226,7 @@ std::string format_gemm_bench(const GemmBenchResult& r, const GemmBenchOptions& 
                                        "GEMM", "M", "K", "N", "op", "OpenBLAS f32", "oneDNN f32", "oneDNN bf16",
                                        "bf16/f32");
   s += head;
-  std::map<std::string, std::array<double, 4>> total;  // flops, then the three times
+  std::map<std::string, std::array<double, 5>> total;  // flops, the three times, the default routing's
   std::vector<std::string> order;
   for (const GemmRow& row : r.rows) {
     const GemmShape& g = row.shape;
@@ -241,6 +241,8 @@ std::string format_gemm_bench(const GemmBenchResult& r, const GemmBenchOptions& 
     t[1] += row.openblas_f32;
     t[2] += row.onednn_f32;
     t[3] += row.onednn_bf16;
+    // core/matmul.h's default: f32 x^T dy on OpenBLAS, the rest on oneDNN.
+    t[4] += (g.trans_a && !g.trans_b) || row.onednn_f32 == 0 ? row.openblas_f32 : row.onednn_f32;
   }
   for (const std::string& set : order) {
     const auto& t = total[set];
@@ -249,6 +251,10 @@ std::string format_gemm_bench(const GemmBenchResult& r, const GemmBenchOptions& 
                      "", "", cell(t[0], t[1]), cell(t[0], t[2]), cell(t[0], t[3]), ratio);
     s += fmt::format("{:<4} {:<22} {:.3f} ms OpenBLAS f32, {:.3f} ms oneDNN f32, {:.3f} ms oneDNN bf16\n", set,
                      "  sum of medians", 1e3 * t[1], 1e3 * t[2], 1e3 * t[3]);
+    if (t[4] > 0)
+      s += fmt::format("{:<4} {:<22} {:.3f} ms, {:.1f} GFLOP/s ({:.0f}% of the f32 peak)\n", set,
+                       "  f32 as trained", 1e3 * t[4], t[0] / t[4] / 1e9,
+                       r.f32_peak_gflops > 0 ? 100 * t[0] / t[4] / 1e9 / r.f32_peak_gflops : 0.0);
   }
   return s;
 }

@@ -118,7 +118,11 @@ void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a
     return;
   }
   const DType in = a.dtype();
-  const bool use_onednn = in != DType::f64 && matmul_backend() == MatmulBackend::onednn;
+  // The default routing (no MatmulBackendScope): f32 weight gradients
+  // (op(a) = a^T, op(b) = b) on OpenBLAS, measured 5-10% faster there.
+  const bool weight_gradient_on_blas = t_backend < 0 && in == DType::f32 && trans_a && !trans_b;
+  const bool use_onednn =
+      in != DType::f64 && matmul_backend() == MatmulBackend::onednn && !weight_gradient_on_blas;
   GemmOperand pa = as_gemm(a, trans_a);
   GemmOperand pb = as_gemm(b, trans_b);
   const bool out_direct = out.stride(1) == 1 && (m <= 1 || out.stride(0) >= n);

@@ -17,7 +17,11 @@
 // f16 kernel (AVX512-FP16); elsewhere, and for bf16 without oneDNN, operands
 // are widened to f32 (exact) and the f32 GEMM runs: the same products and f32
 // accumulation, at f32 speed. Which backend a build uses: matmul_backend()
-// and CMake's configure summary.
+// and CMake's configure summary. One exception to oneDNN, measured
+// (`meshtrain bench gemm`, docs/benchmarks.md): f32 products whose first
+// operand is transposed and second is not (weight gradients x^T dy) run on
+// OpenBLAS, which reaches 83-89% of the FMA peak there against oneDNN's
+// 79-83%; a MatmulBackendScope overrides this too.
 //
 // Layout: 2-D operands with unit stride in one dim (row-major, narrowed
 // columns, transpose() views) go to the backend directly; others are copied
