@@ -51,16 +51,17 @@ double sgemm_gflops(int64_t m, int64_t k, int64_t n) {
   return 2.0 * static_cast<double>(m * k * n) / (median(t) * 1e6);
 }
 
-// Runs the PyTorch peer; fills torch_step_ms or says why not.
-void run_torch(const GptBenchOptions& o, GptBenchResult& r) {
+// Runs the PyTorch peer at `precision`; fills torch_step_ms or says why not.
+void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
   if (o.torch_script.empty()) {
     r.torch_note = "not run (--no-torch)";
     return;
   }
   const std::string cmd = fmt::format(
       "/usr/bin/python3 '{}' --layers {} --heads {} --width {} --vocab {} --context {} --batch {} --steps {} "
-      "--warmup {} --threads {} 2>&1",
-      o.torch_script, o.layers, o.heads, o.width, o.vocab, o.context, o.batch, o.steps, o.warmup, o.threads);
+      "--warmup {} --threads {} --dtype {} 2>&1",
+      o.torch_script, o.layers, o.heads, o.width, o.vocab, o.context, o.batch, o.steps, o.warmup, o.threads,
+      r.precision);
   std::FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
     r.torch_note = "not run (popen failed)";
@@ -80,20 +81,21 @@ void run_torch(const GptBenchOptions& o, GptBenchResult& r) {
     return;
   }
   r.torch_step_ms = j["median_step_ms"].get<double>();
-  r.torch_note = fmt::format("PyTorch {} (bench/torch_gpt.py, same shapes and step)", j.value("torch", "?"));
+  r.torch_note = fmt::format("PyTorch {} (bench/torch_gpt.py, same shapes and step{})", j.value("torch", "?"),
+                             r.precision == "bf16" ? ", bf16 autocast" : "");
 }
 
-}  // namespace
-
-GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
+// meshtrain's step at one precision: median time and the op profile.
+GptBenchRun run_meshtrain(const GptBenchOptions& o, const std::string& precision, int64_t* parameters) {
   namespace F = nn::functional;
-  const int previous_threads = blas_threads();
-  set_blas_threads(o.threads);
-  GptBenchResult r;
+  GptBenchRun r;
+  r.precision = precision;
   nn::GPT gpt(nn::GPTConfig{.vocab = o.vocab, .block_size = o.context, .layers = o.layers, .heads = o.heads,
                             .width = o.width, .seed = 1});
+  if (precision == "bf16") gpt.set_compute_dtype(DType::bf16);
   const std::vector<nn::Parameter*> params = gpt.parameters();
-  for (nn::Parameter* p : params) r.parameters += p->value.numel();
+  *parameters = 0;
+  for (nn::Parameter* p : params) *parameters += p->value.numel();
   optim::AdamW opt(params, 1e-4, {0.9, 0.999}, 1e-8, 0.1);
   nn::CrossEntropyLoss ce;
   const Tensor x = random_ids(o.batch, o.context, o.vocab, 1);
@@ -125,47 +127,73 @@ GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
   }
   r.profile.push_back({"other (outside the kernels)", 0, total_ms / o.steps - kernels_ms});
   F::reset_op_profile();
+  r.step_ms = median(times);
+  return r;
+}
 
+}  // namespace
+
+GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
+  const int previous_threads = blas_threads();
+  set_blas_threads(o.threads);
+  GptBenchResult r;
   const double tokens = static_cast<double>(o.batch * o.context);
   const double matrix_params = static_cast<double>(o.layers * 12 * o.width * o.width + o.vocab * o.width);
   r.flops_per_step = 6 * matrix_params * tokens +
                      12.0 * static_cast<double>(o.layers * o.context) * static_cast<double>(o.width) * tokens;
-  r.step_ms = median(times);
-  r.tokens_per_s = tokens / (r.step_ms / 1e3);
-  r.gflops = r.flops_per_step / (r.step_ms * 1e6);
+  for (const std::string& precision : o.precisions) {
+    GptBenchRun run = run_meshtrain(o, precision, &r.parameters);
+    run.tokens_per_s = tokens / (run.step_ms / 1e3);
+    run.gflops = r.flops_per_step / (run.step_ms * 1e6);
+    r.runs.push_back(std::move(run));
+  }
   r.sgemm_shape = fmt::format("({}, {}) x ({}, {})", o.batch * o.context, o.width, o.width, 4 * o.width);
   r.sgemm_gflops = sgemm_gflops(o.batch * o.context, o.width, 4 * o.width);
   set_blas_threads(previous_threads);
-  run_torch(o, r);
+  for (GptBenchRun& run : r.runs) run_torch(o, run);
   return r;
 }
 
 std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) {
+  const double tokens = static_cast<double>(o.batch * o.context);
   std::string s = fmt::format(
       "GPT {} layers x {} width, {} heads, vocab {}, T = {}, batch {}: {:.1f}M parameters, {:.1f} GFLOP per step, "
-      "fp32, AdamW, {} thread{}\n\n",
+      "AdamW, {} thread{}\n\n",
       o.layers, o.width, o.heads, o.vocab, o.context, o.batch, r.parameters / 1e6, r.flops_per_step / 1e9, o.threads,
       o.threads == 1 ? "" : "s");
-  s += "| | step ms (median) | tokens/s | GFLOP/s | vs sgemm rate |\n|---|---:|---:|---:|---:|\n";
-  s += fmt::format("| meshtrain | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", r.step_ms, r.tokens_per_s, r.gflops,
-                   100 * r.gflops / r.sgemm_gflops);
-  if (r.torch_step_ms > 0) {
-    const double torch_gflops = r.flops_per_step / (r.torch_step_ms * 1e6);
-    s += fmt::format("| PyTorch | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", r.torch_step_ms,
-                     o.batch * o.context / (r.torch_step_ms / 1e3), torch_gflops, 100 * torch_gflops / r.sgemm_gflops);
+  s += "| | precision | step ms (median) | tokens/s | GFLOP/s | vs f32 sgemm rate |\n|---|---|---:|---:|---:|---:|\n";
+  for (const GptBenchRun& run : r.runs) {
+    s += fmt::format("| meshtrain | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", run.precision, run.step_ms,
+                     run.tokens_per_s, run.gflops, 100 * run.gflops / r.sgemm_gflops);
+    if (run.torch_step_ms > 0) {
+      const double g = r.flops_per_step / (run.torch_step_ms * 1e6);
+      s += fmt::format("| PyTorch | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", run.precision, run.torch_step_ms,
+                       tokens / (run.torch_step_ms / 1e3), g, 100 * g / r.sgemm_gflops);
+    }
   }
-  s += fmt::format("\nsgemm rate now: {:.1f} GFLOP/s on {} (core matmul, {} thread{})\n", r.sgemm_gflops,
+  s += fmt::format("\nsgemm rate now: {:.1f} GFLOP/s on {} (core matmul, f32, {} thread{})\n", r.sgemm_gflops,
                    r.sgemm_shape, o.threads, o.threads == 1 ? "" : "s");
-  if (r.torch_step_ms > 0)
-    s += fmt::format("meshtrain / PyTorch step time: {:.2f}x ({})\n", r.step_ms / r.torch_step_ms, r.torch_note);
-  else
-    s += fmt::format("PyTorch: {}\n", r.torch_note);
-  s += "\nwhere a meshtrain step goes (per step, over the timed steps):\n\n| op | calls | ms | share |\n|---|---:|---:|---:|\n";
-  double total = 0;
-  for (const auto& op : r.profile) total += op.ms_per_step;
-  for (const auto& op : r.profile)
-    s += fmt::format("| {} | {} | {:.1f} | {:.1f}% |\n", op.op, op.calls_per_step ? std::to_string(op.calls_per_step) : "",
-                     op.ms_per_step, 100 * op.ms_per_step / total);
+  for (const GptBenchRun& run : r.runs) {
+    if (run.torch_step_ms > 0)
+      s += fmt::format("{}: meshtrain / PyTorch step time {:.2f}x ({})\n", run.precision,
+                       run.step_ms / run.torch_step_ms, run.torch_note);
+    else
+      s += fmt::format("{}: PyTorch {}\n", run.precision, run.torch_note);
+  }
+  if (r.runs.size() == 2)
+    s += fmt::format("{} / {} step time: {:.2f}x\n", r.runs[1].precision, r.runs[0].precision,
+                     r.runs[1].step_ms / r.runs[0].step_ms);
+  for (const GptBenchRun& run : r.runs) {
+    s += fmt::format("\nwhere a meshtrain {} step goes (per step, over the timed steps):\n\n"
+                     "| op | calls | ms | share |\n|---|---:|---:|---:|\n",
+                     run.precision);
+    double total = 0;
+    for (const auto& op : run.profile) total += op.ms_per_step;
+    for (const auto& op : run.profile)
+      s += fmt::format("| {} | {} | {:.1f} | {:.1f}% |\n", op.op,
+                       op.calls_per_step ? std::to_string(op.calls_per_step) : "", op.ms_per_step,
+                       100 * op.ms_per_step / total);
+  }
   return s;
 }
 

@@ -1,6 +1,8 @@
 // The GPT training step against the machine and against PyTorch: median time
 // of one step (forward, cross-entropy, backward, AdamW) of a GPT-2 (default:
-// the 124M shape, T = 64, batch 4, fp32) on one rank with `threads` BLAS
+// the 124M shape, T = 64, batch 4) in fp32 and/or bf16 (every Linear's and
+// the head's GEMMs on bf16 operands, f32 masters, logits and attention;
+// PyTorch: autocast) on one rank with `threads` BLAS
 // threads and synthetic tokens; tokens/s; the model FLOPs it reaches beside
 // the sgemm rate measured in the same run on the step's own largest GEMM
 // shape; the same model and step in PyTorch (bench/torch_gpt.py, run by the
@@ -29,6 +31,7 @@ struct GptBenchOptions {
   int steps = 10;
   int warmup = 2;
   int threads = 2;
+  std::vector<std::string> precisions = {"fp32"};  // "fp32", "bf16"
   // PyTorch peer: the script to run with /usr/bin/python3 ("" skips it).
   std::string torch_script;
 };
@@ -39,17 +42,23 @@ struct GptBenchOp {
   double ms_per_step = 0;
 };
 
-struct GptBenchResult {
-  int64_t parameters = 0;
-  double flops_per_step = 0;
+// One precision's measurements.
+struct GptBenchRun {
+  std::string precision;
   double step_ms = 0;               // median
   double tokens_per_s = 0;
   double gflops = 0;                // flops_per_step / step
-  double sgemm_gflops = 0;          // measured now: (B T, C) x (C, 4C) through core matmul
-  std::string sgemm_shape;
   double torch_step_ms = 0;         // 0: not measured
   std::string torch_note;           // the version, or why it was not measured
   std::vector<GptBenchOp> profile;  // per step over the timed steps, largest first, then "other"
+};
+
+struct GptBenchResult {
+  int64_t parameters = 0;
+  double flops_per_step = 0;
+  double sgemm_gflops = 0;          // measured now: (B T, C) x (C, 4C) through core matmul, f32
+  std::string sgemm_shape;
+  std::vector<GptBenchRun> runs;    // one per precision, in the order asked
 };
 
 GptBenchResult run_gpt_bench(const GptBenchOptions& options);

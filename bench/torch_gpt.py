@@ -2,7 +2,7 @@
 """PyTorch peer of `meshtrain bench gpt`: the same GPT-2 (pre-LayerNorm
 blocks, causal attention, GELU-tanh MLP, tied head; defaults: the 124M
 shape) and the same step (forward, cross-entropy, backward, AdamW) on
-synthetic tokens, fp32, N threads. Prints one JSON line: the median step
+synthetic tokens, fp32 (or bf16 autocast: --dtype bf16), N threads. Prints one JSON line: the median step
 time over the timed steps.
 
     /usr/bin/python3 bench/torch_gpt.py [--steps 10] [--threads 2] [--layers 12] ...
@@ -32,6 +32,7 @@ p.add_argument("--batch", type=int, default=4)
 p.add_argument("--steps", type=int, default=10)
 p.add_argument("--warmup", type=int, default=2)
 p.add_argument("--threads", type=int, default=2)
+p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")  # bf16: autocast, f32 masters
 a = p.parse_args()
 torch.set_num_threads(a.threads)
 torch.manual_seed(0)
@@ -83,10 +84,11 @@ times = []
 for i in range(a.warmup + a.steps):
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=False)
-    loss = F.cross_entropy(model(x).view(-1, a.vocab), y.view(-1))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+        loss = F.cross_entropy(model(x).view(-1, a.vocab).float(), y.view(-1))
     loss.backward()
     opt.step()
     if i >= a.warmup:
         times.append(time.perf_counter() - t0)
-print(json.dumps({"torch": torch.__version__, "threads": a.threads, "median_step_ms": statistics.median(times) * 1e3,
+print(json.dumps({"torch": torch.__version__, "dtype": a.dtype, "threads": a.threads, "median_step_ms": statistics.median(times) * 1e3,
                   "steps": a.steps, "parameters": sum(q.numel() for q in model.parameters())}))

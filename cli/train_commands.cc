@@ -395,6 +395,10 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   gpt_cmd->add_option("--batch", gpt_opts->batch, "samples per step")->capture_default_str()->check(CLI::Range(1, 65536));
   gpt_cmd->add_option("--steps", gpt_opts->steps, "timed steps (median)")->capture_default_str()->check(CLI::Range(1, 100000));
   gpt_cmd->add_option("--warmup", gpt_opts->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000));
+  gpt_cmd->add_option("--precision", gpt_opts->precisions, "fp32 and/or bf16 (comma-separated: both in one run)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   gpt_cmd->add_option("--threads", gpt_opts->threads, "BLAS threads (and PyTorch's)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
@@ -411,6 +415,7 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                                  {"width", std::to_string(gpt_opts->width)}, {"vocab", std::to_string(gpt_opts->vocab)},
                                  {"context", std::to_string(gpt_opts->context)}, {"batch", std::to_string(gpt_opts->batch)},
                                  {"steps", std::to_string(gpt_opts->steps)}, {"threads", std::to_string(gpt_opts->threads)},
+                                 {"precision", fmt::format("{}", fmt::join(gpt_opts->precisions, ","))},
                                  {"torch_script", gpt_opts->torch_script.empty() ? "none" : gpt_opts->torch_script}});
                    fmt::print("{}", bench::format_gpt_bench(bench::run_gpt_bench(*gpt_opts), *gpt_opts));
                    return 0;

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
+#include <map>
+#include <mutex>
 #include <new>
 #include <type_traits>
 #include <utility>
@@ -17,13 +20,67 @@ namespace {
 
 using internal::dispatch;
 
+// Aligned operator new with a cache of large freed blocks by exact size
+// (see tensor.h). When keeping a block would pass the limit, the largest
+// cached ones are released first. Thread-safe (ranks of the threads engine
+// share it); small blocks go straight to operator new and delete.
 class CpuAllocator final : public DeviceAllocator {
  public:
+  static constexpr size_t kMinCached = size_t{1} << 20;
+
   void* allocate(size_t nbytes, int) override {
+    if (nbytes >= kMinCached) {
+      std::lock_guard lock(mu_);
+      if (auto it = free_.find(nbytes); it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        cached_ -= nbytes;
+        return p;
+      }
+    }
     return ::operator new(nbytes, std::align_val_t{Storage::kAlignment}, std::nothrow);
   }
-  void deallocate(void* p, size_t, int) noexcept override {
-    ::operator delete(p, std::align_val_t{Storage::kAlignment});
+
+  void deallocate(void* p, size_t nbytes, int) noexcept override {
+    if (nbytes >= kMinCached && nbytes <= kCpuCacheLimit) {
+      std::lock_guard lock(mu_);
+      while (cached_ + nbytes > kCpuCacheLimit && !free_.empty()) {
+        auto largest = std::prev(free_.end());
+        release(largest->second);
+        cached_ -= largest->first;
+        free_.erase(largest);
+      }
+      free_.emplace(nbytes, p);
+      cached_ += nbytes;
+      return;
+    }
+    release(p);
+  }
+
+  size_t cached() {
+    std::lock_guard lock(mu_);
+    return cached_;
+  }
+
+ private:
+  static void release(void* p) noexcept { ::operator delete(p, std::align_val_t{Storage::kAlignment}); }
+
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // by size
+  size_t cached_ = 0;
+};
+
+CpuAllocator& builtin_cpu_allocator() {
+  static auto* a = new CpuAllocator;  // never destroyed, like the registry
+  return *a;
+}
+
+// Forwards to the built-in CPU allocator (the registry owns its entries).
+class CpuAllocatorHandle final : public DeviceAllocator {
+ public:
+  void* allocate(size_t nbytes, int index) override { return builtin_cpu_allocator().allocate(nbytes, index); }
+  void deallocate(void* p, size_t nbytes, int index) noexcept override {
+    builtin_cpu_allocator().deallocate(p, nbytes, index);
   }
 };
 
@@ -32,7 +89,7 @@ class CpuAllocator final : public DeviceAllocator {
 std::array<std::unique_ptr<DeviceAllocator>, 2>& allocators() {
   static auto* a = [] {
     auto* t = new std::array<std::unique_ptr<DeviceAllocator>, 2>;
-    (*t)[static_cast<size_t>(DeviceType::cpu)] = std::make_unique<CpuAllocator>();
+    (*t)[static_cast<size_t>(DeviceType::cpu)] = std::make_unique<CpuAllocatorHandle>();
     return t;
   }();
   return *a;
@@ -178,6 +235,8 @@ bool may_overlap(const Tensor& a, const Tensor& b) {
 Storage::Storage(Key, void* data, size_t nbytes, Device device, bool owned, MemoryTracker* tracker,
                  MemoryCategory category)
     : data_(data), nbytes_(nbytes), device_(device), owned_(owned), tracker_(tracker), category_(category) {}
+
+size_t cpu_cached_bytes() { return builtin_cpu_allocator().cached(); }
 
 void register_allocator(DeviceType type, std::unique_ptr<DeviceAllocator> allocator) {
   if (!allocator && type == DeviceType::cpu)

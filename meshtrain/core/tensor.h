@@ -57,10 +57,15 @@ struct Device {
   std::string to_string() const;
 };
 
-// Memory for one device type. The CPU's (64-byte aligned operator new) is
-// built in; a GPU backend registers its own (a caching allocator) with
+// Memory for one device type. The CPU's is built in: 64-byte aligned
+// operator new, with freed blocks of 1 MiB or more kept (up to
+// kCpuCacheLimit bytes in all) and handed out again for a request of the
+// same size: a training step frees and allocates the same large buffers
+// (logits, gradients) every step, and memory the kernel must fault in and
+// zero again costs more than the step's GEMM on it (docs/benchmarks.md).
+// A GPU backend registers its own (a caching allocator) with
 // register_allocator, so Storage, Tensor and everything above stay
-// device-neutral.
+// device-neutral. MemoryTracker counts what tensors hold, not the cache.
 class DeviceAllocator {
  public:
   virtual ~DeviceAllocator() = default;
@@ -72,6 +77,10 @@ class DeviceAllocator {
 // Installs the allocator of `type` (replacing any; nullptr removes a non-cpu
 // one). Call at start-up, before tensors of that type exist.
 void register_allocator(DeviceType type, std::unique_ptr<DeviceAllocator> allocator);
+// The built-in CPU allocator's cache: the most bytes it keeps, and what it
+// keeps now (freed blocks waiting for a request of their size).
+inline constexpr size_t kCpuCacheLimit = size_t{2} << 30;
+size_t cpu_cached_bytes();
 
 // A block of device memory. Owned blocks are 64-byte aligned, charged to an
 // optional tracker, and freed (and released from the tracker) when the last

@@ -348,3 +348,28 @@ TEST(TensorTest, StorageComesFromTheAllocatorRegisteredForItsDevice) {
 
 }  // namespace
 }  // namespace meshtrain
+
+// Large freed blocks wait in the CPU allocator's cache and come back for a
+// request of their size (the same memory: no page faults the second time);
+// small ones and other sizes do not.
+namespace meshtrain {
+namespace {
+TEST(CpuAllocatorCache, ReusesALargeBlockOfTheSameSize) {
+  const size_t before = cpu_cached_bytes();
+  const int64_t n = (3 << 20) / 4;  // 3 MiB of f32
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({n}, DType::f32);
+    first = t.data_ptr();
+  }
+  EXPECT_EQ(cpu_cached_bytes(), before + (size_t{3} << 20));
+  Tensor other = Tensor::empty({n + 1}, DType::f32);  // another size: not from the cache
+  EXPECT_NE(other.data_ptr(), first);
+  Tensor again = Tensor::empty({n}, DType::f32);
+  EXPECT_EQ(again.data_ptr(), first);
+  EXPECT_EQ(cpu_cached_bytes(), before);
+  { Tensor small = Tensor::empty({1000}, DType::f32); }
+  EXPECT_EQ(cpu_cached_bytes(), before);  // small blocks go back to operator delete
+}
+}  // namespace
+}  // namespace meshtrain

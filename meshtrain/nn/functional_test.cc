@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/cpu_backend.h"
 #include "meshtrain/nn/internal/fast_math.h"
@@ -236,6 +237,50 @@ TEST(FastMath, GeluTanhMatchesTheTanhFormula) {
     const double d = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k * (1 + 3 * c * v * v);
     EXPECT_NEAR(dx.data<float>()[i], d, 2e-6 * std::max(1.0, std::fabs(v))) << v;
   }
+}
+
+// Kernels that split their work over the rank's threads (set_blas_threads)
+// give the same bits on 1 and 2 threads: AdamW, GELU forward and backward,
+// the cross-entropy, attention forward and backward.
+TEST(Threads, SplitKernelsGiveTheSameBitsOnAnyThreadCount) {
+  const auto rnd = [](std::vector<int64_t> shape, const char* key) {
+    Tensor t = Tensor::empty(std::move(shape), DType::f32);
+    fill_normal(t, 5, key_from_name(key), 0.0, 1.0);
+    return t;
+  };
+  const Tensor q = rnd({6, 70, 16}, "q"), k = rnd({6, 70, 16}, "k"), v = rnd({6, 70, 16}, "v"),
+               dout = rnd({6, 70, 16}, "dout"), x = rnd({300000}, "x"), z = rnd({40, 5000}, "z");
+  std::vector<int64_t> labels(40);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int64_t>(i * 97 % 5000);
+  const Tensor y = Tensor::from_vector(labels, {40});
+  std::vector<std::vector<double>> results[2];
+  for (int threads : {1, 2}) {
+    set_blas_threads(threads);
+    auto& r = results[threads - 1];
+    Tensor out = Tensor::empty({6, 70, 16}, DType::f32), lse = Tensor::empty({6, 70}, DType::f32);
+    Tensor dq = Tensor::empty({6, 70, 16}, DType::f32), dk = Tensor::empty({6, 70, 16}, DType::f32),
+           dv = Tensor::empty({6, 70, 16}, DType::f32);
+    F::attention_forward(q, k, v, true, 0.25, out, lse);
+    F::attention_backward(q, k, v, out, lse, dout, true, 0.25, dq, dk, dv);
+    for (const Tensor* t : {&out, &lse, &dq, &dk, &dv}) r.push_back(t->to_vector());
+    Tensor g = Tensor::empty({300000}, DType::f32), dx = Tensor::empty({300000}, DType::f32);
+    F::activation_forward(F::ActivationKind::gelu_tanh, x, g);
+    F::activation_backward(F::ActivationKind::gelu_tanh, x, g, x, dx);
+    r.push_back(g.to_vector());
+    r.push_back(dx.to_vector());
+    Tensor probs = Tensor::empty({40, 5000}, DType::f32);
+    r.push_back({F::cross_entropy_forward(z, y, probs)});
+    r.push_back(probs.to_vector());
+    Tensor m = Tensor::zeros({300000}, DType::f32), s2 = Tensor::zeros({300000}, DType::f32);
+    Tensor pc = Tensor::empty({300000}, DType::f32);
+    pc.copy_from(x);
+    F::adamw_step(pc, g, m, s2, F::AdamWStep{.weight_decay = 0.1});
+    r.push_back(pc.to_vector());
+    r.push_back(s2.to_vector());
+  }
+  set_blas_threads(1);
+  ASSERT_EQ(results[0].size(), results[1].size());
+  for (size_t i = 0; i < results[0].size(); ++i) EXPECT_EQ(results[0][i], results[1][i]) << "result " << i;
 }
 
 // While a thread profiles, each kernel it calls is counted under its name;

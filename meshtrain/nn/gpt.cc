@@ -205,6 +205,12 @@ std::vector<Module*> GPT::children() { return {&wte_, &wpe_, &h_, &ln_f_}; }
 
 std::vector<Module*> GPT::blocks() { return h_.children(); }
 
+Tensor GPT::head_weight() {
+  const Tensor& w = wte_.weight().value;
+  internal::check_param_tensor(w, "GPT::forward", wte_.weight().name);
+  return compute_dtype_ == DType::f32 ? w : w.to(compute_dtype_);
+}
+
 Tensor GPT::do_forward(const Tensor& ids, Saved& saved) {
   const char* op = "GPT::forward";
   if (!ids.defined() || ids.dim() != 2 || ids.size(1) < 1 || ids.size(1) > config_.block_size)
@@ -227,9 +233,10 @@ Tensor GPT::do_forward(const Tensor& ids, Saved& saved) {
   for (int64_t b = 0; b < st.b; ++b) add(tok.select(0, b), pos, x.select(0, b));
   const Tensor h = ln_f_.forward(h_.forward(x, saved.child(kBlocks)), saved.child(kLnF));
   st.h = h.contiguous().view({st.b * st.t, config_.width});
+  if (compute_dtype_ != DType::f32) st.h = st.h.to(compute_dtype_);  // the head's GEMMs in half precision
   Tensor logits = Tensor::empty({st.b * st.t, config_.vocab}, DType::f32, Device{}, tracker_,
                                 MemoryCategory::activations);
-  F::unembed_forward(st.h, wte_.weight().value, logits);  // the head tied to wte
+  F::unembed_forward(st.h, head_weight(), logits);  // the head tied to wte; f32 logits for the loss
   return logits;
 }
 
@@ -238,8 +245,10 @@ Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
   State& st = saved.state<State>();
   st.dlogits = internal::f32_contiguous(grad_out, op, "grad_out");
   internal::check_shape(st.dlogits, {st.b * st.t, config_.vocab}, op, "grad_out");
+  if (compute_dtype_ != DType::f32) st.dlogits = st.dlogits.to(compute_dtype_);
   Tensor dh = Tensor::empty({st.b * st.t, config_.width}, DType::f32);
-  F::unembed_backward_input(st.dlogits, wte_.weight().value, dh);
+  F::unembed_backward_input(st.dlogits, head_weight(), dh);
+  round_to(dh, compute_dtype_);
   const Tensor dx =
       h_.backward_input(ln_f_.backward_input(dh.view({st.b, st.t, config_.width}), saved.child(kLnF)),
                         saved.child(kBlocks));

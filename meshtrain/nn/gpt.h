@@ -26,6 +26,9 @@
 //
 // Recompute: config.recompute sets every block's recompute mode (its
 // activations are rebuilt in backward; numbers identical).
+// Half precision (set_compute_dtype(bf16 / f16)): every Linear's GEMMs and
+// the tied head's run on half-precision operands with f32 accumulation; the
+// logits stay f32 for the loss; attention's tiles stay f32.
 // Thread-safety: one thread at a time (a module belongs to one rank).
 #pragma once
 
@@ -124,12 +127,14 @@ class GPT final : public Module {
   std::string describe() const override { return "GPT"; }
 
  private:
+  // wte's value as the head multiplies it: in the compute dtype.
+  Tensor head_weight();
   enum Slot : size_t { kWte = 0, kWpe, kBlocks, kLnF };
   struct State {
     int64_t b = 0, t = 0;
     Tensor positions;  // (T) i64
-    Tensor h;          // (B T, C) ln_f output: the head's input
-    Tensor dlogits;    // (B T, V) kept for the head's weight pass
+    Tensor h;          // (B T, C) ln_f output: the head's input (in the compute dtype)
+    Tensor dlogits;    // (B T, V) kept for the head's weight pass (in the compute dtype)
   };
   GPTConfig config_;
   Embedding wte_;

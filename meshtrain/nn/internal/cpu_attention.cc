@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "meshtrain/core/ops.h"
+#include "meshtrain/core/parallel_for.h"
 #include "meshtrain/nn/internal/fast_math.h"
 #include "meshtrain/nn/internal/softmax_row.h"
 
@@ -38,9 +39,11 @@ int64_t key_end(bool causal, int64_t i1, int64_t t) { return causal ? std::min(i
 void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                            const Tensor& out, const Tensor& lse) {
   const int64_t n = q.size(0), t = q.size(1), d = q.size(2);
+  // Heads (and batch rows) are independent: split over the rank's threads.
+  parallel_for(n, 1, [&](int64_t b0, int64_t b1) {
   std::vector<float> s(static_cast<size_t>(kBlock * kBlock)), acc(static_cast<size_t>(kBlock * d));
   std::vector<float> m(kBlock), l(kBlock);
-  for (int64_t b = 0; b < n; ++b) {
+  for (int64_t b = b0; b < b1; ++b) {
     const float* qb = q.data<float>() + b * t * d;
     const float* kb = k.data<float>() + b * t * d;
     const float* vb = v.data<float>() + b * t * d;
@@ -80,18 +83,20 @@ void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bo
       }
     }
   }
+  });
 }
 
 void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
                             const Tensor& dv) {
   const int64_t n = q.size(0), t = q.size(1), d = q.size(2);
-  std::vector<float> p(static_cast<size_t>(kBlock * kBlock)), dp(static_cast<size_t>(kBlock * kBlock));
-  std::vector<float> delta(static_cast<size_t>(t));
   dq.fill(0.0);
   dk.fill(0.0);
   dv.fill(0.0);
-  for (int64_t b = 0; b < n; ++b) {
+  parallel_for(n, 1, [&](int64_t b0, int64_t b1) {
+  std::vector<float> p(static_cast<size_t>(kBlock * kBlock)), dp(static_cast<size_t>(kBlock * kBlock));
+  std::vector<float> delta(static_cast<size_t>(t));
+  for (int64_t b = b0; b < b1; ++b) {
     const size_t off = static_cast<size_t>(b * t * d);
     const float* qb = q.data<float>() + off;
     const float* kb = k.data<float>() + off;
@@ -137,6 +142,7 @@ void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, c
       }
     }
   }
+  });
 }
 
 void attention_reference_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,

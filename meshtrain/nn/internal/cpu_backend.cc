@@ -8,6 +8,7 @@
 
 #include "meshtrain/core/half.h"
 #include "meshtrain/core/ops.h"
+#include "meshtrain/core/parallel_for.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/cpu_attention.h"
 #include "meshtrain/nn/internal/fast_math.h"
@@ -53,22 +54,22 @@ void add_column_sums(const Tensor& dy, const Tensor& db) {
   }
 }
 
-// Calls update(offset, len, g) over [0, n) with g = float(grad) *
+// Calls update(offset, len, g) over [begin, end) with g = float(grad) *
 // float(grad_scale): the grad itself when it is f32 at scale 1, else widened
 // and scaled a chunk at a time into a stack buffer (the same f32 factor and
 // multiply as core's scale(), so scaling grads first or passing the scale
 // agree bit for bit).
 template <typename Update>
-void for_grad_chunks(const Tensor& grad, double grad_scale, int64_t n, Update update) {
+void for_grad_chunks(const Tensor& grad, double grad_scale, int64_t begin, int64_t end, Update update) {
   if (grad.dtype() == DType::f32 && grad_scale == 1.0) {
-    update(0, n, grad.data<float>());
+    update(begin, end - begin, grad.data<float>() + begin);
     return;
   }
   constexpr int64_t kChunk = 2048;
   float scratch[kChunk];
   const float s = static_cast<float>(grad_scale);
-  for (int64_t off = 0; off < n; off += kChunk) {
-    const int64_t len = std::min(kChunk, n - off);
+  for (int64_t off = begin; off < end; off += kChunk) {
+    const int64_t len = std::min(kChunk, end - off);
     switch (grad.dtype()) {
       case DType::f32: {
         const float* src = grad.data<float>() + off;
@@ -153,6 +154,75 @@ int64_t id_at(const Tensor& ids, int64_t i) {
   return ids.dtype() == DType::i64 ? ids.data<int64_t>()[i] : ids.data<int32_t>()[i];
 }
 
+// y = f(x) over n elements.
+void activation_forward_range(ActivationKind kind, const float* x, float* y, int64_t n) {
+  switch (kind) {
+    case ActivationKind::relu:
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+      break;
+    case ActivationKind::gelu:
+      for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kSqrtHalf));
+      break;
+    case ActivationKind::gelu_tanh:
+      // 0.5 v (1 + tanh u) = v sigmoid(2u), u = k (v + c v^3)
+      map_f32(x, y, n, [](auto v) { return v * sigmoid_approx(2.0f * kSqrt2OverPi * (v + kGeluCubic * v * v * v)); });
+      break;
+    case ActivationKind::silu:
+      map_f32(x, y, n, [](auto v) { return v * sigmoid_approx(v); });
+      break;
+    case ActivationKind::tanh:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+      break;
+    case ActivationKind::sigmoid:
+      map_f32(x, y, n, [](auto v) { return sigmoid_approx(v); });
+      break;
+  }
+}
+
+// dx = dy f'(x) over n elements, given y = f(x).
+void activation_backward_range(ActivationKind kind, const float* x, const float* y, const float* dy, float* dx,
+                               int64_t n) {
+  switch (kind) {
+    case ActivationKind::relu:
+      for (int64_t i = 0; i < n; ++i) {
+        const float g = dy[i];  // loaded unconditionally so the select vectorizes
+        dx[i] = x[i] > 0.0f ? g : 0.0f;
+      }
+      break;
+    case ActivationKind::gelu:
+      // d/dx x Phi(x) = Phi(x) + x phi(x)
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = x[i];
+        const float cdf = 0.5f * (1.0f + std::erf(v * kSqrtHalf));
+        const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+        dx[i] = dy[i] * (cdf + v * pdf);
+      }
+      break;
+    case ActivationKind::gelu_tanh:
+      // u = k (v + c v^3), t = tanh u, s = sigmoid(2u) = (1 + t) / 2:
+      // d/dv = 0.5 (1 + t) + 0.5 v (1 - t^2) u' = s + 2 v s (1 - s) u', u' = k (1 + 3 c v^2)
+      map2_f32(x, dy, dx, n, [](auto v, auto g) {
+        const auto s = sigmoid_approx(2.0f * kSqrt2OverPi * (v + kGeluCubic * v * v * v));
+        const auto du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
+        return g * (s + 2.0f * v * s * (1.0f - s) * du);
+      });
+      break;
+    case ActivationKind::silu:
+      // d/dx x s(x) = s + x s (1 - s)
+      map2_f32(x, dy, dx, n, [](auto v, auto g) {
+        const auto s = sigmoid_approx(v);
+        return g * (s + v * s * (1.0f - s));
+      });
+      break;
+    case ActivationKind::tanh:
+      for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+      break;
+    case ActivationKind::sigmoid:
+      for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (1.0f - y[i]);
+      break;
+  }
+}
+
 class CpuBackend final : public functional::Backend {
  public:
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) const override {
@@ -193,28 +263,9 @@ class CpuBackend final : public functional::Backend {
   void activation_forward(ActivationKind kind, const Tensor& xt, const Tensor& yt) const override {
     const float* x = xt.data<float>();
     float* y = yt.data<float>();
-    const int64_t n = xt.numel();
-    switch (kind) {
-      case ActivationKind::relu:
-        for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
-        break;
-      case ActivationKind::gelu:
-        for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kSqrtHalf));
-        break;
-      case ActivationKind::gelu_tanh:
-        // 0.5 v (1 + tanh u) = v sigmoid(2u), u = k (v + c v^3)
-        map_f32(x, y, n, [](auto v) { return v * sigmoid_approx(2.0f * kSqrt2OverPi * (v + kGeluCubic * v * v * v)); });
-        break;
-      case ActivationKind::silu:
-        map_f32(x, y, n, [](auto v) { return v * sigmoid_approx(v); });
-        break;
-      case ActivationKind::tanh:
-        for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
-        break;
-      case ActivationKind::sigmoid:
-        map_f32(x, y, n, [](auto v) { return sigmoid_approx(v); });
-        break;
-    }
+    // Element by element: the same numbers on any split over the rank's threads.
+    parallel_for(xt.numel(), int64_t{1} << 15,
+                 [&](int64_t b, int64_t e) { activation_forward_range(kind, x + b, y + b, e - b); });
   }
 
   void activation_backward(ActivationKind kind, const Tensor& xt, const Tensor& yt, const Tensor& dyt,
@@ -223,46 +274,9 @@ class CpuBackend final : public functional::Backend {
     const float* y = yt.data<float>();
     const float* dy = dyt.data<float>();
     float* dx = dxt.data<float>();
-    const int64_t n = xt.numel();
-    switch (kind) {
-      case ActivationKind::relu:
-        for (int64_t i = 0; i < n; ++i) {
-          const float g = dy[i];  // loaded unconditionally so the select vectorizes
-          dx[i] = x[i] > 0.0f ? g : 0.0f;
-        }
-        break;
-      case ActivationKind::gelu:
-        // d/dx x Phi(x) = Phi(x) + x phi(x)
-        for (int64_t i = 0; i < n; ++i) {
-          const float v = x[i];
-          const float cdf = 0.5f * (1.0f + std::erf(v * kSqrtHalf));
-          const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
-          dx[i] = dy[i] * (cdf + v * pdf);
-        }
-        break;
-      case ActivationKind::gelu_tanh:
-        // u = k (v + c v^3), t = tanh u, s = sigmoid(2u) = (1 + t) / 2:
-        // d/dv = 0.5 (1 + t) + 0.5 v (1 - t^2) u' = s + 2 v s (1 - s) u', u' = k (1 + 3 c v^2)
-        map2_f32(x, dy, dx, n, [](auto v, auto g) {
-          const auto s = sigmoid_approx(2.0f * kSqrt2OverPi * (v + kGeluCubic * v * v * v));
-          const auto du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * v * v);
-          return g * (s + 2.0f * v * s * (1.0f - s) * du);
-        });
-        break;
-      case ActivationKind::silu:
-        // d/dx x s(x) = s + x s (1 - s)
-        map2_f32(x, dy, dx, n, [](auto v, auto g) {
-          const auto s = sigmoid_approx(v);
-          return g * (s + v * s * (1.0f - s));
-        });
-        break;
-      case ActivationKind::tanh:
-        for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
-        break;
-      case ActivationKind::sigmoid:
-        for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * y[i] * (1.0f - y[i]);
-        break;
-    }
+    parallel_for(xt.numel(), int64_t{1} << 15, [&](int64_t b, int64_t e) {
+      activation_backward_range(kind, x + b, y + b, dy + b, dx + b, e - b);
+    });
   }
 
   void layer_norm_forward(const Tensor& xt, const Tensor& gamma, const Tensor& beta, double eps, const Tensor& yt,
@@ -365,13 +379,19 @@ class CpuBackend final : public functional::Backend {
     const float* pz = logits.data<float>();
     const int64_t* y = labels.data<int64_t>();
     float* pp = probs.data<float>();
+    // Rows in parallel over the rank's threads; their terms summed in row
+    // order after, so the total does not depend on the split.
+    std::vector<double> terms(static_cast<size_t>(n));
+    parallel_for(n, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(c, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const float* zr = pz + i * c;
+        const SoftmaxRow row = softmax_row(zr, pp + i * c, c);
+        // -log softmax(z)[y] = log sum exp(z - m) - (z[y] - m)
+        terms[static_cast<size_t>(i)] = std::log(row.sum) - (static_cast<double>(zr[y[i]]) - row.max);
+      }
+    });
     double total = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-      const float* zr = pz + i * c;
-      const SoftmaxRow row = softmax_row(zr, pp + i * c, c);
-      // -log softmax(z)[y] = log sum exp(z - m) - (z[y] - m)
-      total += std::log(row.sum) - (static_cast<double>(zr[y[i]]) - row.max);
-    }
+    for (double t : terms) total += t;
     return total;
   }
 
@@ -579,8 +599,11 @@ class CpuBackend final : public functional::Backend {
     float* p = value.data<float>();
     float* m = exp_avg.data<float>();
     float* v = exp_avg_sq.data<float>();
-    for_grad_chunks(grad, h.grad_scale, value.numel(), [&](int64_t off, int64_t len, const float* g) {
-      adamw_update(p + off, g, m + off, v + off, len, h);
+    // Element by element: the same numbers on any split over the rank's threads.
+    parallel_for(value.numel(), int64_t{1} << 16, [&](int64_t b, int64_t e) {
+      for_grad_chunks(grad, h.grad_scale, b, e, [&](int64_t off, int64_t len, const float* g) {
+        adamw_update(p + off, g, m + off, v + off, len, h);
+      });
     });
   }
 
@@ -588,8 +611,10 @@ class CpuBackend final : public functional::Backend {
                 const functional::SgdStep& h) const override {
     float* p = value.data<float>();
     float* buf = momentum_buffer.defined() ? momentum_buffer.data<float>() : nullptr;
-    for_grad_chunks(grad, h.grad_scale, value.numel(), [&](int64_t off, int64_t len, const float* g) {
-      sgd_update(p + off, g, buf != nullptr ? buf + off : nullptr, len, h);
+    parallel_for(value.numel(), int64_t{1} << 16, [&](int64_t b, int64_t e) {
+      for_grad_chunks(grad, h.grad_scale, b, e, [&](int64_t off, int64_t len, const float* g) {
+        sgd_update(p + off, g, buf != nullptr ? buf + off : nullptr, len, h);
+      });
     });
   }
 };

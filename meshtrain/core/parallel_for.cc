@@ -1,0 +1,22 @@
+#include "meshtrain/core/parallel_for.h"
+
+#include <algorithm>
+
+#include "meshtrain/core/matmul.h"
+
+namespace meshtrain {
+
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  const int64_t threads = std::min<int64_t>(blas_threads(), std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
+#ifdef _OPENMP
+  if (threads > 1) {
+#pragma omp parallel for num_threads(static_cast<int>(threads)) schedule(static, 1)
+    for (int64_t t = 0; t < threads; ++t) fn(n * t / threads, n * (t + 1) / threads);
+    return;
+  }
+#endif
+  fn(0, n);
+}
+
+}  // namespace meshtrain
