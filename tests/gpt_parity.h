@@ -34,6 +34,7 @@ inline train::TrainConfig gpt_parity_config(const std::string& tag, const std::s
   tc.epochs = 1;
   tc.log_every = 10;
   tc.threads_per_rank = 1;
+  tc.dropout = 0.1;              // masks keyed by the global sample: the same on any layout
   tc.fsdp_min_weight_size = 64;  // shard every matrix, replicate biases and norms
   tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_gpt_parity_" + tag)).string();
   tc.overwrite = true;  // the previous test run's directory

@@ -35,14 +35,15 @@ Tensor merge_heads(const Tensor& x, int64_t b, int64_t heads) {
 // ---- CausalSelfAttention ----
 
 CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed,
-                                         double proj_std, bool defer_init)
+                                         double proj_std, bool defer_init, double dropout)
     : name_(prefix),
       width_(width),
       heads_(heads),
       c_attn_(width, 3 * width, join_name(prefix, "c_attn"), seed,
               LinearOptions{.role = sharding::LinearRole::column, .defer_init = defer_init, .init_std = 0.02}),
       c_proj_(width, width, join_name(prefix, "c_proj"), seed,
-              LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}) {
+              LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}),
+      resid_dropout_(dropout, join_name(prefix, "resid_dropout"), seed) {
   if (heads < 1 || width % heads != 0)
     throw InvalidArgument("CausalSelfAttention", fmt::format("'{}': width {} over {} heads", prefix, width, heads),
                           "pick a head count that divides the width");
@@ -70,12 +71,13 @@ Tensor CausalSelfAttention::do_forward(const Tensor& x, Saved& saved) {
   st.lse = Tensor::empty({st.q.size(0), st.t}, DType::f32, Device{}, tracker_, MemoryCategory::activations);
   const double scale = 1.0 / std::sqrt(static_cast<double>(width_ / heads_));
   F::attention_forward(st.q, st.k, st.v, /*causal=*/true, scale, st.out, st.lse);
-  return c_proj_.forward(merge_heads(st.out, st.b, heads_), saved.child(1));
+  return resid_dropout_.forward(c_proj_.forward(merge_heads(st.out, st.b, heads_), saved.child(1)), saved.child(2));
 }
 
 Tensor CausalSelfAttention::do_backward_input(const Tensor& grad_out, Saved& saved) {
   State& st = saved.state<State>();
-  const Tensor dmerged = c_proj_.backward_input(grad_out, saved.child(1));  // (B, T, C)
+  const Tensor dmerged =
+      c_proj_.backward_input(resid_dropout_.backward_input(grad_out, saved.child(2)), saved.child(1));  // (B, T, C)
   Tensor dq = Tensor::empty(st.q.shape(), DType::f32), dk = Tensor::empty(st.q.shape(), DType::f32),
          dv = Tensor::empty(st.q.shape(), DType::f32);
   const int64_t d = width_ / heads_;
@@ -93,6 +95,7 @@ Tensor CausalSelfAttention::do_backward_input(const Tensor& grad_out, Saved& sav
 }
 
 void CausalSelfAttention::do_backward_weight(Saved& saved) {
+  resid_dropout_.backward_weight(saved.child(2));
   c_proj_.backward_weight(saved.child(1));
   c_attn_.backward_weight(saved.child(0));
 }
@@ -100,10 +103,10 @@ void CausalSelfAttention::do_backward_weight(Saved& saved) {
 // ---- GPTBlock ----
 
 GPTBlock::GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std,
-                   bool defer_init)
+                   bool defer_init, double dropout)
     : name_(prefix),
       ln_1_(width, join_name(prefix, "ln_1"), 1e-5, true, defer_init),
-      attn_(width, heads, join_name(prefix, "attn"), seed, proj_std, defer_init),
+      attn_(width, heads, join_name(prefix, "attn"), seed, proj_std, defer_init, dropout),
       ln_2_(width, join_name(prefix, "ln_2"), 1e-5, true, defer_init),
       mlp_(join_name(prefix, "mlp")) {
   // nanoGPT's names: mlp.c_fc, mlp.c_proj (the GELU takes no name).
@@ -114,6 +117,7 @@ GPTBlock::GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint
   mlp_.add(std::make_unique<Linear>(4 * width, width, join_name(prefix, "mlp.c_proj"), seed,
                                     LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init,
                                                   .init_std = proj_std}));
+  mlp_.add(std::make_unique<Dropout>(dropout, join_name(prefix, "mlp.dropout"), seed));
 }
 
 std::vector<Parameter*> GPTBlock::parameters() {
@@ -168,11 +172,13 @@ void GPTBlock::do_backward_weight(Saved& saved) {
 namespace {
 
 const GPTConfig& checked(const GPTConfig& c) {
-  if (c.vocab < 1 || c.block_size < 1 || c.layers < 0 || c.heads < 1 || c.width < 1 || c.width % c.heads != 0)
+  if (c.vocab < 1 || c.block_size < 1 || c.layers < 0 || c.heads < 1 || c.width < 1 || c.width % c.heads != 0 ||
+      !(c.dropout >= 0.0 && c.dropout < 1.0))
     throw InvalidArgument("GPT",
-                          fmt::format("vocab {}, block_size {}, layers {}, heads {}, width {}", c.vocab, c.block_size,
-                                      c.layers, c.heads, c.width),
-                          "need vocab, block_size, heads, width >= 1, layers >= 0 and heads dividing width");
+                          fmt::format("vocab {}, block_size {}, layers {}, heads {}, width {}, dropout {}", c.vocab,
+                                      c.block_size, c.layers, c.heads, c.width, c.dropout),
+                          "need vocab, block_size, heads, width >= 1, layers >= 0, heads dividing width and dropout "
+                          "in [0, 1)");
   return c;
 }
 
@@ -183,12 +189,13 @@ GPT::GPT(GPTConfig config)
       wte_(config_.vocab, config_.width, "wte", config_.seed, EmbeddingOptions{.defer_init = config_.defer_init}),
       wpe_(config_.block_size, config_.width, "wpe", config_.seed,
            EmbeddingOptions{.defer_init = config_.defer_init, .kind = sharding::ParamKind::other}),
+      drop_(config_.dropout, "drop", config_.seed),
       h_("h"),
       ln_f_(config_.width, "ln_f", 1e-5, true, config_.defer_init) {
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(config_.layers, 1)));
   for (int64_t i = 0; i < config_.layers; ++i) {
     auto& block = h_.add(std::make_unique<GPTBlock>(config_.width, config_.heads, h_.next_name(), config_.seed,
-                                                    proj_std, config_.defer_init));
+                                                    proj_std, config_.defer_init, config_.dropout));
     block.set_recompute(config_.recompute);
   }
   wte_.weight().users = 2;  // the embedding and the tied output head
@@ -201,7 +208,7 @@ std::vector<Parameter*> GPT::parameters() {
   return ps;
 }
 
-std::vector<Module*> GPT::children() { return {&wte_, &wpe_, &h_, &ln_f_}; }
+std::vector<Module*> GPT::children() { return {&wte_, &wpe_, &drop_, &h_, &ln_f_}; }
 
 std::vector<Module*> GPT::blocks() { return h_.children(); }
 
@@ -231,7 +238,8 @@ Tensor GPT::do_forward(const Tensor& ids, Saved& saved) {
   const Tensor pos = wpe_.forward(st.positions, saved.child(kWpe));   // (T, C)
   Tensor x = Tensor::empty(tok.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
   for (int64_t b = 0; b < st.b; ++b) add(tok.select(0, b), pos, x.select(0, b));
-  const Tensor h = ln_f_.forward(h_.forward(x, saved.child(kBlocks)), saved.child(kLnF));
+  const Tensor h = ln_f_.forward(h_.forward(drop_.forward(x, saved.child(kDrop)), saved.child(kBlocks)),
+                                 saved.child(kLnF));
   st.h = h.contiguous().view({st.b * st.t, config_.width});
   if (compute_dtype_ != DType::f32) st.h = st.h.to(compute_dtype_);  // the head's GEMMs in half precision
   Tensor logits = Tensor::empty({st.b * st.t, config_.vocab}, DType::f32, Device{}, tracker_,
@@ -249,9 +257,10 @@ Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
   Tensor dh = Tensor::empty({st.b * st.t, config_.width}, DType::f32);
   F::unembed_backward_input(st.dlogits, head_weight(), dh);
   round_to(dh, compute_dtype_);
-  const Tensor dx =
+  const Tensor dx = drop_.backward_input(
       h_.backward_input(ln_f_.backward_input(dh.view({st.b, st.t, config_.width}), saved.child(kLnF)),
-                        saved.child(kBlocks));
+                        saved.child(kBlocks)),
+      saved.child(kDrop));
   Tensor dpos = Tensor::zeros({st.t, config_.width}, DType::f32);  // the position table is shared by the batch
   for (int64_t b = 0; b < st.b; ++b) add(dpos, dx.select(0, b), dpos);
   wpe_.backward_input(dpos, saved.child(kWpe));
@@ -270,6 +279,7 @@ void GPT::do_backward_weight(Saved& saved) {
   st.dlogits = Tensor();
   ln_f_.backward_weight(saved.child(kLnF));
   h_.backward_weight(saved.child(kBlocks));
+  drop_.backward_weight(saved.child(kDrop));
   wpe_.backward_weight(saved.child(kWpe));
   wte_.backward_weight(saved.child(kWte));
 }

@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/embedding.h"
 #include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/linear.h"
@@ -53,6 +54,10 @@ struct GPTConfig {
   int64_t width = 256;       // divisible by heads
   uint64_t seed = 0;
   bool recompute = false;    // every block in recompute mode
+  // GPT-2's embd_pdrop and resid_pdrop: dropout after the embeddings' sum
+  // and after each block's attention and MLP projections (0: off). The
+  // attention probabilities get none (the blockwise kernel has no dropout).
+  double dropout = 0.0;
   bool defer_init = false;   // see LinearOptions::defer_init
 };
 
@@ -60,9 +65,9 @@ struct GPTConfig {
 class CausalSelfAttention final : public Module {
  public:
   CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std,
-                      bool defer_init);
+                      bool defer_init, double dropout = 0.0);
   std::vector<Parameter*> parameters() override;
-  std::vector<Module*> children() override { return {&c_attn_, &c_proj_}; }
+  std::vector<Module*> children() override { return {&c_attn_, &c_proj_, &resid_dropout_}; }
 
  protected:
   Tensor do_forward(const Tensor& x, Saved& saved) override;
@@ -79,12 +84,14 @@ class CausalSelfAttention final : public Module {
   int64_t width_, heads_;
   Linear c_attn_;  // width -> 3 width
   Linear c_proj_;  // width -> width
+  Dropout resid_dropout_;
 };
 
 // One pre-LayerNorm transformer block: (B, T, C) -> (B, T, C).
 class GPTBlock final : public Module {
  public:
-  GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std, bool defer_init);
+  GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std, bool defer_init,
+           double dropout = 0.0);
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override { return {&ln_1_, &attn_, &ln_2_, &mlp_}; }
 
@@ -104,7 +111,7 @@ class GPTBlock final : public Module {
   LayerNorm ln_1_;
   CausalSelfAttention attn_;
   LayerNorm ln_2_;
-  Sequential mlp_;  // c_fc, GELU(tanh), c_proj
+  Sequential mlp_;  // c_fc, GELU(tanh), c_proj, dropout
 };
 
 class GPT final : public Module {
@@ -115,7 +122,7 @@ class GPT final : public Module {
 
   // forward: ids (B, T) i64/i32 with T <= block_size -> logits (B * T, vocab).
   std::vector<Parameter*> parameters() override;
-  std::vector<Module*> children() override;
+  std::vector<Module*> children() override;  // wte, wpe, drop, h, ln_f
   const GPTConfig& config() const { return config_; }
   // The transformer blocks (for FSDP's unit_modules, recompute, pipelines).
   std::vector<Module*> blocks();
@@ -129,7 +136,7 @@ class GPT final : public Module {
  private:
   // wte's value as the head multiplies it: in the compute dtype.
   Tensor head_weight();
-  enum Slot : size_t { kWte = 0, kWpe, kBlocks, kLnF };
+  enum Slot : size_t { kWte = 0, kWpe, kBlocks, kLnF, kDrop };
   struct State {
     int64_t b = 0, t = 0;
     Tensor positions;  // (T) i64
@@ -139,6 +146,7 @@ class GPT final : public Module {
   GPTConfig config_;
   Embedding wte_;
   Embedding wpe_;
+  Dropout drop_;  // on the embeddings' sum
   Sequential h_;
   LayerNorm ln_f_;
 };

@@ -14,6 +14,7 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/testing/grad_check.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain::nn {
 namespace {
@@ -23,8 +24,9 @@ using meshtrain::testing::RecordingHook;
 
 constexpr int64_t kB = 2, kT = 6;
 
-GPTConfig tiny(bool recompute = false) {
-  return GPTConfig{.vocab = 7, .block_size = 8, .layers = 2, .heads = 2, .width = 8, .seed = 3, .recompute = recompute};
+GPTConfig tiny(bool recompute = false, double dropout = 0.0) {
+  return GPTConfig{.vocab = 7, .block_size = 8, .layers = 2, .heads = 2, .width = 8, .seed = 3, .recompute = recompute,
+                   .dropout = dropout};
 }
 
 Tensor tokens(int i) {
@@ -76,7 +78,8 @@ std::vector<std::vector<double>> grads(GPT& g) {
 }
 
 TEST(GPT, InterleavedSplitAndRecomputeEqualTheSequentialFusedRunBitForBit) {
-  GPT seq(tiny()), inter(tiny()), recompute(tiny(/*recompute=*/true));
+  // With dropout: the masks follow the batch context, replayed by recompute.
+  GPT seq(tiny(false, 0.1)), inter(tiny(false, 0.1)), recompute(tiny(/*recompute=*/true, 0.1));
   CrossEntropyLoss ce;
   for (int i = 0; i < 2; ++i) {  // forward(i), backward(i)
     Saved s;
@@ -120,6 +123,18 @@ TEST(GPT, RecomputeHoldsAFractionOfTheActivations) {
               static_cast<unsigned long long>(held[1]), static_cast<unsigned long long>(held[0]));
   EXPECT_LT(held[1], held[0] / 4) << "recompute held " << held[1] << " bytes, plain " << held[0];
   EXPECT_GT(held[1], 0u);
+}
+
+// GPT-2's dropout (embeddings, residual branches) changes the training
+// forward and nothing in evaluation mode.
+TEST(GPT, DropoutActsInTrainingOnly) {
+  GPT plain(tiny()), dropped(tiny(false, 0.3));
+  const std::vector<double> a = plain.forward(tokens(0)).to_vector(), b = dropped.forward(tokens(0)).to_vector();
+  EXPECT_NE(a, b);
+  plain.set_training(false);
+  dropped.set_training(false);
+  EXPECT_EQ(plain.forward(tokens(0)).to_vector(), dropped.forward(tokens(0)).to_vector());
+  EXPECT_THAT(testing::error_of([] { GPT bad(tiny(false, 1.0)); }), ::testing::HasSubstr("dropout 1"));
 }
 
 TEST(GPT, TheTiedEmbeddingIsReportedOnceAfterBothUses) {

@@ -127,7 +127,8 @@ class GptRecipe final : public ModelRecipe {
   }
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
     nn::GPTConfig c{.vocab = tc_.vocab, .block_size = tc_.context, .layers = tc_.layers, .heads = tc_.heads,
-                    .width = tc_.width, .seed = o.seed, .recompute = tc_.recompute, .defer_init = o.defer_init};
+                    .width = tc_.width, .seed = o.seed, .recompute = tc_.recompute, .dropout = tc_.dropout,
+                    .defer_init = o.defer_init};
     auto m = std::make_unique<GptModel>(c, unigram_, tokenizer_, o.seed, o.tracker);
     m->module().set_compute_dtype(o.compute_dtype);
     return m;

@@ -56,7 +56,7 @@ struct TrainConfig {
   bool recompute = false;                    // recompute every block's activations in backward
   std::string corpus = "/usr/share/games/fortunes";  // a text file or directory
   std::string text_cache = "data/text";      // tokenizer and token-file cache
-  double dropout = 0.0;                      // MLP dropout after each hidden layer
+  double dropout = 0.0;                      // MLP: after each hidden layer; GPT: embeddings and residual branches
   int epochs = 10;
   int batch_size = 256;    // global batch (all data-parallel ranks together)
   int micro_batches = 1;   // gradient accumulation steps per optimizer step
