@@ -34,20 +34,35 @@ Tensor merge_heads(const Tensor& x, int64_t b, int64_t heads) {
 
 // ---- CausalSelfAttention ----
 
-CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed,
-                                         double proj_std, bool defer_init, double dropout)
-    : name_(prefix),
-      width_(width),
-      heads_(heads),
-      c_attn_(width, 3 * width, join_name(prefix, "c_attn"), seed,
-              LinearOptions{.role = sharding::LinearRole::column, .defer_init = defer_init, .init_std = 0.02}),
-      c_proj_(width, width, join_name(prefix, "c_proj"), seed,
-              LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}),
-      resid_dropout_(dropout, join_name(prefix, "resid_dropout"), seed) {
+namespace {
+
+// Heads per tensor-parallel rank; InvalidArgument unless they split evenly.
+int64_t local_heads(int64_t width, int64_t heads, const TensorParallelGroup& tp, const std::string& prefix) {
   if (heads < 1 || width % heads != 0)
     throw InvalidArgument("CausalSelfAttention", fmt::format("'{}': width {} over {} heads", prefix, width, heads),
                           "pick a head count that divides the width");
+  if (heads % tp.size() != 0)
+    throw InvalidArgument("CausalSelfAttention",
+                          fmt::format("'{}': {} heads over a tensor-parallel axis of {} ranks", prefix, heads,
+                                      tp.size()),
+                          "use a tensor axis size that divides the number of heads (each rank holds whole heads)");
+  return heads / tp.size();
 }
+
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed,
+                                         double proj_std, bool defer_init, double dropout, TensorParallelGroup tp)
+    : name_(prefix),
+      width_(width),
+      heads_(local_heads(width, heads, tp, prefix)),
+      head_dim_(width / heads),
+      c_attn_(width, 3 * width, join_name(prefix, "c_attn"), seed,
+              LinearOptions{.role = sharding::LinearRole::column, .defer_init = defer_init, .init_std = 0.02}, tp,
+              /*parts=*/3),
+      c_proj_(width, width, join_name(prefix, "c_proj"), seed,
+              LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}, tp),
+      resid_dropout_(dropout, join_name(prefix, "resid_dropout"), seed) {}
 
 std::vector<Parameter*> CausalSelfAttention::parameters() {
   std::vector<Parameter*> ps = c_attn_.parameters();
@@ -69,7 +84,7 @@ Tensor CausalSelfAttention::do_forward(const Tensor& x, Saved& saved) {
   st.v = split_heads(qkv, 2, heads_);
   st.out = Tensor::empty(st.q.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
   st.lse = Tensor::empty({st.q.size(0), st.t}, DType::f32, Device{}, tracker_, MemoryCategory::activations);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(width_ / heads_));
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   F::attention_forward(st.q, st.k, st.v, /*causal=*/true, scale, st.out, st.lse);
   return resid_dropout_.forward(c_proj_.forward(merge_heads(st.out, st.b, heads_), saved.child(1)), saved.child(2));
 }
@@ -80,7 +95,7 @@ Tensor CausalSelfAttention::do_backward_input(const Tensor& grad_out, Saved& sav
       c_proj_.backward_input(resid_dropout_.backward_input(grad_out, saved.child(2)), saved.child(1));  // (B, T, C)
   Tensor dq = Tensor::empty(st.q.shape(), DType::f32), dk = Tensor::empty(st.q.shape(), DType::f32),
          dv = Tensor::empty(st.q.shape(), DType::f32);
-  const int64_t d = width_ / heads_;
+  const int64_t d = head_dim_;
   const Tensor g =
       dmerged.contiguous().view({st.b, st.t, heads_, d}).transpose(1, 2).contiguous().view({st.b * heads_, st.t, d});
   F::attention_backward(st.q, st.k, st.v, st.out, st.lse, g, true, 1.0 / std::sqrt(static_cast<double>(d)), dq, dk,
@@ -91,7 +106,7 @@ Tensor CausalSelfAttention::do_backward_input(const Tensor& grad_out, Saved& sav
   for (const Tensor* part : {&dq, &dk, &dv})
     dqkv.select(2, which++).copy_from(part->view({st.b, heads_, st.t, d}).transpose(1, 2));
   st.q = st.k = st.v = st.out = st.lse = Tensor();
-  return c_attn_.backward_input(dqkv.view({st.b, st.t, 3 * width_}), saved.child(0));
+  return c_attn_.backward_input(dqkv.view({st.b, st.t, 3 * heads_ * d}), saved.child(0));
 }
 
 void CausalSelfAttention::do_backward_weight(Saved& saved) {
@@ -103,20 +118,20 @@ void CausalSelfAttention::do_backward_weight(Saved& saved) {
 // ---- GPTBlock ----
 
 GPTBlock::GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std,
-                   bool defer_init, double dropout)
+                   bool defer_init, double dropout, TensorParallelGroup tp)
     : name_(prefix),
       ln_1_(width, join_name(prefix, "ln_1"), 1e-5, true, defer_init),
-      attn_(width, heads, join_name(prefix, "attn"), seed, proj_std, defer_init, dropout),
+      attn_(width, heads, join_name(prefix, "attn"), seed, proj_std, defer_init, dropout, tp),
       ln_2_(width, join_name(prefix, "ln_2"), 1e-5, true, defer_init),
       mlp_(join_name(prefix, "mlp")) {
   // nanoGPT's names: mlp.c_fc, mlp.c_proj (the GELU takes no name).
-  mlp_.add(std::make_unique<Linear>(width, 4 * width, join_name(prefix, "mlp.c_fc"), seed,
-                                    LinearOptions{.role = sharding::LinearRole::column, .defer_init = defer_init,
-                                                  .init_std = 0.02}));
+  mlp_.add(std::make_unique<ColumnParallelLinear>(
+      width, 4 * width, join_name(prefix, "mlp.c_fc"), seed,
+      LinearOptions{.role = sharding::LinearRole::column, .defer_init = defer_init, .init_std = 0.02}, tp));
   mlp_.add(std::make_unique<GELU>(GeluApproximation::tanh));
-  mlp_.add(std::make_unique<Linear>(4 * width, width, join_name(prefix, "mlp.c_proj"), seed,
-                                    LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init,
-                                                  .init_std = proj_std}));
+  mlp_.add(std::make_unique<RowParallelLinear>(
+      4 * width, width, join_name(prefix, "mlp.c_proj"), seed,
+      LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}, tp));
   mlp_.add(std::make_unique<Dropout>(dropout, join_name(prefix, "mlp.dropout"), seed));
 }
 
@@ -186,7 +201,8 @@ const GPTConfig& checked(const GPTConfig& c) {
 
 GPT::GPT(GPTConfig config)
     : config_(checked(config)),
-      wte_(config_.vocab, config_.width, "wte", config_.seed, EmbeddingOptions{.defer_init = config_.defer_init}),
+      wte_(config_.vocab, config_.width, "wte", config_.seed,
+           EmbeddingOptions{.defer_init = config_.defer_init, .tensor = config_.tensor}),  // vocabulary-parallel
       wpe_(config_.block_size, config_.width, "wpe", config_.seed,
            EmbeddingOptions{.defer_init = config_.defer_init, .kind = sharding::ParamKind::other}),
       drop_(config_.dropout, "drop", config_.seed),
@@ -195,7 +211,7 @@ GPT::GPT(GPTConfig config)
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(config_.layers, 1)));
   for (int64_t i = 0; i < config_.layers; ++i) {
     auto& block = h_.add(std::make_unique<GPTBlock>(config_.width, config_.heads, h_.next_name(), config_.seed,
-                                                    proj_std, config_.defer_init, config_.dropout));
+                                                    proj_std, config_.defer_init, config_.dropout, config_.tensor));
     block.set_recompute(config_.recompute);
   }
   wte_.weight().users = 2;  // the embedding and the tied output head
@@ -242,7 +258,7 @@ Tensor GPT::do_forward(const Tensor& ids, Saved& saved) {
                                  saved.child(kLnF));
   st.h = h.contiguous().view({st.b * st.t, config_.width});
   if (compute_dtype_ != DType::f32) st.h = st.h.to(compute_dtype_);  // the head's GEMMs in half precision
-  Tensor logits = Tensor::empty({st.b * st.t, config_.vocab}, DType::f32, Device{}, tracker_,
+  Tensor logits = Tensor::empty({st.b * st.t, wte_.shard().size()}, DType::f32, Device{}, tracker_,
                                 MemoryCategory::activations);
   F::unembed_forward(st.h, head_weight(), logits);  // the head tied to wte; f32 logits for the loss
   return logits;
@@ -252,10 +268,13 @@ Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
   const char* op = "GPT::backward";
   State& st = saved.state<State>();
   st.dlogits = internal::f32_contiguous(grad_out, op, "grad_out");
-  internal::check_shape(st.dlogits, {st.b * st.t, config_.vocab}, op, "grad_out");
+  internal::check_shape(st.dlogits, {st.b * st.t, wte_.shard().size()}, op, "grad_out");
   if (compute_dtype_ != DType::f32) st.dlogits = st.dlogits.to(compute_dtype_);
   Tensor dh = Tensor::empty({st.b * st.t, config_.width}, DType::f32);
   F::unembed_backward_input(st.dlogits, head_weight(), dh);
+  if (config_.tensor.size() > 1)  // each rank's vocabulary shard contributes to dh
+    config_.tensor.comm->all_reduce(dh.data<float>(), dh.data<float>(), static_cast<size_t>(dh.numel()), DType::f32,
+                                    comm::ReduceOp::sum);
   round_to(dh, compute_dtype_);
   const Tensor dx = drop_.backward_input(
       h_.backward_input(ln_f_.backward_input(dh.view({st.b, st.t, config_.width}), saved.child(kLnF)),

@@ -2,7 +2,7 @@
 // and backward, built from nn's modules and nn::functional's kernels.
 //
 //   nn::GPT gpt(nn::GPTConfig{.vocab = 8192, .block_size = 128, .layers = 4, .heads = 4, .width = 256});
-//   Tensor logits = gpt.forward(tokens);          // (B, T) i64 -> (B * T, vocab)
+//   Tensor logits = gpt.forward(tokens);          // (B, T) i64 -> (B * T, vocab) (tensor parallel: the rank's shard)
 //   nn::CrossEntropyLoss ce;
 //   double loss = ce.forward(logits, targets.view({B * T}));
 //   gpt.backward(ce.backward());                  // grads += ...; returns undefined (ids)
@@ -43,6 +43,7 @@
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/nn/sequential.h"
+#include "meshtrain/nn/tensor_parallel.h"
 
 namespace meshtrain::nn {
 
@@ -59,13 +60,19 @@ struct GPTConfig {
   // attention probabilities get none (the blockwise kernel has no dropout).
   double dropout = 0.0;
   bool defer_init = false;   // see LinearOptions::defer_init
+  // Tensor parallelism (Megatron): over these ranks each block's attention
+  // holds heads / k whole heads (q|k|v column-parallel, c_proj row-parallel),
+  // its MLP c_fc column- and c_proj row-parallel, and wte (with the tied
+  // head) is vocabulary-parallel: forward returns this rank's vocabulary
+  // columns of the logits (vocab_shard()), for VocabParallelCrossEntropy.
+  TensorParallelGroup tensor = {};
 };
 
 // Causal multi-head self-attention: (B, T, C) -> (B, T, C).
 class CausalSelfAttention final : public Module {
  public:
   CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std,
-                      bool defer_init, double dropout = 0.0);
+                      bool defer_init, double dropout = 0.0, TensorParallelGroup tp = {});
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override { return {&c_attn_, &c_proj_, &resid_dropout_}; }
 
@@ -81,9 +88,9 @@ class CausalSelfAttention final : public Module {
     Tensor q, k, v, out, lse;  // (B H, T, D), lse (B H, T)
   };
   std::string name_;
-  int64_t width_, heads_;
-  Linear c_attn_;  // width -> 3 width
-  Linear c_proj_;  // width -> width
+  int64_t width_, heads_, head_dim_;  // heads_: this rank's (all without tensor parallelism)
+  ColumnParallelLinear c_attn_;  // width -> 3 width (this rank's heads of q, k, v)
+  RowParallelLinear c_proj_;     // width -> width
   Dropout resid_dropout_;
 };
 
@@ -91,7 +98,7 @@ class CausalSelfAttention final : public Module {
 class GPTBlock final : public Module {
  public:
   GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std, bool defer_init,
-           double dropout = 0.0);
+           double dropout = 0.0, TensorParallelGroup tp = {});
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override { return {&ln_1_, &attn_, &ln_2_, &mlp_}; }
 
@@ -126,6 +133,9 @@ class GPT final : public Module {
   const GPTConfig& config() const { return config_; }
   // The transformer blocks (for FSDP's unit_modules, recompute, pipelines).
   std::vector<Module*> blocks();
+  // The vocabulary ids whose logits forward returns (all of them without
+  // tensor parallelism).
+  ShardRange vocab_shard() const { return wte_.shard(); }
 
  protected:
   Tensor do_forward(const Tensor& ids, Saved& saved) override;

@@ -25,10 +25,15 @@ namespace {
 
 // Sets a deferred parameter (built at the block's shape) to the block `box`
 // of the unsharded parameter `whole` viewed as `view`, and builds its value
-// unless `defer`.
-void take_block(Parameter& p, const Parameter& whole, std::vector<int64_t> view, sharding::Box box, bool defer) {
-  p.init = box_init(whole.init, view, box);
-  p.placement = Placement::block(std::move(box), std::move(view));
+// unless `defer`. On a group of one rank the block is the whole parameter.
+void take_block(Parameter& p, const Parameter& whole, std::vector<int64_t> view, sharding::Box box, bool defer,
+                const TensorParallelGroup& g) {
+  if (g.size() == 1) {
+    p.init = whole.init;
+  } else {
+    p.init = box_init(whole.init, view, box);
+    p.placement = Placement::block(std::move(box), std::move(view));
+  }
   p.info.role = whole.info.role;
   if (!defer) materialize(p);
 }
@@ -81,9 +86,10 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, const std::s
   const ShardRange s = shard_range(block, group.rank(), group.size());
   Linear whole(in, out, prefix, seed, deferred(options, options.bias));  // metadata and init only: nothing allocated
   take_block(local_.weight(), whole.weight(), {in, parts, block}, {{0, 0, s.begin}, {in, parts, s.size()}},
-             options.defer_init);
+             options.defer_init, group);
   if (local_.has_bias())
-    take_block(local_.bias(), whole.bias(), {parts, block}, {{0, s.begin}, {parts, s.size()}}, options.defer_init);
+    take_block(local_.bias(), whole.bias(), {parts, block}, {{0, s.begin}, {parts, s.size()}}, options.defer_init,
+               group);
 }
 
 Tensor ColumnParallelLinear::do_forward(const Tensor& x, Saved& saved) { return local_.forward(x, saved.child(0)); }
@@ -113,7 +119,7 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, const std::string&
              deferred(options, /*bias=*/false)) {
   const ShardRange s = shard_range(in, group.rank(), group.size());
   Linear whole(in, out, prefix, seed, deferred(options, options.bias));  // metadata and init only
-  take_block(local_.weight(), whole.weight(), {in, out}, {{s.begin, 0}, {s.size(), out}}, options.defer_init);
+  take_block(local_.weight(), whole.weight(), {in, out}, {{s.begin, 0}, {s.size(), out}}, options.defer_init, group);
   if (has_bias_) {
     bias_ = whole.bias();  // replicated: the whole bias on every rank
     if (!options.defer_init) materialize(bias_);

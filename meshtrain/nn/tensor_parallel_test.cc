@@ -21,6 +21,7 @@
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/activations.h"
+#include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/sequential.h"
 #include "meshtrain/testing/testing.h"
@@ -44,8 +45,10 @@ Tensor randn(std::vector<int64_t> shape, const char* key) {
   return t;
 }
 
-// Elements of the block `box` of t viewed as `view`, row-major.
+// Elements of the block `box` of t viewed as `view`, row-major (all of t
+// when view is empty: a whole placement).
 std::vector<double> block_of(const Tensor& t, const std::vector<int64_t>& view, const sharding::Box& box) {
+  if (view.empty()) return t.contiguous().to_vector();
   Tensor v = t.contiguous().view(view);
   for (size_t d = 0; d < view.size(); ++d) v = v.narrow(static_cast<int64_t>(d), box.offsets[d], box.sizes[d]);
   return v.contiguous().to_vector();
@@ -135,7 +138,7 @@ TEST(TensorParallelLinear, FusedProjectionTakesItsColumnsOfEachPart) {
                    Parameter& w = *tp.parameters()[0];
                    Parameter& b = *tp.parameters()[1];
                    EXPECT_EQ(w.placement.to_string(),
-                             fmt::format("[0:6, 0:3, {}:{}] of [6, 3, 6]", s.begin, s.end));
+                             k == 1 ? "whole" : fmt::format("[0:6, 0:3, {}:{}] of [6, 3, 6]", s.begin, s.end));
                    b.value.copy_from(Tensor::from_vector(block_of(ref.bias().value, b.placement.shape, b.placement.box),
                                                          b.value.shape()));
                    // Columns p * block + [s.begin, s.end) of the reference, p = q, k, v.
@@ -152,6 +155,54 @@ TEST(TensorParallelLinear, FusedProjectionTakesItsColumnsOfEachPart) {
                                1e-5, fmt::format("k {} weight grad", k));
                  });
   }
+}
+
+// A GPT (4 heads, vocabulary 13: uneven shards) split over 1, 2 and 4
+// tensor-parallel ranks equals the unsharded one: the loss through
+// VocabParallelCrossEntropy, and every parameter's gradient block, within
+// 1e-5; initial values bit for bit.
+TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
+  const GPTConfig base{.vocab = 13, .block_size = 8, .layers = 2, .heads = 4, .width = 16, .seed = 7};
+  std::vector<int64_t> ids(2 * 8), next(2 * 8);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 13), next[i] = static_cast<int64_t>((i * 7 + 3) % 13);
+  const Tensor x = Tensor::from_vector(ids, {2, 8}), y = Tensor::from_vector(next, {16});
+  GPT ref(base);
+  CrossEntropyLoss ce;
+  const double want = ce.forward(ref.forward(x), y);
+  ref.backward(ce.backward());
+  std::vector<Parameter*> rp = ref.parameters();
+  for (int k : {1, 2, 4}) {
+    comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
+                 [&](comm::Communicator& world) {
+                   GPTConfig c = base;
+                   c.tensor = TensorParallelGroup{&world};
+                   GPT tp(c);
+                   VocabParallelCrossEntropy vce(c.tensor, c.vocab);
+                   ASSERT_EQ(tp.vocab_shard().begin, vce.shard().begin);
+                   const double got = vce.forward(tp.forward(x), y);
+                   tp.backward(vce.backward());
+                   EXPECT_NEAR(got, want, 1e-5 * want) << "k " << k;
+                   std::vector<Parameter*> ps = tp.parameters();
+                   ASSERT_EQ(ps.size(), rp.size());
+                   for (size_t i = 0; i < ps.size(); ++i) {
+                     ASSERT_EQ(ps[i]->name, rp[i]->name);
+                     const Placement& pl = ps[i]->placement;
+                     std::vector<float> init(static_cast<size_t>(rp[i]->value.numel()));
+                     rp[i]->init(0, static_cast<int64_t>(init.size()), init.data());
+                     const Tensor whole = Tensor::from_vector(std::vector<double>(init.begin(), init.end()), rp[i]->info.shape);
+                     ASSERT_EQ(ps[i]->value.to_vector(), block_of(whole, pl.shape, pl.box)) << ps[i]->name << " k " << k;
+                     expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, pl.shape, pl.box), 1e-5,
+                                 fmt::format("k {} {} grad", k, ps[i]->name));
+                   }
+                 });
+  }
+  comm::launch({.engine = comm::Engine::threads, .ranks = 3, .timeout = std::chrono::seconds(30)},
+               [&](comm::Communicator& world) {
+                 GPTConfig c = base;
+                 c.tensor = TensorParallelGroup{&world};
+                 EXPECT_THAT(testing::error_of([&] { GPT bad(c); }),
+                             ::testing::HasSubstr("4 heads over a tensor-parallel axis of 3 ranks"));
+               });
 }
 
 // Logits (N, V): N(0, 3) with row i's maximum (+20) at column (i * 7919) % V,
