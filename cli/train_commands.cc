@@ -46,16 +46,17 @@ void set_distributed(config::DistributedConfig& dc, std::string_view key, const 
   throw Error("meshtrain train", fmt::format("no distributed field '{}'", key), "");
 }
 
-// Training runs data parallelism over data and fsdp axes only. Said first,
-// before DistributedConfig::validate would suggest "set
-// tensor_parallel_size = 2" for --mesh data=2,tensor=2, a change that only
-// leads to the same refusal.
-void require_data_parallel_mesh(const config::DistributedConfig& dc, std::string_view source) {
+// Training runs data parallelism over data and fsdp axes and tensor
+// parallelism over a tensor axis; pipeline and context axes are refused
+// first, before DistributedConfig::validate would suggest a size setting
+// that only leads to the same refusal.
+void require_trainable_mesh(const config::DistributedConfig& dc, std::string_view source) {
   const char* hint =
-      "training supports only data parallelism over data and fsdp axes today (e.g. --mesh data=4 or "
-      "data=2,fsdp=2); tensor, pipeline and context parallelism are not implemented for training yet";
+      "training supports data, fsdp and tensor axes today (e.g. --mesh data=4, data=2,fsdp=2 or data=2,tensor=2); "
+      "pipeline and context parallelism are not implemented for training yet";
   for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i)
-    if (dc.mesh_axis_names[i] != "data" && dc.mesh_axis_names[i] != "fsdp" && dc.mesh_shape[i] != 1)
+    if (dc.mesh_axis_names[i] != "data" && dc.mesh_axis_names[i] != "fsdp" && dc.mesh_axis_names[i] != "tensor" &&
+        dc.mesh_shape[i] != 1)
       throw Unsupported("meshtrain train",
                         fmt::format("{}: mesh {} has a {} axis of size {}, which training cannot use", source,
                                     plan::NamedShape{dc.mesh_shape, dc.mesh_axis_names}.to_spec(),
@@ -65,8 +66,7 @@ void require_data_parallel_mesh(const config::DistributedConfig& dc, std::string
     const char* key;
     int value;
   };
-  for (const Size s : {Size{"tensor_parallel_size", dc.tensor_parallel_size},
-                       Size{"pipeline_parallel_size", dc.pipeline_parallel_size},
+  for (const Size s : {Size{"pipeline_parallel_size", dc.pipeline_parallel_size},
                        Size{"context_parallel_size", dc.context_parallel_size}})
     if (s.value != 1)
       throw Unsupported("meshtrain train", fmt::format("{} is {}, which training cannot use", s.key, s.value), hint);
@@ -106,7 +106,11 @@ int run_train(TrainFlags& f) {
       set_distributed(dc, "num_processes_per_node", n, "--mesh");
     }
   }
-  require_data_parallel_mesh(dc, !f.mesh.empty() ? "--mesh" : f.config.empty() ? "configuration" : f.config);
+  require_trainable_mesh(dc, !f.mesh.empty() ? "--mesh" : f.config.empty() ? "configuration" : f.config);
+  // A tensor axis in the mesh is the tensor-parallel size.
+  for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i)
+    if (dc.mesh_axis_names[i] == "tensor")
+      set_distributed(dc, "tensor_parallel_size", std::to_string(dc.mesh_shape[i]), "--mesh");
   if (dc.backend == comm::Engine::threads && dc.world_size > comm::kMaxThreadsRanks)
     throw InvalidArgument("meshtrain train",
                           fmt::format("{}: {} devices, more than the threads engine's {}",
@@ -449,9 +453,9 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   cmd->add_option("--devices", f->devices,
                   fmt::format("simulated devices (threads engine, 1 to {})", comm::kMaxThreadsRanks));
   cmd->add_option("--mesh", f->mesh,
-                  "device mesh over data and fsdp axes, e.g. data=4 or data=2,fsdp=2 (training has no tensor, "
-                  "pipeline or context parallelism yet; threads engine: sets the number of devices unless --devices "
-                  "is given)");
+                  "device mesh over data, fsdp and tensor axes, e.g. data=4, data=2,fsdp=2 or data=2,tensor=2 (the "
+                  "GPT splits over tensor; no pipeline or context parallelism yet; threads engine: sets the number of "
+                  "devices unless --devices is given)");
   cmd->add_option("--mixed-precision", f->mixed_precision,
                   "no | bf16 | fp16: parameters gathered and computed from that dtype, gradients reduced in it "
                   "(fp16 adds dynamic loss scaling); without --fsdp it runs as --fsdp no_shard")

@@ -24,7 +24,7 @@ inline train::TrainConfig gpt_parity_config(const std::string& tag, const std::s
   tc.vocab = 512;
   tc.context = 16;
   tc.layers = 2;
-  tc.heads = 2;
+  tc.heads = 4;
   tc.width = 32;
   tc.batch_size = 8;
   tc.optimizer = optimizer;

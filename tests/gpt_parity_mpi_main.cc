@@ -1,7 +1,8 @@
 // The GPT under mpirun equals one device: every process trains the run of
 // tests/gpt_parity.h on the MPI engine with data parallelism and
-// zero1/zero2/zero3 over all processes (and hybrid_full on data=2,fsdp=2
-// with 4); rank 0 then trains it on one threads-engine rank and compares
+// zero1/zero2/zero3 over all processes, tensor parallelism (tensor=2 with
+// 2 processes, data=2 x tensor=2 with 4), and hybrid_full on data=2,fsdp=2
+// with 4; rank 0 then trains it on one threads-engine rank and compares
 // per-step losses and final parameters (1e-5 relative). Exit 0 only if all
 // agree.
 //   mpirun -np 2 gpt_parity_mpi_test
@@ -27,16 +28,24 @@ int main() {
                              {"zero1", {n}, {"fsdp"}},
                              {"zero2", {n}, {"fsdp"}},
                              {"zero3", {n}, {"fsdp"}}};
-  if (n == 4) cases.push_back({"hybrid_full", {2, 2}, {"data", "fsdp"}});
+  if (n == 2) cases.push_back({"", {2}, {"tensor"}});
+  if (n == 4) {
+    cases.push_back({"hybrid_full", {2, 2}, {"data", "fsdp"}});
+    cases.push_back({"", {2, 2}, {"data", "tensor"}});
+  }
 
   std::vector<train::TrainResult> results;
   for (const Case& c : cases) {
-    train::TrainConfig tc = gpt_parity_config("mpi_" + (c.fsdp.empty() ? std::string("dp") : c.fsdp));
+    const plan::NamedShape shape{c.shape, c.axes};
+    train::TrainConfig tc = gpt_parity_config("mpi_" + (c.fsdp.empty() ? std::string("dp") : c.fsdp) + "_" +
+                                              shape.to_spec());
     tc.set("fsdp", c.fsdp, "case");
     config::DistributedConfig d = dc;
     d.backend = comm::Engine::mpi;
     d.mesh_shape = c.shape;
     d.mesh_axis_names = c.axes;
+    for (size_t i = 0; i < c.axes.size(); ++i)
+      if (c.axes[i] == "tensor") d.tensor_parallel_size = c.shape[i];
     results.push_back(
         train::run_training(tc, d, {.engine = comm::Engine::mpi, .ranks = 0, .timeout = std::chrono::seconds(120)}));
   }
@@ -45,8 +54,9 @@ int main() {
                                        {.engine = comm::Engine::threads, .ranks = 1});
   int bad = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
-    const std::string what =
-        fmt::format("gpt {} on {} processes", cases[i].fsdp.empty() ? "data parallel" : cases[i].fsdp, n);
+    const std::string what = fmt::format("gpt {} on mesh {} ({} processes)",
+                                         cases[i].fsdp.empty() ? "data parallel" : cases[i].fsdp,
+                                         plan::NamedShape{cases[i].shape, cases[i].axes}.to_spec(), n);
     const auto problems = testing::run_differences(results[i], ref, 1e-5);
     for (const auto& p : problems) fmt::print(stderr, "FAIL {}: {}\n", what, p);
     fmt::print("mpi {} vs 1 rank over {} steps: {}\n", what, kGptParitySteps, problems.empty() ? "PASS" : "FAIL");

@@ -105,10 +105,13 @@ struct Placement {
   sharding::Box box;          // kind box
   int64_t start = 0;          // kind flat
   int64_t count = 0;          // kind flat
-  std::vector<int64_t> shape;  // kind box: the (viewed) global shape the box lies in
-  static Placement flat(int64_t start, int64_t count) { return {Kind::flat, {}, start, count, {}}; }
-  static Placement block(sharding::Box b, std::vector<int64_t> global_shape) {
-    return {Kind::box, std::move(b), 0, 0, std::move(global_shape)};
+  std::vector<int64_t> shape;   // kind box: the (viewed) global shape the box lies in
+  std::vector<int64_t> global;  // kind box: the global tensor's own shape (shape's numel)
+  static Placement flat(int64_t start, int64_t count) { return {Kind::flat, {}, start, count, {}, {}}; }
+  // global: the tensor's shape when `view` is a reshape of it (default: view).
+  static Placement block(sharding::Box b, std::vector<int64_t> view, std::vector<int64_t> global = {}) {
+    if (global.empty()) global = view;
+    return {Kind::box, std::move(b), 0, 0, std::move(view), std::move(global)};
   }
   // "whole", "[0:4, 3:6]", "flat[10:42]"
   std::string to_string() const;

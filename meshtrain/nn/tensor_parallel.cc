@@ -6,6 +6,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
+#include "meshtrain/core/tensor.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 #include "meshtrain/nn/internal/loss_args.h"
@@ -32,7 +33,7 @@ void take_block(Parameter& p, const Parameter& whole, std::vector<int64_t> view,
     p.init = whole.init;
   } else {
     p.init = box_init(whole.init, view, box);
-    p.placement = Placement::block(std::move(box), std::move(view));
+    p.placement = Placement::block(std::move(box), std::move(view), whole.info.shape);
   }
   p.info.role = whole.info.role;
   if (!defer) materialize(p);
@@ -71,6 +72,48 @@ ShardRange nonempty_shard(int64_t n, const TensorParallelGroup& g, const char* o
 }
 
 }  // namespace
+
+Tensor gather_parameter(const Parameter& p, const TensorParallelGroup& g) {
+  if (p.placement.kind != Placement::Kind::box || g.size() == 1) return p.value;
+  const Placement& pl = p.placement;
+  const size_t nd = pl.shape.size();
+  // Each rank sends [offsets..., sizes..., block values padded to the largest block].
+  int64_t mine = p.value.numel(), largest = mine;
+  g.comm->all_reduce(&largest, &largest, 1, DType::i64, comm::ReduceOp::max);
+  const size_t record = 2 * nd + static_cast<size_t>(largest);
+  std::vector<double> send(record, 0.0), all(record * static_cast<size_t>(g.size()));
+  for (size_t d = 0; d < nd; ++d) {
+    send[d] = static_cast<double>(pl.box.offsets[d]);
+    send[nd + d] = static_cast<double>(pl.box.sizes[d]);
+  }
+  const std::vector<double> values = p.value.to_vector();
+  std::copy(values.begin(), values.end(), send.begin() + static_cast<std::ptrdiff_t>(2 * nd));
+  g.comm->all_gather(send.data(), all.data(), record, DType::f64);
+  Tensor whole = Tensor::zeros(pl.shape, DType::f32);
+  for (int r = 0; r < g.size(); ++r) {
+    const double* rec = all.data() + static_cast<size_t>(r) * record;
+    Tensor view = whole;
+    int64_t n = 1;
+    for (size_t d = 0; d < nd; ++d) {
+      const auto off = static_cast<int64_t>(rec[d]), size = static_cast<int64_t>(rec[nd + d]);
+      view = view.narrow(static_cast<int64_t>(d), off, size);
+      n *= size;
+    }
+    std::vector<double> block(rec + 2 * nd, rec + 2 * nd + n);
+    view.copy_from(Tensor::from_vector(block, view.shape()));
+  }
+  return whole.view(pl.global);
+}
+
+double tensor_parallel_grad_sq_norm(const std::vector<Parameter*>& params, const TensorParallelGroup& g) {
+  double sharded = 0, replicated = 0;
+  for (const Parameter* p : params) {
+    if (!p->grad.defined()) continue;
+    (p->placement.kind == Placement::Kind::box ? sharded : replicated) += sum_of_squares(p->grad);
+  }
+  if (g.size() > 1) g.comm->all_reduce(&sharded, &sharded, 1, DType::f64, comm::ReduceOp::sum);
+  return sharded + replicated;
+}
 
 // ---- ColumnParallelLinear ----
 

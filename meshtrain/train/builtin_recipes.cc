@@ -19,6 +19,15 @@
 namespace meshtrain::train::internal {
 namespace {
 
+// The Fashion-MNIST models have no tensor-parallel form yet.
+void refuse_tensor_parallel(const ModelOptions& o, const char* model) {
+  if (o.tensor.size() > 1)
+    throw Unsupported("meshtrain train",
+                      fmt::format("model {} on a tensor axis of {} ranks: its tensor-parallel form is not built yet",
+                                  model, o.tensor.size()),
+                      "use model = \"gpt\" with a tensor axis, or a mesh of data and fsdp axes for this model");
+}
+
 // Both recipes train on Fashion-MNIST: loaded once per process, shared
 // read-only by the ranks.
 class FashionMnistRecipe : public ModelRecipe {
@@ -86,6 +95,7 @@ class MlpRecipe final : public FashionMnistRecipe {
     return {.test_loss = "loss", .test_curve = "test loss", .chart_title = "mlp on Fashion-MNIST"};
   }
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
+    refuse_tensor_parallel(o, "mlp");
     nn::MLPConfig mc;
     mc.sizes = {train_set_.features()};
     for (int h : tc_.hidden) mc.sizes.push_back(h);
@@ -173,6 +183,7 @@ class VaeRecipe final : public FashionMnistRecipe {
   }
   std::vector<std::string> artifacts() const override { return {"reconstructions.png", "samples.png"}; }
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
+    refuse_tensor_parallel(o, "vae");
     nn::VAEConfig vc;
     vc.input = train_set_.features();
     vc.hidden.assign(tc_.hidden.begin(), tc_.hidden.end());

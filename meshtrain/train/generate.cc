@@ -25,12 +25,21 @@ void check(const SampleOptions& o) {
 }
 
 // The next token after `ids` (at most the model's context) for the draw
-// u in [0, 1).
+// u in [0, 1). Collective over a tensor-parallel model's group (the row's
+// vocabulary shards are gathered).
 int32_t sample_next(nn::GPT& gpt, const std::vector<int32_t>& ids, const SampleOptions& o, double u) {
   const int64_t t = std::min<int64_t>(static_cast<int64_t>(ids.size()), gpt.config().block_size);
   std::vector<int64_t> window(ids.end() - t, ids.end());
   const Tensor logits = gpt.forward(Tensor::from_vector(window, {1, t}));
-  const std::vector<double> all = logits.narrow(0, t - 1, 1).to_vector();  // the last position's row
+  std::vector<double> all = logits.narrow(0, t - 1, 1).to_vector();  // the last position's row
+  const nn::TensorParallelGroup& tp = gpt.config().tensor;
+  if (tp.size() > 1) {  // each rank has its vocabulary shard of the row: gather them (shards are ceil(V/k) apart)
+    const int64_t vocab = gpt.config().vocab, c = (vocab + tp.size() - 1) / tp.size();
+    std::vector<double> mine(static_cast<size_t>(c), 0.0), row(static_cast<size_t>(c * tp.size()));
+    std::copy(all.begin(), all.end(), mine.begin());
+    tp.comm->all_gather(mine.data(), row.data(), static_cast<size_t>(c), DType::f64);
+    all.assign(row.begin(), row.begin() + vocab);
+  }
   std::vector<int32_t> order(all.size());
   std::iota(order.begin(), order.end(), 0);
   const auto more_likely = [&](int32_t a, int32_t b) {

@@ -15,11 +15,13 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
+#include "meshtrain/nn/tensor_parallel.h"
 #include "meshtrain/train/generate.h"
 #include "meshtrain/train/internal/builtin_recipes.h"
 #include "meshtrain/train/run_dir.h"
@@ -36,6 +38,7 @@ class GptModel final : public RecipeModel {
            MemoryTracker* tracker)
       : gpt_(c), unigram_(unigram), tokenizer_(std::move(tokenizer)), seed_(seed) {
     gpt_.set_memory_tracker(tracker);
+    if (c.tensor.size() > 1) vocab_ce_.emplace(c.tensor, c.vocab, tracker);  // logits split by vocabulary
   }
   nn::Module& module() override { return gpt_; }
   // One FSDP unit per transformer block; the root's unit holds the rest
@@ -51,9 +54,8 @@ class GptModel final : public RecipeModel {
     const Tensor& tokens = micro["tokens"];
     const Tensor& targets = micro["targets"];
     const double tokens_per_sample = static_cast<double>(tokens.size(1));
-    const double loss = ce_.forward(gpt_.forward(tokens), targets.contiguous().view({targets.numel()}),
-                                    norm * tokens_per_sample);
-    gpt_.backward(ce_.backward());
+    const double loss = loss_of(gpt_.forward(tokens), targets, norm * tokens_per_sample);
+    gpt_.backward(vocab_ce_ ? vocab_ce_->backward() : ce_.backward());
     return loss;
   }
 
@@ -67,7 +69,7 @@ class GptModel final : public RecipeModel {
     for (int64_t lo = 0; lo < chunk.size(); lo += kEvalRows) {
       const Batch part = chunk.rows(lo, std::min(chunk.size(), lo + kEvalRows));
       const Tensor& targets = part["targets"];
-      sum += ce_.forward(gpt_.forward(part["tokens"]), targets.contiguous().view({targets.numel()}), per_token);
+      sum += loss_of(gpt_.forward(part["tokens"]), targets, per_token);
     }
     return {sum};
   }
@@ -97,8 +99,16 @@ class GptModel final : public RecipeModel {
   }
 
  private:
+  // Cross-entropy of the logits (this rank's vocabulary shard under tensor
+  // parallelism: the vocabulary-parallel loss) against targets, / norm.
+  double loss_of(const Tensor& logits, const Tensor& targets, double norm) {
+    const Tensor t = targets.contiguous().view({targets.numel()});
+    return vocab_ce_ ? vocab_ce_->forward(logits, t, norm) : ce_.forward(logits, t, norm);
+  }
+
   nn::GPT gpt_;
   nn::CrossEntropyLoss ce_;
+  std::optional<nn::VocabParallelCrossEntropy> vocab_ce_;
   double unigram_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   uint64_t seed_;
@@ -128,7 +138,7 @@ class GptRecipe final : public ModelRecipe {
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
     nn::GPTConfig c{.vocab = tc_.vocab, .block_size = tc_.context, .layers = tc_.layers, .heads = tc_.heads,
                     .width = tc_.width, .seed = o.seed, .recompute = tc_.recompute, .dropout = tc_.dropout,
-                    .defer_init = o.defer_init};
+                    .defer_init = o.defer_init, .tensor = o.tensor};
     auto m = std::make_unique<GptModel>(c, unigram_, tokenizer_, o.seed, o.tracker);
     m->module().set_compute_dtype(o.compute_dtype);
     return m;

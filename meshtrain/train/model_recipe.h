@@ -49,6 +49,7 @@
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/nn/module.h"
+#include "meshtrain/nn/tensor_parallel.h"
 #include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/sampler.h"
 #include "meshtrain/train/train_config.h"
@@ -63,6 +64,9 @@ struct ModelOptions {
   bool defer_init = false;
   DType compute_dtype = DType::f32;  // the dtype forward and backward compute in
   MemoryTracker* tracker = nullptr;  // activation buffers; may be null
+  // The mesh's tensor axis: a recipe splits its model over it (the GPT:
+  // nn::GPTConfig::tensor) or throws Unsupported naming the model.
+  nn::TensorParallelGroup tensor = {};
 };
 
 // The numbers of one evaluation over the test set.

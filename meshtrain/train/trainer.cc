@@ -15,6 +15,7 @@
 #include "meshtrain/core/random.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/nn/tensor_parallel.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/schedule.h"
@@ -40,18 +41,18 @@ int process_cores() {
 }
 
 // The data-parallel axes the mesh has, of "data" and "fsdp" (in that order);
-// every other axis must have size 1 (tensor, pipeline, context arrive with
-// later strategies).
+// a "tensor" axis splits the model (tensor parallelism); every other axis
+// must have size 1 (pipeline and context arrive with later strategies).
 std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
   std::vector<std::string> axes;
   for (const char* name : {"data", "fsdp"})
     for (const auto& a : m.axis_names)
       if (a == name) axes.push_back(a);
   for (size_t i = 0; i < m.shape.size(); ++i)
-    if (m.axis_names[i] != "data" && m.axis_names[i] != "fsdp" && m.shape[i] != 1)
+    if (m.axis_names[i] != "data" && m.axis_names[i] != "fsdp" && m.axis_names[i] != "tensor" && m.shape[i] != 1)
       throw Unsupported("meshtrain train",
                         fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), m.axis_names[i], m.shape[i]),
-                        "training supports data parallelism over data and fsdp axes (--mesh data=2,fsdp=2) so far");
+                        "training supports data, fsdp and tensor axes (--mesh data=2,tensor=2) so far");
   return axes;
 }
 
@@ -132,11 +133,13 @@ class Run {
       : tc_(tc), train_(recipe.train_data()), test_(recipe.test_data()), metrics_(recipe.metrics()),
         shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names), main_(world.rank() == 0) {
     dp_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));  // collective split (all ranks, same order)
+    if (axis_size(mesh_shape, "tensor") > 1) tp_.comm = &mesh_.comm("tensor");
     const bool sharded = tc.fsdp.enabled();
     model_ = recipe.build({.seed = tc.seed,
                            .defer_init = sharded,  // the wrapper builds each rank's part alone
                            .compute_dtype = sharded ? param_dtype_of(dc.mixed_precision) : DType::f32,
-                           .tracker = &memory_});  // activation buffers
+                           .tracker = &memory_,  // activation buffers
+                           .tensor = tp_});
     nn::Module& model = model_->module();
     num_parameters_ = model.num_parameters();  // before wrapping: stage 3 leaves values undefined
     parallel_ = make_parallelism(tc, dc, *model_, mesh_, *dp_comm_, &memory_);
@@ -323,6 +326,7 @@ class Run {
     // are checked by the strategy's collective grads_finite().
     double v[2] = {loss / s, optim::values_finite(opt_params_) ? 0.0 : 1.0};
     dp_comm_->all_reduce(v, v, 2, DType::f64, comm::ReduceOp::sum);
+    any_over_tensor(v[1]);  // tensor-parallel ranks hold different blocks; the loss is the same on each
     const bool grads_finite = parallel_->grads_finite();
     StepOutcome out;
     out.loss = v[0];
@@ -366,7 +370,14 @@ class Run {
   // gives, see optim/optimizer.h).
   void apply_update(double s) {
     double factor = 1.0 / s;
-    if (tc_.clip_norm > 0) factor = optim::clip_factor(parallel_->grad_norm() / s, tc_.clip_norm) / s;
+    if (tc_.clip_norm > 0) {
+      // Under tensor parallelism (data-parallel replicas of a split model)
+      // the blocks' squares add over the tensor axis, replicated parameters
+      // count once.
+      const double norm = tp_.size() > 1 ? std::sqrt(nn::tensor_parallel_grad_sq_norm(opt_params_, tp_))
+                                         : parallel_->grad_norm();
+      factor = optim::clip_factor(norm / s, tc_.clip_norm) / s;
+    }
     opt_->set_grad_scale(factor);
     opt_->step();
     parallel_->after_step();
@@ -457,12 +468,19 @@ class Run {
     }
   }
 
+  // x = the sum of x over the tensor axis (a count of ranks that saw a
+  // problem: every rank then decides alike).
+  void any_over_tensor(double& x) {
+    if (tp_.size() > 1) tp_.comm->all_reduce(&x, &x, 1, DType::f64, comm::ReduceOp::sum);
+  }
+
   // Collective: stops the run when this rank's parameters (its shards under
   // fsdp) are not finite on any rank after `steps` steps. Before every
   // evaluation, so the last update is checked before anything is saved.
   void check_parameters(int64_t steps) {
     double bad = optim::values_finite(opt_params_) ? 0.0 : 1.0;
     dp_comm_->all_reduce(&bad, &bad, 1, DType::f64, comm::ReduceOp::sum);
+    any_over_tensor(bad);
     if (bad > 0)
       throw diverged(steps - 1,
                      fmt::format("the parameters are not finite on {} of {} data-parallel ranks after step {}", bad,
@@ -477,9 +495,11 @@ class Run {
   // recipe's forwards are collective; rank 0 writes.
   void finish_run(const Series& train_curve, const Series& test_curve) {
     parallel_->gather_full_parameters();
+    std::vector<std::pair<std::string, Tensor>> whole;  // tensor-parallel blocks gathered (collective)
+    for (nn::Parameter* p : model_->module().parameters()) whole.emplace_back(p->name, nn::gather_parameter(*p, tp_));
     if (main_) {
       auto& params = shared_.result.final_parameters;
-      for (nn::Parameter* p : model_->module().parameters()) params.emplace_back(p->name, detached_f32(p->value));
+      for (const auto& [name, value] : whole) params.emplace_back(name, detached_f32(value));
       save_safetensors(shared_.dir->file("model.safetensors"), params,
                        {{"format", "meshtrain"}, {"model", tc_.model}, {"weights", "(in, out)"}});
       write_file_atomic(shared_.dir->file("loss.svg"),
@@ -498,6 +518,7 @@ class Run {
   mesh::DeviceMesh mesh_;
   bool main_;
   comm::Communicator* dp_comm_ = nullptr;
+  nn::TensorParallelGroup tp_;  // the mesh's tensor axis (none: one rank)
   std::unique_ptr<RecipeModel> model_;
   int64_t num_parameters_ = 0;
   std::unique_ptr<parallel::Parallelism> parallel_;   // data parallel or fully sharded; after model_
@@ -529,6 +550,12 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
         precision));
   }
   c.validate();
+  if (c.fsdp.enabled() && axis_size(mesh, "tensor") > 1)
+    throw Unsupported("meshtrain train",
+                      fmt::format("fsdp '{}' on mesh {}: fully sharded data parallelism over a tensor-parallel model "
+                                  "is not built yet",
+                                  c.fsdp.name, mesh.to_spec()),
+                      "use plain data parallelism with tensor parallelism (--mesh data=2,tensor=2, no --fsdp, fp32)");
   if (c.fsdp.enabled()) {
     if (c.fsdp.mode->hybrid && (fsdp_axis == 0 || data_axis == 0))
       throw InvalidArgument("meshtrain train",

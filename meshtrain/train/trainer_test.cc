@@ -67,7 +67,13 @@ TEST(ResolveTraining, ErrorsSayWhatToChange) {
   EXPECT_EQ(error_of(hybrid, on_mesh({2, 2}, {"data", "fsdp"})), "no error");
   auto tensor = on_mesh({2, 2}, {"data", "tensor"});
   tensor.tensor_parallel_size = 2;
-  EXPECT_THAT(error_of(TrainConfig{}, tensor), HasSubstr("axis 'tensor' of size 2"));
+  EXPECT_EQ(error_of(TrainConfig{}, tensor), "no error");  // data x tensor: the recipe decides if it can split
+  TrainConfig full;
+  full.set("fsdp", "full", "test");
+  EXPECT_THAT(error_of(full, tensor), HasSubstr("over a tensor-parallel model is not built yet"));
+  auto pipeline = on_mesh({2, 2}, {"data", "pipeline"});
+  pipeline.pipeline_parallel_size = 2;
+  EXPECT_THAT(error_of(TrainConfig{}, pipeline), HasSubstr("axis 'pipeline' of size 2"));
   // Strategy names are parsed once, when set: a bad one never reaches resolve_training.
   const auto set_error = [](const char* key, const char* value) {
     try {
