@@ -78,6 +78,12 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 
 }  // namespace
 
+void Communicator::count_traffic(const Op& op) {
+  TrafficCounter& t = traffic_[static_cast<size_t>(op.kind)];
+  ++t.calls;
+  t.bytes += op.bytes();
+}
+
 Work Communicator::issue(Op op, Completion completion) {
   const std::string name(collective_op_name(op.kind));
   const int n = size();
@@ -118,6 +124,7 @@ Work Communicator::issue(Op op, Completion completion) {
       break;
   }
   if (op.kind != CollectiveOp::send && op.kind != CollectiveOp::recv) op.seq = ++seq_;
+  count_traffic(op);
   return start(op, completion);
 }
 
@@ -267,6 +274,7 @@ Work Communicator::batch_isend_irecv(const std::vector<P2POp>& ops) {
     }
   }
   if (group.empty()) return Work{};
+  for (const Op& op : group) count_traffic(op);
   return start_group(group);
 }
 

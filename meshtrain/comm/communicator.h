@@ -29,6 +29,7 @@
 // Thread-safety: a Communicator is used by one thread at a time (its rank's).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -71,6 +72,16 @@ struct Capabilities {
 // The operation names used in fingerprints and errors.
 enum class CollectiveOp : uint8_t {
   all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, barrier, split, send, recv
+};
+inline constexpr size_t kNumCollectiveOps = 9;
+
+// What a communicator was asked to move, per operation: calls and bytes as
+// passed (count x dtype size of this rank's call: an all_gather's send
+// block, a reduce_scatter's received block). Benchmarks and tests compare it
+// with a strategy's formula (tensor parallelism's all-reduces per layer).
+struct TrafficCounter {
+  uint64_t calls = 0;
+  uint64_t bytes = 0;
 };
 std::string_view collective_op_name(CollectiveOp op);
 
@@ -149,6 +160,11 @@ class Communicator {
 
   // Number of collectives issued so far; the next one gets seq() + 1.
   uint64_t seq() const { return seq_; }
+  // This rank's calls and bytes per operation since creation or the last
+  // reset_traffic() (grouped send/recv count each part). Not thread-safe
+  // against calls in flight from other threads: read it between steps.
+  const TrafficCounter& traffic(CollectiveOp op) const { return traffic_[static_cast<size_t>(op)]; }
+  void reset_traffic() { traffic_ = {}; }
 
   // Element-wise reduction of `count` elements over all ranks; every rank's
   // recv holds the result. In place if send == recv.
@@ -227,9 +243,11 @@ class Communicator {
 
  private:
   Work issue(Op op, Completion completion);
+  void count_traffic(const Op& op);
 
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
   uint64_t seq_ = 0;
+  std::array<TrafficCounter, kNumCollectiveOps> traffic_{};
 };
 
 }  // namespace meshtrain::comm

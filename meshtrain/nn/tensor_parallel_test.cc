@@ -196,6 +196,27 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
                    }
                  });
   }
+  // Communication of one step on 2 ranks, counted by the communicator:
+  // Megatron's 4 all-reduces of N x C floats per layer (forward: both
+  // row-parallel outputs; backward: both column-parallel input gradients),
+  // one more each for the vocabulary-parallel embedding (forward) and the
+  // tied head's input gradient (backward), and the loss's row maxima (N
+  // floats) and sums (2N doubles).
+  comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
+               [&](comm::Communicator& world) {
+                 GPTConfig c = base;
+                 c.tensor = TensorParallelGroup{&world};
+                 GPT tp(c);
+                 VocabParallelCrossEntropy vce(c.tensor, c.vocab);
+                 world.reset_traffic();
+                 vce.forward(tp.forward(x), y);
+                 tp.backward(vce.backward());
+                 const uint64_t n = 16, width = 16, layers = 2;
+                 const comm::TrafficCounter& t = world.traffic(comm::CollectiveOp::all_reduce);
+                 EXPECT_EQ(t.calls, 4 * layers + 2 + 2);
+                 EXPECT_EQ(t.bytes, (4 * layers + 2) * n * width * 4 + n * 4 + 2 * n * 8);
+                 EXPECT_EQ(world.traffic(comm::CollectiveOp::all_gather).calls, 0u);
+               });
   comm::launch({.engine = comm::Engine::threads, .ranks = 3, .timeout = std::chrono::seconds(30)},
                [&](comm::Communicator& world) {
                  GPTConfig c = base;
