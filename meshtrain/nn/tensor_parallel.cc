@@ -78,7 +78,7 @@ Tensor gather_parameter(const Parameter& p, const TensorParallelGroup& g) {
   const Placement& pl = p.placement;
   const size_t nd = pl.shape.size();
   // Each rank sends [offsets..., sizes..., block values padded to the largest block].
-  int64_t mine = p.value.numel(), largest = mine;
+  int64_t largest = p.value.numel();
   g.comm->all_reduce(&largest, &largest, 1, DType::i64, comm::ReduceOp::max);
   const size_t record = 2 * nd + static_cast<size_t>(largest);
   std::vector<double> send(record, 0.0), all(record * static_cast<size_t>(g.size()));
