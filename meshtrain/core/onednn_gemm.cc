@@ -113,7 +113,18 @@ class Cache {
       auto it = map_.find(k);
       if (it != map_.end()) return it->second;
     }
-    std::shared_ptr<const Entry> e = create(k);  // outside the lock: JIT takes milliseconds
+    // One creation at a time (JIT takes milliseconds, once per shape), outside
+    // the map's lock so lookups of other shapes go on: ranks of the threads
+    // engine asking for the same new shape then create it once, and every
+    // user of a primitive sees its creation happen before (oneDNN's own
+    // primitive cache synchronizes where ThreadSanitizer cannot see it).
+    std::lock_guard creating(create_mu_);
+    {
+      std::shared_lock lock(mu_);
+      auto it = map_.find(k);
+      if (it != map_.end()) return it->second;
+    }
+    std::shared_ptr<const Entry> e = create(k);
     std::unique_lock lock(mu_);
     if (map_.size() >= kMaxEntries) map_.clear();  // holders keep theirs alive
     return map_.emplace(k, std::move(e)).first->second;
@@ -126,6 +137,7 @@ class Cache {
  private:
   static constexpr size_t kMaxEntries = 4096;
   std::shared_mutex mu_;
+  std::mutex create_mu_;
   std::unordered_map<Key, std::shared_ptr<const Entry>, KeyHash> map_;
 };
 

@@ -2,7 +2,8 @@
 // [0, n) into contiguous ranges, one per thread of the count
 // set_blas_threads chose for the GEMMs (matmul.h), and runs fn(begin, end)
 // on each (OpenMP threads; serially when that count is 1, n < grain, or the
-// build has no OpenMP). For element-wise kernels whose result per element
+// build has no OpenMP or is a ThreadSanitizer build, which cannot see
+// OpenMP's barriers). For element-wise kernels whose result per element
 // does not depend on the split (an optimizer's update), so the numbers are
 // the same on any thread count.
 //
