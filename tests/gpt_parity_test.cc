@@ -5,9 +5,10 @@
 //   parameters within 1e-5 relative of the 1-device run (SGD with
 //   momentum: gpt_parity.h says why).
 // - FSDP units are the transformer blocks plus the root (layers + 1 units).
-// - Tensor parallelism: tensor=2 and 4 and data=2 x tensor=2 (plain data
-//   parallelism across replicas) within 1e-5 too, also with clipping (the
-//   gradient norm adds the blocks over the tensor axis once).
+// - Tensor parallelism: tensor=2 and 4, data=2 x tensor=2, and zero3 on
+//   fsdp=2 x tensor=2 and data=2 x fsdp=2 x tensor=2 (8 ranks) within 1e-5
+//   too, also with clipping (the gradient norm adds the blocks over the
+//   tensor axis once).
 // - Recomputing every block's activations gives the same run bit for bit on
 //   one device, and within 1e-5 under zero3.
 // - bf16 zero3 follows the fp32 curve within 1e-2 relative; fp16 zero3
@@ -100,10 +101,16 @@ TEST(GptParity, TensorParallel) {
     const auto r = train_gpt({.mesh = mesh}, std::string("tp_") + mesh);
     expect_same(r, one_device(), mesh);
   }
+  // Fully sharded data parallelism over the tensor-parallel blocks.
+  for (const char* mesh : {"fsdp=2,tensor=2", "data=2,fsdp=2,tensor=2"})
+    expect_same(train_gpt({.mesh = mesh, .fsdp = "zero3"}, std::string("tp_zero3_") + mesh), one_device(),
+                std::string("zero3 on ") + mesh);
   const auto clipped = train_gpt({.clip_norm = 0.5}, "clip_one");
   EXPECT_NE(clipped.step_losses.back(), one_device().step_losses.back());  // clipping is active
   expect_same(train_gpt({.mesh = "data=2,tensor=2", .clip_norm = 0.5}, "tp_clip"), clipped,
               "data=2,tensor=2 with clip 0.5");
+  expect_same(train_gpt({.mesh = "fsdp=2,tensor=2", .fsdp = "zero3", .clip_norm = 0.5}, "tp_zero3_clip"), clipped,
+              "zero3 on fsdp=2,tensor=2 with clip 0.5");
 }
 
 TEST(GptParity, RecomputeChangesNothing) {

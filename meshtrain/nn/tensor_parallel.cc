@@ -105,16 +105,6 @@ Tensor gather_parameter(const Parameter& p, const TensorParallelGroup& g) {
   return whole.view(pl.global);
 }
 
-double tensor_parallel_grad_sq_norm(const std::vector<Parameter*>& params, const TensorParallelGroup& g) {
-  double sharded = 0, replicated = 0;
-  for (const Parameter* p : params) {
-    if (!p->grad.defined()) continue;
-    (p->placement.kind == Placement::Kind::box ? sharded : replicated) += sum_of_squares(p->grad);
-  }
-  if (g.size() > 1) g.comm->all_reduce(&sharded, &sharded, 1, DType::f64, comm::ReduceOp::sum);
-  return sharded + replicated;
-}
-
 // ---- ColumnParallelLinear ----
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed,

@@ -75,11 +75,6 @@ ShardRange shard_range(int64_t n, int rank, int ranks);
 // put in place (blocks may differ in size). Collective over the group.
 Tensor gather_parameter(const Parameter& p, const TensorParallelGroup& group);
 
-// Sum of squares of the gradients of `params` as one device would see them:
-// blocks (Placement::box) summed over the group, whole (replicated)
-// parameters counted once. Collective over the group.
-double tensor_parallel_grad_sq_norm(const std::vector<Parameter*>& params, const TensorParallelGroup& group);
-
 class ColumnParallelLinear final : public Module {
  public:
   // in, out: the unsharded layer's; out divisible by parts. options as for

@@ -223,6 +223,7 @@ class DataParallel final : public nn::ParamHook, public Parallelism {
   std::vector<nn::Parameter*> optimizer_parameters() override;
   bool grads_finite() override;
   double grad_norm() override;
+  std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) override;
   void after_step() override;
   void zero_grad() override;
   void gather_full_parameters() override;

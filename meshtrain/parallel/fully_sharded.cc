@@ -377,6 +377,7 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
         sp->info = p->info;
         sp->placement = nn::Placement::flat(a - u->offsets[i], b - a);
         shard_params_.push_back(std::move(sp));
+        shard_param_models_.push_back(p);
       }
     }
     unit_info_.push_back(std::move(info));
@@ -687,6 +688,16 @@ double FullyShardedDataParallel::grad_norm() {
   double sq = optim::local_sq_norm(sharded);
   if (options_.stage != ZeroStage::no_shard) shard_->all_reduce(&sq, &sq, 1, DType::f64, comm::ReduceOp::sum);
   return std::sqrt(sq + optim::local_sq_norm(replicated_));
+}
+
+std::pair<double, double> FullyShardedDataParallel::grad_sq_split(
+    const std::function<bool(const nn::Parameter&)>& first) {
+  std::vector<nn::Parameter*> sa, sb, ra, rb;
+  for (size_t i = 0; i < shard_params_.size(); ++i) (first(*shard_param_models_[i]) ? sa : sb).push_back(shard_params_[i].get());
+  for (nn::Parameter* p : replicated_) (first(*p) ? ra : rb).push_back(p);
+  double sq[2] = {optim::local_sq_norm(sa), optim::local_sq_norm(sb)};
+  if (options_.stage != ZeroStage::no_shard) shard_->all_reduce(sq, sq, 2, DType::f64, comm::ReduceOp::sum);
+  return {sq[0] + optim::local_sq_norm(ra), sq[1] + optim::local_sq_norm(rb)};
 }
 
 void FullyShardedDataParallel::after_step() {

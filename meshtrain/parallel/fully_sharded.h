@@ -233,6 +233,7 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   // element counted once (owned shards summed over the shard communicator,
   // replicated parameters counted once). Divide by a loss scale yourself.
   double grad_norm() override;
+  std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) override;
   // Call after an optimizer step that changed the parameters (see above).
   void after_step() override;
   // Zeroes the owned gradients (and the replicated ones).
@@ -311,6 +312,7 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   std::vector<nn::Parameter*> replicated_;      // borrowed model parameters
   Tensor replicated_grads_;                     // f32, flat; their grads view it
   std::vector<std::unique_ptr<nn::Parameter>> shard_params_;
+  std::vector<const nn::Parameter*> shard_param_models_;  // the model parameter of each shard_params_ entry
   std::vector<std::unique_ptr<Reduction>> in_flight_;  // issue order
   int window_count_ = 1, window_index_ = 0;
   int micro_batches_ = 0;     // begin_micro_batch calls in the window

@@ -33,6 +33,12 @@ bool DataParallel::grads_finite() { return optim::grads_finite(params_); }
 // the same sum in the same order as optim::clip_grad_norm.
 double DataParallel::grad_norm() { return std::sqrt(optim::local_sq_norm(params_)); }
 
+std::pair<double, double> DataParallel::grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) {
+  std::vector<nn::Parameter*> a, b;
+  for (nn::Parameter* p : params_) (first(*p) ? a : b).push_back(p);
+  return {optim::local_sq_norm(a), optim::local_sq_norm(b)};
+}
+
 void DataParallel::after_step() {}  // the optimizer updated the model's own parameters
 
 void DataParallel::zero_grad() {

@@ -102,6 +102,12 @@ class Parallelism {
   virtual bool grads_finite() = 0;
   // Collective: the global L2 norm of the gradients.
   virtual double grad_norm() = 0;
+  // Collective: the gradients' squares as one device of this group sees
+  // them, split by whether `first(p)` holds for the model parameter p:
+  // {sum over the p where it holds, sum over the others}. Tensor
+  // parallelism adds the first part (its blocks) over the tensor axis and
+  // counts the second (replicated parameters) once.
+  virtual std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) = 0;
   // Collective: after an optimizer step changed optimizer_parameters(),
   // makes the model compute with the new values.
   virtual void after_step() = 0;

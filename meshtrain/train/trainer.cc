@@ -374,8 +374,15 @@ class Run {
       // Under tensor parallelism (data-parallel replicas of a split model)
       // the blocks' squares add over the tensor axis, replicated parameters
       // count once.
-      const double norm = tp_.size() > 1 ? std::sqrt(nn::tensor_parallel_grad_sq_norm(opt_params_, tp_))
-                                         : parallel_->grad_norm();
+      double norm = 0;
+      if (tp_.size() > 1) {
+        auto [blocks, replicated] = parallel_->grad_sq_split(
+            [](const nn::Parameter& p) { return p.placement.kind == nn::Placement::Kind::box; });
+        tp_.comm->all_reduce(&blocks, &blocks, 1, DType::f64, comm::ReduceOp::sum);
+        norm = std::sqrt(blocks + replicated);
+      } else {
+        norm = parallel_->grad_norm();
+      }
       factor = optim::clip_factor(norm / s, tc_.clip_norm) / s;
     }
     opt_->set_grad_scale(factor);
@@ -550,12 +557,6 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
         precision));
   }
   c.validate();
-  if (c.fsdp.enabled() && axis_size(mesh, "tensor") > 1)
-    throw Unsupported("meshtrain train",
-                      fmt::format("fsdp '{}' on mesh {}: fully sharded data parallelism over a tensor-parallel model "
-                                  "is not built yet",
-                                  c.fsdp.name, mesh.to_spec()),
-                      "use plain data parallelism with tensor parallelism (--mesh data=2,tensor=2, no --fsdp, fp32)");
   if (c.fsdp.enabled()) {
     if (c.fsdp.mode->hybrid && (fsdp_axis == 0 || data_axis == 0))
       throw InvalidArgument("meshtrain train",

@@ -70,7 +70,9 @@ TEST(ResolveTraining, ErrorsSayWhatToChange) {
   EXPECT_EQ(error_of(TrainConfig{}, tensor), "no error");  // data x tensor: the recipe decides if it can split
   TrainConfig full;
   full.set("fsdp", "full", "test");
-  EXPECT_THAT(error_of(full, tensor), HasSubstr("over a tensor-parallel model is not built yet"));
+  auto fsdp_tensor = on_mesh({2, 2}, {"fsdp", "tensor"});
+  fsdp_tensor.tensor_parallel_size = 2;
+  EXPECT_EQ(error_of(full, fsdp_tensor), "no error");  // zero3 over the tensor-parallel blocks
   auto pipeline = on_mesh({2, 2}, {"data", "pipeline"});
   pipeline.pipeline_parallel_size = 2;
   EXPECT_THAT(error_of(TrainConfig{}, pipeline), HasSubstr("axis 'pipeline' of size 2"));
