@@ -14,8 +14,8 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/mesh/device_mesh.h"
-#include "meshtrain/optim/adamw.h"
 #include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/schedule.h"
@@ -327,7 +327,9 @@ class Run {
     double v[2] = {loss / s, optim::values_finite(opt_params_) ? 0.0 : 1.0};
     dp_comm_->all_reduce(v, v, 2, DType::f64, comm::ReduceOp::sum);
     any_over_tensor(v[1]);  // tensor-parallel ranks hold different blocks; the loss is the same on each
-    const bool grads_finite = parallel_->grads_finite();
+    double grads_bad = parallel_->grads_finite() ? 0.0 : 1.0;
+    any_over_tensor(grads_bad);
+    const bool grads_finite = grads_bad == 0;
     StepOutcome out;
     out.loss = v[0];
     bool overflow = false;  // fp16: the scaler's business
