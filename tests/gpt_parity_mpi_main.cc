@@ -1,8 +1,8 @@
 // The GPT under mpirun equals one device: every process trains the run of
 // tests/gpt_parity.h on the MPI engine with data parallelism and
 // zero1/zero2/zero3 over all processes, tensor parallelism (tensor=2 with
-// 2 processes, data=2 x tensor=2 with 4), and hybrid_full on data=2,fsdp=2
-// with 4; rank 0 then trains it on one threads-engine rank and compares
+// 2 processes, data=2 x tensor=2 and zero3 on fsdp=2 x tensor=2 with 4),
+// and hybrid_full on data=2,fsdp=2 with 4; rank 0 then trains it on one threads-engine rank and compares
 // per-step losses and final parameters (1e-5 relative). Exit 0 only if all
 // agree.
 //   mpirun -np 2 gpt_parity_mpi_test
@@ -32,6 +32,7 @@ int main() {
   if (n == 4) {
     cases.push_back({"hybrid_full", {2, 2}, {"data", "fsdp"}});
     cases.push_back({"", {2, 2}, {"data", "tensor"}});
+    cases.push_back({"zero3", {2, 2}, {"fsdp", "tensor"}});
   }
 
   std::vector<train::TrainResult> results;
