@@ -118,6 +118,12 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, const std::s
   const int64_t block = out / parts;
   const ShardRange s = shard_range(block, group.rank(), group.size());
   Linear whole(in, out, prefix, seed, deferred(options, options.bias));  // metadata and init only: nothing allocated
+  if (parts == 1) {  // a plain column block of (in, out)
+    take_block(local_.weight(), whole.weight(), {in, out}, {{0, s.begin}, {in, s.size()}}, options.defer_init, group);
+    if (local_.has_bias())
+      take_block(local_.bias(), whole.bias(), {out}, {{s.begin}, {s.size()}}, options.defer_init, group);
+    return;
+  }
   take_block(local_.weight(), whole.weight(), {in, parts, block}, {{0, 0, s.begin}, {in, parts, s.size()}},
              options.defer_init, group);
   if (local_.has_bias())

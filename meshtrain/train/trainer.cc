@@ -7,12 +7,14 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <algorithm>
 #include <mutex>
 #include <optional>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/nn/tensor_parallel.h"
 #include "meshtrain/optim/adamw.h"
@@ -54,6 +56,31 @@ std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
                         fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), m.axis_names[i], m.shape[i]),
                         "training supports data, fsdp and tensor axes (--mesh data=2,tensor=2) so far");
   return axes;
+}
+
+// How a tensor axis of k ranks splits the model, as rank 0 holds it: one
+// line per parameter pattern (block indices "h.3." folded to "h.*."), its
+// block and the global shape it lies in, or "replicated".
+std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, int k) {
+  std::vector<std::pair<std::string, std::string>> lines;  // pattern -> placement, first seen first
+  for (const nn::Parameter* p : params) {
+    std::string pattern;
+    for (std::string_view part : split(p->name, '.')) {
+      if (!pattern.empty()) pattern += '.';
+      if (!part.empty() && std::all_of(part.begin(), part.end(), ::isdigit))
+        pattern += '*';
+      else
+        pattern.append(part);
+    }
+    if (std::any_of(lines.begin(), lines.end(), [&](const auto& l) { return l.first == pattern; })) continue;
+    lines.emplace_back(pattern, p->placement.kind == nn::Placement::Kind::box
+                                    ? fmt::format("{} of {}", p->placement.box.to_string(),
+                                                  shape_to_string(p->placement.shape))
+                                    : std::string("replicated"));
+  }
+  std::string out = fmt::format("tensor parallel over {} ranks (rank 0's blocks):\n", k);
+  for (const auto& [pattern, where] : lines) out += fmt::format("  {:<28} {}\n", pattern, where);
+  return out;
 }
 
 int axis_size(const plan::NamedShape& m, const std::string& name) {
@@ -141,7 +168,14 @@ class Run {
                            .tracker = &memory_,  // activation buffers
                            .tensor = tp_});
     nn::Module& model = model_->module();
-    num_parameters_ = model.num_parameters();  // before wrapping: stage 3 leaves values undefined
+    // The whole model's size (a tensor-parallel block counts its global
+    // tensor; read before wrapping: stage 3 leaves values undefined).
+    for (const nn::Parameter* p : model.parameters()) {
+      int64_t n = 1;
+      for (int64_t d : p->placement.kind == nn::Placement::Kind::box ? p->placement.global : p->info.shape) n *= d;
+      num_parameters_ += n;
+    }
+    if (main_ && tp_.size() > 1) tensor_split_ = tensor_parallel_summary(model.parameters(), tp_.size());
     parallel_ = make_parallelism(tc, dc, *model_, mesh_, *dp_comm_, &memory_);
     // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
     if (parallel_->needs_loss_scaling()) scaler_ = std::make_unique<optim::DynamicLossScaler>();
@@ -183,6 +217,7 @@ class Run {
               : fmt::format("lr {} constant", tc_.lr);
       fmt::print("model {}: {} parameters; {}; {}; {}\n", tc_.model, num_parameters_, steps, lr,
                  parallel_->describe());
+      if (!tensor_split_.empty()) fmt::print("{}", tensor_split_);
       fmt::print("run directory: {} (written to {} until the run succeeds)\n", shared_.dir->path(),
                  shared_.dir->staging());
       std::fflush(stdout);
@@ -528,6 +563,7 @@ class Run {
   bool main_;
   comm::Communicator* dp_comm_ = nullptr;
   nn::TensorParallelGroup tp_;  // the mesh's tensor axis (none: one rank)
+  std::string tensor_split_;    // rank 0: how the tensor axis splits the parameters (start-up dump)
   std::unique_ptr<RecipeModel> model_;
   int64_t num_parameters_ = 0;
   std::unique_ptr<parallel::Parallelism> parallel_;   // data parallel or fully sharded; after model_
