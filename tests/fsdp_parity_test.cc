@@ -22,6 +22,7 @@
 #include <fstream>
 
 #include "meshtrain/core/memory.h"
+#include "meshtrain/testing/parity.h"
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/trainer.h"
 
@@ -69,16 +70,7 @@ train::TrainResult train_on(const RunSpec& run, const std::string& tag) {
   tc.clip_norm = run.clip_norm;
   tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_fsdp_parity_" + tag)).string();
   tc.overwrite = true;  // the previous test run's directory
-  config::DistributedConfig dc;
-  if (!run.mesh.empty()) {
-    const plan::NamedShape m = plan::parse_mesh_spec(run.mesh);
-    int ranks = 1;
-    for (int s : m.shape) ranks *= s;
-    dc.world_size = ranks;
-    dc.num_processes_per_node = ranks;
-    dc.mesh_shape = m.shape;
-    dc.mesh_axis_names = m.axis_names;
-  }
+  config::DistributedConfig dc = testing::threads_mesh_config(run.mesh);
   dc.mixed_precision = run.precision;
   return train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
                                       .timeout = std::chrono::seconds(120)});

@@ -43,18 +43,7 @@ train::TrainResult train_gpt(const GptRun& run, const std::string& tag) {
   tc.recompute = run.recompute;
   tc.clip_norm = run.clip_norm;
   tc.set("fsdp", run.fsdp, "GptRun.fsdp");
-  config::DistributedConfig dc;
-  if (!run.mesh.empty()) {
-    const plan::NamedShape m = plan::parse_mesh_spec(run.mesh);
-    int ranks = 1;
-    for (int s : m.shape) ranks *= s;
-    dc.world_size = ranks;
-    dc.num_processes_per_node = ranks;
-    dc.mesh_shape = m.shape;
-    dc.mesh_axis_names = m.axis_names;
-    for (size_t i = 0; i < m.axis_names.size(); ++i)
-      if (m.axis_names[i] == "tensor") dc.tensor_parallel_size = m.shape[i];
-  }
+  config::DistributedConfig dc = testing::threads_mesh_config(run.mesh);
   dc.mixed_precision = run.precision;
   return train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
                                       .timeout = std::chrono::seconds(120)});

@@ -9,24 +9,19 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/internal/onednn_gemm.h"
+#include "meshtrain/core/internal/operands.h"
 #include "meshtrain/core/ops.h"
 
 namespace meshtrain {
 namespace {
+
+using internal::check_operand;
 
 // The count set_blas_threads last set (0: never; each backend's default).
 std::atomic<int> g_threads{0};
 // The calling thread's MatmulBackendScope: -1 none, else a MatmulBackend.
 thread_local int t_backend = -1;
 
-void check_operand(const Tensor& t, const char* op, const char* what) {
-  if (!t.defined())
-    throw InvalidArgument(op, fmt::format("{} is undefined (default-constructed)", what),
-                          "pass a tensor created with Tensor::empty, zeros, ...");
-  if (t.device().type != DeviceType::cpu)
-    throw Unsupported(op, fmt::format("{} is on {}", what, t.device().to_string()),
-                      "these kernels run on cpu tensors only");
-}
 
 bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
 

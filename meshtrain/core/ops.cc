@@ -11,20 +11,14 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/internal/convert.h"
 #include "meshtrain/core/internal/elements.h"
+#include "meshtrain/core/internal/operands.h"
 
 namespace meshtrain {
 namespace {
 
 using internal::dispatch;
+using internal::check_operand;
 
-void check_operand(const Tensor& t, const char* op, const char* what) {
-  if (!t.defined())
-    throw InvalidArgument(op, fmt::format("{} is undefined (default-constructed)", what),
-                          "pass a tensor created with Tensor::empty, zeros, ...");
-  if (t.device().type != DeviceType::cpu)
-    throw Unsupported(op, fmt::format("{} is on {}", what, t.device().to_string()),
-                      "these kernels run on cpu tensors only");
-}
 
 // Same storage, offset and strides: an exact alias, which element-wise
 // kernels handle (each element is read before it is written).

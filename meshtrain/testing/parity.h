@@ -1,4 +1,5 @@
-// Comparing two training runs (header-only test support): the per-step
+// Training-run test support (header-only): a threads-engine configuration
+// for a mesh spec, and comparing two training runs: the per-step
 // losses and final parameters of a run against a reference run, both from
 // run_training (train/trainer.h). Used by the threads parity tests (gtest)
 // and their mpirun counterparts (plain mains), so both apply one rule.
@@ -13,9 +14,29 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/config/distributed_config.h"
+#include "meshtrain/plan/mesh_planning.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::testing {
+
+// A threads-engine configuration with one simulated device per position of
+// `mesh` ("data=2,tensor=2"; "" = one device); a tensor axis sets
+// tensor_parallel_size, as `meshtrain train --mesh` does.
+inline config::DistributedConfig threads_mesh_config(const std::string& mesh) {
+  config::DistributedConfig dc;
+  if (mesh.empty()) return dc;
+  const plan::NamedShape m = plan::parse_mesh_spec(mesh);
+  int ranks = 1;
+  for (int s : m.shape) ranks *= s;
+  dc.world_size = ranks;
+  dc.num_processes_per_node = ranks;
+  dc.mesh_shape = m.shape;
+  dc.mesh_axis_names = m.axis_names;
+  for (size_t i = 0; i < m.axis_names.size(); ++i)
+    if (m.axis_names[i] == "tensor") dc.tensor_parallel_size = m.shape[i];
+  return dc;
+}
 
 // What differs between `got` and `ref` beyond `rel_tol`: a line per step
 // whose loss differs by more than rel_tol relative to the reference's, and a
