@@ -1,7 +1,8 @@
 // The GPT under mpirun equals one device: every process trains the run of
 // tests/gpt_parity.h on the MPI engine with data parallelism and
 // zero1/zero2/zero3 over all processes, tensor parallelism (tensor=2 with
-// 2 processes, data=2 x tensor=2 and zero3 on fsdp=2 x tensor=2 with 4),
+// 2 processes, data=2 x tensor=2 and zero3 on fsdp=2 x tensor=2 with 4;
+// tensor=2 and data=2 x tensor=2 also with sequence parallelism),
 // and hybrid_full on data=2,fsdp=2 with 4; rank 0 then trains it on one threads-engine rank and compares
 // per-step losses and final parameters (1e-5 relative). Exit 0 only if all
 // agree.
@@ -23,15 +24,20 @@ int main() {
     std::string fsdp;  // "" = data parallelism
     std::vector<int> shape;
     std::vector<std::string> axes;
+    bool sequence_parallel = false;
   };
   std::vector<Case> cases = {{"", {n}, {"data"}},
                              {"zero1", {n}, {"fsdp"}},
                              {"zero2", {n}, {"fsdp"}},
                              {"zero3", {n}, {"fsdp"}}};
-  if (n == 2) cases.push_back({"", {2}, {"tensor"}});
+  if (n == 2) {
+    cases.push_back({"", {2}, {"tensor"}});
+    cases.push_back({"", {2}, {"tensor"}, true});
+  }
   if (n == 4) {
     cases.push_back({"hybrid_full", {2, 2}, {"data", "fsdp"}});
     cases.push_back({"", {2, 2}, {"data", "tensor"}});
+    cases.push_back({"", {2, 2}, {"data", "tensor"}, true});
     cases.push_back({"zero3", {2, 2}, {"fsdp", "tensor"}});
   }
 
@@ -39,8 +45,9 @@ int main() {
   for (const Case& c : cases) {
     const plan::NamedShape shape{c.shape, c.axes};
     train::TrainConfig tc = gpt_parity_config("mpi_" + (c.fsdp.empty() ? std::string("dp") : c.fsdp) + "_" +
-                                              shape.to_spec());
+                                              shape.to_spec() + (c.sequence_parallel ? "_sp" : ""));
     tc.set("fsdp", c.fsdp, "case");
+    tc.sequence_parallel = c.sequence_parallel;
     config::DistributedConfig d = dc;
     d.backend = comm::Engine::mpi;
     d.mesh_shape = c.shape;
@@ -55,9 +62,10 @@ int main() {
                                        {.engine = comm::Engine::threads, .ranks = 1});
   int bad = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
-    const std::string what = fmt::format("gpt {} on mesh {} ({} processes)",
+    const std::string what = fmt::format("gpt {} on mesh {}{} ({} processes)",
                                          cases[i].fsdp.empty() ? "data parallel" : cases[i].fsdp,
-                                         plan::NamedShape{cases[i].shape, cases[i].axes}.to_spec(), n);
+                                         plan::NamedShape{cases[i].shape, cases[i].axes}.to_spec(),
+                                         cases[i].sequence_parallel ? " with sequence parallelism" : "", n);
     const auto problems = testing::run_differences(results[i], ref, 1e-5);
     for (const auto& p : problems) fmt::print(stderr, "FAIL {}: {}\n", what, p);
     fmt::print("mpi {} vs 1 rank over {} steps: {}\n", what, kGptParitySteps, problems.empty() ? "PASS" : "FAIL");

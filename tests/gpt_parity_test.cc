@@ -8,10 +8,10 @@
 // - Tensor parallelism: tensor=2 and 4, data=2 x tensor=2, and zero3 on
 //   fsdp=2 x tensor=2 and data=2 x fsdp=2 x tensor=2 (8 ranks) within 1e-5
 //   too, also with clipping (the gradient norm adds the blocks over the
-//   tensor axis once).
+//   tensor axis once); the same meshes with sequence parallelism.
 // - Recomputing every block's activations gives the same run bit for bit on
 //   one device, and within 1e-5 under zero3.
-// - bf16 zero3 (also on fsdp=2 x tensor=2) and fp16 zero3 (dynamic loss
+// - bf16 zero3 (also on fsdp=2 x tensor=2, with and without sequence parallelism) and fp16 zero3 (dynamic loss
 //   scaler) follow the fp32 curve within 1e-2 relative.
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -31,6 +31,7 @@ struct GptRun {
   std::string mesh = "";  // "" = one device
   std::string fsdp = "";  // "" = plain data parallelism
   bool recompute = false;
+  bool sequence_parallel = false;
   config::MixedPrecision precision = config::MixedPrecision::no;
   std::string optimizer = "sgd";
   double clip_norm = 0;
@@ -41,6 +42,7 @@ constexpr int64_t kSteps = kGptParitySteps;
 train::TrainResult train_gpt(const GptRun& run, const std::string& tag) {
   train::TrainConfig tc = gpt_parity_config(tag, run.optimizer);
   tc.recompute = run.recompute;
+  tc.sequence_parallel = run.sequence_parallel;
   tc.clip_norm = run.clip_norm;
   tc.set("fsdp", run.fsdp, "GptRun.fsdp");
   config::DistributedConfig dc = testing::threads_mesh_config(run.mesh);
@@ -94,12 +96,24 @@ TEST(GptParity, TensorParallel) {
   for (const char* mesh : {"fsdp=2,tensor=2", "data=2,fsdp=2,tensor=2"})
     expect_same(train_gpt({.mesh = mesh, .fsdp = "zero3"}, std::string("tp_zero3_") + mesh), one_device(),
                 std::string("zero3 on ") + mesh);
+  // Sequence parallelism: the same numbers (dropout 0.1 on: each rank draws
+  // its time steps of the masks), LayerNorm, bias and position gradients
+  // summed over the tensor axis once per step.
+  for (const char* mesh : {"tensor=2", "tensor=4", "data=2,tensor=2"}) {
+    const auto r = train_gpt({.mesh = mesh, .sequence_parallel = true}, std::string("sp_") + mesh);
+    expect_same(r, one_device(), std::string("sequence parallel ") + mesh);
+  }
+  for (const char* mesh : {"fsdp=2,tensor=2", "data=2,fsdp=2,tensor=2"})
+    expect_same(train_gpt({.mesh = mesh, .fsdp = "zero3", .sequence_parallel = true}, std::string("sp_zero3_") + mesh),
+                one_device(), std::string("sequence parallel zero3 on ") + mesh);
   const auto clipped = train_gpt({.clip_norm = 0.5}, "clip_one");
   EXPECT_NE(clipped.step_losses.back(), one_device().step_losses.back());  // clipping is active
   expect_same(train_gpt({.mesh = "data=2,tensor=2", .clip_norm = 0.5}, "tp_clip"), clipped,
               "data=2,tensor=2 with clip 0.5");
   expect_same(train_gpt({.mesh = "fsdp=2,tensor=2", .fsdp = "zero3", .clip_norm = 0.5}, "tp_zero3_clip"), clipped,
               "zero3 on fsdp=2,tensor=2 with clip 0.5");
+  expect_same(train_gpt({.mesh = "data=2,tensor=2", .sequence_parallel = true, .clip_norm = 0.5}, "sp_clip"), clipped,
+              "sequence parallel data=2,tensor=2 with clip 0.5");
 }
 
 TEST(GptParity, RecomputeChangesNothing) {
@@ -139,14 +153,18 @@ TEST(GptParity, HalfPrecisionZero3FollowsFp32) {
       EXPECT_GT(half.loss_scale, 0);  // the scaler is on
     }
   }
-  // bf16 over a tensor-parallel split, fully sharded.
-  const auto tp = train_gpt({.mesh = "fsdp=2,tensor=2", .fsdp = "zero3", .precision = config::MixedPrecision::bf16,
-                             .optimizer = "adamw"},
-                            "bf16_tp");
-  const double worst = worst_step(fp32, tp);
-  fmt::print("GPT bf16 zero3 on fsdp=2 x tensor=2 vs fp32 one device: worst step {:.2e} relative\n", worst);
-  EXPECT_LT(worst, 1e-2);
-  EXPECT_GT(worst, 0);
+  // bf16 over a tensor-parallel split, fully sharded, without and with
+  // sequence parallelism.
+  for (bool sp : {false, true}) {
+    const auto tp = train_gpt({.mesh = "fsdp=2,tensor=2", .fsdp = "zero3", .sequence_parallel = sp,
+                               .precision = config::MixedPrecision::bf16, .optimizer = "adamw"},
+                              sp ? "bf16_sp" : "bf16_tp");
+    const double worst = worst_step(fp32, tp);
+    fmt::print("GPT bf16 zero3 on fsdp=2 x tensor=2{} vs fp32 one device: worst step {:.2e} relative\n",
+               sp ? " (sequence parallel)" : "", worst);
+    EXPECT_LT(worst, 1e-2);
+    EXPECT_GT(worst, 0);
+  }
 }
 
 }  // namespace

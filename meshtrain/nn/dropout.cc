@@ -9,12 +9,19 @@
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/buffers.h"
+#include "meshtrain/nn/tensor_parallel.h"
 
 namespace meshtrain::nn {
 
-Dropout::Dropout(double p, const std::string& name, uint64_t seed) : p_(p), name_(name), seed_(seed) {
+Dropout::Dropout(double p, const std::string& name, uint64_t seed, DropoutShard shard)
+    : p_(p), name_(name), seed_(seed), shard_(shard) {
   if (!(p >= 0.0 && p <= 1.0))
     throw InvalidArgument("Dropout", fmt::format("'{}': p = {}", name, p), "use a probability 0 <= p <= 1");
+  if (shard.ranks < 1 || shard.rank < 0 || shard.rank >= shard.ranks || shard.features < 0)
+    throw InvalidArgument("Dropout",
+                          fmt::format("'{}': shard rank {} of {}, {} features", name, shard.rank, shard.ranks,
+                                      shard.features),
+                          "pass 0 <= rank < ranks and features >= 0");
 }
 
 Tensor Dropout::do_forward(const Tensor& x, Saved& saved) {
@@ -35,10 +42,30 @@ Tensor Dropout::do_forward(const Tensor& x, Saved& saved) {
   const int64_t batch = xc.size(0);
   const int64_t features = batch == 0 ? 0 : n / batch;  // F: elements per sample
   Tensor& scale = internal::reuse_or_allocate(st.scale, {n}, tracker_);
-  // u at global index (first_global_sample + i) * F + f: local elements are
-  // one contiguous run of the global stream.
-  const uint64_t start = static_cast<uint64_t>(ctx.first_global_sample) * static_cast<uint64_t>(features);
-  functional::dropout_mask(seed_, internal::step_key(name_, ctx.step), start, p_, scale);
+  // u at global index (first_global_sample + i) * G + o + f (G = F, o = 0
+  // unsplit: the local elements are one contiguous run of the global stream).
+  int64_t global = features * shard_.ranks, offset = features * shard_.rank;
+  if (shard_.features > 0) {
+    const ShardRange s = shard_range(shard_.features, shard_.rank, shard_.ranks);
+    if (s.size() != features)
+      throw InvalidArgument(op,
+                            fmt::format("'{}': input {} has {} features per sample; rank {} of {} holds {} of {}",
+                                        name_, shape_to_string(xc.shape()), features, shard_.rank, shard_.ranks,
+                                        s.size(), shard_.features),
+                            "pass this rank's slice of the features");
+    global = shard_.features;
+    offset = s.begin;
+  }
+  const uint64_t key = internal::step_key(name_, ctx.step);
+  const auto first = static_cast<uint64_t>(ctx.first_global_sample);
+  if (global == features) {
+    functional::dropout_mask(seed_, key, first * static_cast<uint64_t>(features), p_, scale);
+  } else {
+    for (int64_t i = 0; i < batch; ++i)
+      functional::dropout_mask(seed_, key, (first + static_cast<uint64_t>(i)) * static_cast<uint64_t>(global) +
+                                               static_cast<uint64_t>(offset),
+                               p_, scale.narrow(0, i * features, features));
+  }
   Tensor& y = internal::reuse_or_allocate(st.y, st.shape, tracker_);
   mul(xc, scale.view(st.shape), y);
   return y;

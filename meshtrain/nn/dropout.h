@@ -16,6 +16,14 @@
 // every step, or the same mask repeats; replaying a forward with the same
 // context (activation recomputation) reproduces the mask.
 //
+// Split features (DropoutShard): when a tensor-parallel layout gives this
+// rank only some of each sample's features, the mask keeps the one-device
+// numbering: rank r of `ranks` holds features [o, o + F) of each sample's
+// G, and its element (i, f) draws u at (first_global_sample + i) * G + o + f.
+// With `features` = G > 0 the slice is shard_range(G, r, ranks) (a column
+// split of a hidden layer); with 0 the slices are equal, G = ranks * F and
+// o = r * F (a sequence-parallel split of (B, T, C) along T).
+//
 // In evaluation mode, or with p = 0, forward returns x itself and backward
 // returns grad_out itself (no copy). p = 1 drops everything (output 0).
 // Thread-safety: one thread at a time (a module belongs to one rank).
@@ -29,11 +37,18 @@
 
 namespace meshtrain::nn {
 
+// Which of each sample's features the input holds (see above); the default: all.
+struct DropoutShard {
+  int rank = 0;
+  int ranks = 1;
+  int64_t features = 0;  // G; 0: equal slices of the input's own size
+};
+
 class Dropout final : public Module {
  public:
   // 0 <= p <= 1. `name` is the module's path; it keys the random stream and
   // must be unique among the model's dropouts.
-  Dropout(double p, const std::string& name, uint64_t seed);
+  Dropout(double p, const std::string& name, uint64_t seed, DropoutShard shard = {});
 
   // forward: x (B, ...) f32 with B >= 0 -> same shape; backward: dy * mask.
   std::vector<Parameter*> parameters() override { return {}; }
@@ -56,6 +71,7 @@ class Dropout final : public Module {
   double p_;
   std::string name_;
   uint64_t seed_;
+  DropoutShard shard_;
 };
 
 }  // namespace meshtrain::nn

@@ -49,11 +49,14 @@ Tensor Embedding::do_forward(const Tensor& ids, Saved& saved) {
   st.ids = ids.contiguous().view({ids.numel()});
   Tensor& y = internal::reuse_or_allocate(st.y, {ids.numel(), dim_}, tracker_);
   functional::embedding_forward(st.ids, weight_.value, y, shard_.begin, num_);
-  if (tensor_.size() > 1)  // each id's row came from the one rank holding it
-    tensor_.comm->all_reduce(y.data<float>(), y.data<float>(), static_cast<size_t>(y.numel()), DType::f32,
-                             comm::ReduceOp::sum);
   std::vector<int64_t> out_shape = st.shape;
   out_shape.push_back(dim_);
+  // Each id's row came from the one rank holding it: the sum over the group
+  // (sequence parallel: only this rank's time steps of it).
+  if (tensor_.splits_sequence()) return reduce_scatter_sequence(y.view(out_shape), tensor_, tracker_);
+  if (tensor_.size() > 1)
+    tensor_.comm->all_reduce(y.data<float>(), y.data<float>(), static_cast<size_t>(y.numel()), DType::f32,
+                             comm::ReduceOp::sum);
   return y.view(out_shape);
 }
 
@@ -62,8 +65,10 @@ Tensor Embedding::do_backward_input(const Tensor& grad_out, Saved& saved) {
   State& st = saved.state<State>();
   std::vector<int64_t> want = st.shape;
   want.push_back(dim_);
+  if (tensor_.splits_sequence()) want[1] /= tensor_.size();  // this rank's time steps
   Tensor dy = internal::f32_contiguous(grad_out, op, "grad_out");
   internal::check_shape(dy, want, op, "grad_out");
+  if (tensor_.splits_sequence()) dy = gather_sequence(dy, tensor_);
   st.dy = dy.view({st.ids.numel(), dim_});
   return Tensor();  // ids have no gradient
 }

@@ -16,7 +16,10 @@
 // shard_range(num, r, k) of the table (its block of the unsharded
 // initialization, Placement::box); forward looks up the ids in its rows,
 // zeros elsewhere, and all-reduces over the group, so every rank returns
-// the full lookup; backward accumulates into the rank's rows only.
+// the full lookup; backward accumulates into the rank's rows only. With
+// sequence parallelism (options.tensor.sequence_parallel, ids (B, T), T
+// divisible by k) the sum is a reduce-scatter: forward returns this rank's
+// time steps (B, T/k, dim) and backward takes them (and all-gathers dy).
 // Thread-safety: one thread at a time (a module belongs to one rank).
 #pragma once
 

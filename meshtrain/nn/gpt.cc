@@ -49,6 +49,18 @@ int64_t local_heads(int64_t width, int64_t heads, const TensorParallelGroup& tp,
   return heads / tp.size();
 }
 
+// Sequence parallelism: a dropout outside the tensor-parallel regions sees
+// this rank's time steps of each sample.
+DropoutShard sequence_shard(const TensorParallelGroup& tp) {
+  return tp.splits_sequence() ? DropoutShard{.rank = tp.rank(), .ranks = tp.size()} : DropoutShard{};
+}
+
+// Sequence parallelism: a module replicated over the tensor axis that sees
+// only this rank's tokens has partial gradients (tensor_parallel.h).
+void mark_sequence_parallel(Module& m, const TensorParallelGroup& tp) {
+  for (Parameter* p : m.parameters()) p->sequence_parallel = tp.splits_sequence();
+}
+
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed,
@@ -62,7 +74,7 @@ CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, const std
               /*parts=*/3),
       c_proj_(width, width, join_name(prefix, "c_proj"), seed,
               LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}, tp),
-      resid_dropout_(dropout, join_name(prefix, "resid_dropout"), seed) {}
+      resid_dropout_(dropout, join_name(prefix, "resid_dropout"), seed, sequence_shard(tp)) {}
 
 std::vector<Parameter*> CausalSelfAttention::parameters() {
   std::vector<Parameter*> ps = c_attn_.parameters();
@@ -76,9 +88,9 @@ Tensor CausalSelfAttention::do_forward(const Tensor& x, Saved& saved) {
                           fmt::format("'{}': input {} is not (B, T, {})", name_, shape_to_string(x.shape()), width_),
                           "pass (batch, time, width)");
   State& st = saved.state<State>();
-  st.b = x.size(0);
-  st.t = x.size(1);
-  const Tensor qkv = c_attn_.forward(x, saved.child(0));  // (B, T, 3C)
+  const Tensor qkv = c_attn_.forward(x, saved.child(0));  // (B, T, 3C) (x: (B, T/k, C) sequence parallel)
+  st.b = qkv.size(0);
+  st.t = qkv.size(1);
   st.q = split_heads(qkv, 0, heads_);
   st.k = split_heads(qkv, 1, heads_);
   st.v = split_heads(qkv, 2, heads_);
@@ -124,6 +136,8 @@ GPTBlock::GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint
       attn_(width, heads, join_name(prefix, "attn"), seed, proj_std, defer_init, dropout, tp),
       ln_2_(width, join_name(prefix, "ln_2"), 1e-5, true, defer_init),
       mlp_(join_name(prefix, "mlp")) {
+  mark_sequence_parallel(ln_1_, tp);
+  mark_sequence_parallel(ln_2_, tp);
   // nanoGPT's names: mlp.c_fc, mlp.c_proj (the GELU takes no name).
   mlp_.add(std::make_unique<ColumnParallelLinear>(
       width, 4 * width, join_name(prefix, "mlp.c_fc"), seed,
@@ -132,7 +146,7 @@ GPTBlock::GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint
   mlp_.add(std::make_unique<RowParallelLinear>(
       4 * width, width, join_name(prefix, "mlp.c_proj"), seed,
       LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}, tp));
-  mlp_.add(std::make_unique<Dropout>(dropout, join_name(prefix, "mlp.dropout"), seed));
+  mlp_.add(std::make_unique<Dropout>(dropout, join_name(prefix, "mlp.dropout"), seed, sequence_shard(tp)));
 }
 
 std::vector<Parameter*> GPTBlock::parameters() {
@@ -205,7 +219,7 @@ GPT::GPT(GPTConfig config)
            EmbeddingOptions{.defer_init = config_.defer_init, .tensor = config_.tensor}),  // vocabulary-parallel
       wpe_(config_.block_size, config_.width, "wpe", config_.seed,
            EmbeddingOptions{.defer_init = config_.defer_init, .kind = sharding::ParamKind::other}),
-      drop_(config_.dropout, "drop", config_.seed),
+      drop_(config_.dropout, "drop", config_.seed, sequence_shard(config_.tensor)),
       h_("h"),
       ln_f_(config_.width, "ln_f", 1e-5, true, config_.defer_init) {
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(config_.layers, 1)));
@@ -215,6 +229,8 @@ GPT::GPT(GPTConfig config)
     block.set_recompute(config_.recompute);
   }
   wte_.weight().users = 2;  // the embedding and the tied output head
+  mark_sequence_parallel(wpe_, config_.tensor);
+  mark_sequence_parallel(ln_f_, config_.tensor);
 }
 
 std::vector<Parameter*> GPT::parameters() {
@@ -245,17 +261,37 @@ Tensor GPT::do_forward(const Tensor& ids, Saved& saved) {
   State& st = saved.state<State>();
   st.b = ids.size(0);
   st.t = ids.size(1);
-  if (!st.positions.defined() || st.positions.size(0) != st.t) {
-    std::vector<int64_t> pos(static_cast<size_t>(st.t));
-    for (int64_t i = 0; i < st.t; ++i) pos[static_cast<size_t>(i)] = i;
-    st.positions = Tensor::from_vector(pos, {st.t});
+  // Sequence parallelism splits the T steps over the k tensor ranks. A T
+  // that k does not divide (generation's growing prompts) is padded at the
+  // end: causal attention keeps the padding from reaching the real steps.
+  const TensorParallelGroup& tp = config_.tensor;
+  const int64_t k = tp.splits_sequence() ? tp.size() : 1;
+  st.t_pad = (st.t + k - 1) / k * k;
+  Tensor in = ids;
+  if (st.t_pad != st.t) {
+    if (training_ && config_.dropout > 0)  // the masks are numbered by the padded length
+      throw InvalidArgument(op,
+                            fmt::format("{} steps over {} tensor-parallel ranks with sequence parallelism and "
+                                        "dropout {}",
+                                        st.t, k, config_.dropout),
+                            "train on sequences whose length the tensor axis size divides");
+    in = Tensor::zeros({st.b, st.t_pad}, DType::i64);
+    in.narrow(1, 0, st.t).copy_from(ids.to(DType::i64));
   }
-  const Tensor tok = wte_.forward(ids, saved.child(kWte));            // (B, T, C)
-  const Tensor pos = wpe_.forward(st.positions, saved.child(kWpe));   // (T, C)
+  const int64_t steps = st.t_pad / k, first = k > 1 ? tp.rank() * steps : 0;  // this rank's time steps
+  if (!st.positions.defined() || st.positions.size(0) != steps || st.first_step != first) {
+    std::vector<int64_t> pos(static_cast<size_t>(steps));
+    for (int64_t i = 0; i < steps; ++i) pos[static_cast<size_t>(i)] = std::min(first + i, config_.block_size - 1);
+    st.positions = Tensor::from_vector(pos, {steps});
+    st.first_step = first;
+  }
+  const Tensor tok = wte_.forward(in, saved.child(kWte));             // (B, steps, C)
+  const Tensor pos = wpe_.forward(st.positions, saved.child(kWpe));   // (steps, C)
   Tensor x = Tensor::empty(tok.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
   for (int64_t b = 0; b < st.b; ++b) add(tok.select(0, b), pos, x.select(0, b));
-  const Tensor h = ln_f_.forward(h_.forward(drop_.forward(x, saved.child(kDrop)), saved.child(kBlocks)),
-                                 saved.child(kLnF));
+  Tensor h = ln_f_.forward(h_.forward(drop_.forward(x, saved.child(kDrop)), saved.child(kBlocks)),
+                           saved.child(kLnF));
+  if (k > 1) h = gather_sequence(h, tp, tracker_).narrow(1, 0, st.t);  // the head sees every step
   st.h = h.contiguous().view({st.b * st.t, config_.width});
   if (compute_dtype_ != DType::f32) st.h = st.h.to(compute_dtype_);  // the head's GEMMs in half precision
   Tensor logits = Tensor::empty({st.b * st.t, wte_.shard().size()}, DType::f32, Device{}, tracker_,
@@ -270,17 +306,23 @@ Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
   st.dlogits = internal::f32_contiguous(grad_out, op, "grad_out");
   internal::check_shape(st.dlogits, {st.b * st.t, wte_.shard().size()}, op, "grad_out");
   if (compute_dtype_ != DType::f32) st.dlogits = st.dlogits.to(compute_dtype_);
-  Tensor dh = Tensor::empty({st.b * st.t, config_.width}, DType::f32);
-  F::unembed_backward_input(st.dlogits, head_weight(), dh);
-  if (config_.tensor.size() > 1)  // each rank's vocabulary shard contributes to dh
-    config_.tensor.comm->all_reduce(dh.data<float>(), dh.data<float>(), static_cast<size_t>(dh.numel()), DType::f32,
-                                    comm::ReduceOp::sum);
+  const TensorParallelGroup& tp = config_.tensor;
+  Tensor dh = Tensor::zeros({st.b, st.t_pad, config_.width}, DType::f32);  // padded steps: no gradient
+  Tensor dh_real = st.t_pad == st.t ? dh : Tensor::empty({st.b, st.t, config_.width}, DType::f32);
+  F::unembed_backward_input(st.dlogits, head_weight(), dh_real.view({st.b * st.t, config_.width}));
+  if (st.t_pad != st.t) dh.narrow(1, 0, st.t).copy_from(dh_real);
+  // Each rank's vocabulary shard contributes to dh: summed over the group
+  // (sequence parallel: this rank's time steps of the sum).
+  if (tp.splits_sequence())
+    dh = reduce_scatter_sequence(dh, tp);
+  else if (tp.size() > 1)
+    tp.comm->all_reduce(dh.data<float>(), dh.data<float>(), static_cast<size_t>(dh.numel()), DType::f32,
+                        comm::ReduceOp::sum);
   round_to(dh, compute_dtype_);
   const Tensor dx = drop_.backward_input(
-      h_.backward_input(ln_f_.backward_input(dh.view({st.b, st.t, config_.width}), saved.child(kLnF)),
-                        saved.child(kBlocks)),
-      saved.child(kDrop));
-  Tensor dpos = Tensor::zeros({st.t, config_.width}, DType::f32);  // the position table is shared by the batch
+      h_.backward_input(ln_f_.backward_input(dh, saved.child(kLnF)), saved.child(kBlocks)), saved.child(kDrop));
+  // The position table is shared by the batch.
+  Tensor dpos = Tensor::zeros({dx.size(1), config_.width}, DType::f32);
   for (int64_t b = 0; b < st.b; ++b) add(dpos, dx.select(0, b), dpos);
   wpe_.backward_input(dpos, saved.child(kWpe));
   wte_.backward_input(dx, saved.child(kWte));

@@ -65,6 +65,10 @@ struct GPTConfig {
   // its MLP c_fc column- and c_proj row-parallel, and wte (with the tied
   // head) is vocabulary-parallel: forward returns this rank's vocabulary
   // columns of the logits (vocab_shard()), for VocabParallelCrossEntropy.
+  // tensor.sequence_parallel: the embeddings' sum, dropouts, LayerNorms and
+  // residual sums hold T/k time steps per rank (tensor_parallel.h); the head
+  // gathers the steps back. A T that k does not divide is padded at the end
+  // (evaluation, generation, or training without dropout).
   TensorParallelGroup tensor = {};
 };
 
@@ -149,7 +153,9 @@ class GPT final : public Module {
   enum Slot : size_t { kWte = 0, kWpe, kBlocks, kLnF, kDrop };
   struct State {
     int64_t b = 0, t = 0;
-    Tensor positions;  // (T) i64
+    int64_t t_pad = 0;       // t rounded up to the sequence-parallel split (t without it)
+    int64_t first_step = 0;  // this rank's first time step (sequence parallel)
+    Tensor positions;  // (steps) i64: this rank's position ids
     Tensor h;          // (B T, C) ln_f output: the head's input (in the compute dtype)
     Tensor dlogits;    // (B T, V) kept for the head's weight pass (in the compute dtype)
   };

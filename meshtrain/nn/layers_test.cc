@@ -1,5 +1,6 @@
 // Layers: values against closed forms and naive loops, gradients against
 // central finite differences, dropout masks across batch splits, buffers.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 #include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/internal/buffers.h"
 #include "meshtrain/testing/grad_check.h"
+#include "meshtrain/testing/testing.h"
 #include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/sequential.h"
@@ -278,6 +280,31 @@ TEST(Dropout, TwoHalvesDrawTheMaskOfTheWholeBatch) {
     const float u = static_cast<float>(uniform_at(99, internal::step_key("drop", 3), i, 0.0, 1.0));
     ASSERT_EQ(y[i], u >= 0.5f ? static_cast<double>(static_cast<float>(xv[i]) * 2.0f) : 0.0) << i;
   }
+}
+
+// A rank holding a slice of each sample's features (a column split of 7
+// hidden features over 3 ranks: 3, 3, 1; or equal slices of a sequence
+// split) draws exactly those columns of the whole mask.
+TEST(Dropout, FeatureSlicesDrawTheirColumnsOfTheWholeMask) {
+  Dropout whole(0.5, "drop", 99);
+  const Tensor x = random_tensor({4, 7}, 2);
+  whole.set_batch_context(5, 8);
+  const Tensor y = whole.forward(x);
+  for (int64_t features : {int64_t{7}, int64_t{0}}) {
+    const int ranks = features == 7 ? 3 : 7;  // equal slices: one feature each
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t begin = features == 7 ? r * 3 : r, size = features == 7 ? std::min<int64_t>(3, 7 - begin) : 1;
+      Dropout part(0.5, "drop", 99, DropoutShard{.rank = r, .ranks = ranks, .features = features});
+      part.set_batch_context(5, 8);
+      EXPECT_EQ(part.forward(x.narrow(1, begin, size).contiguous()).to_vector(),
+                y.narrow(1, begin, size).contiguous().to_vector())
+          << "rank " << r << " of " << ranks << ", features " << features;
+    }
+  }
+  Dropout wrong(0.5, "drop", 99, DropoutShard{.rank = 2, .ranks = 3, .features = 7});
+  wrong.set_batch_context(5, 8);
+  EXPECT_THAT(testing::error_of([&] { wrong.forward(x.narrow(1, 0, 3).contiguous()); }),
+              ::testing::HasSubstr("rank 2 of 3 holds 1 of 7"));
 }
 
 TEST(Dropout, KeepsAboutOneMinusPAndScales) {

@@ -127,6 +127,11 @@ struct Parameter {
   ParamInit init;             // the initial value, sliceable
   Placement placement;        // the block of the global tensor value holds
   int users = 1;              // modules that accumulate into grad per backward (tied: > 1)
+  // Sequence parallelism (tensor_parallel.h): replicated over the tensor
+  // axis but fed this rank's tokens only, so grad holds a partial sum that
+  // the trainer adds over the tensor axis once per step
+  // (reduce_sequence_parallel_grads). Megatron's `sequence_parallel` attribute.
+  bool sequence_parallel = false;
   int reports = 0;            // grad reports so far in this backward (see Module::notify_grad_ready)
 };
 

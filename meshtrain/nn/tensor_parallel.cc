@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_set>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
@@ -71,7 +73,100 @@ ShardRange nonempty_shard(int64_t n, const TensorParallelGroup& g, const char* o
   return s;
 }
 
+// T / k for a (B, T, ...) activation split along T; InvalidArgument unless k divides T.
+int64_t local_steps(const Tensor& x, const TensorParallelGroup& g, const char* op) {
+  if (x.dim() < 2 || x.size(1) % g.size() != 0)
+    throw InvalidArgument(op,
+                          fmt::format("activation {} over a tensor axis of {} ranks with sequence parallelism",
+                                      shape_to_string(x.shape()), g.size()),
+                          "use a sequence length (dim 1) divisible by the tensor axis size, or turn sequence "
+                          "parallelism off");
+  return x.size(1) / g.size();
+}
+
 }  // namespace
+
+Tensor gather_sequence(const Tensor& local, const TensorParallelGroup& g, MemoryTracker* tracker) {
+  if (g.size() == 1) return local;
+  const char* op = "gather_sequence";
+  const Tensor x = internal::f32_contiguous(local, op, "input");
+  if (x.dim() < 2)
+    throw InvalidArgument(op, fmt::format("input {} has no sequence dim", shape_to_string(x.shape())),
+                          "pass (batch, time, ...)");
+  const int64_t k = g.size(), b = x.size(0);
+  std::vector<int64_t> full = x.shape();
+  full[1] *= k;
+  // The ranks' blocks arrive one after another: (k, B, T/k, ...).
+  std::vector<int64_t> blocks = x.shape();
+  blocks.insert(blocks.begin(), k);
+  Tensor buf = Tensor::empty(blocks, DType::f32, Device{}, tracker, MemoryCategory::activations);
+  g.comm->all_gather(x.data<float>(), buf.data<float>(), static_cast<size_t>(x.numel()), DType::f32);
+  if (b == 1) return buf.view(full);  // (k, 1, T/k, ...) is (1, T, ...) already
+  Tensor out = Tensor::empty(full, DType::f32, Device{}, tracker, MemoryCategory::activations);
+  const int64_t rest = x.numel() / b;  // elements per sample of one block
+  out.view({b, k, rest}).copy_from(buf.view({k, b, rest}).transpose(0, 1));
+  return out;
+}
+
+Tensor reduce_scatter_sequence(const Tensor& full, const TensorParallelGroup& g, MemoryTracker* tracker) {
+  if (g.size() == 1) return full;
+  const char* op = "reduce_scatter_sequence";
+  const Tensor x = internal::f32_contiguous(full, op, "input");
+  const int64_t k = g.size(), b = x.size(0), steps = local_steps(x, g, op);
+  std::vector<int64_t> local = x.shape();
+  local[1] = steps;
+  const int64_t rest = x.numel() / (b * k);  // elements per sample of one rank's block
+  // Block r of the send buffer is rank r's time steps of every sample.
+  const Tensor send = b == 1 ? x : x.view({b, k, rest}).transpose(0, 1).contiguous();
+  Tensor out = Tensor::empty(local, DType::f32, Device{}, tracker, MemoryCategory::activations);
+  g.comm->reduce_scatter(send.data<float>(), out.data<float>(), static_cast<size_t>(out.numel()), DType::f32,
+                         comm::ReduceOp::sum);
+  return out;
+}
+
+namespace {
+
+// The parameters of `params` whose names are in `names`, in order.
+std::vector<Parameter*> named(const std::vector<Parameter*>& params, const std::vector<std::string>& names) {
+  const std::unordered_set<std::string> want(names.begin(), names.end());
+  std::vector<Parameter*> out;
+  for (Parameter* p : params)
+    if (want.count(p->name) != 0) out.push_back(p);
+  return out;
+}
+
+}  // namespace
+
+void reduce_sequence_parallel_grads(const std::vector<Parameter*>& params, const std::vector<std::string>& names,
+                                    const TensorParallelGroup& g) {
+  if (g.size() == 1) return;
+  const std::vector<Parameter*> ps = named(params, names);
+  size_t n = 0;
+  for (const Parameter* p : ps) n += static_cast<size_t>(p->grad.numel());
+  if (n == 0) return;
+  // Packed in f32 (a strategy may keep gradients in a half-precision
+  // reduce dtype): one all-reduce for every such gradient.
+  std::vector<float> buf(n);
+  size_t at = 0;
+  for (const Parameter* p : ps) {
+    const Tensor g_ = p->grad.to(DType::f32).contiguous();
+    std::copy_n(g_.data<float>(), g_.numel(), buf.data() + at);
+    at += static_cast<size_t>(g_.numel());
+  }
+  g.comm->all_reduce(buf.data(), buf.data(), n, DType::f32, comm::ReduceOp::sum);
+  at = 0;
+  for (Parameter* p : ps) {
+    p->grad.copy_from(Tensor::from_blob(buf.data() + at, p->grad.shape(), DType::f32));
+    at += static_cast<size_t>(p->grad.numel());
+  }
+}
+
+uint64_t sequence_parallel_layout_key(const std::vector<Parameter*>& params, const std::vector<std::string>& names) {
+  std::string text;
+  for (const Parameter* p : named(params, names))
+    text += fmt::format("{}:{}:{};", p->name, p->placement.to_string(), shape_to_string(p->grad.shape()));
+  return std::hash<std::string_view>{}(text);
+}
 
 Tensor gather_parameter(const Parameter& p, const TensorParallelGroup& g) {
   if (p.placement.kind != Placement::Kind::box || g.size() == 1) return p.value;
@@ -131,20 +226,26 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, const std::s
                group);
 }
 
-Tensor ColumnParallelLinear::do_forward(const Tensor& x, Saved& saved) { return local_.forward(x, saved.child(0)); }
+// Sequence parallelism: the region starts by gathering the sequence, and
+// backward reduce-scatters dX instead of all-reducing it.
+Tensor ColumnParallelLinear::do_forward(const Tensor& x, Saved& saved) {
+  return local_.forward(group_.splits_sequence() ? gather_sequence(x, group_, tracker_) : x, saved.child(0));
+}
 
-Tensor ColumnParallelLinear::do_backward_input(const Tensor& grad_out, Saved& saved) {
-  Tensor dx = local_.backward_input(grad_out, saved.child(0));
+Tensor ColumnParallelLinear::input_grad(const Tensor& dx) {
+  if (group_.splits_sequence()) return reduce_scatter_sequence(dx, group_);
   all_reduce_sum(group_, dx);
   return dx;
+}
+
+Tensor ColumnParallelLinear::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  return input_grad(local_.backward_input(grad_out, saved.child(0)));
 }
 
 void ColumnParallelLinear::do_backward_weight(Saved& saved) { local_.backward_weight(saved.child(0)); }
 
 Tensor ColumnParallelLinear::do_backward(const Tensor& grad_out, Saved& saved) {
-  Tensor dx = local_.backward(grad_out, saved.child(0));
-  all_reduce_sum(group_, dx);
-  return dx;
+  return input_grad(local_.backward(grad_out, saved.child(0)));
 }
 
 // ---- RowParallelLinear ----
@@ -161,6 +262,7 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, const std::string&
   take_block(local_.weight(), whole.weight(), {in, out}, {{s.begin, 0}, {s.size(), out}}, options.defer_init, group);
   if (has_bias_) {
     bias_ = whole.bias();  // replicated: the whole bias on every rank
+    bias_.sequence_parallel = group.splits_sequence();  // added to this rank's tokens only
     if (!options.defer_init) materialize(bias_);
   }
 }
@@ -171,9 +273,15 @@ std::vector<Parameter*> RowParallelLinear::parameters() {
   return ps;
 }
 
+// Sequence parallelism: the region ends with a reduce-scatter of the
+// partial products (each rank keeps its time steps) instead of an
+// all-reduce, and backward gathers dy back first.
 Tensor RowParallelLinear::do_forward(const Tensor& x, Saved& saved) {
   Tensor y = local_.forward(x, saved.child(0));  // this rank's partial product
-  all_reduce_sum(group_, y);
+  if (group_.splits_sequence())
+    y = reduce_scatter_sequence(y, group_, tracker_);
+  else
+    all_reduce_sum(group_, y);
   if (has_bias_) {
     internal::check_param_tensor(bias_.value, "RowParallelLinear::forward", bias_.name);
     functional::bias_add(bias_.value, y.view({y.numel() / y.size(-1), y.size(-1)}));
@@ -189,9 +297,13 @@ void RowParallelLinear::bias_grad(const Tensor& dy) {
   notify_grad_ready(bias_);
 }
 
+Tensor RowParallelLinear::full_grad(const Tensor& dy) {
+  return group_.splits_sequence() ? gather_sequence(dy, group_) : dy;
+}
+
 Tensor RowParallelLinear::do_backward_input(const Tensor& grad_out, Saved& saved) {
   saved.state<State>().dy = grad_out;
-  return local_.backward_input(grad_out, saved.child(0));
+  return local_.backward_input(full_grad(grad_out), saved.child(0));
 }
 
 void RowParallelLinear::do_backward_weight(Saved& saved) {
@@ -203,7 +315,7 @@ void RowParallelLinear::do_backward_weight(Saved& saved) {
 
 Tensor RowParallelLinear::do_backward(const Tensor& grad_out, Saved& saved) {
   bias_grad(grad_out);
-  return local_.backward(grad_out, saved.child(0));
+  return local_.backward(full_grad(grad_out), saved.child(0));
 }
 
 // ---- VocabParallelCrossEntropy ----

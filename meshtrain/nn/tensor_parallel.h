@@ -29,6 +29,25 @@
 // value is that block of the unsharded layer's (box_init): the model is the
 // same whatever the split.
 //
+// Sequence parallelism (Megatron-LM's, group.sequence_parallel): outside
+// the tensor-parallel regions (LayerNorms, dropout, residual sums, the
+// embeddings' sum) activations (B, T, C) are split along T: rank r holds
+// time steps [r T/k, (r + 1) T/k) of every sample, (B, T/k, C), so those
+// layers' activations and work are 1/k. Each region begins with an
+// all-gather of the sequence (ColumnParallelLinear's forward; its backward
+// reduce-scatters dX) and ends with a reduce-scatter (RowParallelLinear's
+// forward, in place of the all-reduce; its backward all-gathers dy): the
+// same bytes on the wire as the all-reduces they replace (an all-reduce is
+// a reduce-scatter and an all-gather). Parameters replicated over the
+// tensor axis that see only this rank's tokens (LayerNorms, row-parallel
+// biases, position embeddings) get Parameter::sequence_parallel; their
+// gradients are partial sums, added over the axis once per optimizer step
+// by reduce_sequence_parallel_grads (after gradient accumulation and the
+// data-parallel reduction: the sums commute). T must be divisible by k
+// (InvalidArgument naming both otherwise). The column-parallel layer keeps
+// its gathered input for the weight gradient (Megatron re-gathers it in
+// backward instead, trading an all-gather for (B, T, C) of memory).
+//
 // VocabParallelCrossEntropy: each rank holds the logits of its vocabulary
 // shard for every row. Forward all-reduces the row maxima (max, f32), then
 // the per-row sums of exp(z - max) and the target logit (sum, f64: one
@@ -59,8 +78,11 @@ namespace meshtrain::nn {
 // The ranks a module is split over (the mesh's tensor axis); null comm: one rank.
 struct TensorParallelGroup {
   comm::Communicator* comm = nullptr;
+  bool sequence_parallel = false;  // see above; a group of one rank has no effect
   int size() const { return comm == nullptr ? 1 : comm->size(); }
   int rank() const { return comm == nullptr ? 0 : comm->rank(); }
+  // Activations outside the tensor-parallel regions are split along T.
+  bool splits_sequence() const { return sequence_parallel && size() > 1; }
 };
 
 struct ShardRange {
@@ -74,6 +96,30 @@ ShardRange shard_range(int64_t n, int rank, int ranks);
 // whole placement, else every rank's block (Placement::box) all-gathered and
 // put in place (blocks may differ in size). Collective over the group.
 Tensor gather_parameter(const Parameter& p, const TensorParallelGroup& group);
+
+// Sequence-parallel region boundaries (collective over the group; a group
+// of one rank returns its input). gather_sequence: every rank's (B, T/k, ...)
+// -> (B, T, ...), rank r's block at time steps [r T/k, (r + 1) T/k).
+// reduce_scatter_sequence: (B, T, ...) partial sums on every rank -> this
+// rank's time steps of their sum, (B, T/k, ...); T divisible by k.
+// Buffers are charged to `tracker` (may be null) as activations.
+Tensor gather_sequence(const Tensor& local, const TensorParallelGroup& group, MemoryTracker* tracker = nullptr);
+Tensor reduce_scatter_sequence(const Tensor& full, const TensorParallelGroup& group,
+                               MemoryTracker* tracker = nullptr);
+
+// Collective over the group, once per optimizer step after the data-parallel
+// strategy's finish(): adds over the tensor axis, in one all-reduce, the
+// grads of those of `params` (the strategy's optimizer_parameters(), named
+// like the model's) whose name is in `names` (the model's parameters with
+// Parameter::sequence_parallel). Every rank of the group must hold the same
+// elements of them (equal tensor-parallel blocks: check with
+// sequence_parallel_layout_key).
+void reduce_sequence_parallel_grads(const std::vector<Parameter*>& params, const std::vector<std::string>& names,
+                                    const TensorParallelGroup& group);
+// A hash of which elements of the named parameters `params` hold (names,
+// placements, shapes): equal on every rank of a group exactly when
+// reduce_sequence_parallel_grads adds like elements.
+uint64_t sequence_parallel_layout_key(const std::vector<Parameter*>& params, const std::vector<std::string>& names);
 
 class ColumnParallelLinear final : public Module {
  public:
@@ -94,6 +140,7 @@ class ColumnParallelLinear final : public Module {
   std::string describe() const override { return "ColumnParallelLinear '" + name_ + "'"; }
 
  private:
+  Tensor input_grad(const Tensor& dx);  // the "f" operator's backward
   std::string name_;
   TensorParallelGroup group_;
   Linear local_;
@@ -117,9 +164,10 @@ class RowParallelLinear final : public Module {
 
  private:
   struct State {
-    Tensor dy;  // (R, out) kept for the bias gradient of a split backward
+    Tensor dy;  // (R, out) (sequence parallel: this rank's rows) kept for the bias gradient of a split backward
   };
   void bias_grad(const Tensor& dy);
+  Tensor full_grad(const Tensor& dy);  // the "g" operator's backward
   std::string name_;
   TensorParallelGroup group_;
   bool has_bias_;

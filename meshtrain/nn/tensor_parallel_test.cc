@@ -158,64 +158,113 @@ TEST(TensorParallelLinear, FusedProjectionTakesItsColumnsOfEachPart) {
 }
 
 // A GPT (4 heads, vocabulary 13: uneven shards) split over 1, 2 and 4
-// tensor-parallel ranks equals the unsharded one: the loss through
-// VocabParallelCrossEntropy, and every parameter's gradient block, within
-// 1e-5; initial values bit for bit.
+// tensor-parallel ranks equals the unsharded one, without and with
+// sequence parallelism (dropout 0.1 on: each rank draws its time steps of
+// the one-device masks): the loss through VocabParallelCrossEntropy, and
+// every parameter's gradient block, within 1e-5 (the sequence-parallel
+// ones once summed over the ranks by reduce_sequence_parallel_grads);
+// initial values bit for bit.
 TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
-  const GPTConfig base{.vocab = 13, .block_size = 8, .layers = 2, .heads = 4, .width = 16, .seed = 7};
+  const GPTConfig base{.vocab = 13, .block_size = 8, .layers = 2, .heads = 4, .width = 16, .seed = 7, .dropout = 0.1};
   std::vector<int64_t> ids(2 * 8), next(2 * 8);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 13), next[i] = static_cast<int64_t>((i * 7 + 3) % 13);
   const Tensor x = Tensor::from_vector(ids, {2, 8}), y = Tensor::from_vector(next, {16});
   GPT ref(base);
+  ref.set_batch_context(3, 0);
   CrossEntropyLoss ce;
   const double want = ce.forward(ref.forward(x), y);
   ref.backward(ce.backward());
   std::vector<Parameter*> rp = ref.parameters();
-  for (int k : {1, 2, 4}) {
-    comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
-                 [&](comm::Communicator& world) {
-                   GPTConfig c = base;
-                   c.tensor = TensorParallelGroup{&world};
-                   GPT tp(c);
-                   VocabParallelCrossEntropy vce(c.tensor, c.vocab);
-                   ASSERT_EQ(tp.vocab_shard().begin, vce.shard().begin);
-                   const double got = vce.forward(tp.forward(x), y);
-                   tp.backward(vce.backward());
-                   EXPECT_NEAR(got, want, 1e-5 * want) << "k " << k;
-                   std::vector<Parameter*> ps = tp.parameters();
-                   ASSERT_EQ(ps.size(), rp.size());
-                   for (size_t i = 0; i < ps.size(); ++i) {
-                     ASSERT_EQ(ps[i]->name, rp[i]->name);
-                     const Placement& pl = ps[i]->placement;
-                     std::vector<float> init(static_cast<size_t>(rp[i]->value.numel()));
-                     rp[i]->init(0, static_cast<int64_t>(init.size()), init.data());
-                     const Tensor whole = Tensor::from_vector(std::vector<double>(init.begin(), init.end()), rp[i]->info.shape);
-                     ASSERT_EQ(ps[i]->value.to_vector(), block_of(whole, pl.shape, pl.box)) << ps[i]->name << " k " << k;
-                     expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, pl.shape, pl.box), 1e-5,
-                                 fmt::format("k {} {} grad", k, ps[i]->name));
-                   }
-                 });
-  }
+  for (bool sp : {false, true})
+    for (int k : {1, 2, 4}) {
+      comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
+                   [&](comm::Communicator& world) {
+                     GPTConfig c = base;
+                     c.tensor = TensorParallelGroup{&world, sp};
+                     GPT tp(c);
+                     tp.set_batch_context(3, 0);
+                     VocabParallelCrossEntropy vce(c.tensor, c.vocab);
+                     ASSERT_EQ(tp.vocab_shard().begin, vce.shard().begin);
+                     const double got = vce.forward(tp.forward(x), y);
+                     tp.backward(vce.backward());
+                     EXPECT_NEAR(got, want, 1e-5 * want) << "k " << k << " sp " << sp;
+                     std::vector<Parameter*> ps = tp.parameters();
+                     std::vector<std::string> partial;
+                     for (const Parameter* p : ps)
+                       if (p->sequence_parallel) partial.push_back(p->name);
+                     // LayerNorms (2 per block and ln_f), the row-parallel biases, wpe.
+                     EXPECT_EQ(partial.size(), sp && k > 1 ? 4u * base.layers + 2 * base.layers + 2 + 1 : 0u);
+                     reduce_sequence_parallel_grads(ps, partial, c.tensor);
+                     ASSERT_EQ(ps.size(), rp.size());
+                     for (size_t i = 0; i < ps.size(); ++i) {
+                       ASSERT_EQ(ps[i]->name, rp[i]->name);
+                       const Placement& pl = ps[i]->placement;
+                       std::vector<float> init(static_cast<size_t>(rp[i]->value.numel()));
+                       rp[i]->init(0, static_cast<int64_t>(init.size()), init.data());
+                       const Tensor whole = Tensor::from_vector(std::vector<double>(init.begin(), init.end()), rp[i]->info.shape);
+                       ASSERT_EQ(ps[i]->value.to_vector(), block_of(whole, pl.shape, pl.box)) << ps[i]->name << " k " << k;
+                       expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, pl.shape, pl.box), 1e-5,
+                                   fmt::format("k {} sp {} {} grad", k, sp, ps[i]->name));
+                     }
+                   });
+    }
   // Communication of one step on 2 ranks, counted by the communicator:
   // Megatron's 4 all-reduces of N x C floats per layer (forward: both
   // row-parallel outputs; backward: both column-parallel input gradients),
   // one more each for the vocabulary-parallel embedding (forward) and the
   // tied head's input gradient (backward), and the loss's row maxima (N
-  // floats) and sums (2N doubles).
+  // floats) and sums (2N doubles). With sequence parallelism each of those
+  // N x C all-reduces becomes a reduce-scatter and an all-gather sits at the
+  // other end of its region (4 + 4 per layer, one more each for the
+  // embedding and the head), each of N x C / k floats per rank: the same
+  // bytes on the wire (a ring all-reduce sends 2 (k-1)/k N C per rank).
+  for (bool sp : {false, true})
+    comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
+                 [&](comm::Communicator& world) {
+                   GPTConfig c = base;
+                   c.tensor = TensorParallelGroup{&world, sp};
+                   GPT tp(c);
+                   tp.set_batch_context(3, 0);
+                   VocabParallelCrossEntropy vce(c.tensor, c.vocab);
+                   world.reset_traffic();
+                   vce.forward(tp.forward(x), y);
+                   tp.backward(vce.backward());
+                   const uint64_t n = 16, width = 16, layers = 2, regions = 4 * layers + 2;
+                   const comm::TrafficCounter& ar = world.traffic(comm::CollectiveOp::all_reduce);
+                   const comm::TrafficCounter& ag = world.traffic(comm::CollectiveOp::all_gather);
+                   const comm::TrafficCounter& rs = world.traffic(comm::CollectiveOp::reduce_scatter);
+                   const uint64_t loss_bytes = n * 4 + 2 * n * 8;
+                   if (!sp) {
+                     EXPECT_EQ(ar.calls, regions + 2);
+                     EXPECT_EQ(ar.bytes, regions * n * width * 4 + loss_bytes);
+                     EXPECT_EQ(ag.calls + rs.calls, 0u);
+                   } else {
+                     EXPECT_EQ(ar.calls, 2u);
+                     EXPECT_EQ(ar.bytes, loss_bytes);
+                     EXPECT_EQ(ag.calls, regions);
+                     EXPECT_EQ(rs.calls, regions);
+                     EXPECT_EQ(ag.bytes, regions * n * width * 4 / 2);
+                     EXPECT_EQ(rs.bytes, regions * n * width * 4 / 2);
+                   }
+                 });
+  // Sequence parallelism pads a length the axis does not divide (T = 7
+  // over 2 ranks: generation's prompts) in evaluation: the same logits.
+  ref.set_training(false);
+  const Tensor x7 = x.narrow(1, 0, 7).contiguous();
+  const std::vector<double> want7 = ref.forward(x7).to_vector();
   comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
                [&](comm::Communicator& world) {
                  GPTConfig c = base;
-                 c.tensor = TensorParallelGroup{&world};
+                 c.tensor = TensorParallelGroup{&world, true};
                  GPT tp(c);
-                 VocabParallelCrossEntropy vce(c.tensor, c.vocab);
-                 world.reset_traffic();
-                 vce.forward(tp.forward(x), y);
-                 tp.backward(vce.backward());
-                 const uint64_t n = 16, width = 16, layers = 2;
-                 const comm::TrafficCounter& t = world.traffic(comm::CollectiveOp::all_reduce);
-                 EXPECT_EQ(t.calls, 4 * layers + 2 + 2);
-                 EXPECT_EQ(t.bytes, (4 * layers + 2) * n * width * 4 + n * 4 + 2 * n * 8);
-                 EXPECT_EQ(world.traffic(comm::CollectiveOp::all_gather).calls, 0u);
+                 tp.set_batch_context(3, 0);
+                 EXPECT_THAT(testing::error_of([&] { tp.forward(x7); }),
+                             ::testing::HasSubstr("7 steps over 2 tensor-parallel ranks with sequence parallelism"));
+                 tp.set_training(false);
+                 const Tensor z = tp.forward(x7);  // (14, this rank's vocabulary columns)
+                 const ShardRange v = tp.vocab_shard();
+                 const Tensor whole = Tensor::from_vector(want7, {14, 13}).narrow(1, v.begin, v.size());
+                 expect_near(z.to_vector(), whole.contiguous().to_vector(), 1e-5, "padded T = 7");
                });
   comm::launch({.engine = comm::Engine::threads, .ranks = 3, .timeout = std::chrono::seconds(30)},
                [&](comm::Communicator& world) {

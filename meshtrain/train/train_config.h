@@ -54,6 +54,10 @@ struct TrainConfig {
   int heads = 4;
   int width = 256;                           // divisible by heads
   bool recompute = false;                    // recompute every block's activations in backward
+  // Tensor parallelism's sequence parallelism (Megatron): outside the
+  // tensor-parallel regions the GPT's activations are split along the
+  // sequence over the tensor axis. No effect without a tensor axis.
+  bool sequence_parallel = false;
   std::string corpus = "/usr/share/games/fortunes";  // a text file or directory
   std::string text_cache = "data/text";      // tokenizer and token-file cache
   double dropout = 0.0;                      // MLP: after each hidden layer; GPT: embeddings and residual branches

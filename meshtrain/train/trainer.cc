@@ -58,10 +58,11 @@ std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
   return axes;
 }
 
-// How a tensor axis of k ranks splits the model, as rank 0 holds it: one
-// line per parameter pattern (block indices "h.3." folded to "h.*."), its
-// block and the global shape it lies in, or "replicated".
-std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, int k) {
+// How a tensor axis splits the model, as rank 0 holds it: one line per
+// parameter pattern (block indices "h.3." folded to "h.*."), its block and
+// the global shape it lies in, or "replicated" (with sequence parallelism:
+// "replicated, gradient summed over the axis" for the partial ones).
+std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, const nn::TensorParallelGroup& tp) {
   std::vector<std::pair<std::string, std::string>> lines;  // pattern -> placement, first seen first
   for (const nn::Parameter* p : params) {
     std::string pattern;
@@ -76,9 +77,11 @@ std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, i
     lines.emplace_back(pattern, p->placement.kind == nn::Placement::Kind::box
                                     ? fmt::format("{} of {}", p->placement.box.to_string(),
                                                   shape_to_string(p->placement.shape))
-                                    : std::string("replicated"));
+                                    : p->sequence_parallel ? std::string("replicated, sequence-parallel gradient")
+                                                           : std::string("replicated"));
   }
-  std::string out = fmt::format("tensor parallel over {} ranks (rank 0's blocks):\n", k);
+  std::string out = fmt::format("tensor parallel over {} ranks{} (rank 0's blocks):\n", tp.size(),
+                                tp.splits_sequence() ? ", sequence parallel" : "");
   for (const auto& [pattern, where] : lines) out += fmt::format("  {:<28} {}\n", pattern, where);
   return out;
 }
@@ -161,6 +164,7 @@ class Run {
         shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names), main_(world.rank() == 0) {
     dp_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));  // collective split (all ranks, same order)
     if (axis_size(mesh_shape, "tensor") > 1) tp_.comm = &mesh_.comm("tensor");
+    tp_.sequence_parallel = tc.sequence_parallel;
     const bool sharded = tc.fsdp.enabled();
     model_ = recipe.build({.seed = tc.seed,
                            .defer_init = sharded,  // the wrapper builds each rank's part alone
@@ -175,11 +179,14 @@ class Run {
       for (int64_t d : p->placement.kind == nn::Placement::Kind::box ? p->placement.global : p->info.shape) n *= d;
       num_parameters_ += n;
     }
-    if (main_ && tp_.size() > 1) tensor_split_ = tensor_parallel_summary(model.parameters(), tp_.size());
+    if (main_ && tp_.size() > 1) tensor_split_ = tensor_parallel_summary(model.parameters(), tp_);
+    for (const nn::Parameter* p : model.parameters())
+      if (p->sequence_parallel) sequence_parallel_.push_back(p->name);
     parallel_ = make_parallelism(tc, dc, *model_, mesh_, *dp_comm_, &memory_);
     // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
     if (parallel_->needs_loss_scaling()) scaler_ = std::make_unique<optim::DynamicLossScaler>();
     opt_params_ = parallel_->optimizer_parameters();
+    check_sequence_parallel_layout();
     if (tc.optimizer == "adamw")
       opt_ = std::make_unique<optim::AdamW>(opt_params_, tc.lr, std::pair{0.9, 0.999}, 1e-8, tc.weight_decay,
                                             &memory_);
@@ -355,6 +362,8 @@ class Run {
                                 static_cast<double>(batch.global_size) / s);
     }
     parallel_->finish();
+    // Sequence parallelism: the replicated parameters' partial sums, once per step.
+    nn::reduce_sequence_parallel_grads(opt_params_, sequence_parallel_, tp_);
     // {loss, ranks whose parameters are not finite}: one reduction, so every
     // rank sees the same numbers. The parameters checked are the ones the
     // previous step produced (this rank's shards under fsdp); the gradients
@@ -512,6 +521,26 @@ class Run {
     }
   }
 
+  // Sequence-parallel gradients are summed over the tensor axis element by
+  // element: every tensor-parallel rank must hold the same elements of them,
+  // which unequal vocabulary blocks under fsdp (shifting the flat shards)
+  // would break.
+  void check_sequence_parallel_layout() {
+    if (tp_.size() == 1 || sequence_parallel_.empty()) return;
+    const auto key = static_cast<int64_t>(nn::sequence_parallel_layout_key(opt_params_, sequence_parallel_));
+    int64_t lo = key, hi = key;
+    tp_.comm->all_reduce(&lo, &lo, 1, DType::i64, comm::ReduceOp::min);
+    tp_.comm->all_reduce(&hi, &hi, 1, DType::i64, comm::ReduceOp::max);
+    if (lo != hi)
+      throw InvalidArgument("meshtrain train",
+                            fmt::format("--sequence-parallel: the tensor-parallel ranks' shards of the replicated "
+                                        "parameters differ (the tensor axis of {} splits some parameter unevenly, "
+                                        "which moves fsdp's flat shards)",
+                                        tp_.size()),
+                            "pick sizes the tensor axis divides (the vocabulary above all), or train without "
+                            "--sequence-parallel");
+  }
+
   // x = the sum of x over the tensor axis (a count of ranks that saw a
   // problem: every rank then decides alike).
   void any_over_tensor(double& x) {
@@ -564,6 +593,7 @@ class Run {
   comm::Communicator* dp_comm_ = nullptr;
   nn::TensorParallelGroup tp_;  // the mesh's tensor axis (none: one rank)
   std::string tensor_split_;    // rank 0: how the tensor axis splits the parameters (start-up dump)
+  std::vector<std::string> sequence_parallel_;  // parameters whose gradients are partial over the tensor axis
   std::unique_ptr<RecipeModel> model_;
   int64_t num_parameters_ = 0;
   std::unique_ptr<parallel::Parallelism> parallel_;   // data parallel or fully sharded; after model_
