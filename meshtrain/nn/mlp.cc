@@ -8,6 +8,7 @@
 #include "meshtrain/nn/activations.h"
 #include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/tensor_parallel.h"
 
 namespace meshtrain::nn {
 
@@ -29,14 +30,19 @@ const MLPConfig& checked(const MLPConfig& c) {
 
 MLP::MLP(MLPConfig config) : Sequential(checked(config).prefix), config_(std::move(config)) {
   const std::vector<int64_t>& s = config_.sizes;
-  for (size_t i = 0; i + 1 < s.size(); ++i) {
+  const size_t layers = s.size() - 1;
+  const std::vector<ChainRole> roles = chain_roles(s, config_.tensor);
+  for (size_t i = 0; i < layers; ++i) {
     LinearOptions options;
     options.needs_input_grad = i > 0 || config_.needs_input_grad;
     options.defer_init = config_.defer_init;
-    add(std::make_unique<Linear>(s[i], s[i + 1], next_name(), config_.seed, options));
-    if (i + 2 < s.size()) {  // hidden layer
+    const ChainRole role = roles[i];
+    add(make_chain_linear(s[i], s[i + 1], next_name(), config_.seed, options, config_.tensor, role));
+    if (i + 1 < layers) {  // hidden layer
       add(std::make_unique<ReLU>());
-      if (config_.dropout > 0.0) add(std::make_unique<Dropout>(config_.dropout, next_name(), config_.seed));
+      if (config_.dropout > 0.0)
+        add(std::make_unique<Dropout>(config_.dropout, next_name(), config_.seed,
+                                      chain_dropout_shard(s[i + 1], config_.tensor, role)));
     }
   }
 }

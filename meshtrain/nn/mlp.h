@@ -12,6 +12,13 @@
 // "4", ...; parameters are "<prefix>.<i>.weight" (in, out) and ".bias".
 // The first Linear skips dX unless needs_input_grad (its input is data), so
 // backward returns an undefined Tensor by default: one GEMM fewer per step.
+// Tensor parallelism (config.tensor of k > 1 ranks): Megatron's pairs,
+// "0" column- and the next Linear row-parallel, and so on (with an odd
+// count the smaller end Linear stays whole: tensor_parallel.h's
+// chain_roles); the ReLU and dropout
+// between the two of a pair see this rank's hidden features (the dropout
+// draws its columns of the one-device mask). Every rank returns the whole
+// logits.
 // Thread-safety: one thread at a time (a module belongs to one rank).
 #pragma once
 
@@ -20,6 +27,7 @@
 #include <vector>
 
 #include "meshtrain/nn/sequential.h"
+#include "meshtrain/nn/tensor_parallel.h"
 
 namespace meshtrain::nn {
 
@@ -30,6 +38,7 @@ struct MLPConfig {
   bool needs_input_grad = false;  // true: backward returns d loss / d x
   bool defer_init = false;        // leave parameter values to be built later (LinearOptions::defer_init)
   std::string prefix;             // module path of the MLP ("" at the root)
+  TensorParallelGroup tensor = {};  // split over these ranks (see above)
 };
 
 class MLP final : public Sequential {

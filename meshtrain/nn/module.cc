@@ -6,6 +6,21 @@
 
 namespace meshtrain::nn {
 
+bool Module::owns_parameters() {
+  if (owns_parameters_ < 0) {
+    std::vector<Parameter*> listed;
+    for (Module* c : children())
+      for (Parameter* p : c->parameters()) listed.push_back(p);
+    const std::vector<Parameter*> mine = parameters();
+    owns_parameters_ = std::any_of(mine.begin(), mine.end(), [&](Parameter* p) {
+                         return std::find(listed.begin(), listed.end(), p) == listed.end();
+                       })
+                           ? 1
+                           : 0;
+  }
+  return owns_parameters_ == 1;
+}
+
 void Module::add_hook(ParamHook* hook) {
   if (hook == nullptr) throw InvalidArgument("Module::add_hook", "hook is null", "pass a hook object");
   if (std::find(hooks_.begin(), hooks_.end(), hook) != hooks_.end())

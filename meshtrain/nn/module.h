@@ -188,12 +188,11 @@ class Module {
   // below propagate through it to every descendant.
   virtual std::vector<Module*> children() { return {}; }
 
-  // True for a module that owns parameters itself (no children, at least
-  // one parameter): the default use-scope of a hook.
-  bool owns_parameters() {
-    if (owns_parameters_ < 0) owns_parameters_ = children().empty() && !parameters().empty() ? 1 : 0;
-    return owns_parameters_ == 1;
-  }
+  // True for a module that owns parameters itself: one that none of its
+  // children lists (a Linear; a row-parallel layer's replicated bias beside
+  // its child's weight block). The default use-scope of a hook, and fully
+  // sharded data parallelism's default unit (with its children's parameters).
+  bool owns_parameters();
 
   // Recompute mode of this module (not its children): see the contracts.
   void set_recompute(bool recompute) { recompute_ = recompute; }

@@ -318,6 +318,40 @@ Tensor RowParallelLinear::do_backward(const Tensor& grad_out, Saved& saved) {
   return local_.backward(full_grad(grad_out), saved.child(0));
 }
 
+// ---- Linear chains ----
+
+std::vector<ChainRole> chain_roles(const std::vector<int64_t>& sizes, const TensorParallelGroup& g) {
+  const size_t n = sizes.size() < 2 ? 0 : sizes.size() - 1;
+  std::vector<ChainRole> roles(n, ChainRole::whole);
+  if (g.size() == 1) return roles;
+  size_t first = 0;  // the first layer of the first pair
+  if (n % 2 == 1 && sizes[0] * sizes[1] < sizes[n - 1] * sizes[n]) first = 1;  // the first layer stays whole
+  for (size_t i = first; i + 1 < n; i += 2) {
+    roles[i] = ChainRole::column;
+    roles[i + 1] = ChainRole::row;
+  }
+  return roles;
+}
+
+std::unique_ptr<Module> make_chain_linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed,
+                                          LinearOptions options, const TensorParallelGroup& g, ChainRole role) {
+  switch (role) {
+    case ChainRole::column:
+      options.role = sharding::LinearRole::column;
+      return std::make_unique<ColumnParallelLinear>(in, out, prefix, seed, options, g);
+    case ChainRole::row:
+      options.role = sharding::LinearRole::row;
+      return std::make_unique<RowParallelLinear>(in, out, prefix, seed, options, g);
+    case ChainRole::whole: break;
+  }
+  return std::make_unique<Linear>(in, out, prefix, seed, options);
+}
+
+DropoutShard chain_dropout_shard(int64_t out, const TensorParallelGroup& g, ChainRole role) {
+  if (role != ChainRole::column) return {};
+  return DropoutShard{.rank = g.rank(), .ranks = g.size(), .features = out};
+}
+
 // ---- VocabParallelCrossEntropy ----
 
 VocabParallelCrossEntropy::VocabParallelCrossEntropy(TensorParallelGroup group, int64_t vocab, MemoryTracker* tracker)

@@ -62,6 +62,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,6 +70,7 @@
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/nn/saved.h"
@@ -174,6 +176,24 @@ class RowParallelLinear final : public Module {
   Linear local_;  // (in shard, out), no bias
   Parameter bias_;
 };
+
+// Megatron's pairing for a chain of Linear layers sizes[0] -> sizes[1] ->
+// ... (an MLP, a VAE's encoder or decoder): consecutive layers pair up, the
+// first of a pair column-parallel and the second row-parallel, so the
+// activation between them (after its ReLU and dropout) holds this rank's
+// columns and each pair ends with one all-reduce. With an odd number of
+// layers, the end layer with fewer weights (the first or the last) stays
+// whole (replicated: every rank computes it on the same input): a
+// classifier's last layer, a decoder's first. A group of one rank builds
+// plain Linears (every role whole).
+enum class ChainRole : uint8_t { column, row, whole };
+std::vector<ChainRole> chain_roles(const std::vector<int64_t>& sizes, const TensorParallelGroup& group);
+// The layer of that role (options.role set to match), named `prefix`.
+std::unique_ptr<Module> make_chain_linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed,
+                                          LinearOptions options, const TensorParallelGroup& group, ChainRole role);
+// This rank's features of the output of a layer of that role (all of them
+// but for column-parallel), for the dropout after it.
+DropoutShard chain_dropout_shard(int64_t out, const TensorParallelGroup& group, ChainRole role);
 
 class VocabParallelCrossEntropy {
  public:

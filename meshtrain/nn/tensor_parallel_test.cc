@@ -23,6 +23,7 @@
 #include "meshtrain/nn/activations.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
+#include "meshtrain/nn/mlp.h"
 #include "meshtrain/nn/sequential.h"
 #include "meshtrain/testing/testing.h"
 
@@ -118,6 +119,56 @@ TEST(TensorParallelLinear, ColumnThenRowEqualsTheUnshardedLayers) {
                      }
                    });
     }
+}
+
+// Megatron's pairs along a Linear chain; an odd chain leaves its lighter end whole.
+TEST(TensorParallelChain, PairsLayersAndLeavesTheLighterEndWhole) {
+  using R = ChainRole;
+  comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
+               [&](comm::Communicator& world) {
+                 const TensorParallelGroup g{&world};
+                 EXPECT_EQ(chain_roles({784, 512, 512, 256, 10}, g), (std::vector<R>{R::column, R::row, R::column, R::row}));
+                 EXPECT_EQ(chain_roles({784, 512, 512, 10}, g), (std::vector<R>{R::column, R::row, R::whole}));
+                 EXPECT_EQ(chain_roles({20, 512, 512, 784}, g), (std::vector<R>{R::whole, R::column, R::row}));
+                 EXPECT_EQ(chain_roles({784, 10}, g), (std::vector<R>{R::whole}));
+                 EXPECT_EQ(chain_roles({784, 10}, TensorParallelGroup{}), (std::vector<R>{R::whole}));
+                 EXPECT_EQ(chain_roles({784, 512, 10}, TensorParallelGroup{}), (std::vector<R>{R::whole, R::whole}));
+               });
+}
+
+// MLPs (even and odd chains, the whole layer at either end; hidden widths
+// 3 and 4 ranks do not divide; dropout on: each rank draws its columns of
+// the one-device masks) split over 1 to 4 ranks equal the unsharded ones:
+// logits, every gradient block.
+TEST(TensorParallelChain, MlpEqualsTheUnshardedModel) {
+  for (const std::vector<int64_t>& sizes : {std::vector<int64_t>{12, 10, 7, 7, 3}, std::vector<int64_t>{12, 10, 6, 3},
+                                            std::vector<int64_t>{3, 6, 10, 12}}) {
+    const MLPConfig base{.sizes = sizes, .dropout = 0.25, .seed = 11};
+    MLP ref(base);
+    ref.set_batch_context(2, 4);
+    const Tensor x = randn({5, sizes[0]}, "mlp x"), dy = randn({5, sizes.back()}, "mlp dy");
+    const std::vector<double> want = ref.forward(x).to_vector();
+    ref.backward(dy);
+    std::vector<Parameter*> rp = ref.parameters();
+    for (int k : {1, 2, 3, 4})
+      comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
+                   [&](comm::Communicator& world) {
+                     MLPConfig c = base;
+                     c.tensor = TensorParallelGroup{&world};
+                     MLP tp(c);
+                     tp.set_batch_context(2, 4);
+                     const std::string what = fmt::format("{} layers, k {} rank {}", sizes.size() - 1, k, world.rank());
+                     expect_near(tp.forward(x).to_vector(), want, 1e-5, what + " logits");
+                     tp.backward(dy);
+                     std::vector<Parameter*> ps = tp.parameters();
+                     ASSERT_EQ(ps.size(), rp.size());
+                     for (size_t i = 0; i < ps.size(); ++i) {
+                       const Placement& pl = ps[i]->placement;
+                       expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, pl.shape, pl.box), 1e-5,
+                                   what + " " + ps[i]->name + " grad");
+                     }
+                   });
+  }
 }
 
 // A fused q|k|v projection 6 -> 3 x 6 split by heads: rank r's output is

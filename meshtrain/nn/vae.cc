@@ -12,6 +12,7 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
+#include "meshtrain/nn/tensor_parallel.h"
 
 namespace meshtrain::nn {
 
@@ -37,25 +38,36 @@ VAE::VAE(VAEConfig config)
       fc_logvar_(config_.hidden.back(), config_.latent, internal::join_name(config_.prefix, "fc_logvar"),
                  config_.seed, LinearOptions{.defer_init = config_.defer_init}),
       decoder_(internal::join_name(config_.prefix, "decoder")) {
+  // Each of encoder and decoder is a chain of Linears (tensor_parallel.h's
+  // pairing under tensor parallelism), every one but the decoder's last
+  // followed by a ReLU.
   const std::vector<int64_t>& h = config_.hidden;
+  const TensorParallelGroup& tp = config_.tensor;
+  std::vector<int64_t> sizes = {config_.input};
+  sizes.insert(sizes.end(), h.begin(), h.end());
+  const std::vector<ChainRole> encoder_roles = chain_roles(sizes, tp);
   int64_t prev = config_.input;
   for (size_t i = 0; i < h.size(); ++i) {  // input -> h[0] -> ... -> h[n-1]
     LinearOptions options;
     options.needs_input_grad = i > 0 || config_.needs_input_grad;
     options.defer_init = config_.defer_init;
-    encoder_.add(std::make_unique<Linear>(prev, h[i], encoder_.next_name(), config_.seed, options));
+    encoder_.add(make_chain_linear(prev, h[i], encoder_.next_name(), config_.seed, options, tp, encoder_roles[i]));
     encoder_.add(std::make_unique<ReLU>());
     prev = h[i];
   }
+  sizes.assign({config_.latent});
+  sizes.insert(sizes.end(), h.rbegin(), h.rend());
+  sizes.push_back(config_.input);
+  const std::vector<ChainRole> decoder_roles = chain_roles(sizes, tp);
   prev = config_.latent;
-  for (size_t i = h.size(); i-- > 0;) {  // latent -> h[n-1] -> ... -> h[0] -> input
-    decoder_.add(std::make_unique<Linear>(prev, h[i], decoder_.next_name(), config_.seed,
-                                          LinearOptions{.defer_init = config_.defer_init}));
-    decoder_.add(std::make_unique<ReLU>());
-    prev = h[i];
+  const size_t layers = h.size() + 1;
+  for (size_t j = 0; j < layers; ++j) {  // latent -> h[n-1] -> ... -> h[0] -> input
+    const int64_t out = sizes[j + 1];
+    decoder_.add(make_chain_linear(prev, out, decoder_.next_name(), config_.seed,
+                                   LinearOptions{.defer_init = config_.defer_init}, tp, decoder_roles[j]));
+    if (j + 1 < layers) decoder_.add(std::make_unique<ReLU>());
+    prev = out;
   }
-  decoder_.add(std::make_unique<Linear>(prev, config_.input, decoder_.next_name(), config_.seed,
-                                        LinearOptions{.defer_init = config_.defer_init}));
 }
 
 std::vector<Parameter*> VAE::parameters() {

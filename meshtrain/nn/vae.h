@@ -45,6 +45,7 @@
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/sequential.h"
+#include "meshtrain/nn/tensor_parallel.h"
 
 namespace meshtrain::nn {
 
@@ -56,6 +57,11 @@ struct VAEConfig {
   bool needs_input_grad = false;         // true: backward returns d loss / d x
   bool defer_init = false;               // leave parameter values to be built later (LinearOptions::defer_init)
   std::string prefix;                    // module path of the VAE ("" at the root)
+  // Tensor parallelism: encoder and decoder split in Megatron's column/row
+  // pairs (tensor_parallel.h's chain_roles: with two hidden layers the
+  // encoder is one pair, the decoder's small first Linear stays whole and
+  // the other two pair up); the latent heads stay whole. Every rank computes the same mu, logvar, loss.
+  TensorParallelGroup tensor = {};
 };
 
 struct VAELoss {

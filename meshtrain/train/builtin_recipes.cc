@@ -19,13 +19,13 @@
 namespace meshtrain::train::internal {
 namespace {
 
-// The Fashion-MNIST models have no tensor-parallel form yet.
-void refuse_tensor_parallel(const ModelOptions& o, const char* model) {
-  if (o.tensor.size() > 1)
-    throw Unsupported("meshtrain train",
-                      fmt::format("model {} on a tensor axis of {} ranks: its tensor-parallel form is not built yet",
-                                  model, o.tensor.size()),
-                      "use model = \"gpt\" with a tensor axis, or a mesh of data and fsdp axes for this model");
+// The Fashion-MNIST models split their Linear chains over a tensor axis;
+// they have no sequence to split.
+void refuse_sequence_parallel(const ModelOptions& o, const char* model) {
+  if (o.tensor.splits_sequence())
+    throw InvalidArgument("meshtrain train",
+                          fmt::format("--sequence-parallel with model {}: it has no sequence to split", model),
+                          "drop --sequence-parallel (it applies to model = \"gpt\")");
 }
 
 // Both recipes train on Fashion-MNIST: loaded once per process, shared
@@ -95,8 +95,9 @@ class MlpRecipe final : public FashionMnistRecipe {
     return {.test_loss = "loss", .test_curve = "test loss", .chart_title = "mlp on Fashion-MNIST"};
   }
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
-    refuse_tensor_parallel(o, "mlp");
+    refuse_sequence_parallel(o, "mlp");
     nn::MLPConfig mc;
+    mc.tensor = o.tensor;
     mc.sizes = {train_set_.features()};
     for (int h : tc_.hidden) mc.sizes.push_back(h);
     mc.sizes.push_back(train_set_.num_classes);
@@ -183,8 +184,9 @@ class VaeRecipe final : public FashionMnistRecipe {
   }
   std::vector<std::string> artifacts() const override { return {"reconstructions.png", "samples.png"}; }
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
-    refuse_tensor_parallel(o, "vae");
+    refuse_sequence_parallel(o, "vae");
     nn::VAEConfig vc;
+    vc.tensor = o.tensor;
     vc.input = train_set_.features();
     vc.hidden.assign(tc_.hidden.begin(), tc_.hidden.end());
     vc.latent = tc_.latent;
