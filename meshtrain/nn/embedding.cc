@@ -14,12 +14,10 @@ Embedding::Embedding(int64_t num, int64_t dim, const std::string& prefix, uint64
   if (num < 1 || dim < 1 || !(options.init_std >= 0.0))
     throw InvalidArgument("Embedding", fmt::format("'{}': num {}, dim {}, init_std {}", prefix, num, dim, options.init_std),
                           "need num >= 1, dim >= 1 and init_std >= 0");
-  shard_ = shard_range(num, tensor_.rank(), tensor_.size());
-  if (shard_.size() == 0)
-    throw InvalidArgument("Embedding",
-                          fmt::format("'{}': {} rows over {} tensor-parallel ranks leave rank {} none", prefix, num,
-                                      tensor_.size(), tensor_.rank()),
-                          fmt::format("use at most {} tensor-parallel ranks", num));
+  if (tensor_.size() > 1 && options.kind != sharding::ParamKind::embedding)
+    throw InvalidArgument("Embedding", fmt::format("'{}': a tensor-parallel group for a table of kind {}", prefix,
+                                                   sharding::to_string(options.kind)),
+                          "only a token embedding (kind embedding) is vocabulary-parallel; build the table whole");
   const std::string name = internal::join_name(prefix, "weight");
   weight_.name = name;
   weight_.weight_decay = true;  // a matrix
@@ -29,9 +27,16 @@ Embedding::Embedding(int64_t num, int64_t dim, const std::string& prefix, uint64
   weight_.init = [seed, key, std](int64_t start, int64_t count, float* out) {
     fill_normal(out, static_cast<size_t>(count), seed, key, static_cast<uint64_t>(start), 0.0f, std);
   };
-  if (tensor_.size() > 1) {  // this rank's rows of the table
-    sharding::Box rows{{shard_.begin, 0}, {shard_.size(), dim}};
-    weight_.info.shape = {shard_.size(), dim};
+  // This rank's rows of the table (all of them on one rank).
+  sharding::Box rows = tensor_parallel_block(weight_.info, tensor_);
+  shard_ = {rows.offsets[0], rows.offsets[0] + rows.sizes[0]};
+  if (shard_.size() == 0)
+    throw InvalidArgument("Embedding",
+                          fmt::format("'{}': {} rows over {} tensor-parallel ranks leave rank {} none", prefix, num,
+                                      tensor_.size(), tensor_.rank()),
+                          fmt::format("use at most {} tensor-parallel ranks", num));
+  if (tensor_.size() > 1) {
+    weight_.info.shape = rows.sizes;
     weight_.init = box_init(weight_.init, {num, dim}, rows);
     weight_.placement = Placement::block(std::move(rows), {num, dim});
   }

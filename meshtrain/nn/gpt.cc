@@ -74,7 +74,16 @@ CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, const std
               /*parts=*/3),
       c_proj_(width, width, join_name(prefix, "c_proj"), seed,
               LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}, tp),
-      resid_dropout_(dropout, join_name(prefix, "resid_dropout"), seed, sequence_shard(tp)) {}
+      resid_dropout_(dropout, join_name(prefix, "resid_dropout"), seed, sequence_shard(tp)) {
+  // What the strategies see (sharding/strategy.h): the fused q|k|v of
+  // `heads` heads, the output projection.
+  for (Parameter* p : c_attn_.parameters()) p->info.num_heads = heads;
+  for (Parameter* p : c_proj_.parameters()) {
+    p->info.kind = p->info.shape.size() == 2 ? sharding::ParamKind::attention_out_weight
+                                             : sharding::ParamKind::attention_out_bias;
+    p->info.role = sharding::LinearRole::none;  // implied by the kind
+  }
+}
 
 std::vector<Parameter*> CausalSelfAttention::parameters() {
   std::vector<Parameter*> ps = c_attn_.parameters();

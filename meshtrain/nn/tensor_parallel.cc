@@ -12,6 +12,7 @@
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 #include "meshtrain/nn/internal/loss_args.h"
+#include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::nn {
 
@@ -19,25 +20,32 @@ ShardRange shard_range(int64_t n, int rank, int ranks) {
   if (n < 0 || ranks < 1 || rank < 0 || rank >= ranks)
     throw InvalidArgument("shard_range", fmt::format("{} items, rank {} of {}", n, rank, ranks),
                           "pass n >= 0 and 0 <= rank < ranks");
-  const int64_t c = (n + ranks - 1) / ranks;
-  const int64_t begin = std::min(n, rank * c);
-  return {begin, std::min(n, begin + c)};
+  const auto [begin, end] = sharding::chunk_range(n, rank, ranks);
+  return {begin, end};
+}
+
+sharding::Box tensor_parallel_block(const sharding::ParamInfo& info, const TensorParallelGroup& g) {
+  return sharding::TensorParallelStrategy("tensor", g.size(), /*uneven=*/true).block(info, g.rank());
 }
 
 namespace {
 
-// Sets a deferred parameter (built at the block's shape) to the block `box`
-// of the unsharded parameter `whole` viewed as `view`, and builds its value
-// unless `defer`. On a group of one rank the block is the whole parameter.
-void take_block(Parameter& p, const Parameter& whole, std::vector<int64_t> view, sharding::Box box, bool defer,
-                const TensorParallelGroup& g) {
+// Sets a deferred parameter (built at the block's shape) to this rank's
+// block of the unsharded parameter `whole`, with whole's metadata (kind,
+// role, parts), and builds its value unless `defer`. On a group of one rank
+// the block is the whole parameter.
+void take_block(Parameter& p, const Parameter& whole, bool defer, const TensorParallelGroup& g) {
+  p.info.kind = whole.info.kind;
+  p.info.role = whole.info.role;
+  p.info.parts = whole.info.parts;
   if (g.size() == 1) {
     p.init = whole.init;
   } else {
+    std::vector<int64_t> view = whole.info.layout().shape;
+    sharding::Box box = tensor_parallel_block(whole.info, g);
     p.init = box_init(whole.init, view, box);
     p.placement = Placement::block(std::move(box), std::move(view), whole.info.shape);
   }
-  p.info.role = whole.info.role;
   if (!defer) materialize(p);
 }
 
@@ -61,16 +69,40 @@ LinearOptions deferred(LinearOptions o, bool bias) {
   return o;
 }
 
-// This rank's shard of n features; InvalidArgument when it is empty.
-ShardRange nonempty_shard(int64_t n, const TensorParallelGroup& g, const char* op, const std::string& prefix,
-                          const char* what) {
-  const ShardRange s = shard_range(n, g.rank(), g.size());
-  if (s.size() == 0)
+// The weight of a column- (fused q|k|v when parts > 1) or row-parallel
+// layer as the strategies see it.
+sharding::ParamInfo weight_info(int64_t in, int64_t out, sharding::LinearRole role, int64_t parts) {
+  if (parts > 1)
+    return {.name = "", .shape = {in, out}, .kind = sharding::ParamKind::attention_qkv_weight, .parts = parts};
+  return {.name = "", .shape = {in, out}, .kind = sharding::ParamKind::linear_weight, .role = role};
+}
+
+// The features (columns, or rows for a row-parallel layer) of the weight
+// `info` this rank holds; InvalidArgument when there are none.
+int64_t local_features(const sharding::ParamInfo& info, const TensorParallelGroup& g, const char* op,
+                       const std::string& prefix, const char* what) {
+  const sharding::Box b = tensor_parallel_block(info, g);
+  const bool rows = info.role == sharding::LinearRole::row;
+  const int64_t n = rows ? b.sizes.front() : b.sizes.back() * info.parts;
+  if (n == 0) {
+    const int64_t total = rows ? info.shape.front() : info.shape.back() / info.parts;
     throw InvalidArgument(op,
                           fmt::format("'{}': {} {} features over {} tensor-parallel ranks leave rank {} none", prefix,
-                                      n, what, g.size(), g.rank()),
-                          fmt::format("use at most {} tensor-parallel ranks for this layer", n));
-  return s;
+                                      total, what, g.size(), g.rank()),
+                          fmt::format("use at most {} tensor-parallel ranks for this layer", total));
+  }
+  return n;
+}
+
+// Marks a fused q|k|v layer's parameters for the strategies (kind, parts).
+void describe_fused(Linear& whole, int64_t parts) {
+  if (parts == 1) return;
+  for (Parameter* p : whole.parameters()) {
+    p->info.kind = p == &whole.weight() ? sharding::ParamKind::attention_qkv_weight
+                                         : sharding::ParamKind::attention_qkv_bias;
+    p->info.role = sharding::LinearRole::none;  // implied by the kind
+    p->info.parts = parts;
+  }
 }
 
 // T / k for a (B, T, ...) activation split along T; InvalidArgument unless k divides T.
@@ -207,23 +239,13 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, const std::s
     : name_(prefix),
       group_(group),
       local_(in,
-             checked_parts(out, parts, prefix) *
-                 nonempty_shard(out / parts, group, "ColumnParallelLinear", prefix, "output").size(),
+             local_features(weight_info(in, out, sharding::LinearRole::column, checked_parts(out, parts, prefix)),
+                            group, "ColumnParallelLinear", prefix, "output"),
              prefix, seed, deferred(options, options.bias)) {
-  const int64_t block = out / parts;
-  const ShardRange s = shard_range(block, group.rank(), group.size());
   Linear whole(in, out, prefix, seed, deferred(options, options.bias));  // metadata and init only: nothing allocated
-  if (parts == 1) {  // a plain column block of (in, out)
-    take_block(local_.weight(), whole.weight(), {in, out}, {{0, s.begin}, {in, s.size()}}, options.defer_init, group);
-    if (local_.has_bias())
-      take_block(local_.bias(), whole.bias(), {out}, {{s.begin}, {s.size()}}, options.defer_init, group);
-    return;
-  }
-  take_block(local_.weight(), whole.weight(), {in, parts, block}, {{0, 0, s.begin}, {in, parts, s.size()}},
-             options.defer_init, group);
-  if (local_.has_bias())
-    take_block(local_.bias(), whole.bias(), {parts, block}, {{0, s.begin}, {parts, s.size()}}, options.defer_init,
-               group);
+  describe_fused(whole, parts);
+  for (Parameter* p : local_.parameters())
+    take_block(*p, p == &local_.weight() ? whole.weight() : whole.bias(), options.defer_init, group);
 }
 
 // Sequence parallelism: the region starts by gathering the sequence, and
@@ -255,11 +277,11 @@ RowParallelLinear::RowParallelLinear(int64_t in, int64_t out, const std::string&
     : name_(prefix),
       group_(group),
       has_bias_(options.bias),
-      local_(nonempty_shard(in, group, "RowParallelLinear", prefix, "input").size(), out, prefix, seed,
-             deferred(options, /*bias=*/false)) {
-  const ShardRange s = shard_range(in, group.rank(), group.size());
+      local_(local_features(weight_info(in, out, sharding::LinearRole::row, 1), group, "RowParallelLinear", prefix,
+                            "input"),
+             out, prefix, seed, deferred(options, /*bias=*/false)) {
   Linear whole(in, out, prefix, seed, deferred(options, options.bias));  // metadata and init only
-  take_block(local_.weight(), whole.weight(), {in, out}, {{s.begin, 0}, {s.size(), out}}, options.defer_init, group);
+  take_block(local_.weight(), whole.weight(), options.defer_init, group);
   if (has_bias_) {
     bias_ = whole.bias();  // replicated: the whole bias on every rank
     bias_.sequence_parallel = group.splits_sequence();  // added to this rank's tokens only

@@ -94,6 +94,14 @@ struct ShardRange {
 // Rank `rank` of `ranks`' part of n items (the rule above).
 ShardRange shard_range(int64_t n, int rank, int ranks);
 
+// The block of a parameter (described by its unsharded ParamInfo: kind,
+// role, fused parts, heads) that rank group.rank() holds: the seeds'
+// TensorParallelStrategy's rule (sharding/strategy.h) with uneven shards
+// allowed (torch.chunk), over info.layout(). Every module here, and the
+// vocabulary-parallel Embedding, takes its blocks from it, so the layouts
+// the strategies print are the ones the runtime holds.
+sharding::Box tensor_parallel_block(const sharding::ParamInfo& info, const TensorParallelGroup& group);
+
 // The whole value of p on every rank of the group: p.value itself for a
 // whole placement, else every rank's block (Placement::box) all-gathered and
 // put in place (blocks may differ in size). Collective over the group.

@@ -25,6 +25,8 @@
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/nn/sequential.h"
+#include "meshtrain/sharding/layout.h"
+#include "meshtrain/sharding/multi_dimensional.h"
 #include "meshtrain/testing/testing.h"
 
 namespace meshtrain::nn {
@@ -143,7 +145,10 @@ TEST(TensorParallelChain, PairsLayersAndLeavesTheLighterEndWhole) {
 TEST(TensorParallelChain, MlpEqualsTheUnshardedModel) {
   for (const std::vector<int64_t>& sizes : {std::vector<int64_t>{12, 10, 7, 7, 3}, std::vector<int64_t>{12, 10, 6, 3},
                                             std::vector<int64_t>{3, 6, 10, 12}}) {
-    const MLPConfig base{.sizes = sizes, .dropout = 0.25, .seed = 11};
+    MLPConfig base;
+    base.sizes = sizes;
+    base.dropout = 0.25;
+    base.seed = 11;
     MLP ref(base);
     ref.set_batch_context(2, 4);
     const Tensor x = randn({5, sizes[0]}, "mlp x"), dy = randn({5, sizes.back()}, "mlp dy");
@@ -324,6 +329,43 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
                  EXPECT_THAT(testing::error_of([&] { GPT bad(c); }),
                              ::testing::HasSubstr("4 heads over a tensor-parallel axis of 3 ranks"));
                });
+}
+
+// The seeds' API describes the runtime: for every parameter of a GPT split
+// over 2 and 4 ranks (vocabulary 13: uneven), MultiDimensionalStrategy's
+// spec for the unsharded parameter, laid out over the tensor axis
+// (sharding::Layout), gives exactly the block each rank's Parameter holds.
+TEST(TensorParallelGpt, StrategyLayoutsAreWhatTheRanksHold) {
+  const GPTConfig base{.vocab = 13, .block_size = 8, .layers = 1, .heads = 4, .width = 16, .seed = 7, .defer_init = true};
+  GPT whole(base);
+  const std::vector<Parameter*> wp = whole.parameters();
+  for (int k : {2, 4}) {
+    const sharding::MultiDimensionalStrategy md(
+        {std::make_shared<sharding::TensorParallelStrategy>("tensor", k, /*uneven=*/true)}, {"tensor"});
+    comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
+                 [&](comm::Communicator& world) {
+                   GPTConfig c = base;
+                   c.tensor = TensorParallelGroup{&world};
+                   GPT tp(c);
+                   const std::vector<Parameter*> ps = tp.parameters();
+                   ASSERT_EQ(ps.size(), wp.size());
+                   int split = 0;
+                   for (size_t i = 0; i < ps.size(); ++i) {
+                     const sharding::ParamInfo info = wp[i]->info.layout();
+                     const sharding::Layout layout({k}, {"tensor"}, md.combined_spec(wp[i]->info), info.shape);
+                     const sharding::Box want = layout.local_box(world.rank());
+                     const Placement& pl = ps[i]->placement;
+                     if (pl.kind == Placement::Kind::whole) {
+                       EXPECT_EQ(want.sizes, info.shape) << ps[i]->name;  // replicated: the whole view
+                     } else {
+                       ++split;
+                       EXPECT_EQ(pl.box.to_string(), want.to_string()) << ps[i]->name << " rank " << world.rank();
+                       EXPECT_EQ(pl.shape, info.shape) << ps[i]->name;
+                     }
+                   }
+                   EXPECT_EQ(split, 7);  // wte; c_attn, mlp.c_fc (weights, biases); both c_proj weights
+                 });
+  }
 }
 
 // Logits (N, V): N(0, 3) with row i's maximum (+20) at column (i * 7919) % V,

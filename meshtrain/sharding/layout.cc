@@ -169,15 +169,22 @@ int64_t Layout::chunk_size(int dim) const {
   return n / k + (n % k != 0);  // ceil(n / k) without n + k - 1, which wraps near INT64_MAX
 }
 
+std::pair<int64_t, int64_t> chunk_range(int64_t n, int64_t shard, int64_t shards) {
+  if (n < 0 || shards < 1 || shard < 0 || shard >= shards)
+    throw InvalidArgument("chunk_range", fmt::format("shard {} of {} over {} items", shard, shards, n),
+                          "pass n >= 0 and 0 <= shard < shards");
+  const int64_t c = n / shards + (n % shards != 0);  // ceil(n / k) without n + k - 1, which wraps near INT64_MAX
+  // min(n, s * c) without forming s * c when it would pass n (and maybe wrap).
+  const auto at = [&](int64_t s) { return c == 0 || s > n / c ? n : std::min(n, s * c); };
+  return {at(shard), at(shard + 1)};
+}
+
 std::pair<int64_t, int64_t> Layout::shard_range(int dim, int shard) const {
   const int k = num_shards(dim);
   if (shard < 0 || shard >= k)
     throw InvalidArgument("Layout::shard_range", fmt::format("shard {} of dim {} split into {}", shard, dim, k),
                           "pass a shard in [0, num_shards(dim))");
-  const int64_t n = global_shape_[dim], c = chunk_size(dim);
-  // min(n, s * c) without forming s * c when it would pass n (and maybe wrap).
-  const auto at = [&](int64_t s) { return c == 0 || s > n / c ? n : std::min(n, s * c); };
-  return {at(shard), at(int64_t{shard} + 1)};
+  return chunk_range(global_shape_[dim], shard, k);
 }
 
 int Layout::shard_index(int rank, int dim) const {

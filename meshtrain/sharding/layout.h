@@ -54,6 +54,11 @@ struct LayoutOptions {
   bool strict = false;  // reject dimensions not divisible by their shard count
 };
 
+// The uneven rule above for one dimension: shard `shard` of `shards` of n
+// items covers [begin, end). InvalidArgument unless n >= 0, shards >= 1 and
+// 0 <= shard < shards.
+std::pair<int64_t, int64_t> chunk_range(int64_t n, int64_t shard, int64_t shards);
+
 // A block of a global tensor: [offsets[d], offsets[d] + sizes[d]) per dim.
 struct Box {
   std::vector<int64_t> offsets;

@@ -108,8 +108,9 @@ int64_t MultiDimensionalStrategy::axis_size(const std::string& axis) const {
   return s ? s->axis_size(axis) : 0;
 }
 
-std::vector<MultiDimensionalStrategy::Step> MultiDimensionalStrategy::apply(const ParamInfo& p) const {
-  internal::check_param("MultiDimensionalStrategy::combined_spec", p);
+std::vector<MultiDimensionalStrategy::Step> MultiDimensionalStrategy::apply(const ParamInfo& fused) const {
+  internal::check_param("MultiDimensionalStrategy::combined_spec", fused);
+  const ParamInfo p = fused.layout();  // every strategy sees a fused parameter's view
   std::vector<Step> steps;
   ParamInfo local = p;
   for (const Strategy* s : param_order_) {
@@ -161,7 +162,7 @@ PartitionSpec MultiDimensionalStrategy::merge(const std::string& what, int ndim,
 }
 
 PartitionSpec MultiDimensionalStrategy::combined_spec(const ParamInfo& p) const {
-  return merge("parameter " + p.to_string(), static_cast<int>(p.shape.size()), apply(p));
+  return merge("parameter " + p.to_string(), static_cast<int>(p.layout().shape.size()), apply(p));
 }
 
 PartitionSpec MultiDimensionalStrategy::combined_batch_spec(int ndim, int batch_dim) const {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "meshtrain/core/error.h"
@@ -46,6 +47,19 @@ int64_t ParamInfo::numel() const {
 }
 
 std::string ParamInfo::to_string() const { return fmt::format("'{}' {}", name, shape_to_string(shape)); }
+
+ParamInfo ParamInfo::layout() const {
+  if (parts == 1) return *this;
+  if (parts < 1 || shape.empty() || shape.size() > 2 || shape.back() % parts != 0)
+    throw InvalidArgument("ParamInfo::layout",
+                          fmt::format("parameter {}: {} fused parts", to_string(), parts),
+                          "parts (>= 1) must divide the last dimension of a 1-D or 2-D parameter");
+  ParamInfo v = *this;
+  v.shape.back() /= parts;
+  v.shape.insert(v.shape.end() - 1, parts);
+  v.parts = 1;
+  return v;
+}
 
 namespace internal {
 
@@ -94,7 +108,7 @@ std::string DataParallelStrategy::name() const { return fmt::format("DataParalle
 
 PartitionSpec DataParallelStrategy::param_spec(const ParamInfo& p) const {
   internal::check_param("DataParallelStrategy::param_spec", p);
-  return PartitionSpec::replicated(static_cast<int>(p.shape.size()));
+  return PartitionSpec::replicated(static_cast<int>(p.layout().shape.size()));
 }
 
 PartitionSpec DataParallelStrategy::batch_spec(int ndim, int batch_dim) const {
@@ -129,8 +143,9 @@ std::string FSDPStrategy::name() const {
 
 int64_t FSDPStrategy::axis_size(const std::string& axis) const { return axis == axis_ ? axis_size_ : 0; }
 
-int FSDPStrategy::shard_dim(const ParamInfo& p) const {
-  internal::check_param("FSDPStrategy::param_spec", p);
+int FSDPStrategy::shard_dim(const ParamInfo& fused) const {
+  internal::check_param("FSDPStrategy::param_spec", fused);
+  const ParamInfo p = fused.layout();
   if (p.numel() < min_weight_size_ || p.numel() == 0 || p.shape.empty()) return -1;
   // The largest dimension divisible by the axis size; failing that, the
   // largest one, split unevenly (strict >: ties keep the first, outermost).
@@ -145,7 +160,7 @@ int FSDPStrategy::shard_dim(const ParamInfo& p) const {
 
 PartitionSpec FSDPStrategy::param_spec(const ParamInfo& p) const {
   const int d = shard_dim(p);
-  std::vector<std::vector<std::string>> dims(p.shape.size());
+  std::vector<std::vector<std::string>> dims(p.layout().shape.size());
   if (d >= 0) dims[d] = {axis_};
   return PartitionSpec(std::move(dims));
 }
@@ -157,8 +172,9 @@ PartitionSpec FSDPStrategy::batch_spec(int ndim, int batch_dim) const {
   return PartitionSpec(std::move(dims));
 }
 
-std::string FSDPStrategy::explain(const ParamInfo& p) const {
-  const int d = shard_dim(p);
+std::string FSDPStrategy::explain(const ParamInfo& fused) const {
+  const int d = shard_dim(fused);
+  const ParamInfo p = fused.layout();
   const std::string head = fmt::format("{}: {}", name(), p.to_string());
   if (d >= 0 && p.shape[d] % axis_size_ == 0)
     return fmt::format("{} -> {}: dimension {} (size {}) is the largest divisible by {}", head,
@@ -175,8 +191,8 @@ std::string FSDPStrategy::explain(const ParamInfo& p) const {
 
 // ---------------------------------------------------------------- TensorParallel
 
-TensorParallelStrategy::TensorParallelStrategy(std::string axis, int64_t axis_size)
-    : axis_(std::move(axis)), axis_size_(axis_size) {
+TensorParallelStrategy::TensorParallelStrategy(std::string axis, int64_t axis_size, bool uneven)
+    : axis_(std::move(axis)), axis_size_(axis_size), uneven_(uneven) {
   internal::check_axis_name("TensorParallelStrategy", axis_);
   if (axis_size_ < 1)
     throw InvalidArgument("TensorParallelStrategy", fmt::format("axis_size {} for axis '{}'", axis_size_, axis_),
@@ -221,16 +237,20 @@ LinearRole TensorParallelStrategy::effective_role(const ParamInfo& p) const {
   return LinearRole::none;
 }
 
-int TensorParallelStrategy::split_dim(const ParamInfo& p) const {
+int TensorParallelStrategy::split_dim(const ParamInfo& fused) const {
   const char* op = "TensorParallelStrategy::param_spec";
-  internal::check_param(op, p);
+  internal::check_param(op, fused);
+  const ParamInfo p = fused.layout();
   const LinearRole role = effective_role(p);
   const bool is_bias = p.kind == ParamKind::linear_bias || p.kind == ParamKind::attention_qkv_bias ||
                        p.kind == ParamKind::attention_out_bias;
   const bool is_weight = p.kind == ParamKind::linear_weight || p.kind == ParamKind::attention_qkv_weight ||
                          p.kind == ParamKind::attention_out_weight || p.kind == ParamKind::embedding;
-  const size_t want = is_bias ? 1 : 2;
-  if ((is_bias || is_weight) && p.shape.size() != want)
+  // A fused q|k|v parameter is laid out with one more dim (its parts).
+  const size_t want = (is_bias ? 1 : 2) + (fused.parts > 1 ? 1 : 0);
+  const bool fused_view = p.shape.size() == want + 1 && (p.kind == ParamKind::attention_qkv_weight ||
+                                                         p.kind == ParamKind::attention_qkv_bias);
+  if ((is_bias || is_weight) && p.shape.size() != want && !fused_view)
     throw InvalidArgument(op,
                           fmt::format("parameter {}: a {} must be {}-D, got {}-D", p.to_string(), to_string(p.kind),
                                       want, p.shape.size()),
@@ -238,18 +258,19 @@ int TensorParallelStrategy::split_dim(const ParamInfo& p) const {
                                   : "weights are (in_features, out_features); embeddings (vocab, hidden)");
   int dim = -1;
   std::string what;
+  const int last = static_cast<int>(p.shape.size()) - 1;
   if (p.kind == ParamKind::embedding) {
     dim = 0, what = "vocabulary";
   } else if (is_weight && role == LinearRole::column) {
-    dim = 1, what = "output features";
+    dim = last, what = "output features";
   } else if (is_weight && role == LinearRole::row) {
     dim = 0, what = "input features";
   } else if (is_bias && role == LinearRole::column) {
-    dim = 0, what = "output features";
+    dim = last, what = "output features";
   }
   if (dim < 0) return -1;
   const int64_t n = p.shape[dim];
-  if (n % axis_size_ != 0) {
+  if (n % axis_size_ != 0 && !uneven_) {
     const int64_t padded = (n + axis_size_ - 1) / axis_size_ * axis_size_;
     throw InvalidArgument(op,
                           fmt::format("parameter {}: dimension {} ({}, size {}) is not divisible by {} size {}",
@@ -264,9 +285,24 @@ int TensorParallelStrategy::split_dim(const ParamInfo& p) const {
   return dim;
 }
 
+Box TensorParallelStrategy::block(const ParamInfo& p, int64_t rank) const {
+  if (rank < 0 || rank >= axis_size_)
+    throw InvalidArgument("TensorParallelStrategy::block", fmt::format("rank {} of {} ranks", rank, axis_size_),
+                          "pass 0 <= rank < the axis size");
+  const int d = split_dim(p);
+  const std::vector<int64_t> shape = p.layout().shape;
+  Box b{std::vector<int64_t>(shape.size(), 0), shape};
+  if (d >= 0) {
+    const auto [begin, end] = chunk_range(shape[d], rank, axis_size_);
+    b.offsets[d] = begin;
+    b.sizes[d] = end - begin;
+  }
+  return b;
+}
+
 PartitionSpec TensorParallelStrategy::param_spec(const ParamInfo& p) const {
   const int d = split_dim(p);
-  std::vector<std::vector<std::string>> dims(p.shape.size());
+  std::vector<std::vector<std::string>> dims(p.layout().shape.size());
   if (d >= 0) dims[d] = {axis_};
   return PartitionSpec(std::move(dims));
 }
@@ -277,7 +313,10 @@ std::string TensorParallelStrategy::explain(const ParamInfo& p) const {
   const LinearRole role = effective_role(p);
   const std::string role_text = role == LinearRole::none ? "" : ", " + to_string(role) + "-parallel";
   if (d < 0) return fmt::format("{}{}) replicated", head, role_text);
-  return fmt::format("{}{}) -> {}: dimension {} split over {}", head, role_text, param_spec(p).to_string(), d, axis_);
+  const std::string view =
+      p.parts > 1 ? fmt::format(" of its view {} ({} fused parts)", shape_to_string(p.layout().shape), p.parts) : "";
+  return fmt::format("{}{}) -> {}: dimension {}{} split over {}", head, role_text, param_spec(p).to_string(), d, view,
+                     axis_);
 }
 
 }  // namespace meshtrain::sharding

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "meshtrain/sharding/partition_spec.h"
+#include "meshtrain/sharding/layout.h"
 
 namespace meshtrain::sharding {
 
@@ -68,8 +69,18 @@ struct ParamInfo {
   // then head 1, ...), as Megatron does, so that a contiguous split keeps each
   // head's q, k and v together.
   int64_t num_heads = 0;
+  // A fused parameter that stacks `parts` equal blocks of output features
+  // (GPT-2's c_attn stores [q | k | v]: 3): every strategy lays it out as
+  // its view layout() (in, parts, out / parts), a bias as (parts, out /
+  // parts), so tensor parallelism splits each block alike (each rank: q, k
+  // and v of its own heads) and specs have the view's dims. 1: unfused.
+  int64_t parts = 1;
 
   int64_t numel() const;
+  // This description with shape the view above and parts 1 (a copy of
+  // itself when parts == 1). InvalidArgument when parts < 1 or does not
+  // divide the last dimension.
+  ParamInfo layout() const;
   // "'h.0.mlp.fc1.weight' (4096, 16384)"
   std::string to_string() const;
 };
@@ -177,10 +188,20 @@ class FSDPStrategy final : public Strategy {
 // A split dimension must be divisible by axis_size (and num_heads, when given,
 // too); otherwise param_spec throws naming the parameter, the dimension, its
 // size and the axis size. The batch is replicated over `axis`.
+// A fused q|k|v weight described by its view (in, parts, C) (ParamInfo::
+// parts) is split on C, the bias (parts, C) likewise. With uneven = true a
+// dimension the axis does not divide is split by the torch.chunk rule
+// (Layout's; heads must still divide): what the runtime modules build
+// (nn/tensor_parallel.h), which take their blocks from block().
 class TensorParallelStrategy final : public Strategy {
  public:
   // axis_size >= 1.
-  explicit TensorParallelStrategy(std::string axis = "tensor", int64_t axis_size = 1);
+  explicit TensorParallelStrategy(std::string axis = "tensor", int64_t axis_size = 1, bool uneven = false);
+
+  // The block of p.layout() that rank `rank` of the axis holds: the whole
+  // view but for the split dimension, whose part follows the torch.chunk
+  // rule (possibly empty). 0 <= rank < size().
+  Box block(const ParamInfo& p, int64_t rank) const;
 
   std::string name() const override;
   StrategyKind kind() const override { return StrategyKind::tensor_parallel; }
@@ -208,6 +229,7 @@ class TensorParallelStrategy final : public Strategy {
 
   std::string axis_;
   int64_t axis_size_;
+  bool uneven_;
 };
 
 namespace internal {

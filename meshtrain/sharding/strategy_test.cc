@@ -166,6 +166,43 @@ TEST(TensorParallel, IndivisibleSplitIsAnErrorNamingParamDimAndAxis) {
               HasSubstr("parameter 'qkv' (768, 2304): 12 heads cannot be split evenly over tensor size 8"));
 }
 
+// GPT-2's c_attn stores [q | k | v]: described with parts = 3, every
+// strategy lays it out as (in, 3, C) and tensor parallelism splits C, so
+// each rank holds q, k and v of its own heads.
+TEST(TensorParallel, FusedQkvSplitsEachPart) {
+  TensorParallelStrategy tp("tensor", 4);
+  const ParamInfo qkv{.name = "c_attn.weight", .shape = {768, 2304}, .kind = ParamKind::attention_qkv_weight,
+                      .num_heads = 12, .parts = 3};
+  EXPECT_EQ(qkv.layout().shape, (std::vector<int64_t>{768, 3, 768}));
+  EXPECT_EQ(tp.param_spec(qkv), P({{}, {}, {"tensor"}}));
+  EXPECT_EQ(tp.block(qkv, 1).to_string(), "[0:768, 0:3, 192:384]");
+  const ParamInfo bias{.name = "c_attn.bias", .shape = {2304}, .kind = ParamKind::attention_qkv_bias, .parts = 3};
+  EXPECT_EQ(tp.param_spec(bias), P({{}, {"tensor"}}));
+  EXPECT_EQ(tp.block(bias, 3).to_string(), "[0:3, 576:768]");
+  EXPECT_THAT(tp.explain(qkv), HasSubstr("-> P(None, None, tensor): dimension 2 of its view (768, 3, 768) (3 fused "
+                                         "parts) split over tensor"));
+  // With FSDP on top, FSDP shards what a tensor rank holds of the view.
+  MultiDimensionalStrategy md({std::make_shared<FSDPStrategy>("fsdp", 2, 0), std::make_shared<TensorParallelStrategy>("tensor", 4)},
+                              {"fsdp", "tensor"});
+  EXPECT_EQ(md.combined_spec(qkv), P({{"fsdp"}, {}, {"tensor"}}));
+  EXPECT_THAT(error_of([&] { ParamInfo{.name = "x", .shape = {4, 10}, .parts = 3}.layout(); }),
+              HasSubstr("3 fused parts"));
+}
+
+// uneven = true (what the runtime builds): torch.chunk's rule, heads still whole.
+TEST(TensorParallel, UnevenSplitsFollowTorchChunk) {
+  TensorParallelStrategy tp("tensor", 4, /*uneven=*/true);
+  const ParamInfo wte{.name = "wte", .shape = {13, 8}, .kind = ParamKind::embedding};
+  EXPECT_EQ(tp.param_spec(wte), P({{"tensor"}, {}}));
+  std::vector<std::string> blocks;
+  for (int r = 0; r < 4; ++r) blocks.push_back(tp.block(wte, r).to_string());
+  EXPECT_EQ(blocks, (std::vector<std::string>{"[0:4, 0:8]", "[4:8, 0:8]", "[8:12, 0:8]", "[12:13, 0:8]"}));
+  EXPECT_EQ(tp.block(param("ln", {8}, ParamKind::norm), 2).to_string(), "[0:8]");  // replicated: whole
+  const ParamInfo qkv{.name = "qkv", .shape = {8, 24}, .kind = ParamKind::attention_qkv_weight, .num_heads = 6, .parts = 3};
+  EXPECT_THAT(error_of([&] { tp.block(qkv, 0); }), HasSubstr("6 heads cannot be split evenly over tensor size 4"));
+  EXPECT_THAT(error_of([&] { tp.block(wte, 4); }), HasSubstr("rank 4 of 4 ranks"));
+}
+
 TEST(TensorParallel, RejectsContradictoryMetadata) {
   TensorParallelStrategy tp("tensor", 2);
   ParamInfo qkv = param("qkv", {64, 192}, ParamKind::attention_qkv_weight);
