@@ -1,5 +1,6 @@
 // meshtrain mesh and meshtrain shard: pure computations over a mesh shape, no
-// ranks started, so they work for any device count.
+// ranks started, so they work for any device count (shard --model:
+// model_shard.cc).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -8,6 +9,7 @@
 #include <memory>
 
 #include "cli/command.h"
+#include "cli/model_shard.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
@@ -63,6 +65,7 @@ int run_mesh(const MeshFlags& f) {
 constexpr int kMaxTableRanks = 1024;
 
 struct ShardFlags {
+  ModelShardFlags model;
   std::string shape;
   std::string spec;
   std::string mesh;
@@ -89,15 +92,11 @@ std::vector<int64_t> parse_shape(const std::string& text) {
   return shape;
 }
 
-int run_shard(const ShardFlags& f) {
-  print_config("shard", {{"shape", f.shape}, {"spec", f.spec}, {"mesh", f.mesh},
-                         {"partial", f.partial.empty() ? "-" : f.partial}, {"strict", f.strict ? "on" : "off"}});
-  const plan::NamedShape named = plan::parse_mesh_spec(f.mesh);
-  sharding::LayoutOptions options;
-  options.strict = f.strict;
-  if (!f.partial.empty()) options.partial[f.partial] = comm::ReduceOp::sum;
-  const sharding::Layout layout(named.shape, named.axis_names, sharding::PartitionSpec::parse(f.spec),
-                                parse_shape(f.shape), options);
+}  // namespace
+
+// The rank table and (for 1-D and 2-D layouts of at most kMaxPictureRanks
+// ranks) the picture of `layout`, also as SVG to `svg` unless empty.
+void print_layout(const sharding::Layout& layout, const plan::NamedShape& named, int width, const std::string& svg) {
   fmt::print("{}\n\n", layout.to_string());
   fmt::print("{:>5}  {:<16} {:<24} {}\n", "rank", "coords", "global block", "local shape");
   const int listed = std::min(layout.num_ranks(), kMaxTableRanks);
@@ -113,16 +112,34 @@ int run_shard(const ShardFlags& f) {
                kMaxTableRanks);
   if ((layout.ndim() == 1 || layout.ndim() == 2) && layout.num_ranks() > sharding::kMaxPictureRanks) {
     fmt::print("\n(no picture: more than {} ranks)\n", sharding::kMaxPictureRanks);
-    if (!f.svg.empty()) throw InvalidArgument("shard --svg", "no picture drawn", "draw meshes of at most 4096 ranks");
+    if (!svg.empty()) throw InvalidArgument("shard --svg", "no picture drawn", "draw meshes of at most 4096 ranks");
   } else if (layout.ndim() == 1 || layout.ndim() == 2) {
-    fmt::print("\n{}", sharding::visualize_sharding(layout, {.width = f.width}));
-    if (!f.svg.empty()) {
-      std::ofstream out(f.svg);
-      if (!out) throw IoError("shard --svg", fmt::format("cannot write '{}'", f.svg), "check the directory exists");
-      out << sharding::visualize_sharding_svg(layout, {.width = f.width});
-      fmt::print("wrote {}\n", f.svg);
+    fmt::print("\n{}", sharding::visualize_sharding(layout, {.width = width}));
+    if (!svg.empty()) {
+      std::ofstream out(svg);
+      if (!out) throw IoError("shard --svg", fmt::format("cannot write '{}'", svg), "check the directory exists");
+      out << sharding::visualize_sharding_svg(layout, {.width = width});
+      fmt::print("wrote {}\n", svg);
     }
   }
+}
+
+namespace {
+
+int run_shard(const ShardFlags& f) {
+  if (!f.model.model.empty()) return run_shard_model(f.model, f.mesh, f.width, f.svg);
+  if (f.shape.empty() || f.spec.empty())
+    throw InvalidArgument("meshtrain shard", "neither --model nor --shape and --spec given",
+                          "pass --shape and --spec for one tensor, or --model gpt|mlp|vae for a model's parameters");
+  print_config("shard", {{"shape", f.shape}, {"spec", f.spec}, {"mesh", f.mesh},
+                         {"partial", f.partial.empty() ? "-" : f.partial}, {"strict", f.strict ? "on" : "off"}});
+  const plan::NamedShape named = plan::parse_mesh_spec(f.mesh);
+  sharding::LayoutOptions options;
+  options.strict = f.strict;
+  if (!f.partial.empty()) options.partial[f.partial] = comm::ReduceOp::sum;
+  print_layout(sharding::Layout(named.shape, named.axis_names, sharding::PartitionSpec::parse(f.spec),
+                                parse_shape(f.shape), options),
+               named, f.width, f.svg);
   return 0;
 }
 
@@ -151,17 +168,19 @@ std::vector<Command> add_layout_commands(CLI::App& app) {
   out.push_back({mesh_cmd, [=] { return run_mesh(*mf); }});
 
   auto sf = std::make_shared<ShardFlags>();
-  auto* shard_cmd = app.add_subcommand("shard", "print which ranks hold which block of a tensor (and draw it)");
-  shard_cmd->add_option("--shape", sf->shape, "global shape, e.g. 128,4096 (at most 2^63-1 elements)")->required();
-  shard_cmd->add_option("--spec", sf->spec, "partition spec, e.g. data,tensor or (data,fsdp),None")->required();
+  auto* shard_cmd = app.add_subcommand(
+      "shard", "print which ranks hold which block of a tensor, or of every parameter of a model (and draw it)");
+  shard_cmd->add_option("--shape", sf->shape, "global shape, e.g. 128,4096 (at most 2^63-1 elements)");
+  shard_cmd->add_option("--spec", sf->spec, "partition spec, e.g. data,tensor or (data,fsdp),None");
   shard_cmd->add_option("--mesh", sf->mesh, "axes and sizes, e.g. data=4,tensor=2")->required();
   shard_cmd->add_option("--partial", sf->partial, "a mesh axis holding partial sums");
   shard_cmd->add_option("--svg", sf->svg, "also write the picture as SVG to this file");
-  shard_cmd->add_option("--width", sf->width,
+  shard_cmd->add_option("--picture-width", sf->width,
                         fmt::format("columns of the text picture (1 to {})", sharding::kMaxPictureWidth))
       ->capture_default_str()
       ->check(CLI::Range(1, sharding::kMaxPictureWidth));
   shard_cmd->add_flag("--strict", sf->strict, "reject dimensions that do not divide evenly");
+  sf->model.add(shard_cmd);
   out.push_back({shard_cmd, [=] { return run_shard(*sf); }});
   return out;
 }

@@ -31,7 +31,7 @@ const MLPConfig& checked(const MLPConfig& c) {
 MLP::MLP(MLPConfig config) : Sequential(checked(config).prefix), config_(std::move(config)) {
   const std::vector<int64_t>& s = config_.sizes;
   const size_t layers = s.size() - 1;
-  const std::vector<ChainRole> roles = chain_roles(s, config_.tensor);
+  const std::vector<ChainRole> roles = chain_roles(s);
   for (size_t i = 0; i < layers; ++i) {
     LinearOptions options;
     options.needs_input_grad = i > 0 || config_.needs_input_grad;

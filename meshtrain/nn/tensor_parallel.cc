@@ -342,10 +342,9 @@ Tensor RowParallelLinear::do_backward(const Tensor& grad_out, Saved& saved) {
 
 // ---- Linear chains ----
 
-std::vector<ChainRole> chain_roles(const std::vector<int64_t>& sizes, const TensorParallelGroup& g) {
+std::vector<ChainRole> chain_roles(const std::vector<int64_t>& sizes) {
   const size_t n = sizes.size() < 2 ? 0 : sizes.size() - 1;
   std::vector<ChainRole> roles(n, ChainRole::whole);
-  if (g.size() == 1) return roles;
   size_t first = 0;  // the first layer of the first pair
   if (n % 2 == 1 && sizes[0] * sizes[1] < sizes[n - 1] * sizes[n]) first = 1;  // the first layer stays whole
   for (size_t i = first; i + 1 < n; i += 2) {
@@ -357,20 +356,15 @@ std::vector<ChainRole> chain_roles(const std::vector<int64_t>& sizes, const Tens
 
 std::unique_ptr<Module> make_chain_linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed,
                                           LinearOptions options, const TensorParallelGroup& g, ChainRole role) {
-  switch (role) {
-    case ChainRole::column:
-      options.role = sharding::LinearRole::column;
-      return std::make_unique<ColumnParallelLinear>(in, out, prefix, seed, options, g);
-    case ChainRole::row:
-      options.role = sharding::LinearRole::row;
-      return std::make_unique<RowParallelLinear>(in, out, prefix, seed, options, g);
-    case ChainRole::whole: break;
-  }
-  return std::make_unique<Linear>(in, out, prefix, seed, options);
+  if (role != ChainRole::whole)
+    options.role = role == ChainRole::column ? sharding::LinearRole::column : sharding::LinearRole::row;
+  if (g.size() == 1 || role == ChainRole::whole) return std::make_unique<Linear>(in, out, prefix, seed, options);
+  if (role == ChainRole::column) return std::make_unique<ColumnParallelLinear>(in, out, prefix, seed, options, g);
+  return std::make_unique<RowParallelLinear>(in, out, prefix, seed, options, g);
 }
 
 DropoutShard chain_dropout_shard(int64_t out, const TensorParallelGroup& g, ChainRole role) {
-  if (role != ChainRole::column) return {};
+  if (role != ChainRole::column || g.size() == 1) return {};
   return DropoutShard{.rank = g.rank(), .ranks = g.size(), .features = out};
 }
 

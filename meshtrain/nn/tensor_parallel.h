@@ -192,10 +192,11 @@ class RowParallelLinear final : public Module {
 // columns and each pair ends with one all-reduce. With an odd number of
 // layers, the end layer with fewer weights (the first or the last) stays
 // whole (replicated: every rank computes it on the same input): a
-// classifier's last layer, a decoder's first. A group of one rank builds
-// plain Linears (every role whole).
+// classifier's last layer, a decoder's first. On a group of one rank
+// make_chain_linear builds plain Linears (the role kept as metadata for the
+// strategies: LinearOptions::role).
 enum class ChainRole : uint8_t { column, row, whole };
-std::vector<ChainRole> chain_roles(const std::vector<int64_t>& sizes, const TensorParallelGroup& group);
+std::vector<ChainRole> chain_roles(const std::vector<int64_t>& sizes);
 // The layer of that role (options.role set to match), named `prefix`.
 std::unique_ptr<Module> make_chain_linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed,
                                           LinearOptions options, const TensorParallelGroup& group, ChainRole role);

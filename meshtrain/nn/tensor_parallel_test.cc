@@ -126,16 +126,16 @@ TEST(TensorParallelLinear, ColumnThenRowEqualsTheUnshardedLayers) {
 // Megatron's pairs along a Linear chain; an odd chain leaves its lighter end whole.
 TEST(TensorParallelChain, PairsLayersAndLeavesTheLighterEndWhole) {
   using R = ChainRole;
-  comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
-               [&](comm::Communicator& world) {
-                 const TensorParallelGroup g{&world};
-                 EXPECT_EQ(chain_roles({784, 512, 512, 256, 10}, g), (std::vector<R>{R::column, R::row, R::column, R::row}));
-                 EXPECT_EQ(chain_roles({784, 512, 512, 10}, g), (std::vector<R>{R::column, R::row, R::whole}));
-                 EXPECT_EQ(chain_roles({20, 512, 512, 784}, g), (std::vector<R>{R::whole, R::column, R::row}));
-                 EXPECT_EQ(chain_roles({784, 10}, g), (std::vector<R>{R::whole}));
-                 EXPECT_EQ(chain_roles({784, 10}, TensorParallelGroup{}), (std::vector<R>{R::whole}));
-                 EXPECT_EQ(chain_roles({784, 512, 10}, TensorParallelGroup{}), (std::vector<R>{R::whole, R::whole}));
-               });
+  EXPECT_EQ(chain_roles({784, 512, 512, 256, 10}), (std::vector<R>{R::column, R::row, R::column, R::row}));
+  EXPECT_EQ(chain_roles({784, 512, 512, 10}), (std::vector<R>{R::column, R::row, R::whole}));
+  EXPECT_EQ(chain_roles({20, 512, 512, 784}), (std::vector<R>{R::whole, R::column, R::row}));
+  EXPECT_EQ(chain_roles({784, 10}), (std::vector<R>{R::whole}));
+  // One rank: plain Linears carrying the role for the strategies.
+  MLPConfig c;
+  c.sizes = {784, 512, 10};
+  MLP one(c);
+  EXPECT_EQ(one.parameters()[0]->info.role, sharding::LinearRole::column);
+  EXPECT_EQ(one.parameters()[2]->info.role, sharding::LinearRole::row);
 }
 
 // MLPs (even and odd chains, the whole layer at either end; hidden widths

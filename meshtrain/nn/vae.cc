@@ -45,7 +45,7 @@ VAE::VAE(VAEConfig config)
   const TensorParallelGroup& tp = config_.tensor;
   std::vector<int64_t> sizes = {config_.input};
   sizes.insert(sizes.end(), h.begin(), h.end());
-  const std::vector<ChainRole> encoder_roles = chain_roles(sizes, tp);
+  const std::vector<ChainRole> encoder_roles = chain_roles(sizes);
   int64_t prev = config_.input;
   for (size_t i = 0; i < h.size(); ++i) {  // input -> h[0] -> ... -> h[n-1]
     LinearOptions options;
@@ -58,7 +58,7 @@ VAE::VAE(VAEConfig config)
   sizes.assign({config_.latent});
   sizes.insert(sizes.end(), h.rbegin(), h.rend());
   sizes.push_back(config_.input);
-  const std::vector<ChainRole> decoder_roles = chain_roles(sizes, tp);
+  const std::vector<ChainRole> decoder_roles = chain_roles(sizes);
   prev = config_.latent;
   const size_t layers = h.size() + 1;
   for (size_t j = 0; j < layers; ++j) {  // latent -> h[n-1] -> ... -> h[0] -> input

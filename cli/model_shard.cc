@@ -1,0 +1,169 @@
+#include "cli/model_shard.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "cli/command.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
+#include "meshtrain/nn/gpt.h"
+#include "meshtrain/nn/mlp.h"
+#include "meshtrain/nn/vae.h"
+#include "meshtrain/sharding/multi_dimensional.h"
+
+namespace meshtrain::cli {
+namespace {
+
+// Fashion-MNIST's images and classes, what the mlp and vae recipes train on.
+constexpr int64_t kPixels = 784, kClasses = 10;
+
+std::vector<int64_t> parse_hidden(const std::string& text) {
+  std::vector<int64_t> out;
+  for (std::string_view piece : split(text)) {
+    const std::string item(piece);
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != item.size() || item.empty() || v < 1 || v > 65536)
+      throw InvalidArgument("--hidden", fmt::format("'{}' is not a list of widths", text),
+                            "write e.g. 512,512,256 (each 1 to 65536)");
+    out.push_back(v);
+  }
+  return out;
+}
+
+// The model, built whole and without values (nothing allocated).
+std::unique_ptr<nn::Module> build(const ModelShardFlags& f) {
+  if (f.model == "gpt")
+    return std::make_unique<nn::GPT>(nn::GPTConfig{.vocab = f.vocab, .block_size = f.context, .layers = f.layers,
+                                                   .heads = f.heads, .width = f.width, .defer_init = true});
+  if (f.model == "mlp") {
+    nn::MLPConfig c;
+    c.sizes = {kPixels};
+    for (int64_t h : parse_hidden(f.hidden)) c.sizes.push_back(h);
+    c.sizes.push_back(kClasses);
+    c.defer_init = true;
+    return std::make_unique<nn::MLP>(c);
+  }
+  if (f.model == "vae") {
+    nn::VAEConfig c;
+    c.hidden = parse_hidden(f.hidden);
+    c.latent = f.latent;
+    c.defer_init = true;
+    return std::make_unique<nn::VAE>(c);
+  }
+  throw InvalidArgument("--model", fmt::format("'{}' is not a built-in model", f.model), "use gpt, mlp or vae");
+}
+
+// One strategy per mesh axis of size > 1 (the trainer's axes).
+sharding::MultiDimensionalStrategy strategies(const plan::NamedShape& mesh, int64_t min_weight_size) {
+  std::vector<std::shared_ptr<const sharding::Strategy>> out;
+  for (size_t i = 0; i < mesh.shape.size(); ++i) {
+    const std::string& a = mesh.axis_names[i];
+    const int n = mesh.shape[i];
+    if (a == "data")
+      out.push_back(std::make_shared<sharding::DataParallelStrategy>(a));
+    else if (a == "fsdp")
+      out.push_back(std::make_shared<sharding::FSDPStrategy>(a, n, min_weight_size));
+    else if (a == "tensor")
+      out.push_back(std::make_shared<sharding::TensorParallelStrategy>(a, n, /*uneven=*/true));
+    else if (n > 1)
+      throw InvalidArgument("meshtrain shard --model", fmt::format("mesh axis {}={}", a, n),
+                            "place a model over data, fsdp and tensor axes");
+  }
+  return sharding::MultiDimensionalStrategy(std::move(out), mesh.axis_names);
+}
+
+// "h.3.attn.c_attn.weight" -> "h.*.attn.c_attn.weight"
+std::string pattern_of(const std::string& name) {
+  std::string out;
+  for (std::string_view part : split(name, '.')) {
+    if (!out.empty()) out += '.';
+    if (!part.empty() && std::all_of(part.begin(), part.end(), ::isdigit))
+      out += '*';
+    else
+      out.append(part);
+  }
+  return out;
+}
+
+std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1 << 20)); }
+
+}  // namespace
+
+void ModelShardFlags::add(CLI::App* app) {
+  app->add_option("--model", model, "place every parameter of a built-in model: gpt | mlp | vae (instead of --shape)");
+  app->add_option("--vocab", vocab, "gpt: vocabulary")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  app->add_option("--context", context, "gpt: tokens per sample")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app->add_option("--layers", layers, "gpt: transformer blocks")->capture_default_str()->check(CLI::Range(0, 1024));
+  app->add_option("--heads", heads, "gpt: attention heads")->capture_default_str()->check(CLI::Range(1, 1024));
+  app->add_option("--width", width, "gpt: model width")->capture_default_str()->check(CLI::Range(1, 65536));
+  app->add_option("--hidden", hidden, "mlp, vae: hidden widths")->capture_default_str();
+  app->add_option("--latent", latent, "vae: latent size")->capture_default_str()->check(CLI::Range(1, 65536));
+  app->add_option("--fsdp-min-weight-size", fsdp_min_weight_size,
+                  "fsdp axis: parameters with fewer elements stay replicated")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--param", param, "with --model: that parameter's rank table and picture");
+}
+
+int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int width, const std::string& svg) {
+  const plan::NamedShape mesh = plan::parse_mesh_spec(mesh_spec);
+  print_config("shard", {{"model", f.model}, {"mesh", mesh_spec},
+                         {"fsdp_min_weight_size", std::to_string(f.fsdp_min_weight_size)},
+                         {"param", f.param.empty() ? "-" : f.param}});
+  std::unique_ptr<nn::Module> model = build(f);
+  const sharding::MultiDimensionalStrategy md = strategies(mesh, f.fsdp_min_weight_size);
+  fmt::print("{} on mesh {}: {}\n", f.model, mesh_spec, md.name());
+  struct Row {
+    std::string name, pattern, shape, kind, spec, block;
+  };
+  std::vector<Row> rows;
+  std::map<std::string, std::set<std::string>> variants;  // pattern -> distinct (shape, spec, block)
+  int num_ranks = 1;
+  for (int s : mesh.shape) num_ranks *= s;
+  double total = 0, held = 0;  // f32 bytes: the model, the most any rank holds
+  std::vector<double> per_rank(static_cast<size_t>(num_ranks), 0.0);
+  for (const nn::Parameter* p : model->parameters()) {
+    const sharding::ParamInfo view = p->info.layout();
+    const sharding::PartitionSpec spec = md.combined_spec(p->info);
+    const sharding::Layout layout(mesh.shape, mesh.axis_names, spec, view.shape);
+    if (p->name == f.param) {
+      fmt::print("\n{} ({}):\n{}\n\n", p->name, sharding::to_string(p->info.kind), md.explain(p->info));
+      print_layout(layout, mesh, width, svg);
+      return 0;
+    }
+    for (int r = 0; r < num_ranks; ++r) per_rank[static_cast<size_t>(r)] += 4.0 * layout.local_box(r).numel();
+    total += 4.0 * static_cast<double>(p->info.numel());
+    Row row{p->name, pattern_of(p->name), sharding::shape_to_string(view.shape), sharding::to_string(p->info.kind),
+            spec.to_string(), layout.local_box(0).to_string()};
+    variants[row.pattern].insert(row.shape + row.spec + row.block);
+    rows.push_back(std::move(row));
+  }
+  if (!f.param.empty())
+    throw InvalidArgument("--param", fmt::format("'{}' is not a parameter of {}", f.param, f.model),
+                          fmt::format("pick one of the names below, e.g. '{}'", rows.empty() ? "" : rows.front().name));
+  fmt::print("\n{:<28} {:<16} {:<22} {:<26} {}\n", "parameter", "shape", "kind", "spec", "rank 0 holds");
+  std::set<std::string> printed;
+  for (const Row& r : rows) {
+    const bool fold = variants[r.pattern].size() == 1;
+    if (fold && !printed.insert(r.pattern).second) continue;
+    fmt::print("{:<28} {:<16} {:<22} {:<26} {}\n", fold ? r.pattern : r.name, r.shape, r.kind, r.spec, r.block);
+  }
+  held = *std::max_element(per_rank.begin(), per_rank.end());
+  fmt::print("\nf32 parameters: {} in all, at most {} on a rank ({:.1f}%)\n", mib(total), mib(held),
+             100.0 * held / std::max(total, 1.0));
+  if (std::find(mesh.axis_names.begin(), mesh.axis_names.end(), "fsdp") != mesh.axis_names.end())
+    fmt::print("(the fsdp runtime shards each unit's parameters as one flat vector; the spec is the per-dimension "
+               "picture of the same split)\n");
+  return 0;
+}
+
+}  // namespace meshtrain::cli
