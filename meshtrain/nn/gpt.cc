@@ -217,29 +217,37 @@ const GPTConfig& checked(const GPTConfig& c) {
                                       c.block_size, c.layers, c.heads, c.width, c.dropout),
                           "need vocab, block_size, heads, width >= 1, layers >= 0, heads dividing width and dropout "
                           "in [0, 1)");
+  const int64_t last = c.last_block < 0 ? c.layers : c.last_block;
+  if (c.first_block < 0 || c.first_block > last || last > c.layers)
+    throw InvalidArgument("GPT", fmt::format("blocks [{}, {}) of {}", c.first_block, c.last_block, c.layers),
+                          "pick 0 <= first_block <= last_block <= layers (last_block < 0: all the rest)");
   return c;
 }
 
 }  // namespace
 
-GPT::GPT(GPTConfig config)
-    : config_(checked(config)),
-      wte_(config_.vocab, config_.width, "wte", config_.seed,
-           EmbeddingOptions{.defer_init = config_.defer_init, .tensor = config_.tensor}),  // vocabulary-parallel
-      wpe_(config_.block_size, config_.width, "wpe", config_.seed,
-           EmbeddingOptions{.defer_init = config_.defer_init, .kind = sharding::ParamKind::other}),
-      drop_(config_.dropout, "drop", config_.seed, sequence_shard(config_.tensor)),
-      h_("h"),
-      ln_f_(config_.width, "ln_f", 1e-5, true, config_.defer_init) {
-  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(config_.layers, 1)));
-  for (int64_t i = 0; i < config_.layers; ++i) {
-    auto& block = h_.add(std::make_unique<GPTBlock>(config_.width, config_.heads, h_.next_name(), config_.seed,
-                                                    proj_std, config_.defer_init, config_.dropout, config_.tensor));
-    block.set_recompute(config_.recompute);
+GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
+  const GPTConfig& c = config_;
+  if (c.embed || c.head)
+    wte_.emplace(c.vocab, c.width, "wte", c.seed,
+                 EmbeddingOptions{.defer_init = c.defer_init, .tensor = c.tensor});  // vocabulary-parallel
+  if (c.embed) {
+    wpe_.emplace(c.block_size, c.width, "wpe", c.seed,
+                 EmbeddingOptions{.defer_init = c.defer_init, .kind = sharding::ParamKind::other});
+    drop_.emplace(c.dropout, "drop", c.seed, sequence_shard(c.tensor));
+    mark_sequence_parallel(*wpe_, c.tensor);
   }
-  wte_.weight().users = 2;  // the embedding and the tied output head
-  mark_sequence_parallel(wpe_, config_.tensor);
-  mark_sequence_parallel(ln_f_, config_.tensor);
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(c.layers, 1)));
+  for (int64_t i = c.first_block; i < (c.last_block < 0 ? c.layers : c.last_block); ++i) {
+    auto& block = h_.add(std::make_unique<GPTBlock>(c.width, c.heads, join_name("h", std::to_string(i)), c.seed,
+                                                    proj_std, c.defer_init, c.dropout, c.tensor));
+    block.set_recompute(c.recompute);
+  }
+  if (c.head) {
+    ln_f_.emplace(c.width, "ln_f", 1e-5, true, c.defer_init);
+    mark_sequence_parallel(*ln_f_, c.tensor);
+  }
+  if (c.embed && c.head) wte_->weight().users = 2;  // the embedding and the tied output head
 }
 
 std::vector<Parameter*> GPT::parameters() {
@@ -249,17 +257,54 @@ std::vector<Parameter*> GPT::parameters() {
   return ps;
 }
 
-std::vector<Module*> GPT::children() { return {&wte_, &wpe_, &drop_, &h_, &ln_f_}; }
+std::vector<Module*> GPT::children() {
+  std::vector<Module*> out;
+  if (wte_) out.push_back(&*wte_);
+  if (wpe_) out.insert(out.end(), {&*wpe_, &*drop_});
+  out.push_back(&h_);
+  if (ln_f_) out.push_back(&*ln_f_);
+  return out;
+}
 
 std::vector<Module*> GPT::blocks() { return h_.children(); }
 
 Tensor GPT::head_weight() {
-  const Tensor& w = wte_.weight().value;
-  internal::check_param_tensor(w, "GPT::forward", wte_.weight().name);
+  const Tensor& w = wte_->weight().value;
+  internal::check_param_tensor(w, "GPT::forward", wte_->weight().name);
   return compute_dtype_ == DType::f32 ? w : w.to(compute_dtype_);
 }
 
-Tensor GPT::do_forward(const Tensor& ids, Saved& saved) {
+Tensor GPT::do_forward(const Tensor& input, Saved& saved) {
+  const char* op = "GPT::forward";
+  State& st = saved.state<State>();
+  const TensorParallelGroup& tp = config_.tensor;
+  const int64_t k = tp.splits_sequence() ? tp.size() : 1;
+  Tensor x;
+  if (config_.embed) {
+    x = embed(input, saved);
+  } else {  // a later pipeline stage: the residual stream (B, T / k, C)
+    if (!input.defined() || input.dim() != 3 || input.size(2) != config_.width)
+      throw InvalidArgument(op,
+                            fmt::format("input {} of a part without the embeddings",
+                                        input.defined() ? shape_to_string(input.shape()) : std::string("undefined")),
+                            fmt::format("pass the previous stage's output (batch, T, {})", config_.width));
+    x = input;
+    st.b = input.size(0);
+    st.t = st.t_pad = input.size(1) * k;
+  }
+  Tensor h = h_.forward(x, saved.child(kBlocks));
+  if (!config_.head) return h;
+  h = ln_f_->forward(h, saved.child(kLnF));
+  if (k > 1) h = gather_sequence(h, tp, tracker_).narrow(1, 0, st.t);  // the head sees every step
+  st.h = h.contiguous().view({st.b * st.t, config_.width});
+  if (compute_dtype_ != DType::f32) st.h = st.h.to(compute_dtype_);  // the head's GEMMs in half precision
+  Tensor logits = Tensor::empty({st.b * st.t, wte_->shard().size()}, DType::f32, Device{}, tracker_,
+                                MemoryCategory::activations);
+  F::unembed_forward(st.h, head_weight(), logits);  // the head tied to wte; f32 logits for the loss
+  return logits;
+}
+
+Tensor GPT::embed(const Tensor& ids, Saved& saved) {
   const char* op = "GPT::forward";
   if (!ids.defined() || ids.dim() != 2 || ids.size(1) < 1 || ids.size(1) > config_.block_size)
     throw InvalidArgument(op,
@@ -278,12 +323,12 @@ Tensor GPT::do_forward(const Tensor& ids, Saved& saved) {
   st.t_pad = (st.t + k - 1) / k * k;
   Tensor in = ids;
   if (st.t_pad != st.t) {
-    if (training_ && config_.dropout > 0)  // the masks are numbered by the padded length
+    if ((training_ && config_.dropout > 0) || !config_.head)  // masks are numbered by the padded length
       throw InvalidArgument(op,
-                            fmt::format("{} steps over {} tensor-parallel ranks with sequence parallelism and "
-                                        "dropout {}",
-                                        st.t, k, config_.dropout),
-                            "train on sequences whose length the tensor axis size divides");
+                            fmt::format("{} steps over {} tensor-parallel ranks with sequence parallelism{}", st.t,
+                                        k, config_.head ? fmt::format(" and dropout {}", config_.dropout)
+                                                        : std::string(" in a pipeline")),
+                            "use sequences whose length the tensor axis size divides");
     in = Tensor::zeros({st.b, st.t_pad}, DType::i64);
     in.narrow(1, 0, st.t).copy_from(ids.to(DType::i64));
   }
@@ -294,47 +339,46 @@ Tensor GPT::do_forward(const Tensor& ids, Saved& saved) {
     st.positions = Tensor::from_vector(pos, {steps});
     st.first_step = first;
   }
-  const Tensor tok = wte_.forward(in, saved.child(kWte));             // (B, steps, C)
-  const Tensor pos = wpe_.forward(st.positions, saved.child(kWpe));   // (steps, C)
+  const Tensor tok = wte_->forward(in, saved.child(kWte));            // (B, steps, C)
+  const Tensor pos = wpe_->forward(st.positions, saved.child(kWpe));  // (steps, C)
   Tensor x = Tensor::empty(tok.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
   for (int64_t b = 0; b < st.b; ++b) add(tok.select(0, b), pos, x.select(0, b));
-  Tensor h = ln_f_.forward(h_.forward(drop_.forward(x, saved.child(kDrop)), saved.child(kBlocks)),
-                           saved.child(kLnF));
-  if (k > 1) h = gather_sequence(h, tp, tracker_).narrow(1, 0, st.t);  // the head sees every step
-  st.h = h.contiguous().view({st.b * st.t, config_.width});
-  if (compute_dtype_ != DType::f32) st.h = st.h.to(compute_dtype_);  // the head's GEMMs in half precision
-  Tensor logits = Tensor::empty({st.b * st.t, wte_.shard().size()}, DType::f32, Device{}, tracker_,
-                                MemoryCategory::activations);
-  F::unembed_forward(st.h, head_weight(), logits);  // the head tied to wte; f32 logits for the loss
-  return logits;
+  return drop_->forward(x, saved.child(kDrop));
 }
 
 Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
   const char* op = "GPT::backward";
   State& st = saved.state<State>();
-  st.dlogits = internal::f32_contiguous(grad_out, op, "grad_out");
-  internal::check_shape(st.dlogits, {st.b * st.t, wte_.shard().size()}, op, "grad_out");
-  if (compute_dtype_ != DType::f32) st.dlogits = st.dlogits.to(compute_dtype_);
-  const TensorParallelGroup& tp = config_.tensor;
-  Tensor dh = Tensor::zeros({st.b, st.t_pad, config_.width}, DType::f32);  // padded steps: no gradient
-  Tensor dh_real = st.t_pad == st.t ? dh : Tensor::empty({st.b, st.t, config_.width}, DType::f32);
-  F::unembed_backward_input(st.dlogits, head_weight(), dh_real.view({st.b * st.t, config_.width}));
-  if (st.t_pad != st.t) dh.narrow(1, 0, st.t).copy_from(dh_real);
-  // Each rank's vocabulary shard contributes to dh: summed over the group
-  // (sequence parallel: this rank's time steps of the sum).
-  if (tp.splits_sequence())
-    dh = reduce_scatter_sequence(dh, tp);
-  else if (tp.size() > 1)
-    tp.comm->all_reduce(dh.data<float>(), dh.data<float>(), static_cast<size_t>(dh.numel()), DType::f32,
-                        comm::ReduceOp::sum);
-  round_to(dh, compute_dtype_);
-  const Tensor dx = drop_.backward_input(
-      h_.backward_input(ln_f_.backward_input(dh, saved.child(kLnF)), saved.child(kBlocks)), saved.child(kDrop));
+  Tensor dh;
+  if (config_.head) {
+    st.dlogits = internal::f32_contiguous(grad_out, op, "grad_out");
+    internal::check_shape(st.dlogits, {st.b * st.t, wte_->shard().size()}, op, "grad_out");
+    if (compute_dtype_ != DType::f32) st.dlogits = st.dlogits.to(compute_dtype_);
+    const TensorParallelGroup& tp = config_.tensor;
+    dh = Tensor::zeros({st.b, st.t_pad, config_.width}, DType::f32);  // padded steps: no gradient
+    Tensor dh_real = st.t_pad == st.t ? dh : Tensor::empty({st.b, st.t, config_.width}, DType::f32);
+    F::unembed_backward_input(st.dlogits, head_weight(), dh_real.view({st.b * st.t, config_.width}));
+    if (st.t_pad != st.t) dh.narrow(1, 0, st.t).copy_from(dh_real);
+    // Each rank's vocabulary shard contributes to dh: summed over the group
+    // (sequence parallel: this rank's time steps of the sum).
+    if (tp.splits_sequence())
+      dh = reduce_scatter_sequence(dh, tp);
+    else if (tp.size() > 1)
+      tp.comm->all_reduce(dh.data<float>(), dh.data<float>(), static_cast<size_t>(dh.numel()), DType::f32,
+                          comm::ReduceOp::sum);
+    round_to(dh, compute_dtype_);
+    dh = ln_f_->backward_input(dh, saved.child(kLnF));
+  } else {
+    dh = grad_out;  // the next stage's gradient of the residual stream
+  }
+  const Tensor dx = h_.backward_input(dh, saved.child(kBlocks));
+  if (!config_.embed) return dx;
+  const Tensor de = drop_->backward_input(dx, saved.child(kDrop));
   // The position table is shared by the batch.
-  Tensor dpos = Tensor::zeros({dx.size(1), config_.width}, DType::f32);
-  for (int64_t b = 0; b < st.b; ++b) add(dpos, dx.select(0, b), dpos);
-  wpe_.backward_input(dpos, saved.child(kWpe));
-  wte_.backward_input(dx, saved.child(kWte));
+  Tensor dpos = Tensor::zeros({de.size(1), config_.width}, DType::f32);
+  for (int64_t b = 0; b < st.b; ++b) add(dpos, de.select(0, b), dpos);
+  wpe_->backward_input(dpos, saved.child(kWpe));
+  wte_->backward_input(de, saved.child(kWte));
   return Tensor();  // ids have no gradient
 }
 
@@ -342,16 +386,19 @@ void GPT::do_backward_weight(Saved& saved) {
   State& st = saved.state<State>();
   // The head's share of the tied weight first (its first report), then the
   // layers in reverse; wte's own report comes last and completes it.
-  Parameter& w = wte_.weight();
-  internal::check_param_tensor(w.grad, "GPT::backward", w.name);
-  F::unembed_backward_weight(st.h, st.dlogits, w.grad);
-  notify_grad_ready(w);
-  st.dlogits = Tensor();
-  ln_f_.backward_weight(saved.child(kLnF));
+  if (config_.head) {
+    Parameter& w = wte_->weight();
+    internal::check_param_tensor(w.grad, "GPT::backward", w.name);
+    F::unembed_backward_weight(st.h, st.dlogits, w.grad);
+    notify_grad_ready(w);
+    st.dlogits = Tensor();
+    ln_f_->backward_weight(saved.child(kLnF));
+  }
   h_.backward_weight(saved.child(kBlocks));
-  drop_.backward_weight(saved.child(kDrop));
-  wpe_.backward_weight(saved.child(kWpe));
-  wte_.backward_weight(saved.child(kWte));
+  if (!config_.embed) return;
+  drop_->backward_weight(saved.child(kDrop));
+  wpe_->backward_weight(saved.child(kWpe));
+  wte_->backward_weight(saved.child(kWte));
 }
 
 }  // namespace meshtrain::nn

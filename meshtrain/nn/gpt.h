@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,18 @@ struct GPTConfig {
   // gathers the steps back. A T that k does not divide is padded at the end
   // (evaluation, generation, or training without dropout).
   TensorParallelGroup tensor = {};
+  // Pipeline parallelism: a part of the model. Only blocks [first_block,
+  // last_block) (last_block < 0: to the last) are built, with the
+  // embeddings when `embed` (the first stage: forward takes ids) and ln_f
+  // with the tied head when `head` (the last stage: forward returns
+  // logits); otherwise forward takes, and returns, the residual stream
+  // (B, T, C) ((B, T/k, C) with sequence parallelism) and backward returns
+  // its gradient. Names are the whole model's ("h.5.attn..."), so a part
+  // holds the same values as those blocks of the whole model. A part with
+  // the head but not the embeddings still holds wte (users 1): the pipeline
+  // adds its gradient to the first stage's. Default: the whole model.
+  int64_t first_block = 0, last_block = -1;
+  bool embed = true, head = true;
 };
 
 // Causal multi-head self-attention: (B, T, C) -> (B, T, C).
@@ -131,15 +144,16 @@ class GPT final : public Module {
   GPT(const GPT&) = delete;
   GPT& operator=(const GPT&) = delete;
 
-  // forward: ids (B, T) i64/i32 with T <= block_size -> logits (B * T, vocab).
+  // forward: ids (B, T) i64/i32 with T <= block_size -> logits (B * T, vocab)
+  // (a pipeline part: see GPTConfig::embed, head).
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override;  // wte, wpe, drop, h, ln_f
   const GPTConfig& config() const { return config_; }
   // The transformer blocks (for FSDP's unit_modules, recompute, pipelines).
   std::vector<Module*> blocks();
   // The vocabulary ids whose logits forward returns (all of them without
-  // tensor parallelism).
-  ShardRange vocab_shard() const { return wte_.shard(); }
+  // tensor parallelism); empty for a part without the head.
+  ShardRange vocab_shard() const { return wte_ ? wte_->shard() : ShardRange{}; }
 
  protected:
   Tensor do_forward(const Tensor& ids, Saved& saved) override;
@@ -150,6 +164,8 @@ class GPT final : public Module {
  private:
   // wte's value as the head multiplies it: in the compute dtype.
   Tensor head_weight();
+  // ids -> the embeddings' sum after dropout (B, T / k, C); sets the State's sizes.
+  Tensor embed(const Tensor& ids, Saved& saved);
   enum Slot : size_t { kWte = 0, kWpe, kBlocks, kLnF, kDrop };
   struct State {
     int64_t b = 0, t = 0;
@@ -160,11 +176,11 @@ class GPT final : public Module {
     Tensor dlogits;    // (B T, V) kept for the head's weight pass (in the compute dtype)
   };
   GPTConfig config_;
-  Embedding wte_;
-  Embedding wpe_;
-  Dropout drop_;  // on the embeddings' sum
+  std::optional<Embedding> wte_;  // with the embeddings or the head
+  std::optional<Embedding> wpe_;  // with the embeddings
+  std::optional<Dropout> drop_;   // on the embeddings' sum
   Sequential h_;
-  LayerNorm ln_f_;
+  std::optional<LayerNorm> ln_f_;  // with the head
 };
 
 }  // namespace meshtrain::nn

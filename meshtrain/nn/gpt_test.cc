@@ -9,6 +9,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <tuple>
 #include <vector>
 
 #include "meshtrain/core/memory.h"
@@ -148,6 +151,65 @@ TEST(GPT, TheTiedEmbeddingIsReportedOnceAfterBothUses) {
   EXPECT_EQ(n, 1);
   EXPECT_EQ(hook.names.back(), "wte.weight");
   EXPECT_EQ(hook.names.size(), gpt.parameters().size());
+}
+
+// Pipeline parts: the embeddings with block 0, blocks 1 and 2 alone, and
+// the head alone, chained, compute the whole model's logits and gradients
+// bit for bit (dropout on); wte's two parts (embedding on the first, head on
+// the last) add up to the whole model's tied gradient.
+TEST(GPT, PipelinePartsChainedEqualTheWholeModel) {
+  GPTConfig c = tiny(false, 0.2);
+  c.layers = 3;
+  GPT whole(c);
+  whole.set_batch_context(4, 2);
+  CrossEntropyLoss ce;
+  const Tensor logits = whole.forward(tokens(0));
+  const double loss = ce.forward(logits, targets(0));
+  whole.backward(ce.backward());
+  std::vector<GPT*> parts;
+  std::vector<std::unique_ptr<GPT>> owned;
+  for (auto [first, last, embed, head] : {std::tuple{0, 1, true, false}, std::tuple{1, 3, false, false},
+                                          std::tuple{3, 3, false, true}}) {
+    GPTConfig pc = c;
+    pc.first_block = first, pc.last_block = last, pc.embed = embed, pc.head = head;
+    owned.push_back(std::make_unique<GPT>(pc));
+    owned.back()->set_batch_context(4, 2);
+    parts.push_back(owned.back().get());
+  }
+  EXPECT_EQ(parts[1]->parameters().front()->name, "h.1.ln_1.weight");
+  EXPECT_TRUE(parts[1]->vocab_shard().size() == 0);
+  Tensor x = tokens(0);
+  for (GPT* p : parts) x = p->forward(x);
+  EXPECT_EQ(x.to_vector(), logits.to_vector());
+  CrossEntropyLoss ce2;
+  EXPECT_EQ(ce2.forward(x, targets(0)), loss);
+  Tensor g = ce2.backward();
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) g = (*it)->backward(g);
+  EXPECT_FALSE(g.defined());  // ids have no gradient
+  std::map<std::string, std::vector<double>> grads;
+  for (GPT* p : parts)
+    for (Parameter* q : p->parameters()) {
+      auto& sum = grads[q->name];
+      const std::vector<double> v = q->grad.to_vector();
+      if (sum.empty()) sum.assign(v.size(), 0.0);
+      for (size_t i = 0; i < v.size(); ++i) sum[i] += v[i];
+    }
+  ASSERT_EQ(grads.size(), whole.parameters().size());
+  for (Parameter* q : whole.parameters()) {
+    const std::vector<double> want = q->grad.to_vector(), got = grads[q->name];
+    ASSERT_EQ(got.size(), want.size()) << q->name;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (q->name == "wte.weight")
+        ASSERT_NEAR(got[i], want[i], 1e-6) << q->name << " " << i;  // two parts summed
+      else
+        ASSERT_EQ(got[i], want[i]) << q->name << " " << i;
+  }
+  EXPECT_THAT(testing::error_of([&] {
+                GPTConfig bad = c;
+                bad.first_block = 2, bad.last_block = 1;
+                GPT g2(bad);
+              }),
+              ::testing::HasSubstr("blocks [2, 1) of 3"));
 }
 
 TEST(GPT, Gpt2SmallHas124MParameters) {
