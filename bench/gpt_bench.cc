@@ -2,25 +2,44 @@
 
 #include <fmt/format.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <tuple>
+#include <utility>
 
+#include "meshtrain/comm/launch.h"
+#include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
+#include "meshtrain/nn/tensor_parallel.h"
 #include "meshtrain/optim/adamw.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/plan/mesh_planning.h"
 
 namespace meshtrain::bench {
 
 namespace {
 
+namespace F = nn::functional;
 using Clock = std::chrono::steady_clock;
+
+// The cores this process may run on.
+int cores() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+}
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
@@ -85,53 +104,197 @@ void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
                              r.precision == "bf16" ? ", bf16 autocast" : "");
 }
 
-// meshtrain's step at one precision: median time and the op profile.
-GptBenchRun run_meshtrain(const GptBenchOptions& o, const std::string& precision, int64_t* parameters) {
-  namespace F = nn::functional;
-  GptBenchRun r;
-  r.precision = precision;
+// The model's parameter count (a tensor-parallel block counts its global
+// tensor) and the bytes of the values this rank holds.
+std::pair<int64_t, double> parameter_sizes(const std::vector<nn::Parameter*>& params) {
+  int64_t count = 0;
+  double bytes = 0;
+  for (const nn::Parameter* p : params) {
+    int64_t n = 1;
+    for (int64_t d : p->placement.kind == nn::Placement::Kind::box ? p->placement.global : p->info.shape) n *= d;
+    count += n;
+    bytes += static_cast<double>(p->value.numel()) * static_cast<double>(dtype_size(p->value.dtype()));
+  }
+  return {count, bytes};
+}
+
+// What each rank reports: its step times and op profile.
+struct RankTimes {
+  std::vector<double> step_ms;
+  std::vector<F::OpTime> profile;
+};
+
+// One rank's step at one precision (world null: one rank, no mesh): the
+// model split over the mesh's tensor axis, its batch rows by its data
+// coordinate; the step as the trainer runs it (parallel/parallelism.h).
+RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::string& precision,
+                   comm::Communicator* world, int64_t* parameters, double* parameter_bytes) {
+  std::optional<mesh::DeviceMesh> grid;
+  nn::TensorParallelGroup tp{nullptr, m.sequence_parallel};
+  comm::Communicator* dp_comm = nullptr;
+  if (world != nullptr) {
+    grid.emplace(*world, std::vector<int>{m.data, m.tensor}, std::vector<std::string>{"data", "tensor"});
+    if (m.tensor > 1) tp.comm = &grid->comm("tensor");
+    if (m.data > 1) dp_comm = &grid->comm("data");
+  }
   nn::GPT gpt(nn::GPTConfig{.vocab = o.vocab, .block_size = o.context, .layers = o.layers, .heads = o.heads,
-                            .width = o.width, .seed = 1});
+                            .width = o.width, .seed = 1, .tensor = tp});
   if (precision == "bf16") gpt.set_compute_dtype(DType::bf16);
-  const std::vector<nn::Parameter*> params = gpt.parameters();
-  *parameters = 0;
-  for (nn::Parameter* p : params) *parameters += p->value.numel();
+  std::tie(*parameters, *parameter_bytes) = parameter_sizes(gpt.parameters());
+  std::vector<std::string> partial;  // sequence parallelism: gradients summed over the tensor axis per step
+  for (const nn::Parameter* p : gpt.parameters())
+    if (p->sequence_parallel) partial.push_back(p->name);
+  // Gradients summed over the replicas: the loss is normalized by the global batch's tokens.
+  std::unique_ptr<parallel::DataParallel> ddp;
+  if (dp_comm != nullptr)
+    ddp = std::make_unique<parallel::DataParallel>(gpt, *dp_comm,
+                                                   parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum});
+  const std::vector<nn::Parameter*> params = ddp ? ddp->optimizer_parameters() : gpt.parameters();
   optim::AdamW opt(params, 1e-4, {0.9, 0.999}, 1e-8, 0.1);
   nn::CrossEntropyLoss ce;
-  const Tensor x = random_ids(o.batch, o.context, o.vocab, 1);
-  const Tensor y = random_ids(o.batch, o.context, o.vocab, 2).view({o.batch * o.context});
+  std::optional<nn::VocabParallelCrossEntropy> vce;
+  if (tp.size() > 1) vce.emplace(tp, o.vocab);
+  const int64_t rows = o.batch / m.data, first = (dp_comm != nullptr ? dp_comm->rank() : 0) * rows;
+  const Tensor x = random_ids(o.batch, o.context, o.vocab, 1).narrow(0, first, rows).contiguous();
+  const Tensor y =
+      random_ids(o.batch, o.context, o.vocab, 2).narrow(0, first, rows).contiguous().view({rows * o.context});
+  const double tokens = static_cast<double>(o.batch * o.context);
   const auto step = [&] {
-    opt.zero_grad();
-    ce.forward(gpt.forward(x), y);
-    gpt.backward(ce.backward());
+    if (ddp) ddp->begin_micro_batch(0, 1);
+    const Tensor logits = gpt.forward(x);
+    if (vce) {
+      vce->forward(logits, y, tokens);
+      gpt.backward(vce->backward());
+    } else {
+      ce.forward(logits, y, tokens);
+      gpt.backward(ce.backward());
+    }
+    if (ddp) {
+      const F::ProfileScope scope("dp finish");
+      ddp->finish();
+    }
+    nn::reduce_sequence_parallel_grads(params, partial, tp);
     opt.step();
+    if (ddp) {
+      ddp->after_step();
+      ddp->zero_grad();
+    } else {
+      opt.zero_grad();
+    }
   };
   for (int i = 0; i < o.warmup; ++i) step();
+  if (world != nullptr) world->barrier();  // every rank starts timing together
+  RankTimes r;
   F::reset_op_profile();
   F::set_op_profiling(true);
-  std::vector<double> times;
   for (int i = 0; i < o.steps; ++i) {
     const auto t0 = Clock::now();
     step();
-    times.push_back(ms_since(t0));
+    r.step_ms.push_back(ms_since(t0));
   }
   F::set_op_profiling(false);
-  double total_ms = 0, kernels_ms = 0;
-  for (double t : times) total_ms += t;
-  for (const F::OpTime& op : F::op_profile()) {
+  r.profile = F::op_profile();
+  F::reset_op_profile();
+  return r;
+}
+
+// Fills the run's times from rank 0's and the tensor-parallel time of every rank.
+void summarize(const GptBenchOptions& o, const std::vector<RankTimes>& ranks, GptBenchRun& r) {
+  const RankTimes& zero = ranks[0];
+  double total_ms = 0, profiled_ms = 0;
+  for (double t : zero.step_ms) total_ms += t;
+  for (const F::OpTime& op : zero.profile) {
     const double ms = op.seconds * 1e3 / o.steps;
-    kernels_ms += ms;
+    profiled_ms += ms;
     std::string name = op.op;
     if (name.rfind("functional::", 0) == 0) name = name.substr(12);
+    if (name.rfind("tp ", 0) == 0) r.tp_ms += ms;
+    if (name == "dp finish") r.dp_finish_ms += ms;
     r.profile.push_back({name, op.calls / o.steps, ms});
   }
-  r.profile.push_back({"other (outside the kernels)", 0, total_ms / o.steps - kernels_ms});
-  F::reset_op_profile();
-  r.step_ms = median(times);
+  r.mean_step_ms = total_ms / o.steps;
+  r.profile.push_back({"other (outside the profiled ops)", 0, r.mean_step_ms - profiled_ms});
+  r.step_ms = median(zero.step_ms);
+  for (const RankTimes& rank : ranks) {
+    double ms = 0;
+    for (const F::OpTime& op : rank.profile)
+      if (op.op.rfind("tp ", 0) == 0) ms += op.seconds * 1e3 / o.steps;
+    r.tp_ms_per_rank.push_back(ms);
+  }
+}
+
+// One mesh at one precision: in the calling thread for one rank, else on
+// that many threads-engine ranks sharing o.threads GEMM threads.
+GptBenchRun run_meshtrain(const GptBenchOptions& o, const GptBenchMesh& m, const std::string& precision,
+                          int64_t* parameters) {
+  GptBenchRun r;
+  r.mesh = m;
+  r.precision = precision;
+  r.threads_per_rank = std::max(1, o.threads / m.ranks());
+  std::vector<RankTimes> ranks(static_cast<size_t>(m.ranks()));
+  if (m.ranks() == 1) {
+    ranks[0] = run_rank(o, m, precision, nullptr, parameters, &r.parameter_bytes);
+  } else {
+    set_blas_threads(r.threads_per_rank);
+    std::mutex mu;
+    // One core per rank when each rank has one thread (a rank's GEMM threads
+    // would share its core otherwise).
+    comm::launch({.engine = comm::Engine::threads, .ranks = m.ranks(), .bind_to_cores = r.threads_per_rank == 1},
+                 [&](comm::Communicator& world) {
+                   int64_t count = 0;
+                   double bytes = 0;
+                   RankTimes t = run_rank(o, m, precision, &world, &count, &bytes);
+                   std::lock_guard lock(mu);
+                   ranks[static_cast<size_t>(world.rank())] = std::move(t);
+                   if (world.rank() == 0) {
+                     *parameters = count;
+                     r.parameter_bytes = bytes;
+                   }
+                 });
+    set_blas_threads(o.threads);
+  }
+  summarize(o, ranks, r);
   return r;
 }
 
 }  // namespace
+
+std::string GptBenchMesh::name() const {
+  std::vector<std::string> axes;
+  if (data > 1) axes.push_back(fmt::format("data={}", data));
+  if (tensor > 1) axes.push_back(fmt::format("tensor={}", tensor));
+  if (axes.empty()) return "none";
+  return fmt::format("{}{}", fmt::join(axes, ","), sequence_parallel ? "+sp" : "");
+}
+
+GptBenchMesh parse_gpt_bench_mesh(const std::string& spec) {
+  const char* op = "--mesh";
+  const char* hint = "write none, tensor=N, data=N or data=N,tensor=M, with +sp for sequence parallelism "
+                     "(tensor=2+sp)";
+  GptBenchMesh m;
+  std::string axes = spec;
+  if (axes.size() >= 3 && axes.compare(axes.size() - 3, 3, "+sp") == 0) {
+    m.sequence_parallel = true;
+    axes.resize(axes.size() - 3);
+  }
+  if (axes == "none") {
+    if (m.sequence_parallel) throw InvalidArgument(op, fmt::format("'{}': one rank has no tensor axis", spec), hint);
+    return m;
+  }
+  const plan::NamedShape shape = plan::parse_mesh_spec(axes);
+  bool seen_data = false, seen_tensor = false;
+  for (size_t i = 0; i < shape.shape.size(); ++i) {
+    const std::string& name = shape.axis_names[i];
+    if (name != "data" && name != "tensor") throw InvalidArgument(op, fmt::format("'{}': axis '{}'", spec, name), hint);
+    bool& seen = name == "data" ? seen_data : seen_tensor;
+    if (seen) throw InvalidArgument(op, fmt::format("'{}': axis '{}' twice", spec, name), hint);
+    seen = true;
+    (name == "data" ? m.data : m.tensor) = shape.shape[i];
+  }
+  if (m.sequence_parallel && m.tensor == 1)
+    throw InvalidArgument(op, fmt::format("'{}': sequence parallelism without a tensor axis", spec), hint);
+  return m;
+}
 
 GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
   const int previous_threads = blas_threads();
@@ -141,52 +304,106 @@ GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
   const double matrix_params = static_cast<double>(o.layers * 12 * o.width * o.width + o.vocab * o.width);
   r.flops_per_step = 6 * matrix_params * tokens +
                      12.0 * static_cast<double>(o.layers * o.context) * static_cast<double>(o.width) * tokens;
-  for (const std::string& precision : o.precisions) {
-    GptBenchRun run = run_meshtrain(o, precision, &r.parameters);
-    run.tokens_per_s = tokens / (run.step_ms / 1e3);
-    run.gflops = r.flops_per_step / (run.step_ms * 1e6);
-    r.runs.push_back(std::move(run));
-  }
+  const std::vector<GptBenchMesh> meshes = o.meshes.empty() ? std::vector<GptBenchMesh>{GptBenchMesh{}} : o.meshes;
+  for (const GptBenchMesh& m : meshes)  // before any run: a bad mesh fails at once
+    if (o.batch % m.data != 0)
+      throw InvalidArgument("bench gpt", fmt::format("batch {} over mesh {}", o.batch, m.name()),
+                            fmt::format("use a --batch divisible by the data axis ({})", m.data));
+  for (const GptBenchMesh& m : meshes)
+    for (const std::string& precision : o.precisions) {
+      GptBenchRun run = run_meshtrain(o, m, precision, &r.parameters);
+      run.tokens_per_s = tokens / (run.step_ms / 1e3);
+      run.gflops = r.flops_per_step / (run.step_ms * 1e6);
+      r.runs.push_back(std::move(run));
+    }
   r.sgemm_shape = fmt::format("({}, {}) x ({}, {})", o.batch * o.context, o.width, o.width, 4 * o.width);
   r.sgemm_gflops = sgemm_gflops(o.batch * o.context, o.width, 4 * o.width);
   set_blas_threads(previous_threads);
-  for (GptBenchRun& run : r.runs) run_torch(o, run);
+  for (GptBenchRun& run : r.runs)
+    if (run.mesh.ranks() == 1) run_torch(o, run);
   return r;
 }
+
+namespace {
+
+// The meshes' comparison table and what its communication columns mean.
+std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
+  std::string s =
+      "| mesh | ranks x threads | precision | step ms (median) | tokens/s | GFLOP/s | tp comm ms | tp comm share | "
+      "dp finish share | parameter MiB / rank |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  const auto share = [](bool has, double ms, double step) {
+    return has ? fmt::format("{:.1f}%", 100 * ms / step) : std::string("-");
+  };
+  int most_ranks = 1;
+  for (const GptBenchRun& run : r.runs) {
+    const bool tp = run.mesh.tensor > 1, dp = run.mesh.data > 1;
+    most_ranks = std::max(most_ranks, run.mesh.ranks());
+    s += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {} | {} | {} | {:.2f} |\n", run.mesh.name(),
+                     run.mesh.ranks(), run.threads_per_rank, run.precision, run.step_ms, run.tokens_per_s, run.gflops,
+                     tp ? fmt::format("{:.2f}", run.tp_ms) : "-", share(tp, run.tp_ms, run.mean_step_ms),
+                     share(dp, run.dp_finish_ms, run.mean_step_ms), run.parameter_bytes / (1 << 20));
+  }
+  s += fmt::format(
+      "\ntp comm: rank 0's time per step in tensor-parallel collectives (the profile's \"tp ...\" entries); dp "
+      "finish: its time in DataParallel::finish(), the gradient all-reduce not hidden under backward; shares of "
+      "rank 0's mean step. tokens/s: the whole mesh ({} tokens per step).\n",
+      o.batch * o.context);
+  for (const GptBenchRun& run : r.runs)
+    if (run.mesh.tensor > 1)
+      s += fmt::format("tp comm ms per step by rank, {} {}: {:.2f}\n", run.mesh.name(), run.precision,
+                       fmt::join(run.tp_ms_per_rank, " / "));
+  if (most_ranks > 1)
+    s += fmt::format(
+        "Communication times are wall time on the threads engine, whose collectives are memory copies within one "
+        "process: a rank's time in a collective includes waiting for the other ranks to reach it (load imbalance: "
+        "a rank whose core ran another thread or process arrives late), so it overstates the copies, most on a "
+        "machine with few cores ({} here, for up to {} ranks).\n",
+        cores(), most_ranks);
+  return s;
+}
+
+}  // namespace
 
 std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) {
   const double tokens = static_cast<double>(o.batch * o.context);
   std::string s = fmt::format(
       "GPT {} layers x {} width, {} heads, vocab {}, T = {}, batch {}: {:.1f}M parameters, {:.1f} GFLOP per step, "
-      "AdamW, {} thread{}\n\n",
+      "AdamW, {} thread{}{}\n\n",
       o.layers, o.width, o.heads, o.vocab, o.context, o.batch, r.parameters / 1e6, r.flops_per_step / 1e9, o.threads,
-      o.threads == 1 ? "" : "s");
-  s += "| | precision | step ms (median) | tokens/s | GFLOP/s | vs f32 sgemm rate |\n|---|---|---:|---:|---:|---:|\n";
-  for (const GptBenchRun& run : r.runs) {
-    s += fmt::format("| meshtrain | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", run.precision, run.step_ms,
-                     run.tokens_per_s, run.gflops, 100 * run.gflops / r.sgemm_gflops);
-    if (run.torch_step_ms > 0) {
-      const double g = r.flops_per_step / (run.torch_step_ms * 1e6);
-      s += fmt::format("| PyTorch | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", run.precision, run.torch_step_ms,
-                       tokens / (run.torch_step_ms / 1e3), g, 100 * g / r.sgemm_gflops);
+      o.threads == 1 ? "" : "s", o.meshes.empty() ? "" : " split over each mesh's ranks");
+  if (!o.meshes.empty()) {
+    s += format_meshes(r, o);
+  } else {
+    s += "| | precision | step ms (median) | tokens/s | GFLOP/s | vs f32 sgemm rate |\n"
+         "|---|---|---:|---:|---:|---:|\n";
+    for (const GptBenchRun& run : r.runs) {
+      s += fmt::format("| meshtrain | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", run.precision, run.step_ms,
+                       run.tokens_per_s, run.gflops, 100 * run.gflops / r.sgemm_gflops);
+      if (run.torch_step_ms > 0) {
+        const double g = r.flops_per_step / (run.torch_step_ms * 1e6);
+        s += fmt::format("| PyTorch | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", run.precision,
+                         run.torch_step_ms, tokens / (run.torch_step_ms / 1e3), g, 100 * g / r.sgemm_gflops);
+      }
     }
   }
   s += fmt::format("\nsgemm rate now: {:.1f} GFLOP/s on {} (core matmul, f32, {} thread{})\n", r.sgemm_gflops,
                    r.sgemm_shape, o.threads, o.threads == 1 ? "" : "s");
   for (const GptBenchRun& run : r.runs) {
+    if (run.mesh.ranks() > 1) continue;  // PyTorch runs one rank
     if (run.torch_step_ms > 0)
       s += fmt::format("{}: meshtrain / PyTorch step time {:.2f}x ({})\n", run.precision,
                        run.step_ms / run.torch_step_ms, run.torch_note);
     else
       s += fmt::format("{}: PyTorch {}\n", run.precision, run.torch_note);
   }
-  if (r.runs.size() == 2)
+  if (o.meshes.empty() && r.runs.size() == 2)
     s += fmt::format("{} / {} step time: {:.2f}x\n", r.runs[1].precision, r.runs[0].precision,
                      r.runs[1].step_ms / r.runs[0].step_ms);
   for (const GptBenchRun& run : r.runs) {
-    s += fmt::format("\nwhere a meshtrain {} step goes (per step, over the timed steps):\n\n"
+    s += fmt::format("\nwhere a meshtrain {} step goes{} (per step, over the timed steps):\n\n"
                      "| op | calls | ms | share |\n|---|---:|---:|---:|\n",
-                     run.precision);
+                     run.precision,
+                     o.meshes.empty() ? "" : fmt::format(" on rank 0 of mesh {}", run.mesh.name()));
     double total = 0;
     for (const auto& op : run.profile) total += op.ms_per_step;
     for (const auto& op : run.profile)

@@ -14,6 +14,20 @@
 //   bench::GptBenchOptions o;                      // 124M shape
 //   fmt::print("{}", bench::format_gpt_bench(bench::run_gpt_bench(o), o));
 //
+// Meshes (options.meshes, `--mesh tensor=2 --mesh data=2`): the same step
+// on several ranks of the threads engine, `threads` GEMM threads split
+// over them. data=D splits the global batch of `batch` samples (a distinct
+// part of the synthetic tokens per replica, DataParallel over the data
+// axis: buckets all-reduced under backward, finish() waits for the rest);
+// tensor=K splits the model (nn::GPTConfig::tensor, VocabParallelCrossEntropy,
+// optionally sequence parallelism), every rank of a tensor group seeing the
+// same tokens. Per mesh: rank 0's median step, the mesh's tokens/s, the time
+// rank 0 spends in tensor-parallel collectives (the op profile's "tp ..."
+// entries) and in DataParallel::finish() ("dp finish": gradient
+// communication not hidden under backward) as shares of its mean step, and
+// the parameter bytes each rank holds. On the threads engine a collective's
+// time includes waiting for the slowest rank to arrive.
+//
 // FLOPs per step: 6 N B T for the matrix products (N: the block matrices
 // and the tied vocabulary projection) plus 12 L B T^2 C for attention
 // (counted in full, as PaLM's MFU does; the causal kernel skips half).
@@ -26,14 +40,32 @@
 
 namespace meshtrain::bench {
 
+// The ranks of one run: data-parallel replicas x tensor-parallel ranks.
+struct GptBenchMesh {
+  int data = 1, tensor = 1;
+  bool sequence_parallel = false;  // only with tensor > 1
+  int ranks() const { return data * tensor; }
+  // "none" (one rank), "data=2", "tensor=2", "data=2,tensor=2+sp".
+  std::string name() const;
+};
+// The --mesh syntax: "none" (one rank), or data and/or tensor axes in
+// plan::parse_mesh_spec's syntax ("tensor=2", "data=2,tensor=2"), optionally
+// followed by "+sp" (sequence parallelism). InvalidArgument naming the spec
+// for other axes, sizes below 1, or "+sp" without a tensor axis.
+GptBenchMesh parse_gpt_bench_mesh(const std::string& spec);
+
 struct GptBenchOptions {
   int64_t layers = 12, heads = 12, width = 768, vocab = 50257, context = 64, batch = 4;
   int steps = 10;
   int warmup = 2;
   int threads = 2;
   std::vector<std::string> precisions = {"fp32"};  // "fp32", "bf16"
-  // PyTorch peer: the script to run with /usr/bin/python3 ("" skips it).
+  // PyTorch peer: the script to run with /usr/bin/python3 ("" skips it;
+  // run for one-rank meshes only).
   std::string torch_script;
+  // Empty: one rank in the calling thread, no comparison table. Otherwise one
+  // run per mesh and precision, in this order, and a table comparing them.
+  std::vector<GptBenchMesh> meshes;
 };
 
 struct GptBenchOp {
@@ -42,12 +74,19 @@ struct GptBenchOp {
   double ms_per_step = 0;
 };
 
-// One precision's measurements.
+// One mesh's and precision's measurements (rank 0's times).
 struct GptBenchRun {
+  GptBenchMesh mesh;
+  int threads_per_rank = 0;
   std::string precision;
   double step_ms = 0;               // median
-  double tokens_per_s = 0;
+  double mean_step_ms = 0;          // the profile's total per step
+  double tokens_per_s = 0;          // the whole mesh's: batch x context per step
   double gflops = 0;                // flops_per_step / step
+  double tp_ms = 0;                 // per step in "tp ..." profile entries (mean)
+  double dp_finish_ms = 0;          // per step in DataParallel::finish() (mean)
+  std::vector<double> tp_ms_per_rank;  // tp_ms of every rank, by world rank
+  double parameter_bytes = 0;       // the parameter values rank 0 holds
   double torch_step_ms = 0;         // 0: not measured
   std::string torch_note;           // the version, or why it was not measured
   std::vector<GptBenchOp> profile;  // per step over the timed steps, largest first, then "other"
@@ -58,7 +97,7 @@ struct GptBenchResult {
   double flops_per_step = 0;
   double sgemm_gflops = 0;          // measured now: (B T, C) x (C, 4C) through core matmul, f32
   std::string sgemm_shape;
-  std::vector<GptBenchRun> runs;    // one per precision, in the order asked
+  std::vector<GptBenchRun> runs;    // one per mesh and precision, in the order asked
 };
 
 GptBenchResult run_gpt_bench(const GptBenchOptions& options);

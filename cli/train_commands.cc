@@ -388,7 +388,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   gpt_opts->torch_script = MESHTRAIN_TORCH_GPT_SCRIPT;
   auto* gpt_cmd = bench_cmd->add_subcommand(
       "gpt", "GPT training step (default: GPT-2 124M, T = 64, batch 4, fp32, AdamW): time, tokens/s, GFLOP/s beside "
-             "the sgemm rate, PyTorch's step in the same run, and where the time goes per kernel");
+             "the sgemm rate, PyTorch's step in the same run, and where the time goes per kernel; with --mesh, "
+             "the step on tensor- and data-parallel ranks and its communication share");
   gpt_cmd->add_option("--layers", gpt_opts->layers, "transformer blocks")->capture_default_str()->check(CLI::Range(1, 1024));
   gpt_cmd->add_option("--heads", gpt_opts->heads, "attention heads")->capture_default_str()->check(CLI::Range(1, 1024));
   gpt_cmd->add_option("--width", gpt_opts->width, "model width (divisible by --heads)")
@@ -396,30 +397,53 @@ std::vector<Command> add_train_commands(CLI::App& app) {
       ->check(CLI::Range(1, 65536));
   gpt_cmd->add_option("--vocab", gpt_opts->vocab, "vocabulary")->capture_default_str()->check(CLI::Range(2, 1 << 22));
   gpt_cmd->add_option("--context", gpt_opts->context, "tokens per sample T")->capture_default_str()->check(CLI::Range(1, 65536));
-  gpt_cmd->add_option("--batch", gpt_opts->batch, "samples per step")->capture_default_str()->check(CLI::Range(1, 65536));
+  gpt_cmd->add_option("--batch", gpt_opts->batch, "samples per step (with --mesh, split over a data axis)")->capture_default_str()->check(CLI::Range(1, 65536));
   gpt_cmd->add_option("--steps", gpt_opts->steps, "timed steps (median)")->capture_default_str()->check(CLI::Range(1, 100000));
   gpt_cmd->add_option("--warmup", gpt_opts->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 1000));
   gpt_cmd->add_option("--precision", gpt_opts->precisions, "fp32 and/or bf16 (comma-separated: both in one run)")
       ->delimiter(',')
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
-  gpt_cmd->add_option("--threads", gpt_opts->threads, "BLAS threads (and PyTorch's)")
+  gpt_cmd->add_option("--threads", gpt_opts->threads, "BLAS threads (and PyTorch's); with --mesh, split over the ranks")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   gpt_cmd->add_option("--torch-script", gpt_opts->torch_script,
                  "the PyTorch peer run with /usr/bin/python3 (needs Debian's python3-torch)")
       ->capture_default_str();
   gpt_cmd->add_flag_callback("--no-torch", [gpt_opts] { gpt_opts->torch_script.clear(); }, "skip the PyTorch peer");
+  auto gpt_meshes = std::make_shared<std::vector<std::string>>();
+  gpt_cmd->add_option("--mesh", *gpt_meshes,
+                      "run the step on a mesh of threads-engine ranks sharing --threads: none (one rank), tensor=N "
+                      "(tensor parallelism), data=N (data parallelism over --batch), data=N,tensor=M; +sp after a "
+                      "tensor axis adds sequence parallelism (tensor=2+sp). Several meshes (--mesh none --mesh "
+                      "data=2 --mesh tensor=2, or --mesh none data=2 tensor=2) are compared in one table: step time, "
+                      "tokens/s, the share of the step in tensor-parallel collectives and in the data-parallel "
+                      "gradient wait. Default: one rank, no table");
+  auto gpt_sequence_parallel = std::make_shared<bool>(false);
+  gpt_cmd->add_flag("--sequence-parallel", *gpt_sequence_parallel,
+                    "sequence parallelism on every --mesh with a tensor axis (as +sp)");
   out.push_back({gpt_cmd, [=] {
                    if (gpt_opts->width % gpt_opts->heads != 0)
                      throw InvalidArgument("--width", fmt::format("width {} with {} heads", gpt_opts->width, gpt_opts->heads),
                                            "use a width divisible by --heads");
+                   if (*gpt_sequence_parallel && gpt_meshes->empty())
+                     throw InvalidArgument("--sequence-parallel", "no --mesh",
+                                           "add a mesh with a tensor axis, e.g. --mesh tensor=2");
+                   gpt_opts->meshes.clear();
+                   for (const std::string& spec : *gpt_meshes) {
+                     bench::GptBenchMesh m = bench::parse_gpt_bench_mesh(spec);
+                     m.sequence_parallel = m.sequence_parallel || (*gpt_sequence_parallel && m.tensor > 1);
+                     gpt_opts->meshes.push_back(m);
+                   }
+                   std::vector<std::string> mesh_names;
+                   for (const bench::GptBenchMesh& m : gpt_opts->meshes) mesh_names.push_back(m.name());
                    print_config("bench gpt",
                                 {{"layers", std::to_string(gpt_opts->layers)}, {"heads", std::to_string(gpt_opts->heads)},
                                  {"width", std::to_string(gpt_opts->width)}, {"vocab", std::to_string(gpt_opts->vocab)},
                                  {"context", std::to_string(gpt_opts->context)}, {"batch", std::to_string(gpt_opts->batch)},
                                  {"steps", std::to_string(gpt_opts->steps)}, {"threads", std::to_string(gpt_opts->threads)},
                                  {"precision", fmt::format("{}", fmt::join(gpt_opts->precisions, ","))},
+                                 {"mesh", mesh_names.empty() ? "none" : fmt::format("{}", fmt::join(mesh_names, " "))},
                                  {"torch_script", gpt_opts->torch_script.empty() ? "none" : gpt_opts->torch_script}});
                    fmt::print("{}", bench::format_gpt_bench(bench::run_gpt_bench(*gpt_opts), *gpt_opts));
                    return 0;

@@ -59,9 +59,11 @@ Tensor Embedding::do_forward(const Tensor& ids, Saved& saved) {
   // Each id's row came from the one rank holding it: the sum over the group
   // (sequence parallel: only this rank's time steps of it).
   if (tensor_.splits_sequence()) return reduce_scatter_sequence(y.view(out_shape), tensor_, tracker_);
-  if (tensor_.size() > 1)
+  if (tensor_.size() > 1) {
+    const functional::ProfileScope scope("tp all_reduce");
     tensor_.comm->all_reduce(y.data<float>(), y.data<float>(), static_cast<size_t>(y.numel()), DType::f32,
                              comm::ReduceOp::sum);
+  }
   return y.view(out_shape);
 }
 

@@ -77,34 +77,11 @@ struct Profile {
 };
 thread_local Profile t_profile;
 
-// Adds the time from construction to destruction to the op's entry while
-// this thread profiles.
-class OpTimer {
- public:
-  explicit OpTimer(const char* op) : op_(t_profile.on ? op : nullptr) {
-    if (op_ != nullptr) t0_ = std::chrono::steady_clock::now();
-  }
-  OpTimer(const OpTimer&) = delete;
-  OpTimer& operator=(const OpTimer&) = delete;
-  ~OpTimer() {
-    if (op_ == nullptr) return;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    auto it = std::find_if(t_profile.ops.begin(), t_profile.ops.end(), [&](const OpTime& o) { return o.op == op_; });
-    if (it == t_profile.ops.end()) it = t_profile.ops.insert(it, OpTime{op_, 0, 0});
-    ++it->calls;
-    it->seconds += s;
-  }
-
- private:
-  const char* op_;
-  std::chrono::steady_clock::time_point t0_;
-};
-
 // The backend an op runs on, and the op's timer: a temporary that lives to
 // the end of the call expression `dispatch(...)->kernel(...)`.
 struct Dispatched {
   const Backend& backend;
-  OpTimer timer;
+  ProfileScope timer;
   const Backend* operator->() const { return &backend; }
 };
 
@@ -119,7 +96,7 @@ Dispatched dispatch(const char* op, std::initializer_list<const Tensor*> operand
       throw InvalidArgument(op, "operands live on different devices", "move them to one device first");
     }
   }
-  return {backend_for(first != nullptr ? first->device() : Device{}), OpTimer(op)};
+  return {backend_for(first != nullptr ? first->device() : Device{}), ProfileScope(op)};
 }
 
 // Token ids: 1-d i64 or i32, each in [0, rows).
@@ -148,6 +125,19 @@ void check_labels(const char* op, const Tensor& labels, int64_t n, int64_t class
 }  // namespace
 
 void set_op_profiling(bool on) { t_profile.on = on; }
+
+ProfileScope::ProfileScope(const char* op) : op_(t_profile.on ? op : nullptr) {
+  if (op_ != nullptr) t0_ = std::chrono::steady_clock::now();
+}
+
+ProfileScope::~ProfileScope() {
+  if (op_ == nullptr) return;
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  auto it = std::find_if(t_profile.ops.begin(), t_profile.ops.end(), [&](const OpTime& o) { return o.op == op_; });
+  if (it == t_profile.ops.end()) it = t_profile.ops.insert(it, OpTime{op_, 0, 0});
+  ++it->calls;
+  it->seconds += s;
+}
 
 std::vector<OpTime> op_profile() {
   std::vector<OpTime> out = t_profile.ops;

@@ -25,6 +25,7 @@
 // Thread-safety: functions may run concurrently on disjoint outputs.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -234,7 +235,10 @@ class Backend {
 
 // Per-op wall time, for benchmarks: while a thread profiles, every function
 // above that it calls adds its kernel's time under its name
-// ("functional::linear_forward"). Per thread: a rank profiles its own calls.
+// ("functional::linear_forward"), and so does every ProfileScope it opens
+// (code outside the kernels: the tensor-parallel collectives time
+// themselves as "tp all_reduce", "tp all_gather", "tp reduce_scatter").
+// Per thread: a rank profiles its own calls.
 //   set_op_profiling(true);  /* steps */  for (auto& o : op_profile()) ...;
 struct OpTime {
   std::string op;
@@ -245,6 +249,24 @@ void set_op_profiling(bool on);
 // This thread's times, the largest first.
 std::vector<OpTime> op_profile();
 void reset_op_profile();
+
+// Adds its lifetime's wall time, and one call, to `op`'s entry of this
+// thread's profile when the thread profiles at construction (otherwise it
+// costs one thread-local read). `op` must outlive the scope (a string
+// literal). Do not nest a scope in another or around a kernel above: each
+// would count the inner time, so the profile's sum would exceed the step.
+//   { functional::ProfileScope scope("tp all_reduce"); comm.all_reduce(...); }
+class ProfileScope {
+ public:
+  explicit ProfileScope(const char* op);
+  ~ProfileScope();
+  ProfileScope(const ProfileScope&) = delete;
+  ProfileScope& operator=(const ProfileScope&) = delete;
+
+ private:
+  const char* op_;  // null: this thread was not profiling
+  std::chrono::steady_clock::time_point t0_;
+};
 
 // Installs the kernels for one device type (replacing any; the CPU's may be
 // replaced too, e.g. by a oneDNN backend). Call at start-up, before kernels run.

@@ -304,6 +304,31 @@ TEST(OpProfile, CountsThisThreadsKernels) {
   EXPECT_TRUE(F::op_profile().empty());
 }
 
+// A ProfileScope adds its wall time under its name beside the kernels; one
+// opened while the thread does not profile adds nothing, even if profiling
+// starts before it closes.
+TEST(OpProfile, ScopesTimeCodeOutsideTheKernels) {
+  F::reset_op_profile();
+  { const F::ProfileScope off("tp all_reduce"); }
+  F::set_op_profiling(true);
+  for (int i = 0; i < 3; ++i) {
+    const F::ProfileScope scope("tp all_reduce");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  F::set_op_profiling(false);
+  {
+    const F::ProfileScope late("tp all_gather");
+    F::set_op_profiling(true);
+  }
+  F::set_op_profiling(false);
+  const auto profile = F::op_profile();
+  ASSERT_EQ(profile.size(), 1u);
+  EXPECT_EQ(profile[0].op, "tp all_reduce");
+  EXPECT_EQ(profile[0].calls, 3);
+  EXPECT_GE(profile[0].seconds, 0.006);
+  F::reset_op_profile();
+}
+
 TEST(Backend, ModulesRunTheKernelsRegisteredForTheirDevice) {
   int calls = 0;
   F::register_backend(DeviceType::cpu, std::make_unique<CountingBackend>(&calls));

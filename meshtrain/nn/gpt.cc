@@ -363,9 +363,11 @@ Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
     // (sequence parallel: this rank's time steps of the sum).
     if (tp.splits_sequence())
       dh = reduce_scatter_sequence(dh, tp);
-    else if (tp.size() > 1)
+    else if (tp.size() > 1) {
+      const F::ProfileScope scope("tp all_reduce");
       tp.comm->all_reduce(dh.data<float>(), dh.data<float>(), static_cast<size_t>(dh.numel()), DType::f32,
                           comm::ReduceOp::sum);
+    }
     round_to(dh, compute_dtype_);
     dh = ln_f_->backward_input(dh, saved.child(kLnF));
   } else {

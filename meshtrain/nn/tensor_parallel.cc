@@ -51,6 +51,7 @@ void take_block(Parameter& p, const Parameter& whole, bool defer, const TensorPa
 
 void all_reduce_sum(const TensorParallelGroup& g, const Tensor& t) {
   if (g.size() == 1 || !t.defined()) return;
+  const functional::ProfileScope scope("tp all_reduce");
   g.comm->all_reduce(t.data<float>(), t.data<float>(), static_cast<size_t>(t.numel()), DType::f32,
                      comm::ReduceOp::sum);
 }
@@ -120,6 +121,7 @@ int64_t local_steps(const Tensor& x, const TensorParallelGroup& g, const char* o
 
 Tensor gather_sequence(const Tensor& local, const TensorParallelGroup& g, MemoryTracker* tracker) {
   if (g.size() == 1) return local;
+  const functional::ProfileScope scope("tp all_gather");  // with the reordering copy it needs
   const char* op = "gather_sequence";
   const Tensor x = internal::f32_contiguous(local, op, "input");
   if (x.dim() < 2)
@@ -142,6 +144,7 @@ Tensor gather_sequence(const Tensor& local, const TensorParallelGroup& g, Memory
 
 Tensor reduce_scatter_sequence(const Tensor& full, const TensorParallelGroup& g, MemoryTracker* tracker) {
   if (g.size() == 1) return full;
+  const functional::ProfileScope scope("tp reduce_scatter");  // with the reordering copy it needs
   const char* op = "reduce_scatter_sequence";
   const Tensor x = internal::f32_contiguous(full, op, "input");
   const int64_t k = g.size(), b = x.size(0), steps = local_steps(x, g, op);
@@ -185,7 +188,10 @@ void reduce_sequence_parallel_grads(const std::vector<Parameter*>& params, const
     std::copy_n(g_.data<float>(), g_.numel(), buf.data() + at);
     at += static_cast<size_t>(g_.numel());
   }
-  g.comm->all_reduce(buf.data(), buf.data(), n, DType::f32, comm::ReduceOp::sum);
+  {
+    const functional::ProfileScope scope("tp grad all_reduce");  // once per step, not per layer
+    g.comm->all_reduce(buf.data(), buf.data(), n, DType::f32, comm::ReduceOp::sum);
+  }
   at = 0;
   for (Parameter* p : ps) {
     p->grad.copy_from(Tensor::from_blob(buf.data() + at, p->grad.shape(), DType::f32));
@@ -401,12 +407,17 @@ double VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& la
   Tensor& probs = internal::reuse_or_allocate(st.probs, {n, shard_.size()}, tracker_);
   if (st.stats.numel() != 2 * n) st.stats = Tensor::empty({n, 2}, DType::f64);
   functional::row_max(z, max);
-  if (group_.size() > 1) group_.comm->all_reduce(max.data<float>(), max.data<float>(), static_cast<size_t>(n),
-                                                 DType::f32, comm::ReduceOp::max);
+  if (group_.size() > 1) {
+    const functional::ProfileScope scope("tp all_reduce");
+    group_.comm->all_reduce(max.data<float>(), max.data<float>(), static_cast<size_t>(n), DType::f32,
+                            comm::ReduceOp::max);
+  }
   functional::vocab_parallel_ce_partial(z, st.labels, shard_.begin, max, probs, st.stats);
-  if (group_.size() > 1)
+  if (group_.size() > 1) {
+    const functional::ProfileScope scope("tp all_reduce");
     group_.comm->all_reduce(st.stats.data<double>(), st.stats.data<double>(), static_cast<size_t>(2 * n), DType::f64,
                             comm::ReduceOp::sum);
+  }
   const double total = functional::vocab_parallel_ce_finish(st.stats, probs);
   st.normalizer = norm;
   return total / norm;

@@ -56,6 +56,13 @@
 // It keeps N x V / k probabilities, not N x V. Backward is local:
 // (softmax - onehot) on the shard. Collective: every rank of the group calls
 // forward with the same rows and labels.
+// Profiling: every collective of these layers, the vocabulary-parallel
+// Embedding and the GPT's head times itself in nn::functional's op profile
+// (functional::ProfileScope, while the calling thread profiles) as "tp
+// all_reduce", "tp all_gather" or "tp reduce_scatter" (gather_sequence and
+// reduce_scatter_sequence with their reordering copies), and
+// reduce_sequence_parallel_grads as "tp grad all_reduce"; `meshtrain bench
+// gpt --mesh tensor=2` sums them.
 // Errors: InvalidArgument for logits whose width is not this rank's shard
 // (naming both) or labels outside [0, vocab).
 // Thread-safety: one thread at a time per object (a rank's own).

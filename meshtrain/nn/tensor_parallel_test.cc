@@ -368,6 +368,65 @@ TEST(TensorParallelGpt, StrategyLayoutsAreWhatTheRanksHold) {
   }
 }
 
+// nn::functional's op profile times every tensor-parallel collective of a
+// GPT step (`meshtrain bench gpt --mesh tensor=2`'s communication share):
+// one "tp ..." call per collective the communicator counts, by the formula
+// of the traffic test above; the sequence-parallel gradient sum as its own
+// entry; nothing on a group of one rank.
+TEST(TensorParallelGpt, ProfileTimesEveryCollective) {
+  const GPTConfig base{.vocab = 13, .block_size = 8, .layers = 3, .heads = 4, .width = 16, .seed = 7};
+  std::vector<int64_t> ids(2 * 8), next(2 * 8);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 13), next[i] = static_cast<int64_t>((i * 7 + 3) % 13);
+  const Tensor x = Tensor::from_vector(ids, {2, 8}), y = Tensor::from_vector(next, {16});
+  const auto calls = [](const std::vector<functional::OpTime>& profile, const std::string& op) {
+    for (const functional::OpTime& t : profile)
+      if (t.op == op) return t.calls;
+    return int64_t{0};
+  };
+  for (bool sp : {false, true})
+    for (int k : {1, 2}) {
+      comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
+                   [&](comm::Communicator& world) {
+                     GPTConfig c = base;
+                     c.tensor = TensorParallelGroup{&world, sp};
+                     GPT tp(c);
+                     VocabParallelCrossEntropy vce(c.tensor, c.vocab);
+                     std::vector<std::string> partial;
+                     for (const Parameter* p : tp.parameters())
+                       if (p->sequence_parallel) partial.push_back(p->name);
+                     world.reset_traffic();
+                     functional::reset_op_profile();
+                     functional::set_op_profiling(true);
+                     vce.forward(tp.forward(x), y);
+                     tp.backward(vce.backward());
+                     reduce_sequence_parallel_grads(tp.parameters(), partial, c.tensor);
+                     functional::set_op_profiling(false);
+                     const std::vector<functional::OpTime> profile = functional::op_profile();
+                     functional::reset_op_profile();
+                     const std::string what = fmt::format("k {} sp {} rank {}", k, sp, world.rank());
+                     const int64_t regions = 4 * base.layers + 2;  // 4 per layer, the embedding, the head
+                     const int64_t ar = calls(profile, "tp all_reduce"), ag = calls(profile, "tp all_gather"),
+                                   rs = calls(profile, "tp reduce_scatter"),
+                                   grads = calls(profile, "tp grad all_reduce");
+                     if (k == 1) {
+                       for (const functional::OpTime& t : profile)
+                         EXPECT_NE(t.op.rfind("tp ", 0), 0u) << what << ": " << t.op;
+                       return;
+                     }
+                     // The loss's two all-reduces (row maxima, sums) in both modes.
+                     EXPECT_EQ(ar, sp ? 2 : regions + 2) << what;
+                     EXPECT_EQ(ag, sp ? regions : 0) << what;
+                     EXPECT_EQ(rs, sp ? regions : 0) << what;
+                     EXPECT_EQ(grads, sp ? 1 : 0) << what;
+                     EXPECT_EQ(static_cast<uint64_t>(ar + grads), world.traffic(comm::CollectiveOp::all_reduce).calls)
+                         << what;
+                     EXPECT_EQ(static_cast<uint64_t>(ag), world.traffic(comm::CollectiveOp::all_gather).calls) << what;
+                     EXPECT_EQ(static_cast<uint64_t>(rs), world.traffic(comm::CollectiveOp::reduce_scatter).calls)
+                         << what;
+                   });
+    }
+}
+
 // Logits (N, V): N(0, 3) with row i's maximum (+20) at column (i * 7919) % V,
 // so the maxima fall on every rank's shard.
 Tensor logits(int64_t n, int64_t v) {
