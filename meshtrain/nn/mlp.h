@@ -39,6 +39,12 @@ struct MLPConfig {
   bool defer_init = false;        // leave parameter values to be built later (LinearOptions::defer_init)
   std::string prefix;             // module path of the MLP ("" at the root)
   TensorParallelGroup tensor = {};  // split over these ranks (see above)
+  // Pipeline parallelism: only Linear layers [first_layer, last_layer)
+  // (last_layer < 0: to the end) with the ReLU and dropout after each, named
+  // as in the whole MLP ("3.weight"), so a part holds those layers' values.
+  // Forward takes the previous part's output. Under tensor parallelism a
+  // part may not cut a column/row pair (InvalidArgument).
+  int64_t first_layer = 0, last_layer = -1;
 };
 
 class MLP final : public Sequential {

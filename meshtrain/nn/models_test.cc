@@ -75,6 +75,42 @@ TEST(MLP, ActivationBuffersAreChargedToTheTracker) {
   EXPECT_EQ(tracker.peak(MemoryCategory::activations), 4u * (20 + 20 + 12 + 20 + 20) + 4u * 12);
 }
 
+// Pipeline parts of an MLP (Linears [0, 2) and [2, 4), dropout on) chained
+// give the whole MLP's output and gradients bit for bit, under its names.
+TEST(MLP, PipelinePartsChainedEqualTheWholeModel) {
+  MLPConfig c;
+  c.sizes = {12, 10, 8, 6, 3};
+  c.dropout = 0.3;
+  c.seed = 5;
+  MLP whole(c);
+  whole.set_batch_context(2, 6);
+  Tensor x = Tensor::empty({4, 12}, DType::f32), dy = Tensor::empty({4, 3}, DType::f32);
+  fill_normal(x, 1, key_from_name("parts.x"), 0.0, 1.0);
+  fill_normal(dy, 1, key_from_name("parts.dy"), 0.0, 1.0);
+  const std::vector<double> want = whole.forward(x).to_vector();
+  whole.backward(dy);
+  MLPConfig a = c, b = c;
+  a.last_layer = 2;
+  b.first_layer = 2;
+  MLP first(a), second(b);
+  first.set_batch_context(2, 6);
+  second.set_batch_context(2, 6);
+  EXPECT_EQ(second.parameters().front()->name, "6.weight");
+  EXPECT_EQ(second.forward(first.forward(x)).to_vector(), want);
+  EXPECT_FALSE(first.backward(second.backward(dy)).defined());
+  std::vector<Parameter*> parts = first.parameters();
+  for (Parameter* p : second.parameters()) parts.push_back(p);
+  const std::vector<Parameter*> all = whole.parameters();
+  ASSERT_EQ(parts.size(), all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(parts[i]->name, all[i]->name);
+    EXPECT_EQ(parts[i]->grad.to_vector(), all[i]->grad.to_vector()) << all[i]->name;
+  }
+  MLPConfig bad = c;
+  bad.first_layer = 3, bad.last_layer = 2;
+  EXPECT_THROW(MLP{bad}, InvalidArgument);
+}
+
 TEST(MLP, DefaultStructureAndMetadata) {
   MLP mlp;
   EXPECT_EQ(names_of(mlp), (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias", "4.weight",
