@@ -1,0 +1,205 @@
+#include "meshtrain/parallel/pipeline_executor.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::parallel {
+
+// What one (stage, micro-batch) holds between its actions.
+struct PipelineExecutor::Slot {
+  std::unique_ptr<nn::Saved> saved;  // forward -> backward_weight
+  Tensor output;                     // forward's output: sent, or handed to the next stage here
+  Tensor input_grad;                 // backward_input's result: sent, or handed to the previous stage
+  Tensor recv_input, recv_grad;      // receive buffers
+  std::vector<int64_t> output_shape;  // of forward's output: the gradient received for it
+  comm::Work recv_input_work, recv_grad_work;
+  bool input_posted = false, grad_posted = false;
+};
+
+namespace {
+
+constexpr const char* kOp = "PipelineExecutor";
+
+double micros(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }
+
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, comm::Communicator& comm, std::map<int, PipelineStage*> stages)
+    : schedule_(std::move(schedule)), comm_(comm), stages_(std::move(stages)) {
+  if (schedule_.ranks != comm_.size() || static_cast<int>(schedule_.programs.size()) != schedule_.ranks)
+    throw InvalidArgument(kOp,
+                          fmt::format("a schedule for {} ranks on a pipeline communicator of {}", schedule_.ranks,
+                                      comm_.size()),
+                          "make the schedule for the pipeline axis's size");
+  for (int s = 0; s < schedule_.num_stages(); ++s) {
+    const bool mine = schedule_.stage_rank(s) == comm_.rank();
+    const auto it = stages_.find(s);
+    if (mine != (it != stages_.end() && it->second != nullptr))
+      throw InvalidArgument(kOp,
+                            fmt::format("rank {} {} stage {}, which the schedule places on rank {}", comm_.rank(),
+                                        mine ? "lacks" : "was given", s, schedule_.stage_rank(s)),
+                            "pass exactly the stages s with stage_rank(s) == this rank");
+  }
+  if (stages_.size() != static_cast<size_t>(schedule_.virtual_stages))
+    throw InvalidArgument(kOp, fmt::format("{} stages for {} chunks per rank", stages_.size(), schedule_.virtual_stages),
+                          "pass one stage per chunk");
+}
+
+PipelineExecutor::~PipelineExecutor() = default;
+
+PipelineExecutor::Slot& PipelineExecutor::slot(int stage, int mb) {
+  std::unique_ptr<Slot>& s = slots_[{stage, mb}];
+  if (!s) s = std::make_unique<Slot>();
+  return *s;
+}
+
+// Unique per transfer: kind (activation 0, gradient 1), stage, micro-batch.
+int PipelineExecutor::tag(ActionKind kind, int stage, int mb) const {
+  const bool grad = kind == ActionKind::send_grad || kind == ActionKind::recv_grad;
+  return ((grad ? 1 : 0) * schedule_.num_stages() + stage) * schedule_.micro_batches + mb;
+}
+
+// The input of a forward of a.stage: none on stage 0, the previous stage's
+// output on this rank, else the received buffer (waited for now).
+Tensor PipelineExecutor::take_input(const Action& a) {
+  if (a.stage == 0) return Tensor();
+  if (schedule_.stage_rank(a.stage - 1) == comm_.rank()) return std::exchange(slot(a.stage - 1, a.micro_batch).output, {});
+  Slot& s = slot(a.stage, a.micro_batch);
+  if (!s.input_posted)
+    throw InvalidArgument(kOp, fmt::format("rank {}: {} before its receive", comm_.rank(), a.to_string()),
+                          "check the schedule with check_schedule");
+  s.recv_input_work.wait();
+  s.input_posted = false;
+  return std::exchange(s.recv_input, {});
+}
+
+// The output gradient of a backward of a.stage: none on the last stage.
+Tensor PipelineExecutor::take_grad(const Action& a) {
+  if (a.stage == schedule_.num_stages() - 1) return Tensor();
+  if (schedule_.stage_rank(a.stage + 1) == comm_.rank())
+    return std::exchange(slot(a.stage + 1, a.micro_batch).input_grad, {});
+  Slot& s = slot(a.stage, a.micro_batch);
+  if (!s.grad_posted)
+    throw InvalidArgument(kOp, fmt::format("rank {}: {} before its receive", comm_.rank(), a.to_string()),
+                          "check the schedule with check_schedule");
+  s.recv_grad_work.wait();
+  s.grad_posted = false;
+  return std::exchange(s.recv_grad, {});
+}
+
+void PipelineExecutor::compute(const Action& a) {
+  PipelineStage& stage = *stages_.at(a.stage);
+  Slot& s = slot(a.stage, a.micro_batch);
+  switch (a.kind) {
+    case ActionKind::forward: {
+      const Tensor input = take_input(a);
+      const double start = micros(t0_);
+      s.saved = std::make_unique<nn::Saved>();
+      peak_saved_ = std::max(peak_saved_, ++live_saved_);
+      Tensor out = stage.forward(a.micro_batch, input, *s.saved);
+      if (a.stage + 1 < schedule_.num_stages()) {
+        s.output = out.to(DType::f32).contiguous();
+        s.output_shape = s.output.shape();
+      }
+      timeline_.push_back({a, start, micros(t0_)});
+      return;
+    }
+    case ActionKind::backward:
+    case ActionKind::backward_input: {
+      const Tensor grad = take_grad(a);
+      const double start = micros(t0_);
+      Tensor gi = stage.backward_input(a.micro_batch, grad, *s.saved);
+      if (a.stage > 0) s.input_grad = gi.to(DType::f32).contiguous();
+      if (a.kind == ActionKind::backward) {
+        stage.backward_weight(a.micro_batch, *s.saved);
+        s.saved.reset();
+        --live_saved_;
+      }
+      timeline_.push_back({a, start, micros(t0_)});
+      return;
+    }
+    case ActionKind::backward_weight: {
+      const double start = micros(t0_);
+      stage.backward_weight(a.micro_batch, *s.saved);
+      s.saved.reset();
+      --live_saved_;
+      timeline_.push_back({a, start, micros(t0_)});
+      return;
+    }
+    default: break;
+  }
+}
+
+void PipelineExecutor::run() {
+  t0_ = std::chrono::steady_clock::now();
+  timeline_.clear();
+  slots_.clear();
+  live_saved_ = peak_saved_ = 0;
+  for (const Action& a : schedule_.programs[static_cast<size_t>(comm_.rank())]) {
+    if (is_compute(a.kind)) {
+      compute(a);
+      reap_sends();
+      continue;
+    }
+    const double start = micros(t0_);
+    switch (a.kind) {
+      case ActionKind::send_activation:
+      case ActionKind::send_grad: {
+        // The tensor leaves the slot: the pending send keeps it until it completes.
+        Slot& s = slot(a.stage, a.micro_batch);
+        const bool grad = a.kind == ActionKind::send_grad;
+        Tensor data = std::exchange(grad ? s.input_grad : s.output, {});
+        if (!data.defined())
+          throw InvalidArgument(kOp, fmt::format("rank {}: {} before its compute", comm_.rank(), a.to_string()),
+                                "check the schedule with check_schedule");
+        comm::Work w = comm_.send_async(data.data<float>(), count(data), DType::f32, a.peer,
+                                        tag(a.kind, grad ? a.stage - 1 : a.stage + 1, a.micro_batch));
+        sends_.push_back({std::move(w), std::move(data)});
+        break;
+      }
+      case ActionKind::recv_activation: {
+        Slot& s = slot(a.stage, a.micro_batch);
+        s.recv_input = Tensor::empty(stages_.at(a.stage)->input_shape(a.micro_batch), DType::f32);
+        s.recv_input_work = comm_.recv_async(s.recv_input.data<float>(), count(s.recv_input), DType::f32, a.peer,
+                                             tag(ActionKind::send_activation, a.stage, a.micro_batch));
+        s.input_posted = true;
+        break;
+      }
+      case ActionKind::recv_grad: {
+        Slot& s = slot(a.stage, a.micro_batch);
+        // The gradient of this stage's output, of the output's shape.
+        if (s.output_shape.empty())
+          throw InvalidArgument(kOp, fmt::format("rank {}: {} before its forward", comm_.rank(), a.to_string()),
+                                "check the schedule with check_schedule");
+        s.recv_grad = Tensor::empty(s.output_shape, DType::f32);
+        s.recv_grad_work = comm_.recv_async(s.recv_grad.data<float>(), count(s.recv_grad), DType::f32, a.peer,
+                                            tag(ActionKind::send_grad, a.stage, a.micro_batch));
+        s.grad_posted = true;
+        break;
+      }
+      default: break;
+    }
+    timeline_.push_back({a, start, micros(t0_)});
+    reap_sends();
+  }
+  for (PendingSend& p : sends_) p.work.wait();
+  sends_.clear();
+  slots_.clear();
+}
+
+// Frees the tensors of the sends that completed (rethrowing their errors).
+void PipelineExecutor::reap_sends() {
+  while (!sends_.empty() && sends_.front().work.is_completed()) {
+    sends_.front().work.wait();
+    sends_.pop_front();
+  }
+}
+
+}  // namespace meshtrain::parallel
