@@ -16,6 +16,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <thread>
 
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/nn/gpt.h"
@@ -138,6 +140,55 @@ TEST(PipelineExecutor, EverySchedulesGradientsEqualOneDevice) {
         for (size_t i = 0; i < w.size(); ++i) ASSERT_NEAR(g[i], w[i], 1e-6) << what << " " << name << " " << i;
       }
     }
+  }
+}
+
+// A stage that stalls (or throws) in the middle of a 1F1B step: the other
+// rank, waiting in a receive, fails within 2x the communicator's deadline
+// with an error naming the rank; nothing hangs.
+constexpr auto kDeadline = std::chrono::milliseconds(400);
+
+TEST(PipelineExecutor, AStalledOrFailedRankIsNamedWithinTwiceTheDeadline) {
+  using Clock = std::chrono::steady_clock;
+  class Faulty final : public PipelineStage {
+   public:
+    Faulty(int stage, bool throws) : inner_(stage, 2, 2), stage_(stage), throws_(throws) {}
+    Tensor forward(int mb, const Tensor& input, nn::Saved& saved) override {
+      if (stage_ == 1 && mb == 2) {
+        if (throws_) throw std::runtime_error("stage 1 broke");
+        std::this_thread::sleep_for(3 * kDeadline);
+      }
+      return inner_.forward(mb, input, saved);
+    }
+    Tensor backward_input(int mb, const Tensor& g, nn::Saved& s) override { return inner_.backward_input(mb, g, s); }
+    void backward_weight(int mb, nn::Saved& s) override { inner_.backward_weight(mb, s); }
+    std::vector<int64_t> input_shape(int mb) const override { return inner_.input_shape(mb); }
+
+   private:
+    GptStage inner_;
+    int stage_;
+    bool throws_;
+  };
+  for (bool throws : {false, true}) {
+    const Schedule s = make_schedule(ScheduleKind::one_f_one_b, 2, 4);
+    std::string error0;
+    Clock::duration took{};
+    EXPECT_ANY_THROW(comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = kDeadline},
+                                  [&](comm::Communicator& world) {
+                                    Faulty stage(world.rank(), throws);
+                                    PipelineExecutor exec(s, world, {{world.rank(), &stage}});
+                                    const auto t0 = Clock::now();
+                                    try {
+                                      exec.run();
+                                    } catch (const std::exception& e) {
+                                      if (world.rank() == 0) error0 = e.what(), took = Clock::now() - t0;
+                                      throw;
+                                    }
+                                  }));
+    EXPECT_THAT(error0, ::testing::HasSubstr("rank 1")) << (throws ? "throws" : "stalls");
+    fmt::print("{}: rank 0 failed after {} ms: {}\n", throws ? "throws" : "stalls",
+               std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), error0);
+    EXPECT_LT(took, 2 * kDeadline) << error0;
   }
 }
 
