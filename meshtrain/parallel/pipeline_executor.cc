@@ -13,7 +13,7 @@ struct PipelineExecutor::Slot {
   std::unique_ptr<nn::Saved> saved;  // forward -> backward_weight
   Tensor output;                     // forward's output: sent, or handed to the next stage here
   Tensor input_grad;                 // backward_input's result: sent, or handed to the previous stage
-  Tensor recv_input, recv_grad;      // receive buffers
+  Tensor recv_input, recv_grad;      // receive buffers (before their Works: freed after them)
   std::vector<int64_t> output_shape;  // of forward's output: the gradient received for it
   comm::Work recv_input_work, recv_grad_work;
   bool input_posted = false, grad_posted = false;
@@ -161,7 +161,7 @@ void PipelineExecutor::run() {
                                 "check the schedule with check_schedule");
         comm::Work w = comm_.send_async(data.data<float>(), count(data), DType::f32, a.peer,
                                         tag(a.kind, grad ? a.stage - 1 : a.stage + 1, a.micro_batch));
-        sends_.push_back({std::move(w), std::move(data)});
+        sends_.push_back({std::move(data), std::move(w)});
         break;
       }
       case ActionKind::recv_activation: {

@@ -103,8 +103,8 @@ class PipelineExecutor {
   std::map<int, PipelineStage*> stages_;
   std::map<std::pair<int, int>, std::unique_ptr<Slot>> slots_;
   struct PendingSend {
-    comm::Work work;
-    Tensor data;  // alive until the send completes
+    Tensor data;      // alive until the send completes: declared first, so
+    comm::Work work;  // work's destructor (waiting, on errors too) runs before it is freed
   };
   void reap_sends();
   std::deque<PendingSend> sends_;
