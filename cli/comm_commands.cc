@@ -58,6 +58,27 @@ int ranks_in_process(const comm::LaunchOptions& launch) {
   return comm::engines().get(launch.engine.str()).ranks_in_process ? launch.ranks : 1;
 }
 
+std::vector<int64_t> parse_int_list(std::string_view text, std::string_view flag, int64_t lo, int64_t hi,
+                                    std::string_view example) {
+  std::vector<int64_t> out;
+  for (const std::string_view piece : split(text)) {
+    const std::string item(piece);
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size() || v < lo || v > hi)
+      throw InvalidArgument(std::string(flag),
+                            fmt::format("'{}' is not a comma list of integers in [{}, {}]", text, lo, hi),
+                            fmt::format("write e.g. {}", example));
+    out.push_back(v);
+  }
+  return out;
+}
+
 void print_config(const std::string& command, const std::vector<std::pair<std::string, std::string>>& kv) {
   fmt::print("meshtrain {}:", command);
   for (const auto& [k, v] : kv) fmt::print(" {}={}", k, v);

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -42,6 +43,11 @@ inline constexpr std::string_view kTimeoutHelp = "deadline of every wait, second
 
 // "meshtrain <command>: key=value ..." on one line, printed at start-up.
 void print_config(const std::string& command, const std::vector<std::pair<std::string, std::string>>& kv);
+
+// A comma list of integers, each in [lo, hi] ("512,512,256"); else
+// InvalidArgument naming `flag`, the text, the range and `example`.
+std::vector<int64_t> parse_int_list(std::string_view text, std::string_view flag, int64_t lo, int64_t hi,
+                                    std::string_view example);
 
 // check, demo, bench collectives
 std::vector<Command> add_comm_commands(CLI::App& app);

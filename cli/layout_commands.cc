@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <memory>
 
 #include "cli/command.h"
@@ -76,20 +77,7 @@ struct ShardFlags {
 };
 
 std::vector<int64_t> parse_shape(const std::string& text) {
-  std::vector<int64_t> shape;
-  for (const std::string_view piece : split(text)) {
-    const std::string item(piece);
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != item.size() || item.empty() || v < 0)
-      throw InvalidArgument("--shape", fmt::format("'{}' is not a list of sizes", text), "write e.g. 128,4096");
-    shape.push_back(v);
-  }
-  return shape;
+  return parse_int_list(text, "--shape", 0, std::numeric_limits<int64_t>::max(), "128,4096");
 }
 
 }  // namespace

@@ -22,21 +22,7 @@ namespace {
 constexpr int64_t kPixels = 784, kClasses = 10;
 
 std::vector<int64_t> parse_hidden(const std::string& text) {
-  std::vector<int64_t> out;
-  for (std::string_view piece : split(text)) {
-    const std::string item(piece);
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-    }
-    if (used != item.size() || item.empty() || v < 1 || v > 65536)
-      throw InvalidArgument("--hidden", fmt::format("'{}' is not a list of widths", text),
-                            "write e.g. 512,512,256 (each 1 to 65536)");
-    out.push_back(v);
-  }
-  return out;
+  return parse_int_list(text, "--hidden", 1, 65536, "512,512,256");
 }
 
 // The model, built whole and without values (nothing allocated).

@@ -191,32 +191,17 @@ struct MemoryBenchFlags {
   int64_t min_weight_size = bench::MemoryBenchOptions{}.min_weight_size;
 };
 
-int to_positive(std::string_view piece, const char* flag) {
-  const std::string text(piece);
-  size_t used = 0;
-  int v = 0;
-  try {
-    v = std::stoi(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != text.size() || v < 1)
-    throw InvalidArgument("meshtrain bench memory", fmt::format("{}: '{}' is not a positive integer", flag, text),
-                          "give a comma list such as 1,2,4,8");
-  return v;
-}
-
 int run_bench_memory(const MemoryBenchFlags& f) {
   bench::MemoryBenchOptions o;
   o.hidden.clear();
-  for (const auto& h : split(f.hidden)) o.hidden.push_back(to_positive(h, "--hidden"));
+  for (int64_t h : parse_int_list(f.hidden, "--hidden", 1, 1 << 20, "1024,1024")) o.hidden.push_back(static_cast<int>(h));
   o.strategies.clear();
   for (const std::string_view s : split(f.strategies)) {
     (void)parallel::parse_fsdp_mode(s);  // fail before running
     o.strategies.emplace_back(s);
   }
   o.ranks.clear();
-  for (const auto& r : split(f.ranks)) o.ranks.push_back(to_positive(r, "--ranks"));
+  for (int64_t r : parse_int_list(f.ranks, "--ranks", 1, 4096, "1,2,4,8")) o.ranks.push_back(static_cast<int>(r));
   o.precisions.clear();
   for (const auto& p : split(f.precisions)) {
     if (p == "fp32") o.precisions.push_back(DType::f32);
