@@ -20,6 +20,19 @@ std::string int_range(int64_t min, int64_t max) { return fmt::format("[{}, {}]",
 
 }  // namespace
 
+std::string escape_xml(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    if (c == '&') out += "&amp;";
+    else if (c == '<') out += "&lt;";
+    else if (c == '>') out += "&gt;";
+    else if (c == '"') out += "&quot;";
+    else out += c;
+  }
+  return out;
+}
+
 std::string NumberRange::to_string() const {
   auto bound = [](double v) { return std::isinf(v) ? std::string(v < 0 ? "-inf" : "inf") : fmt::format("{}", v); };
   // An infinite bound is never included, whatever the flag says.

@@ -3,6 +3,7 @@
 //   trim("  data=2 ") == "data=2";   to_lower("7B") == "7b"
 //   split("1,2,,4") == {"1", "2", "", "4"}
 //   parse_int_in_range("64", "--ranks", 1, 1024) == 64   (see below)
+//   escape_xml("a<b & \"c\"") == "a&lt;b &amp; &quot;c&quot;"   (text in SVG pictures)
 //
 // Pure functions; thread-safe.
 #pragma once
@@ -46,6 +47,10 @@ inline std::vector<std::string_view> split(std::string_view s, char sep = ',') {
     start = end + 1;
   }
 }
+
+// s with &, <, > and " replaced by their XML entities, for text and
+// attribute values of the SVG pictures (sharding's, the pipeline timeline's).
+std::string escape_xml(std::string_view s);
 
 // ---- Range-checked numbers -----------------------------------------------------
 //

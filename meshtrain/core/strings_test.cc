@@ -32,6 +32,12 @@ TEST(Strings, TrimAndLower) {
 
 using ::testing::HasSubstr;
 
+TEST(Strings, EscapeXml) {
+  EXPECT_EQ(escape_xml("a<b & \"c\" > d"), "a&lt;b &amp; &quot;c&quot; &gt; d");
+  EXPECT_EQ(escape_xml("F3@s1 rank 0"), "F3@s1 rank 0");
+  EXPECT_EQ(escape_xml(""), "");
+}
+
 TEST(Strings, ParseIntInRangeRefusesWhatWouldNarrowOrWrap) {
   EXPECT_EQ(parse_int_in_range(" 64 ", "--ranks", 1, 1024), 64);
   EXPECT_EQ(parse_int_in_range("-9223372036854775808", "x", INT64_MIN, 0), INT64_MIN);

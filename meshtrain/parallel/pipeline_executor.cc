@@ -15,6 +15,7 @@ struct PipelineExecutor::Slot {
   Tensor input_grad;                 // backward_input's result: sent, or handed to the previous stage
   Tensor recv_input, recv_grad;      // receive buffers (before their Works: freed after them)
   std::vector<int64_t> output_shape;  // of forward's output: the gradient received for it
+  size_t recv_input_event = 0, recv_grad_event = 0;  // the recvs' entries of the timeline
   comm::Work recv_input_work, recv_grad_work;
   bool input_posted = false, grad_posted = false;
 };
@@ -75,7 +76,10 @@ Tensor PipelineExecutor::take_input(const Action& a) {
   if (!s.input_posted)
     throw InvalidArgument(kOp, fmt::format("rank {}: {} before its receive", comm_.rank(), a.to_string()),
                           "check the schedule with check_schedule");
+  const double start = micros(t0_);
   s.recv_input_work.wait();
+  timeline_[s.recv_input_event].start_us = start;
+  timeline_[s.recv_input_event].end_us = micros(t0_);
   s.input_posted = false;
   return std::exchange(s.recv_input, {});
 }
@@ -89,7 +93,10 @@ Tensor PipelineExecutor::take_grad(const Action& a) {
   if (!s.grad_posted)
     throw InvalidArgument(kOp, fmt::format("rank {}: {} before its receive", comm_.rank(), a.to_string()),
                           "check the schedule with check_schedule");
+  const double start = micros(t0_);
   s.recv_grad_work.wait();
+  timeline_[s.recv_grad_event].start_us = start;
+  timeline_[s.recv_grad_event].end_us = micros(t0_);
   s.grad_posted = false;
   return std::exchange(s.recv_grad, {});
 }
@@ -139,6 +146,7 @@ void PipelineExecutor::compute(const Action& a) {
 
 void PipelineExecutor::run() {
   t0_ = std::chrono::steady_clock::now();
+  start_time_us_ = std::chrono::duration<double, std::micro>(t0_.time_since_epoch()).count();
   timeline_.clear();
   slots_.clear();
   live_saved_ = peak_saved_ = 0;
@@ -170,6 +178,7 @@ void PipelineExecutor::run() {
         s.recv_input_work = comm_.recv_async(s.recv_input.data<float>(), count(s.recv_input), DType::f32, a.peer,
                                              tag(ActionKind::send_activation, a.stage, a.micro_batch));
         s.input_posted = true;
+        s.recv_input_event = timeline_.size();  // its entry, pushed below, spans its wait later
         break;
       }
       case ActionKind::recv_grad: {
@@ -182,6 +191,7 @@ void PipelineExecutor::run() {
         s.recv_grad_work = comm_.recv_async(s.recv_grad.data<float>(), count(s.recv_grad), DType::f32, a.peer,
                                             tag(ActionKind::send_grad, a.stage, a.micro_batch));
         s.grad_posted = true;
+        s.recv_grad_event = timeline_.size();
         break;
       }
       default: break;

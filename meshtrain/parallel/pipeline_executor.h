@@ -6,7 +6,8 @@
 //   MyStage stage(...);                                  // a PipelineStage: this rank's model part
 //   PipelineExecutor exec(s, pp, {{pp.rank(), &stage}});
 //   exec.run();                                          // one optimizer step's forwards and backwards
-//   exec.timeline();                                     // when each action ran (Chrome trace: timeline.h)
+//   exec.timeline();                                     // when each action ran
+//   gather_timelines(exec);                              // every rank's, on rank 0 (pipeline_timeline.h)
 //
 // Contracts:
 // - The executor calls a stage's forward, backward_input and backward_weight
@@ -64,8 +65,11 @@ class PipelineStage {
   virtual std::vector<int64_t> input_shape(int mb) const = 0;
 };
 
-// One action as it ran on this rank: microseconds since run() began. A recv
-// spans its wait (start == end when the data was there).
+// One action as it ran on this rank: microseconds since run() began. A
+// compute action spans its work (not the wait for its input); a recv spans
+// the wait for its data, from when the compute that needs it asked for it to
+// when it was there (start == end when it already was; an unwaited recv
+// keeps its posting time); a send is instantaneous (its posting).
 struct PipelineEvent {
   Action action;
   double start_us = 0;
@@ -84,8 +88,17 @@ class PipelineExecutor {
   void run();
 
   const Schedule& schedule() const { return schedule_; }
-  // The last run's actions in order.
+  // The last run's actions in list order.
   const std::vector<PipelineEvent>& timeline() const { return timeline_; }
+  // When the last run() began, as steady_clock's time since its epoch in
+  // microseconds (0 before the first run): timeline()'s times are relative
+  // to it. Threads of one process, and processes of one host, share
+  // steady_clock, so start_time_us() + start_us puts ranks on one time base
+  // there; clocks of different hosts are not synchronized (see
+  // gather_timelines in pipeline_timeline.h).
+  double start_time_us() const { return start_time_us_; }
+  // The pipeline communicator run() uses.
+  comm::Communicator& communicator() const { return comm_; }
   // The most micro-batches whose Saved state this rank held at once in the
   // last run (forward done, weight gradients not yet).
   int peak_saved() const { return peak_saved_; }
@@ -110,6 +123,7 @@ class PipelineExecutor {
   std::deque<PendingSend> sends_;
   std::vector<PipelineEvent> timeline_;
   std::chrono::steady_clock::time_point t0_;
+  double start_time_us_ = 0;
   int live_saved_ = 0, peak_saved_ = 0;
 };
 

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 #include "meshtrain/core/tensor.h"
 
 namespace meshtrain::sharding {
@@ -141,19 +142,6 @@ std::string rule(const std::vector<int>& widths, const char* left, const char* m
   for (size_t j = 0; j < widths.size(); ++j) s += repeat("─", widths[j]) + (j + 1 < widths.size() ? mid : "");
   return s + right + "\n";
 }
-
-std::string escape_xml(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '&') out += "&amp;";
-    else if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
-  }
-  return out;
-}
-
 
 void check_options(const VisualizeOptions& o, const char* op) {
   if (o.width < 1 || o.width > kMaxPictureWidth)
