@@ -11,6 +11,7 @@
 #include "bench/gemm_bench.h"
 #include "bench/gpt_bench.h"
 #include "bench/memory_bench.h"
+#include "bench/pipeline_bench.h"
 #include "bench/train_bench.h"
 #include "cli/command.h"
 #include "meshtrain/config/distributed_config.h"
@@ -366,6 +367,39 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                                                     {"heads", std::to_string(ao->heads)},
                                                     {"head_dim", std::to_string(ao->head_dim)}});
                    fmt::print("{}", bench::format_attention_bench(bench::run_attention_bench(*ao), *ao));
+                   return 0;
+                 }});
+
+  auto po = std::make_shared<bench::PipelineBenchOptions>();
+  auto* pb = bench_cmd->add_subcommand(
+      "pipeline", "pipeline schedules (gpipe, 1f1b, interleaved, zb) on stages of equal cost: the measured bubble "
+                  "beside the theory, with Chrome-trace and SVG timelines (--out)");
+  pb->add_option("--ranks", po->ranks, "pipeline ranks (threads engine)")->capture_default_str()->check(CLI::Range(1, 64));
+  pb->add_option("--micro-batches", po->micro_batches, "micro-batches per step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  pb->add_option("--virtual-stages", po->virtual_stages, "chunks per rank for interleaved")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 64));
+  pb->add_option("--schedules", po->schedules, "comma list of gpipe, 1f1b, interleaved, zb")
+      ->delimiter(',')
+      ->capture_default_str();
+  pb->add_option("--blocks-per-stage", po->blocks_per_stage, "GPT blocks per stage")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  pb->add_option("--width", po->width, "block width")->capture_default_str()->check(CLI::Range(1, 65536));
+  pb->add_option("--heads", po->heads, "attention heads")->capture_default_str()->check(CLI::Range(1, 1024));
+  pb->add_option("--context", po->context, "tokens per sequence")->capture_default_str()->check(CLI::Range(1, 65536));
+  pb->add_option("--rows", po->rows, "sequences per micro-batch")->capture_default_str()->check(CLI::Range(1, 65536));
+  pb->add_option("--steps", po->steps, "timed steps (median)")->capture_default_str()->check(CLI::Range(1, 10000));
+  pb->add_option("--warmup", po->warmup, "untimed steps first")->capture_default_str()->check(CLI::Range(0, 10000));
+  pb->add_option("--out", po->out_dir, "write each schedule's timeline here (pipeline_<name>.json and .svg)");
+  out.push_back({pb, [=] {
+                   print_config("bench pipeline", {{"ranks", std::to_string(po->ranks)},
+                                                   {"micro_batches", std::to_string(po->micro_batches)},
+                                                   {"schedules", fmt::format("{}", fmt::join(po->schedules, ","))},
+                                                   {"out", po->out_dir.empty() ? "-" : po->out_dir}});
+                   fmt::print("{}", bench::format_pipeline_bench(bench::run_pipeline_bench(*po), *po));
                    return 0;
                  }});
 
