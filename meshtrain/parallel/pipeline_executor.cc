@@ -8,16 +8,23 @@
 
 namespace meshtrain::parallel {
 
+// A posted receive: its buffer (declared before the Work, so the Work's
+// destructor, which waits, runs before the buffer is freed) and its entry of
+// the timeline, which spans the wait once the compute needing it waits.
+struct PipelineExecutor::Inbox {
+  Tensor buffer;
+  comm::Work work;
+  size_t event = 0;
+  bool posted = false;
+};
+
 // What one (stage, micro-batch) holds between its actions.
 struct PipelineExecutor::Slot {
-  std::unique_ptr<nn::Saved> saved;  // forward -> backward_weight
-  Tensor output;                     // forward's output: sent, or handed to the next stage here
-  Tensor input_grad;                 // backward_input's result: sent, or handed to the previous stage
-  Tensor recv_input, recv_grad;      // receive buffers (before their Works: freed after them)
+  std::unique_ptr<nn::Saved> saved;   // forward -> backward_weight
+  Tensor output;                      // forward's output: sent, or handed to the next stage here
+  Tensor input_grad;                  // backward_input's result: sent, or handed to the previous stage
   std::vector<int64_t> output_shape;  // of forward's output: the gradient received for it
-  size_t recv_input_event = 0, recv_grad_event = 0;  // the recvs' entries of the timeline
-  comm::Work recv_input_work, recv_grad_work;
-  bool input_posted = false, grad_posted = false;
+  Inbox input, grad;                  // the received input and output gradient
 };
 
 namespace {
@@ -72,16 +79,7 @@ int PipelineExecutor::tag(ActionKind kind, int stage, int mb) const {
 Tensor PipelineExecutor::take_input(const Action& a) {
   if (a.stage == 0) return Tensor();
   if (schedule_.stage_rank(a.stage - 1) == comm_.rank()) return std::exchange(slot(a.stage - 1, a.micro_batch).output, {});
-  Slot& s = slot(a.stage, a.micro_batch);
-  if (!s.input_posted)
-    throw InvalidArgument(kOp, fmt::format("rank {}: {} before its receive", comm_.rank(), a.to_string()),
-                          "check the schedule with check_schedule");
-  const double start = micros(t0_);
-  s.recv_input_work.wait();
-  timeline_[s.recv_input_event].start_us = start;
-  timeline_[s.recv_input_event].end_us = micros(t0_);
-  s.input_posted = false;
-  return std::exchange(s.recv_input, {});
+  return receive(slot(a.stage, a.micro_batch).input, a);
 }
 
 // The output gradient of a backward of a.stage: none on the last stage.
@@ -89,16 +87,29 @@ Tensor PipelineExecutor::take_grad(const Action& a) {
   if (a.stage == schedule_.num_stages() - 1) return Tensor();
   if (schedule_.stage_rank(a.stage + 1) == comm_.rank())
     return std::exchange(slot(a.stage + 1, a.micro_batch).input_grad, {});
-  Slot& s = slot(a.stage, a.micro_batch);
-  if (!s.grad_posted)
+  return receive(slot(a.stage, a.micro_batch).grad, a);
+}
+
+// Waits for a posted receive and takes its buffer; its timeline entry spans the wait.
+Tensor PipelineExecutor::receive(Inbox& box, const Action& a) {
+  if (!box.posted)
     throw InvalidArgument(kOp, fmt::format("rank {}: {} before its receive", comm_.rank(), a.to_string()),
                           "check the schedule with check_schedule");
   const double start = micros(t0_);
-  s.recv_grad_work.wait();
-  timeline_[s.recv_grad_event].start_us = start;
-  timeline_[s.recv_grad_event].end_us = micros(t0_);
-  s.grad_posted = false;
-  return std::exchange(s.recv_grad, {});
+  box.work.wait();
+  timeline_[box.event].start_us = start;
+  timeline_[box.event].end_us = micros(t0_);
+  box.posted = false;
+  return std::exchange(box.buffer, {});
+}
+
+// Posts a receive of `shape` into `box` for action a (its timeline entry is the next one).
+void PipelineExecutor::post(Inbox& box, const Action& a, const std::vector<int64_t>& shape, ActionKind send_kind) {
+  box.buffer = Tensor::empty(shape, DType::f32);
+  box.work = comm_.recv_async(box.buffer.data<float>(), count(box.buffer), DType::f32, a.peer,
+                              tag(send_kind, a.stage, a.micro_batch));
+  box.posted = true;
+  box.event = timeline_.size();
 }
 
 void PipelineExecutor::compute(const Action& a) {
@@ -172,26 +183,17 @@ void PipelineExecutor::run() {
         sends_.push_back({std::move(data), std::move(w)});
         break;
       }
-      case ActionKind::recv_activation: {
-        Slot& s = slot(a.stage, a.micro_batch);
-        s.recv_input = Tensor::empty(stages_.at(a.stage)->input_shape(a.micro_batch), DType::f32);
-        s.recv_input_work = comm_.recv_async(s.recv_input.data<float>(), count(s.recv_input), DType::f32, a.peer,
-                                             tag(ActionKind::send_activation, a.stage, a.micro_batch));
-        s.input_posted = true;
-        s.recv_input_event = timeline_.size();  // its entry, pushed below, spans its wait later
+      case ActionKind::recv_activation:
+        post(slot(a.stage, a.micro_batch).input, a, stages_.at(a.stage)->input_shape(a.micro_batch),
+             ActionKind::send_activation);
         break;
-      }
       case ActionKind::recv_grad: {
         Slot& s = slot(a.stage, a.micro_batch);
         // The gradient of this stage's output, of the output's shape.
         if (s.output_shape.empty())
           throw InvalidArgument(kOp, fmt::format("rank {}: {} before its forward", comm_.rank(), a.to_string()),
                                 "check the schedule with check_schedule");
-        s.recv_grad = Tensor::empty(s.output_shape, DType::f32);
-        s.recv_grad_work = comm_.recv_async(s.recv_grad.data<float>(), count(s.recv_grad), DType::f32, a.peer,
-                                            tag(ActionKind::send_grad, a.stage, a.micro_batch));
-        s.grad_posted = true;
-        s.recv_grad_event = timeline_.size();
+        post(s.grad, a, s.output_shape, ActionKind::send_grad);
         break;
       }
       default: break;

@@ -104,11 +104,14 @@ class PipelineExecutor {
   int peak_saved() const { return peak_saved_; }
 
  private:
-  struct Slot;  // one (stage, micro-batch)'s tensors and state
+  struct Inbox;  // a posted receive
+  struct Slot;   // one (stage, micro-batch)'s tensors and state
   Slot& slot(int stage, int mb);
   int tag(ActionKind kind, int stage, int mb) const;
   Tensor take_input(const Action& a);
   Tensor take_grad(const Action& a);
+  Tensor receive(Inbox& box, const Action& a);
+  void post(Inbox& box, const Action& a, const std::vector<int64_t>& shape, ActionKind send_kind);
   void compute(const Action& a);
 
   Schedule schedule_;
