@@ -75,7 +75,8 @@ Measured run_schedule(const PipelineBenchOptions& o, const parallel::Schedule& s
   std::vector<std::vector<parallel::RankTimeline>> steps;
   std::mutex mu;
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  comm::launch({.engine = comm::Engine::threads, .ranks = o.ranks, .bind_to_cores = cores >= static_cast<unsigned>(o.ranks)},
+  const bool bind = cores >= static_cast<unsigned>(o.ranks);
+  comm::launch({.engine = comm::Engine::threads, .ranks = o.ranks, .bind_to_cores = bind},
                [&](comm::Communicator& world) {
                  std::vector<std::unique_ptr<BlockStage>> mine;
                  std::map<int, parallel::PipelineStage*> stages;
@@ -146,8 +147,10 @@ std::vector<PipelineBenchRow> run_pipeline_bench(const PipelineBenchOptions& o) 
       std::filesystem::create_directories(o.out_dir);
       const std::string title = fmt::format("{} on {} ranks, {} micro-batches{}", name, o.ranks, o.micro_batches,
                                             v > 1 ? fmt::format(", {} chunks per rank", v) : "");
-      for (const auto& [ext, text] : {std::pair{std::string("json"), parallel::chrome_trace_json(m.median_timeline, title)},
-                                      std::pair{std::string("svg"), parallel::timeline_svg(m.median_timeline, title)}}) {
+      const std::pair<std::string, std::string> files[] = {
+          {"json", parallel::chrome_trace_json(m.median_timeline, title)},
+          {"svg", parallel::timeline_svg(m.median_timeline, title)}};
+      for (const auto& [ext, text] : files) {
         const std::string path = (std::filesystem::path(o.out_dir) / fmt::format("pipeline_{}.{}", name, ext)).string();
         std::ofstream out(path);
         if (!(out << text))

@@ -56,7 +56,8 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, comm::Communicator& comm, 
                             "pass exactly the stages s with stage_rank(s) == this rank");
   }
   if (stages_.size() != static_cast<size_t>(schedule_.virtual_stages))
-    throw InvalidArgument(kOp, fmt::format("{} stages for {} chunks per rank", stages_.size(), schedule_.virtual_stages),
+    throw InvalidArgument(kOp,
+                          fmt::format("{} stages for {} chunks per rank", stages_.size(), schedule_.virtual_stages),
                           "pass one stage per chunk");
 }
 
@@ -78,7 +79,8 @@ int PipelineExecutor::tag(ActionKind kind, int stage, int mb) const {
 // output on this rank, else the received buffer (waited for now).
 Tensor PipelineExecutor::take_input(const Action& a) {
   if (a.stage == 0) return Tensor();
-  if (schedule_.stage_rank(a.stage - 1) == comm_.rank()) return std::exchange(slot(a.stage - 1, a.micro_batch).output, {});
+  if (schedule_.stage_rank(a.stage - 1) == comm_.rank())
+    return std::exchange(slot(a.stage - 1, a.micro_batch).output, {});
   return receive(slot(a.stage, a.micro_batch).input, a);
 }
 
