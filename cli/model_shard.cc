@@ -3,9 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <map>
 #include <memory>
-#include <set>
 
 #include "cli/command.h"
 #include "meshtrain/core/error.h"
@@ -67,19 +65,6 @@ sharding::MultiDimensionalStrategy strategies(const plan::NamedShape& mesh, int6
   return sharding::MultiDimensionalStrategy(std::move(out), mesh.axis_names);
 }
 
-// "h.3.attn.c_attn.weight" -> "h.*.attn.c_attn.weight"
-std::string pattern_of(const std::string& name) {
-  std::string out;
-  for (std::string_view part : split(name, '.')) {
-    if (!out.empty()) out += '.';
-    if (!part.empty() && std::all_of(part.begin(), part.end(), ::isdigit))
-      out += '*';
-    else
-      out.append(part);
-  }
-  return out;
-}
-
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1 << 20)); }
 
 }  // namespace
@@ -108,11 +93,7 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
   std::unique_ptr<nn::Module> model = build(f);
   const sharding::MultiDimensionalStrategy md = strategies(mesh, f.fsdp_min_weight_size);
   fmt::print("{} on mesh {}: {}\n", f.model, mesh_spec, md.name());
-  struct Row {
-    std::string name, pattern, shape, kind, spec, block;
-  };
-  std::vector<Row> rows;
-  std::map<std::string, std::set<std::string>> variants;  // pattern -> distinct (shape, spec, block)
+  std::vector<std::pair<std::string, std::string>> rows;  // (name, the table's other columns)
   int num_ranks = 1;
   for (int s : mesh.shape) num_ranks *= s;
   double total = 0, held = 0;  // f32 bytes: the model, the most any rank holds
@@ -128,21 +109,15 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
     }
     for (int r = 0; r < num_ranks; ++r) per_rank[static_cast<size_t>(r)] += 4.0 * layout.local_box(r).numel();
     total += 4.0 * static_cast<double>(p->info.numel());
-    Row row{p->name, pattern_of(p->name), sharding::shape_to_string(view.shape), sharding::to_string(p->info.kind),
-            spec.to_string(), layout.local_box(0).to_string()};
-    variants[row.pattern].insert(row.shape + row.spec + row.block);
-    rows.push_back(std::move(row));
+    rows.emplace_back(p->name, fmt::format("{:<16} {:<22} {:<26} {}", sharding::shape_to_string(view.shape),
+                                           sharding::to_string(p->info.kind), spec.to_string(),
+                                           layout.local_box(0).to_string()));
   }
   if (!f.param.empty())
     throw InvalidArgument("--param", fmt::format("'{}' is not a parameter of {}", f.param, f.model),
-                          fmt::format("pick one of the names below, e.g. '{}'", rows.empty() ? "" : rows.front().name));
+                          fmt::format("pick one of the names below, e.g. '{}'", rows.empty() ? "" : rows.front().first));
   fmt::print("\n{:<28} {:<16} {:<22} {:<26} {}\n", "parameter", "shape", "kind", "spec", "rank 0 holds");
-  std::set<std::string> printed;
-  for (const Row& r : rows) {
-    const bool fold = variants[r.pattern].size() == 1;
-    if (fold && !printed.insert(r.pattern).second) continue;
-    fmt::print("{:<28} {:<16} {:<22} {:<26} {}\n", fold ? r.pattern : r.name, r.shape, r.kind, r.spec, r.block);
-  }
+  for (const auto& [name, columns] : nn::fold_layer_rows(rows)) fmt::print("{:<28} {}\n", name, columns);
   held = *std::max_element(per_rank.begin(), per_rank.end());
   fmt::print("\nf32 parameters: {} in all, at most {} on a rank ({:.1f}%)\n", mib(total), mib(held),
              100.0 * held / std::max(total, 1.0));

@@ -3,8 +3,39 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
+#include <string_view>
+
+#include "meshtrain/core/strings.h"
 
 namespace meshtrain::nn {
+
+std::vector<std::pair<std::string, std::string>> fold_layer_rows(
+    const std::vector<std::pair<std::string, std::string>>& rows) {
+  std::vector<std::string> patterns;
+  std::map<std::string, std::set<std::string>> descriptions;  // pattern -> those seen
+  for (const auto& [name, what] : rows) {
+    std::string pattern;
+    for (std::string_view part : split(name, '.')) {
+      if (!pattern.empty()) pattern += '.';
+      if (!part.empty() && std::all_of(part.begin(), part.end(), ::isdigit))
+        pattern += '*';
+      else
+        pattern.append(part);
+    }
+    descriptions[pattern].insert(what);
+    patterns.push_back(std::move(pattern));
+  }
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::string> done;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const bool fold = descriptions[patterns[i]].size() == 1;
+    if (fold && !done.insert(patterns[i]).second) continue;
+    out.emplace_back(fold ? patterns[i] : rows[i].first, rows[i].second);
+  }
+  return out;
+}
 
 bool Module::owns_parameters() {
   if (owns_parameters_ < 0) {

@@ -71,6 +71,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/core/error.h"
@@ -302,6 +303,14 @@ class Module {
 };
 
 inline bool ParamHook::scopes(Module& m) { return m.owns_parameters(); }
+
+// Summary rows (parameter name, description), folded: the parameters whose
+// names differ only in layer indices ("h.3.attn.c_attn.weight") and whose
+// descriptions all agree share one row named by the pattern
+// ("h.*.attn.c_attn.weight"), at its first appearance; others keep their
+// own rows. For start-up dumps and `meshtrain shard --model`.
+std::vector<std::pair<std::string, std::string>> fold_layer_rows(
+    const std::vector<std::pair<std::string, std::string>>& rows);
 
 // Fills the rectangular block `box` of p's initial value (offset and size
 // per dimension of p.info.shape) into out (the block's elements, row-major),

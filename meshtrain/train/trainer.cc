@@ -7,11 +7,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
@@ -61,40 +59,20 @@ std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
 }
 
 // How a tensor axis splits the model, as rank 0 holds it: one line per
-// parameter, its block and the global shape it lies in, or "replicated"
-// ("replicated, sequence-parallel gradient" for the partial ones); when all
-// parameters that differ only in layer indices are placed alike, one line
-// for them ("h.*.attn.c_attn.weight").
+// parameter (layers placed alike folded: nn::fold_layer_rows), its block and
+// the global shape it lies in, or "replicated" ("replicated,
+// sequence-parallel gradient" for the partial ones).
 std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, const nn::TensorParallelGroup& tp) {
-  std::vector<std::pair<std::string, std::string>> rows;  // (name, where) in order
-  std::map<std::string, std::set<std::string>> wheres;    // pattern -> placements seen
-  std::vector<std::string> patterns;
-  for (const nn::Parameter* p : params) {
-    std::string pattern;
-    for (std::string_view part : split(p->name, '.')) {
-      if (!pattern.empty()) pattern += '.';
-      if (!part.empty() && std::all_of(part.begin(), part.end(), ::isdigit))
-        pattern += '*';
-      else
-        pattern.append(part);
-    }
-    const std::string where = p->placement.kind == nn::Placement::Kind::box
-                                  ? fmt::format("{} of {}", p->placement.box.to_string(),
-                                                shape_to_string(p->placement.shape))
-                              : p->sequence_parallel ? std::string("replicated, sequence-parallel gradient")
-                                                     : std::string("replicated");
-    rows.emplace_back(p->name, where);
-    patterns.push_back(pattern);
-    wheres[pattern].insert(where);
-  }
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (const nn::Parameter* p : params)
+    rows.emplace_back(p->name, p->placement.kind == nn::Placement::Kind::box
+                                   ? fmt::format("{} of {}", p->placement.box.to_string(),
+                                                 shape_to_string(p->placement.shape))
+                               : p->sequence_parallel ? std::string("replicated, sequence-parallel gradient")
+                                                      : std::string("replicated"));
   std::string out = fmt::format("tensor parallel over {} ranks{} (rank 0's blocks):\n", tp.size(),
                                 tp.splits_sequence() ? ", sequence parallel" : "");
-  std::set<std::string> printed;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const bool fold = wheres[patterns[i]].size() == 1;
-    if (fold && !printed.insert(patterns[i]).second) continue;
-    out += fmt::format("  {:<28} {}\n", fold ? patterns[i] : rows[i].first, rows[i].second);
-  }
+  for (const auto& [name, where] : nn::fold_layer_rows(rows)) out += fmt::format("  {:<28} {}\n", name, where);
   return out;
 }
 
