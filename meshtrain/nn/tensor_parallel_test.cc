@@ -220,6 +220,20 @@ TEST(TensorParallelLinear, FusedProjectionTakesItsColumnsOfEachPart) {
 // every parameter's gradient block, within 1e-5 (the sequence-parallel
 // ones once summed over the ranks by reduce_sequence_parallel_grads);
 // initial values bit for bit.
+// A GPT split over `world` (step 3's dropout masks) with its vocabulary-parallel loss.
+struct SplitGpt {
+  SplitGpt(const GPTConfig& base, comm::Communicator& world, bool sp)
+      : gpt(with_group(base, world, sp)), vce(gpt.config().tensor, base.vocab) {
+    gpt.set_batch_context(3, 0);
+  }
+  static GPTConfig with_group(GPTConfig c, comm::Communicator& world, bool sp) {
+    c.tensor = TensorParallelGroup{&world, sp};
+    return c;
+  }
+  GPT gpt;
+  VocabParallelCrossEntropy vce;
+};
+
 TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
   const GPTConfig base{.vocab = 13, .block_size = 8, .layers = 2, .heads = 4, .width = 16, .seed = 7, .dropout = 0.1};
   std::vector<int64_t> ids(2 * 8), next(2 * 8);
@@ -235,11 +249,10 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
     for (int k : {1, 2, 4}) {
       comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
                    [&](comm::Communicator& world) {
-                     GPTConfig c = base;
-                     c.tensor = TensorParallelGroup{&world, sp};
-                     GPT tp(c);
-                     tp.set_batch_context(3, 0);
-                     VocabParallelCrossEntropy vce(c.tensor, c.vocab);
+                     SplitGpt split(base, world, sp);
+                     GPT& tp = split.gpt;
+                     VocabParallelCrossEntropy& vce = split.vce;
+                     const TensorParallelGroup& group = tp.config().tensor;
                      ASSERT_EQ(tp.vocab_shard().begin, vce.shard().begin);
                      const double got = vce.forward(tp.forward(x), y);
                      tp.backward(vce.backward());
@@ -250,7 +263,7 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
                        if (p->sequence_parallel) partial.push_back(p->name);
                      // LayerNorms (2 per block and ln_f), the row-parallel biases, wpe.
                      EXPECT_EQ(partial.size(), sp && k > 1 ? 4u * base.layers + 2 * base.layers + 2 + 1 : 0u);
-                     reduce_sequence_parallel_grads(ps, partial, c.tensor);
+                     reduce_sequence_parallel_grads(ps, partial, group);
                      ASSERT_EQ(ps.size(), rp.size());
                      for (size_t i = 0; i < ps.size(); ++i) {
                        ASSERT_EQ(ps[i]->name, rp[i]->name);
@@ -277,11 +290,9 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
   for (bool sp : {false, true})
     comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
                  [&](comm::Communicator& world) {
-                   GPTConfig c = base;
-                   c.tensor = TensorParallelGroup{&world, sp};
-                   GPT tp(c);
-                   tp.set_batch_context(3, 0);
-                   VocabParallelCrossEntropy vce(c.tensor, c.vocab);
+                   SplitGpt split(base, world, sp);
+                   GPT& tp = split.gpt;
+                   VocabParallelCrossEntropy& vce = split.vce;
                    world.reset_traffic();
                    vce.forward(tp.forward(x), y);
                    tp.backward(vce.backward());
