@@ -397,12 +397,7 @@ class CpuBackend final : public functional::Backend {
 
   void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor,
                               const Tensor& grad) const override {
-    const int64_t n = probs.size(0), c = probs.size(1);
-    const float f = static_cast<float>(factor);
-    scaled_copy(probs, f, grad);
-    float* pg = grad.data<float>();
-    const int64_t* y = labels.data<int64_t>();
-    for (int64_t i = 0; i < n; ++i) pg[i * c + y[i]] -= f;
+    vocab_parallel_ce_backward(probs, labels, /*begin=*/0, factor, grad);  // every label in the one shard
   }
 
   void row_max(const Tensor& logits, const Tensor& max) const override {
