@@ -53,24 +53,21 @@ void set_distributed(config::DistributedConfig& dc, std::string_view key, const 
 // that only leads to the same refusal.
 void require_trainable_mesh(const config::DistributedConfig& dc, std::string_view source) {
   const char* hint =
-      "training supports data, fsdp and tensor axes today (e.g. --mesh data=4, data=2,fsdp=2 or data=2,tensor=2); "
-      "pipeline and context parallelism are not implemented for training yet";
-  for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i)
-    if (dc.mesh_axis_names[i] != "data" && dc.mesh_axis_names[i] != "fsdp" && dc.mesh_axis_names[i] != "tensor" &&
-        dc.mesh_shape[i] != 1)
+      "training supports data, fsdp, tensor and pipeline axes today (e.g. --mesh data=4, data=2,fsdp=2, "
+      "data=2,tensor=2 or data=2,pipeline=2); context parallelism is not implemented for training yet";
+  for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i) {
+    const std::string& a = dc.mesh_axis_names[i];
+    if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && dc.mesh_shape[i] != 1)
       throw Unsupported("meshtrain train",
                         fmt::format("{}: mesh {} has a {} axis of size {}, which training cannot use", source,
-                                    plan::NamedShape{dc.mesh_shape, dc.mesh_axis_names}.to_spec(),
-                                    dc.mesh_axis_names[i], dc.mesh_shape[i]),
+                                    plan::NamedShape{dc.mesh_shape, dc.mesh_axis_names}.to_spec(), a,
+                                    dc.mesh_shape[i]),
                         hint);
-  struct Size {
-    const char* key;
-    int value;
-  };
-  for (const Size s : {Size{"pipeline_parallel_size", dc.pipeline_parallel_size},
-                       Size{"context_parallel_size", dc.context_parallel_size}})
-    if (s.value != 1)
-      throw Unsupported("meshtrain train", fmt::format("{} is {}, which training cannot use", s.key, s.value), hint);
+  }
+  if (dc.context_parallel_size != 1)
+    throw Unsupported("meshtrain train",
+                      fmt::format("context_parallel_size is {}, which training cannot use", dc.context_parallel_size),
+                      hint);
 }
 
 int run_train(TrainFlags& f) {
@@ -108,10 +105,11 @@ int run_train(TrainFlags& f) {
     }
   }
   require_trainable_mesh(dc, !f.mesh.empty() ? "--mesh" : f.config.empty() ? "configuration" : f.config);
-  // A tensor axis in the mesh is the tensor-parallel size.
+  // A tensor (pipeline) axis in the mesh is the tensor- (pipeline-) parallel size.
   for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i)
-    if (dc.mesh_axis_names[i] == "tensor")
-      set_distributed(dc, "tensor_parallel_size", std::to_string(dc.mesh_shape[i]), "--mesh");
+    for (const char* axis : {"tensor", "pipeline"})
+      if (dc.mesh_axis_names[i] == axis)
+        set_distributed(dc, std::string(axis) + "_parallel_size", std::to_string(dc.mesh_shape[i]), "--mesh");
   if (dc.backend == comm::Engine::threads && dc.world_size > comm::kMaxThreadsRanks)
     throw InvalidArgument("meshtrain train",
                           fmt::format("{}: {} devices, more than the threads engine's {}",
@@ -176,6 +174,7 @@ int run_train(TrainFlags& f) {
     fmt::print("final {}\n", r.test_summary);  // the model recipe's line
     std::string files;
     for (const std::string& f : r.artifacts) files += ", " + f;
+    if (!r.pipeline_schedule.empty()) files += ", pipeline.svg, pipeline.trace.json";
     fmt::print("run directory: {} (config.toml, metrics.jsonl, model.safetensors, loss.svg{})\n", r.run_dir, files);
   }
   return 0;

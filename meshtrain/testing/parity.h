@@ -21,8 +21,9 @@
 namespace meshtrain::testing {
 
 // A threads-engine configuration with one simulated device per position of
-// `mesh` ("data=2,tensor=2"; "" = one device); a tensor axis sets
-// tensor_parallel_size, as `meshtrain train --mesh` does.
+// `mesh` ("data=2,tensor=2"; "" = one device); a tensor (pipeline) axis
+// sets tensor_parallel_size (pipeline_parallel_size), as `meshtrain train
+// --mesh` does.
 inline config::DistributedConfig threads_mesh_config(const std::string& mesh) {
   config::DistributedConfig dc;
   if (mesh.empty()) return dc;
@@ -34,7 +35,10 @@ inline config::DistributedConfig threads_mesh_config(const std::string& mesh) {
   dc.mesh_shape = m.shape;
   dc.mesh_axis_names = m.axis_names;
   for (size_t i = 0; i < m.axis_names.size(); ++i)
-    if (m.axis_names[i] == "tensor") dc.tensor_parallel_size = m.shape[i];
+    if (m.axis_names[i] == "tensor")
+      dc.tensor_parallel_size = m.shape[i];
+    else if (m.axis_names[i] == "pipeline")
+      dc.pipeline_parallel_size = m.shape[i];
   return dc;
 }
 

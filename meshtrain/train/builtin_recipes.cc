@@ -47,6 +47,14 @@ class FashionMnistRecipe : public ModelRecipe {
   ImageDataSource train_, test_;
 };
 
+Evaluation mlp_summary(std::span<const double> s, int64_t n) {
+  const double loss = s[0], accuracy = s[1] / static_cast<double>(n);
+  return {.loss = loss,
+          .metrics = {{"loss", loss}, {"accuracy", accuracy}},
+          .epoch_line = fmt::format("test loss {:.4f}  test accuracy {:.2f}%", loss, 100 * accuracy),
+          .final_line = fmt::format("test accuracy {:.2f}% (test loss {:.4f})", 100 * accuracy, loss)};
+}
+
 std::vector<float> row_values(const Tensor& t, int64_t i) {
   const Tensor row = t.select(0, i).contiguous();
   const float* p = row.data<float>();
@@ -75,18 +83,101 @@ class MlpModel final : public RecipeModel {
     return {ce_.forward(logits, labels, static_cast<double>(n)), static_cast<double>(nn::count_correct(logits, labels))};
   }
 
-  Evaluation summarize(std::span<const double> s, int64_t n) const override {
-    const double loss = s[0], accuracy = s[1] / static_cast<double>(n);
-    return {.loss = loss,
-            .metrics = {{"loss", loss}, {"accuracy", accuracy}},
-            .epoch_line = fmt::format("test loss {:.4f}  test accuracy {:.2f}%", loss, 100 * accuracy),
-            .final_line = fmt::format("test accuracy {:.2f}% (test loss {:.4f})", 100 * accuracy, loss)};
-  }
+  Evaluation summarize(std::span<const double> s, int64_t n) const override { return mlp_summary(s, n); }
 
  private:
   nn::MLP mlp_;
   nn::CrossEntropyLoss ce_;
 };
+
+// One pipeline stage: Linears [first_layer, last_layer) (with their ReLUs
+// and dropouts); the last stage also the loss. A micro-batch's Saved holds
+// the part's state in child 0, the loss's in child 1.
+class MlpStage final : public RecipeStage {
+ public:
+  MlpStage(const nn::MLPConfig& c, bool last, MemoryTracker* tracker)
+      : mlp_(c), first_(c.first_layer == 0), last_(last), in_(c.sizes.at(static_cast<size_t>(c.first_layer))) {
+    mlp_.set_memory_tracker(tracker);
+  }
+  nn::Module& module() override { return mlp_; }
+  Tensor forward(const Batch& micro, int64_t step, double norm, const Tensor& input, nn::Saved& saved,
+                 double* loss) override {
+    mlp_.set_batch_context(static_cast<uint64_t>(step), micro.first_global_sample);  // dropout keys
+    const Tensor out = mlp_.forward(first_ ? micro["images"] : input, saved.child(0));
+    if (!last_) return out;
+    *loss = ce_.forward(out, micro["labels"], saved.child(1), norm);
+    return Tensor();
+  }
+  Tensor backward_input(const Tensor& grad, nn::Saved& saved) override {
+    return mlp_.backward_input(last_ ? ce_.backward(saved.child(1)) : grad, saved.child(0));
+  }
+  void backward_weight(nn::Saved& saved) override { mlp_.backward_weight(saved.child(0)); }
+  std::vector<int64_t> input_shape(const Batch& micro) const override { return {micro.size(), in_}; }
+  // {cross-entropy summed / n, correct predictions}, as MlpModel::evaluate.
+  Tensor evaluate(const Batch& chunk, int64_t n, const Tensor& input, std::vector<double>* sums) override {
+    const Tensor out = mlp_.forward(first_ ? chunk["images"] : input, eval_saved_);
+    if (!last_) return out;
+    const Tensor& labels = chunk["labels"];
+    sums->resize(2);
+    (*sums)[0] += ce_.forward(out, labels, eval_loss_saved_, static_cast<double>(n));
+    (*sums)[1] += static_cast<double>(nn::count_correct(out, labels));
+    return Tensor();
+  }
+
+ private:
+  nn::MLP mlp_;
+  nn::CrossEntropyLoss ce_;
+  bool first_, last_;
+  int64_t in_;
+  nn::Saved eval_saved_, eval_loss_saved_;
+};
+
+// This rank's MLP stages (ModelOptions::stages), driven by the trainer.
+class MlpStagesModel final : public RecipeModel {
+ public:
+  explicit MlpStagesModel(std::vector<std::unique_ptr<MlpStage>> stages) : stages_(std::move(stages)) {}
+  nn::Module& module() override { return stages_.front()->module(); }
+  std::vector<RecipeStage*> stages() override {
+    std::vector<RecipeStage*> out;
+    for (auto& s : stages_) out.push_back(s.get());
+    return out;
+  }
+  double loss_step(const Batch&, int64_t, double) override { throw_staged(); }
+  std::vector<double> evaluate(const Batch&, int64_t) override { throw_staged(); }
+  Evaluation summarize(std::span<const double> s, int64_t n) const override { return mlp_summary(s, n); }
+
+ private:
+  [[noreturn]] static void throw_staged() {
+    throw InvalidArgument("MLP pipeline stages", "the whole-model step of a model built in pipeline stages",
+                          "drive stages() (the trainer's pipeline executor does)");
+  }
+  std::vector<std::unique_ptr<MlpStage>> stages_;
+};
+
+// The MLP's Linears cut by their weights (in x out); under tensor
+// parallelism a column/row pair is one unit (a stage may not cut it).
+std::vector<std::pair<int, int>> mlp_cut(const std::vector<int64_t>& sizes, const nn::TensorParallelGroup& tp,
+                                         int stages) {
+  const size_t layers = sizes.size() - 1;
+  const std::vector<nn::ChainRole> roles =
+      tp.size() > 1 ? nn::chain_roles(sizes) : std::vector<nn::ChainRole>(layers, nn::ChainRole::whole);
+  std::vector<int> unit_start;
+  std::vector<double> costs;
+  for (size_t i = 0; i < layers; ++i) {
+    const double cost = static_cast<double>(sizes[i]) * static_cast<double>(sizes[i + 1]);
+    if (i > 0 && roles[i] == nn::ChainRole::row) {
+      costs.back() += cost;
+      continue;
+    }
+    unit_start.push_back(static_cast<int>(i));
+    costs.push_back(cost);
+  }
+  unit_start.push_back(static_cast<int>(layers));
+  std::vector<std::pair<int, int>> out;
+  for (const auto& [a, b] : pipeline_cut(costs, stages, "mlp"))
+    out.emplace_back(unit_start[static_cast<size_t>(a)], unit_start[static_cast<size_t>(b)]);
+  return out;
+}
 
 class MlpRecipe final : public FashionMnistRecipe {
  public:
@@ -104,6 +195,18 @@ class MlpRecipe final : public FashionMnistRecipe {
     mc.dropout = tc_.dropout;
     mc.seed = o.seed;
     mc.defer_init = o.defer_init;
+    if (o.pipeline_stages > 1) {
+      const auto cut = mlp_cut(mc.sizes, o.tensor, o.pipeline_stages);
+      std::vector<std::unique_ptr<MlpStage>> stages;
+      for (int s : o.stages) {
+        nn::MLPConfig part = mc;
+        part.first_layer = cut.at(static_cast<size_t>(s)).first;
+        part.last_layer = cut[static_cast<size_t>(s)].second;
+        stages.push_back(std::make_unique<MlpStage>(part, s == o.pipeline_stages - 1, o.tracker));
+        stages.back()->module().set_compute_dtype(o.compute_dtype);
+      }
+      return std::make_unique<MlpStagesModel>(std::move(stages));
+    }
     auto m = std::make_unique<MlpModel>(mc, o.tracker);
     m->module().set_compute_dtype(o.compute_dtype);
     return m;
@@ -185,6 +288,9 @@ class VaeRecipe final : public FashionMnistRecipe {
   std::vector<std::string> artifacts() const override { return {"reconstructions.png", "samples.png"}; }
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
     refuse_sequence_parallel(o, "vae");
+    if (o.pipeline_stages > 1)
+      throw Unsupported("meshtrain train", "model vae with a pipeline axis",
+                        "train the VAE with data, fsdp and tensor axes; the mlp and gpt models cut into stages");
     nn::VAEConfig vc;
     vc.tensor = o.tensor;
     vc.input = train_set_.features();

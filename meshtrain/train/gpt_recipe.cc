@@ -32,13 +32,128 @@ namespace meshtrain::train::internal {
 
 namespace {
 
+// Cross-entropy of the logits (this rank's vocabulary shard under tensor
+// parallelism: the vocabulary-parallel loss) against targets, / norm.
+class GptLoss {
+ public:
+  GptLoss(const nn::GPTConfig& c, MemoryTracker* tracker) {
+    if (c.tensor.size() > 1) vocab_ce_.emplace(c.tensor, c.vocab, tracker);  // logits split by vocabulary
+  }
+  double forward(const Tensor& logits, const Tensor& targets, double norm, nn::Saved& saved) {
+    const Tensor t = targets.contiguous().view({targets.numel()});
+    return vocab_ce_ ? vocab_ce_->forward(logits, t, saved, norm) : ce_.forward(logits, t, saved, norm);
+  }
+  Tensor backward(nn::Saved& saved) { return vocab_ce_ ? vocab_ce_->backward(saved) : ce_.backward(saved); }
+
+ private:
+  nn::CrossEntropyLoss ce_;
+  std::optional<nn::VocabParallelCrossEntropy> vocab_ce_;
+};
+
+Evaluation summary(double loss, double unigram) {
+  const double ppl = std::exp(loss);
+  return {.loss = loss,
+          .metrics = {{"loss", loss}, {"perplexity", ppl}, {"unigram_entropy", unigram}},
+          .epoch_line = fmt::format("validation loss {:.4f} nats/token (perplexity {:.1f}; unigram entropy {:.4f})",
+                                    loss, ppl, unigram),
+          .final_line = fmt::format("validation loss {:.4f} nats/token, perplexity {:.1f} (unigram entropy {:.4f} "
+                                    "nats/token)",
+                                    loss, ppl, unigram)};
+}
+
+// One pipeline stage: blocks [first_block, last_block) with the embeddings
+// on the first stage and ln_f, the tied head and the loss on the last. A
+// micro-batch's Saved holds the part's state in child 0, the loss's in
+// child 1.
+class GptStage final : public RecipeStage {
+ public:
+  GptStage(const nn::GPTConfig& c, MemoryTracker* tracker) : gpt_(c), loss_(c, tracker) {
+    gpt_.set_memory_tracker(tracker);
+  }
+  nn::Module& module() override { return gpt_; }
+  // One unit per block; wte, which the first and last stages both hold, a
+  // unit of its own (so both shard it alike); the root's for the rest.
+  std::vector<nn::Module*> fsdp_units() override {
+    std::vector<nn::Module*> units = gpt_.blocks();
+    for (nn::Module* c : gpt_.children()) {
+      const auto ps = c->parameters();
+      if (ps.size() == 1 && ps[0]->name == "wte.weight") units.push_back(c);
+    }
+    units.push_back(&gpt_);
+    return units;
+  }
+  Tensor forward(const Batch& micro, int64_t step, double norm, const Tensor& input, nn::Saved& saved,
+                 double* loss) override {
+    const Tensor& tokens = micro["tokens"];
+    gpt_.set_batch_context(static_cast<uint64_t>(step), micro.first_global_sample);
+    const Tensor out = gpt_.forward(gpt_.config().embed ? tokens : input, saved.child(0));
+    if (!gpt_.config().head) return out;
+    *loss = loss_.forward(out, micro["targets"], norm * static_cast<double>(tokens.size(1)), saved.child(1));
+    return Tensor();
+  }
+  Tensor backward_input(const Tensor& grad, nn::Saved& saved) override {
+    return gpt_.backward_input(gpt_.config().head ? loss_.backward(saved.child(1)) : grad, saved.child(0));
+  }
+  void backward_weight(nn::Saved& saved) override { gpt_.backward_weight(saved.child(0)); }
+  // The residual stream (B, T, C); with sequence parallelism this rank's
+  // steps of T padded to the split.
+  std::vector<int64_t> input_shape(const Batch& micro) const override {
+    const nn::GPTConfig& c = gpt_.config();
+    const int64_t t = micro["tokens"].size(1), k = c.tensor.splits_sequence() ? c.tensor.size() : 1;
+    return {micro.size(), (t + k - 1) / k, c.width};
+  }
+  Tensor evaluate(const Batch& chunk, int64_t n, const Tensor& input, std::vector<double>* sums) override {
+    const Tensor& tokens = chunk["tokens"];
+    const Tensor out = gpt_.forward(gpt_.config().embed ? tokens : input, eval_saved_);
+    if (!gpt_.config().head) return out;
+    sums->resize(1);
+    (*sums)[0] += loss_.forward(out, chunk["targets"], static_cast<double>(n) * static_cast<double>(tokens.size(1)),
+                                eval_loss_saved_);
+    return Tensor();
+  }
+  std::vector<std::string> tied_parameters() const override {
+    if (gpt_.config().head != gpt_.config().embed) return {"wte.weight"};  // the embedding's, the head's copy
+    return {};
+  }
+
+ private:
+  nn::GPT gpt_;
+  GptLoss loss_;
+  nn::Saved eval_saved_, eval_loss_saved_;
+};
+
+// This rank's stages of a GPT cut into pipeline stages. The trainer drives
+// them (stages()); artifacts come from the whole model it assembles.
+class GptStagesModel final : public RecipeModel {
+ public:
+  GptStagesModel(std::vector<std::unique_ptr<GptStage>> stages, double unigram)
+      : stages_(std::move(stages)), unigram_(unigram) {}
+  nn::Module& module() override { return stages_.front()->module(); }
+  std::vector<RecipeStage*> stages() override {
+    std::vector<RecipeStage*> out;
+    for (auto& s : stages_) out.push_back(s.get());
+    return out;
+  }
+  double loss_step(const Batch&, int64_t, double) override { throw_staged(); }
+  std::vector<double> evaluate(const Batch&, int64_t) override { throw_staged(); }
+  int64_t evaluation_rows() const override { return 16; }
+  Evaluation summarize(std::span<const double> s, int64_t) const override { return summary(s[0], unigram_); }
+
+ private:
+  [[noreturn]] static void throw_staged() {
+    throw InvalidArgument("GPT pipeline stages", "the whole-model step of a model built in pipeline stages",
+                          "drive stages() (the trainer's pipeline executor does)");
+  }
+  std::vector<std::unique_ptr<GptStage>> stages_;
+  double unigram_;
+};
+
 class GptModel final : public RecipeModel {
  public:
   GptModel(const nn::GPTConfig& c, double unigram, std::shared_ptr<const Tokenizer> tokenizer, uint64_t seed,
            MemoryTracker* tracker)
-      : gpt_(c), unigram_(unigram), tokenizer_(std::move(tokenizer)), seed_(seed) {
+      : gpt_(c), loss_(c, tracker), unigram_(unigram), tokenizer_(std::move(tokenizer)), seed_(seed) {
     gpt_.set_memory_tracker(tracker);
-    if (c.tensor.size() > 1) vocab_ce_.emplace(c.tensor, c.vocab, tracker);  // logits split by vocabulary
   }
   nn::Module& module() override { return gpt_; }
   // One FSDP unit per transformer block; the root's unit holds the rest
@@ -54,25 +169,18 @@ class GptModel final : public RecipeModel {
     const Tensor& tokens = micro["tokens"];
     const Tensor& targets = micro["targets"];
     const double tokens_per_sample = static_cast<double>(tokens.size(1));
-    const double loss = loss_of(gpt_.forward(tokens), targets, norm * tokens_per_sample);
-    gpt_.backward(vocab_ce_ ? vocab_ce_->backward() : ce_.backward());
+    const double loss = loss_.forward(gpt_.forward(tokens), targets, norm * tokens_per_sample, loss_saved_);
+    gpt_.backward(loss_.backward(loss_saved_));
     return loss;
   }
 
-  // {cross-entropy summed over the chunk's tokens / (n tokens per sample)},
-  // kEvalRows samples at a time: the logits of a chunk (rows x T x vocab
-  // floats) would otherwise dwarf the model.
+  // {cross-entropy summed over the chunk's tokens / (n tokens per sample)}.
   std::vector<double> evaluate(const Batch& chunk, int64_t n) override {
-    constexpr int64_t kEvalRows = 16;
     const double per_token = static_cast<double>(n) * static_cast<double>(chunk["tokens"].size(1));
-    double sum = 0;
-    for (int64_t lo = 0; lo < chunk.size(); lo += kEvalRows) {
-      const Batch part = chunk.rows(lo, std::min(chunk.size(), lo + kEvalRows));
-      const Tensor& targets = part["targets"];
-      sum += loss_of(gpt_.forward(part["tokens"]), targets, per_token);
-    }
-    return {sum};
+    return {loss_.forward(gpt_.forward(chunk["tokens"]), chunk["targets"], per_token, loss_saved_)};
   }
+  // The logits of a chunk (rows x T x vocab floats) would otherwise dwarf the model.
+  int64_t evaluation_rows() const override { return 16; }
 
   // sample.txt: SampleOptions's defaults with the run's seed, printed by
   // rank 0 too; tokenizer.model: the run's tokenizer, so the run directory
@@ -87,28 +195,12 @@ class GptModel final : public RecipeModel {
     fmt::print("sample (prompt \"{}\", temperature {}, top-k {}):\n{}\n", o.prompt, o.temperature, o.top_k, text);
   }
 
-  Evaluation summarize(std::span<const double> s, int64_t) const override {
-    const double loss = s[0], ppl = std::exp(loss);
-    return {.loss = loss,
-            .metrics = {{"loss", loss}, {"perplexity", ppl}, {"unigram_entropy", unigram_}},
-            .epoch_line = fmt::format("validation loss {:.4f} nats/token (perplexity {:.1f}; unigram entropy {:.4f})",
-                                      loss, ppl, unigram_),
-            .final_line = fmt::format("validation loss {:.4f} nats/token, perplexity {:.1f} (unigram entropy {:.4f} "
-                                      "nats/token)",
-                                      loss, ppl, unigram_)};
-  }
+  Evaluation summarize(std::span<const double> s, int64_t) const override { return summary(s[0], unigram_); }
 
  private:
-  // Cross-entropy of the logits (this rank's vocabulary shard under tensor
-  // parallelism: the vocabulary-parallel loss) against targets, / norm.
-  double loss_of(const Tensor& logits, const Tensor& targets, double norm) {
-    const Tensor t = targets.contiguous().view({targets.numel()});
-    return vocab_ce_ ? vocab_ce_->forward(logits, t, norm) : ce_.forward(logits, t, norm);
-  }
-
   nn::GPT gpt_;
-  nn::CrossEntropyLoss ce_;
-  std::optional<nn::VocabParallelCrossEntropy> vocab_ce_;
+  GptLoss loss_;
+  nn::Saved loss_saved_;
   double unigram_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   uint64_t seed_;
@@ -139,12 +231,33 @@ class GptRecipe final : public ModelRecipe {
     nn::GPTConfig c{.vocab = tc_.vocab, .block_size = tc_.context, .layers = tc_.layers, .heads = tc_.heads,
                     .width = tc_.width, .seed = o.seed, .recompute = tc_.recompute, .dropout = tc_.dropout,
                     .defer_init = o.defer_init, .tensor = o.tensor};
+    if (o.pipeline_stages > 1) return build_stages(c, o);
     auto m = std::make_unique<GptModel>(c, unigram_, tokenizer_, o.seed, o.tracker);
     m->module().set_compute_dtype(o.compute_dtype);
     return m;
   }
 
  private:
+  // The blocks cut by forward FLOPs per token (GPT-2's 24 C^2 per block plus
+  // causal attention's 2 T C; the tied head's 2 C V on the last block).
+  std::unique_ptr<RecipeModel> build_stages(const nn::GPTConfig& whole, const ModelOptions& o) const {
+    const double c = static_cast<double>(whole.width), t = static_cast<double>(whole.block_size);
+    std::vector<double> costs(static_cast<size_t>(whole.layers), 24 * c * c + 2 * t * c);
+    costs.back() += 2 * c * static_cast<double>(whole.vocab);
+    const auto cut = pipeline_cut(costs, o.pipeline_stages, "gpt");
+    std::vector<std::unique_ptr<GptStage>> stages;
+    for (int s : o.stages) {
+      nn::GPTConfig part = whole;
+      part.first_block = cut.at(static_cast<size_t>(s)).first;
+      part.last_block = cut[static_cast<size_t>(s)].second;
+      part.embed = s == 0;
+      part.head = s == o.pipeline_stages - 1;
+      stages.push_back(std::make_unique<GptStage>(part, o.tracker));
+      stages.back()->module().set_compute_dtype(o.compute_dtype);
+    }
+    return std::make_unique<GptStagesModel>(std::move(stages), unigram_);
+  }
+
   TrainConfig tc_;
   std::shared_ptr<const TokenFile> tokens_;
   std::shared_ptr<const Tokenizer> tokenizer_;

@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/sharding/stage_assignment.h"
 #include "meshtrain/train/internal/builtin_recipes.h"
 
 namespace meshtrain::train {
@@ -36,6 +37,20 @@ std::string quoted_choices(const std::deque<RecipeRegistration>& entries) {
 }
 
 }  // namespace
+
+std::vector<std::pair<int, int>> pipeline_cut(const std::vector<double>& costs, int stages, std::string_view model) {
+  if (static_cast<int64_t>(costs.size()) < stages)
+    throw InvalidArgument("meshtrain train",
+                          fmt::format("model {} has {} layers to cut into {} pipeline stages: a stage would be empty",
+                                      model, costs.size(), stages),
+                          "use a pipeline axis of at most that many stages (with --virtual-stages: ranks x chunks), "
+                          "or a deeper model");
+  const sharding::PipelineParallelStrategy pp("pipeline", stages);
+  const std::vector<int> counts = pp.assign_layers_to_stages(costs);
+  std::vector<std::pair<int, int>> out;
+  for (int s = 0; s < stages; ++s) out.push_back(pp.layer_range(s, counts));
+  return out;
+}
 
 void register_model_recipe(RecipeRegistration registration) {
   Registry& r = registry();

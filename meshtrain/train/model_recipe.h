@@ -67,6 +67,49 @@ struct ModelOptions {
   // The mesh's tensor axis: a recipe splits its model over it (the GPT:
   // nn::GPTConfig::tensor) or throws Unsupported naming the model.
   nn::TensorParallelGroup tensor = {};
+  // Pipeline parallelism: the model cut into `pipeline_stages` consecutive
+  // stages (the first reads the data, the last computes the loss); build
+  // only `stages` of them (this rank's, ascending), reached through
+  // RecipeModel::stages(). pipeline_stages 1: the whole model. A recipe
+  // that cannot be cut throws Unsupported naming the model.
+  int pipeline_stages = 1;
+  std::vector<int> stages = {};
+};
+
+// One pipeline stage of a recipe's model (ModelOptions::pipeline_stages),
+// as the trainer's pipeline executor drives it: every micro-batch of a step
+// is in flight with its own nn::Saved, so nothing of a micro-batch may live
+// in the stage object between calls (the Saved holds it).
+class RecipeStage {
+ public:
+  virtual ~RecipeStage() = default;
+  // This stage's part of the model (what its data-parallel strategy wraps).
+  virtual nn::Module& module() = 0;
+  // Its FSDP units (RecipeModel::fsdp_units); empty: one per module that
+  // owns parameters.
+  virtual std::vector<nn::Module*> fsdp_units() { return {}; }
+  // Forward of micro-batch `micro` (this rank's rows) at step `step`:
+  // stage 0 reads micro's data, the others take `input`, the previous
+  // stage's output. Returns the next stage's input; the last stage instead
+  // returns an undefined tensor and its loss (loss_step's number) in *loss.
+  virtual Tensor forward(const Batch& micro, int64_t step, double norm, const Tensor& input, nn::Saved& saved,
+                         double* loss) = 0;
+  // The gradient of forward's input from that of its output (undefined on
+  // the last stage: it starts from its loss); undefined on stage 0.
+  virtual Tensor backward_input(const Tensor& grad, nn::Saved& saved) = 0;
+  // The weight gradients of that backward.
+  virtual void backward_weight(nn::Saved& saved) = 0;
+  // The shape of forward's input for `micro` (stages after the first).
+  virtual std::vector<int64_t> input_shape(const Batch& micro) const = 0;
+  // Evaluation mode: forward of a test chunk; the last stage adds
+  // RecipeModel::evaluate's sums into *sums (sized by it) and returns an
+  // undefined tensor.
+  virtual Tensor evaluate(const Batch& chunk, int64_t n, const Tensor& input, std::vector<double>* sums) = 0;
+  // Parameters this stage holds that another stage holds too (a GPT's wte:
+  // the first stage's embedding, the last stage's head), listed by every
+  // stage that holds them: their gradients are added over those stages, and
+  // the copy on the lowest stage is the one counted (norms, saving).
+  virtual std::vector<std::string> tied_parameters() const { return {}; }
 };
 
 // The numbers of one evaluation over the test set.
@@ -94,8 +137,16 @@ struct MetricsDescription {
 class RecipeModel {
  public:
   virtual ~RecipeModel() = default;
-  // The module the parallelism wraps (it must outlive nothing of the recipe).
+  // The module the parallelism wraps (it must outlive nothing of the recipe);
+  // with pipeline stages, the first of this rank's.
   virtual nn::Module& module() = 0;
+  // This rank's pipeline stages (ModelOptions::stages' order); empty for a
+  // whole model. The trainer then runs them instead of loss_step and
+  // evaluate (summarize still makes the numbers).
+  virtual std::vector<RecipeStage*> stages() { return {}; }
+  // The test set's chunk size the trainer hands evaluate() (at most;
+  // forwards of more rows would hold too many activations at once).
+  virtual int64_t evaluation_rows() const { return 1000; }
   // Forward, loss and backward of `micro` (this rank's rows of a
   // micro-batch) at optimizer step `step`, the loss divided by `norm`;
   // returns this rank's part of the scaled loss (see above).
@@ -137,6 +188,13 @@ struct RecipeRegistration {
   // any data is loaded: the CLI's early run-directory check uses them.
   std::vector<std::string> artifacts = {};
 };
+
+// A pipeline's cut for recipes: `costs` holds one cost per layer (units
+// that may not be split, in model order; a stage's extra work such as a
+// head added to its end layer); returns each stage's layers [first, last),
+// consecutive, none empty, balanced by cost (sharding::PipelineParallelStrategy).
+// InvalidArgument naming `model` when there are fewer layers than stages.
+std::vector<std::pair<int, int>> pipeline_cut(const std::vector<double>& costs, int stages, std::string_view model);
 
 // Adds a recipe; throws InvalidArgument when the name is taken or empty, or
 // make is empty.

@@ -37,9 +37,9 @@
 namespace meshtrain::train {
 
 // What a run writes into its directory; the only names an --overwrite may delete.
-inline constexpr std::array<std::string_view, 7> kRunArtifacts = {
-    "config.toml", "metrics.jsonl", "model.safetensors", "trainer_state.json", "loss.svg", "reconstructions.png",
-    "samples.png"};
+inline constexpr std::array<std::string_view, 9> kRunArtifacts = {
+    "config.toml",         "metrics.jsonl", "model.safetensors", "trainer_state.json", "loss.svg",
+    "reconstructions.png", "samples.png",   "pipeline.trace.json", "pipeline.svg"};
 
 class RunDirectory {
  public:

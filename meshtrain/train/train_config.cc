@@ -15,6 +15,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/parallel/pipeline_schedule.h"
 #include "meshtrain/train/model_recipe.h"
 
 namespace meshtrain::train {
@@ -164,6 +165,11 @@ const TrainField kFields[] = {
     {"epochs", "--epochs", "passes over the training set (1 to 1000000)", MT_INT(epochs, 1, 1000000)},
     {"batch_size", "--batch-size", "global batch size (all data-parallel ranks), 1 to 16777216", MT_INT(batch_size, 1, 1 << 24)},
     {"micro_batches", "--micro-batches", "gradient accumulation steps per optimizer step (1 to 16777216)", MT_INT(micro_batches, 1, 1 << 24)},
+    {"pipeline_schedule", "--pipeline-schedule",
+     "with a pipeline axis: gpipe | 1f1b | interleaved | zb (zero-bubble ZB-H1)", MT_STR(pipeline_schedule)},
+    {"virtual_stages", "--virtual-stages",
+     "with a pipeline axis: model chunks per pipeline rank (interleaved: 2 or more), 1 to 1024",
+     MT_INT(virtual_stages, 1, 1024)},
     {"optimizer", "--optimizer", "adamw | sgd", MT_STR(optimizer)},
     {"lr", "--lr", "peak learning rate (> 0)", MT_DBL(lr, {.min = 0, .min_open = true})},
     {"momentum", "--momentum", "SGD momentum, in [0, 1)", MT_DBL(momentum, {.min = 0, .max = 1, .max_open = true})},
@@ -322,8 +328,20 @@ void TrainConfig::validate() const {
   require(optimizer == "adamw" || optimizer == "sgd", fmt::format("optimizer '{}'", optimizer),
           "use adamw or sgd");
   require(lr > 0, fmt::format("lr {}", lr), "lr must be positive");
+  const bool pipeline_name = schedule == "gpipe" || schedule == "1f1b" || schedule == "interleaved" || schedule == "zb";
   require(schedule == "constant" || schedule == "cosine", fmt::format("schedule '{}'", schedule),
-          "use constant or cosine");
+          pipeline_name ? fmt::format("schedule is the learning-rate schedule (constant or cosine); the pipeline "
+                                      "schedule is pipeline_schedule (--pipeline-schedule {})",
+                                      schedule)
+                        : std::string("use constant or cosine"));
+  try {
+    (void)parallel::parse_schedule_kind(pipeline_schedule);
+  } catch (const InvalidArgument&) {
+    require(false, fmt::format("pipeline_schedule '{}'", pipeline_schedule), "use gpipe, 1f1b, interleaved or zb");
+  }
+  require(virtual_stages >= 1 && (virtual_stages == 1 || pipeline_schedule == "interleaved"),
+          fmt::format("virtual_stages {} with pipeline_schedule '{}'", virtual_stages, pipeline_schedule),
+          "more than one model chunk per rank needs pipeline_schedule = \"interleaved\"");
   require(warmup_steps >= 0 && min_lr_ratio >= 0 && min_lr_ratio <= 1,
           fmt::format("warmup_steps {}, min_lr_ratio {}", warmup_steps, min_lr_ratio),
           "warmup_steps >= 0 and min_lr_ratio in [0, 1]");

@@ -64,6 +64,11 @@ struct TrainConfig {
   int epochs = 10;
   int batch_size = 256;    // global batch (all data-parallel ranks together)
   int micro_batches = 1;   // gradient accumulation steps per optimizer step
+  // With a pipeline axis: the schedule that runs the micro-batches through
+  // the stages (gpipe | 1f1b | interleaved | zb, parallel::parse_schedule_kind)
+  // and the model chunks per pipeline rank (interleaved: >= 2).
+  std::string pipeline_schedule = "1f1b";
+  int virtual_stages = 1;
   std::string optimizer = "adamw";  // adamw | sgd
   double lr = 1e-3;
   double momentum = 0.9;       // sgd

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,7 +26,10 @@
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/parallel/parallelism.h"
+#include "meshtrain/parallel/pipeline_parallel.h"
+#include "meshtrain/parallel/pipeline_timeline.h"
 #include "meshtrain/train/artifacts.h"
+#include "meshtrain/train/internal/pipeline_run.h"
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/run_dir.h"
@@ -43,18 +47,20 @@ int process_cores() {
 }
 
 // The data-parallel axes the mesh has, of "data" and "fsdp" (in that order);
-// a "tensor" axis splits the model (tensor parallelism); every other axis
-// must have size 1 (pipeline and context arrive with later strategies).
+// a "tensor" axis splits the model (tensor parallelism), a "pipeline" axis
+// cuts it into stages; every other axis must have size 1 (context arrives
+// with a later strategy).
 std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
   std::vector<std::string> axes;
   for (const char* name : {"data", "fsdp"})
     for (const auto& a : m.axis_names)
       if (a == name) axes.push_back(a);
-  for (size_t i = 0; i < m.shape.size(); ++i)
-    if (m.axis_names[i] != "data" && m.axis_names[i] != "fsdp" && m.axis_names[i] != "tensor" && m.shape[i] != 1)
-      throw Unsupported("meshtrain train",
-                        fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), m.axis_names[i], m.shape[i]),
-                        "training supports data, fsdp and tensor axes (--mesh data=2,tensor=2) so far");
+  for (size_t i = 0; i < m.shape.size(); ++i) {
+    const std::string& a = m.axis_names[i];
+    if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && m.shape[i] != 1)
+      throw Unsupported("meshtrain train", fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), a, m.shape[i]),
+                        "training supports data, fsdp, tensor and pipeline axes (--mesh data=2,pipeline=2) so far");
+  }
   return axes;
 }
 
@@ -119,9 +125,9 @@ struct StepOutcome {
 // (tc.fsdp) or plain data parallelism. Collective (the wrappers broadcast
 // and check the parameters).
 std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const config::DistributedConfig& dc,
-                                                       RecipeModel& recipe_model, mesh::DeviceMesh& mesh,
-                                                       comm::Communicator& dp_comm, MemoryTracker* memory) {
-  nn::Module& model = recipe_model.module();
+                                                       nn::Module& model, std::vector<nn::Module*> units,
+                                                       mesh::DeviceMesh& mesh, comm::Communicator& dp_comm,
+                                                       MemoryTracker* memory) {
   if (tc.fsdp.enabled()) {
     const parallel::FsdpMode mode = *tc.fsdp.mode;
     comm::Communicator& shard = mode.hybrid ? mesh.comm("fsdp") : dp_comm;
@@ -136,7 +142,7 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                       .forward_prefetch = tc.forward_prefetch,
                                       .backward_prefetch = tc.backward_prefetch,
                                       .reshard_after_forward = tc.reshard_after_forward,
-                                      .unit_modules = recipe_model.fsdp_units(),
+                                      .unit_modules = std::move(units),
                                       .tracker = memory});
   }
   return std::make_unique<parallel::DataParallel>(
@@ -150,29 +156,73 @@ class Run {
  public:
   Run(const TrainConfig& tc, const config::DistributedConfig& dc, const ModelRecipe& recipe,
       comm::Communicator& world, const plan::NamedShape& mesh_shape, Shared& shared)
-      : tc_(tc), train_(recipe.train_data()), test_(recipe.test_data()), metrics_(recipe.metrics()),
-        shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names), main_(world.rank() == 0) {
+      : tc_(tc), recipe_(recipe), train_(recipe.train_data()), test_(recipe.test_data()),
+        metrics_(recipe.metrics()), shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names),
+        main_(world.rank() == 0) {
     dp_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));  // collective split (all ranks, same order)
     if (axis_size(mesh_shape, "tensor") > 1) tp_.comm = &mesh_.comm("tensor");
     tp_.sequence_parallel = tc.sequence_parallel;
     const bool sharded = tc.fsdp.enabled();
-    model_ = recipe.build({.seed = tc.seed,
-                           .defer_init = sharded,  // the wrapper builds each rank's part alone
-                           .compute_dtype = sharded ? param_dtype_of(dc.mixed_precision) : DType::f32,
-                           .tracker = &memory_,  // activation buffers
-                           .tensor = tp_});
-    nn::Module& model = model_->module();
-    // The whole model's size (a tensor-parallel block counts its global
-    // tensor; read before wrapping: stage 3 leaves values undefined).
-    for (const nn::Parameter* p : model.parameters()) {
-      int64_t n = 1;
-      for (int64_t d : p->placement.kind == nn::Placement::Kind::box ? p->placement.global : p->info.shape) n *= d;
-      num_parameters_ += n;
+    ModelOptions options{.seed = tc.seed,
+                         .defer_init = sharded,  // the wrapper builds each rank's part alone
+                         .compute_dtype = sharded ? param_dtype_of(dc.mixed_precision) : DType::f32,
+                         .tracker = &memory_,  // activation buffers
+                         .tensor = tp_};
+    std::optional<parallel::Schedule> schedule;
+    if (axis_size(mesh_shape, "pipeline") > 1) {
+      pp_ = &mesh_.comm("pipeline");
+      schedule = parallel::make_schedule(parallel::parse_schedule_kind(tc.pipeline_schedule), pp_->size(),
+                                         tc.micro_batches, tc.virtual_stages);
+      options.pipeline_stages = schedule->num_stages();
+      for (int s = 0; s < schedule->num_stages(); ++s)
+        if (schedule->stage_rank(s) == pp_->rank()) options.stages.push_back(s);
     }
-    if (main_ && tp_.size() > 1) tensor_split_ = tensor_parallel_summary(model.parameters(), tp_);
-    for (const nn::Parameter* p : model.parameters())
+    model_ = recipe.build(options);
+    std::vector<RecipeStage*> stages = model_->stages();
+    if (pp_ != nullptr && stages.size() != options.stages.size())
+      throw InvalidArgument("meshtrain train",
+                            fmt::format("model '{}' built {} pipeline stages for pipeline rank {}, which holds {}",
+                                        tc.model, stages.size(), pp_->rank(), options.stages.size()),
+                            "build ModelOptions::stages (see model_recipe.h)");
+    if (pp_ == nullptr) {
+      modules_ = {&model_->module()};
+    } else {
+      for (RecipeStage* st : stages) modules_.push_back(&st->module());
+    }
+    // The whole model's size (a tensor-parallel block counts its global
+    // tensor; read before wrapping: stage 3 leaves values undefined; a
+    // parameter two stages hold counts once).
+    std::vector<nn::Parameter*> params;
+    for (size_t k = 0; k < modules_.size(); ++k) {
+      if (pp_ != nullptr) {
+        stage_index_.push_back(options.stages[k]);
+        tied_.push_back(stages[k]->tied_parameters());
+      }
+      for (nn::Parameter* p : modules_[k]->parameters()) {
+        params.push_back(p);
+        if (tied_copy(k, p->name)) continue;
+        int64_t n = 1;
+        for (int64_t d : p->placement.kind == nn::Placement::Kind::box ? p->placement.global : p->info.shape) n *= d;
+        num_parameters_ += n;
+      }
+    }
+    if (pp_ != nullptr) pp_->all_reduce(&num_parameters_, &num_parameters_, 1, DType::i64, comm::ReduceOp::sum);
+    if (main_ && tp_.size() > 1) tensor_split_ = tensor_parallel_summary(params, tp_);
+    for (const nn::Parameter* p : params)
       if (p->sequence_parallel) sequence_parallel_.push_back(p->name);
-    parallel_ = make_parallelism(tc, dc, *model_, mesh_, *dp_comm_, &memory_);
+    if (pp_ == nullptr) {
+      parallel_ = make_parallelism(tc, dc, model_->module(), model_->fsdp_units(), mesh_, *dp_comm_, &memory_);
+    } else {
+      std::vector<parallel::PipelineParallel::Stage> per_stage;
+      for (size_t k = 0; k < stages.size(); ++k)
+        per_stage.push_back({.index = options.stages[k],
+                             .strategy = make_parallelism(tc, dc, stages[k]->module(), stages[k]->fsdp_units(), mesh_,
+                                                          *dp_comm_, &memory_),
+                             .tied = stages[k]->tied_parameters()});
+      auto pipeline = std::make_unique<parallel::PipelineParallel>(std::move(per_stage), *pp_);
+      pipeline_ = std::make_unique<internal::PipelineRun>(*schedule, *pp_, stages, *pipeline);
+      parallel_ = std::move(pipeline);
+    }
     // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
     if (parallel_->needs_loss_scaling()) scaler_ = std::make_unique<optim::DynamicLossScaler>();
     opt_params_ = parallel_->optimizer_parameters();
@@ -230,7 +280,7 @@ class Run {
     for (int epoch = 0; epoch < tc_.epochs && step < total; ++epoch) {
       const int64_t batches = std::min(per_epoch, total - step);
       Prefetcher pre([&, epoch](int64_t b) { return load_batch(train_, sampler, epoch, b, &memory_); }, 0, batches);
-      model_->module().set_training(true);
+      set_training(true);
       while (auto batch = pre.next()) {
         opt_->set_lr(schedule.lr(step));
         const StepOutcome out = train_step(*batch, step);
@@ -307,6 +357,7 @@ class Run {
       }
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (pipeline_) write_pipeline_timeline();  // collective over the pipeline axis
     finish_run(train_curve, test_curve);  // collective under fsdp
     if (!main_) return;
     log->close();  // fsync before the run directory is committed
@@ -345,11 +396,15 @@ class Run {
     // scaling and unscaling are exact); the optimizer unscales (and clips)
     // through its grad scale.
     const double s = scaler_ ? scaler_->scale() : 1.0;
+    const double norm = static_cast<double>(batch.global_size) / s;
     double loss = 0;
-    for (int i = 0; i < m; ++i) {
-      parallel_->begin_micro_batch(i, m);
-      loss += model_->loss_step(batch.rows(local * i / m, local * (i + 1) / m), step,
-                                static_cast<double>(batch.global_size) / s);
+    if (pipeline_) {
+      loss = pipeline_->step(batch, step, norm);  // the last stage's; 0 on the others
+    } else {
+      for (int i = 0; i < m; ++i) {
+        parallel_->begin_micro_batch(i, m);
+        loss += model_->loss_step(batch.rows(local * i / m, local * (i + 1) / m), step, norm);
+      }
     }
     parallel_->finish();
     // Sequence parallelism: the replicated parameters' partial sums, once per step.
@@ -361,6 +416,7 @@ class Run {
     double v[2] = {loss / s, optim::values_finite(opt_params_) ? 0.0 : 1.0};
     dp_comm_->all_reduce(v, v, 2, DType::f64, comm::ReduceOp::sum);
     any_over_tensor(v[1]);  // tensor-parallel ranks hold different blocks; the loss is the same on each
+    if (pp_ != nullptr) pp_->all_reduce(v, v, 2, DType::f64, comm::ReduceOp::sum);  // the last stage's loss
     double grads_bad = parallel_->grads_finite() ? 0.0 : 1.0;
     any_over_tensor(grads_bad);
     const bool grads_finite = grads_bad == 0;
@@ -454,6 +510,29 @@ class Run {
                             hint);
   }
 
+  // The last step's timeline of every pipeline rank: pipeline.trace.json
+  // (Perfetto), pipeline.svg, and its measured bubble beside the theory.
+  void write_pipeline_timeline() {
+    const std::vector<parallel::RankTimeline> all = parallel::gather_timelines(pipeline_->executor());
+    if (!main_) return;
+    const parallel::Schedule& sc = pipeline_->schedule();
+    const std::string title = fmt::format("{} schedule, {} pipeline ranks x {} chunks, {} micro-batches (step {})",
+                                          parallel::to_string(sc.kind), sc.ranks, sc.virtual_stages,
+                                          sc.micro_batches, total_);
+    write_file_atomic(shared_.dir->file("pipeline.trace.json"), parallel::chrome_trace_json(all, title));
+    write_file_atomic(shared_.dir->file("pipeline.svg"), parallel::timeline_svg(all, title));
+    auto& r = shared_.result;
+    r.pipeline_schedule = std::string(parallel::to_string(sc.kind));
+    r.pipeline_bubble = parallel::measured_bubble(all);
+    r.pipeline_bubble_theory = parallel::theoretical_bubble(sc.kind, sc.ranks, sc.micro_batches, sc.virtual_stages);
+    r.pipeline_peak_in_flight = pipeline_->peak_saved();
+    fmt::print("pipeline {}: idle {:.1f}% of the last step (theory {:.1f}% for equal stages); rank 0 held {} "
+               "micro-batches' activations at once; timeline in pipeline.svg and pipeline.trace.json\n",
+               r.pipeline_schedule, 100 * r.pipeline_bubble, 100 * r.pipeline_bubble_theory,
+               r.pipeline_peak_in_flight);
+    std::fflush(stdout);
+  }
+
   void print_memory() const {
     std::string parts;
     for (MemoryCategory c : kAllMemoryCategories)
@@ -469,12 +548,11 @@ class Run {
   // first_global_sample is its first test-sample index, so sampled noise
   // (the VAE's z) does not depend on the data-parallel split.
   Evaluation evaluate() {
-    nn::Module& model = model_->module();
-    model.set_training(false);
+    set_training(false);
     const int64_t n = test_.size(), d = dp_comm_->size(), r = dp_comm_->rank();
     const int64_t lo = n * r / d, hi = n * (r + 1) / d;
     std::vector<double> sums;  // the recipe's, added over chunks
-    constexpr int64_t kChunk = 1000;
+    const int64_t kChunk = std::max<int64_t>(1, model_->evaluation_rows());
     const int64_t chunks = std::max<int64_t>(1, ((n + d - 1) / d + kChunk - 1) / kChunk);
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t a = lo + (hi - lo) * c / chunks, b = lo + (hi - lo) * (c + 1) / chunks;
@@ -484,7 +562,7 @@ class Run {
       chunk.global_size = n;
       chunk.first_global_sample = a;
       test_.load(chunk.indices, chunk, nullptr);
-      const std::vector<double> part = model_->evaluate(chunk, n);
+      const std::vector<double> part = pipeline_ ? pipeline_->evaluate(chunk, n) : model_->evaluate(chunk, n);
       if (c == 0) sums.assign(part.size(), 0.0);
       if (part.size() != sums.size())
         throw InvalidArgument("meshtrain train",
@@ -495,7 +573,7 @@ class Run {
     }
     parallel_->reshard();
     dp_comm_->all_reduce(sums.data(), sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum);
-    model.set_training(true);
+    set_training(true);
     return model_->summarize(sums, n);
   }
 
@@ -544,6 +622,7 @@ class Run {
     double bad = optim::values_finite(opt_params_) ? 0.0 : 1.0;
     dp_comm_->all_reduce(&bad, &bad, 1, DType::f64, comm::ReduceOp::sum);
     any_over_tensor(bad);
+    if (pp_ != nullptr) pp_->all_reduce(&bad, &bad, 1, DType::f64, comm::ReduceOp::sum);
     if (bad > 0)
       throw diverged(steps - 1,
                      fmt::format("the parameters are not finite on {} of {} data-parallel ranks after step {}", bad,
@@ -559,7 +638,29 @@ class Run {
   void finish_run(const Series& train_curve, const Series& test_curve) {
     parallel_->gather_full_parameters();
     std::vector<std::pair<std::string, Tensor>> whole;  // tensor-parallel blocks gathered (collective)
-    for (nn::Parameter* p : model_->module().parameters()) whole.emplace_back(p->name, nn::gather_parameter(*p, tp_));
+    for (size_t k = 0; k < modules_.size(); ++k)
+      for (nn::Parameter* p : modules_[k]->parameters())
+        if (!tied_copy(k, p->name)) whole.emplace_back(p->name, nn::gather_parameter(*p, tp_));
+    // Pipeline: world rank 0 assembles the whole model from every stage's
+    // parameters (its pipeline group's ranks send theirs) and writes the
+    // recipe's files from it.
+    std::unique_ptr<RecipeModel> assembled;
+    if (pipeline_ && dp_comm_->rank() == 0 && (tp_.size() == 1 || tp_.comm->rank() == 0))
+      whole = pipeline_->collect_parameters(whole);
+    if (pipeline_ && main_) {
+      assembled = recipe_.build({.seed = tc_.seed});
+      std::map<std::string, Tensor> by_name(whole.begin(), whole.end());
+      whole.clear();
+      for (nn::Parameter* p : assembled->module().parameters()) {
+        const auto it = by_name.find(p->name);
+        if (it == by_name.end())
+          throw InvalidArgument("meshtrain train",
+                                fmt::format("model '{}': no pipeline stage holds parameter '{}'", tc_.model, p->name),
+                                "build every parameter of the whole model in some stage (see model_recipe.h)");
+        p->value.copy_from(it->second);
+        whole.emplace_back(p->name, p->value);
+      }
+    }
     if (main_) {
       auto& params = shared_.result.final_parameters;
       for (const auto& [name, value] : whole) params.emplace_back(name, detached_f32(value));
@@ -568,11 +669,25 @@ class Run {
       write_file_atomic(shared_.dir->file("loss.svg"),
                         line_chart_svg(metrics_.chart_title, "step", {train_curve, test_curve}));
     }
-    model_->write_artifacts(main_ ? &*shared_.dir : nullptr);
+    if (assembled)
+      assembled->write_artifacts(&*shared_.dir);
+    else if (!pipeline_)
+      model_->write_artifacts(main_ ? &*shared_.dir : nullptr);
     parallel_->reshard();
   }
 
+  void set_training(bool training) {
+    for (nn::Module* m : modules_) m->set_training(training);
+  }
+
+  // A parameter of this rank's k-th stage that a lower stage holds and
+  // counts (RecipeStage::tied_parameters).
+  bool tied_copy(size_t k, const std::string& name) const {
+    return pp_ != nullptr && stage_index_[k] > 0 && std::find(tied_[k].begin(), tied_[k].end(), name) != tied_[k].end();
+  }
+
   const TrainConfig& tc_;
+  const ModelRecipe& recipe_;
   const DataSource& train_;
   const DataSource& test_;
   const MetricsDescription metrics_;
@@ -584,7 +699,12 @@ class Run {
   nn::TensorParallelGroup tp_;  // the mesh's tensor axis (none: one rank)
   std::string tensor_split_;    // rank 0: how the tensor axis splits the parameters (start-up dump)
   std::vector<std::string> sequence_parallel_;  // parameters whose gradients are partial over the tensor axis
+  comm::Communicator* pp_ = nullptr;  // the pipeline axis (none: one stage)
   std::unique_ptr<RecipeModel> model_;
+  std::vector<nn::Module*> modules_;  // the model, or this rank's pipeline stages
+  std::vector<int> stage_index_;                // pipeline: modules_' stage indices
+  std::vector<std::vector<std::string>> tied_;  // pipeline: their tied parameters
+  std::unique_ptr<internal::PipelineRun> pipeline_;  // pipeline: the stages' executor
   int64_t num_parameters_ = 0;
   std::unique_ptr<parallel::Parallelism> parallel_;   // data parallel or fully sharded; after model_
   std::unique_ptr<optim::DynamicLossScaler> scaler_;  // fp16 only
@@ -614,7 +734,18 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
         "fsdp = \"no_shard\": mixed_precision {} needs the fully sharded path (plain data parallelism is f32 only)",
         precision));
   }
+  const int pipeline_axis = axis_size(mesh, "pipeline");
+  if (pipeline_axis > 1 && c.pipeline_schedule == "interleaved" && c.virtual_stages == 1) {
+    c.virtual_stages = 2;
+    out.notes.push_back("virtual_stages = 2: the interleaved schedule runs at least 2 model chunks per pipeline rank");
+  }
   c.validate();
+  if (pipeline_axis > 1 && c.fsdp.enabled() && c.fsdp.mode->stage > parallel::ZeroStage::zero2)
+    throw Unsupported("meshtrain train",
+                      fmt::format("fsdp '{}' with a pipeline axis of {}", c.fsdp.name, pipeline_axis),
+                      "a pipeline runs each stage's forward and backward once per micro-batch, so zero3 would "
+                      "gather every parameter m times per step (DeepSpeed refuses it too); use --fsdp zero1 or "
+                      "zero2 with pipelines");
   if (c.fsdp.enabled()) {
     if (c.fsdp.mode->hybrid && (fsdp_axis == 0 || data_axis == 0))
       throw InvalidArgument("meshtrain train",

@@ -102,6 +102,14 @@ struct TrainResult {
   // MemoryCategory) and of the total.
   std::array<uint64_t, kNumMemoryCategories> memory_peak{};
   uint64_t memory_total_peak = 0;
+  // A pipeline axis: the schedule's name, the idle share of the last step
+  // measured from every pipeline rank's timeline (pipeline.svg) beside the
+  // schedule's theory, and the most micro-batches whose activations rank 0
+  // held at once in that step.
+  std::string pipeline_schedule;
+  double pipeline_bubble = 0;
+  double pipeline_bubble_theory = 0;
+  int pipeline_peak_in_flight = 0;
   // Rank 0: every parameter's final f32 value (full, unsharded), in the
   // model's parameter order; what model.safetensors holds.
   std::vector<std::pair<std::string, Tensor>> final_parameters;

@@ -75,7 +75,11 @@ TEST(ResolveTraining, ErrorsSayWhatToChange) {
   EXPECT_EQ(error_of(full, fsdp_tensor), "no error");  // zero3 over the tensor-parallel blocks
   auto pipeline = on_mesh({2, 2}, {"data", "pipeline"});
   pipeline.pipeline_parallel_size = 2;
-  EXPECT_THAT(error_of(TrainConfig{}, pipeline), HasSubstr("axis 'pipeline' of size 2"));
+  EXPECT_EQ(error_of(TrainConfig{}, pipeline), "no error");  // data x pipeline
+  EXPECT_THAT(error_of(full, pipeline), HasSubstr("use --fsdp zero1 or zero2 with pipelines"));
+  auto context = on_mesh({2, 2}, {"data", "context"});
+  context.context_parallel_size = 2;
+  EXPECT_THAT(error_of(TrainConfig{}, context), HasSubstr("axis 'context' of size 2"));
   // Strategy names are parsed once, when set: a bad one never reaches resolve_training.
   const auto set_error = [](const char* key, const char* value) {
     try {

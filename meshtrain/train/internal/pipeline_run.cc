@@ -1,0 +1,163 @@
+#include "meshtrain/train/internal/pipeline_run.h"
+
+#include <fmt/format.h>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::train::internal {
+
+class PipelineRun::Adapter final : public parallel::PipelineStage {
+ public:
+  Adapter(PipelineRun& run, RecipeStage& stage, parallel::Parallelism& strategy)
+      : run_(run), stage_(stage), strategy_(strategy) {}
+  void begin_step(int64_t step, double norm) {
+    step_ = step;
+    norm_ = norm;
+    loss_ = 0;
+  }
+  double loss() const { return loss_; }
+
+  Tensor forward(int mb, const Tensor& input, nn::Saved& saved) override {
+    double loss = 0;
+    Tensor out = stage_.forward(micro(mb), step_, norm_, input, saved, &loss);
+    loss_ += loss;
+    return out;
+  }
+  Tensor backward_input(int, const Tensor& grad, nn::Saved& saved) override {
+    return stage_.backward_input(grad, saved);
+  }
+  // The strategy's gradient hooks fire in the weight pass: its micro-batch
+  // window advances here (the schedule runs a stage's weight passes in
+  // micro-batch order).
+  void backward_weight(int mb, nn::Saved& saved) override {
+    strategy_.begin_micro_batch(mb, run_.schedule_.micro_batches);
+    stage_.backward_weight(saved);
+  }
+  std::vector<int64_t> input_shape(int mb) const override { return stage_.input_shape(micro(mb)); }
+
+ private:
+  const Batch& micro(int mb) const { return run_.micro_.at(static_cast<size_t>(mb)); }
+  PipelineRun& run_;
+  RecipeStage& stage_;
+  parallel::Parallelism& strategy_;
+  int64_t step_ = 0;
+  double norm_ = 1;
+  double loss_ = 0;
+};
+
+PipelineRun::PipelineRun(parallel::Schedule schedule, comm::Communicator& pp, std::vector<RecipeStage*> stages,
+                         parallel::PipelineParallel& strategies)
+    : schedule_(std::move(schedule)), pp_(pp), stages_(std::move(stages)) {
+  for (int s = 0; s < schedule_.num_stages(); ++s)
+    if (schedule_.stage_rank(s) == pp_.rank()) indices_.push_back(s);
+  if (indices_.size() != stages_.size() || static_cast<int>(stages_.size()) != strategies.num_stages_here())
+    throw InvalidArgument("PipelineRun",
+                          fmt::format("pipeline rank {} holds {} stages of the schedule, got {} model stages and {} "
+                                      "strategies",
+                                      pp_.rank(), indices_.size(), stages_.size(), strategies.num_stages_here()),
+                          "build the model's stages for this rank (ModelOptions::stages)");
+  std::map<int, parallel::PipelineStage*> mine;
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    adapters_.push_back(std::make_unique<Adapter>(*this, *stages_[k], strategies.stage(static_cast<int>(k))));
+    mine[indices_[k]] = adapters_.back().get();
+  }
+  executor_ = std::make_unique<parallel::PipelineExecutor>(schedule_, pp_, std::move(mine));
+}
+
+PipelineRun::~PipelineRun() = default;
+
+double PipelineRun::step(const Batch& batch, int64_t step, double norm) {
+  const int m = schedule_.micro_batches;
+  const int64_t local = batch.size();
+  micro_.clear();
+  for (int i = 0; i < m; ++i) micro_.push_back(batch.rows(local * i / m, local * (i + 1) / m));
+  for (auto& a : adapters_) a->begin_step(step, norm);
+  executor_->run();
+  double loss = 0;
+  for (auto& a : adapters_) loss += a->loss();
+  micro_.clear();
+  return loss;
+}
+
+std::vector<double> PipelineRun::evaluate(const Batch& chunk, int64_t n) {
+  const int last = schedule_.num_stages() - 1;
+  const int tag_base = 2 * schedule_.num_stages() * schedule_.micro_batches;  // above the executor's tags
+  std::vector<double> sums;
+  struct Sent {
+    Tensor data;  // alive until its send completes (declared before work)
+    comm::Work work;
+  };
+  std::vector<Sent> sent;
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    const int s = indices_[k];
+    Tensor input;
+    if (s > 0) {
+      input = Tensor::empty(stages_[k]->input_shape(chunk), DType::f32);
+      pp_.recv(input.data_ptr(), static_cast<size_t>(input.numel()), DType::f32, schedule_.stage_rank(s - 1),
+               tag_base + s);
+    }
+    const Tensor out = stages_[k]->evaluate(chunk, n, input, &sums);
+    if (s == last) continue;
+    Sent x{out.to(DType::f32).contiguous(), {}};
+    x.work = pp_.send_async(x.data.data_ptr(), static_cast<size_t>(x.data.numel()), DType::f32,
+                            schedule_.stage_rank(s + 1), tag_base + s + 1);
+    sent.push_back(std::move(x));
+  }
+  for (Sent& x : sent) x.work.wait();
+  const int holder = schedule_.stage_rank(last);
+  int64_t count = static_cast<int64_t>(sums.size());
+  pp_.broadcast(&count, 1, DType::i64, holder);
+  sums.resize(static_cast<size_t>(count));
+  pp_.broadcast(sums.data(), sums.size(), DType::f64, holder);
+  return sums;
+}
+
+std::vector<std::pair<std::string, Tensor>> PipelineRun::collect_parameters(
+    const std::vector<std::pair<std::string, Tensor>>& mine) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  constexpr int kTag = 1 << 14;  // below MPI's smallest tag bound (32767), above the other tags here
+  if (pp_.rank() != 0) {
+    // [count, then per parameter: name length, rank, dims...], the names, the values.
+    std::vector<int64_t> meta = {static_cast<int64_t>(mine.size())};
+    std::string names;
+    for (const auto& [name, t] : mine) {
+      meta.push_back(static_cast<int64_t>(name.size()));
+      meta.push_back(t.dim());
+      for (int64_t d : t.shape()) meta.push_back(d);
+      names += name;
+    }
+    int64_t sizes[2] = {static_cast<int64_t>(meta.size()), static_cast<int64_t>(names.size())};
+    pp_.send(sizes, 2, DType::i64, 0, kTag);
+    pp_.send(meta.data(), meta.size(), DType::i64, 0, kTag);
+    pp_.send(names.data(), names.size(), DType::u8, 0, kTag);
+    for (const auto& [name, t] : mine) {
+      const Tensor v = t.to(DType::f32).contiguous();
+      pp_.send(v.data_ptr(), static_cast<size_t>(v.numel()), DType::f32, 0, kTag);
+    }
+    return out;
+  }
+  for (const auto& [name, t] : mine) out.emplace_back(name, t);
+  for (int r = 1; r < pp_.size(); ++r) {
+    int64_t sizes[2] = {0, 0};
+    pp_.recv(sizes, 2, DType::i64, r, kTag);
+    std::vector<int64_t> meta(static_cast<size_t>(sizes[0]));
+    std::string names(static_cast<size_t>(sizes[1]), '\0');
+    pp_.recv(meta.data(), meta.size(), DType::i64, r, kTag);
+    pp_.recv(names.data(), names.size(), DType::u8, r, kTag);
+    size_t at = 1, name_at = 0;
+    for (int64_t i = 0; i < meta.at(0); ++i) {
+      const auto len = static_cast<size_t>(meta.at(at++));
+      const auto rank = static_cast<size_t>(meta.at(at++));
+      std::vector<int64_t> shape(meta.begin() + static_cast<std::ptrdiff_t>(at),
+                                 meta.begin() + static_cast<std::ptrdiff_t>(at + rank));
+      at += rank;
+      Tensor v = Tensor::empty(shape, DType::f32);
+      pp_.recv(v.data_ptr(), static_cast<size_t>(v.numel()), DType::f32, r, kTag);
+      out.emplace_back(names.substr(name_at, len), std::move(v));
+      name_at += len;
+    }
+  }
+  return out;
+}
+
+}  // namespace meshtrain::train::internal

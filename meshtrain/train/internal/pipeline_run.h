@@ -1,0 +1,69 @@
+// The trainer's pipeline (trainer.h with a pipeline axis): this rank's
+// stages of the recipe's model (RecipeStage) run by the schedule's executor
+// (parallel/pipeline_executor.h), one optimizer step at a time; evaluation
+// forwards through the stages; the parameters of every stage collected on
+// pipeline rank 0 for saving; the step's timeline.
+//
+//   PipelineRun pipe(schedule, pp_comm, model->stages(), parallelism);
+//   double loss = pipe.step(batch, step, norm);   // collective over pp: the last stage's loss, 0 elsewhere
+//   std::vector<double> sums = pipe.evaluate(chunk, n);  // every pipeline rank gets the last stage's sums
+//
+// Contracts:
+// - step() cuts the batch into schedule().micro_batches micro-batches of
+//   consecutive rows (as the data-parallel trainer does), tells each stage's
+//   strategy its micro-batch before the stage's weight pass of it, and
+//   returns the sum of the last stage's micro-batch losses (0 on ranks
+//   without the last stage). Every rank of the pipeline axis calls it with
+//   the same batch rows (the sampler is the data axes').
+// - evaluate() runs stage after stage with blocking receives and
+//   asynchronous sends (tags above the executor's), then broadcasts the
+//   last stage's sums over the pipeline axis.
+// - collect_parameters(): collective over the pipeline axis; every rank
+//   passes its stages' (name, full f32 value) pairs; pipeline rank 0 gets
+//   all of them, in stage order, the others an empty vector.
+// Thread-safety: the rank's thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshtrain/parallel/pipeline_executor.h"
+#include "meshtrain/parallel/pipeline_parallel.h"
+#include "meshtrain/parallel/pipeline_timeline.h"
+#include "meshtrain/train/model_recipe.h"
+
+namespace meshtrain::train::internal {
+
+class PipelineRun {
+ public:
+  // stages: this rank's (schedule.stage_rank(s) == pp.rank()), ascending;
+  // strategies.stage(k) is stages[k]'s. All borrowed.
+  PipelineRun(parallel::Schedule schedule, comm::Communicator& pp, std::vector<RecipeStage*> stages,
+              parallel::PipelineParallel& strategies);
+  ~PipelineRun();
+
+  double step(const Batch& batch, int64_t step, double norm);
+  std::vector<double> evaluate(const Batch& chunk, int64_t n);
+  std::vector<std::pair<std::string, Tensor>> collect_parameters(
+      const std::vector<std::pair<std::string, Tensor>>& mine);
+
+  const parallel::Schedule& schedule() const { return schedule_; }
+  const parallel::PipelineExecutor& executor() const { return *executor_; }
+  // The last step's Saved states alive at once on this rank.
+  int peak_saved() const { return executor_->peak_saved(); }
+
+ private:
+  class Adapter;  // a RecipeStage as the executor's PipelineStage
+  parallel::Schedule schedule_;
+  comm::Communicator& pp_;
+  std::vector<RecipeStage*> stages_;
+  std::vector<int> indices_;  // stages_' indices in the pipeline
+  std::vector<std::unique_ptr<Adapter>> adapters_;
+  std::unique_ptr<parallel::PipelineExecutor> executor_;
+  std::vector<Batch> micro_;  // the current step's micro-batches
+};
+
+}  // namespace meshtrain::train::internal
