@@ -20,9 +20,12 @@
 // - Buffers are either identical (in place) or do not overlap. Counts are
 //   elements, not bytes. Buffers must stay valid until the call (or the Work of
 //   an async call) completes.
-// - The *_async forms start the operation and return a Work; operations on one
-//   communicator complete in issue order (like a NCCL stream). The blocking form
-//   equals `*_async(...).wait()`.
+// - The *_async forms start the operation and return a Work; collectives on
+//   one communicator complete in issue order (like a NCCL stream). A send or
+//   recv completes on its own, once its data moved (MPI_Isend/MPI_Irecv): a
+//   receive never waits for an earlier send to be received, so a pipeline
+//   that posts its sends early and receives later cannot deadlock on the
+//   order. The blocking form equals `*_async(...).wait()`.
 // - Reductions are deterministic for a given engine and rank count.
 //   bf16/f16 are accumulated in f32 and rounded once. Integer sums wrap modulo
 //   2^bits; integer avg is the sum divided by size(), truncated toward zero.

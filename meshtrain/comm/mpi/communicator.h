@@ -16,8 +16,8 @@
 //   engine runs one progress thread per process: while operations are in
 //   flight it polls them every 50 us (and answers peers' liveness probes,
 //   see Deadlines), so an async operation moves while the caller computes.
-//   Operations finish in issue order: waiting for one first finishes the
-//   earlier ones. A collective with count 0 posts no MPI call (with checks
+//   Collectives finish in issue order: waiting for one first finishes the
+//   earlier ones; a send or recv finishes once its data moved. A collective with count 0 posts no MPI call (with checks
 //   on, its fingerprints are still exchanged).
 // - Fingerprints (Options::check_fingerprints, on by default): before a
 //   collective's data moves, every rank sends its fingerprint to every peer on

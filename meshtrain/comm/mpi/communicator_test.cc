@@ -411,6 +411,32 @@ void test_p2p_group(Communicator& c) {
   expect(ok, "group with every rank, self included");
 }
 
+// A receive completes without waiting for an earlier send (too big for
+// MPI's eager path) that its receiver posts only after this receive: rank 0
+// sends A then waits to receive B; rank 1 sends B, then a barrier that rank 0
+// reaches only after its receive, and only then receives A. With issue-order
+// completion of point-to-point operations this deadlocks (a pipeline's
+// interleaved schedule did).
+void test_p2p_out_of_order(Communicator& c) {
+  if (c.size() < 2 || c.rank() > 1) {
+    c.barrier();
+    return;
+  }
+  std::vector<float> a(1 << 18, 1.0f), b(1 << 18, 2.0f), got(1 << 18, 0.0f);
+  if (c.rank() == 0) {
+    Work send_a = c.send_async(a.data(), a.size(), DType::f32, 1, 11);
+    c.recv(got.data(), got.size(), DType::f32, 1, 12);
+    expect(got == b, "p2p: the receive completed before the earlier send");
+    c.barrier();
+    send_a.wait();
+  } else {
+    c.send(b.data(), b.size(), DType::f32, 0, 12);
+    c.barrier();
+    c.recv(got.data(), got.size(), DType::f32, 0, 11);
+    expect(got == a, "p2p: the earlier send arrives afterwards");
+  }
+}
+
 void test_split(Communicator& c) {
   const int n = c.size(), r = c.rank();
   // Two colors; key reverses the order inside each group.
@@ -611,6 +637,7 @@ int main(int argc, char** argv) {
     run("async order", [&] { test_async_order(*world); });
     run("async order unchecked", [&] { test_async_order(*unchecked); });
     run("p2p group", [&] { test_p2p_group(*world); });
+    run("p2p out of issue order", [&] { test_p2p_out_of_order(*world); });
     run("p2p group unchecked", [&] { test_p2p_group(*unchecked); });
     run("split", [&] { test_split(*world); });
     run("split unchecked", [&] { test_split(*unchecked); });

@@ -391,6 +391,12 @@ void Channel::progress_locked() {
     }
     if (aborted_) return;
   }
+  // A send or recv finishes as soon as its data moved, wherever it stands
+  // in the queue (MPI_Isend / MPI_Irecv semantics, like the threads
+  // engine's rendezvous): a pipeline's receive must not wait for an earlier
+  // send whose receiver is still busy. Collectives finish in issue order.
+  for (const std::shared_ptr<Task>& t : queue_)
+    if (is_p2p(t->op.kind) && t->stage == Stage::done) t->finished = true;
   while (!queue_.empty() && queue_.front()->stage == Stage::done) {
     Task& t = *queue_.front();
     // Our fingerprint sends usually completed long ago; if not, they must

@@ -13,7 +13,8 @@
 //   posted its own (a ring only once it is complete), so all ranks post the
 //   collectives of `comm_` in issue order, and no rank posts one its peers
 //   disagree on. send/recv skip both stages and are posted in start().
-// done -> finished: tasks finish in issue order (the Communicator contract);
+// done -> finished: collectives finish in issue order, a send or recv when
+//   done (the Communicator contract);
 //   Work::test()/wait() report `finished`.
 //
 // Progress happens inside start(), Work::test() and Work::wait(), and on the
