@@ -7,7 +7,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -27,7 +26,6 @@
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/parallel/pipeline_parallel.h"
-#include "meshtrain/parallel/pipeline_timeline.h"
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/internal/pipeline_run.h"
 #include "meshtrain/train/model_recipe.h"
@@ -513,19 +511,13 @@ class Run {
   // The last step's timeline of every pipeline rank: pipeline.trace.json
   // (Perfetto), pipeline.svg, and its measured bubble beside the theory.
   void write_pipeline_timeline() {
-    const std::vector<parallel::RankTimeline> all = parallel::gather_timelines(pipeline_->executor());
+    const internal::PipelineReport p = pipeline_->write_timeline(main_ ? &*shared_.dir : nullptr, total_);
     if (!main_) return;
-    const parallel::Schedule& sc = pipeline_->schedule();
-    const std::string title = fmt::format("{} schedule, {} pipeline ranks x {} chunks, {} micro-batches (step {})",
-                                          parallel::to_string(sc.kind), sc.ranks, sc.virtual_stages,
-                                          sc.micro_batches, total_);
-    write_file_atomic(shared_.dir->file("pipeline.trace.json"), parallel::chrome_trace_json(all, title));
-    write_file_atomic(shared_.dir->file("pipeline.svg"), parallel::timeline_svg(all, title));
     auto& r = shared_.result;
-    r.pipeline_schedule = std::string(parallel::to_string(sc.kind));
-    r.pipeline_bubble = parallel::measured_bubble(all);
-    r.pipeline_bubble_theory = parallel::theoretical_bubble(sc.kind, sc.ranks, sc.micro_batches, sc.virtual_stages);
-    r.pipeline_peak_in_flight = pipeline_->peak_saved();
+    r.pipeline_schedule = p.schedule;
+    r.pipeline_bubble = p.bubble;
+    r.pipeline_bubble_theory = p.theory;
+    r.pipeline_peak_in_flight = p.peak_in_flight;
     fmt::print("pipeline {}: idle {:.1f}% of the last step (theory {:.1f}% for equal stages); rank 0 held {} "
                "micro-batches' activations at once; timeline in pipeline.svg and pipeline.trace.json\n",
                r.pipeline_schedule, 100 * r.pipeline_bubble, 100 * r.pipeline_bubble_theory,
@@ -647,20 +639,7 @@ class Run {
     std::unique_ptr<RecipeModel> assembled;
     if (pipeline_ && dp_comm_->rank() == 0 && (tp_.size() == 1 || tp_.comm->rank() == 0))
       whole = pipeline_->collect_parameters(whole);
-    if (pipeline_ && main_) {
-      assembled = recipe_.build({.seed = tc_.seed});
-      std::map<std::string, Tensor> by_name(whole.begin(), whole.end());
-      whole.clear();
-      for (nn::Parameter* p : assembled->module().parameters()) {
-        const auto it = by_name.find(p->name);
-        if (it == by_name.end())
-          throw InvalidArgument("meshtrain train",
-                                fmt::format("model '{}': no pipeline stage holds parameter '{}'", tc_.model, p->name),
-                                "build every parameter of the whole model in some stage (see model_recipe.h)");
-        p->value.copy_from(it->second);
-        whole.emplace_back(p->name, p->value);
-      }
-    }
+    if (pipeline_ && main_) assembled = internal::assemble_model(recipe_, tc_.seed, tc_.model, whole);
     if (main_) {
       auto& params = shared_.result.final_parameters;
       for (const auto& [name, value] : whole) params.emplace_back(name, detached_f32(value));

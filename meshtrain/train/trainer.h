@@ -33,7 +33,11 @@
 // short run's losses are a prefix of the full run's.
 //
 // Data-parallel ranks: the group mesh.comm({"data", "fsdp"}) (the axes the
-// mesh has); every other axis must have size 1. Non-hybrid strategies shard
+// mesh has); a "tensor" axis splits the model inside each stage, a
+// "pipeline" axis cuts it into stages (tc.pipeline_schedule, virtual_stages;
+// one data-parallel strategy per stage, combined by
+// parallel::PipelineParallel; internal/pipeline_run.h runs them); every
+// other axis must have size 1. Non-hybrid strategies shard
 // over that whole group; hybrid_* shard over "fsdp" and replicate over
 // "data" (both axes required).
 //
@@ -119,7 +123,9 @@ struct TrainResult {
 // fsdp resolved (an fsdp mesh axis > 1 without a strategy -> "full"; mixed
 // precision without one -> "no_shard", since the DataParallel path is f32
 // only), and `notes` says which defaults were applied and why. Throws
-// Unsupported for a mesh axis other than data/fsdp of size > 1 and
+// Unsupported for a mesh axis other than data/fsdp/tensor/pipeline of
+// size > 1 or zero3 with a pipeline axis (an interleaved schedule without
+// virtual_stages gets 2, noted), and
 // InvalidArgument for a hybrid strategy without both axes, or a config
 // that does not validate (an unknown model lists the registered recipes).
 struct ResolvedTraining {

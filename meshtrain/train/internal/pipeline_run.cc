@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <map>
+
+#include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain::train::internal {
@@ -110,6 +113,39 @@ std::vector<double> PipelineRun::evaluate(const Batch& chunk, int64_t n) {
   sums.resize(static_cast<size_t>(count));
   pp_.broadcast(sums.data(), sums.size(), DType::f64, holder);
   return sums;
+}
+
+PipelineReport PipelineRun::write_timeline(const RunDirectory* dir, int64_t step) {
+  const std::vector<parallel::RankTimeline> all = parallel::gather_timelines(*executor_);
+  const parallel::Schedule& sc = schedule_;
+  PipelineReport r{.schedule = std::string(parallel::to_string(sc.kind)),
+                   .theory = parallel::theoretical_bubble(sc.kind, sc.ranks, sc.micro_batches, sc.virtual_stages),
+                   .peak_in_flight = executor_->peak_saved()};
+  if (all.empty()) return r;  // not pipeline rank 0
+  r.bubble = parallel::measured_bubble(all);
+  if (dir == nullptr) return r;
+  const std::string title = fmt::format("{} schedule, {} pipeline ranks x {} chunks, {} micro-batches (step {})",
+                                        r.schedule, sc.ranks, sc.virtual_stages, sc.micro_batches, step);
+  write_file_atomic(dir->file("pipeline.trace.json"), parallel::chrome_trace_json(all, title));
+  write_file_atomic(dir->file("pipeline.svg"), parallel::timeline_svg(all, title));
+  return r;
+}
+
+std::unique_ptr<RecipeModel> assemble_model(const ModelRecipe& recipe, uint64_t seed, const std::string& model,
+                                            std::vector<std::pair<std::string, Tensor>>& params) {
+  std::unique_ptr<RecipeModel> whole = recipe.build({.seed = seed});
+  std::map<std::string, Tensor> by_name(params.begin(), params.end());
+  params.clear();
+  for (nn::Parameter* p : whole->module().parameters()) {
+    const auto it = by_name.find(p->name);
+    if (it == by_name.end())
+      throw InvalidArgument("meshtrain train",
+                            fmt::format("model '{}': no pipeline stage holds parameter '{}'", model, p->name),
+                            "build every parameter of the whole model in some stage (see model_recipe.h)");
+    p->value.copy_from(it->second);
+    params.emplace_back(p->name, p->value);
+  }
+  return whole;
 }
 
 std::vector<std::pair<std::string, Tensor>> PipelineRun::collect_parameters(

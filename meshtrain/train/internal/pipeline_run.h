@@ -37,6 +37,14 @@
 
 namespace meshtrain::train::internal {
 
+// What write_timeline measured (rank 0's numbers).
+struct PipelineReport {
+  std::string schedule;     // parallel::to_string of its kind
+  double bubble = 0;        // measured idle share of the step (parallel::measured_bubble)
+  double theory = 0;        // parallel::theoretical_bubble
+  int peak_in_flight = 0;   // micro-batches whose activations this rank held at once
+};
+
 class PipelineRun {
  public:
   // stages: this rank's (schedule.stage_rank(s) == pp.rank()), ascending;
@@ -49,6 +57,11 @@ class PipelineRun {
   std::vector<double> evaluate(const Batch& chunk, int64_t n);
   std::vector<std::pair<std::string, Tensor>> collect_parameters(
       const std::vector<std::pair<std::string, Tensor>>& mine);
+
+  // Collective over the pipeline axis: the last step's timeline of every
+  // rank; where dir is given (world rank 0), written as
+  // pipeline.trace.json and pipeline.svg, titled with `step`.
+  PipelineReport write_timeline(const RunDirectory* dir, int64_t step);
 
   const parallel::Schedule& schedule() const { return schedule_; }
   const parallel::PipelineExecutor& executor() const { return *executor_; }
@@ -65,5 +78,11 @@ class PipelineRun {
   std::unique_ptr<parallel::PipelineExecutor> executor_;
   std::vector<Batch> micro_;  // the current step's micro-batches
 };
+
+// The whole model (recipe.build without stages) holding `params` (every
+// stage's, by name); InvalidArgument naming `model` and the parameter no
+// stage held.
+std::unique_ptr<RecipeModel> assemble_model(const ModelRecipe& recipe, uint64_t seed, const std::string& model,
+                                            std::vector<std::pair<std::string, Tensor>>& params);
 
 }  // namespace meshtrain::train::internal
