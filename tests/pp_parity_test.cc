@@ -2,9 +2,10 @@
 // device: the GPT of tests/gpt_parity.h made 8 blocks deep (dropout on) on
 // pipeline=2 and 4 with every schedule (GPipe, 1F1B, interleaved with 2
 // chunks per rank, ZB-H1) and 4 or 8 micro-batches; pipeline=2 with
-// data=2, tensor=2 (and sequence parallelism) and fsdp=2 (zero1); the MLP
-// on pipeline=2 and pipeline=2 x tensor=2: per-step losses and final
-// parameters within 1e-5 relative over 30 steps against one device. Also:
+// data=2, tensor=2 (and sequence parallelism, and gradient clipping that
+// binds) and fsdp=2 (zero1); the MLP on pipeline=2 and pipeline=2 x
+// tensor=2: per-step losses and final parameters within 1e-5 relative over
+// 30 steps against one device. Also:
 // 1F1B holds p micro-batches' activations where GPipe holds m; the run
 // directory holds the timeline; what pipelines cannot do is a clear error.
 #include <gmock/gmock.h>
@@ -31,17 +32,19 @@ struct Run {
   int micro_batches = 4;
   std::string fsdp = {};
   bool sequence_parallel = false;
+  double clip_norm = 0;
 };
 
 train::TrainResult train_gpt(const Run& r) {
   const std::string tag = "pp_" + r.mesh + "_" + r.schedule + "_" + std::to_string(r.micro_batches) + r.fsdp +
-                          (r.sequence_parallel ? "_sp" : "");
+                          (r.sequence_parallel ? "_sp" : "") + (r.clip_norm > 0 ? "_clip" : "");
   train::TrainConfig tc = gpt_parity_config(tag);
   tc.layers = 8;
   tc.batch_size = 16;  // 8 rows per data-parallel rank: one per micro-batch at m = 8
   tc.micro_batches = r.micro_batches;
   tc.pipeline_schedule = r.schedule;
   tc.sequence_parallel = r.sequence_parallel;
+  tc.clip_norm = r.clip_norm;
   tc.set("fsdp", r.fsdp, "test");
   const config::DistributedConfig dc = testing::threads_mesh_config(r.mesh);
   return train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
@@ -79,6 +82,12 @@ TEST(PipelineParity, ComposesWithDataTensorAndZero1) {
               "pipeline=2 x tensor=2 with sequence parallelism");
   expect_same(train_gpt({.mesh = "fsdp=2,pipeline=2", .schedule = "interleaved", .fsdp = "zero1"}), one_device(),
               "zero1 on fsdp=2 x pipeline=2, interleaved");
+  // Clipping that binds: the norm adds every stage's squares, wte's once.
+  const train::TrainResult clipped = train_gpt({.mesh = "", .clip_norm = 0.5});
+  expect_same(train_gpt({.mesh = "pipeline=2,tensor=2", .clip_norm = 0.5}), clipped,
+              "pipeline=2 x tensor=2 with clip_norm 0.5");
+  const auto differs = testing::run_differences(clipped, one_device(), 1e-5);
+  EXPECT_FALSE(differs.empty()) << "clip_norm 0.5 never clipped";
 }
 
 train::TrainResult train_mlp(const std::string& mesh, const std::string& tag) {
