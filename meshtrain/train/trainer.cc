@@ -564,6 +564,7 @@ class Run {
       for (size_t k = 0; k < sums.size(); ++k) sums[k] += part[k];
     }
     parallel_->reshard();
+    if (pipeline_) pipeline_->share_sums(sums);  // the last stage's
     dp_comm_->all_reduce(sums.data(), sums.data(), sums.size(), DType::f64, comm::ReduceOp::sum);
     set_training(true);
     return model_->summarize(sums, n);

@@ -107,12 +107,15 @@ std::vector<double> PipelineRun::evaluate(const Batch& chunk, int64_t n) {
     sent.push_back(std::move(x));
   }
   for (Sent& x : sent) x.work.wait();
-  const int holder = schedule_.stage_rank(last);
+  return sums;
+}
+
+void PipelineRun::share_sums(std::vector<double>& sums) {
+  const int holder = schedule_.stage_rank(schedule_.num_stages() - 1);
   int64_t count = static_cast<int64_t>(sums.size());
   pp_.broadcast(&count, 1, DType::i64, holder);
   sums.resize(static_cast<size_t>(count));
   pp_.broadcast(sums.data(), sums.size(), DType::f64, holder);
-  return sums;
 }
 
 PipelineReport PipelineRun::write_timeline(const RunDirectory* dir, int64_t step) {

@@ -15,9 +15,12 @@
 //   returns the sum of the last stage's micro-batch losses (0 on ranks
 //   without the last stage). Every rank of the pipeline axis calls it with
 //   the same batch rows (the sampler is the data axes').
-// - evaluate() runs stage after stage with blocking receives and
-//   asynchronous sends (tags above the executor's), then broadcasts the
-//   last stage's sums over the pipeline axis.
+// - evaluate() runs this rank's stages of one chunk, receiving (blocking)
+//   and sending (asynchronous; tags above the executor's), so consecutive
+//   chunks flow through the stages like micro-batches; the last stage's
+//   rank returns the chunk's sums, the others nothing. share_sums()
+//   (collective over the pipeline axis) then gives every rank the last
+//   stage's totals.
 // - collect_parameters(): collective over the pipeline axis; every rank
 //   passes its stages' (name, full f32 value) pairs; pipeline rank 0 gets
 //   all of them, in stage order, the others an empty vector.
@@ -55,6 +58,7 @@ class PipelineRun {
 
   double step(const Batch& batch, int64_t step, double norm);
   std::vector<double> evaluate(const Batch& chunk, int64_t n);
+  void share_sums(std::vector<double>& sums);
   std::vector<std::pair<std::string, Tensor>> collect_parameters(
       const std::vector<std::pair<std::string, Tensor>>& mine);
 
