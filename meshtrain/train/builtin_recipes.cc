@@ -132,28 +132,6 @@ class MlpStage final : public RecipeStage {
   nn::Saved eval_saved_, eval_loss_saved_;
 };
 
-// This rank's MLP stages (ModelOptions::stages), driven by the trainer.
-class MlpStagesModel final : public RecipeModel {
- public:
-  explicit MlpStagesModel(std::vector<std::unique_ptr<MlpStage>> stages) : stages_(std::move(stages)) {}
-  nn::Module& module() override { return stages_.front()->module(); }
-  std::vector<RecipeStage*> stages() override {
-    std::vector<RecipeStage*> out;
-    for (auto& s : stages_) out.push_back(s.get());
-    return out;
-  }
-  double loss_step(const Batch&, int64_t, double) override { throw_staged(); }
-  std::vector<double> evaluate(const Batch&, int64_t) override { throw_staged(); }
-  Evaluation summarize(std::span<const double> s, int64_t n) const override { return mlp_summary(s, n); }
-
- private:
-  [[noreturn]] static void throw_staged() {
-    throw InvalidArgument("MLP pipeline stages", "the whole-model step of a model built in pipeline stages",
-                          "drive stages() (the trainer's pipeline executor does)");
-  }
-  std::vector<std::unique_ptr<MlpStage>> stages_;
-};
-
 // The MLP's Linears cut by their weights (in x out); under tensor
 // parallelism a column/row pair is one unit (a stage may not cut it).
 std::vector<std::pair<int, int>> mlp_cut(const std::vector<int64_t>& sizes, const nn::TensorParallelGroup& tp,
@@ -197,7 +175,7 @@ class MlpRecipe final : public FashionMnistRecipe {
     mc.defer_init = o.defer_init;
     if (o.pipeline_stages > 1) {
       const auto cut = mlp_cut(mc.sizes, o.tensor, o.pipeline_stages);
-      std::vector<std::unique_ptr<MlpStage>> stages;
+      std::vector<std::unique_ptr<RecipeStage>> stages;
       for (int s : o.stages) {
         nn::MLPConfig part = mc;
         part.first_layer = cut.at(static_cast<size_t>(s)).first;
@@ -205,7 +183,7 @@ class MlpRecipe final : public FashionMnistRecipe {
         stages.push_back(std::make_unique<MlpStage>(part, s == o.pipeline_stages - 1, o.tracker));
         stages.back()->module().set_compute_dtype(o.compute_dtype);
       }
-      return std::make_unique<MlpStagesModel>(std::move(stages));
+      return std::make_unique<StagedModel>(std::move(stages), mlp_summary);
     }
     auto m = std::make_unique<MlpModel>(mc, o.tracker);
     m->module().set_compute_dtype(o.compute_dtype);

@@ -122,32 +122,6 @@ class GptStage final : public RecipeStage {
   nn::Saved eval_saved_, eval_loss_saved_;
 };
 
-// This rank's stages of a GPT cut into pipeline stages. The trainer drives
-// them (stages()); artifacts come from the whole model it assembles.
-class GptStagesModel final : public RecipeModel {
- public:
-  GptStagesModel(std::vector<std::unique_ptr<GptStage>> stages, double unigram)
-      : stages_(std::move(stages)), unigram_(unigram) {}
-  nn::Module& module() override { return stages_.front()->module(); }
-  std::vector<RecipeStage*> stages() override {
-    std::vector<RecipeStage*> out;
-    for (auto& s : stages_) out.push_back(s.get());
-    return out;
-  }
-  double loss_step(const Batch&, int64_t, double) override { throw_staged(); }
-  std::vector<double> evaluate(const Batch&, int64_t) override { throw_staged(); }
-  int64_t evaluation_rows() const override { return 16; }
-  Evaluation summarize(std::span<const double> s, int64_t) const override { return summary(s[0], unigram_); }
-
- private:
-  [[noreturn]] static void throw_staged() {
-    throw InvalidArgument("GPT pipeline stages", "the whole-model step of a model built in pipeline stages",
-                          "drive stages() (the trainer's pipeline executor does)");
-  }
-  std::vector<std::unique_ptr<GptStage>> stages_;
-  double unigram_;
-};
-
 class GptModel final : public RecipeModel {
  public:
   GptModel(const nn::GPTConfig& c, double unigram, std::shared_ptr<const Tokenizer> tokenizer, uint64_t seed,
@@ -245,7 +219,7 @@ class GptRecipe final : public ModelRecipe {
     std::vector<double> costs(static_cast<size_t>(whole.layers), 24 * c * c + 2 * t * c);
     costs.back() += 2 * c * static_cast<double>(whole.vocab);
     const auto cut = pipeline_cut(costs, o.pipeline_stages, "gpt");
-    std::vector<std::unique_ptr<GptStage>> stages;
+    std::vector<std::unique_ptr<RecipeStage>> stages;
     for (int s : o.stages) {
       nn::GPTConfig part = whole;
       part.first_block = cut.at(static_cast<size_t>(s)).first;
@@ -255,7 +229,10 @@ class GptRecipe final : public ModelRecipe {
       stages.push_back(std::make_unique<GptStage>(part, o.tracker));
       stages.back()->module().set_compute_dtype(o.compute_dtype);
     }
-    return std::make_unique<GptStagesModel>(std::move(stages), unigram_);
+    const double unigram = unigram_;
+    return std::make_unique<StagedModel>(
+        std::move(stages), [unigram](std::span<const double> s, int64_t) { return summary(s[0], unigram); },
+        /*evaluation_rows=*/16);
   }
 
   TrainConfig tc_;

@@ -38,6 +38,29 @@ std::string quoted_choices(const std::deque<RecipeRegistration>& entries) {
 
 }  // namespace
 
+StagedModel::StagedModel(std::vector<std::unique_ptr<RecipeStage>> stages, Summarize summarize,
+                         int64_t evaluation_rows)
+    : stages_(std::move(stages)), summarize_(std::move(summarize)), evaluation_rows_(evaluation_rows) {
+  if (stages_.empty() || !summarize_)
+    throw InvalidArgument("StagedModel", "no stages or no summarize function", "give this rank's stages");
+}
+
+std::vector<RecipeStage*> StagedModel::stages() {
+  std::vector<RecipeStage*> out;
+  for (auto& s : stages_) out.push_back(s.get());
+  return out;
+}
+
+double StagedModel::loss_step(const Batch&, int64_t, double) {
+  throw InvalidArgument("StagedModel::loss_step", "the whole-model step of a model built in pipeline stages",
+                        "drive stages() (the trainer's pipeline executor does)");
+}
+
+std::vector<double> StagedModel::evaluate(const Batch&, int64_t) {
+  throw InvalidArgument("StagedModel::evaluate", "the whole-model evaluation of a model built in pipeline stages",
+                        "drive stages() (the trainer's pipeline executor does)");
+}
+
 std::vector<std::pair<int, int>> pipeline_cut(const std::vector<double>& costs, int stages, std::string_view model) {
   if (static_cast<int64_t>(costs.size()) < stages)
     throw InvalidArgument("meshtrain train",

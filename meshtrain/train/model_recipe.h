@@ -166,6 +166,27 @@ class RecipeModel {
   virtual std::vector<nn::Module*> fsdp_units() { return {}; }
 };
 
+// A RecipeModel built in pipeline stages (ModelOptions::stages): holds this
+// rank's stages for the trainer's executor; loss_step and evaluate, which
+// the trainer does not call then, are InvalidArgument; summarize is the
+// recipe's function.
+class StagedModel final : public RecipeModel {
+ public:
+  using Summarize = std::function<Evaluation(std::span<const double>, int64_t)>;
+  StagedModel(std::vector<std::unique_ptr<RecipeStage>> stages, Summarize summarize, int64_t evaluation_rows = 1000);
+  nn::Module& module() override { return stages_.front()->module(); }
+  std::vector<RecipeStage*> stages() override;
+  double loss_step(const Batch& micro, int64_t step, double norm) override;
+  std::vector<double> evaluate(const Batch& chunk, int64_t n) override;
+  int64_t evaluation_rows() const override { return evaluation_rows_; }
+  Evaluation summarize(std::span<const double> sums, int64_t n) const override { return summarize_(sums, n); }
+
+ private:
+  std::vector<std::unique_ptr<RecipeStage>> stages_;
+  Summarize summarize_;
+  int64_t evaluation_rows_;
+};
+
 // A model with its data, once per process.
 class ModelRecipe {
  public:
