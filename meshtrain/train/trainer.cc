@@ -158,6 +158,14 @@ class Run {
         metrics_(recipe.metrics()), shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names),
         main_(world.rank() == 0) {
     dp_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));  // collective split (all ranks, same order)
+    if (tc.batch_size / dp_comm_->size() < tc.micro_batches)
+      throw InvalidArgument("meshtrain train",
+                            fmt::format("--micro-batches {} with a batch of {} over {} data-parallel ranks ({} "
+                                        "samples per rank): a micro-batch would be empty",
+                                        tc.micro_batches, tc.batch_size, dp_comm_->size(),
+                                        tc.batch_size / dp_comm_->size()),
+                            "use at most as many micro-batches as samples per data-parallel rank, or a larger "
+                            "--batch-size");
     if (axis_size(mesh_shape, "tensor") > 1) tp_.comm = &mesh_.comm("tensor");
     tp_.sequence_parallel = tc.sequence_parallel;
     const bool sharded = tc.fsdp.enabled();
