@@ -227,6 +227,7 @@ class Run {
                              .tied = stages[k]->tied_parameters()});
       auto pipeline = std::make_unique<parallel::PipelineParallel>(std::move(per_stage), *pp_);
       pipeline_ = std::make_unique<internal::PipelineRun>(*schedule, *pp_, stages, *pipeline);
+      stage_cut_ = pipeline_->describe_stages();  // collective; "" off pipeline rank 0
       parallel_ = std::move(pipeline);
     }
     // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
@@ -271,6 +272,9 @@ class Run {
       fmt::print("model {}: {} parameters; {}; {}; {}\n", tc_.model, num_parameters_, steps, lr,
                  parallel_->describe());
       if (!tensor_split_.empty()) fmt::print("{}", tensor_split_);
+      if (!stage_cut_.empty())
+        fmt::print("pipeline {} over {} ranks, {} micro-batches (stages cut by cost; global sizes):\n{}",
+                   tc_.pipeline_schedule, pp_->size(), tc_.micro_batches, stage_cut_);
       fmt::print("run directory: {} (written to {} until the run succeeds)\n", shared_.dir->path(),
                  shared_.dir->staging());
       std::fflush(stdout);
@@ -686,6 +690,7 @@ class Run {
   comm::Communicator* dp_comm_ = nullptr;
   nn::TensorParallelGroup tp_;  // the mesh's tensor axis (none: one rank)
   std::string tensor_split_;    // rank 0: how the tensor axis splits the parameters (start-up dump)
+  std::string stage_cut_;       // rank 0: which parameters each pipeline stage holds (start-up dump)
   std::vector<std::string> sequence_parallel_;  // parameters whose gradients are partial over the tensor axis
   comm::Communicator* pp_ = nullptr;  // the pipeline axis (none: one stage)
   std::unique_ptr<RecipeModel> model_;

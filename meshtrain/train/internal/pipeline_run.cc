@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
 #include "meshtrain/core/atomic_file.h"
@@ -116,6 +117,40 @@ void PipelineRun::share_sums(std::vector<double>& sums) {
   pp_.broadcast(&count, 1, DType::i64, holder);
   sums.resize(static_cast<size_t>(count));
   pp_.broadcast(sums.data(), sums.size(), DType::f64, holder);
+}
+
+std::string PipelineRun::describe_stages() {
+  std::string mine;
+  for (size_t k = 0; k < stages_.size(); ++k) {
+    const std::vector<nn::Parameter*> ps = stages_[k]->module().parameters();
+    int64_t values = 0;
+    for (const nn::Parameter* p : ps) {
+      int64_t n = 1;
+      for (int64_t d : p->info.shape) n *= d;
+      values += n;
+    }
+    mine += fmt::format("  stage {} on pipeline rank {}: {} .. {}, {} tensors, {} values\n", indices_[k], pp_.rank(),
+                        ps.empty() ? "-" : ps.front()->name, ps.empty() ? "-" : ps.back()->name, ps.size(), values);
+  }
+  int64_t len = static_cast<int64_t>(mine.size()), longest = len;
+  pp_.all_reduce(&longest, &longest, 1, DType::i64, comm::ReduceOp::max);
+  mine.resize(static_cast<size_t>(longest), '\0');
+  std::string all(static_cast<size_t>(longest) * static_cast<size_t>(pp_.size()), '\0');
+  pp_.all_gather(mine.data(), all.data(), static_cast<size_t>(longest), DType::u8);
+  if (pp_.rank() != 0) return "";
+  std::vector<std::string> lines;
+  for (int r = 0; r < pp_.size(); ++r) {
+    const std::string part = all.substr(static_cast<size_t>(r * longest), static_cast<size_t>(longest));
+    size_t at = 0;
+    for (size_t nl; (nl = part.find('\n', at)) != std::string::npos; at = nl + 1) lines.push_back(part.substr(at, nl + 1 - at));
+  }
+  // In stage order (a rank's stages are r, r + p, ...).
+  std::sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
+    return std::stoi(a.substr(8)) < std::stoi(b.substr(8));
+  });
+  std::string out;
+  for (const std::string& l : lines) out += l;
+  return out;
 }
 
 PipelineReport PipelineRun::write_timeline(const RunDirectory* dir, int64_t step) {

@@ -62,6 +62,11 @@ class PipelineRun {
   std::vector<std::pair<std::string, Tensor>> collect_parameters(
       const std::vector<std::pair<std::string, Tensor>>& mine);
 
+  // Collective over the pipeline axis: one line per stage, in stage order,
+  // on pipeline rank 0 ("  stage 1 on pipeline rank 1: h.2.ln_1.weight ..
+  // h.2.mlp.c_proj.bias, 12 tensors, 1774464 values": first and last
+  // parameter, count, global elements), "" on the others.
+  std::string describe_stages();
   // Collective over the pipeline axis: the last step's timeline of every
   // rank; where dir is given (world rank 0), written as
   // pipeline.trace.json and pipeline.svg, titled with `step`.
