@@ -138,19 +138,21 @@ TEST(PipelineTimeline, SvgDrawsEveryComputeActionAndTheBubble) {
   EXPECT_EQ(occurrences(svg, "dominant-baseline=\"middle\">0</text>"), 5u);
 }
 
-// A stage that passes a 2-float tensor through and sleeps: forward 2 ms,
-// backward_input 2 ms, backward_weight 2 ms (a fused backward 4 ms).
+// A stage that passes a 2-float tensor through and sleeps: forward 20 ms,
+// backward_input 20 ms, backward_weight 20 ms (a fused backward 40 ms).
+// Long enough that a loaded machine's late wake-ups (a few ms) leave the
+// measured bubble near the schedule's.
 class SleepStage final : public PipelineStage {
  public:
   Tensor forward(int, const Tensor& input, nn::Saved&) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     return input.defined() ? input : Tensor::from_vector(std::vector<float>{1, 2}, {2});
   }
   Tensor backward_input(int, const Tensor& grad, nn::Saved&) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     return grad.defined() ? grad : Tensor::from_vector(std::vector<float>{3, 4}, {2});
   }
-  void backward_weight(int, nn::Saved&) override { std::this_thread::sleep_for(std::chrono::milliseconds(2)); }
+  void backward_weight(int, nn::Saved&) override { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
   std::vector<int64_t> input_shape(int) const override { return {2}; }
 };
 
@@ -164,7 +166,7 @@ TEST(PipelineTimeline, RealOneFOneBRunOnOneTimeBase) {
                  world.barrier();
                  // Rank 1 starts late: its own clock reads its first forward as early,
                  // the common time base as after rank 0's.
-                 if (world.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+                 if (world.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
                  exec.run();
                  std::vector<RankTimeline> all = gather_timelines(exec);
                  if (world.rank() == 0) got = std::move(all);
@@ -182,8 +184,8 @@ TEST(PipelineTimeline, RealOneFOneBRunOnOneTimeBase) {
       EXPECT_EQ(e.action, program[i]) << "rank " << r << " action " << i;
       EXPECT_GE(e.start_us, 0);
       EXPECT_GE(e.end_us, e.start_us);
-      // At least the stage's sleeps: forward 2 ms, fused backward 4 ms.
-      const double least = e.action.kind == ActionKind::forward ? 2000 : e.action.kind == ActionKind::backward ? 4000 : 0;
+      // At least the stage's sleeps: forward 20 ms, fused backward 40 ms.
+      const double least = e.action.kind == ActionKind::forward ? 20000 : e.action.kind == ActionKind::backward ? 40000 : 0;
       EXPECT_GE(e.end_us - e.start_us, least) << e.action.to_string();
       at[e.action.to_string()] = e;
     }
@@ -195,9 +197,10 @@ TEST(PipelineTimeline, RealOneFOneBRunOnOneTimeBase) {
     EXPECT_GE(at.at(fmt::format("RECV_B{}@s0<-r1", mb)).end_us, at.at(fmt::format("SEND_B{}@s1->r0", mb)).start_us);
     EXPECT_GE(at.at(fmt::format("B{}@s0", mb)).start_us, at.at(fmt::format("RECV_B{}@s0<-r1", mb)).end_us);
   }
-  // Rank 0 waits for B0's gradient at least through rank 1's F0 and B0 (6 ms).
+  // Rank 0 waits for B0's gradient at least through rank 1's F0 and B0
+  // (60 ms), less the forward it runs meanwhile (F1, 20 ms).
   const PipelineEvent& wait = at.at("RECV_B0@s0<-r1");
-  EXPECT_GE(wait.end_us - wait.start_us, 2000);
+  EXPECT_GE(wait.end_us - wait.start_us, 20000);
   const double bubble = measured_bubble(got);
   EXPECT_NEAR(bubble, theoretical_bubble(ScheduleKind::one_f_one_b, 2, 4), 0.1);
   const nlohmann::json trace = nlohmann::json::parse(chrome_trace_json(got, "1f1b"));
