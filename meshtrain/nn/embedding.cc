@@ -48,7 +48,7 @@ Tensor Embedding::do_forward(const Tensor& ids, Saved& saved) {
   if (!ids.defined() || (ids.dtype() != DType::i64 && ids.dtype() != DType::i32))
     throw InvalidArgument(op, fmt::format("'{}': ids must be an i64 or i32 tensor", name_),
                           "pass token (or position) ids, e.g. (batch, T)");
-  internal::check_param_tensor(weight_.value, op, weight_.name);
+  internal::param_value(weight_.value, weight_.value.dtype(), op, weight_.name);  // checks it
   State& st = saved.state<State>();
   st.shape = ids.shape();
   st.ids = ids.contiguous().view({ids.numel()});
@@ -82,7 +82,7 @@ Tensor Embedding::do_backward_input(const Tensor& grad_out, Saved& saved) {
 
 void Embedding::do_backward_weight(Saved& saved) {
   State& st = saved.state<State>();
-  internal::check_param_tensor(weight_.grad, "Embedding::backward", weight_.name);
+  internal::check_param_grad(weight_.grad, "Embedding::backward", weight_.name);
   functional::embedding_backward(st.ids, st.dy, weight_.grad, shard_.begin, num_);
   notify_grad_ready(weight_);
   st.dy = Tensor();

@@ -434,7 +434,11 @@ int64_t checked_vocab(const char* op, int64_t rows, int64_t begin, int64_t vocab
 
 void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out, int64_t begin, int64_t vocab) {
   const char* op = "functional::embedding_forward";
-  check_matrix(op, "weight", weight);
+  // The table may be bf16/f16 (mixed precision keeps it so): rows are widened to f32.
+  const DType wd = weight.defined() ? weight.dtype() : DType::f32;
+  check(op, "weight", weight, wd == DType::bf16 || wd == DType::f16 ? wd : DType::f32);
+  if (weight.dim() != 2)
+    throw InvalidArgument(op, fmt::format("weight is {}", describe(weight)), "pass a 2-d (rows, features) tensor");
   check_ids(op, ids, checked_vocab(op, weight.size(0), begin, vocab));
   check(op, "out", out);
   check_shape(op, "out", out, {ids.size(0), weight.size(1)});

@@ -116,7 +116,8 @@ void reparameterize_backward_logvar(const Tensor& dz, const Tensor& eps, const T
 // ids (N) i64 or i32, each in [0, vocab) (vocab 0: the weight's rows);
 // weight (rows, C) holds ids [begin, begin + rows) (a vocabulary shard under
 // tensor parallelism; begin 0 and vocab = rows otherwise); out (N, C) = the
-// id's row, or zeros for an id outside the shard.
+// id's row, or zeros for an id outside the shard. weight is f32, or bf16/f16
+// (mixed precision's parameter views: rows widened exactly to f32).
 void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out, int64_t begin = 0,
                        int64_t vocab = 0);
 // Accumulates dweight[ids[i] - begin] += dy[i] (dy (N, C)) for the ids in

@@ -269,9 +269,7 @@ std::vector<Module*> GPT::children() {
 std::vector<Module*> GPT::blocks() { return h_.children(); }
 
 Tensor GPT::head_weight() {
-  const Tensor& w = wte_->weight().value;
-  internal::check_param_tensor(w, "GPT::forward", wte_->weight().name);
-  return compute_dtype_ == DType::f32 ? w : w.to(compute_dtype_);
+  return internal::param_value(wte_->weight().value, compute_dtype_, "GPT::forward", wte_->weight().name);
 }
 
 Tensor GPT::do_forward(const Tensor& input, Saved& saved) {
@@ -390,7 +388,7 @@ void GPT::do_backward_weight(Saved& saved) {
   // layers in reverse; wte's own report comes last and completes it.
   if (config_.head) {
     Parameter& w = wte_->weight();
-    internal::check_param_tensor(w.grad, "GPT::backward", w.name);
+    internal::check_param_grad(w.grad, "GPT::backward", w.name);
     F::unembed_backward_weight(st.h, st.dlogits, w.grad);
     notify_grad_ready(w);
     st.dlogits = Tensor();

@@ -50,17 +50,15 @@ Tensor LayerNorm::do_forward(const Tensor& x, Saved& saved) {
                                       shape_to_string(xc.shape()), dim_),
                           "LayerNorm normalizes the last dim");
   const int64_t rows = xc.numel() / dim_;
-  if (affine_) {
-    internal::check_param_tensor(weight_.value, op, weight_.name);
-    internal::check_param_tensor(bias_.value, op, bias_.name);
-  }
   State& st = saved.state<State>();
   st.shape = xc.shape();
   Tensor& xhat = internal::reuse_or_allocate(st.xhat, {rows, dim_}, tracker_);  // (R, dim)
   Tensor& y = internal::reuse_or_allocate(st.y, {rows, dim_}, tracker_);        // (R, dim)
   Tensor& rstd = internal::reuse_or_allocate(st.rstd, {rows}, tracker_);
-  functional::layer_norm_forward(xc.view({rows, dim_}), affine_ ? weight_.value : Tensor(),
-                                 affine_ ? bias_.value : Tensor(), eps_, y, xhat, rstd);
+  functional::layer_norm_forward(xc.view({rows, dim_}),
+                                 affine_ ? internal::param_value(weight_.value, DType::f32, op, weight_.name) : Tensor(),
+                                 affine_ ? internal::param_value(bias_.value, DType::f32, op, bias_.name) : Tensor(),
+                                 eps_, y, xhat, rstd);
   return y.view(st.shape);
 }
 
@@ -72,8 +70,9 @@ Tensor LayerNorm::do_backward_input(const Tensor& grad_out, Saved& saved) {
   const int64_t rows = st.xhat.size(0);
   st.dy = dy.view({rows, dim_});
   Tensor& dx = internal::reuse_or_allocate(st.dx, {rows, dim_}, tracker_);
-  if (affine_) internal::check_param_tensor(weight_.value, op, weight_.name);
-  functional::layer_norm_backward_input(st.dy, st.xhat, st.rstd, affine_ ? weight_.value : Tensor(), dx);
+  functional::layer_norm_backward_input(
+      st.dy, st.xhat, st.rstd, affine_ ? internal::param_value(weight_.value, DType::f32, op, weight_.name) : Tensor(),
+      dx);
   if (!affine_) st.dy = Tensor();  // nothing for the weight pass
   return dx.view(st.shape);
 }
@@ -82,8 +81,8 @@ void LayerNorm::do_backward_weight(Saved& saved) {
   if (!affine_) return;
   const char* op = "LayerNorm::backward";
   State& st = saved.state<State>();
-  internal::check_param_tensor(weight_.grad, op, weight_.name);
-  internal::check_param_tensor(bias_.grad, op, bias_.name);
+  internal::check_param_grad(weight_.grad, op, weight_.name);
+  internal::check_param_grad(bias_.grad, op, bias_.name);
   functional::layer_norm_backward_weight(st.dy, st.xhat, weight_.grad, bias_.grad);
   notify_grad_ready(bias_);
   notify_grad_ready(weight_);

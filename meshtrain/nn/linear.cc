@@ -31,19 +31,6 @@ Parameter make_param(const std::string& name, std::vector<int64_t> shape, shardi
   return p;
 }
 
-// The weight (in, out) in the half-precision compute dtype, in a per-thread
-// buffer that lives until this thread's next call (not charged to a tracker:
-// transient, like a GEMM's own packing buffers). Fully sharded data
-// parallelism gathers weights that are exactly representable, so this is the
-// weight as stored; a plain f32 weight is rounded to nearest even.
-Tensor half_weight(const Tensor& w, DType dtype) {
-  thread_local std::vector<uint16_t> buf;
-  buf.resize(static_cast<size_t>(w.numel()));
-  Tensor h = Tensor::from_blob(buf.data(), w.shape(), dtype);
-  h.copy_from(w);
-  return h;
-}
-
 }  // namespace
 
 Linear::Linear(int64_t in, int64_t out, const std::string& prefix, uint64_t seed, bool bias)
@@ -109,8 +96,6 @@ Tensor Linear::do_forward(const Tensor& x, Saved& saved) {
                           fmt::format("'{}': input shape {} does not end in in_features {}", name_,
                                       shape_to_string(xc.shape()), in_),
                           "pass (..., in_features); the weight is (in, out)");
-  internal::check_param_tensor(weight_.value, op, weight_.name);
-  if (has_bias_) internal::check_param_tensor(bias_.value, op, bias_.name);
   State& st = saved.state<State>();
   const int64_t rows = xc.numel() / in_;
   st.in_shape = xc.shape();
@@ -122,8 +107,10 @@ Tensor Linear::do_forward(const Tensor& x, Saved& saved) {
     st.x = xr;
   }
   Tensor& y = internal::reuse_or_allocate(st.y, {rows, out_}, tracker_);  // (R, out)
-  functional::linear_forward(st.x, half ? half_weight(weight_.value, compute_dtype_) : weight_.value,
-                             has_bias_ ? bias_.value : Tensor(), y);
+  // The weight in the compute dtype (converted here unless fully sharded
+  // mixed precision holds it so), the bias in f32: added to the f32 result.
+  functional::linear_forward(st.x, internal::param_value(weight_.value, compute_dtype_, op, weight_.name),
+                             has_bias_ ? internal::param_value(bias_.value, DType::f32, op, bias_.name) : Tensor(), y);
   round_to(y, compute_dtype_);  // f32 accumulation, half-precision result
   std::vector<int64_t> out_shape = st.in_shape;
   out_shape.back() = out_;
@@ -147,18 +134,17 @@ Tensor Linear::prepare_grad(const Tensor& grad_out, State& st, const char* op) {
 
 Tensor Linear::input_grad(const Tensor& dy, State& st) {
   if (!needs_input_grad_) return Tensor();
-  internal::check_param_tensor(weight_.value, "Linear::backward", weight_.name);
   Tensor& dx = internal::reuse_or_allocate(st.dx, {dy.size(0), in_}, tracker_);
-  const bool half = dy.dtype() != DType::f32;
-  functional::linear_backward_input(dy, half ? half_weight(weight_.value, dy.dtype()) : weight_.value, dx);
+  functional::linear_backward_input(dy, internal::param_value(weight_.value, dy.dtype(), "Linear::backward", weight_.name),
+                                    dx);
   round_to(dx, compute_dtype_);
   return dx.view(st.in_shape);
 }
 
 void Linear::weight_grads(const Tensor& dy, const Tensor& x) {
   const char* op = "Linear::backward";
-  internal::check_param_tensor(weight_.grad, op, weight_.name);
-  if (has_bias_) internal::check_param_tensor(bias_.grad, op, bias_.name);
+  internal::check_param_grad(weight_.grad, op, weight_.name);
+  if (has_bias_) internal::check_param_grad(bias_.grad, op, bias_.name);
   // The bias first, reported before the weight GEMM runs: data parallelism
   // can start the bucket holding it that much earlier.
   if (has_bias_) {

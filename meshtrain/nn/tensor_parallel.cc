@@ -311,8 +311,8 @@ Tensor RowParallelLinear::do_forward(const Tensor& x, Saved& saved) {
   else
     all_reduce_sum(group_, y);
   if (has_bias_) {
-    internal::check_param_tensor(bias_.value, "RowParallelLinear::forward", bias_.name);
-    functional::bias_add(bias_.value, y.view({y.numel() / y.size(-1), y.size(-1)}));
+    functional::bias_add(internal::param_value(bias_.value, DType::f32, "RowParallelLinear::forward", bias_.name),
+                         y.view({y.numel() / y.size(-1), y.size(-1)}));
     round_to(y, compute_dtype_);
   }
   return y;
@@ -320,7 +320,7 @@ Tensor RowParallelLinear::do_forward(const Tensor& x, Saved& saved) {
 
 void RowParallelLinear::bias_grad(const Tensor& dy) {
   if (!has_bias_) return;
-  internal::check_param_tensor(bias_.grad, "RowParallelLinear::backward", bias_.name);
+  internal::check_param_grad(bias_.grad, "RowParallelLinear::backward", bias_.name);
   functional::bias_backward(dy.contiguous().view({dy.numel() / dy.size(-1), dy.size(-1)}), bias_.grad);
   notify_grad_ready(bias_);
 }

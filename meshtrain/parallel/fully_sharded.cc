@@ -164,7 +164,7 @@ struct FullyShardedDataParallel::Unit {
   Tensor gathered;     // stage 3: param_dtype (padded), being gathered or in use
   comm::Work gather;   // in flight when gathering
   bool gathering = false;
-  Tensor work_value;   // f32 (padded): what p.value views, when not persistent
+  Tensor work_value;   // param_dtype, or f32 when inspecting (padded): what p.value views, when not persistent
   Tensor work_grad;    // f32 (padded): what p.grad views during backward
   bool materialized = false;  // p.value is valid
   bool inspecting = false;    // values are master copies from gather_full_parameters
@@ -459,12 +459,10 @@ void FullyShardedDataParallel::materialize(Unit& u) {
   } else {
     src = u.full_param;
   }
-  if (src.dtype() == DType::f32) {
-    u.work_value = src;
-  } else {
-    u.work_value = alloc(u.padded, DType::f32, MemoryCategory::working);
-    u.work_value.copy_from(src);
-  }
+  // Under mixed precision the values are param_dtype views: layers run
+  // their products on them as they are and widen small ones (nn's
+  // internal::param_value), so nothing converts the whole unit here.
+  u.work_value = src;
   gathers_ += u.padded;
   set_value_views(u, u.work_value);
   u.materialized = true;

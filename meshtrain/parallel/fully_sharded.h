@@ -52,11 +52,16 @@
 // like backward, so a unit's values are gathered for the first and its
 // gradient is reduced after the second):
 //   before_use(forward)  stage 3: all-gather the unit (unless prefetched or
-//                        kept); any stage with p < 4: widen the unit to an f32
-//                        working copy. p.value becomes a view of the f32
-//                        values. forward_prefetch starts the next unit's
-//                        all-gather (in the previous forward's order).
-//   after_use(forward)   reshard_after_forward: free the working copy.
+//                        kept). p.value becomes a view of the unit's values
+//                        in param_dtype: under mixed precision a bf16/f16
+//                        view that layers compute on as it is (their GEMMs
+//                        take it directly; small parameters such as biases
+//                        and norms are widened per use: nn never converts a
+//                        whole weight here). forward_prefetch starts the
+//                        next unit's all-gather (in the previous forward's
+//                        order).
+//   after_use(forward)   reshard_after_forward: drop the views (stage 3:
+//                        free the gathered copy).
 //   before_use(backward) materialize again if freed; p.grad becomes a view of
 //                        a zeroed f32 working gradient (or, stage 0/1 with
 //                        f32 gradients, of the persistent full gradient).
@@ -71,7 +76,7 @@
 //                        reduce-scatter (zero1). backward_prefetch post:
 //                        start the next unit's gather here.
 //   Outside these windows a stage-3 (or mixed-precision) parameter's value
-//   and grad are undefined tensors.
+//   and grad are undefined tensors; gather_full_parameters() gives f32 ones.
 //
 // finish() waits for every reduction, all-reduces the replicated parameters'
 // gradients, and with a replicate communicator (HSDP) all-reduces the owned
@@ -271,7 +276,7 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   int64_t sharded_elements() const { return sharded_elements_; }
   int64_t replicated_elements() const { return replicated_elements_; }
   // Elements materialized so far (Np per unit use: all-gathered for zero3,
-  // widened from param_dtype otherwise).
+  // viewed in the persistent param_dtype copy otherwise).
   int64_t gathered_elements() const { return gathers_; }
 
  private:
@@ -284,7 +289,7 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   static void fill_flat(const Unit& u, int64_t from, int64_t count, float* out);
   Tensor alloc(int64_t n, DType dtype, MemoryCategory category) const;
   Tensor owned_grad(Unit& u);
-  // f32 values (grads) live in persistent storage that p.value (p.grad) views.
+  // Values (grads) live in persistent f32 storage that p.value (p.grad) views.
   bool values_persistent() const;
   bool grads_persistent() const;
   Unit* unit_of(nn::Module& owner);  // null: not a unit, or nothing sharded in it

@@ -34,10 +34,25 @@ void check_shape(const Tensor& got, const std::vector<int64_t>& want, const char
                           "the gradient has the shape of forward's output; call forward on this batch first");
 }
 
-void check_param_tensor(const Tensor& t, const char* op, const std::string_view name) {
+void check_param_grad(const Tensor& t, const char* op, const std::string_view name) {
   if (!t.defined() || t.dtype() != DType::f32 || !t.is_contiguous())
-    throw InvalidArgument(op, fmt::format("parameter tensor of '{}' is not a contiguous f32 tensor", name),
-                          "keep Parameter::value and ::grad contiguous f32 (views into a flat buffer are fine)");
+    throw InvalidArgument(op, fmt::format("gradient of parameter '{}' is not a contiguous f32 tensor", name),
+                          "keep Parameter::grad contiguous f32 (views into a flat buffer are fine)");
+}
+
+Tensor param_value(const Tensor& v, DType dtype, const char* op, const std::string_view name) {
+  if (!v.defined() || !v.is_contiguous() ||
+      (v.dtype() != DType::f32 && v.dtype() != DType::bf16 && v.dtype() != DType::f16))
+    throw InvalidArgument(op,
+                          fmt::format("value of parameter '{}' is {}", name,
+                                      v.defined() ? fmt::format("{} {}", dtype_name(v.dtype()),
+                                                                v.is_contiguous() ? "contiguous" : "strided")
+                                                  : std::string("undefined")),
+                          "keep Parameter::value a contiguous f32 tensor (or a bf16/f16 one under mixed precision)");
+  if (v.dtype() == dtype) return v;
+  Tensor out = Tensor::empty(v.shape(), dtype);
+  out.copy_from(v);
+  return out;
 }
 
 uint64_t step_key(std::string_view name, uint64_t step) {

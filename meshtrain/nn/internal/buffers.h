@@ -33,9 +33,17 @@ Tensor f32_contiguous(const Tensor& x, const char* op, const char* what);
 // Throws InvalidArgument naming `op` unless got.shape() == want.
 void check_shape(const Tensor& got, const std::vector<int64_t>& want, const char* op, const char* what);
 
-// Throws InvalidArgument naming `op` unless the parameter tensor `t` is f32
-// and contiguous (layers read and write parameters through raw pointers).
-void check_param_tensor(const Tensor& t, const char* op, const std::string_view name);
+// Throws InvalidArgument naming `op` unless the parameter gradient `t` is
+// f32 and contiguous (layers accumulate into it through raw pointers).
+void check_param_grad(const Tensor& t, const char* op, const std::string_view name);
+
+// A parameter's value `v` (of the parameter `name`) in `dtype` for a kernel:
+// v itself when it has that dtype, else a converted copy (not charged to a
+// tracker: transient, like a GEMM's packing buffers). Values are f32
+// masters, or bf16/f16 views while fully sharded data parallelism's mixed
+// precision uses them (parallel/fully_sharded.h). Throws InvalidArgument
+// naming `op` unless v is a contiguous f32, bf16 or f16 tensor.
+Tensor param_value(const Tensor& v, DType dtype, const char* op, const std::string_view name);
 
 // The counter-based generator key of the random stream `name` at `step`:
 // key_from_name("<name>@step=<step>"). Dropout masks and VAE noise use it.

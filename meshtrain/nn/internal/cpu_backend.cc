@@ -549,12 +549,13 @@ class CpuBackend final : public functional::Backend {
 
   void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& out, int64_t begin) const override {
     const int64_t n = ids.size(0), rows = weight.size(0), c = weight.size(1);
-    const float* w = weight.data<float>();
     float* o = out.data<float>();
     for (int64_t i = 0; i < n; ++i) {
       const int64_t r = id_at(ids, i) - begin;
-      if (r >= 0 && r < rows)
-        std::memcpy(o + i * c, w + r * c, static_cast<size_t>(c) * sizeof(float));
+      if (r >= 0 && r < rows && weight.dtype() == DType::f32)
+        std::memcpy(o + i * c, weight.data<float>() + r * c, static_cast<size_t>(c) * sizeof(float));
+      else if (r >= 0 && r < rows)
+        out.narrow(0, i, 1).copy_from(weight.narrow(0, r, 1));  // a half-precision row, widened
       else
         std::fill(o + i * c, o + (i + 1) * c, 0.0f);
     }
