@@ -26,6 +26,8 @@
 #include "meshtrain/nn/tensor_parallel.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/plan/mesh_planning.h"
 
 namespace meshtrain::bench {
@@ -139,17 +141,28 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
   }
   nn::GPT gpt(nn::GPTConfig{.vocab = o.vocab, .block_size = o.context, .layers = o.layers, .heads = o.heads,
                             .width = o.width, .seed = 1, .tensor = tp});
-  if (precision == "bf16") gpt.set_compute_dtype(DType::bf16);
   std::tie(*parameters, *parameter_bytes) = parameter_sizes(gpt.parameters());
   std::vector<std::string> partial;  // sequence parallelism: gradients summed over the tensor axis per step
   for (const nn::Parameter* p : gpt.parameters())
     if (p->sequence_parallel) partial.push_back(p->name);
-  // Gradients summed over the replicas: the loss is normalized by the global batch's tokens.
-  std::unique_ptr<parallel::DataParallel> ddp;
-  if (dp_comm != nullptr)
-    ddp = std::make_unique<parallel::DataParallel>(gpt, *dp_comm,
-                                                   parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum});
-  const std::vector<nn::Parameter*> params = ddp ? ddp->optimizer_parameters() : gpt.parameters();
+  // Gradients summed over the replicas: the loss is normalized by the global
+  // batch's tokens. bf16 is the trainer's mixed precision (run_meshtrain
+  // gives it a mesh even on one rank): the wrapper sets the compute dtype.
+  std::unique_ptr<parallel::Parallelism> wrapper;
+  std::vector<nn::Module*> units = gpt.blocks();  // the trainer's units (train/gpt_recipe.cc)
+  units.push_back(&gpt);                          // the root: embeddings, the tied head, ln_f
+  if (precision == "bf16")
+    wrapper = std::make_unique<parallel::FullyShardedDataParallel>(
+        gpt, grid->comm("data"), nullptr,
+        parallel::FullyShardedOptions{.stage = parallel::ZeroStage::no_shard,
+                                      .param_dtype = DType::bf16,
+                                      .reduce_dtype = DType::f32,
+                                      .reduce = parallel::GradReduce::sum,
+                                      .unit_modules = units});
+  else if (dp_comm != nullptr)
+    wrapper = std::make_unique<parallel::DataParallel>(
+        gpt, *dp_comm, parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum});
+  const std::vector<nn::Parameter*> params = wrapper ? wrapper->optimizer_parameters() : gpt.parameters();
   optim::AdamW opt(params, 1e-4, {0.9, 0.999}, 1e-8, 0.1);
   nn::CrossEntropyLoss ce;
   std::optional<nn::VocabParallelCrossEntropy> vce;
@@ -160,7 +173,7 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
       random_ids(o.batch, o.context, o.vocab, 2).narrow(0, first, rows).contiguous().view({rows * o.context});
   const double tokens = static_cast<double>(o.batch * o.context);
   const auto step = [&] {
-    if (ddp) ddp->begin_micro_batch(0, 1);
+    if (wrapper) wrapper->begin_micro_batch(0, 1);
     const Tensor logits = gpt.forward(x);
     if (vce) {
       vce->forward(logits, y, tokens);
@@ -169,18 +182,21 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
       ce.forward(logits, y, tokens);
       gpt.backward(ce.backward());
     }
-    if (ddp) {
+    if (wrapper) {
       const F::ProfileScope scope("dp finish");
-      ddp->finish();
+      wrapper->finish();
     }
     nn::reduce_sequence_parallel_grads(params, partial, tp);
     opt.step();
-    if (ddp) {
-      ddp->after_step();
-      ddp->zero_grad();
-    } else {
-      opt.zero_grad();
+    if (wrapper) {
+      const F::ProfileScope scope("dp after_step");  // mixed precision: the masters rounded to bf16
+      wrapper->after_step();
     }
+    const F::ProfileScope scope("zero_grad");
+    if (wrapper)
+      wrapper->zero_grad();
+    else
+      opt.zero_grad();
   };
   for (int i = 0; i < o.warmup; ++i) step();
   if (world != nullptr) world->barrier();  // every rank starts timing together
@@ -232,7 +248,7 @@ GptBenchRun run_meshtrain(const GptBenchOptions& o, const GptBenchMesh& m, const
   r.precision = precision;
   r.threads_per_rank = std::max(1, o.threads / m.ranks());
   std::vector<RankTimes> ranks(static_cast<size_t>(m.ranks()));
-  if (m.ranks() == 1) {
+  if (m.ranks() == 1 && precision == "fp32") {
     ranks[0] = run_rank(o, m, precision, nullptr, parameters, &r.parameter_bytes);
   } else {
     set_blas_threads(r.threads_per_rank);

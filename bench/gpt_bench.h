@@ -1,8 +1,12 @@
 // The GPT training step against the machine and against PyTorch: median time
 // of one step (forward, cross-entropy, backward, AdamW) of a GPT-2 (default:
-// the 124M shape, T = 64, batch 4) in fp32 and/or bf16 (every Linear's and
-// the head's GEMMs on bf16 operands, f32 masters, logits and attention;
-// PyTorch: autocast) on one rank with `threads` BLAS
+// the 124M shape, T = 64, batch 4) in fp32 and/or bf16 (as `meshtrain train
+// --precision bf16 --reduce-precision fp32` runs it: fully sharded data
+// parallelism's mixed precision, no_shard over the data axis: bf16
+// parameters in the layers, written from the optimizer's f32 masters once
+// per step; every Linear's and the head's GEMMs on bf16 operands with f32
+// accumulation; f32 gradients, logits and attention; PyTorch: autocast) on
+// one rank with `threads` BLAS
 // threads and synthetic tokens; tokens/s; the model FLOPs it reaches beside
 // the sgemm rate measured in the same run on the step's own largest GEMM
 // shape; the same model and step in PyTorch (bench/torch_gpt.py, run by the

@@ -21,6 +21,10 @@ void f32_to_bf16_portable(const float* in, uint16_t* out, size_t n) {
 }
 
 namespace {
+void bf16_to_f32_portable(const uint16_t* in, float* out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(in[i]);
+}
+
 void round_f32_to_bf16_portable(float* p, size_t n) {
   for (size_t i = 0; i < n; ++i) p[i] = bf16_to_float(float_to_bf16(p[i]));
 }
@@ -59,6 +63,15 @@ __attribute__((target("avx512f"))) void round_f32_to_bf16_avx512(float* p, size_
     _mm512_storeu_si512(p + i, _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
   }
   round_f32_to_bf16_portable(p + i, n - i);
+}
+
+__attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* in, float* out, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+    _mm512_storeu_si512(out + i, _mm512_maskz_slli_epi32(kAll, w, 16));
+  }
+  bf16_to_f32_portable(in + i, out + i, n - i);
 }
 
 const bool kAvx512 = __builtin_cpu_supports("avx512f");
@@ -107,6 +120,11 @@ void round_f32_to_bf16(float* p, size_t n) {
   else round_f32_to_bf16_portable(p, n);
 }
 
+void bf16_to_f32(const uint16_t* in, float* out, size_t n) {
+  if (kAvx512) bf16_to_f32_avx512(in, out, n);
+  else bf16_to_f32_portable(in, out, n);
+}
+
 #else
 
 bool have_f16c() { return false; }
@@ -115,6 +133,7 @@ void f16_to_f32(const uint16_t* in, float* out, size_t n) { f16_to_f32_portable(
 bool have_avx512_bf16_rounding() { return false; }
 void f32_to_bf16(const float* in, uint16_t* out, size_t n) { f32_to_bf16_portable(in, out, n); }
 void round_f32_to_bf16(float* p, size_t n) { round_f32_to_bf16_portable(p, n); }
+void bf16_to_f32(const uint16_t* in, float* out, size_t n) { bf16_to_f32_portable(in, out, n); }
 
 #endif
 

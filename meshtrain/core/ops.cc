@@ -10,6 +10,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/internal/convert.h"
+#include "meshtrain/core/parallel_for.h"
 #include "meshtrain/core/internal/elements.h"
 #include "meshtrain/core/internal/operands.h"
 
@@ -336,8 +337,11 @@ void round_to(const Tensor& x, DType dtype) {
   if (x.dtype() != DType::f32 || (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16))
     throw InvalidArgument("round_to", fmt::format("x is {}, dtype {}", dtype_name(x.dtype()), dtype_name(dtype)),
                           "round an f32 tensor to bf16, f16 (or f32: no-op)");
-  if (dtype == DType::bf16 && x.is_contiguous())
-    internal::round_f32_to_bf16(x.data<float>(), static_cast<size_t>(x.numel()));
+  if (dtype == DType::bf16 && x.is_contiguous()) {
+    float* p = x.data<float>();
+    parallel_for(x.numel(), 1 << 16,
+                 [p](int64_t b, int64_t e) { internal::round_f32_to_bf16(p + b, static_cast<size_t>(e - b)); });
+  }
   else if (dtype == DType::bf16)
     unary_inplace_kernel<float>(x, [](float v) { return bf16_to_float(float_to_bf16(v)); });
   else if (dtype == DType::f16 && x.is_contiguous()) {  // through F16C when present, in cache-sized chunks

@@ -14,6 +14,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/internal/convert.h"
 #include "meshtrain/core/internal/elements.h"
+#include "meshtrain/core/parallel_for.h"
 
 namespace meshtrain {
 namespace {
@@ -505,6 +506,10 @@ Tensor Tensor::to(DType dtype) const {
   return t;
 }
 
+// Elements per thread below which a contiguous copy or conversion stays on
+// the calling thread (parallel_for's grain).
+constexpr int64_t kCopyGrain = 1 << 16;
+
 void Tensor::copy_from(const Tensor& src) const {
   check_defined("Tensor::copy_from");
   src.check_defined("Tensor::copy_from");
@@ -530,17 +535,22 @@ void Tensor::copy_from(const Tensor& src) const {
       internal::for_each_row<2>(shape_, strides, [&](auto off, int64_t len, auto inner) {
         D* d = dst + off[0];
         const S* p = s + off[1];
-        if (inner[0] == 1 && inner[1] == 1) {  // unit strides: a loop the compiler vectorizes
-          if constexpr (std::is_same_v<D, S>)
-            std::copy(p, p + len, d);
-          else if constexpr (std::is_same_v<D, internal::F16> && std::is_same_v<S, float>)
-            internal::f32_to_f16(p, reinterpret_cast<uint16_t*>(d), static_cast<size_t>(len));
-          else if constexpr (std::is_same_v<D, internal::Bf16> && std::is_same_v<S, float>)
-            internal::f32_to_bf16(p, reinterpret_cast<uint16_t*>(d), static_cast<size_t>(len));
-          else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, internal::F16>)
-            internal::f16_to_f32(reinterpret_cast<const uint16_t*>(p), d, static_cast<size_t>(len));
-          else
-            for (int64_t i = 0; i < len; ++i) d[i] = internal::convert<D>(p[i]);
+        if (inner[0] == 1 && inner[1] == 1) {  // unit strides: vector code, long runs over the rank's threads
+          parallel_for(len, kCopyGrain, [&](int64_t b, int64_t e) {
+            const size_t n = static_cast<size_t>(e - b);
+            if constexpr (std::is_same_v<D, S>)
+              std::copy(p + b, p + e, d + b);
+            else if constexpr (std::is_same_v<D, internal::F16> && std::is_same_v<S, float>)
+              internal::f32_to_f16(p + b, reinterpret_cast<uint16_t*>(d + b), n);
+            else if constexpr (std::is_same_v<D, internal::Bf16> && std::is_same_v<S, float>)
+              internal::f32_to_bf16(p + b, reinterpret_cast<uint16_t*>(d + b), n);
+            else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, internal::F16>)
+              internal::f16_to_f32(reinterpret_cast<const uint16_t*>(p + b), d + b, n);
+            else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, internal::Bf16>)
+              internal::bf16_to_f32(reinterpret_cast<const uint16_t*>(p + b), d + b, n);
+            else
+              for (int64_t i = b; i < e; ++i) d[i] = internal::convert<D>(p[i]);
+          });
           return;
         }
         for (int64_t i = 0; i < len; ++i) d[i * inner[0]] = internal::convert<D>(p[i * inner[1]]);

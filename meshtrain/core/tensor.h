@@ -29,7 +29,9 @@
 // Thread-safety: a Tensor handle is like a shared_ptr: distinct handles may be
 // used from different threads, even when they share storage, as long as no
 // thread writes elements another thread reads or writes at the same time.
-// Methods never touch global state.
+// Methods never touch global state; copy_from (and clone, contiguous, to)
+// splits long contiguous runs over the calling thread's compute threads
+// (parallel_for.h), which changes no value.
 #pragma once
 
 #include <cstddef>

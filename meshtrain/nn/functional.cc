@@ -546,19 +546,30 @@ void check_update(const char* op, const Tensor& value, const Tensor& grad,
   }
 }
 
+// An optimizer's rounded copy: undefined, or contiguous bf16/f16 of value's numel.
+void check_rounded(const char* op, const Tensor& value, const Tensor& rounded) {
+  if (!rounded.defined()) return;
+  if (!rounded.is_contiguous() || (rounded.dtype() != DType::bf16 && rounded.dtype() != DType::f16) ||
+      rounded.numel() != value.numel())
+    throw InvalidArgument(op, fmt::format("rounded is {} for a value of {} elements", describe(rounded), value.numel()),
+                          "pass a contiguous bf16 or f16 tensor with the value's element count, or none");
+}
+
 }  // namespace
 
 void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamWStep& h) {
+                const AdamWStep& h, const Tensor& rounded) {
   const char* op = "functional::adamw_step";
   if (h.step < 1)
     throw InvalidArgument(op, fmt::format("step {} < 1", h.step),
                           "pass the 1-based number of this update (the state's step count after it)");
   check_update(op, value, grad, {{"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
-  dispatch(op, {&value, &grad, &exp_avg, &exp_avg_sq})->adamw_step(value, grad, exp_avg, exp_avg_sq, h);
+  check_rounded(op, value, rounded);
+  dispatch(op, {&value, &grad, &exp_avg, &exp_avg_sq, &rounded})->adamw_step(value, grad, exp_avg, exp_avg_sq, h, rounded);
 }
 
-void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const SgdStep& h) {
+void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const SgdStep& h,
+              const Tensor& rounded) {
   const char* op = "functional::sgd_step";
   if (h.momentum != 0.0 && !momentum_buffer.defined())
     throw InvalidArgument(op, "momentum > 0 but no momentum buffer", "pass a zeroed f32 buffer like the value");
@@ -566,7 +577,8 @@ void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_bu
     check_update(op, value, grad, {{"momentum_buffer", &momentum_buffer}});
   else
     check_update(op, value, grad, {});
-  dispatch(op, {&value, &grad, &momentum_buffer})->sgd_step(value, grad, momentum_buffer, h);
+  check_rounded(op, value, rounded);
+  dispatch(op, {&value, &grad, &momentum_buffer, &rounded})->sgd_step(value, grad, momentum_buffer, h, rounded);
 }
 
 }  // namespace meshtrain::nn::functional

@@ -164,8 +164,11 @@ struct AdamWStep {
   double grad_scale = 1.0;
 };
 // value, exp_avg, exp_avg_sq: f32, contiguous, one numel with grad; in place.
+// rounded (both updates): undefined, or a contiguous bf16/f16 tensor of
+// value's numel that receives the updated value rounded to its dtype in the
+// same pass (mixed precision's working copy: nn::Parameter::rounded).
 void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                const AdamWStep& h);
+                const AdamWStep& h, const Tensor& rounded = Tensor());
 struct SgdStep {
   double lr = 1e-3, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
   bool nesterov = false;
@@ -173,7 +176,8 @@ struct SgdStep {
   double grad_scale = 1.0;
 };
 // momentum_buffer: f32 like value, or undefined when momentum == 0; in place.
-void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const SgdStep& h);
+void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const SgdStep& h,
+              const Tensor& rounded = Tensor());
 
 // The kernels one device provides (the CPU's are built in). Operands have
 // been checked by the functions above.
@@ -229,9 +233,9 @@ class Backend {
   virtual void vocab_parallel_ce_backward(const Tensor& probs, const Tensor& labels, int64_t begin, double factor,
                                           const Tensor& grad) const = 0;
   virtual void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                          const AdamWStep& h) const = 0;
-  virtual void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer,
-                        const SgdStep& h) const = 0;
+                          const AdamWStep& h, const Tensor& rounded) const = 0;
+  virtual void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const SgdStep& h,
+                        const Tensor& rounded) const = 0;
 };
 
 // Per-op wall time, for benchmarks: while a thread profiles, every function

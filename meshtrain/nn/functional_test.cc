@@ -153,9 +153,11 @@ class CountingBackend final : public F::Backend {
              (const Tensor& q, const Tensor& k, const Tensor& v, bool c, double s, const Tensor& o),
              (q, k, v, c, s, o))
   MT_FORWARD(adamw_step,
-             (const Tensor& v, const Tensor& g, const Tensor& m, const Tensor& s, const F::AdamWStep& h),
-             (v, g, m, s, h))
-  MT_FORWARD(sgd_step, (const Tensor& v, const Tensor& g, const Tensor& b, const F::SgdStep& h), (v, g, b, h))
+             (const Tensor& v, const Tensor& g, const Tensor& m, const Tensor& s, const F::AdamWStep& h,
+              const Tensor& r),
+             (v, g, m, s, h, r))
+  MT_FORWARD(sgd_step, (const Tensor& v, const Tensor& g, const Tensor& b, const F::SgdStep& h, const Tensor& r),
+             (v, g, b, h, r))
   MT_FORWARD(row_max, (const Tensor& z, const Tensor& m), (z, m))
   MT_FORWARD(vocab_parallel_ce_partial,
              (const Tensor& z, const Tensor& l, int64_t b, const Tensor& m, const Tensor& p, const Tensor& s),

@@ -134,6 +134,14 @@ struct Parameter {
   // (reduce_sequence_parallel_grads). Megatron's `sequence_parallel` attribute.
   bool sequence_parallel = false;
   int reports = 0;            // grad reports so far in this backward (see Module::notify_grad_ready)
+  // Mixed precision's working copy (parallel/fully_sharded.h): when defined,
+  // a contiguous bf16/f16 tensor of value's numel that optimizer steps
+  // write with the updated value rounded to its dtype, in the same pass
+  // (no second sweep over the weights), setting rounded_fresh. Its owner
+  // clears the flag after each step and rounds value itself when the flag
+  // is unset (an optimizer that does not write the copy).
+  Tensor rounded;
+  bool rounded_fresh = false;
 };
 
 // Allocates p.value (info.shape, f32) filled by p.init and a zeroed grad.

@@ -56,7 +56,9 @@ void AdamW::step() {
     if (!has_usable_grad(i)) continue;
     nn::Parameter& p = *params_[i];
     AdamWState& s = state_[i];
-    nn::functional::adamw_step(p.value, p.grad, s.exp_avg, s.exp_avg_sq, to_step(hparams_for(i), s.step + 1, grad_scale_));
+    nn::functional::adamw_step(p.value, p.grad, s.exp_avg, s.exp_avg_sq, to_step(hparams_for(i), s.step + 1, grad_scale_),
+                               p.rounded);
+    p.rounded_fresh = p.rounded.defined();
     ++s.step;
   }
 }

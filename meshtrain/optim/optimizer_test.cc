@@ -104,6 +104,39 @@ TEST(OptimizerTest, HalfGradsMatchF32GradsOfTheWidenedValuesBitForBit) {
   }
 }
 
+// Mixed precision's working copy (nn::Parameter::rounded): written in the
+// same pass as the update, equal to rounding the updated value afterwards,
+// for f32 grads read in place and for scaled half grads (the chunked path);
+// a parameter without one is left alone.
+TEST(OptimizerTest, RoundedCopyEqualsTheUpdatedValueRounded) {
+  constexpr int64_t kN = 9000;  // more than two 4096-element pieces
+  for (Kind kind : kKinds) {
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      for (DType grad_dtype : {DType::f32, DType::bf16}) {
+        SCOPED_TRACE(::testing::Message() << kind_name(kind) << ", " << dtype_name(dtype) << " copy, "
+                                          << dtype_name(grad_dtype) << " grads");
+        Model m(kN);
+        m.w.rounded = Tensor::zeros({kN}, dtype);
+        auto opt = make_optimizer(kind, m.params());
+        if (grad_dtype != DType::f32) opt->set_grad_scale(0.5);
+        for (int t = 1; t <= 2; ++t) {
+          m.w.grad = Tensor::from_vector(grad_values(t, kN, 0), {kN}, grad_dtype);
+          m.b.grad = Tensor::from_vector(grad_values(t, 3, 100), {3}, grad_dtype);
+          m.w.rounded_fresh = false;
+          opt->step();
+          EXPECT_TRUE(m.w.rounded_fresh);
+          EXPECT_FALSE(m.b.rounded_fresh);  // no copy to write
+          EXPECT_EQ(m.w.rounded.to_vector(), m.w.value.to(dtype).to_vector()) << "step " << t;
+        }
+      }
+    }
+  }
+  nn::Parameter p = make_param("w", {1, 2, 3});
+  p.rounded = Tensor::zeros({2}, DType::bf16);
+  AdamW opt({&p}, 1e-2);
+  EXPECT_THAT([&] { opt.step(); }, ::testing::ThrowsMessage<InvalidArgument>(HasSubstr("rounded is bf16 [2]")));
+}
+
 // What the trainer relies on: scaling inside step() equals scaling the grads
 // first. f32: any factor. bf16/f16: only where the product scale_grads rounds
 // back to the half dtype is exact: a power of two for bf16 (f32's exponent

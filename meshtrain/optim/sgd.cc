@@ -58,7 +58,8 @@ void SGD::step() {
                        .dampening = dampening_,
                        .weight_decay = p.weight_decay ? weight_decay_ : 0.0,
                        .nesterov = nesterov_};
-    nn::functional::sgd_step(p.value, p.grad, s.momentum_buffer, to_step(h, s.step == 0, grad_scale_));
+    nn::functional::sgd_step(p.value, p.grad, s.momentum_buffer, to_step(h, s.step == 0, grad_scale_), p.rounded);
+    p.rounded_fresh = p.rounded.defined();
     ++s.step;
   }
 }

@@ -164,6 +164,7 @@ struct FullyShardedDataParallel::Unit {
   Tensor gathered;     // stage 3: param_dtype (padded), being gathered or in use
   comm::Work gather;   // in flight when gathering
   bool gathering = false;
+  std::vector<nn::Parameter*> shards;  // this rank's parts of the unit's parameters (shard_params_)
   Tensor work_value;   // param_dtype, or f32 when inspecting (padded): what p.value views, when not persistent
   Tensor work_grad;    // f32 (padded): what p.grad views during backward
   bool materialized = false;  // p.value is valid
@@ -376,6 +377,11 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
         sp->weight_decay = p->weight_decay;
         sp->info = p->info;
         sp->placement = nn::Placement::flat(a - u->offsets[i], b - a);
+        if (pd != DType::f32) {  // the optimizer writes the param_dtype copy as it updates the master
+          const Tensor copy = stage == ZeroStage::zero3 ? u->shard_param : u->full_param.narrow(0, u->lo, u->shard);
+          sp->rounded = copy.narrow(0, a - u->lo, b - a);
+        }
+        u->shards.push_back(sp.get());
         shard_params_.push_back(std::move(sp));
         shard_param_models_.push_back(p);
       }
@@ -704,8 +710,14 @@ void FullyShardedDataParallel::after_step() {
   for (auto& u : units_) {
     if (u->params.empty()) continue;
     if (options_.param_dtype != DType::f32) {
-      const Tensor dst = options_.stage == ZeroStage::zero3 ? u->shard_param : u->full_param.narrow(0, u->lo, u->shard);
-      dst.copy_from(u->master);
+      // The optimizer rounded the masters into param_dtype as it updated
+      // them (nn::Parameter::rounded); round here what it did not.
+      const bool fresh = std::all_of(u->shards.begin(), u->shards.end(), [](const nn::Parameter* sp) { return sp->rounded_fresh; });
+      if (!fresh) {
+        const Tensor dst = options_.stage == ZeroStage::zero3 ? u->shard_param : u->full_param.narrow(0, u->lo, u->shard);
+        dst.copy_from(u->master);
+      }
+      for (nn::Parameter* sp : u->shards) sp->rounded_fresh = false;
     }
     if (options_.stage == ZeroStage::zero1 || options_.stage == ZeroStage::zero2) {
       char* base = static_cast<char*>(u->full_param.data_ptr());

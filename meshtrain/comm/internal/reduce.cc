@@ -275,6 +275,10 @@ void copy(void* dst, const void* src, size_t bytes, bool streaming) {
 void reduce(void* const* outs, int n_out, const void* const* ins, int n_in, size_t count,
             DType dtype, ReduceOp op, int avg_divisor, bool streaming) {
   if (count == 0 || n_out == 0) return;
+  // One input reduced onto itself (an in-place collective of one rank): nothing to do.
+  if (n_in == 1 && std::all_of(outs, outs + n_out, [&](void* o) { return o == ins[0]; }) &&
+      (op != ReduceOp::avg || avg_divisor == 1))
+    return;
   if (!try_fused(outs, n_out, ins, n_in, count, dtype, op, avg_divisor, streaming))
     reduce_dispatch(outs, n_out, ins, n_in, count, dtype, op, avg_divisor, streaming);
   if (streaming) store_fence();

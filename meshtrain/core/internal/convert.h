@@ -30,6 +30,8 @@ void f32_to_bf16(const float* in, uint16_t* out, size_t n);
 // p[i] = bf16_to_float(float_to_bf16(p[i])), in place.
 void round_f32_to_bf16(float* p, size_t n);
 void f32_to_bf16_portable(const float* in, uint16_t* out, size_t n);
+// out[i] = bf16_to_float(in[i]) (exact: the bits shifted up).
+void bf16_to_f32(const uint16_t* in, float* out, size_t n);
 // True when the AVX-512 bf16 path is in use.
 bool have_avx512_bf16_rounding();
 

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "meshtrain/core/internal/convert.h"
 #include "meshtrain/core/half.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/parallel_for.h"
@@ -59,6 +60,27 @@ void add_column_sums(const Tensor& dy, const Tensor& db) {
 // and scaled a chunk at a time into a stack buffer (the same f32 factor and
 // multiply as core's scale(), so scaling grads first or passing the scale
 // agree bit for bit).
+// Runs update(o, n) over [off, off + len) and, when `rounded` is defined,
+// writes each updated piece of p rounded to its dtype while the piece is
+// still in cache (4096 elements at a time); in one call otherwise.
+template <typename Update>
+void for_rounded_pieces(const Tensor& rounded, const float* p, int64_t off, int64_t len, Update update) {
+  if (!rounded.defined()) {
+    update(off, len);
+    return;
+  }
+  constexpr int64_t kPiece = 4096;
+  auto* out = static_cast<uint16_t*>(rounded.data_ptr());
+  for (int64_t o = off; o < off + len; o += kPiece) {
+    const int64_t n = std::min(kPiece, off + len - o);
+    update(o, n);
+    if (rounded.dtype() == DType::bf16)
+      meshtrain::internal::f32_to_bf16(p + o, out + o, static_cast<size_t>(n));
+    else
+      meshtrain::internal::f32_to_f16(p + o, out + o, static_cast<size_t>(n));
+  }
+}
+
 template <typename Update>
 void for_grad_chunks(const Tensor& grad, double grad_scale, int64_t begin, int64_t end, Update update) {
   if (grad.dtype() == DType::f32 && grad_scale == 1.0) {
@@ -591,25 +613,29 @@ class CpuBackend final : public functional::Backend {
   }
 
   void adamw_step(const Tensor& value, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                  const functional::AdamWStep& h) const override {
+                  const functional::AdamWStep& h, const Tensor& rounded) const override {
     float* p = value.data<float>();
     float* m = exp_avg.data<float>();
     float* v = exp_avg_sq.data<float>();
     // Element by element: the same numbers on any split over the rank's threads.
     parallel_for(value.numel(), int64_t{1} << 16, [&](int64_t b, int64_t e) {
       for_grad_chunks(grad, h.grad_scale, b, e, [&](int64_t off, int64_t len, const float* g) {
-        adamw_update(p + off, g, m + off, v + off, len, h);
+        for_rounded_pieces(rounded, p, off, len, [&](int64_t o, int64_t n) {
+          adamw_update(p + o, g + (o - off), m + o, v + o, n, h);
+        });
       });
     });
   }
 
-  void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer,
-                const functional::SgdStep& h) const override {
+  void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const functional::SgdStep& h,
+                const Tensor& rounded) const override {
     float* p = value.data<float>();
     float* buf = momentum_buffer.defined() ? momentum_buffer.data<float>() : nullptr;
     parallel_for(value.numel(), int64_t{1} << 16, [&](int64_t b, int64_t e) {
       for_grad_chunks(grad, h.grad_scale, b, e, [&](int64_t off, int64_t len, const float* g) {
-        sgd_update(p + off, g, buf != nullptr ? buf + off : nullptr, len, h);
+        for_rounded_pieces(rounded, p, off, len, [&](int64_t o, int64_t n) {
+          sgd_update(p + o, g + (o - off), buf != nullptr ? buf + o : nullptr, n, h);
+        });
       });
     });
   }
