@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "bench/attention_bench.h"
+#include "bench/fusion_bench.h"
 #include "bench/gemm_bench.h"
 #include "bench/gpt_bench.h"
 #include "bench/memory_bench.h"
@@ -326,6 +327,36 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                                                {"threads", std::to_string(go->threads)},
                                                {"vocab", std::to_string(go->vocab)}});
                    fmt::print("{}", bench::format_gemm_bench(bench::run_gemm_bench(*go), *go));
+                   return 0;
+                 }});
+
+  auto fo = std::make_shared<bench::FusionBenchOptions>();
+  auto* fb = bench_cmd->add_subcommand(
+      "fusions",
+      "oneDNN's fused post-ops (bias, GELU, residual add in the GEMM), layer normalization and log-softmax against "
+      "meshtrain's own kernels on a GPT-2 step's shapes: time and the largest difference");
+  fb->add_option("--rows", fo->rows, "tokens per step (1 to 65536)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  fb->add_option("--width", fo->width, "model width C; the MLP is C -> 4C -> C (1 to 16384)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{16384}));
+  fb->add_option("--vocab", fo->vocab, "log-softmax columns (1 to 1000000)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  fb->add_option("--threads", fo->threads, "threads of both sides (1 to 1024)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  fb->add_option("--reps", fo->reps, "timed runs per kernel (median; 1 to 10000)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 10000));
+  out.push_back({fb, [=] {
+                   print_config("bench fusions", {{"rows", std::to_string(fo->rows)},
+                                                  {"width", std::to_string(fo->width)},
+                                                  {"vocab", std::to_string(fo->vocab)},
+                                                  {"threads", std::to_string(fo->threads)},
+                                                  {"reps", std::to_string(fo->reps)}});
+                   fmt::print("{}", bench::format_fusion_bench(bench::run_fusion_bench(*fo), *fo));
                    return 0;
                  }});
 

@@ -512,13 +512,23 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
-                        const Tensor& dv) {
+                        const Tensor& dv, bool accumulate) {
   const char* op = "functional::attention_backward";
   if (!lse.defined()) throw InvalidArgument(op, "lse is undefined", "pass the forward's lse");
   check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk},
                        {"dv", &dv}},
                   lse);
-  dispatch(op, {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv})->attention_backward(q, k, v, out, lse, dout, causal, scale, dq, dk, dv);
+  dispatch(op, {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv})
+      ->attention_backward(q, k, v, out, lse, dout, causal, scale, dq, dk, dv, accumulate);
+}
+
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const char* op = "functional::attention_merge";
+  check_attention(op, {{"out", &out}, {"out_b", &out_b}}, lse);
+  if (!lse.defined() || !lse_b.defined()) throw InvalidArgument(op, "lse or lse_b is undefined", "pass (N, T) f32 tensors");
+  check(op, "lse_b", lse_b);
+  check_shape(op, "lse_b", lse_b, lse.shape());
+  dispatch(op, {&out, &lse, &out_b, &lse_b})->attention_merge(out, lse, out_b, lse_b);
 }
 
 void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,

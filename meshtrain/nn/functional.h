@@ -142,11 +142,20 @@ void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw
 // keys row i sees: what the backward (and a context-parallel merge) needs.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                        const Tensor& out, const Tensor& lse);
-// dq, dk, dv (N, T, D), written: the gradients given dout and the forward's
-// out and lse (the probabilities are rebuilt tile by tile, never stored).
+// dq, dk, dv (N, T, D), written (accumulate: added to): the gradients
+// given dout and the forward's out and lse (the probabilities are rebuilt
+// tile by tile, never stored). Given the out and lse of a query block's
+// attention over more keys than k holds (a context-parallel merge of
+// several blocks), this is that block pair's exact share of the gradients.
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
-                        const Tensor& dv);
+                        const Tensor& dv, bool accumulate = false);
+// Merges the attention of the same queries over another block of keys into
+// (out, lse) by the log-sum-exp rule, per row: L = log(e^lse + e^lse_b),
+// out = out e^(lse - L) + out_b e^(lse_b - L), lse = L. A row whose lse is
+// -inf (nothing merged yet) takes the block's as they are. out, out_b
+// (N, T, D); lse, lse_b (N, T).
+void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
 // The plain reference: the whole T x T probability matrix per (n); for
 // tests and the kernel benchmark.
 void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
@@ -223,7 +232,9 @@ class Backend {
                                  const Tensor& out, const Tensor& lse) const = 0;
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& lse, const Tensor& dout, bool causal, double scale, const Tensor& dq,
-                                  const Tensor& dk, const Tensor& dv) const = 0;
+                                  const Tensor& dk, const Tensor& dv, bool accumulate) const = 0;
+  virtual void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b,
+                               const Tensor& lse_b) const = 0;
   virtual void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                                    const Tensor& out) const = 0;
   virtual void row_max(const Tensor& logits, const Tensor& max) const = 0;

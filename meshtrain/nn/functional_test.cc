@@ -64,6 +64,60 @@ TEST(Attention, BlockwiseEqualsTheReferenceAcrossBlockEdges) {
     }
 }
 
+// Two key blocks attended separately and merged by log-sum-exp equal one
+// attention over all keys; the backward of each block given the merged
+// out and lse, accumulated, equals the whole backward (what ring attention
+// relies on).
+TEST(Attention, MergedKeyBlocksEqualTheWholeAttentionForwardAndBackward) {
+  const int64_t n = 3, t = 70, d = 8;
+  const double scale = 0.3;
+  const Tensor q = random_tensor({n, t, d}, 21), k = random_tensor({n, 2 * t, d}, 22),
+               v = random_tensor({n, 2 * t, d}, 23), dout = random_tensor({n, t, d}, 24);
+  // Keys [0, t) and [t, 2t) as two blocks: the whole is a (n, 2t) problem
+  // with the queries in rows [t, 2t) (rows [0, t) are zero queries with a
+  // zero dout: they add nothing to dk and dv).
+  Tensor qq = Tensor::zeros({n, 2 * t, d}, DType::f32), gg = Tensor::zeros({n, 2 * t, d}, DType::f32);
+  qq.narrow(1, t, t).copy_from(q);
+  gg.narrow(1, t, t).copy_from(dout);
+  Tensor whole = Tensor::empty({n, 2 * t, d}, DType::f32), wlse = Tensor::empty({n, 2 * t}, DType::f32);
+  F::attention_forward(qq, k, v, false, scale, whole, wlse);
+  Tensor wdq = Tensor::empty({n, 2 * t, d}, DType::f32), wdk = Tensor::empty({n, 2 * t, d}, DType::f32),
+         wdv = Tensor::empty({n, 2 * t, d}, DType::f32);
+  F::attention_backward(qq, k, v, whole, wlse, gg, false, scale, wdq, wdk, wdv);
+
+  Tensor out = Tensor::zeros({n, t, d}, DType::f32), lse = Tensor::full({n, t}, -INFINITY, DType::f32);
+  Tensor ob = Tensor::empty({n, t, d}, DType::f32), lb = Tensor::empty({n, t}, DType::f32);
+  std::vector<Tensor> kb, vb;
+  for (int b = 0; b < 2; ++b) {
+    kb.push_back(k.narrow(1, b * t, t).contiguous());
+    vb.push_back(v.narrow(1, b * t, t).contiguous());
+  }
+  for (int b : {1, 0}) {  // any order
+    F::attention_forward(q, kb[b], vb[b], false, scale, ob, lb);
+    F::attention_merge(out, lse, ob, lb);
+  }
+  EXPECT_LT(max_abs_diff(out, whole.narrow(1, t, t).contiguous()), 2e-6);
+  EXPECT_LT(max_abs_diff(lse, wlse.narrow(1, t, t).contiguous()), 2e-6);
+  Tensor dq = Tensor::full({n, t, d}, 0.5, DType::f32);  // accumulate adds onto what is there
+  std::vector<Tensor> dk, dv;
+  for (int b = 0; b < 2; ++b) {
+    dk.push_back(Tensor::zeros({n, t, d}, DType::f32));
+    dv.push_back(Tensor::zeros({n, t, d}, DType::f32));
+    F::attention_backward(q, kb[b], vb[b], out, lse, dout, false, scale, dq, dk[b], dv[b], /*accumulate=*/true);
+  }
+  Tensor want_dq = wdq.narrow(1, t, t).contiguous();
+  const std::vector<double> got_dq = dq.to_vector(), want = want_dq.to_vector();
+  for (size_t i = 0; i < got_dq.size(); ++i) ASSERT_NEAR(got_dq[i] - 0.5, want[i], 2e-5) << i;
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_LT(max_abs_diff(dk[b], wdk.narrow(1, b * t, t).contiguous()), 2e-5) << b;
+    EXPECT_LT(max_abs_diff(dv[b], wdv.narrow(1, b * t, t).contiguous()), 2e-5) << b;
+  }
+  // A block that saw none of a row's keys (lse -inf) leaves the row alone.
+  Tensor none = Tensor::full({n, t}, -INFINITY, DType::f32), before = out.clone();
+  F::attention_merge(out, lse, ob, none);
+  EXPECT_EQ(out.to_vector(), before.to_vector());
+}
+
 TEST(Attention, BackwardMatchesFiniteDifferences) {
   for (bool causal : {true, false}) {
     const int64_t n = 2, t = 70, d = 4;  // 70 > one 64-row block: the tiles' seams are crossed
@@ -147,8 +201,9 @@ class CountingBackend final : public F::Backend {
              (q, k, v, c, s, o, l))
   MT_FORWARD(attention_backward,
              (const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& l, const Tensor& d,
-              bool c, double s, const Tensor& dq, const Tensor& dk, const Tensor& dv),
-             (q, k, v, o, l, d, c, s, dq, dk, dv))
+              bool c, double s, const Tensor& dq, const Tensor& dk, const Tensor& dv, bool a),
+             (q, k, v, o, l, d, c, s, dq, dk, dv, a))
+  MT_FORWARD(attention_merge, (const Tensor& o, const Tensor& l, const Tensor& ob, const Tensor& lb), (o, l, ob, lb))
   MT_FORWARD(attention_reference,
              (const Tensor& q, const Tensor& k, const Tensor& v, bool c, double s, const Tensor& o),
              (q, k, v, c, s, o))

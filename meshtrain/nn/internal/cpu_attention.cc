@@ -88,11 +88,13 @@ void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bo
 
 void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
-                            const Tensor& dv) {
+                            const Tensor& dv, bool accumulate) {
   const int64_t n = q.size(0), t = q.size(1), d = q.size(2);
-  dq.fill(0.0);
-  dk.fill(0.0);
-  dv.fill(0.0);
+  if (!accumulate) {
+    dq.fill(0.0);
+    dk.fill(0.0);
+    dv.fill(0.0);
+  }
   parallel_for(n, 1, [&](int64_t b0, int64_t b1) {
   std::vector<float> p(static_cast<size_t>(kBlock * kBlock)), dp(static_cast<size_t>(kBlock * kBlock));
   std::vector<float> delta(static_cast<size_t>(t));
@@ -142,6 +144,34 @@ void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, c
       }
     }
   }
+  });
+}
+
+void attention_merge_cpu(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const int64_t rows = lse.numel(), d = out.size(2);
+  float* o = out.data<float>();
+  float* l = lse.data<float>();
+  const float* ob = out_b.data<float>();
+  const float* lb = lse_b.data<float>();
+  parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float* orow = o + r * d;
+      const float* brow = ob + r * d;
+      if (lb[r] == kNegInf) continue;  // the block saw no key of this row
+      if (l[r] == kNegInf) {
+        std::copy(brow, brow + d, orow);
+        l[r] = lb[r];
+        continue;
+      }
+      // In double: the weights of the two parts sum to one exactly enough
+      // that merging in any order stays within f32 rounding of one softmax.
+      const double mx = std::max(l[r], lb[r]);
+      const double ea = std::exp(static_cast<double>(l[r]) - mx), eb = std::exp(static_cast<double>(lb[r]) - mx);
+      const double sum = ea + eb;
+      const float wa = static_cast<float>(ea / sum), wb = static_cast<float>(eb / sum);
+      for (int64_t e = 0; e < d; ++e) orow[e] = orow[e] * wa + brow[e] * wb;
+      l[r] = static_cast<float>(mx + std::log(sum));
+    }
   });
 }
 

@@ -11,10 +11,12 @@ namespace meshtrain::nn::internal {
 // q, k, v, out (N, T, D) contiguous f32 with N = batch * heads; lse (N, T).
 void attention_forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                            const Tensor& out, const Tensor& lse);
-// dq, dk, dv written (not accumulated) from dout and the forward's out, lse.
+// dq, dk, dv written (accumulate: added to) from dout and the forward's out, lse.
 void attention_backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                             const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
-                            const Tensor& dv);
+                            const Tensor& dv, bool accumulate);
+// (out, lse) merged with another key block's (out_b, lse_b), row by row.
+void attention_merge_cpu(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
 // The plain T x T reference (for tests and the kernel benchmark).
 void attention_reference_cpu(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                              const Tensor& out);

@@ -603,8 +603,12 @@ class CpuBackend final : public functional::Backend {
 
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
-                          const Tensor& dv) const override {
-    attention_backward_cpu(q, k, v, out, lse, dout, causal, scale, dq, dk, dv);
+                          const Tensor& dv, bool accumulate) const override {
+    attention_backward_cpu(q, k, v, out, lse, dout, causal, scale, dq, dk, dv, accumulate);
+  }
+
+  void attention_merge(const Tensor& out, const Tensor& lse, const Tensor& out_b, const Tensor& lse_b) const override {
+    attention_merge_cpu(out, lse, out_b, lse_b);
   }
 
   void attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
