@@ -310,29 +310,35 @@ class CpuBackend final : public functional::Backend {
     float* prstd = rstdt.data<float>();
     const float* g = gamma.defined() ? gamma.data<float>() : nullptr;
     const float* b = beta.defined() ? beta.data<float>() : nullptr;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xr = px + r * dim;
-      double mean = 0.0;
-      for (int64_t j = 0; j < dim; ++j) mean += xr[j];
-      mean /= static_cast<double>(dim);
-      double var = 0.0;  // two passes: no cancellation for large means
-      for (int64_t j = 0; j < dim; ++j) {
-        const double d = xr[j] - mean;
-        var += d * d;
+    const float inv_dim = 1.0f / static_cast<float>(dim);
+    // Rows over the rank's threads; each row's sums in 8 f32 lanes (two
+    // passes: no cancellation for large means), the same on any split.
+    parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(dim, 1)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = px + r * dim;
+        const float m = lane_sum(dim, [xr](int64_t j) { return load4(xr + j); }, [xr](int64_t j) { return xr[j]; }) *
+                        inv_dim;
+        const float var = lane_sum(
+                              dim,
+                              [xr, m](int64_t j) {
+                                const f32x4 d = load4(xr + j) - m;
+                                return d * d;
+                              },
+                              [xr, m](int64_t j) { return (xr[j] - m) * (xr[j] - m); }) *
+                          inv_dim;
+        const float rstd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(var) + eps));
+        prstd[r] = rstd;
+        float* hr = ph + r * dim;
+        float* yr = py + r * dim;
+        map_f32(xr, hr, dim, [m, rstd](auto v) { return (v - m) * rstd; });
+        if (g != nullptr) {
+          map2_f32(hr, g, yr, dim, [](auto h, auto w) { return h * w; });
+          map2_f32(yr, b, yr, dim, [](auto y, auto c) { return y + c; });
+        } else {
+          std::copy(hr, hr + dim, yr);
+        }
       }
-      var /= static_cast<double>(dim);
-      const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
-      const float m = static_cast<float>(mean);
-      prstd[r] = rstd;
-      float* hr = ph + r * dim;
-      float* yr = py + r * dim;
-      for (int64_t j = 0; j < dim; ++j) hr[j] = (xr[j] - m) * rstd;
-      if (g != nullptr) {
-        for (int64_t j = 0; j < dim; ++j) yr[j] = hr[j] * g[j] + b[j];
-      } else {
-        std::copy(hr, hr + dim, yr);
-      }
-    }
+    });
   }
 
   void layer_norm_backward_input(const Tensor& dyt, const Tensor& xhat, const Tensor& rstdt, const Tensor& gamma,
@@ -344,23 +350,28 @@ class CpuBackend final : public functional::Backend {
     float* pdx = dxt.data<float>();
     const float* g = gamma.defined() ? gamma.data<float>() : nullptr;
     const float inv_dim = 1.0f / static_cast<float>(dim);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* dyr = pdy + r * dim;
-      const float* hr = ph + r * dim;
-      float* dxr = pdx + r * dim;
-      // dxhat = dy * gamma (written into dx first);
-      // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
-      float sum_dh = 0.0f, sum_dh_h = 0.0f;
-      for (int64_t j = 0; j < dim; ++j) {
-        const float dh = g != nullptr ? dyr[j] * g[j] : dyr[j];
-        dxr[j] = dh;
-        sum_dh += dh;
-        sum_dh_h += dh * hr[j];
+    parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(dim, 1)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* dyr = pdy + r * dim;
+        const float* hr = ph + r * dim;
+        float* dxr = pdx + r * dim;
+        // dxhat = dy * gamma (written into dx first);
+        // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat))
+        if (g != nullptr)
+          map2_f32(dyr, g, dxr, dim, [](auto d, auto w) { return d * w; });
+        else
+          std::copy(dyr, dyr + dim, dxr);
+        const float mean_dh =
+            lane_sum(dim, [dxr](int64_t j) { return load4(dxr + j); }, [dxr](int64_t j) { return dxr[j]; }) * inv_dim;
+        const float mean_dh_h = lane_sum(
+                                    dim, [dxr, hr](int64_t j) { return load4(dxr + j) * load4(hr + j); },
+                                    [dxr, hr](int64_t j) { return dxr[j] * hr[j]; }) *
+                                inv_dim;
+        const float rstd = prstd[r];
+        map2_f32(dxr, hr, dxr, dim,
+                 [rstd, mean_dh, mean_dh_h](auto d, auto h) { return rstd * (d - mean_dh - h * mean_dh_h); });
       }
-      const float mean_dh = sum_dh * inv_dim, mean_dh_h = sum_dh_h * inv_dim;
-      const float rstd = prstd[r];
-      for (int64_t j = 0; j < dim; ++j) dxr[j] = rstd * (dxr[j] - mean_dh - hr[j] * mean_dh_h);
-    }
+    });
   }
 
   void layer_norm_backward_weight(const Tensor& dyt, const Tensor& xhat, const Tensor& dgamma,
@@ -376,15 +387,15 @@ class CpuBackend final : public functional::Backend {
     for (int64_t r = 0; r < rows; ++r) {
       const float* dyr = pdy + r * dim;
       const float* hr = ph + r * dim;
-      for (int64_t j = 0; j < dim; ++j) {
-        sg[static_cast<size_t>(j)] += dyr[j] * hr[j];
-        sb[static_cast<size_t>(j)] += dyr[j];
-      }
+      map2_f32(sb.data(), dyr, sb.data(), dim, [](auto s, auto d) { return s + d; });
+      int64_t j = 0;
+      for (; j + 4 <= dim; j += 4) store4(sg.data() + j, load4(sg.data() + j) + load4(dyr + j) * load4(hr + j));
+      for (; j < dim; ++j) sg[static_cast<size_t>(j)] += dyr[j] * hr[j];
     }
     float* gb = dbeta.data<float>();
     float* gg = dgamma.data<float>();
-    for (int64_t j = 0; j < dim; ++j) gb[j] += sb[static_cast<size_t>(j)];
-    for (int64_t j = 0; j < dim; ++j) gg[j] += sg[static_cast<size_t>(j)];
+    map2_f32(gb, sb.data(), gb, dim, [](auto a, auto c) { return a + c; });
+    map2_f32(gg, sg.data(), gg, dim, [](auto a, auto c) { return a + c; });
   }
 
   void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) const override {

@@ -102,6 +102,25 @@ inline float max_f32(const float* x, int64_t n) {
   return m;
 }
 
+// Sum of term(j) over j in [0, n) in f32: two 4-lane accumulators over
+// blocks of 8 (vec(j) gives terms j..j+3 as a vector), a scalar tail
+// (one(j)), lanes added in a fixed order: a row reduction that vectorizes
+// and covers the add latency, the same on every call.
+template <typename Vec, typename One>
+inline float lane_sum(int64_t n, Vec vec, One one) {
+  f32x4 a{}, b{};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    a += vec(j);
+    b += vec(j + 4);
+  }
+  for (; j + 4 <= n; j += 4) a += vec(j);
+  a += b;
+  float s = (a[0] + a[1]) + (a[2] + a[3]);
+  for (; j < n; ++j) s += one(j);
+  return s;
+}
+
 // Sum of x[0, n) in double: four running sums over the indices mod 4,
 // added as (s0 + s1) + (s2 + s3) (a fixed order: the same bits every call).
 inline double sum_f64(const float* x, int64_t n) {
