@@ -17,6 +17,10 @@ Dropout::Dropout(double p, const std::string& name, uint64_t seed, DropoutShard 
     : p_(p), name_(name), seed_(seed), shard_(shard) {
   if (!(p >= 0.0 && p <= 1.0))
     throw InvalidArgument("Dropout", fmt::format("'{}': p = {}", name, p), "use a probability 0 <= p <= 1");
+  for (int64_t piece : shard.pieces)
+    if (piece < 0 || piece >= shard.total_pieces)
+      throw InvalidArgument("Dropout", fmt::format("'{}': piece {} of {}", name, piece, shard.total_pieces),
+                            "pass pieces in [0, total_pieces)");
   if (shard.ranks < 1 || shard.rank < 0 || shard.rank >= shard.ranks || shard.features < 0)
     throw InvalidArgument("Dropout",
                           fmt::format("'{}': shard rank {} of {}, {} features", name, shard.rank, shard.ranks,
@@ -58,7 +62,21 @@ Tensor Dropout::do_forward(const Tensor& x, Saved& saved) {
   }
   const uint64_t key = internal::step_key(name_, ctx.step);
   const auto first = static_cast<uint64_t>(ctx.first_global_sample);
-  if (global == features) {
+  if (!shard_.pieces.empty()) {  // runs of equal length, each from its place in the sample
+    const auto np = static_cast<int64_t>(shard_.pieces.size());
+    if (features % np != 0)
+      throw InvalidArgument(op,
+                            fmt::format("'{}': {} features per sample do not split into {} pieces", name_, features, np),
+                            "pass this rank's sequence chunks whole");
+    const int64_t run = features / np;
+    const auto g = static_cast<uint64_t>(shard_.total_pieces * run);
+    for (int64_t i = 0; i < batch; ++i)
+      for (int64_t j = 0; j < np; ++j)
+        functional::dropout_mask(seed_, key,
+                                 (first + static_cast<uint64_t>(i)) * g +
+                                     static_cast<uint64_t>(shard_.pieces[static_cast<size_t>(j)] * run),
+                                 p_, scale.narrow(0, i * features + j * run, run));
+  } else if (global == features) {
     functional::dropout_mask(seed_, key, first * static_cast<uint64_t>(features), p_, scale);
   } else {
     for (int64_t i = 0; i < batch; ++i)

@@ -22,7 +22,11 @@
 // G, and its element (i, f) draws u at (first_global_sample + i) * G + o + f.
 // With `features` = G > 0 the slice is shard_range(G, r, ranks) (a column
 // split of a hidden layer); with 0 the slices are equal, G = ranks * F and
-// o = r * F (a sequence-parallel split of (B, T, C) along T).
+// o = r * F (a sequence-parallel split of (B, T, C) along T). With `pieces`
+// (context parallelism's zig-zag chunks) each sample's F features are
+// |pieces| equal runs of L = F / |pieces|, run j being piece pieces[j] of
+// the sample's total_pieces: element (i, j L + f) draws at
+// (first_global_sample + i) * total_pieces * L + pieces[j] * L + f.
 //
 // In evaluation mode, or with p = 0, forward returns x itself and backward
 // returns grad_out itself (no copy). p = 1 drops everything (output 0).
@@ -42,6 +46,8 @@ struct DropoutShard {
   int rank = 0;
   int ranks = 1;
   int64_t features = 0;  // G; 0: equal slices of the input's own size
+  std::vector<int64_t> pieces = {};  // non-empty: the runs this rank holds (rank/ranks unused)
+  int64_t total_pieces = 0;
 };
 
 class Dropout final : public Module {

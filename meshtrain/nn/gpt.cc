@@ -49,9 +49,10 @@ int64_t local_heads(int64_t width, int64_t heads, const TensorParallelGroup& tp,
   return heads / tp.size();
 }
 
-// Sequence parallelism: a dropout outside the tensor-parallel regions sees
-// this rank's time steps of each sample.
-DropoutShard sequence_shard(const TensorParallelGroup& tp) {
+// Sequence (or context) parallelism: a dropout outside the tensor-parallel
+// regions sees this rank's time steps of each sample.
+DropoutShard sequence_shard(const TensorParallelGroup& tp, const ContextParallelGroup& cp) {
+  if (cp.active()) return DropoutShard{.pieces = cp.chunk_ids(cp.rank()), .total_pieces = cp.chunks()};
   return tp.splits_sequence() ? DropoutShard{.rank = tp.rank(), .ranks = tp.size()} : DropoutShard{};
 }
 
@@ -64,17 +65,19 @@ void mark_sequence_parallel(Module& m, const TensorParallelGroup& tp) {
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed,
-                                         double proj_std, bool defer_init, double dropout, TensorParallelGroup tp)
+                                         double proj_std, bool defer_init, double dropout, TensorParallelGroup tp,
+                                         ContextParallelGroup cp)
     : name_(prefix),
       width_(width),
       heads_(local_heads(width, heads, tp, prefix)),
       head_dim_(width / heads),
+      cp_(cp),
       c_attn_(width, 3 * width, join_name(prefix, "c_attn"), seed,
               LinearOptions{.role = sharding::LinearRole::column, .defer_init = defer_init, .init_std = 0.02}, tp,
               /*parts=*/3),
       c_proj_(width, width, join_name(prefix, "c_proj"), seed,
               LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}, tp),
-      resid_dropout_(dropout, join_name(prefix, "resid_dropout"), seed, sequence_shard(tp)) {
+      resid_dropout_(dropout, join_name(prefix, "resid_dropout"), seed, sequence_shard(tp, cp)) {
   // What the strategies see (sharding/strategy.h): the fused q|k|v of
   // `heads` heads, the output projection.
   for (Parameter* p : c_attn_.parameters()) p->info.num_heads = heads;
@@ -100,12 +103,20 @@ Tensor CausalSelfAttention::do_forward(const Tensor& x, Saved& saved) {
   const Tensor qkv = c_attn_.forward(x, saved.child(0));  // (B, T, 3C) (x: (B, T/k, C) sequence parallel)
   st.b = qkv.size(0);
   st.t = qkv.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  if (cp_.active()) {  // this rank's chunks; attention over the whole sequence
+    const Tensor out = context_attention_forward(cp_, to_chunks(qkv, 0, st.b, st.t), to_chunks(qkv, 1, st.b, st.t),
+                                                 to_chunks(qkv, 2, st.b, st.t), /*causal=*/true, scale, st.cp);
+    Tensor merged = Tensor::empty({st.b, st.t, 1, heads_, head_dim_}, DType::f32);
+    from_chunks(out, merged, 0);
+    return resid_dropout_.forward(c_proj_.forward(merged.view({st.b, st.t, heads_ * head_dim_}), saved.child(1)),
+                                  saved.child(2));
+  }
   st.q = split_heads(qkv, 0, heads_);
   st.k = split_heads(qkv, 1, heads_);
   st.v = split_heads(qkv, 2, heads_);
   st.out = Tensor::empty(st.q.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
   st.lse = Tensor::empty({st.q.size(0), st.t}, DType::f32, Device{}, tracker_, MemoryCategory::activations);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   F::attention_forward(st.q, st.k, st.v, /*causal=*/true, scale, st.out, st.lse);
   return resid_dropout_.forward(c_proj_.forward(merge_heads(st.out, st.b, heads_), saved.child(1)), saved.child(2));
 }
@@ -114,6 +125,17 @@ Tensor CausalSelfAttention::do_backward_input(const Tensor& grad_out, Saved& sav
   State& st = saved.state<State>();
   const Tensor dmerged =
       c_proj_.backward_input(resid_dropout_.backward_input(grad_out, saved.child(2)), saved.child(1));  // (B, T, C)
+  if (cp_.active()) {
+    const Tensor g = to_chunks(dmerged.contiguous().view({st.b, st.t, 1, heads_ * head_dim_}), 0, st.b, st.t);
+    Tensor dq = Tensor::empty(g.shape(), DType::f32), dk = Tensor::empty(g.shape(), DType::f32),
+           dv = Tensor::empty(g.shape(), DType::f32);
+    context_attention_backward(cp_, g, true, 1.0 / std::sqrt(static_cast<double>(head_dim_)), st.cp, dq, dk, dv);
+    st.cp = {};
+    Tensor dqkv = Tensor::empty({st.b, st.t, 3, heads_, head_dim_}, DType::f32);
+    int64_t which = 0;
+    for (const Tensor* part : {&dq, &dk, &dv}) from_chunks(*part, dqkv, which++);
+    return c_attn_.backward_input(dqkv.view({st.b, st.t, 3 * heads_ * head_dim_}), saved.child(0));
+  }
   Tensor dq = Tensor::empty(st.q.shape(), DType::f32), dk = Tensor::empty(st.q.shape(), DType::f32),
          dv = Tensor::empty(st.q.shape(), DType::f32);
   const int64_t d = head_dim_;
@@ -130,6 +152,23 @@ Tensor CausalSelfAttention::do_backward_input(const Tensor& grad_out, Saved& sav
   return c_attn_.backward_input(dqkv.view({st.b, st.t, 3 * heads_ * d}), saved.child(0));
 }
 
+// Part `which` of (B, T, parts, H, D) (T this rank's chunks in order) as
+// (P, B, H, c, D).
+Tensor CausalSelfAttention::to_chunks(const Tensor& qkv, int64_t which, int64_t b, int64_t t) const {
+  const int64_t p = cp_.local_chunks(), c = t / p, parts = qkv.numel() / (b * t * heads_ * head_dim_);
+  const Tensor src = qkv.contiguous().view({b, p, c, parts, heads_, head_dim_}).select(3, which);  // (B, P, c, H, D)
+  Tensor out = Tensor::empty({p, b, heads_, c, head_dim_}, DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  for (int64_t i = 0; i < p; ++i) out.select(0, i).copy_from(src.select(1, i).transpose(1, 2));
+  return out;
+}
+
+// The inverse into part `which` of dst (B, T, parts, H, D).
+void CausalSelfAttention::from_chunks(const Tensor& x, const Tensor& dst, int64_t which) const {
+  const int64_t p = x.size(0), b = x.size(1), c = x.size(3);
+  const Tensor d = dst.view({b, p, c, dst.size(2), heads_, head_dim_}).select(3, which);  // (B, P, c, H, D)
+  for (int64_t i = 0; i < p; ++i) d.select(1, i).copy_from(x.select(0, i).transpose(1, 2));
+}
+
 void CausalSelfAttention::do_backward_weight(Saved& saved) {
   resid_dropout_.backward_weight(saved.child(2));
   c_proj_.backward_weight(saved.child(1));
@@ -139,10 +178,10 @@ void CausalSelfAttention::do_backward_weight(Saved& saved) {
 // ---- GPTBlock ----
 
 GPTBlock::GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std,
-                   bool defer_init, double dropout, TensorParallelGroup tp)
+                   bool defer_init, double dropout, TensorParallelGroup tp, ContextParallelGroup cp)
     : name_(prefix),
       ln_1_(width, join_name(prefix, "ln_1"), 1e-5, true, defer_init),
-      attn_(width, heads, join_name(prefix, "attn"), seed, proj_std, defer_init, dropout, tp),
+      attn_(width, heads, join_name(prefix, "attn"), seed, proj_std, defer_init, dropout, tp, cp),
       ln_2_(width, join_name(prefix, "ln_2"), 1e-5, true, defer_init),
       mlp_(join_name(prefix, "mlp")) {
   mark_sequence_parallel(ln_1_, tp);
@@ -155,7 +194,7 @@ GPTBlock::GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint
   mlp_.add(std::make_unique<RowParallelLinear>(
       4 * width, width, join_name(prefix, "mlp.c_proj"), seed,
       LinearOptions{.role = sharding::LinearRole::row, .defer_init = defer_init, .init_std = proj_std}, tp));
-  mlp_.add(std::make_unique<Dropout>(dropout, join_name(prefix, "mlp.dropout"), seed, sequence_shard(tp)));
+  mlp_.add(std::make_unique<Dropout>(dropout, join_name(prefix, "mlp.dropout"), seed, sequence_shard(tp, cp)));
 }
 
 std::vector<Parameter*> GPTBlock::parameters() {
@@ -221,6 +260,12 @@ const GPTConfig& checked(const GPTConfig& c) {
   if (c.first_block < 0 || c.first_block > last || last > c.layers)
     throw InvalidArgument("GPT", fmt::format("blocks [{}, {}) of {}", c.first_block, c.last_block, c.layers),
                           "pick 0 <= first_block <= last_block <= layers (last_block < 0: all the rest)");
+  if (c.context.active() && (c.tensor.splits_sequence() || !c.embed || !c.head))
+    throw InvalidArgument("GPT",
+                          fmt::format("context parallelism over {} ranks with {}", c.context.size(),
+                                      c.tensor.splits_sequence() ? "sequence parallelism" : "a pipeline part"),
+                          "split the sequence over the context axis alone (tensor parallelism without "
+                          "--sequence-parallel composes; pipelines do not yet)");
   return c;
 }
 
@@ -234,13 +279,13 @@ GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
   if (c.embed) {
     wpe_.emplace(c.block_size, c.width, "wpe", c.seed,
                  EmbeddingOptions{.defer_init = c.defer_init, .kind = sharding::ParamKind::other});
-    drop_.emplace(c.dropout, "drop", c.seed, sequence_shard(c.tensor));
+    drop_.emplace(c.dropout, "drop", c.seed, sequence_shard(c.tensor, c.context));
     mark_sequence_parallel(*wpe_, c.tensor);
   }
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(c.layers, 1)));
   for (int64_t i = c.first_block; i < (c.last_block < 0 ? c.layers : c.last_block); ++i) {
     auto& block = h_.add(std::make_unique<GPTBlock>(c.width, c.heads, join_name("h", std::to_string(i)), c.seed,
-                                                    proj_std, c.defer_init, c.dropout, c.tensor));
+                                                    proj_std, c.defer_init, c.dropout, c.tensor, c.context));
     block.set_recompute(c.recompute);
   }
   if (c.head) {
@@ -313,6 +358,18 @@ Tensor GPT::embed(const Tensor& ids, Saved& saved) {
   State& st = saved.state<State>();
   st.b = ids.size(0);
   st.t = ids.size(1);
+  const ContextParallelGroup& cp = config_.context;
+  if (cp.active()) {  // this rank's chunks of every sample, at their global positions
+    cp.check_length(st.t, op);
+    const Tensor in = shard_sequence(ids, cp, 1);
+    const int64_t whole = st.t;
+    st.t = st.t_pad = in.size(1);
+    if (!st.positions.defined() || st.positions.size(0) != st.t || st.first_step != -1) {
+      st.positions = Tensor::from_vector(sequence_positions(cp, whole), {st.t});
+      st.first_step = -1;
+    }
+    return embed_sum(in, saved);
+  }
   // Sequence parallelism splits the T steps over the k tensor ranks. A T
   // that k does not divide (generation's growing prompts) is padded at the
   // end: causal attention keeps the padding from reaching the real steps.
@@ -337,6 +394,12 @@ Tensor GPT::embed(const Tensor& ids, Saved& saved) {
     st.positions = Tensor::from_vector(pos, {steps});
     st.first_step = first;
   }
+  return embed_sum(in, saved);
+}
+
+// wte(ids) + wpe(positions) -> dropout, with the State's positions.
+Tensor GPT::embed_sum(const Tensor& in, Saved& saved) {
+  State& st = saved.state<State>();
   const Tensor tok = wte_->forward(in, saved.child(kWte));            // (B, steps, C)
   const Tensor pos = wpe_->forward(st.positions, saved.child(kWpe));  // (steps, C)
   Tensor x = Tensor::empty(tok.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);

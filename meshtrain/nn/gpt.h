@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/nn/context_parallel.h"
 #include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/embedding.h"
 #include "meshtrain/nn/layer_norm.h"
@@ -83,13 +84,22 @@ struct GPTConfig {
   // adds its gradient to the first stage's. Default: the whole model.
   int64_t first_block = 0, last_block = -1;
   bool embed = true, head = true;
+  // Context parallelism (context_parallel.h): forward still takes the whole
+  // (B, T) ids; each rank keeps its chunks of the sequence (zig-zag: two),
+  // with their global positions, and returns their logits (B * T / n, V)
+  // in its local order (shard targets with shard_sequence). Attention spans
+  // the whole sequence (ring or all_to_all); dropout masks are the
+  // one-device masks' pieces. T must divide into context.chunks(). Not with
+  // sequence parallelism (InvalidArgument) nor in a pipeline part.
+  ContextParallelGroup context = {};
 };
 
 // Causal multi-head self-attention: (B, T, C) -> (B, T, C).
 class CausalSelfAttention final : public Module {
  public:
   CausalSelfAttention(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std,
-                      bool defer_init, double dropout = 0.0, TensorParallelGroup tp = {});
+                      bool defer_init, double dropout = 0.0, TensorParallelGroup tp = {},
+                      ContextParallelGroup cp = {});
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override { return {&c_attn_, &c_proj_, &resid_dropout_}; }
 
@@ -103,9 +113,14 @@ class CausalSelfAttention final : public Module {
   struct State {
     int64_t b = 0, t = 0;
     Tensor q, k, v, out, lse;  // (B H, T, D), lse (B H, T)
+    ContextAttentionSaved cp;  // context parallel: instead of the above
   };
+  // Context parallelism: (B, T, 3, H, D) q|k|v <-> chunk-major (P, B, H, c, D).
+  Tensor to_chunks(const Tensor& qkv, int64_t which, int64_t b, int64_t t) const;
+  void from_chunks(const Tensor& x, const Tensor& dst, int64_t which) const;
   std::string name_;
   int64_t width_, heads_, head_dim_;  // heads_: this rank's (all without tensor parallelism)
+  ContextParallelGroup cp_;
   ColumnParallelLinear c_attn_;  // width -> 3 width (this rank's heads of q, k, v)
   RowParallelLinear c_proj_;     // width -> width
   Dropout resid_dropout_;
@@ -115,7 +130,7 @@ class CausalSelfAttention final : public Module {
 class GPTBlock final : public Module {
  public:
   GPTBlock(int64_t width, int64_t heads, const std::string& prefix, uint64_t seed, double proj_std, bool defer_init,
-           double dropout = 0.0, TensorParallelGroup tp = {});
+           double dropout = 0.0, TensorParallelGroup tp = {}, ContextParallelGroup cp = {});
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override { return {&ln_1_, &attn_, &ln_2_, &mlp_}; }
 
@@ -166,11 +181,12 @@ class GPT final : public Module {
   Tensor head_weight();
   // ids -> the embeddings' sum after dropout (B, T / k, C); sets the State's sizes.
   Tensor embed(const Tensor& ids, Saved& saved);
+  Tensor embed_sum(const Tensor& in, Saved& saved);
   enum Slot : size_t { kWte = 0, kWpe, kBlocks, kLnF, kDrop };
   struct State {
     int64_t b = 0, t = 0;
     int64_t t_pad = 0;       // t rounded up to the sequence-parallel split (t without it)
-    int64_t first_step = 0;  // this rank's first time step (sequence parallel)
+    int64_t first_step = 0;  // this rank's first time step (sequence parallel; -1: context parallel)
     Tensor positions;  // (steps) i64: this rank's position ids
     Tensor h;          // (B T, C) ln_f output: the head's input (in the compute dtype)
     Tensor dlogits;    // (B T, V) kept for the head's weight pass (in the compute dtype)
