@@ -48,27 +48,22 @@ void set_distributed(config::DistributedConfig& dc, std::string_view key, const 
   throw Error("meshtrain train", fmt::format("no distributed field '{}'", key), "");
 }
 
-// Training runs data parallelism over data and fsdp axes and tensor
-// parallelism over a tensor axis; pipeline and context axes are refused
-// first, before DistributedConfig::validate would suggest a size setting
-// that only leads to the same refusal.
+// Training runs data parallelism over data and fsdp axes, context
+// parallelism over a context axis, tensor parallelism over a tensor axis
+// and pipelines over a pipeline axis; other axes are refused first, before
+// DistributedConfig::validate would suggest a size setting that only leads
+// to the same refusal.
 void require_trainable_mesh(const config::DistributedConfig& dc, std::string_view source) {
-  const char* hint =
-      "training supports data, fsdp, tensor and pipeline axes today (e.g. --mesh data=4, data=2,fsdp=2, "
-      "data=2,tensor=2 or data=2,pipeline=2); context parallelism is not implemented for training yet";
   for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i) {
     const std::string& a = dc.mesh_axis_names[i];
-    if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && dc.mesh_shape[i] != 1)
+    if (a != "data" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" && dc.mesh_shape[i] != 1)
       throw Unsupported("meshtrain train",
                         fmt::format("{}: mesh {} has a {} axis of size {}, which training cannot use", source,
                                     plan::NamedShape{dc.mesh_shape, dc.mesh_axis_names}.to_spec(), a,
                                     dc.mesh_shape[i]),
-                        hint);
+                        "training uses data, fsdp, context, tensor and pipeline axes (e.g. --mesh data=4, "
+                        "data=2,fsdp=2, data=2,tensor=2, context=2 or data=2,pipeline=2)");
   }
-  if (dc.context_parallel_size != 1)
-    throw Unsupported("meshtrain train",
-                      fmt::format("context_parallel_size is {}, which training cannot use", dc.context_parallel_size),
-                      hint);
 }
 
 int run_train(TrainFlags& f) {
@@ -106,9 +101,9 @@ int run_train(TrainFlags& f) {
     }
   }
   require_trainable_mesh(dc, !f.mesh.empty() ? "--mesh" : f.config.empty() ? "configuration" : f.config);
-  // A tensor (pipeline) axis in the mesh is the tensor- (pipeline-) parallel size.
+  // A tensor (pipeline, context) axis in the mesh is that parallel size.
   for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i)
-    for (const char* axis : {"tensor", "pipeline"})
+    for (const char* axis : {"tensor", "pipeline", "context"})
       if (dc.mesh_axis_names[i] == axis)
         set_distributed(dc, std::string(axis) + "_parallel_size", std::to_string(dc.mesh_shape[i]), "--mesh");
   if (dc.backend == comm::Engine::threads && dc.world_size > comm::kMaxThreadsRanks)
@@ -526,9 +521,9 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   cmd->add_option("--devices", f->devices,
                   fmt::format("simulated devices (threads engine, 1 to {})", comm::kMaxThreadsRanks));
   cmd->add_option("--mesh", f->mesh,
-                  "device mesh over data, fsdp and tensor axes, e.g. data=4, data=2,fsdp=2 or data=2,tensor=2 (the "
-                  "GPT splits over tensor; no pipeline or context parallelism yet; threads engine: sets the number of "
-                  "devices unless --devices is given)");
+                  "device mesh over data, fsdp, context, tensor and pipeline axes, e.g. data=4, data=2,fsdp=2, "
+                  "data=2,tensor=2, context=2 (the GPT's sequence split: --cp-comm) or data=2,pipeline=2 "
+                  "(threads engine: sets the number of devices unless --devices is given)");
   cmd->add_option("--mixed-precision", f->mixed_precision,
                   "no | bf16 | fp16: parameters gathered and computed from that dtype, gradients reduced in it "
                   "(fp16 adds dynamic loss scaling); without --fsdp it runs as --fsdp no_shard")
@@ -539,7 +534,9 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   const train::TrainConfig defaults;
   for (const auto& field : train::train_config_fields()) {
     const std::string key(field.key);
-    CLI::Option* o = cmd->add_option(std::string(field.flag), f->values[key],
+    // --seq-len: what context parallelism's users call the sequence length.
+    const std::string names = key == "context" ? std::string(field.flag) + ",--seq-len" : std::string(field.flag);
+    CLI::Option* o = cmd->add_option(names, f->values[key],
                                      fmt::format("{} (default {})", field.help,
                                                  field.format(defaults).empty() ? "\"\"" : field.format(defaults)));
     if (field.kind == train::TrainFieldKind::boolean) o->expected(0, 1);  // --overwrite alone means true

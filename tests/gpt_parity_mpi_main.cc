@@ -29,6 +29,7 @@ int main() {
     std::vector<std::string> axes;
     bool sequence_parallel = false;
     std::string pipeline_schedule = {};  // "": no pipeline axis
+    std::string cp_comm = "ring";        // with a context axis
   };
   std::vector<Case> cases = {{"", {n}, {"data"}},
                              {"zero1", {n}, {"fsdp"}},
@@ -39,6 +40,8 @@ int main() {
     cases.push_back({"", {2}, {"tensor"}, true});
     cases.push_back({"", {2}, {"pipeline"}, false, "1f1b"});
     cases.push_back({"", {2}, {"pipeline"}, false, "interleaved"});
+    cases.push_back({"", {2}, {"context"}});
+    cases.push_back({"", {2}, {"context"}, false, "", "all_to_all"});
   }
   if (n == 4) {
     cases.push_back({"hybrid_full", {2, 2}, {"data", "fsdp"}});
@@ -47,6 +50,8 @@ int main() {
     cases.push_back({"zero3", {2, 2}, {"fsdp", "tensor"}});
     cases.push_back({"", {4}, {"pipeline"}, false, "1f1b"});
     cases.push_back({"", {2, 2}, {"data", "pipeline"}, false, "interleaved"});
+    cases.push_back({"", {2, 2}, {"data", "context"}});
+    cases.push_back({"", {2, 2}, {"context", "tensor"}});
   }
   // The pipeline cases' model: 8 blocks (4 stages x 2 chunks at most), 4
   // micro-batches of 2 rows per data-parallel rank.
@@ -62,22 +67,17 @@ int main() {
     const plan::NamedShape shape{c.shape, c.axes};
     train::TrainConfig tc = gpt_parity_config("mpi_" + (c.fsdp.empty() ? std::string("dp") : c.fsdp) + "_" +
                                               shape.to_spec() + (c.sequence_parallel ? "_sp" : "") +
-                                              c.pipeline_schedule);
+                                              c.pipeline_schedule + (c.cp_comm == "ring" ? "" : c.cp_comm));
     if (!c.pipeline_schedule.empty()) {
       tc = deep(tc);
       tc.pipeline_schedule = c.pipeline_schedule;
     }
     tc.set("fsdp", c.fsdp, "case");
     tc.sequence_parallel = c.sequence_parallel;
+    tc.cp_comm = c.cp_comm;
     config::DistributedConfig d = dc;
     d.backend = comm::Engine::mpi;
-    d.mesh_shape = c.shape;
-    d.mesh_axis_names = c.axes;
-    for (size_t i = 0; i < c.axes.size(); ++i)
-      if (c.axes[i] == "tensor")
-        d.tensor_parallel_size = c.shape[i];
-      else if (c.axes[i] == "pipeline")
-        d.pipeline_parallel_size = c.shape[i];
+    testing::set_mesh(d, shape);
     results.push_back(
         train::run_training(tc, d, {.engine = comm::Engine::mpi, .ranks = 0, .timeout = std::chrono::seconds(120)}));
   }
@@ -89,10 +89,11 @@ int main() {
   int bad = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string what = fmt::format(
-        "gpt {} on mesh {}{}{} ({} processes)", cases[i].fsdp.empty() ? "data parallel" : cases[i].fsdp,
+        "gpt {} on mesh {}{}{}{} ({} processes)", cases[i].fsdp.empty() ? "data parallel" : cases[i].fsdp,
         plan::NamedShape{cases[i].shape, cases[i].axes}.to_spec(),
         cases[i].sequence_parallel ? " with sequence parallelism" : "",
-        cases[i].pipeline_schedule.empty() ? "" : ", schedule " + cases[i].pipeline_schedule, n);
+        cases[i].pipeline_schedule.empty() ? "" : ", schedule " + cases[i].pipeline_schedule,
+        cases[i].cp_comm == "ring" ? "" : ", " + cases[i].cp_comm, n);
     const auto problems =
         testing::run_differences(results[i], cases[i].pipeline_schedule.empty() ? ref : ref_deep, 1e-5);
     for (const auto& p : problems) fmt::print(stderr, "FAIL {}: {}\n", what, p);

@@ -9,6 +9,9 @@
 //   fsdp=2 x tensor=2 and data=2 x fsdp=2 x tensor=2 (8 ranks) within 1e-5
 //   too, also with clipping (the gradient norm adds the blocks over the
 //   tensor axis once); the same meshes with sequence parallelism.
+// - Context parallelism: context=2 and 4, data=2 x context=2, context=2 x
+//   tensor=2 (ring attention, zig-zag chunks), all_to_all (Ulysses), chunks
+//   in order, zero3 over fsdp=2 x context=2 and clipping, within 1e-5.
 // - Recomputing every block's activations gives the same run bit for bit on
 //   one device, and within 1e-5 under zero3.
 // - bf16 zero3 (also on fsdp=2 x tensor=2, with and without sequence parallelism) and fp16 zero3 (dynamic loss
@@ -35,6 +38,8 @@ struct GptRun {
   config::MixedPrecision precision = config::MixedPrecision::no;
   std::string optimizer = "sgd";
   double clip_norm = 0;
+  std::string cp_comm = "ring";
+  bool cp_load_balance = true;
 };
 
 constexpr int64_t kSteps = kGptParitySteps;
@@ -44,6 +49,8 @@ train::TrainResult train_gpt(const GptRun& run, const std::string& tag) {
   tc.recompute = run.recompute;
   tc.sequence_parallel = run.sequence_parallel;
   tc.clip_norm = run.clip_norm;
+  tc.cp_comm = run.cp_comm;
+  tc.cp_load_balance = run.cp_load_balance;
   tc.set("fsdp", run.fsdp, "GptRun.fsdp");
   config::DistributedConfig dc = testing::threads_mesh_config(run.mesh);
   dc.mixed_precision = run.precision;
@@ -114,6 +121,24 @@ TEST(GptParity, TensorParallel) {
               "zero3 on fsdp=2,tensor=2 with clip 0.5");
   expect_same(train_gpt({.mesh = "data=2,tensor=2", .sequence_parallel = true, .clip_norm = 0.5}, "sp_clip"), clipped,
               "sequence parallel data=2,tensor=2 with clip 0.5");
+}
+
+// Each context rank trains on its chunks of every sample's 16 tokens
+// (dropout 0.1: its pieces of the one-device masks); gradients and losses
+// summed over data x context.
+TEST(GptParity, ContextParallel) {
+  for (const char* mesh : {"context=2", "context=4", "data=2,context=2", "context=2,tensor=2"})
+    expect_same(train_gpt({.mesh = mesh}, std::string("cp_") + mesh), one_device(), std::string("ring ") + mesh);
+  for (const char* mesh : {"context=2", "context=2,tensor=2"})
+    expect_same(train_gpt({.mesh = mesh, .cp_comm = "all_to_all"}, std::string("cp_a2a_") + mesh), one_device(),
+                std::string("all_to_all ") + mesh);
+  expect_same(train_gpt({.mesh = "context=4", .cp_load_balance = false}, "cp_in_order"), one_device(),
+              "ring context=4, chunks in order");
+  expect_same(train_gpt({.mesh = "fsdp=2,context=2", .fsdp = "zero3"}, "cp_zero3"), one_device(),
+              "zero3 on fsdp=2,context=2");
+  const auto clipped = train_gpt({.clip_norm = 0.5}, "cp_clip_one");
+  expect_same(train_gpt({.mesh = "data=2,context=2", .clip_norm = 0.5}, "cp_clip"), clipped,
+              "data=2,context=2 with clip 0.5");
 }
 
 TEST(GptParity, RecomputeChangesNothing) {

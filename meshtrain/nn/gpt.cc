@@ -104,7 +104,7 @@ Tensor CausalSelfAttention::do_forward(const Tensor& x, Saved& saved) {
   st.b = qkv.size(0);
   st.t = qkv.size(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
-  if (cp_.active()) {  // this rank's chunks; attention over the whole sequence
+  if (splits()) {  // this rank's chunks; attention over the whole sequence
     const Tensor out = context_attention_forward(cp_, to_chunks(qkv, 0, st.b, st.t), to_chunks(qkv, 1, st.b, st.t),
                                                  to_chunks(qkv, 2, st.b, st.t), /*causal=*/true, scale, st.cp);
     Tensor merged = Tensor::empty({st.b, st.t, 1, heads_, head_dim_}, DType::f32);
@@ -125,7 +125,7 @@ Tensor CausalSelfAttention::do_backward_input(const Tensor& grad_out, Saved& sav
   State& st = saved.state<State>();
   const Tensor dmerged =
       c_proj_.backward_input(resid_dropout_.backward_input(grad_out, saved.child(2)), saved.child(1));  // (B, T, C)
-  if (cp_.active()) {
+  if (splits()) {
     const Tensor g = to_chunks(dmerged.contiguous().view({st.b, st.t, 1, heads_ * head_dim_}), 0, st.b, st.t);
     Tensor dq = Tensor::empty(g.shape(), DType::f32), dk = Tensor::empty(g.shape(), DType::f32),
            dv = Tensor::empty(g.shape(), DType::f32);
@@ -313,6 +313,11 @@ std::vector<Module*> GPT::children() {
 
 std::vector<Module*> GPT::blocks() { return h_.children(); }
 
+void GPT::set_context_split(bool on) {
+  split_context_ = on;
+  for (Module* b : h_.children()) static_cast<GPTBlock*>(b)->attention().set_context_split(on);
+}
+
 Tensor GPT::head_weight() {
   return internal::param_value(wte_->weight().value, compute_dtype_, "GPT::forward", wte_->weight().name);
 }
@@ -359,7 +364,9 @@ Tensor GPT::embed(const Tensor& ids, Saved& saved) {
   st.b = ids.size(0);
   st.t = ids.size(1);
   const ContextParallelGroup& cp = config_.context;
-  if (cp.active()) {  // this rank's chunks of every sample, at their global positions
+  if (cp.active() && !split_context_ && training_)
+    throw InvalidArgument(op, "context split off while training", "call set_context_split(false) for evaluation only");
+  if (cp.active() && split_context_) {  // this rank's chunks of every sample, at their global positions
     cp.check_length(st.t, op);
     const Tensor in = shard_sequence(ids, cp, 1);
     const int64_t whole = st.t;

@@ -102,6 +102,8 @@ class CausalSelfAttention final : public Module {
                       ContextParallelGroup cp = {});
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override { return {&c_attn_, &c_proj_, &resid_dropout_}; }
+  // Context parallelism on (default) or off (GPT::set_context_split).
+  void set_context_split(bool on) { split_ = on; }
 
  protected:
   Tensor do_forward(const Tensor& x, Saved& saved) override;
@@ -121,6 +123,8 @@ class CausalSelfAttention final : public Module {
   std::string name_;
   int64_t width_, heads_, head_dim_;  // heads_: this rank's (all without tensor parallelism)
   ContextParallelGroup cp_;
+  bool split_ = true;
+  bool splits() const { return split_ && cp_.active(); }
   ColumnParallelLinear c_attn_;  // width -> 3 width (this rank's heads of q, k, v)
   RowParallelLinear c_proj_;     // width -> width
   Dropout resid_dropout_;
@@ -133,6 +137,7 @@ class GPTBlock final : public Module {
            double dropout = 0.0, TensorParallelGroup tp = {}, ContextParallelGroup cp = {});
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override { return {&ln_1_, &attn_, &ln_2_, &mlp_}; }
+  CausalSelfAttention& attention() { return attn_; }
 
  protected:
   Tensor do_forward(const Tensor& x, Saved& saved) override;
@@ -169,6 +174,11 @@ class GPT final : public Module {
   // The vocabulary ids whose logits forward returns (all of them without
   // tensor parallelism); empty for a part without the head.
   ShardRange vocab_shard() const { return wte_ ? wte_->shard() : ShardRange{}; }
+  // Context parallelism off: every rank of the context axis runs the whole
+  // sequence itself (the parameters are the same on each) and returns all
+  // its logits, for sequences the axis does not divide (generation's
+  // growing prompts). Evaluation mode only (InvalidArgument when training).
+  void set_context_split(bool on);
 
  protected:
   Tensor do_forward(const Tensor& ids, Saved& saved) override;
@@ -192,6 +202,7 @@ class GPT final : public Module {
     Tensor dlogits;    // (B T, V) kept for the head's weight pass (in the compute dtype)
   };
   GPTConfig config_;
+  bool split_context_ = true;
   std::optional<Embedding> wte_;  // with the embeddings or the head
   std::optional<Embedding> wpe_;  // with the embeddings
   std::optional<Dropout> drop_;   // on the embeddings' sum

@@ -22,6 +22,11 @@ namespace {
 // The Fashion-MNIST models split their Linear chains over a tensor axis;
 // they have no sequence to split.
 void refuse_sequence_parallel(const ModelOptions& o, const char* model) {
+  if (o.context.active())
+    throw Unsupported("meshtrain train",
+                      fmt::format("a context axis of {} with model {}: it has no sequence to split", o.context.size(),
+                                  model),
+                      "drop the context axis (it applies to model = \"gpt\")");
   if (o.tensor.splits_sequence())
     throw InvalidArgument("meshtrain train",
                           fmt::format("--sequence-parallel with model {}: it has no sequence to split", model),

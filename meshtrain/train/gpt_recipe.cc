@@ -36,16 +36,20 @@ namespace {
 // parallelism: the vocabulary-parallel loss) against targets, / norm.
 class GptLoss {
  public:
-  GptLoss(const nn::GPTConfig& c, MemoryTracker* tracker) {
+  GptLoss(const nn::GPTConfig& c, MemoryTracker* tracker) : context_(c.context) {
     if (c.tensor.size() > 1) vocab_ce_.emplace(c.tensor, c.vocab, tracker);  // logits split by vocabulary
   }
+  // targets (B, T): under context parallelism the logits are this rank's
+  // chunks of each sample, and so are the targets scored.
   double forward(const Tensor& logits, const Tensor& targets, double norm, nn::Saved& saved) {
-    const Tensor t = targets.contiguous().view({targets.numel()});
+    const Tensor mine = context_.active() ? nn::shard_sequence(targets, context_, 1) : targets.contiguous();
+    const Tensor t = mine.view({mine.numel()});
     return vocab_ce_ ? vocab_ce_->forward(logits, t, saved, norm) : ce_.forward(logits, t, saved, norm);
   }
   Tensor backward(nn::Saved& saved) { return vocab_ce_ ? vocab_ce_->backward(saved) : ce_.backward(saved); }
 
  private:
+  nn::ContextParallelGroup context_;
   nn::CrossEntropyLoss ce_;
   std::optional<nn::VocabParallelCrossEntropy> vocab_ce_;
 };
@@ -162,7 +166,9 @@ class GptModel final : public RecipeModel {
   // under fsdp: the forwards gather parameters).
   void write_artifacts(const RunDirectory* dir) override {
     const SampleOptions o{.seed = seed_};
+    gpt_.set_context_split(false);  // prompts of any length: each context rank runs them whole
     const std::string text = generate_text(gpt_, *tokenizer_, o);
+    gpt_.set_context_split(true);
     if (dir == nullptr) return;
     write_file_atomic(dir->file("sample.txt"), text + "\n");
     write_file_atomic(dir->file("tokenizer.model"), tokenizer_->serialized());
@@ -204,7 +210,17 @@ class GptRecipe final : public ModelRecipe {
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
     nn::GPTConfig c{.vocab = tc_.vocab, .block_size = tc_.context, .layers = tc_.layers, .heads = tc_.heads,
                     .width = tc_.width, .seed = o.seed, .recompute = tc_.recompute, .dropout = tc_.dropout,
-                    .defer_init = o.defer_init, .tensor = o.tensor};
+                    .defer_init = o.defer_init, .tensor = o.tensor, .context = o.context};
+    if (o.context.active()) {
+      o.context.check_length(tc_.context, "--seq-len (context)");
+      const int64_t local_heads = tc_.heads / o.tensor.size();
+      if (o.context.kind == nn::ContextComm::all_to_all && local_heads % o.context.size() != 0)
+        throw InvalidArgument("--cp-comm all_to_all",
+                              fmt::format("{} heads over tensor {} x context {}: {} heads per tensor rank do not "
+                                          "split over the context axis",
+                                          tc_.heads, o.tensor.size(), o.context.size(), local_heads),
+                              "use --cp-comm ring, or heads divisible by tensor x context");
+    }
     if (o.pipeline_stages > 1) return build_stages(c, o);
     auto m = std::make_unique<GptModel>(c, unigram_, tokenizer_, o.seed, o.tracker);
     m->module().set_compute_dtype(o.compute_dtype);

@@ -49,6 +49,7 @@
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/nn/module.h"
+#include "meshtrain/nn/context_parallel.h"
 #include "meshtrain/nn/tensor_parallel.h"
 #include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/sampler.h"
@@ -67,6 +68,11 @@ struct ModelOptions {
   // The mesh's tensor axis: a recipe splits its model over it (the GPT:
   // nn::GPTConfig::tensor) or throws Unsupported naming the model.
   nn::TensorParallelGroup tensor = {};
+  // The mesh's context axis: a recipe splits each sample's sequence over it
+  // (the GPT: nn::GPTConfig::context; its loss and evaluation then cover
+  // this rank's tokens, which the trainer's sums over the axis add up) or
+  // throws Unsupported naming the model.
+  nn::ContextParallelGroup context = {};
   // Pipeline parallelism: the model cut into `pipeline_stages` consecutive
   // stages (the first reads the data, the last computes the loss); build
   // only `stages` of them (this rank's, ascending), reached through

@@ -170,6 +170,13 @@ const TrainField kFields[] = {
     {"virtual_stages", "--virtual-stages",
      "with a pipeline axis: model chunks per pipeline rank (interleaved: 2 or more), 1 to 1024",
      MT_INT(virtual_stages, 1, 1024)},
+    {"cp_comm", "--cp-comm",
+     "GPT with a context axis: ring (K/V blocks passed around the ring) | all_to_all (DeepSpeed Ulysses: heads "
+     "scattered, the sequence gathered)",
+     MT_STR(cp_comm)},
+    {"cp_load_balance", "--cp-load-balance",
+     "GPT with a context axis: each rank holds sequence chunks i and 2n-1-i (zig-zag), evening out causal attention",
+     MT_BOOL(cp_load_balance)},
     {"optimizer", "--optimizer", "adamw | sgd", MT_STR(optimizer)},
     {"lr", "--lr", "peak learning rate (> 0)", MT_DBL(lr, {.min = 0, .min_open = true})},
     {"momentum", "--momentum", "SGD momentum, in [0, 1)", MT_DBL(momentum, {.min = 0, .max = 1, .max_open = true})},
@@ -339,6 +346,8 @@ void TrainConfig::validate() const {
   } catch (const InvalidArgument&) {
     require(false, fmt::format("pipeline_schedule '{}'", pipeline_schedule), "use gpipe, 1f1b, interleaved or zb");
   }
+  require(cp_comm == "ring" || cp_comm == "all_to_all", fmt::format("cp_comm '{}'", cp_comm),
+          "use ring or all_to_all");
   require(virtual_stages >= 1 && (virtual_stages == 1 || pipeline_schedule == "interleaved"),
           fmt::format("virtual_stages {} with pipeline_schedule '{}'", virtual_stages, pipeline_schedule),
           "more than one model chunk per rank needs pipeline_schedule = \"interleaved\"");

@@ -69,6 +69,11 @@ struct TrainConfig {
   // and the model chunks per pipeline rank (interleaved: >= 2).
   std::string pipeline_schedule = "1f1b";
   int virtual_stages = 1;
+  // With a context axis (the GPT): how attention spans the split sequence
+  // (ring | all_to_all, nn::parse_context_comm) and whether each rank holds
+  // two zig-zag chunks so causal attention's work is even.
+  std::string cp_comm = "ring";
+  bool cp_load_balance = true;
   std::string optimizer = "adamw";  // adamw | sgd
   double lr = 1e-3;
   double momentum = 0.9;       // sgd

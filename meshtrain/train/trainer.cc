@@ -44,23 +44,26 @@ int process_cores() {
   return 1;
 }
 
-// The data-parallel axes the mesh has, of "data" and "fsdp" (in that order);
-// a "tensor" axis splits the model (tensor parallelism), a "pipeline" axis
-// cuts it into stages; every other axis must have size 1 (context arrives
-// with a later strategy).
-std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
+// The axes the mesh has of `names` (in that order). The batch is split over
+// "data" and "fsdp"; gradients are summed over those and "context" (each
+// context rank sees its own tokens of the same samples); a "tensor" axis
+// splits the model (tensor parallelism), a "pipeline" axis cuts it into
+// stages; every other axis must have size 1.
+std::vector<std::string> mesh_axes(const plan::NamedShape& m, std::initializer_list<const char*> names) {
   std::vector<std::string> axes;
-  for (const char* name : {"data", "fsdp"})
+  for (const char* name : names)
     for (const auto& a : m.axis_names)
       if (a == name) axes.push_back(a);
   for (size_t i = 0; i < m.shape.size(); ++i) {
     const std::string& a = m.axis_names[i];
-    if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && m.shape[i] != 1)
+    if (a != "data" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" && m.shape[i] != 1)
       throw Unsupported("meshtrain train", fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), a, m.shape[i]),
-                        "training supports data, fsdp, tensor and pipeline axes (--mesh data=2,pipeline=2) so far");
+                        "training supports data, fsdp, context, tensor and pipeline axes (--mesh data=2,pipeline=2)");
   }
   return axes;
 }
+std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) { return mesh_axes(m, {"data", "fsdp"}); }
+std::vector<std::string> gradient_axes(const plan::NamedShape& m) { return mesh_axes(m, {"data", "fsdp", "context"}); }
 
 // How a tensor axis splits the model, as rank 0 holds it: one line per
 // parameter (layers placed alike folded: nn::fold_layer_rows), its block and
@@ -157,23 +160,28 @@ class Run {
       : tc_(tc), recipe_(recipe), train_(recipe.train_data()), test_(recipe.test_data()),
         metrics_(recipe.metrics()), shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names),
         main_(world.rank() == 0) {
-    dp_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));  // collective split (all ranks, same order)
-    if (tc.batch_size / dp_comm_->size() < tc.micro_batches)
+    // Collective splits (all ranks, same order).
+    batch_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));
+    dp_comm_ = &mesh_.comm(gradient_axes(mesh_shape));
+    if (tc.batch_size / batch_comm_->size() < tc.micro_batches)
       throw InvalidArgument("meshtrain train",
                             fmt::format("--micro-batches {} with a batch of {} over {} data-parallel ranks ({} "
                                         "samples per rank): a micro-batch would be empty",
-                                        tc.micro_batches, tc.batch_size, dp_comm_->size(),
-                                        tc.batch_size / dp_comm_->size()),
+                                        tc.micro_batches, tc.batch_size, batch_comm_->size(),
+                                        tc.batch_size / batch_comm_->size()),
                             "use at most as many micro-batches as samples per data-parallel rank, or a larger "
                             "--batch-size");
     if (axis_size(mesh_shape, "tensor") > 1) tp_.comm = &mesh_.comm("tensor");
     tp_.sequence_parallel = tc.sequence_parallel;
+    if (axis_size(mesh_shape, "context") > 1)
+      cp_ = {&mesh_.comm("context"), nn::parse_context_comm(tc.cp_comm), tc.cp_load_balance};
     const bool sharded = tc.fsdp.enabled();
     ModelOptions options{.seed = tc.seed,
                          .defer_init = sharded,  // the wrapper builds each rank's part alone
                          .compute_dtype = sharded ? param_dtype_of(dc.mixed_precision) : DType::f32,
                          .tracker = &memory_,  // activation buffers
-                         .tensor = tp_};
+                         .tensor = tp_,
+                         .context = cp_};
     std::optional<parallel::Schedule> schedule;
     if (axis_size(mesh_shape, "pipeline") > 1) {
       pp_ = &mesh_.comm("pipeline");
@@ -242,8 +250,8 @@ class Run {
   }
 
   void run() {
-    DistributedSampler sampler(train_.size(), tc_.batch_size, tc_.seed, tc_.drop_last, dp_comm_->rank(),
-                               dp_comm_->size());
+    DistributedSampler sampler(train_.size(), tc_.batch_size, tc_.seed, tc_.drop_last, batch_comm_->rank(),
+                               batch_comm_->size());
     const int64_t per_epoch = sampler.num_batches();
     const int64_t full = per_epoch * tc_.epochs;
     const int64_t total = tc_.max_steps > 0 ? std::min(full, tc_.max_steps) : full;
@@ -271,6 +279,11 @@ class Run {
               : fmt::format("lr {} constant", tc_.lr);
       fmt::print("model {}: {} parameters; {}; {}; {}\n", tc_.model, num_parameters_, steps, lr,
                  parallel_->describe());
+      if (cp_.active())
+        fmt::print("context parallel over {} ranks: {} attention, each sample's {} tokens in {} chunks of {}{}; "
+                   "gradients summed over the {} ranks above\n",
+                   cp_.size(), nn::context_comm_name(cp_.kind), tc_.context, cp_.chunks(), tc_.context / cp_.chunks(),
+                   cp_.load_balance ? " (zig-zag: rank r holds chunks r and 2n-1-r)" : " (in order)", dp_comm_->size());
       if (!tensor_split_.empty()) fmt::print("{}", tensor_split_);
       if (!stage_cut_.empty())
         fmt::print("pipeline {} over {} ranks, {} micro-batches (stages cut by cost; global sizes):\n{}",
@@ -553,7 +566,7 @@ class Run {
   // (the VAE's z) does not depend on the data-parallel split.
   Evaluation evaluate() {
     set_training(false);
-    const int64_t n = test_.size(), d = dp_comm_->size(), r = dp_comm_->rank();
+    const int64_t n = test_.size(), d = batch_comm_->size(), r = batch_comm_->rank();
     const int64_t lo = n * r / d, hi = n * (r + 1) / d;
     std::vector<double> sums;  // the recipe's, added over chunks
     const int64_t kChunk = std::max<int64_t>(1, model_->evaluation_rows());
@@ -687,7 +700,9 @@ class Run {
   MemoryTracker memory_;
   mesh::DeviceMesh mesh_;
   bool main_;
-  comm::Communicator* dp_comm_ = nullptr;
+  comm::Communicator* batch_comm_ = nullptr;  // the batch's split: data x fsdp
+  comm::Communicator* dp_comm_ = nullptr;     // gradient and loss sums: data x fsdp x context
+  nn::ContextParallelGroup cp_;               // the mesh's context axis (none: one rank)
   nn::TensorParallelGroup tp_;  // the mesh's tensor axis (none: one rank)
   std::string tensor_split_;    // rank 0: how the tensor axis splits the parameters (start-up dump)
   std::string stage_cut_;       // rank 0: which parameters each pipeline stage holds (start-up dump)
@@ -715,7 +730,7 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
   ResolvedTraining out{tc, {}};
   TrainConfig& c = out.config;
   const plan::NamedShape mesh = dc.mesh();
-  (void)data_parallel_axes(mesh);  // throws for model-parallel axes
+  (void)data_parallel_axes(mesh);  // throws for axes training has no use for
   const int fsdp_axis = axis_size(mesh, "fsdp"), data_axis = axis_size(mesh, "data");
   const std::string precision(config::mixed_precision_name(dc.mixed_precision));
   if (!c.fsdp.enabled() && fsdp_axis > 1) {
@@ -733,6 +748,17 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
     out.notes.push_back("virtual_stages = 2: the interleaved schedule runs at least 2 model chunks per pipeline rank");
   }
   c.validate();
+  if (const int context_axis = axis_size(mesh, "context"); context_axis > 1) {
+    if (pipeline_axis > 1 || c.sequence_parallel)
+      throw Unsupported("meshtrain train",
+                        fmt::format("a context axis of {} with {}", context_axis,
+                                    pipeline_axis > 1 ? fmt::format("a pipeline axis of {}", pipeline_axis)
+                                                      : std::string("--sequence-parallel")),
+                        "context parallelism composes with data, fsdp and tensor axes (without "
+                        "--sequence-parallel); drop the other split");
+    // The sequence length against the chunks: the recipe checks it
+    // (nn::ContextParallelGroup::check_length) as it builds the model.
+  }
   if (pipeline_axis > 1 && c.fsdp.enabled() && c.fsdp.mode->stage > parallel::ZeroStage::zero2)
     throw Unsupported("meshtrain train",
                       fmt::format("fsdp '{}' with a pipeline axis of {}", c.fsdp.name, pipeline_axis),

@@ -79,7 +79,21 @@ TEST(ResolveTraining, ErrorsSayWhatToChange) {
   EXPECT_THAT(error_of(full, pipeline), HasSubstr("use --fsdp zero1 or zero2 with pipelines"));
   auto context = on_mesh({2, 2}, {"data", "context"});
   context.context_parallel_size = 2;
-  EXPECT_THAT(error_of(TrainConfig{}, context), HasSubstr("axis 'context' of size 2"));
+  EXPECT_EQ(error_of(TrainConfig{}, context), "no error");  // data x context: the recipe decides if it can split
+  TrainConfig sp;
+  sp.set("sequence_parallel", "true", "test");
+  auto context_tensor = on_mesh({2, 2}, {"context", "tensor"});
+  context_tensor.context_parallel_size = 2;
+  context_tensor.tensor_parallel_size = 2;
+  EXPECT_EQ(error_of(TrainConfig{}, context_tensor), "no error");
+  EXPECT_THAT(error_of(sp, context_tensor), HasSubstr("a context axis of 2 with --sequence-parallel"));
+  auto context_pipeline = on_mesh({2, 2}, {"pipeline", "context"});
+  context_pipeline.context_parallel_size = 2;
+  context_pipeline.pipeline_parallel_size = 2;
+  EXPECT_THAT(error_of(TrainConfig{}, context_pipeline), HasSubstr("a context axis of 2 with a pipeline axis of 2"));
+  TrainConfig tree;
+  tree.set("cp_comm", "tree", "test");
+  EXPECT_THAT(error_of(tree, context), HasSubstr("cp_comm 'tree'"));
   // Strategy names are parsed once, when set: a bad one never reaches resolve_training.
   const auto set_error = [](const char* key, const char* value) {
     try {
