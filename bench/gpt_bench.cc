@@ -20,6 +20,8 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/mesh/device_mesh.h"
+#include "meshtrain/core/memory.h"
+#include "meshtrain/nn/context_parallel.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
@@ -122,6 +124,7 @@ std::pair<int64_t, double> parameter_sizes(const std::vector<nn::Parameter*>& pa
 
 // What each rank reports: its step times and op profile.
 struct RankTimes {
+  double activation_bytes = 0;
   std::vector<double> step_ms;
   std::vector<F::OpTime> profile;
 };
@@ -133,14 +136,21 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
                    comm::Communicator* world, int64_t* parameters, double* parameter_bytes) {
   std::optional<mesh::DeviceMesh> grid;
   nn::TensorParallelGroup tp{nullptr, m.sequence_parallel};
-  comm::Communicator* dp_comm = nullptr;
+  nn::ContextParallelGroup cp{nullptr, m.all_to_all ? nn::ContextComm::all_to_all : nn::ContextComm::ring};
+  comm::Communicator* dp_comm = nullptr;  // gradient sums: data x context
+  int data_rank = 0;
   if (world != nullptr) {
-    grid.emplace(*world, std::vector<int>{m.data, m.tensor}, std::vector<std::string>{"data", "tensor"});
+    grid.emplace(*world, std::vector<int>{m.data, m.context, m.tensor},
+                 std::vector<std::string>{"data", "context", "tensor"});
     if (m.tensor > 1) tp.comm = &grid->comm("tensor");
-    if (m.data > 1) dp_comm = &grid->comm("data");
+    if (m.context > 1) cp.comm = &grid->comm("context");
+    if (m.data * m.context > 1) dp_comm = &grid->comm(std::vector<std::string>{"data", "context"});
+    data_rank = grid->comm("data").rank();
   }
   nn::GPT gpt(nn::GPTConfig{.vocab = o.vocab, .block_size = o.context, .layers = o.layers, .heads = o.heads,
-                            .width = o.width, .seed = 1, .tensor = tp});
+                            .width = o.width, .seed = 1, .tensor = tp, .context = cp});
+  MemoryTracker memory;
+  gpt.set_memory_tracker(&memory);
   std::tie(*parameters, *parameter_bytes) = parameter_sizes(gpt.parameters());
   std::vector<std::string> partial;  // sequence parallelism: gradients summed over the tensor axis per step
   for (const nn::Parameter* p : gpt.parameters())
@@ -153,7 +163,7 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
   units.push_back(&gpt);                          // the root: embeddings, the tied head, ln_f
   if (precision == "bf16")
     wrapper = std::make_unique<parallel::FullyShardedDataParallel>(
-        gpt, grid->comm("data"), nullptr,
+        gpt, dp_comm != nullptr ? *dp_comm : grid->comm("data"), nullptr,
         parallel::FullyShardedOptions{.stage = parallel::ZeroStage::no_shard,
                                       .param_dtype = DType::bf16,
                                       .reduce_dtype = DType::f32,
@@ -167,10 +177,10 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
   nn::CrossEntropyLoss ce;
   std::optional<nn::VocabParallelCrossEntropy> vce;
   if (tp.size() > 1) vce.emplace(tp, o.vocab);
-  const int64_t rows = o.batch / m.data, first = (dp_comm != nullptr ? dp_comm->rank() : 0) * rows;
+  const int64_t rows = o.batch / m.data, first = data_rank * rows;
   const Tensor x = random_ids(o.batch, o.context, o.vocab, 1).narrow(0, first, rows).contiguous();
-  const Tensor y =
-      random_ids(o.batch, o.context, o.vocab, 2).narrow(0, first, rows).contiguous().view({rows * o.context});
+  const Tensor ys = nn::shard_sequence(random_ids(o.batch, o.context, o.vocab, 2).narrow(0, first, rows), cp, 1);
+  const Tensor y = ys.view({ys.numel()});  // this rank's chunks' targets
   const double tokens = static_cast<double>(o.batch * o.context);
   const auto step = [&] {
     if (wrapper) wrapper->begin_micro_batch(0, 1);
@@ -209,6 +219,7 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
     r.step_ms.push_back(ms_since(t0));
   }
   F::set_op_profiling(false);
+  r.activation_bytes = static_cast<double>(memory.peak(MemoryCategory::activations));
   r.profile = F::op_profile();
   F::reset_op_profile();
   return r;
@@ -226,11 +237,13 @@ void summarize(const GptBenchOptions& o, const std::vector<RankTimes>& ranks, Gp
     if (name.rfind("functional::", 0) == 0) name = name.substr(12);
     if (name.rfind("tp ", 0) == 0) r.tp_ms += ms;
     if (name == "dp finish") r.dp_finish_ms += ms;
+    if (name.rfind("cp ", 0) == 0) r.cp_ms += ms;
     r.profile.push_back({name, op.calls / o.steps, ms});
   }
   r.mean_step_ms = total_ms / o.steps;
   r.profile.push_back({"other (outside the profiled ops)", 0, r.mean_step_ms - profiled_ms});
   r.step_ms = median(zero.step_ms);
+  r.activation_bytes = zero.activation_bytes;
   for (const RankTimes& rank : ranks) {
     double ms = 0;
     for (const F::OpTime& op : rank.profile)
@@ -278,37 +291,46 @@ GptBenchRun run_meshtrain(const GptBenchOptions& o, const GptBenchMesh& m, const
 std::string GptBenchMesh::name() const {
   std::vector<std::string> axes;
   if (data > 1) axes.push_back(fmt::format("data={}", data));
+  if (context > 1) axes.push_back(fmt::format("context={}", context));
   if (tensor > 1) axes.push_back(fmt::format("tensor={}", tensor));
   if (axes.empty()) return "none";
-  return fmt::format("{}{}", fmt::join(axes, ","), sequence_parallel ? "+sp" : "");
+  return fmt::format("{}{}{}", fmt::join(axes, ","), sequence_parallel ? "+sp" : "", all_to_all ? "+a2a" : "");
 }
 
 GptBenchMesh parse_gpt_bench_mesh(const std::string& spec) {
   const char* op = "--mesh";
-  const char* hint = "write none, tensor=N, data=N or data=N,tensor=M, with +sp for sequence parallelism "
-                     "(tensor=2+sp)";
+  const char* hint = "write none, or data, context and tensor axes (tensor=2, data=2,context=2), with +sp for "
+                     "sequence parallelism (tensor=2+sp) or +a2a for all_to_all context attention (context=2+a2a)";
   GptBenchMesh m;
   std::string axes = spec;
-  if (axes.size() >= 3 && axes.compare(axes.size() - 3, 3, "+sp") == 0) {
-    m.sequence_parallel = true;
-    axes.resize(axes.size() - 3);
+  for (bool more = true; more;) {
+    more = false;
+    for (auto [suffix, flag] : {std::pair<std::string, bool*>{"+sp", &m.sequence_parallel}, {"+a2a", &m.all_to_all}})
+      if (axes.size() > suffix.size() && axes.compare(axes.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        *flag = true;
+        axes.resize(axes.size() - suffix.size());
+        more = true;
+      }
   }
   if (axes == "none") {
     if (m.sequence_parallel) throw InvalidArgument(op, fmt::format("'{}': one rank has no tensor axis", spec), hint);
     return m;
   }
   const plan::NamedShape shape = plan::parse_mesh_spec(axes);
-  bool seen_data = false, seen_tensor = false;
+  std::vector<std::string> seen;
   for (size_t i = 0; i < shape.shape.size(); ++i) {
     const std::string& name = shape.axis_names[i];
-    if (name != "data" && name != "tensor") throw InvalidArgument(op, fmt::format("'{}': axis '{}'", spec, name), hint);
-    bool& seen = name == "data" ? seen_data : seen_tensor;
-    if (seen) throw InvalidArgument(op, fmt::format("'{}': axis '{}' twice", spec, name), hint);
-    seen = true;
-    (name == "data" ? m.data : m.tensor) = shape.shape[i];
+    if (name != "data" && name != "context" && name != "tensor")
+      throw InvalidArgument(op, fmt::format("'{}': axis '{}'", spec, name), hint);
+    if (std::find(seen.begin(), seen.end(), name) != seen.end())
+      throw InvalidArgument(op, fmt::format("'{}': axis '{}' twice", spec, name), hint);
+    seen.push_back(name);
+    (name == "data" ? m.data : name == "context" ? m.context : m.tensor) = shape.shape[i];
   }
   if (m.sequence_parallel && m.tensor == 1)
     throw InvalidArgument(op, fmt::format("'{}': sequence parallelism without a tensor axis", spec), hint);
+  if (m.all_to_all && m.context == 1)
+    throw InvalidArgument(op, fmt::format("'{}': all_to_all without a context axis", spec), hint);
   return m;
 }
 
@@ -346,23 +368,28 @@ namespace {
 std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
   std::string s =
       "| mesh | ranks x threads | precision | step ms (median) | tokens/s | GFLOP/s | tp comm ms | tp comm share | "
-      "dp finish share | parameter MiB / rank |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+      "cp comm share | dp finish share | parameter MiB / rank | activation MiB / rank |\n"
+      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   const auto share = [](bool has, double ms, double step) {
     return has ? fmt::format("{:.1f}%", 100 * ms / step) : std::string("-");
   };
   int most_ranks = 1;
   for (const GptBenchRun& run : r.runs) {
-    const bool tp = run.mesh.tensor > 1, dp = run.mesh.data > 1;
+    const bool tp = run.mesh.tensor > 1, dp = run.mesh.data * run.mesh.context > 1, cp = run.mesh.context > 1;
     most_ranks = std::max(most_ranks, run.mesh.ranks());
-    s += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {} | {} | {} | {:.2f} |\n", run.mesh.name(),
-                     run.mesh.ranks(), run.threads_per_rank, run.precision, run.step_ms, run.tokens_per_s, run.gflops,
-                     tp ? fmt::format("{:.2f}", run.tp_ms) : "-", share(tp, run.tp_ms, run.mean_step_ms),
-                     share(dp, run.dp_finish_ms, run.mean_step_ms), run.parameter_bytes / (1 << 20));
+    s += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {} | {} | {} | {} | {:.2f} | {:.2f} |\n",
+                     run.mesh.name(), run.mesh.ranks(), run.threads_per_rank, run.precision, run.step_ms,
+                     run.tokens_per_s, run.gflops, tp ? fmt::format("{:.2f}", run.tp_ms) : "-",
+                     share(tp, run.tp_ms, run.mean_step_ms), share(cp, run.cp_ms, run.mean_step_ms),
+                     share(dp, run.dp_finish_ms, run.mean_step_ms), run.parameter_bytes / (1 << 20),
+                     run.activation_bytes / (1 << 20));
   }
   s += fmt::format(
-      "\ntp comm: rank 0's time per step in tensor-parallel collectives (the profile's \"tp ...\" entries); dp "
+      "\ntp comm: rank 0's time per step in tensor-parallel collectives (the profile's \"tp ...\" entries); cp "
+      "comm: in context-parallel communication (\"cp ...\": waits for the ring's next K/V block, all-to-alls); dp "
       "finish: its time in DataParallel::finish(), the gradient all-reduce not hidden under backward; shares of "
-      "rank 0's mean step. tokens/s: the whole mesh ({} tokens per step).\n",
+      "rank 0's mean step. activation MiB: rank 0's peak of activation buffers. tokens/s: the whole mesh ({} tokens "
+      "per step).\n",
       o.batch * o.context);
   for (const GptBenchRun& run : r.runs)
     if (run.mesh.tensor > 1)

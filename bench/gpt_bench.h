@@ -25,11 +25,15 @@
 // axis: buckets all-reduced under backward, finish() waits for the rest);
 // tensor=K splits the model (nn::GPTConfig::tensor, VocabParallelCrossEntropy,
 // optionally sequence parallelism), every rank of a tensor group seeing the
-// same tokens. Per mesh: rank 0's median step, the mesh's tokens/s, the time
+// same tokens; context=N splits each sample's sequence (nn::GPTConfig::context:
+// ring attention, or all_to_all with "+a2a"), gradients summed over data x
+// context. Per mesh: rank 0's median step, the mesh's tokens/s, the time
 // rank 0 spends in tensor-parallel collectives (the op profile's "tp ..."
 // entries) and in DataParallel::finish() ("dp finish": gradient
 // communication not hidden under backward) as shares of its mean step, and
-// the parameter bytes each rank holds. On the threads engine a collective's
+// the parameter bytes each rank holds, its activations' peak (what context
+// parallelism divides), and the time in context-parallel communication
+// (the "cp ..." entries: waiting for the ring's next K/V block, all-to-alls). On the threads engine a collective's
 // time includes waiting for the slowest rank to arrive.
 //
 // FLOPs per step: 6 N B T for the matrix products (N: the block matrices
@@ -46,16 +50,18 @@ namespace meshtrain::bench {
 
 // The ranks of one run: data-parallel replicas x tensor-parallel ranks.
 struct GptBenchMesh {
-  int data = 1, tensor = 1;
+  int data = 1, context = 1, tensor = 1;
   bool sequence_parallel = false;  // only with tensor > 1
-  int ranks() const { return data * tensor; }
-  // "none" (one rank), "data=2", "tensor=2", "data=2,tensor=2+sp".
+  bool all_to_all = false;         // context attention by all_to_all (Ulysses), not ring
+  int ranks() const { return data * context * tensor; }
+  // "none" (one rank), "data=2", "tensor=2", "data=2,tensor=2+sp", "context=2+a2a".
   std::string name() const;
 };
-// The --mesh syntax: "none" (one rank), or data and/or tensor axes in
-// plan::parse_mesh_spec's syntax ("tensor=2", "data=2,tensor=2"), optionally
-// followed by "+sp" (sequence parallelism). InvalidArgument naming the spec
-// for other axes, sizes below 1, or "+sp" without a tensor axis.
+// The --mesh syntax: "none" (one rank), or data, context and/or tensor axes
+// in plan::parse_mesh_spec's syntax ("tensor=2", "data=2,context=2"),
+// optionally followed by "+sp" (sequence parallelism) or "+a2a" (all_to_all
+// context attention). InvalidArgument naming the spec for other axes, sizes
+// below 1, "+sp" without a tensor axis or "+a2a" without a context axis.
 GptBenchMesh parse_gpt_bench_mesh(const std::string& spec);
 
 struct GptBenchOptions {
@@ -89,6 +95,8 @@ struct GptBenchRun {
   double gflops = 0;                // flops_per_step / step
   double tp_ms = 0;                 // per step in "tp ..." profile entries (mean)
   double dp_finish_ms = 0;          // per step in DataParallel::finish() (mean)
+  double cp_ms = 0;                 // per step in "cp ..." profile entries (mean)
+  double activation_bytes = 0;      // rank 0's activation peak over the timed steps
   std::vector<double> tp_ms_per_rank;  // tp_ms of every rank, by world rank
   double parameter_bytes = 0;       // the parameter values rank 0 holds
   double torch_step_ms = 0;         // 0: not measured
