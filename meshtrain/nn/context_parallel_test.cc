@@ -29,7 +29,7 @@ double max_abs_diff(const Tensor& a, const Tensor& b) {
   return m;
 }
 
-constexpr int64_t kB = 2, kH = 4, kD = 8;
+constexpr int64_t kB = 2, kD = 8;
 
 // (B, H, T, D) <-> the chunk-major (P, B, H, c, D) a rank computes on.
 Tensor to_chunk_major(const Tensor& local, int64_t p) {  // local (B, H, P c, D)
@@ -50,9 +50,10 @@ struct Case {
   bool causal, load_balance;
   ContextComm kind;
   int64_t t;
+  int64_t heads = 4;
   std::string name() const {
-    return fmt::format("n={} {} {} {} T={}", ranks, causal ? "causal" : "full", load_balance ? "zig-zag" : "in order",
-                       context_comm_name(kind), t);
+    return fmt::format("n={} {} {} {} T={} heads={}", ranks, causal ? "causal" : "full",
+                       load_balance ? "zig-zag" : "in order", context_comm_name(kind), t, heads);
   }
 };
 
@@ -60,7 +61,7 @@ struct Case {
 // into sequence order they equal one device's over the whole sequence.
 void expect_equals_one_device(const Case& cs) {
   SCOPED_TRACE(cs.name());
-  const int64_t t = cs.t;
+  const int64_t t = cs.t, kH = cs.heads;
   const double scale = 1.0 / std::sqrt(static_cast<double>(kD));
   const Tensor q = random_tensor({kB, kH, t, kD}, 1), k = random_tensor({kB, kH, t, kD}, 2),
                v = random_tensor({kB, kH, t, kD}, 3), dout = random_tensor({kB, kH, t, kD}, 4);
@@ -107,9 +108,10 @@ TEST(ContextAttention, RingEqualsOneDeviceForwardAndBackward) {
 }
 
 TEST(ContextAttention, AllToAllEqualsOneDeviceForwardAndBackward) {
-  for (int n : {2, 4})  // kH = 4 heads split over n
+  for (int n : {2, 4, 8})  // n heads: one per rank
     for (bool causal : {true, false})
-      for (bool lb : {true, false}) expect_equals_one_device({n, causal, lb, ContextComm::all_to_all, 2 * n * 9});
+      for (bool lb : {true, false})
+        expect_equals_one_device({n, causal, lb, ContextComm::all_to_all, 2 * n * 9, /*heads=*/n});
 }
 
 TEST(ContextAttention, LongChunksCrossTheKernelsTileEdges) {
@@ -184,7 +186,7 @@ TEST(ContextAttention, RingTrafficIsTheKeyValueBlocksAroundTheRing) {
   comm::launch({.engine = comm::Engine::threads, .ranks = n, .timeout = std::chrono::seconds(30)},
                [&](comm::Communicator& world) {
                  const ContextParallelGroup g{&world};
-                 const Tensor q = to_chunk_major(shard_sequence(random_tensor({kB, kH, t, kD}, 7), g, 2), 2);
+                 const Tensor q = to_chunk_major(shard_sequence(random_tensor({kB, 4, t, kD}, 7), g, 2), 2);
                  const double before = static_cast<double>(world.traffic(comm::CollectiveOp::send).bytes);
                  ContextAttentionSaved saved;
                  const Tensor out = context_attention_forward(g, q, q, q, true, 0.5, saved);
