@@ -22,11 +22,10 @@
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/optim/sgd.h"
-#include "meshtrain/parallel/data_parallel.h"
-#include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/parallel/pipeline_parallel.h"
 #include "meshtrain/train/artifacts.h"
+#include "meshtrain/train/internal/mesh_roles.h"
 #include "meshtrain/train/internal/pipeline_run.h"
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/progress.h"
@@ -36,66 +35,18 @@
 namespace meshtrain::train {
 namespace {
 
+using internal::axis_size;
+using internal::data_parallel_axes;
+using internal::gradient_axes;
+using internal::make_parallelism;
+using internal::param_dtype_of;
+using internal::tensor_parallel_summary;
 using Clock = std::chrono::steady_clock;
 
 int process_cores() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
   return 1;
-}
-
-// The axes the mesh has of `names` (in that order). The batch is split over
-// "data" and "fsdp"; gradients are summed over those and "context" (each
-// context rank sees its own tokens of the same samples); a "tensor" axis
-// splits the model (tensor parallelism), a "pipeline" axis cuts it into
-// stages; every other axis must have size 1.
-std::vector<std::string> mesh_axes(const plan::NamedShape& m, std::initializer_list<const char*> names) {
-  std::vector<std::string> axes;
-  for (const char* name : names)
-    for (const auto& a : m.axis_names)
-      if (a == name) axes.push_back(a);
-  for (size_t i = 0; i < m.shape.size(); ++i) {
-    const std::string& a = m.axis_names[i];
-    if (a != "data" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" && m.shape[i] != 1)
-      throw Unsupported("meshtrain train", fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), a, m.shape[i]),
-                        "training supports data, fsdp, context, tensor and pipeline axes (--mesh data=2,pipeline=2)");
-  }
-  return axes;
-}
-std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) { return mesh_axes(m, {"data", "fsdp"}); }
-std::vector<std::string> gradient_axes(const plan::NamedShape& m) { return mesh_axes(m, {"data", "fsdp", "context"}); }
-
-// How a tensor axis splits the model, as rank 0 holds it: one line per
-// parameter (layers placed alike folded: nn::fold_layer_rows), its block and
-// the global shape it lies in, or "replicated" ("replicated,
-// sequence-parallel gradient" for the partial ones).
-std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, const nn::TensorParallelGroup& tp) {
-  std::vector<std::pair<std::string, std::string>> rows;
-  for (const nn::Parameter* p : params)
-    rows.emplace_back(p->name, p->placement.kind == nn::Placement::Kind::box
-                                   ? fmt::format("{} of {}", p->placement.box.to_string(),
-                                                 shape_to_string(p->placement.shape))
-                               : p->sequence_parallel ? std::string("replicated, sequence-parallel gradient")
-                                                      : std::string("replicated"));
-  std::string out = fmt::format("tensor parallel over {} ranks{} (rank 0's blocks):\n", tp.size(),
-                                tp.splits_sequence() ? ", sequence parallel" : "");
-  for (const auto& [name, where] : nn::fold_layer_rows(rows)) out += fmt::format("  {:<28} {}\n", name, where);
-  return out;
-}
-
-int axis_size(const plan::NamedShape& m, const std::string& name) {
-  for (size_t i = 0; i < m.shape.size(); ++i)
-    if (m.axis_names[i] == name) return m.shape[i];
-  return 0;  // absent
-}
-
-DType param_dtype_of(config::MixedPrecision p) {
-  switch (p) {
-    case config::MixedPrecision::bf16: return DType::bf16;
-    case config::MixedPrecision::fp16: return DType::f16;
-    case config::MixedPrecision::no: break;
-  }
-  return DType::f32;
 }
 
 // An untracked f32 copy (a clone would stay charged to the rank's tracker,
@@ -121,37 +72,6 @@ struct StepOutcome {
   bool applied = true;     // false: skipped
   std::string why_skipped;  // for the log line
 };
-
-// The strategy tc asks for over the data-parallel ranks: fully sharded
-// (tc.fsdp) or plain data parallelism. Collective (the wrappers broadcast
-// and check the parameters).
-std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const config::DistributedConfig& dc,
-                                                       nn::Module& model, std::vector<nn::Module*> units,
-                                                       mesh::DeviceMesh& mesh, comm::Communicator& dp_comm,
-                                                       MemoryTracker* memory) {
-  if (tc.fsdp.enabled()) {
-    const parallel::FsdpMode mode = *tc.fsdp.mode;
-    comm::Communicator& shard = mode.hybrid ? mesh.comm("fsdp") : dp_comm;
-    comm::Communicator* replicate = mode.hybrid ? &mesh.comm("data") : nullptr;
-    return std::make_unique<parallel::FullyShardedDataParallel>(
-        model, shard, replicate,
-        parallel::FullyShardedOptions{.stage = mode.stage,
-                                      .min_weight_size = tc.fsdp_min_weight_size,
-                                      .param_dtype = param_dtype_of(dc.mixed_precision),
-                                      .reduce_dtype = tc.reduce_precision,
-                                      .reduce = parallel::GradReduce::sum,
-                                      .forward_prefetch = tc.forward_prefetch,
-                                      .backward_prefetch = tc.backward_prefetch,
-                                      .reshard_after_forward = tc.reshard_after_forward,
-                                      .unit_modules = std::move(units),
-                                      .tracker = memory});
-  }
-  return std::make_unique<parallel::DataParallel>(
-      model, dp_comm,
-      parallel::DataParallelOptions{.bucket_bytes = static_cast<size_t>(tc.bucket_mb * (1 << 20)),
-                                    .reduce = parallel::GradReduce::sum,
-                                    .tracker = memory});
-}
 
 class Run {
  public:
@@ -723,64 +643,6 @@ class Run {
   int64_t skipped_ = 0;         // optimizer steps skipped, any reason
   int64_t consecutive_skips_ = 0;
 };
-
-}  // namespace
-
-ResolvedTraining resolve_training(const TrainConfig& tc, const config::DistributedConfig& dc) {
-  ResolvedTraining out{tc, {}};
-  TrainConfig& c = out.config;
-  const plan::NamedShape mesh = dc.mesh();
-  (void)data_parallel_axes(mesh);  // throws for axes training has no use for
-  const int fsdp_axis = axis_size(mesh, "fsdp"), data_axis = axis_size(mesh, "data");
-  const std::string precision(config::mixed_precision_name(dc.mixed_precision));
-  if (!c.fsdp.enabled() && fsdp_axis > 1) {
-    c.fsdp = {"full", parallel::parse_fsdp_mode("full")};
-    out.notes.push_back(fmt::format("fsdp = \"full\": the mesh has fsdp={} and no strategy was given", fsdp_axis));
-  } else if (!c.fsdp.enabled() && dc.mixed_precision != config::MixedPrecision::no) {
-    c.fsdp = {"no_shard", parallel::parse_fsdp_mode("no_shard")};
-    out.notes.push_back(fmt::format(
-        "fsdp = \"no_shard\": mixed_precision {} needs the fully sharded path (plain data parallelism is f32 only)",
-        precision));
-  }
-  const int pipeline_axis = axis_size(mesh, "pipeline");
-  if (pipeline_axis > 1 && c.pipeline_schedule == "interleaved" && c.virtual_stages == 1) {
-    c.virtual_stages = 2;
-    out.notes.push_back("virtual_stages = 2: the interleaved schedule runs at least 2 model chunks per pipeline rank");
-  }
-  c.validate();
-  if (const int context_axis = axis_size(mesh, "context"); context_axis > 1) {
-    if (pipeline_axis > 1 || c.sequence_parallel)
-      throw Unsupported("meshtrain train",
-                        fmt::format("a context axis of {} with {}", context_axis,
-                                    pipeline_axis > 1 ? fmt::format("a pipeline axis of {}", pipeline_axis)
-                                                      : std::string("--sequence-parallel")),
-                        "context parallelism composes with data, fsdp and tensor axes (without "
-                        "--sequence-parallel); drop the other split");
-    // The sequence length against the chunks: the recipe checks it
-    // (nn::ContextParallelGroup::check_length) as it builds the model.
-  }
-  if (pipeline_axis > 1 && c.fsdp.enabled() && c.fsdp.mode->stage > parallel::ZeroStage::zero2)
-    throw Unsupported("meshtrain train",
-                      fmt::format("fsdp '{}' with a pipeline axis of {}", c.fsdp.name, pipeline_axis),
-                      "a pipeline runs each stage's forward and backward once per micro-batch, so zero3 would "
-                      "gather every parameter m times per step (DeepSpeed refuses it too); use --fsdp zero1 or "
-                      "zero2 with pipelines");
-  if (c.fsdp.enabled()) {
-    if (c.fsdp.mode->hybrid && (fsdp_axis == 0 || data_axis == 0))
-      throw InvalidArgument("meshtrain train",
-                            fmt::format("fsdp '{}' shards over the fsdp axis and replicates over the data axis, but "
-                                        "mesh {} lacks {}",
-                                        c.fsdp.name, mesh.to_spec(), fsdp_axis == 0 ? "fsdp" : "data"),
-                            "use a mesh with both axes (e.g. --mesh data=2,fsdp=2), or a non-hybrid strategy "
-                            "such as --fsdp full");
-    if (dc.mixed_precision == config::MixedPrecision::fp16)
-      out.notes.push_back("fp16: dynamic loss scaling (initial scale 2^15, x2 after 2000 good steps, x0.5 and "
-                          "the step skipped on inf/NaN gradients)");
-  }
-  return out;
-}
-
-namespace {
 
 // World rank 0 prepares the run directory and writes config.toml into it;
 // every rank learns whether that worked (under mpirun a refusal seen by rank

@@ -1,0 +1,87 @@
+#include "meshtrain/train/internal/mesh_roles.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
+#include "meshtrain/parallel/data_parallel.h"
+#include "meshtrain/parallel/fully_sharded.h"
+
+namespace meshtrain::train::internal {
+
+std::vector<std::string> mesh_axes(const plan::NamedShape& m, std::initializer_list<const char*> names) {
+  std::vector<std::string> axes;
+  for (const char* name : names)
+    for (const auto& a : m.axis_names)
+      if (a == name) axes.push_back(a);
+  for (size_t i = 0; i < m.shape.size(); ++i) {
+    const std::string& a = m.axis_names[i];
+    if (a != "data" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" && m.shape[i] != 1)
+      throw Unsupported("meshtrain train", fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), a, m.shape[i]),
+                        "training supports data, fsdp, context, tensor and pipeline axes (--mesh data=2,pipeline=2)");
+  }
+  return axes;
+}
+std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) { return mesh_axes(m, {"data", "fsdp"}); }
+std::vector<std::string> gradient_axes(const plan::NamedShape& m) { return mesh_axes(m, {"data", "fsdp", "context"}); }
+
+std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, const nn::TensorParallelGroup& tp) {
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (const nn::Parameter* p : params)
+    rows.emplace_back(p->name, p->placement.kind == nn::Placement::Kind::box
+                                   ? fmt::format("{} of {}", p->placement.box.to_string(),
+                                                 shape_to_string(p->placement.shape))
+                               : p->sequence_parallel ? std::string("replicated, sequence-parallel gradient")
+                                                      : std::string("replicated"));
+  std::string out = fmt::format("tensor parallel over {} ranks{} (rank 0's blocks):\n", tp.size(),
+                                tp.splits_sequence() ? ", sequence parallel" : "");
+  for (const auto& [name, where] : nn::fold_layer_rows(rows)) out += fmt::format("  {:<28} {}\n", name, where);
+  return out;
+}
+
+int axis_size(const plan::NamedShape& m, const std::string& name) {
+  for (size_t i = 0; i < m.shape.size(); ++i)
+    if (m.axis_names[i] == name) return m.shape[i];
+  return 0;  // absent
+}
+
+DType param_dtype_of(config::MixedPrecision p) {
+  switch (p) {
+    case config::MixedPrecision::bf16: return DType::bf16;
+    case config::MixedPrecision::fp16: return DType::f16;
+    case config::MixedPrecision::no: break;
+  }
+  return DType::f32;
+}
+
+std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const config::DistributedConfig& dc,
+                                                       nn::Module& model, std::vector<nn::Module*> units,
+                                                       mesh::DeviceMesh& mesh, comm::Communicator& dp_comm,
+                                                       MemoryTracker* memory) {
+  if (tc.fsdp.enabled()) {
+    const parallel::FsdpMode mode = *tc.fsdp.mode;
+    comm::Communicator& shard = mode.hybrid ? mesh.comm("fsdp") : dp_comm;
+    comm::Communicator* replicate = mode.hybrid ? &mesh.comm("data") : nullptr;
+    return std::make_unique<parallel::FullyShardedDataParallel>(
+        model, shard, replicate,
+        parallel::FullyShardedOptions{.stage = mode.stage,
+                                      .min_weight_size = tc.fsdp_min_weight_size,
+                                      .param_dtype = param_dtype_of(dc.mixed_precision),
+                                      .reduce_dtype = tc.reduce_precision,
+                                      .reduce = parallel::GradReduce::sum,
+                                      .forward_prefetch = tc.forward_prefetch,
+                                      .backward_prefetch = tc.backward_prefetch,
+                                      .reshard_after_forward = tc.reshard_after_forward,
+                                      .unit_modules = std::move(units),
+                                      .tracker = memory});
+  }
+  return std::make_unique<parallel::DataParallel>(
+      model, dp_comm,
+      parallel::DataParallelOptions{.bucket_bytes = static_cast<size_t>(tc.bucket_mb * (1 << 20)),
+                                    .reduce = parallel::GradReduce::sum,
+                                    .tracker = memory});
+}
+
+}  // namespace meshtrain::train::internal

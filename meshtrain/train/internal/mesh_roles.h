@@ -1,0 +1,53 @@
+// How the trainer reads the mesh and the configuration (train/trainer.cc,
+// resolve_training.cc): which axes split the batch and which sum the
+// gradients, the data-parallel strategy over them, and the start-up dump's
+// tensor-parallel table. Not for use outside train.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/config/distributed_config.h"
+#include "meshtrain/core/dtype.h"
+#include "meshtrain/core/memory.h"
+#include "meshtrain/mesh/device_mesh.h"
+#include "meshtrain/nn/module.h"
+#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/parallel/parallelism.h"
+#include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/train/train_config.h"
+
+namespace meshtrain::train::internal {
+
+// The axes the mesh has of `names`, in that order; Unsupported for an axis
+// of size > 1 training has no use for (data, fsdp, context, tensor and
+// pipeline are used).
+std::vector<std::string> mesh_axes(const plan::NamedShape& m, std::initializer_list<const char*> names);
+// The batch is split over data and fsdp; gradients and losses are summed
+// over those and context (each context rank sees its own tokens of the
+// same samples).
+std::vector<std::string> data_parallel_axes(const plan::NamedShape& m);
+std::vector<std::string> gradient_axes(const plan::NamedShape& m);
+// The size of axis `name`; 0 when absent.
+int axis_size(const plan::NamedShape& m, const std::string& name);
+DType param_dtype_of(config::MixedPrecision p);
+
+// The strategy tc asks for over the data-parallel ranks dp_comm: fully
+// sharded (tc.fsdp; hybrid: shard over fsdp, replicate over data) or plain
+// data parallelism. Collective (the wrappers broadcast and check the
+// parameters).
+std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const config::DistributedConfig& dc,
+                                                       nn::Module& model, std::vector<nn::Module*> units,
+                                                       mesh::DeviceMesh& mesh, comm::Communicator& dp_comm,
+                                                       MemoryTracker* memory);
+
+// How a tensor axis splits the model, as rank 0 holds it: one line per
+// parameter (layers placed alike folded: nn::fold_layer_rows), its block and
+// the global shape it lies in, or "replicated" ("replicated,
+// sequence-parallel gradient" for the partial ones).
+std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, const nn::TensorParallelGroup& tp);
+
+}  // namespace meshtrain::train::internal

@@ -1,0 +1,68 @@
+// resolve_training (trainer.h): the configuration as the run will use it.
+#include <fmt/format.h>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/train/internal/mesh_roles.h"
+#include "meshtrain/train/trainer.h"
+
+namespace meshtrain::train {
+
+using internal::axis_size;
+using internal::data_parallel_axes;
+
+ResolvedTraining resolve_training(const TrainConfig& tc, const config::DistributedConfig& dc) {
+  ResolvedTraining out{tc, {}};
+  TrainConfig& c = out.config;
+  const plan::NamedShape mesh = dc.mesh();
+  (void)data_parallel_axes(mesh);  // throws for axes training has no use for
+  const int fsdp_axis = axis_size(mesh, "fsdp"), data_axis = axis_size(mesh, "data");
+  const std::string precision(config::mixed_precision_name(dc.mixed_precision));
+  if (!c.fsdp.enabled() && fsdp_axis > 1) {
+    c.fsdp = {"full", parallel::parse_fsdp_mode("full")};
+    out.notes.push_back(fmt::format("fsdp = \"full\": the mesh has fsdp={} and no strategy was given", fsdp_axis));
+  } else if (!c.fsdp.enabled() && dc.mixed_precision != config::MixedPrecision::no) {
+    c.fsdp = {"no_shard", parallel::parse_fsdp_mode("no_shard")};
+    out.notes.push_back(fmt::format(
+        "fsdp = \"no_shard\": mixed_precision {} needs the fully sharded path (plain data parallelism is f32 only)",
+        precision));
+  }
+  const int pipeline_axis = axis_size(mesh, "pipeline");
+  if (pipeline_axis > 1 && c.pipeline_schedule == "interleaved" && c.virtual_stages == 1) {
+    c.virtual_stages = 2;
+    out.notes.push_back("virtual_stages = 2: the interleaved schedule runs at least 2 model chunks per pipeline rank");
+  }
+  c.validate();
+  if (const int context_axis = axis_size(mesh, "context"); context_axis > 1) {
+    if (pipeline_axis > 1 || c.sequence_parallel)
+      throw Unsupported("meshtrain train",
+                        fmt::format("a context axis of {} with {}", context_axis,
+                                    pipeline_axis > 1 ? fmt::format("a pipeline axis of {}", pipeline_axis)
+                                                      : std::string("--sequence-parallel")),
+                        "context parallelism composes with data, fsdp and tensor axes (without "
+                        "--sequence-parallel); drop the other split");
+    // The sequence length against the chunks: the recipe checks it
+    // (nn::ContextParallelGroup::check_length) as it builds the model.
+  }
+  if (pipeline_axis > 1 && c.fsdp.enabled() && c.fsdp.mode->stage > parallel::ZeroStage::zero2)
+    throw Unsupported("meshtrain train",
+                      fmt::format("fsdp '{}' with a pipeline axis of {}", c.fsdp.name, pipeline_axis),
+                      "a pipeline runs each stage's forward and backward once per micro-batch, so zero3 would "
+                      "gather every parameter m times per step (DeepSpeed refuses it too); use --fsdp zero1 or "
+                      "zero2 with pipelines");
+  if (c.fsdp.enabled()) {
+    if (c.fsdp.mode->hybrid && (fsdp_axis == 0 || data_axis == 0))
+      throw InvalidArgument("meshtrain train",
+                            fmt::format("fsdp '{}' shards over the fsdp axis and replicates over the data axis, but "
+                                        "mesh {} lacks {}",
+                                        c.fsdp.name, mesh.to_spec(), fsdp_axis == 0 ? "fsdp" : "data"),
+                            "use a mesh with both axes (e.g. --mesh data=2,fsdp=2), or a non-hybrid strategy "
+                            "such as --fsdp full");
+    if (dc.mixed_precision == config::MixedPrecision::fp16)
+      out.notes.push_back("fp16: dynamic loss scaling (initial scale 2^15, x2 after 2000 good steps, x0.5 and "
+                          "the step skipped on inf/NaN gradients)");
+  }
+  return out;
+}
+
+}  // namespace meshtrain::train
