@@ -11,7 +11,7 @@
 //   tensor axis once); the same meshes with sequence parallelism.
 // - Context parallelism: context=2 and 4, data=2 x context=2, context=2 x
 //   tensor=2 (ring attention, zig-zag chunks), all_to_all (Ulysses), chunks
-//   in order, zero3 over fsdp=2 x context=2 and clipping, within 1e-5.
+//   in order, zero3 over fsdp=2 x context=2, recompute and clipping, within 1e-5.
 // - Recomputing every block's activations gives the same run bit for bit on
 //   one device, and within 1e-5 under zero3.
 // - bf16 zero3 (also on fsdp=2 x tensor=2, with and without sequence parallelism) and fp16 zero3 (dynamic loss
@@ -136,6 +136,9 @@ TEST(GptParity, ContextParallel) {
               "ring context=4, chunks in order");
   expect_same(train_gpt({.mesh = "fsdp=2,context=2", .fsdp = "zero3"}, "cp_zero3"), one_device(),
               "zero3 on fsdp=2,context=2");
+  // Recompute replays each block's forward, ring exchanges included, in backward.
+  expect_same(train_gpt({.mesh = "context=2", .recompute = true}, "cp_recompute"), one_device(),
+              "ring context=2 with recompute");
   const auto clipped = train_gpt({.clip_norm = 0.5}, "cp_clip_one");
   expect_same(train_gpt({.mesh = "data=2,context=2", .clip_norm = 0.5}, "cp_clip"), clipped,
               "data=2,context=2 with clip 0.5");
