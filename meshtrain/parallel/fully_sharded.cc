@@ -1,5 +1,7 @@
 #include "meshtrain/parallel/fully_sharded.h"
 
+#include "meshtrain/parallel/zeropp.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -164,6 +166,7 @@ struct FullyShardedDataParallel::Unit {
   Tensor gathered;     // stage 3: param_dtype (padded), being gathered or in use
   comm::Work gather;   // in flight when gathering
   bool gathering = false;
+  std::vector<uint8_t> wire_mine, wire_all;  // qwZ: this shard's message, every rank's
   std::vector<nn::Parameter*> shards;  // this rank's parts of the unit's parameters (shard_params_)
   Tensor work_value;   // param_dtype, or f32 when inspecting (padded): what p.value views, when not persistent
   Tensor work_grad;    // f32 (padded): what p.grad views during backward
@@ -213,6 +216,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, comm::Comm
   if (replicate_ == shard_)
     throw InvalidArgument(kOp, "the replicate communicator is the shard communicator",
                           "pass nullptr for no replication, or the mesh's replicate axis");
+  check_zeropp();
   d_ = options_.stage == ZeroStage::no_shard ? 1 : shard_->size();
   rank_ = options_.stage == ZeroStage::no_shard ? 0 : shard_->rank();
   const std::vector<nn::Parameter*> params = model.parameters();
@@ -240,9 +244,36 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (auto& u : units_) u->gather = comm::Work();
 }
 
+void FullyShardedDataParallel::check_zeropp() const {
+  const FullyShardedOptions& o = options_;
+  if (!o.quantize_weights && !o.quantize_gradients) return;
+  o.quant.check(kOp);
+  if (o.quantize_weights && (o.stage != ZeroStage::zero3 || o.param_dtype != DType::f32))
+    throw InvalidArgument(kOp, "quantize_weights (qwZ) without stage zero3 and f32 parameters",
+                          "qwZ quantizes zero3's parameter all-gathers: use stage zero3 with param_dtype f32");
+  if (o.quantize_gradients && (o.stage < ZeroStage::zero2 || reduce_dtype_ != DType::f32))
+    throw InvalidArgument(kOp, "quantize_gradients (qgZ) without stage zero2/zero3 and f32 gradients",
+                          "qgZ replaces the reduce-scatters of zero2 and zero3: use one, with reduce_dtype f32");
+  if (o.cross_node != nullptr && o.node_local == nullptr)
+    throw InvalidArgument(kOp, "cross_node without node_local", "pass both communicators, or neither (one node)");
+  if (o.node_local != nullptr) {
+    const int k = o.cross_node != nullptr ? o.cross_node->size() : 1, node = o.cross_node != nullptr ? o.cross_node->rank() : 0;
+    if (o.node_local->size() * k != shard_->size() || node * o.node_local->size() + o.node_local->rank() != shard_->rank())
+      throw InvalidArgument(kOp,
+                            fmt::format("node_local (rank {} of {}) x cross_node (rank {} of {}) is not the shard "
+                                        "communicator's rank {} of {} in node-major order",
+                                        o.node_local->rank(), o.node_local->size(), node, k, shard_->rank(),
+                                        shard_->size()),
+                            "split the shard axis as node x local (a mesh node=K,fsdp=L: cross_node = its node "
+                            "axis, node_local = its fsdp axis, shard = both)");
+  }
+}
+
 void FullyShardedDataParallel::check_structure(const std::vector<nn::Parameter*>& params) {
-  std::string desc = fmt::format("stage={};min={};p={};g={};", static_cast<int>(options_.stage),
-                                 options_.min_weight_size, dtype_name(options_.param_dtype), dtype_name(reduce_dtype_));
+  std::string desc = fmt::format("stage={};min={};p={};g={};qw={};qg={};q={}/{};", static_cast<int>(options_.stage),
+                                 options_.min_weight_size, dtype_name(options_.param_dtype), dtype_name(reduce_dtype_),
+                                 options_.quantize_weights, options_.quantize_gradients, options_.quant.bits,
+                                 options_.quant.block);
   for (const nn::Parameter* p : params) desc += p->name + shape_to_string(p->info.shape) + ";";
   const int64_t mine[2] = {static_cast<int64_t>(params.size()), static_cast<int64_t>(key_from_name(desc))};
   for (comm::Communicator* c : {shard_, replicate_}) {
@@ -436,6 +467,15 @@ bool FullyShardedDataParallel::grads_persistent() const {
 
 void FullyShardedDataParallel::start_gather(Unit& u) {
   if (options_.stage != ZeroStage::zero3 || u.gathering || u.materialized) return;
+  if (options_.quantize_weights) {  // qwZ: codes and scales on the wire
+    const size_t m = quantized_message_bytes(u.shard, options_.quant);
+    u.wire_mine.resize(m);
+    u.wire_all.resize(m * static_cast<size_t>(d_));
+    quantize_message(u.shard_param.data<float>(), u.shard, options_.quant, u.wire_mine.data());
+    u.gather = shard_->all_gather_async(u.wire_mine.data(), u.wire_all.data(), m, DType::u8);
+    u.gathering = true;
+    return;
+  }
   u.gathered = alloc(u.padded, options_.param_dtype, MemoryCategory::working);
   u.gather = shard_->all_gather_async(u.shard_param.data_ptr(), u.gathered.data_ptr(),
                                       static_cast<size_t>(u.shard), options_.param_dtype);
@@ -460,6 +500,15 @@ void FullyShardedDataParallel::materialize(Unit& u) {
     start_gather(u);
     u.gather.wait();  // idempotent: may have been waited for by finish()
     u.gathering = false;
+    if (options_.quantize_weights) {
+      u.gathered = alloc(u.padded, DType::f32, MemoryCategory::working);
+      const size_t m = quantized_message_bytes(u.shard, options_.quant);
+      for (int r = 0; r < d_; ++r)
+        dequantize_message(u.wire_all.data() + m * static_cast<size_t>(r), u.shard, options_.quant,
+                           u.gathered.data<float>() + u.shard * r);
+      std::vector<uint8_t>().swap(u.wire_mine);
+      std::vector<uint8_t>().swap(u.wire_all);
+    }
     src = std::move(u.gathered);
     u.gathered = Tensor();
   } else {
@@ -550,6 +599,17 @@ void FullyShardedDataParallel::reduce_unit(Unit& u) {
   Tensor buf = std::move(u.work_grad);
   u.work_grad = Tensor();
   for (nn::Parameter* p : u.params) p->grad = Tensor();
+  if (options_.quantize_gradients) {  // qgZ, in f32 around quantized all-to-alls
+    Tensor mine = alloc(u.shard, DType::f32, MemoryCategory::working);
+    quantized_reduce_scatter(options_.node_local != nullptr ? *options_.node_local : *shard_, options_.cross_node,
+                             buf.data<float>(), mine.data<float>(), static_cast<size_t>(u.shard), options_.quant);
+    if (u.has_grad)
+      accumulate(mine, u.shard_grad);
+    else
+      u.shard_grad.copy_from(mine);
+    u.has_grad = true;
+    return;
+  }
   if (reduce_dtype_ != DType::f32) {
     Tensor half = alloc(u.padded, reduce_dtype_, MemoryCategory::working);
     half.copy_from(buf);
@@ -745,6 +805,8 @@ void FullyShardedDataParallel::reshard() {
       u->gather.wait();
       u->gathering = false;
       u->gathered = Tensor();
+      std::vector<uint8_t>().swap(u->wire_mine);
+      std::vector<uint8_t>().swap(u->wire_all);
     }
     release_values(*u);
   }

@@ -107,6 +107,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/memory.h"
+#include "meshtrain/core/quantize.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -176,6 +177,21 @@ struct FullyShardedOptions {
   // parameters is a unit (the default when empty). Borrowed.
   std::vector<nn::Module*> unit_modules = {};
   MemoryTracker* tracker = nullptr;  // must outlive the wrapper; may be null
+  // ZeRO++ (parallel/zeropp.h, docs/zeropp.md). quantize_weights (qwZ):
+  // stage 3's all-gathers send each shard block-quantized (`quant`) and
+  // dequantize on arrival, so forward and backward compute with the
+  // quantized weights; the f32 masters stay exact (stage 3, param_dtype
+  // f32). quantize_gradients (qgZ): stage 2/3's reduce-scatters run
+  // quantized_reduce_scatter over node_local x cross_node (reduce_dtype
+  // f32), synchronously. node_local / cross_node: the shard communicator's
+  // ranks split node-major (shard rank = node * node_local.size() +
+  // node_local.rank(), node = cross_node.rank()); null node_local: one node
+  // (the shard communicator). InvalidArgument for any other combination.
+  bool quantize_weights = false;
+  bool quantize_gradients = false;
+  BlockQuant quant = {.bits = 8, .block = 256};
+  comm::Communicator* node_local = nullptr;
+  comm::Communicator* cross_node = nullptr;
 };
 
 // Bytes of model state per rank that the table above predicts, for P sharded
@@ -284,6 +300,7 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   struct Reduction;
 
   void check_structure(const std::vector<nn::Parameter*>& params);
+  void check_zeropp() const;
   void sync_states();
   void build_units(nn::Module& model, const std::vector<nn::Parameter*>& params);
   static void fill_flat(const Unit& u, int64_t from, int64_t count, float* out);

@@ -45,6 +45,10 @@
 namespace meshtrain::parallel {
 
 size_t quantized_message_bytes(int64_t n, const BlockQuant& q);
+// One message: n values quantized into `wire` (quantized_message_bytes(n)
+// bytes), and back (accumulate: added to out).
+void quantize_message(const float* x, int64_t n, const BlockQuant& q, uint8_t* wire);
+void dequantize_message(const uint8_t* wire, int64_t n, const BlockQuant& q, float* out, bool accumulate = false);
 
 void quantized_all_gather(comm::Communicator& c, const float* send, float* recv, size_t count, const BlockQuant& q);
 
