@@ -56,13 +56,14 @@ void set_distributed(config::DistributedConfig& dc, std::string_view key, const 
 void require_trainable_mesh(const config::DistributedConfig& dc, std::string_view source) {
   for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i) {
     const std::string& a = dc.mesh_axis_names[i];
-    if (a != "data" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" && dc.mesh_shape[i] != 1)
+    if (a != "data" && a != "node" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" &&
+        dc.mesh_shape[i] != 1)
       throw Unsupported("meshtrain train",
                         fmt::format("{}: mesh {} has a {} axis of size {}, which training cannot use", source,
                                     plan::NamedShape{dc.mesh_shape, dc.mesh_axis_names}.to_spec(), a,
                                     dc.mesh_shape[i]),
-                        "training uses data, fsdp, context, tensor and pipeline axes (e.g. --mesh data=4, "
-                        "data=2,fsdp=2, data=2,tensor=2, context=2 or data=2,pipeline=2)");
+                        "training uses data, node, fsdp, context, tensor and pipeline axes (e.g. --mesh data=4, "
+                        "data=2,fsdp=2, node=2,fsdp=2, data=2,tensor=2, context=2 or data=2,pipeline=2)");
   }
 }
 

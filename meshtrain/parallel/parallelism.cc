@@ -61,9 +61,15 @@ std::vector<ParamShard> DataParallel::parameter_shards() const {
 
 std::string FullyShardedDataParallel::describe() const {
   const int ranks = shard_->size() * (replicate_ != nullptr ? replicate_->size() : 1);
-  return fmt::format("data parallel {}, fsdp {} ({} sharded + {} replicated elements, {} units)", ranks,
+  std::string zeropp;
+  if (options_.quantize_weights || options_.quantize_gradients)
+    zeropp = fmt::format(", ZeRO++ {}{}{} int{} per {} values over {} node(s)", options_.quantize_weights ? "qwZ" : "",
+                         options_.quantize_weights && options_.quantize_gradients ? "+" : "",
+                         options_.quantize_gradients ? "qgZ" : "", options_.quant.bits, options_.quant.block,
+                         options_.cross_node != nullptr ? options_.cross_node->size() : 1);
+  return fmt::format("data parallel {}, fsdp {} ({} sharded + {} replicated elements, {} units){}", ranks,
                      FsdpMode{options_.stage, replicate_ != nullptr}.name(), sharded_elements_,
-                     replicated_elements_, unit_info_.size());
+                     replicated_elements_, unit_info_.size(), zeropp);
 }
 
 bool FullyShardedDataParallel::needs_loss_scaling() const {

@@ -197,7 +197,7 @@ void explain(const Workload& w, const Candidate& b, bool fits, std::vector<std::
 }  // namespace
 
 bool is_known_axis(std::string_view name) {
-  return std::find(kMeshAxisOrder.begin(), kMeshAxisOrder.end(), name) != kMeshAxisOrder.end();
+  return name == "node" || std::find(kMeshAxisOrder.begin(), kMeshAxisOrder.end(), name) != kMeshAxisOrder.end();
 }
 
 int NamedShape::size_of(std::string_view name) const {
@@ -400,7 +400,7 @@ void validate_mesh_config(const std::vector<int>& shape, int n_devices) {
 
 void validate_mesh_config(const NamedShape& mesh, int n_devices, std::string_view op_name) {
   const std::string op(op_name);
-  const std::string known = "pipeline, data, fsdp, context, tensor";
+  const std::string known = "pipeline, data, node, fsdp, context, tensor";
   if (mesh.shape.size() != mesh.axis_names.size())
     throw InvalidArgument(op,
                           fmt::format("the mesh has {} sizes ({}) but {} axis names", mesh.shape.size(),

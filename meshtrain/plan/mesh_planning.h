@@ -35,7 +35,9 @@ namespace meshtrain::plan {
 inline constexpr std::array<std::string_view, 5> kMeshAxisOrder = {"pipeline", "data", "fsdp",
                                                                     "context", "tensor"};
 
-// True if `name` is one of kMeshAxisOrder.
+// True if `name` is one of kMeshAxisOrder, or "node": a split of the
+// data-parallel ranks into nodes (ZeRO++'s hierarchy: --mesh node=2,fsdp=2),
+// outside fsdp in mesh order.
 bool is_known_axis(std::string_view name);
 
 // A shape with one name per axis, e.g. {{2, 2}, {"data", "tensor"}}.

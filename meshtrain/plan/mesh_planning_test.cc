@@ -295,7 +295,7 @@ TEST(ValidateMeshConfig, ChecksNames) {
   EXPECT_THAT(error_of([] { validate_mesh_config(NamedShape{{2, 2}, {"data"}}, 4); }),
               HasSubstr("the mesh has 2 sizes (2, 2) but 1 axis names"));
   EXPECT_THAT(error_of([] { validate_mesh_config(NamedShape{{2, 2}, {"data", "tensr"}}, 4); }),
-              HasSubstr("mesh axis 'tensr' is not one of pipeline, data, fsdp, context, tensor"));
+              HasSubstr("mesh axis 'tensr' is not one of pipeline, data, node, fsdp, context, tensor"));
   EXPECT_THAT(error_of([] { validate_mesh_config(NamedShape{{2, 2}, {"data", "data"}}, 4); }),
               HasSubstr("mesh axis 'data' appears twice"));
   const std::string e = error_of([] { validate_mesh_config(NamedShape{{2, 2}, {"data", "tensor"}}, 8, "Cfg"); });

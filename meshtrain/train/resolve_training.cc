@@ -44,6 +44,31 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
     // The sequence length against the chunks: the recipe checks it
     // (nn::ContextParallelGroup::check_length) as it builds the model.
   }
+  if (!c.zeropp.empty()) {
+    const std::string parts = c.zeropp;
+    auto fail = [&](const std::string& what, const std::string& hint) {
+      throw Unsupported("--zeropp " + parts, what, hint);
+    };
+    if (parts.find("hpz") != std::string::npos)
+      fail("hpZ (the node-local secondary parameter shard) is not built yet", "use --zeropp qwz,qgz");
+    if (!c.fsdp.enabled() || c.fsdp.mode->hybrid || c.fsdp.mode->stage < parallel::ZeroStage::zero2)
+      fail(fmt::format("fsdp '{}'", c.fsdp.enabled() ? c.fsdp.name : "none"),
+           "ZeRO++ quantizes zero2/zero3's collectives: use --fsdp zero3 (or zero2 with qgz)");
+    if (parts.find("qwz") != std::string::npos &&
+        (c.fsdp.mode->stage != parallel::ZeroStage::zero3 || dc.mixed_precision != config::MixedPrecision::no))
+      fail("qwz needs zero3 with fp32 parameters", "use --fsdp zero3 without --precision, or drop qwz");
+    if (parts.find("qgz") != std::string::npos && c.reduce_precision.value_or(DType::f32) != DType::f32)
+      fail("qgz needs fp32 gradients (it sums dequantized values in f32)", "drop --reduce-precision, or drop qgz");
+    if (parts.find("qgz") != std::string::npos && dc.mixed_precision != config::MixedPrecision::no &&
+        !c.reduce_precision)
+      fail("qgz with half-precision gradients", "add --reduce-precision fp32");
+    for (const char* other : {"data", "context", "tensor", "pipeline"})
+      if (axis_size(mesh, other) > 1)
+        fail(fmt::format("mesh {} has a {} axis", mesh.to_spec(), other),
+             "ZeRO++ shards over node x fsdp alone here: use --mesh node=K,fsdp=L");
+    if (axis_size(mesh, "node") > 0 && axis_size(mesh, "fsdp") == 0)
+      fail(fmt::format("mesh {} has a node axis but no fsdp axis", mesh.to_spec()), "use --mesh node=K,fsdp=L");
+  }
   if (pipeline_axis > 1 && c.fsdp.enabled() && c.fsdp.mode->stage > parallel::ZeroStage::zero2)
     throw Unsupported("meshtrain train",
                       fmt::format("fsdp '{}' with a pipeline axis of {}", c.fsdp.name, pipeline_axis),

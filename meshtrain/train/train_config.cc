@@ -208,6 +208,13 @@ const TrainField kFields[] = {
      [](const TrainConfig& c) { return c.fsdp.name; }, TrainFieldKind::string},
     {"fsdp_min_weight_size", "--fsdp-min-weight-size", "parameters with fewer elements stay replicated in f32 (>= 0)",
      MT_INT(fsdp_min_weight_size, 0, kInt64Max)},
+    {"zeropp", "--zeropp",
+     "fsdp zero2/zero3 with ZeRO++: comma list of qwz (quantized weight all-gathers), qgz (hierarchical quantized "
+     "gradient reduce-scatter over the mesh's node x fsdp axes); \"\" = off",
+     MT_STR(zeropp)},
+    {"zeropp_bits", "--zeropp-bits", "ZeRO++ code width: 8 or 4", MT_INT(zeropp_bits, 4, 8)},
+    {"zeropp_block", "--zeropp-block", "ZeRO++ values per f32 scale (even for 4 bits), 2 to 65536",
+     MT_INT(zeropp_block, 2, 65536)},
     {"forward_prefetch", "--forward-prefetch", "fsdp: start the next unit's all-gather during forward",
      MT_BOOL(forward_prefetch)},
     {"backward_prefetch", "--backward-prefetch", "fsdp: none | pre | post (when backward gathers the next unit)",
@@ -348,6 +355,13 @@ void TrainConfig::validate() const {
   }
   require(cp_comm == "ring" || cp_comm == "all_to_all", fmt::format("cp_comm '{}'", cp_comm),
           "use ring or all_to_all");
+  if (!zeropp.empty())
+    for (std::string_view part : split(zeropp))
+      require(part == "qwz" || part == "qgz" || part == "hpz",
+              fmt::format("zeropp '{}': unknown part '{}'", zeropp, part), "list qwz and/or qgz, e.g. --zeropp qwz,qgz");
+  require(zeropp_bits == 8 || zeropp_bits == 4, fmt::format("zeropp_bits {}", zeropp_bits), "use 8 or 4");
+  require(zeropp_bits == 8 || zeropp_block % 2 == 0, fmt::format("zeropp_block {} with 4 bits", zeropp_block),
+          "4-bit codes pack two per byte: use an even block");
   require(virtual_stages >= 1 && (virtual_stages == 1 || pipeline_schedule == "interleaved"),
           fmt::format("virtual_stages {} with pipeline_schedule '{}'", virtual_stages, pipeline_schedule),
           "more than one model chunk per rank needs pipeline_schedule = \"interleaved\"");

@@ -116,6 +116,14 @@ struct TrainConfig {
   // the compute precision (mixed_precision), or fp32 | bf16 | fp16 (the
   // seeds' FSDP2Config reduce_dtype; fp32 keeps full-precision gradient sums).
   std::optional<DType> reduce_precision;
+  // ZeRO++ under fsdp zero2/zero3 (parallel/zeropp.h): a comma list of qwz
+  // (quantized weight all-gathers, zero3), qgz (hierarchical quantized
+  // gradient reduce-scatter) and hpz (not built yet: refused); "" = off.
+  // Nodes are the mesh's `node` axis (node=K,fsdp=L). Codes of
+  // zeropp_bits (8 or 4) with an f32 scale per zeropp_block values.
+  std::string zeropp;
+  int zeropp_bits = 8;
+  int zeropp_block = 256;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   // "" = the next free runs/<model>/version_<N> (a new one per run). A
   // directory that holds a run is refused unless overwrite (RunDirectory,

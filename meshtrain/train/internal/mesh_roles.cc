@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "meshtrain/core/error.h"
@@ -18,14 +19,20 @@ std::vector<std::string> mesh_axes(const plan::NamedShape& m, std::initializer_l
       if (a == name) axes.push_back(a);
   for (size_t i = 0; i < m.shape.size(); ++i) {
     const std::string& a = m.axis_names[i];
-    if (a != "data" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" && m.shape[i] != 1)
+    if (a != "data" && a != "node" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" &&
+        m.shape[i] != 1)
       throw Unsupported("meshtrain train", fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), a, m.shape[i]),
-                        "training supports data, fsdp, context, tensor and pipeline axes (--mesh data=2,pipeline=2)");
+                        "training supports data, node, fsdp, context, tensor and pipeline axes (--mesh "
+                        "data=2,pipeline=2)");
   }
   return axes;
 }
-std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) { return mesh_axes(m, {"data", "fsdp"}); }
-std::vector<std::string> gradient_axes(const plan::NamedShape& m) { return mesh_axes(m, {"data", "fsdp", "context"}); }
+std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
+  return mesh_axes(m, {"data", "node", "fsdp"});
+}
+std::vector<std::string> gradient_axes(const plan::NamedShape& m) {
+  return mesh_axes(m, {"data", "node", "fsdp", "context"});
+}
 
 std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, const nn::TensorParallelGroup& tp) {
   std::vector<std::pair<std::string, std::string>> rows;
@@ -64,6 +71,9 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
     const parallel::FsdpMode mode = *tc.fsdp.mode;
     comm::Communicator& shard = mode.hybrid ? mesh.comm("fsdp") : dp_comm;
     comm::Communicator* replicate = mode.hybrid ? &mesh.comm("data") : nullptr;
+    // ZeRO++ (resolve_training checked the mesh: node x fsdp is the shard group).
+    const bool nodes = std::find(mesh.axis_names().begin(), mesh.axis_names().end(), "node") != mesh.axis_names().end();
+    const bool qwz = tc.zeropp.find("qwz") != std::string::npos, qgz = tc.zeropp.find("qgz") != std::string::npos;
     return std::make_unique<parallel::FullyShardedDataParallel>(
         model, shard, replicate,
         parallel::FullyShardedOptions{.stage = mode.stage,
@@ -75,7 +85,12 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                       .backward_prefetch = tc.backward_prefetch,
                                       .reshard_after_forward = tc.reshard_after_forward,
                                       .unit_modules = std::move(units),
-                                      .tracker = memory});
+                                      .tracker = memory,
+                                      .quantize_weights = qwz,
+                                      .quantize_gradients = qgz,
+                                      .quant = {.bits = tc.zeropp_bits, .block = tc.zeropp_block},
+                                      .node_local = nodes ? &mesh.comm("fsdp") : nullptr,
+                                      .cross_node = nodes ? &mesh.comm("node") : nullptr});
   }
   return std::make_unique<parallel::DataParallel>(
       model, dp_comm,
