@@ -10,6 +10,7 @@
 #include "bench/attention_bench.h"
 #include "bench/fusion_bench.h"
 #include "bench/gemm_bench.h"
+#include "bench/zeropp_bench.h"
 #include "bench/gpt_bench.h"
 #include "bench/memory_bench.h"
 #include "bench/pipeline_bench.h"
@@ -353,6 +354,38 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                                                   {"threads", std::to_string(fo->threads)},
                                                   {"reps", std::to_string(fo->reps)}});
                    fmt::print("{}", bench::format_fusion_bench(bench::run_fusion_bench(*fo), *fo));
+                   return 0;
+                 }});
+
+  auto zo = std::make_shared<bench::ZeroppBenchOptions>();
+  auto* zb = bench_cmd->add_subcommand(
+      "zeropp",
+      "ZeRO++ (qwZ, qgZ) against ZeRO-3 on simulated nodes: bytes each rank receives per step from other nodes and "
+      "its own, beside the paper's formula, and the step time");
+  zb->add_option("--nodes", zo->nodes, "simulated nodes K (1 to 64)")->capture_default_str()->check(CLI::Range(1, 64));
+  zb->add_option("--ranks-per-node", zo->ranks_per_node, "ranks per node L (1 to 64)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  zb->add_option("--hidden", zo->hidden, "MLP hidden sizes (784 -> hidden -> 10)")->delimiter(',')->capture_default_str();
+  zb->add_option("--batch", zo->batch, "samples per rank per step (1 to 65536)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
+  zb->add_option("--steps", zo->steps, "measured steps after one warm-up (1 to 1000)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  zb->add_option("--bits", zo->bits, "code width: 8 or 4")->capture_default_str()->check(CLI::IsMember({8, 4}));
+  zb->add_option("--block", zo->block, "values per f32 scale (2 to 65536; even for 4 bits)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{65536}));
+  out.push_back({zb, [=] {
+                   print_config("bench zeropp", {{"nodes", std::to_string(zo->nodes)},
+                                                 {"ranks_per_node", std::to_string(zo->ranks_per_node)},
+                                                 {"hidden", fmt::format("{}", fmt::join(zo->hidden, ","))},
+                                                 {"batch", std::to_string(zo->batch)},
+                                                 {"steps", std::to_string(zo->steps)},
+                                                 {"bits", std::to_string(zo->bits)},
+                                                 {"block", std::to_string(zo->block)}});
+                   fmt::print("{}", bench::format_zeropp_bench(bench::run_zeropp_bench(*zo), *zo));
                    return 0;
                  }});
 
