@@ -141,7 +141,7 @@ TEST(PipelineRunDirectory, HoldsTheTimeline) {
   EXPECT_NEAR(r.pipeline_bubble_theory, 1.0 / 13, 1e-9);  // (p - 1) / (3 m + p - 1)
 }
 
-TEST(PipelineErrors, SayWhatToDo) {
+TEST(PipelineErrors, NameTheFix) {
   EXPECT_THAT(testing::error_of<Unsupported>([] { train_gpt({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3"}); }),
               HasSubstr("use --fsdp zero1 or zero2 with pipelines"));
   EXPECT_THAT(testing::error_of<Unsupported>([] {

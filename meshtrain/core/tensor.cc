@@ -536,7 +536,7 @@ void Tensor::copy_from(const Tensor& src) const {
         D* d = dst + off[0];
         const S* p = s + off[1];
         if (inner[0] == 1 && inner[1] == 1) {  // unit strides: vector code, long runs over the rank's threads
-          parallel_for(len, kCopyGrain, [&](int64_t b, int64_t e) {
+          const auto run = [&](int64_t b, int64_t e) {
             const size_t n = static_cast<size_t>(e - b);
             if constexpr (std::is_same_v<D, S>)
               std::copy(p + b, p + e, d + b);
@@ -550,7 +550,11 @@ void Tensor::copy_from(const Tensor& src) const {
               internal::bf16_to_f32(reinterpret_cast<const uint16_t*>(p + b), d + b, n);
             else
               for (int64_t i = b; i < e; ++i) d[i] = internal::convert<D>(p[i]);
-          });
+          };
+          if (len >= 2 * kCopyGrain)
+            parallel_for(len, kCopyGrain, run);
+          else
+            run(0, len);  // short rows (narrowed views): no dispatch per row
           return;
         }
         for (int64_t i = 0; i < len; ++i) d[i * inner[0]] = internal::convert<D>(p[i * inner[1]]);

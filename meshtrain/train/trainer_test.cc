@@ -6,21 +6,18 @@
 #include <gtest/gtest.h>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/testing/parity.h"
 
 namespace meshtrain::train {
 namespace {
 
 using ::testing::HasSubstr;
 
-config::DistributedConfig on_mesh(std::vector<int> shape, std::vector<std::string> axes,
+// One simulated device per position of `mesh` ("data=2,tensor=2"), the
+// tensor/pipeline/context sizes it implies set (as --mesh does).
+config::DistributedConfig on_mesh(const std::string& mesh,
                                   config::MixedPrecision precision = config::MixedPrecision::no) {
-  config::DistributedConfig dc;
-  int n = 1;
-  for (int s : shape) n *= s;
-  dc.world_size = n;
-  dc.num_processes_per_node = n;
-  dc.mesh_shape = std::move(shape);
-  dc.mesh_axis_names = std::move(axes);
+  config::DistributedConfig dc = testing::threads_mesh_config(mesh);
   dc.mixed_precision = precision;
   return dc;
 }
@@ -35,26 +32,26 @@ std::string error_of(const TrainConfig& tc, const config::DistributedConfig& dc)
 }
 
 TEST(ResolveTraining, PlainDataParallelismStaysPlain) {
-  const auto r = resolve_training(TrainConfig{}, on_mesh({4}, {"data"}));
+  const auto r = resolve_training(TrainConfig{}, on_mesh("data=4"));
   EXPECT_EQ(r.config.fsdp.name, "");
   EXPECT_TRUE(r.notes.empty());
 }
 
 TEST(ResolveTraining, AnFsdpAxisDefaultsToFull) {
-  const auto r = resolve_training(TrainConfig{}, on_mesh({2, 2}, {"data", "fsdp"}));
+  const auto r = resolve_training(TrainConfig{}, on_mesh("data=2,fsdp=2"));
   EXPECT_EQ(r.config.fsdp.name, "full");
   ASSERT_EQ(r.notes.size(), 1u);
   EXPECT_THAT(r.notes[0], HasSubstr("fsdp=2"));
   TrainConfig given;
   given.set("fsdp", "zero1", "test");
-  EXPECT_EQ(resolve_training(given, on_mesh({2}, {"fsdp"})).config.fsdp.name, "zero1");  // an explicit choice stays
+  EXPECT_EQ(resolve_training(given, on_mesh("fsdp=2")).config.fsdp.name, "zero1");  // an explicit choice stays
 }
 
 TEST(ResolveTraining, MixedPrecisionWithoutFsdpIsNoShard) {
-  const auto r = resolve_training(TrainConfig{}, on_mesh({2}, {"data"}, config::MixedPrecision::bf16));
+  const auto r = resolve_training(TrainConfig{}, on_mesh("data=2", config::MixedPrecision::bf16));
   EXPECT_EQ(r.config.fsdp.name, "no_shard");
   EXPECT_THAT(r.notes.at(0), HasSubstr("f32 only"));
-  const auto h = resolve_training(TrainConfig{}, on_mesh({2}, {"data"}, config::MixedPrecision::fp16));
+  const auto h = resolve_training(TrainConfig{}, on_mesh("data=2", config::MixedPrecision::fp16));
   ASSERT_EQ(h.notes.size(), 2u);
   EXPECT_THAT(h.notes[1], HasSubstr("loss scaling"));
 }
@@ -62,34 +59,26 @@ TEST(ResolveTraining, MixedPrecisionWithoutFsdpIsNoShard) {
 TEST(ResolveTraining, ErrorsSayWhatToChange) {
   TrainConfig hybrid;
   hybrid.set("fsdp", "hybrid_full", "test");
-  EXPECT_THAT(error_of(hybrid, on_mesh({4}, {"data"})), HasSubstr("mesh data=4 lacks fsdp"));
-  EXPECT_THAT(error_of(hybrid, on_mesh({4}, {"fsdp"})), HasSubstr("--mesh data=2,fsdp=2"));
-  EXPECT_EQ(error_of(hybrid, on_mesh({2, 2}, {"data", "fsdp"})), "no error");
-  auto tensor = on_mesh({2, 2}, {"data", "tensor"});
-  tensor.tensor_parallel_size = 2;
+  EXPECT_THAT(error_of(hybrid, on_mesh("data=4")), HasSubstr("mesh data=4 lacks fsdp"));
+  EXPECT_THAT(error_of(hybrid, on_mesh("fsdp=4")), HasSubstr("--mesh data=2,fsdp=2"));
+  EXPECT_EQ(error_of(hybrid, on_mesh("data=2,fsdp=2")), "no error");
+  auto tensor = on_mesh("data=2,tensor=2");
   EXPECT_EQ(error_of(TrainConfig{}, tensor), "no error");  // data x tensor: the recipe decides if it can split
   TrainConfig full;
   full.set("fsdp", "full", "test");
-  auto fsdp_tensor = on_mesh({2, 2}, {"fsdp", "tensor"});
-  fsdp_tensor.tensor_parallel_size = 2;
+  auto fsdp_tensor = on_mesh("fsdp=2,tensor=2");
   EXPECT_EQ(error_of(full, fsdp_tensor), "no error");  // zero3 over the tensor-parallel blocks
-  auto pipeline = on_mesh({2, 2}, {"data", "pipeline"});
-  pipeline.pipeline_parallel_size = 2;
+  auto pipeline = on_mesh("data=2,pipeline=2");
   EXPECT_EQ(error_of(TrainConfig{}, pipeline), "no error");  // data x pipeline
   EXPECT_THAT(error_of(full, pipeline), HasSubstr("use --fsdp zero1 or zero2 with pipelines"));
-  auto context = on_mesh({2, 2}, {"data", "context"});
-  context.context_parallel_size = 2;
+  auto context = on_mesh("data=2,context=2");
   EXPECT_EQ(error_of(TrainConfig{}, context), "no error");  // data x context: the recipe decides if it can split
   TrainConfig sp;
   sp.set("sequence_parallel", "true", "test");
-  auto context_tensor = on_mesh({2, 2}, {"context", "tensor"});
-  context_tensor.context_parallel_size = 2;
-  context_tensor.tensor_parallel_size = 2;
+  auto context_tensor = on_mesh("context=2,tensor=2");
   EXPECT_EQ(error_of(TrainConfig{}, context_tensor), "no error");
   EXPECT_THAT(error_of(sp, context_tensor), HasSubstr("a context axis of 2 with --sequence-parallel"));
-  auto context_pipeline = on_mesh({2, 2}, {"pipeline", "context"});
-  context_pipeline.context_parallel_size = 2;
-  context_pipeline.pipeline_parallel_size = 2;
+  auto context_pipeline = on_mesh("pipeline=2,context=2");
   EXPECT_THAT(error_of(TrainConfig{}, context_pipeline), HasSubstr("a context axis of 2 with a pipeline axis of 2"));
   TrainConfig tree;
   tree.set("cp_comm", "tree", "test");
