@@ -23,11 +23,18 @@ using Clock = std::chrono::steady_clock;
 
 double bytes(const comm::Communicator& c, comm::CollectiveOp op) { return static_cast<double>(c.traffic(op).bytes); }
 
+struct Config {
+  std::string name;
+  bool qwz = false, qgz = false, hpz = false;
+  DType dtype = DType::f32;  // parameters and gradients
+  int grad_bits = 0;         // qgZ's code width; 0: the options' bits
+};
+
 // One configuration's measurements on rank 0 (ranks are alike).
-ZeroppBenchRow run_config(const ZeroppBenchOptions& o, const std::string& name, bool qwz, bool qgz,
-                          int64_t* sharded) {
+ZeroppBenchRow run_config(const ZeroppBenchOptions& o, const Config& cfg, int64_t* sharded) {
   const int k = o.nodes, l = o.ranks_per_node, n = k * l;
-  ZeroppBenchRow row{.config = name};
+  const int grad_bits = cfg.grad_bits != 0 ? cfg.grad_bits : o.bits;
+  ZeroppBenchRow row{.config = cfg.name};
   std::mutex mu;
   comm::launch({.engine = comm::Engine::threads, .ranks = n, .timeout = std::chrono::seconds(300)},
                [&](comm::Communicator& world) {
@@ -45,9 +52,12 @@ ZeroppBenchRow run_config(const ZeroppBenchOptions& o, const std::string& name, 
                  nn::MLP model(mc);
                  parallel::FullyShardedOptions fo;
                  fo.stage = parallel::ZeroStage::zero3;
-                 fo.quantize_weights = qwz;
-                 fo.quantize_gradients = qgz;
-                 fo.quant = {.bits = o.bits, .block = o.block};
+                 fo.param_dtype = cfg.dtype;
+                 fo.quantize_weights = cfg.qwz;
+                 fo.quantize_gradients = cfg.qgz;
+                 fo.hierarchical_partition = cfg.hpz;
+                 fo.weight_quant = {.bits = o.bits, .block = o.block};
+                 fo.grad_quant = {.bits = grad_bits, .block = o.block};
                  fo.node_local = &local;
                  fo.cross_node = k > 1 ? &cross : nullptr;
                  parallel::FullyShardedDataParallel fsdp(model, shard, nullptr, fo);
@@ -85,17 +95,21 @@ ZeroppBenchRow run_config(const ZeroppBenchOptions& o, const std::string& name, 
                                          bytes(cross, comm::CollectiveOp::all_to_all) * (k - 1)) /
                                         o.steps;
                  row.within_node_bytes = (flat * (l - 1) + ring * (l - 1) +
-                                          bytes(local, comm::CollectiveOp::all_to_all) * (l - 1)) /
+                                          (bytes(local, comm::CollectiveOp::all_to_all) +
+                                           bytes(local, comm::CollectiveOp::all_gather)) *
+                                              (l - 1)) /
                                          o.steps;
+                 row.secondary_bytes = static_cast<double>(fsdp.secondary_bytes());
                  std::sort(ms.begin(), ms.end());
                  row.step_ms = ms[ms.size() / 2];
                  *sharded = fsdp.sharded_elements();
                });
   // The paper's count for the sharded elements (replicated biases left out).
-  const double p = static_cast<double>(*sharded), f32 = 4.0 * p;
-  const double quant = p * o.bits / 8.0 + 4.0 * p / static_cast<double>(o.block);
+  const double p = static_cast<double>(*sharded), full = static_cast<double>(dtype_size(cfg.dtype)) * p;
+  const auto quant = [&](int bits) { return p * bits / 8.0 + 4.0 * p / static_cast<double>(o.block); };
   const double other = static_cast<double>(n - l) / n;
-  row.formula_cross_bytes = 2 * (qwz ? quant : f32) * other + (qgz ? quant * (k - 1) / n : f32 * other);
+  const double gather = (cfg.qwz ? quant(o.bits) : full) * other;
+  row.formula_cross_bytes = gather * (cfg.hpz ? 1 : 2) + (cfg.qgz ? quant(grad_bits) * (k - 1) / n : full * other);
   return row;
 }
 
@@ -107,9 +121,16 @@ ZeroppBenchResult run_zeropp_bench(const ZeroppBenchOptions& o) {
                           "pass positive sizes");
   BlockQuant{.bits = o.bits, .block = o.block}.check("bench zeropp");
   ZeroppBenchResult r;
-  for (auto [name, qwz, qgz] : {std::tuple{"ZeRO-3", false, false}, {"qwZ", true, false}, {"qgZ", false, true},
-                                {"qwZ+qgZ", true, true}})
-    r.rows.push_back(run_config(o, name, qwz, qgz, &r.sharded_elements));
+  std::vector<Config> configs = {{.name = "ZeRO-3"}, {.name = "ZeRO-3 bf16", .dtype = DType::bf16}};
+  for (int mask = 1; mask < 8; ++mask) {  // every combination of the three
+    Config c{.name = "", .qwz = (mask & 1) != 0, .qgz = (mask & 2) != 0, .hpz = (mask & 4) != 0};
+    for (auto [on, part] : {std::pair{c.qwz, "qwZ"}, {c.qgz, "qgZ"}, {c.hpz, "hpZ"}})
+      if (on) c.name += c.name.empty() ? part : std::string("+") + part;
+    configs.push_back(c);
+  }
+  if (o.bits == 8)  // the paper's setting: int8 weights, int4 gradients
+    configs.push_back({.name = "qwZ+qgZ int4+hpZ", .qwz = true, .qgz = true, .hpz = true, .grad_bits = 4});
+  for (const Config& c : configs) r.rows.push_back(run_config(o, c, &r.sharded_elements));
   return r;
 }
 
@@ -119,19 +140,22 @@ std::string format_zeropp_bench(const ZeroppBenchResult& r, const ZeroppBenchOpt
       "ZeRO-3 and ZeRO++ on {} node(s) x {} ranks (threads engine, simulated nodes), MLP 784 -> {} -> 10 ({} sharded "
       "elements), {} samples per rank, int{} codes per {} values, median of {} steps\n\n",
       o.nodes, o.ranks_per_node, fmt::join(o.hidden, " -> "), r.sharded_elements, o.batch, o.bits, o.block, o.steps);
-  s += "| config | cross-node MiB / rank / step | formula | ZeRO-3 / this | within-node MiB | step ms |\n";
-  s += "|---|---:|---:|---:|---:|---:|\n";
-  const double base = r.rows.empty() ? 1.0 : r.rows[0].cross_node_bytes;
+  s += "| config | cross-node MiB / rank / step | formula | f32 ZeRO-3 / this | bf16 ZeRO-3 / this | within-node "
+       "MiB | hpZ secondary MiB / rank | step ms |\n";
+  s += "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  const auto base = [&](size_t i) { return r.rows.size() > i ? r.rows[i].cross_node_bytes : 0.0; };
+  const auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
   for (const ZeroppBenchRow& row : r.rows)
-    s += fmt::format("| {} | {:.3f} | {:.3f} | {:.2f}x | {:.3f} | {:.1f} |\n", row.config,
-                     row.cross_node_bytes / mb, row.formula_cross_bytes / mb,
-                     row.cross_node_bytes > 0 ? base / row.cross_node_bytes : 0.0, row.within_node_bytes / mb,
+    s += fmt::format("| {} | {:.3f} | {:.3f} | {:.2f}x | {:.2f}x | {:.3f} | {:.3f} | {:.1f} |\n", row.config,
+                     row.cross_node_bytes / mb, row.formula_cross_bytes / mb, ratio(base(0), row.cross_node_bytes),
+                     ratio(base(1), row.cross_node_bytes), row.within_node_bytes / mb, row.secondary_bytes / mb,
                      row.step_ms);
   s += "\nBytes: what each rank receives per step at least, from the communicators' counters (the block each rank "
        "contributes per operation) and where its peers are; formula: ZeRO++'s count for the sharded elements "
-       "(2 gathers + 1 reduce-scatter per step; biases stay replicated). ZeRO-3 here moves f32 (the paper's "
-       "baseline is fp16, so its ratios are half these); without hpZ (not built) backward's gather still crosses "
-       "nodes. qgZ runs synchronously (the f32 reduce-scatters overlap backward), hence its step time.\n";
+       "(2 gathers + 1 reduce-scatter per step, hpZ: the backward gather within the node; biases stay "
+       "replicated). The paper's baseline is fp16 ZeRO-3 (the bf16 column). hpZ's secondary copy is f32 under "
+       "qwZ (the dequantized values the layers compute with). qgZ runs synchronously (the f32 reduce-scatters "
+       "overlap backward), hence its step time.\n";
   return s;
 }
 

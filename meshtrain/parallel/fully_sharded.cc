@@ -112,6 +112,8 @@ struct FullyShardedDataParallel::Unit {
   comm::Work gather;   // in flight when gathering
   bool gathering = false;
   std::vector<uint8_t> wire_mine, wire_all;  // qwZ: this shard's message, every rank's
+  bool from_secondary = false;  // hpZ: the gather in flight is node-local, from `secondary`
+  Tensor secondary;    // hpZ: this rank's node-local part of the last full gather (until after_step)
   std::vector<nn::Parameter*> shards;  // this rank's parts of the unit's parameters (shard_params_)
   Tensor work_value;   // param_dtype, or f32 when inspecting (padded): what p.value views, when not persistent
   Tensor work_grad;    // f32 (padded): what p.grad views during backward
@@ -191,8 +193,13 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
 
 void FullyShardedDataParallel::check_zeropp() const {
   const FullyShardedOptions& o = options_;
-  if (!o.quantize_weights && !o.quantize_gradients) return;
-  o.quant.check(kOp);
+  if (!o.quantize_weights && !o.quantize_gradients && !o.hierarchical_partition) return;
+  if (o.quantize_weights) o.weight_quant.check(kOp);
+  if (o.quantize_gradients) o.grad_quant.check(kOp);
+  if (o.hierarchical_partition && (o.stage != ZeroStage::zero3 || o.node_local == nullptr))
+    throw InvalidArgument(kOp, "hierarchical_partition (hpZ) without stage zero3 and a node_local communicator",
+                          "hpZ keeps a node-local copy of zero3's gathered parameters: use stage zero3 and pass "
+                          "node_local (and cross_node)");
   if (o.quantize_weights && (o.stage != ZeroStage::zero3 || o.param_dtype != DType::f32))
     throw InvalidArgument(kOp, "quantize_weights (qwZ) without stage zero3 and f32 parameters",
                           "qwZ quantizes zero3's parameter all-gathers: use stage zero3 with param_dtype f32");
@@ -215,10 +222,12 @@ void FullyShardedDataParallel::check_zeropp() const {
 }
 
 void FullyShardedDataParallel::check_structure(const std::vector<nn::Parameter*>& params) {
-  std::string desc = fmt::format("stage={};min={};p={};g={};qw={};qg={};q={}/{};", static_cast<int>(options_.stage),
-                                 options_.min_weight_size, dtype_name(options_.param_dtype), dtype_name(reduce_dtype_),
-                                 options_.quantize_weights, options_.quantize_gradients, options_.quant.bits,
-                                 options_.quant.block);
+  const FullyShardedOptions& o = options_;
+  std::string desc = fmt::format("stage={};min={};p={};g={};qw={};qg={};hp={};q={}/{},{}/{};",
+                                 static_cast<int>(o.stage), o.min_weight_size, dtype_name(o.param_dtype),
+                                 dtype_name(reduce_dtype_), o.quantize_weights, o.quantize_gradients,
+                                 o.hierarchical_partition, o.weight_quant.bits, o.weight_quant.block,
+                                 o.grad_quant.bits, o.grad_quant.block);
   for (const nn::Parameter* p : params) desc += p->name + shape_to_string(p->info.shape) + ";";
   const int64_t mine[2] = {static_cast<int64_t>(params.size()), static_cast<int64_t>(key_from_name(desc))};
   for (comm::Communicator* c : {shard_, replicate_}) {
@@ -412,11 +421,19 @@ bool FullyShardedDataParallel::grads_persistent() const {
 
 void FullyShardedDataParallel::start_gather(Unit& u) {
   if (options_.stage != ZeroStage::zero3 || u.gathering || u.materialized) return;
+  if (u.secondary.defined()) {  // hpZ: within the node, from the secondary copy
+    u.gathered = alloc(u.padded, u.secondary.dtype(), MemoryCategory::working);
+    u.gather = options_.node_local->all_gather_async(u.secondary.data_ptr(), u.gathered.data_ptr(),
+                                                     static_cast<size_t>(u.secondary.numel()), u.secondary.dtype());
+    u.gathering = true;
+    u.from_secondary = true;
+    return;
+  }
   if (options_.quantize_weights) {  // qwZ: codes and scales on the wire
-    const size_t m = quantized_message_bytes(u.shard, options_.quant);
+    const size_t m = quantized_message_bytes(u.shard, options_.weight_quant);
     u.wire_mine.resize(m);
     u.wire_all.resize(m * static_cast<size_t>(d_));
-    quantize_message(u.shard_param.data<float>(), u.shard, options_.quant, u.wire_mine.data());
+    quantize_message(u.shard_param.data<float>(), u.shard, options_.weight_quant, u.wire_mine.data());
     u.gather = shard_->all_gather_async(u.wire_mine.data(), u.wire_all.data(), m, DType::u8);
     u.gathering = true;
     return;
@@ -445,15 +462,16 @@ void FullyShardedDataParallel::materialize(Unit& u) {
     start_gather(u);
     u.gather.wait();  // idempotent: may have been waited for by finish()
     u.gathering = false;
-    if (options_.quantize_weights) {
+    if (options_.quantize_weights && !u.from_secondary) {
       u.gathered = alloc(u.padded, DType::f32, MemoryCategory::working);
-      const size_t m = quantized_message_bytes(u.shard, options_.quant);
+      const size_t m = quantized_message_bytes(u.shard, options_.weight_quant);
       for (int r = 0; r < d_; ++r)
-        dequantize_message(u.wire_all.data() + m * static_cast<size_t>(r), u.shard, options_.quant,
+        dequantize_message(u.wire_all.data() + m * static_cast<size_t>(r), u.shard, options_.weight_quant,
                            u.gathered.data<float>() + u.shard * r);
       std::vector<uint8_t>().swap(u.wire_mine);
       std::vector<uint8_t>().swap(u.wire_all);
     }
+    u.from_secondary = false;
     src = std::move(u.gathered);
     u.gathered = Tensor();
   } else {
@@ -466,6 +484,33 @@ void FullyShardedDataParallel::materialize(Unit& u) {
   gathers_ += u.padded;
   set_value_views(u, u.work_value);
   u.materialized = true;
+}
+
+int64_t FullyShardedDataParallel::secondary_numel(const Unit& u) const {
+  return u.padded / options_.node_local->size();  // Np = ceil(N / KL) KL divides by L
+}
+
+void FullyShardedDataParallel::keep_secondary(Unit& u) {
+  if (!options_.hierarchical_partition || u.secondary.defined() || !u.materialized || u.inspecting) return;
+  const int64_t part = secondary_numel(u);
+  u.secondary = alloc(part, u.work_value.dtype(), MemoryCategory::parameters);
+  u.secondary.copy_from(u.work_value.narrow(0, part * options_.node_local->rank(), part));
+}
+
+int64_t FullyShardedDataParallel::secondary_bytes() const {
+  if (!options_.hierarchical_partition) return 0;
+  const DType t = options_.quantize_weights ? DType::f32 : options_.param_dtype;
+  int64_t n = 0;
+  for (const auto& u : units_)
+    if (!u->params.empty()) n += secondary_numel(*u);
+  return n * static_cast<int64_t>(dtype_size(t));
+}
+
+int64_t FullyShardedDataParallel::secondary_bytes_held() const {
+  int64_t n = 0;
+  for (const auto& u : units_)
+    if (u->secondary.defined()) n += u->secondary.numel() * static_cast<int64_t>(dtype_size(u->secondary.dtype()));
+  return n;
 }
 
 void FullyShardedDataParallel::release_values(Unit& u) {
@@ -516,6 +561,7 @@ void FullyShardedDataParallel::after_use(nn::Module& owner, nn::Pass pass) {
   Unit* u = unit_of(owner);
   if (!u) return;
   if (pass == nn::Pass::forward) {
+    keep_secondary(*u);
     if (options_.reshard_after_forward) release_values(*u);
     return;
   }
@@ -547,7 +593,7 @@ void FullyShardedDataParallel::reduce_unit(Unit& u) {
   if (options_.quantize_gradients) {  // qgZ, in f32 around quantized all-to-alls
     Tensor mine = alloc(u.shard, DType::f32, MemoryCategory::working);
     quantized_reduce_scatter(options_.node_local != nullptr ? *options_.node_local : *shard_, options_.cross_node,
-                             buf.data<float>(), mine.data<float>(), static_cast<size_t>(u.shard), options_.quant);
+                             buf.data<float>(), mine.data<float>(), static_cast<size_t>(u.shard), options_.grad_quant);
     if (u.has_grad)
       accumulate(mine, u.shard_grad);
     else
@@ -711,6 +757,7 @@ std::pair<double, double> FullyShardedDataParallel::grad_sq_split(
 
 void FullyShardedDataParallel::after_step() {
   reshard();
+  for (auto& u : units_) u->secondary = Tensor();  // hpZ: the parameters changed
   std::vector<comm::Work> works;
   for (auto& u : units_) {
     if (u->params.empty()) continue;
@@ -749,6 +796,7 @@ void FullyShardedDataParallel::reshard() {
     if (u->gathering) {
       u->gather.wait();
       u->gathering = false;
+      u->from_secondary = false;
       u->gathered = Tensor();
       std::vector<uint8_t>().swap(u->wire_mine);
       std::vector<uint8_t>().swap(u->wire_all);

@@ -178,18 +178,29 @@ struct FullyShardedOptions {
   std::vector<nn::Module*> unit_modules = {};
   MemoryTracker* tracker = nullptr;  // must outlive the wrapper; may be null
   // ZeRO++ (parallel/zeropp.h, docs/zeropp.md). quantize_weights (qwZ):
-  // stage 3's all-gathers send each shard block-quantized (`quant`) and
-  // dequantize on arrival, so forward and backward compute with the
+  // stage 3's all-gathers send each shard block-quantized (`weight_quant`)
+  // and dequantize on arrival, so forward and backward compute with the
   // quantized weights; the f32 masters stay exact (stage 3, param_dtype
   // f32). quantize_gradients (qgZ): stage 2/3's reduce-scatters run
-  // quantized_reduce_scatter over node_local x cross_node (reduce_dtype
-  // f32), synchronously. node_local / cross_node: the shard communicator's
-  // ranks split node-major (shard rank = node * node_local.size() +
-  // node_local.rank(), node = cross_node.rank()); null node_local: one node
-  // (the shard communicator). InvalidArgument for any other combination.
+  // quantized_reduce_scatter (`grad_quant`) over node_local x cross_node
+  // (reduce_dtype f32), synchronously. hierarchical_partition (hpZ, stage
+  // 3, node_local required): the first gather of a unit after a step
+  // crosses nodes as usual and leaves a secondary copy of the gathered
+  // values (as computed with: qwZ's dequantized f32, else param_dtype)
+  // sharded over node_local only, Np / L elements per rank; every later
+  // gather of the unit until after_step() (backward's, recomputation's,
+  // the next micro-batches') is an all-gather of those within the node.
+  // The values are the same as a full gather's, bit for bit; the cost is
+  // secondary_bytes() per rank, charged as parameters.
+  // node_local / cross_node: the shard communicator's ranks split
+  // node-major (shard rank = node * node_local.size() + node_local.rank(),
+  // node = cross_node.rank()); null node_local: one node (the shard
+  // communicator). InvalidArgument for any other combination.
   bool quantize_weights = false;
   bool quantize_gradients = false;
-  BlockQuant quant = {.bits = 8, .block = 256};
+  bool hierarchical_partition = false;
+  BlockQuant weight_quant = {.bits = 8, .block = 256};
+  BlockQuant grad_quant = {.bits = 8, .block = 256};
   comm::Communicator* node_local = nullptr;
   comm::Communicator* cross_node = nullptr;
 };
@@ -294,6 +305,11 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   // Elements materialized so far (Np per unit use: all-gathered for zero3,
   // viewed in the persistent param_dtype copy otherwise).
   int64_t gathered_elements() const { return gathers_; }
+  // hpZ: bytes of the secondary copies this rank holds between a unit's
+  // first gather after a step and the next after_step() (all units), and
+  // how many it holds now.
+  int64_t secondary_bytes() const;
+  int64_t secondary_bytes_held() const;
 
  private:
   struct Unit;
@@ -315,6 +331,8 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   void start_gather(Unit& u);
   void materialize(Unit& u);
   void release_values(Unit& u);
+  void keep_secondary(Unit& u);  // hpZ: this rank's node-local part of the gathered values
+  int64_t secondary_numel(const Unit& u) const;
   void reduce_unit(Unit& u);
   void launch_full_reduction(Unit& u);
   void make_room();  // waits for the oldest reductions beyond the rate limit

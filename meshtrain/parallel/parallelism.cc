@@ -5,6 +5,7 @@
 #include "meshtrain/parallel/parallelism.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -61,12 +62,17 @@ std::vector<ParamShard> DataParallel::parameter_shards() const {
 
 std::string FullyShardedDataParallel::describe() const {
   const int ranks = shard_->size() * (replicate_ != nullptr ? replicate_->size() : 1);
+  const FullyShardedOptions& o = options_;
   std::string zeropp;
-  if (options_.quantize_weights || options_.quantize_gradients)
-    zeropp = fmt::format(", ZeRO++ {}{}{} int{} per {} values over {} node(s)", options_.quantize_weights ? "qwZ" : "",
-                         options_.quantize_weights && options_.quantize_gradients ? "+" : "",
-                         options_.quantize_gradients ? "qgZ" : "", options_.quant.bits, options_.quant.block,
-                         options_.cross_node != nullptr ? options_.cross_node->size() : 1);
+  std::vector<std::string> parts;
+  if (o.quantize_weights)
+    parts.push_back(fmt::format("qwZ int{} per {}", o.weight_quant.bits, o.weight_quant.block));
+  if (o.quantize_gradients) parts.push_back(fmt::format("qgZ int{} per {}", o.grad_quant.bits, o.grad_quant.block));
+  if (o.hierarchical_partition)
+    parts.push_back(fmt::format("hpZ {} secondary", format_bytes(static_cast<uint64_t>(secondary_bytes()))));
+  if (!parts.empty())
+    zeropp = fmt::format(", ZeRO++ {} over {} node(s)", fmt::join(parts, " + "),
+                         o.cross_node != nullptr ? o.cross_node->size() : 1);
   return fmt::format("data parallel {}, fsdp {} ({} sharded + {} replicated elements, {} units){}", ranks,
                      FsdpMode{options_.stage, replicate_ != nullptr}.name(), sharded_elements_,
                      replicated_elements_, unit_info_.size(), zeropp);

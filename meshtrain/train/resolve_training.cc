@@ -49,11 +49,14 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
     auto fail = [&](const std::string& what, const std::string& hint) {
       throw Unsupported("--zeropp " + parts, what, hint);
     };
-    if (parts.find("hpz") != std::string::npos)
-      fail("hpZ (the node-local secondary parameter shard) is not built yet", "use --zeropp qwz,qgz");
     if (!c.fsdp.enabled() || c.fsdp.mode->hybrid || c.fsdp.mode->stage < parallel::ZeroStage::zero2)
       fail(fmt::format("fsdp '{}'", c.fsdp.enabled() ? c.fsdp.name : "none"),
            "ZeRO++ quantizes zero2/zero3's collectives: use --fsdp zero3 (or zero2 with qgz)");
+    if (parts.find("hpz") != std::string::npos && c.fsdp.mode->stage != parallel::ZeroStage::zero3)
+      fail(fmt::format("hpz with fsdp '{}'", c.fsdp.name), "hpZ shards zero3's gathered parameters: use --fsdp zero3");
+    if (parts.find("hpz") != std::string::npos && axis_size(mesh, "node") == 0)
+      fail(fmt::format("hpz on mesh {} without a node axis", mesh.to_spec()),
+           "hpZ keeps a copy of the parameters sharded within each node: use --mesh node=K,fsdp=L");
     if (parts.find("qwz") != std::string::npos &&
         (c.fsdp.mode->stage != parallel::ZeroStage::zero3 || dc.mixed_precision != config::MixedPrecision::no))
       fail("qwz needs zero3 with fp32 parameters", "use --fsdp zero3 without --precision, or drop qwz");

@@ -209,10 +209,13 @@ const TrainField kFields[] = {
     {"fsdp_min_weight_size", "--fsdp-min-weight-size", "parameters with fewer elements stay replicated in f32 (>= 0)",
      MT_INT(fsdp_min_weight_size, 0, kInt64Max)},
     {"zeropp", "--zeropp",
-     "fsdp zero2/zero3 with ZeRO++: comma list of qwz (quantized weight all-gathers), qgz (hierarchical quantized "
-     "gradient reduce-scatter over the mesh's node x fsdp axes); \"\" = off",
+     "fsdp zero2/zero3 with ZeRO++ over the mesh's node x fsdp axes: comma list of qwz (quantized weight "
+     "all-gathers), qgz (hierarchical quantized gradient reduce-scatter), hpz (node-local secondary parameter "
+     "shards: backward's gathers stay within the node); \"\" = off",
      MT_STR(zeropp)},
     {"zeropp_bits", "--zeropp-bits", "ZeRO++ code width: 8 or 4", MT_INT(zeropp_bits, 4, 8)},
+    {"zeropp_grad_bits", "--zeropp-grad-bits", "qgz's code width when not --zeropp-bits: 8 or 4 (0 = the same)",
+     MT_INT(zeropp_grad_bits, 0, 8)},
     {"zeropp_block", "--zeropp-block", "ZeRO++ values per f32 scale (even for 4 bits), 2 to 65536",
      MT_INT(zeropp_block, 2, 65536)},
     {"forward_prefetch", "--forward-prefetch", "fsdp: start the next unit's all-gather during forward",
@@ -358,10 +361,12 @@ void TrainConfig::validate() const {
   if (!zeropp.empty())
     for (std::string_view part : split(zeropp))
       require(part == "qwz" || part == "qgz" || part == "hpz",
-              fmt::format("zeropp '{}': unknown part '{}'", zeropp, part), "list qwz and/or qgz, e.g. --zeropp qwz,qgz");
+              fmt::format("zeropp '{}': unknown part '{}'", zeropp, part), "list qwz, qgz and/or hpz, e.g. --zeropp qwz,qgz,hpz");
   require(zeropp_bits == 8 || zeropp_bits == 4, fmt::format("zeropp_bits {}", zeropp_bits), "use 8 or 4");
-  require(zeropp_bits == 8 || zeropp_block % 2 == 0, fmt::format("zeropp_block {} with 4 bits", zeropp_block),
-          "4-bit codes pack two per byte: use an even block");
+  require(zeropp_grad_bits == 0 || zeropp_grad_bits == 8 || zeropp_grad_bits == 4,
+          fmt::format("zeropp_grad_bits {}", zeropp_grad_bits), "use 8 or 4 (or 0: zeropp_bits)");
+  require((zeropp_bits == 8 && zeropp_grad_bits != 4) || zeropp_block % 2 == 0,
+          fmt::format("zeropp_block {} with 4 bits", zeropp_block), "4-bit codes pack two per byte: use an even block");
   require(virtual_stages >= 1 && (virtual_stages == 1 || pipeline_schedule == "interleaved"),
           fmt::format("virtual_stages {} with pipeline_schedule '{}'", virtual_stages, pipeline_schedule),
           "more than one model chunk per rank needs pipeline_schedule = \"interleaved\"");

@@ -118,11 +118,13 @@ struct TrainConfig {
   std::optional<DType> reduce_precision;
   // ZeRO++ under fsdp zero2/zero3 (parallel/zeropp.h): a comma list of qwz
   // (quantized weight all-gathers, zero3), qgz (hierarchical quantized
-  // gradient reduce-scatter) and hpz (not built yet: refused); "" = off.
-  // Nodes are the mesh's `node` axis (node=K,fsdp=L). Codes of
-  // zeropp_bits (8 or 4) with an f32 scale per zeropp_block values.
+  // gradient reduce-scatter) and hpz (node-local secondary parameter
+  // shards, zero3); "" = off. Nodes are the mesh's `node` axis
+  // (node=K,fsdp=L). Codes of zeropp_bits (8 or 4; qgz's
+  // zeropp_grad_bits when not 0) with an f32 scale per zeropp_block values.
   std::string zeropp;
   int zeropp_bits = 8;
+  int zeropp_grad_bits = 0;
   int zeropp_block = 256;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   // "" = the next free runs/<model>/version_<N> (a new one per run). A

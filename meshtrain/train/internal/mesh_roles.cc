@@ -73,7 +73,8 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
     comm::Communicator* replicate = mode.hybrid ? &mesh.comm("data") : nullptr;
     // ZeRO++ (resolve_training checked the mesh: node x fsdp is the shard group).
     const bool nodes = std::find(mesh.axis_names().begin(), mesh.axis_names().end(), "node") != mesh.axis_names().end();
-    const bool qwz = tc.zeropp.find("qwz") != std::string::npos, qgz = tc.zeropp.find("qgz") != std::string::npos;
+    const bool qwz = tc.zeropp.find("qwz") != std::string::npos, qgz = tc.zeropp.find("qgz") != std::string::npos,
+               hpz = tc.zeropp.find("hpz") != std::string::npos;
     return std::make_unique<parallel::FullyShardedDataParallel>(
         model, shard, replicate,
         parallel::FullyShardedOptions{.stage = mode.stage,
@@ -88,7 +89,11 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                       .tracker = memory,
                                       .quantize_weights = qwz,
                                       .quantize_gradients = qgz,
-                                      .quant = {.bits = tc.zeropp_bits, .block = tc.zeropp_block},
+                                      .hierarchical_partition = hpz,
+                                      .weight_quant = {.bits = tc.zeropp_bits, .block = tc.zeropp_block},
+                                      .grad_quant = {.bits = tc.zeropp_grad_bits != 0 ? tc.zeropp_grad_bits
+                                                                                      : tc.zeropp_bits,
+                                                     .block = tc.zeropp_block},
                                       .node_local = nodes ? &mesh.comm("fsdp") : nullptr,
                                       .cross_node = nodes ? &mesh.comm("node") : nullptr});
   }
