@@ -11,8 +11,8 @@
 // Per block b (elements [b block, min(n, (b + 1) block))): scale s =
 // max |x| / qmax (qmax = 127 for int8, 7 for int4), code = round-to-nearest
 // (ties to even) of x / s in [-qmax, qmax], dequantized value code * s. So
-// |x - dequant| <= s / 2 up to f32 rounding of the division and product
-// (a few ulp of s; core/quantize_test.cc checks s / 2 (1 + 2^-20)). A block
+// |x - dequant| <= s / 2 up to f32 rounding of 1 / s, x / s and code * s:
+// at most 3 qmax 2^-24 s more (core/quantize_test.cc checks it). A block
 // of zeros has s = 0 and codes 0; a block holding inf or NaN has a NaN
 // scale, so every value of it dequantizes to NaN (a gradient check still
 // sees the overflow). Codes: int8 one byte per element (two's complement);

@@ -124,8 +124,10 @@ struct FullyShardedDataParallel::Unit {
 
 struct FullyShardedDataParallel::Reduction {
   Unit* unit = nullptr;
-  Tensor buffer;       // stage 2-3: the padded gradient being reduce-scattered in place
+  Tensor buffer;       // stage 2-3: the padded gradient being reduce-scattered in place (qgZ: the shard's result)
   comm::Work work;
+  std::unique_ptr<QuantizedReduceScatter> qgz;  // qgZ: the two all-to-alls, instead of `work`
+  bool done() { return qgz ? qgz->test() : work.is_completed(); }
 };
 
 // Elements [from, from + count) of the unit's flat initial vector (zero
@@ -187,7 +189,10 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, comm::Comm
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   model_->remove_hook(this);
   model_->set_compute_dtype(DType::f32);
-  for (auto& r : in_flight_) r->work = comm::Work();  // drains; errors were or will not be seen
+  for (auto& r : in_flight_) {  // drains; errors were or will not be seen
+    r->work = comm::Work();
+    r->qgz.reset();
+  }
   for (auto& u : units_) u->gather = comm::Work();
 }
 
@@ -591,14 +596,14 @@ void FullyShardedDataParallel::reduce_unit(Unit& u) {
   u.work_grad = Tensor();
   for (nn::Parameter* p : u.params) p->grad = Tensor();
   if (options_.quantize_gradients) {  // qgZ, in f32 around quantized all-to-alls
-    Tensor mine = alloc(u.shard, DType::f32, MemoryCategory::working);
-    quantized_reduce_scatter(options_.node_local != nullptr ? *options_.node_local : *shard_, options_.cross_node,
-                             buf.data<float>(), mine.data<float>(), static_cast<size_t>(u.shard), options_.grad_quant);
-    if (u.has_grad)
-      accumulate(mine, u.shard_grad);
-    else
-      u.shard_grad.copy_from(mine);
-    u.has_grad = true;
+    make_room();
+    auto r = std::make_unique<Reduction>();
+    r->unit = &u;
+    r->buffer = alloc(u.shard, DType::f32, MemoryCategory::working);
+    r->qgz = std::make_unique<QuantizedReduceScatter>(
+        options_.node_local != nullptr ? *options_.node_local : *shard_, options_.cross_node, buf.data<float>(),
+        r->buffer.data<float>(), static_cast<size_t>(u.shard), options_.grad_quant);
+    in_flight_.push_back(std::move(r));  // buf is quantized already: freed here
     return;
   }
   if (reduce_dtype_ != DType::f32) {
@@ -642,10 +647,13 @@ void FullyShardedDataParallel::make_room() {
 }
 
 void FullyShardedDataParallel::complete(Reduction& r) {
-  r.work.wait();
+  if (r.qgz)
+    r.qgz->wait();
+  else
+    r.work.wait();
   if (!r.buffer.defined()) return;  // a full reduction: the result is in place
   Unit& u = *r.unit;
-  const Tensor mine = r.buffer.narrow(0, u.lo, u.shard);
+  const Tensor mine = r.qgz ? r.buffer : r.buffer.narrow(0, u.lo, u.shard);
   if (u.has_grad)
     accumulate(mine, u.shard_grad);
   else
@@ -656,7 +664,9 @@ void FullyShardedDataParallel::complete(Reduction& r) {
 
 void FullyShardedDataParallel::poll() {
   size_t done = 0;
-  while (done < in_flight_.size() && in_flight_[done]->work.is_completed()) complete(*in_flight_[done++]);
+  // Oldest first, stopping at the first not done: qgZ's second all-to-alls
+  // start in issue order on every rank.
+  while (done < in_flight_.size() && in_flight_[done]->done()) complete(*in_flight_[done++]);
   in_flight_.erase(in_flight_.begin(), in_flight_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 

@@ -183,7 +183,8 @@ struct FullyShardedOptions {
   // quantized weights; the f32 masters stay exact (stage 3, param_dtype
   // f32). quantize_gradients (qgZ): stage 2/3's reduce-scatters run
   // quantized_reduce_scatter (`grad_quant`) over node_local x cross_node
-  // (reduce_dtype f32), synchronously. hierarchical_partition (hpZ, stage
+  // (reduce_dtype f32), asynchronously like the f32 ones (and under the
+  // same max_reductions_in_flight). hierarchical_partition (hpZ, stage
   // 3, node_local required): the first gather of a unit after a step
   // crosses nodes as usual and leaves a secondary copy of the gathered
   // values (as computed with: qwZ's dequantized f32, else param_dtype)

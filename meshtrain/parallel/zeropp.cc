@@ -43,35 +43,95 @@ void quantized_all_gather(comm::Communicator& c, const float* send, float* recv,
 
 void quantized_reduce_scatter(comm::Communicator& intra, comm::Communicator* inter, const float* send, float* recv,
                               size_t count, const BlockQuant& q) {
+  QuantizedReduceScatter(intra, inter, send, recv, count, q).wait();
+}
+
+QuantizedReduceScatter::QuantizedReduceScatter(comm::Communicator& intra, comm::Communicator* inter, const float* send,
+                                               float* recv, size_t count, const BlockQuant& q)
+    : intra_(&intra), inter_(inter != nullptr && inter->size() > 1 ? inter : nullptr), recv_(recv), count_(count),
+      q_(q) {
   q.check("quantized_reduce_scatter");
-  if (count == 0) return;
-  const int l_ranks = intra.size(), k_ranks = inter != nullptr ? inter->size() : 1;
-  const auto n = static_cast<int64_t>(count);
+  if (count == 0) {
+    stage_ = Stage::done;
+    return;
+  }
+  const int l_ranks = intra.size(), k_ranks = inter_ != nullptr ? inter_->size() : 1;
   // 1. Within the node: for local index l the chunks {k L + l}, k in order.
-  const int64_t group = n * k_ranks;
+  const auto group = static_cast<int64_t>(count) * k_ranks;
   const size_t m1 = quantized_message_bytes(group, q);
-  std::vector<uint8_t> out1(m1 * static_cast<size_t>(l_ranks)), in1(out1.size());
+  out1_.resize(m1 * static_cast<size_t>(l_ranks));
+  in1_.resize(out1_.size());
   std::vector<float> gathered(static_cast<size_t>(group));
   for (int l = 0; l < l_ranks; ++l) {
     for (int k = 0; k < k_ranks; ++k)
       std::memcpy(gathered.data() + static_cast<size_t>(k) * count,
                   send + static_cast<size_t>(k * l_ranks + l) * count, count * sizeof(float));
-    quantize_message(gathered.data(), group, q, out1.data() + m1 * static_cast<size_t>(l));
+    quantize_message(gathered.data(), group, q, out1_.data() + m1 * static_cast<size_t>(l));
   }
-  intra.all_to_all(out1.data(), in1.data(), m1, DType::u8);
-  std::vector<float> node_sum(static_cast<size_t>(group), 0.0f);
-  for (int s = 0; s < l_ranks; ++s) dequantize_message(in1.data() + m1 * static_cast<size_t>(s), group, q, node_sum.data(), true);
-  if (inter == nullptr || k_ranks == 1) {
-    std::memcpy(recv, node_sum.data(), count * sizeof(float));
+  work_ = intra.all_to_all_async(out1_.data(), in1_.data(), m1, DType::u8);
+}
+
+QuantizedReduceScatter::~QuantizedReduceScatter() { work_ = comm::Work(); }  // drains before the buffers go
+
+void QuantizedReduceScatter::after_node_step() {
+  const int l_ranks = intra_->size(), k_ranks = inter_ != nullptr ? inter_->size() : 1;
+  const auto group = static_cast<int64_t>(count_) * k_ranks;
+  const size_t m1 = quantized_message_bytes(group, q_);
+  node_sum_.assign(static_cast<size_t>(group), 0.0f);
+  for (int s = 0; s < l_ranks; ++s)
+    dequantize_message(in1_.data() + m1 * static_cast<size_t>(s), group, q_, node_sum_.data(), true);
+  std::vector<uint8_t>().swap(out1_);
+  std::vector<uint8_t>().swap(in1_);
+  if (inter_ == nullptr) {
+    std::memcpy(recv_, node_sum_.data(), count_ * sizeof(float));
+    std::vector<float>().swap(node_sum_);
+    stage_ = Stage::done;
     return;
   }
   // 2. Across nodes: node k receives chunk k of every node's sum.
-  const size_t m2 = quantized_message_bytes(n, q);
-  std::vector<uint8_t> out2(m2 * static_cast<size_t>(k_ranks)), in2(out2.size());
-  for (int k = 0; k < k_ranks; ++k) quantize_message(node_sum.data() + static_cast<size_t>(k) * count, n, q, out2.data() + m2 * static_cast<size_t>(k));
-  inter->all_to_all(out2.data(), in2.data(), m2, DType::u8);
-  std::memset(recv, 0, count * sizeof(float));
-  for (int k = 0; k < k_ranks; ++k) dequantize_message(in2.data() + m2 * static_cast<size_t>(k), n, q, recv, true);
+  const auto n = static_cast<int64_t>(count_);
+  const size_t m2 = quantized_message_bytes(n, q_);
+  out2_.resize(m2 * static_cast<size_t>(k_ranks));
+  in2_.resize(out2_.size());
+  for (int k = 0; k < k_ranks; ++k)
+    quantize_message(node_sum_.data() + static_cast<size_t>(k) * count_, n, q_,
+                     out2_.data() + m2 * static_cast<size_t>(k));
+  std::vector<float>().swap(node_sum_);
+  work_ = inter_->all_to_all_async(out2_.data(), in2_.data(), m2, DType::u8);
+  stage_ = Stage::across_nodes;
+}
+
+void QuantizedReduceScatter::after_cross_step() {
+  const int k_ranks = inter_->size();
+  const size_t m2 = quantized_message_bytes(static_cast<int64_t>(count_), q_);
+  std::memset(recv_, 0, count_ * sizeof(float));
+  for (int k = 0; k < k_ranks; ++k)
+    dequantize_message(in2_.data() + m2 * static_cast<size_t>(k), static_cast<int64_t>(count_), q_, recv_, true);
+  std::vector<uint8_t>().swap(out2_);
+  std::vector<uint8_t>().swap(in2_);
+  stage_ = Stage::done;
+}
+
+bool QuantizedReduceScatter::test() {
+  while (stage_ != Stage::done) {
+    if (!work_.is_completed()) return false;
+    work_.wait();  // rethrows the operation's error
+    if (stage_ == Stage::within_node)
+      after_node_step();
+    else
+      after_cross_step();
+  }
+  return true;
+}
+
+void QuantizedReduceScatter::wait() {
+  while (stage_ != Stage::done) {
+    work_.wait();
+    if (stage_ == Stage::within_node)
+      after_node_step();
+    else
+      after_cross_step();
+  }
 }
 
 }  // namespace meshtrain::parallel

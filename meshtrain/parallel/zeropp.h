@@ -9,7 +9,8 @@
 // quantized_all_gather (qwZ): every rank's `count` values quantized, the
 // codes and scales all-gathered, each rank's part dequantized into recv
 // (size() * count values, rank r's at r * count). Each value is within
-// scale / 2 of the sender's (its block's scale).
+// scale / 2 of the sender's (its block's scale; up to f32 rounding, see
+// core/quantize.h).
 //
 // quantized_reduce_scatter (qgZ's hierarchical all-to-all): ranks are
 // numbered node-major, world rank = node * L + local, where `intra` holds
@@ -38,6 +39,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/quantize.h"
@@ -54,5 +56,40 @@ void quantized_all_gather(comm::Communicator& c, const float* send, float* recv,
 
 void quantized_reduce_scatter(comm::Communicator& intra, comm::Communicator* inter, const float* send, float* recv,
                               size_t count, const BlockQuant& q);
+
+// The same reduce-scatter, asynchronous: the constructor quantizes `send`
+// (which may be freed once it returns) and starts step 1's all-to-all;
+// test() (never blocks) and wait() do the local work between the steps as
+// each all-to-all arrives, starting step 2's, and finally write recv (which
+// must stay valid until then). Several may be in flight; advance them in
+// the order they were started on every rank (step 2 runs on `inter` in that
+// order), e.g. test the oldest first and stop at the first not done. The
+// destructor waits for the all-to-all in flight (not for later steps).
+class QuantizedReduceScatter {
+ public:
+  QuantizedReduceScatter(comm::Communicator& intra, comm::Communicator* inter, const float* send, float* recv,
+                         size_t count, const BlockQuant& q);
+  ~QuantizedReduceScatter();
+  QuantizedReduceScatter(const QuantizedReduceScatter&) = delete;
+  QuantizedReduceScatter& operator=(const QuantizedReduceScatter&) = delete;
+  // True once recv holds the result; rethrows a step's error.
+  bool test();
+  void wait();
+
+ private:
+  enum class Stage : uint8_t { within_node, across_nodes, done };
+  void after_node_step();   // sums the node's messages, starts step 2 (or finishes)
+  void after_cross_step();  // sums the nodes' messages into recv
+
+  comm::Communicator* intra_;
+  comm::Communicator* inter_;  // null: one node
+  float* recv_;
+  size_t count_;
+  BlockQuant q_;
+  Stage stage_ = Stage::within_node;
+  std::vector<uint8_t> out1_, in1_, out2_, in2_;
+  std::vector<float> node_sum_;
+  comm::Work work_;
+};
 
 }  // namespace meshtrain::parallel
