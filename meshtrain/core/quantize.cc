@@ -103,12 +103,18 @@ template <bool kAccumulate>
   }
 }
 
-// Blocks [b0, b1), the helpers above inlined. Built for AVX2 too (chosen at load time by the CPU,
-// GCC's target_clones): baseline x86-64 lacks the packing and conversion
-// instructions these loops want; the results are the same either way.
-__attribute__((target_clones("avx2", "default"))) void quantize_range(const float* x, int64_t n,
-                                                                    const BlockQuant& q, uint8_t* codes,
-                                                                    float* scales, int64_t b0, int64_t b1) {
+// Blocks [b0, b1), the helpers above inlined. Built for AVX2 too (chosen
+// at load time by the CPU, GCC's target_clones): baseline x86-64 lacks the
+// packing and conversion instructions these loops want; the results are
+// the same either way. Not under ThreadSanitizer, whose run-time is not yet
+// set up when the loader calls the clones' resolver (the program crashes).
+#if defined(__SANITIZE_THREAD__)
+#define MESHTRAIN_CLONES
+#else
+#define MESHTRAIN_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+MESHTRAIN_CLONES void quantize_range(const float* x, int64_t n, const BlockQuant& q, uint8_t* codes, float* scales,
+                                     int64_t b0, int64_t b1) {
   const int qmax = q.qmax();
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t lo = b * q.block, len = std::min(n, lo + q.block) - lo;
@@ -129,9 +135,8 @@ __attribute__((target_clones("avx2", "default"))) void quantize_range(const floa
   }
 }
 
-__attribute__((target_clones("avx2", "default"))) void dequantize_range(const uint8_t* codes, const float* scales,
-                                                                        int64_t n, const BlockQuant& q, float* out,
-                                                                        bool accumulate, int64_t b0, int64_t b1) {
+MESHTRAIN_CLONES void dequantize_range(const uint8_t* codes, const float* scales, int64_t n, const BlockQuant& q,
+                                       float* out, bool accumulate, int64_t b0, int64_t b1) {
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t lo = b * q.block, len = std::min(n, lo + q.block) - lo;
     const float s = scales[b];
