@@ -68,8 +68,22 @@ void require_trainable_mesh(const config::DistributedConfig& dc, std::string_vie
   }
 }
 
+// --resume RUN without --config: the run's own config.toml (an interrupted
+// run's staging directory first), so only what changes needs a flag.
+std::string resumed_config(const TrainFlags& f) {
+  if (!f.config.empty() || f.app->get_option("--resume")->count() == 0) return f.config;
+  const std::string run = f.values.at("resume");
+  for (const std::string& dir : {run + ".incomplete", run}) {
+    const std::string path = (std::filesystem::path(dir) / "config.toml").string();
+    if (std::filesystem::exists(path)) return path;
+  }
+  throw InvalidArgument("--resume", fmt::format("'{}' holds no config.toml (nor does '{}.incomplete')", run, run),
+                        "give the run directory of a run that wrote checkpoints (--checkpoint-every N)");
+}
+
 int run_train(TrainFlags& f) {
   const std::chrono::milliseconds timeout = parse_timeout(f.timeout);  // refuse bad flags before reading files
+  f.config = resumed_config(f);
   train::TrainConfig tc = f.config.empty() ? train::TrainConfig{} : train::TrainConfig::from_toml_file(f.config);
   for (const auto& field : train::train_config_fields())
     if (f.app->get_option(std::string(field.flag))->count() > 0) {
@@ -77,6 +91,13 @@ int run_train(TrainFlags& f) {
       // A boolean flag alone means true: --overwrite, --drop-last.
       tc.set(field.key, text.empty() && field.kind == train::TrainFieldKind::boolean ? "true" : text, field.flag);
     }
+  if (!tc.resume.empty()) {  // the run continues in its own directory
+    if (f.app->get_option("--run-dir")->count() > 0 &&
+        std::filesystem::path(tc.run_dir).lexically_normal() != std::filesystem::path(tc.resume).lexically_normal())
+      throw InvalidArgument("--run-dir", fmt::format("--run-dir {} with --resume {}", tc.run_dir, tc.resume),
+                            "a resumed run continues in its own directory: drop --run-dir");
+    tc.run_dir = tc.resume;
+  }
   tc.validate();
 
   config::DistributedConfig dc =
@@ -92,6 +113,9 @@ int run_train(TrainFlags& f) {
     set_distributed(dc, "num_processes_per_node", f.devices, "--devices");
   }
   if (!f.mesh.empty()) {
+    // A new mesh replaces the configuration's, its parallel sizes included (set below from its axes).
+    for (const char* axis : {"tensor", "pipeline", "context"})
+      set_distributed(dc, std::string(axis) + "_parallel_size", "1", "--mesh");
     set_distributed(dc, "mesh", f.mesh, "--mesh");
     // Threads engine without --devices: one simulated device per mesh position.
     if (engine == "threads" && f.devices.empty()) {
@@ -133,7 +157,7 @@ int run_train(TrainFlags& f) {
   const bool main = dc.rank == 0;
   // One process (threads engine): refuse a run directory that holds a run
   // before the start-up dump. Under mpirun run_training does it collectively.
-  if (dc.backend == comm::Engine::threads && !tc.run_dir.empty())
+  if (dc.backend == comm::Engine::threads && !tc.run_dir.empty() && tc.resume.empty())
     train::RunDirectory::check(tc.run_dir, tc.overwrite, train::find_model_recipe(tc.model).artifacts);
   if (main) {
     fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", engine, dc.world_size, dc.mesh().to_spec());

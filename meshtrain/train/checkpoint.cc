@@ -274,7 +274,7 @@ std::vector<int64_t> steps_under(const std::string& root) {
 
 // ---- saving ----
 
-void save_checkpoint(comm::Communicator& world, const std::string& root, int64_t step,
+uint64_t save_checkpoint(comm::Communicator& world, const std::string& root, int64_t step,
                      const std::vector<CheckpointPiece>& pieces, const std::string& metadata,
                      const CheckpointOptions& options) {
   if (step < 0 || step > 99'999'999)
@@ -348,6 +348,9 @@ void save_checkpoint(comm::Communicator& world, const std::string& root, int64_t
   agree(world, failure);
   // 3. The index, by rank 0, from every rank's placements and checksums.
   const std::vector<std::string> sums = all_gather_text(world, written.is_null() ? std::string("[]") : written.dump());
+  uint64_t total = 0;
+  for (const std::string& placed : sums)
+    for (const json& at : json::parse(placed)) total += at["bytes"].get<uint64_t>();
   if (world.rank() == 0) {
     try {
       json index{{"format", kFormat}, {"version", kVersion}, {"step", step}, {"metadata", meta}};
@@ -402,6 +405,7 @@ void save_checkpoint(comm::Communicator& world, const std::string& root, int64_t
     }
   }
   agree(world, failure);
+  return total;
 }
 
 // ---- loading ----

@@ -80,7 +80,8 @@ struct CheckpointOptions {
 
 // Saves step `step` under `root` (created if missing); see above.
 // `metadata` is a JSON object (text) stored in the index as it is.
-void save_checkpoint(comm::Communicator& world, const std::string& root, int64_t step,
+// Returns the bytes of tensor data written by all ranks together.
+uint64_t save_checkpoint(comm::Communicator& world, const std::string& root, int64_t step,
                      const std::vector<CheckpointPiece>& pieces, const std::string& metadata,
                      const CheckpointOptions& options = {});
 

@@ -42,6 +42,18 @@ bool is_run_artifact(const std::string& name, std::span<const std::string> more)
   return name.size() > 1 && name[0] == '.' && name.find(".tmp.") != std::string::npos;
 }
 
+// The newest complete checkpoint (a checkpoints/step_N directory with an
+// index.json) under a run's directory, or "".
+std::string newest_checkpoint(const fs::path& run) {
+  std::error_code ec;
+  std::string newest;
+  for (const auto& e : fs::directory_iterator(run / "checkpoints", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && fs::exists(e.path() / "index.json", ec) && name > newest) newest = name;
+  }
+  return newest;
+}
+
 std::vector<std::string> entries_of(const fs::path& dir) {
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
@@ -107,7 +119,8 @@ RunDirectory RunDirectory::create(const std::string& path_in, bool overwrite,
       throw_io(fmt::format("cannot create run directory '{}'", path), errno, "check the --run-dir path and its permissions");
     }
   }
-  return RunDirectory(path, reserved);
+  return RunDirectory(path, reserved,
+                      overwrite ? Staging::fresh_discarding_checkpoints : Staging::fresh);
 }
 
 RunDirectory RunDirectory::create_versioned(const std::string& parent_in) {
@@ -128,15 +141,55 @@ RunDirectory RunDirectory::create_versioned(const std::string& parent_in) {
   }
   for (int attempt = 0; attempt < 1000; ++attempt, ++next) {
     const std::string path = (parent / fmt::format("version_{}", next)).string();
-    if (::mkdir(path.c_str(), 0777) == 0) return RunDirectory(path, true);
+    if (::mkdir(path.c_str(), 0777) == 0) return RunDirectory(path, true, Staging::fresh);
     if (errno != EEXIST) throw_io(fmt::format("cannot create run directory '{}'", path), errno, "give --run-dir");
   }
   throw IoError(kOp, fmt::format("no free version_<N> under '{}'", parent.string()), "give --run-dir");
 }
 
-RunDirectory::RunDirectory(std::string path, bool reserved)
+RunDirectory RunDirectory::resume(const std::string& path_in) {
+  const std::string path = normalized(path_in);
+  const std::string staging = path + kIncomplete;
+  if (!newest_checkpoint(staging).empty()) return RunDirectory(path, false, Staging::adopt);
+  if (newest_checkpoint(path).empty())
+    throw InvalidArgument(kOp, fmt::format("--resume '{}': neither it nor '{}' holds a checkpoint", path, staging),
+                          "runs write checkpoints with --checkpoint-every N (and one at the end)");
+  RunDirectory dir(path, false, Staging::fresh);
+  // The committed run's files, its checkpoints as hard links (no copy of the data).
+  std::error_code ec;
+  for (const std::string& name : entries_of(path)) {
+    const fs::path from = fs::path(path) / name, to = fs::path(dir.staging_) / name;
+    if (name == "checkpoints")
+      fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::create_hard_links, ec);
+    if (ec || name != "checkpoints") {  // hard links failing (another file system): copy
+      ec.clear();
+      fs::remove_all(to, ec);
+      fs::copy(from, to, fs::copy_options::recursive, ec);
+    }
+    if (ec) {
+      const std::string why = ec.message();
+      fs::remove_all(dir.staging_, ec);  // a partial copy must not look like a run to continue
+      throw IoError(kOp, fmt::format("--resume: copy '{}' to '{}': {}", from.string(), to.string(), why),
+                    "check the free space and permissions next to the run directory");
+    }
+  }
+  return dir;
+}
+
+RunDirectory::RunDirectory(std::string path, bool reserved, Staging staging)
     : path_(std::move(path)), staging_(path_ + kIncomplete), reserved_(reserved) {
   std::error_code ec;
+  if (staging == Staging::adopt) {
+    adopted_ = true;
+    return;
+  }
+  if (const std::string newest = newest_checkpoint(staging_); !newest.empty() && staging == Staging::fresh) {
+    if (reserved_) ::rmdir(path_.c_str());
+    throw InvalidArgument(kOp,
+                          fmt::format("'{}' holds the checkpoints of an interrupted run (the newest: {})", staging_,
+                                      newest),
+                          fmt::format("continue it with --resume {}, or pass --overwrite to discard them", path_));
+  }
   fs::remove_all(staging_, ec);  // left by a killed run
   if (ec || ::mkdir(staging_.c_str(), 0777) != 0) {
     const int err = ec ? ec.value() : errno;
@@ -157,7 +210,7 @@ RunDirectory::RunDirectory(RunDirectory&& other) noexcept
 RunDirectory::~RunDirectory() {
   if (moved_from_ || committed_) return;
   std::error_code ec;
-  fs::remove_all(staging_, ec);
+  if (newest_checkpoint(staging_).empty()) fs::remove_all(staging_, ec);  // else kept for --resume
   if (reserved_) ::rmdir(path_.c_str());  // only while empty
 }
 

@@ -25,6 +25,13 @@
 //   staging directory and the empty directory it reserved: the path is left
 //   as it was before the run. A staging directory left by a killed process
 //   is removed by the next create() of the same path.
+// - Checkpoints (checkpoint.h) go to staging()/checkpoints, and a staging
+//   directory holding a complete one is never removed by failure: the
+//   destructor keeps it, and create() refuses it (naming --resume) unless
+//   `overwrite`. resume() continues such a run: it adopts the staging
+//   directory of an interrupted run, or stages a copy of a committed run
+//   that holds checkpoints (its checkpoint files hard-linked, not copied),
+//   so the continued run is committed over it like any other.
 //
 // Thread-safety: one object per run, used by one thread (rank 0's).
 #pragma once
@@ -37,9 +44,9 @@
 namespace meshtrain::train {
 
 // What a run writes into its directory; the only names an --overwrite may delete.
-inline constexpr std::array<std::string_view, 9> kRunArtifacts = {
-    "config.toml",         "metrics.jsonl", "model.safetensors", "trainer_state.json", "loss.svg",
-    "reconstructions.png", "samples.png",   "pipeline.trace.json", "pipeline.svg"};
+inline constexpr std::array<std::string_view, 10> kRunArtifacts = {
+    "config.toml", "metrics.jsonl",       "model.safetensors", "trainer_state.json", "loss.svg",
+    "checkpoints", "reconstructions.png", "samples.png",       "pipeline.trace.json", "pipeline.svg"};
 
 class RunDirectory {
  public:
@@ -50,6 +57,10 @@ class RunDirectory {
   // The next free "<parent>/version_<N>" (N = 1 + the largest existing N,
   // from 0), reserved as create() does. What a run without --run-dir gets.
   static RunDirectory create_versioned(const std::string& parent);
+  // Continues the run at `path` (see above): its interrupted staging
+  // directory, else a staged copy of the committed run. Throws
+  // InvalidArgument when neither holds a complete checkpoint.
+  static RunDirectory resume(const std::string& path);
   // Throws as create() would, without creating anything (for a CLI that
   // wants to fail before printing its start-up dump).
   static void check(const std::string& path, bool overwrite, std::span<const std::string> more_artifacts = {});
@@ -62,17 +73,22 @@ class RunDirectory {
   const std::string& path() const { return path_; }        // where the run ends up
   const std::string& staging() const { return staging_; }  // where files go until commit()
   std::string file(std::string_view name) const;           // staging() / name
+  std::string checkpoints() const { return file("checkpoints"); }
+  // resume(): the run continued was interrupted (its staging adopted) or committed.
+  bool resumed_interrupted() const { return adopted_; }
   // Moves the staged run into path() (see above). Throws IoError; after a
   // failed commit the previous contents of path() are intact.
   void commit();
 
  private:
-  RunDirectory(std::string path, bool reserved);
+  enum class Staging : uint8_t { fresh, fresh_discarding_checkpoints, adopt };
+  RunDirectory(std::string path, bool reserved, Staging staging);
 
   std::string path_;
   std::string staging_;
   bool reserved_ = false;   // path_ was created (empty) by this object
   bool committed_ = false;
+  bool adopted_ = false;    // resume() took over an interrupted run's staging directory
   bool moved_from_ = false;
 };
 

@@ -234,6 +234,14 @@ const TrainField kFields[] = {
     {"run_dir", "--run-dir",
      "where config, metrics, model and pictures go (\"\" = the next runs/<model>/version_<N>)", MT_STR(run_dir)},
     {"overwrite", "--overwrite", "replace the run in run_dir (only once the new run succeeds)", MT_BOOL(overwrite)},
+    {"checkpoint_every", "--checkpoint-every",
+     "save a sharded checkpoint into <run_dir>/checkpoints every N steps and at the end (0 = none)",
+     MT_INT(checkpoint_every, 0, kInt64Max)},
+    {"keep_last", "--keep-last", "keep only the newest N checkpoints (0 = all)", MT_INT(keep_last, 0, 1000000)},
+    {"resume", "--resume",
+     "continue the run in this directory from its newest checkpoint, on any mesh (its config.toml is the default "
+     "configuration)",
+     MT_STR(resume)},
 };
 
 #undef MT_INT

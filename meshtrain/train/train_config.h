@@ -132,6 +132,14 @@ struct TrainConfig {
   // run_dir.h).
   std::string run_dir;
   bool overwrite = false;  // replace the run in run_dir (only once the new run succeeds)
+  // Sharded checkpoints (checkpoint.h) into <run_dir>/checkpoints every
+  // checkpoint_every steps and at the end (0 = none); keep_last > 0 keeps
+  // only the newest ones. resume: continue the run in that directory from
+  // its newest checkpoint (interrupted or committed), on any mesh; its
+  // config.toml is the default configuration.
+  int64_t checkpoint_every = 0;
+  int keep_last = 0;
+  std::string resume;
 
   static TrainConfig from_toml(std::string_view text, std::string_view source = "<string>");
   static TrainConfig from_toml_file(const std::string& path);

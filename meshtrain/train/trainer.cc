@@ -25,6 +25,8 @@
 #include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/parallel/pipeline_parallel.h"
 #include "meshtrain/train/artifacts.h"
+#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/internal/checkpointing.h"
 #include "meshtrain/train/internal/mesh_roles.h"
 #include "meshtrain/train/internal/pipeline_run.h"
 #include "meshtrain/train/model_recipe.h"
@@ -76,10 +78,10 @@ struct StepOutcome {
 class Run {
  public:
   Run(const TrainConfig& tc, const config::DistributedConfig& dc, const ModelRecipe& recipe,
-      comm::Communicator& world, const plan::NamedShape& mesh_shape, Shared& shared)
+      comm::Communicator& world, const plan::NamedShape& mesh_shape, Shared& shared, std::string checkpoints)
       : tc_(tc), recipe_(recipe), train_(recipe.train_data()), test_(recipe.test_data()),
         metrics_(recipe.metrics()), shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names),
-        main_(world.rank() == 0) {
+        main_(world.rank() == 0), world_(&world), checkpoints_(std::move(checkpoints)) {
     // Collective splits (all ranks, same order).
     batch_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));
     dp_comm_ = &mesh_.comm(gradient_axes(mesh_shape));
@@ -216,13 +218,16 @@ class Run {
     bar.set_rate_unit(metrics_.rate_unit);
     const double units = metrics_.units_per_sample;  // per sample, in the rate's unit
     Series train_curve{"train loss", {}, {}}, test_curve{metrics_.test_curve, {}, {}};
-    int64_t step = 0, samples = 0;
+    int64_t step = tc_.resume.empty() ? 0 : resume(), samples = 0;
+    int64_t last_saved = tc_.resume.empty() ? -1 : step;
     double window_loss = 0, hidden_sum = 0;
     int window_n = 0;
     const auto t0 = Clock::now();
-    for (int epoch = 0; epoch < tc_.epochs && step < total; ++epoch) {
-      const int64_t batches = std::min(per_epoch, total - step);
-      Prefetcher pre([&, epoch](int64_t b) { return load_batch(train_, sampler, epoch, b, &memory_); }, 0, batches);
+    for (int epoch = static_cast<int>(step / per_epoch); epoch < tc_.epochs && step < total; ++epoch) {
+      const int64_t first = step - per_epoch * epoch;  // 0, or where a resumed run stopped
+      const int64_t batches = std::min(per_epoch, first + total - step);
+      Prefetcher pre([&, epoch](int64_t b) { return load_batch(train_, sampler, epoch, b, &memory_); }, first,
+                     batches);
       set_training(true);
       while (auto batch = pre.next()) {
         opt_->set_lr(schedule.lr(step));
@@ -230,6 +235,7 @@ class Run {
         const double loss = out.loss;
         ++step;
         samples += batch->global_size;
+        if (out.applied) ++updates_;
         if (!out.applied) {
           ++skipped_;
           ++consecutive_skips_;
@@ -275,6 +281,10 @@ class Run {
           window_loss = 0;
           window_n = 0;
         }
+        if (tc_.checkpoint_every > 0 && step % tc_.checkpoint_every == 0) {
+          save(step, bar);
+          last_saved = step;
+        }
       }
       check_parameters(step);
       const Evaluation ev = evaluate();  // the same numbers on every rank
@@ -299,6 +309,7 @@ class Run {
         bar.set_rate_unit(metrics_.rate_unit);
       }
     }
+    if (tc_.checkpoint_every > 0 && last_saved != step) save(step, bar);  // the final one
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (pipeline_) write_pipeline_timeline();  // collective over the pipeline axis
     finish_run(train_curve, test_curve);  // collective under fsdp
@@ -451,6 +462,57 @@ class Run {
                                         "in all; training stopped and saved nothing",
                                         step, total_, consecutive_skips_, last, skipped_),
                             hint);
+  }
+
+  internal::ResumePoint resume_point(int64_t step) const {
+    internal::ResumePoint p{.step = step,
+                            .skipped_steps = skipped_,
+                            .consecutive_skips = consecutive_skips_,
+                            .optimizer_steps = updates_,
+                            .scaler = std::nullopt,
+                            .model = tc_.model,
+                            .saved_from = fmt::format("mesh {} ({})", plan::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
+                                                      parallel_->describe())};
+    if (scaler_) p.scaler = scaler_->state();
+    return p;
+  }
+
+  // Collective: a sharded checkpoint of this step (checkpoint.h).
+  void save(int64_t step, ProgressBar& bar) {
+    const auto t0 = Clock::now();
+    const internal::TrainingCheckpoint ckpt(modules_, opt_params_, *opt_);
+    const internal::ResumePoint point = resume_point(step);
+    const std::vector<CheckpointPiece> pieces = ckpt.pieces(point);
+    const uint64_t bytes =
+        save_checkpoint(*world_, checkpoints_, step, pieces, point.to_json(), {.keep_last = tc_.keep_last});
+    if (main_)
+      bar.note(fmt::format("checkpoint of step {}: {} written in {:.2f} s", step, format_bytes(bytes),
+                           std::chrono::duration<double>(Clock::now() - t0).count()));
+  }
+
+  // Loads the newest checkpoint of the resumed run; returns its step.
+  int64_t resume() {
+    const std::optional<std::string> dir = latest_checkpoint(checkpoints_);
+    if (!dir)
+      throw IoError("--resume", fmt::format("no checkpoint under '{}'", checkpoints_),
+                    "runs write checkpoints with --checkpoint-every N");
+    const CheckpointIndex index = read_checkpoint_index(*dir);
+    const internal::ResumePoint point = internal::ResumePoint::from_json(index.metadata, *dir + "/index.json");
+    if (point.model != tc_.model)
+      throw InvalidArgument("--resume",
+                            fmt::format("{} is a checkpoint of model '{}', this run trains '{}'", *dir, point.model,
+                                        tc_.model),
+                            "resume with the model the checkpoint was saved from");
+    internal::TrainingCheckpoint(modules_, opt_params_, *opt_).load(index, point);
+    parallel_->after_step();  // publish the loaded masters (rounded copies, zero1/2's full parameters)
+    if (scaler_ && point.scaler) scaler_->load_state(*point.scaler);
+    skipped_ = point.skipped_steps;
+    consecutive_skips_ = point.consecutive_skips;
+    updates_ = point.optimizer_steps;
+    if (main_)
+      fmt::print("resumed from {} (step {}, saved on {})\n", *dir, point.step, point.saved_from);
+    std::fflush(stdout);
+    return point.step;
   }
 
   // The last step's timeline of every pipeline rank: pipeline.trace.json
@@ -642,6 +704,9 @@ class Run {
   int64_t schedule_steps_ = 0;  // the learning-rate schedule's length
   int64_t skipped_ = 0;         // optimizer steps skipped, any reason
   int64_t consecutive_skips_ = 0;
+  int64_t updates_ = 0;  // optimizer updates applied (skipped steps excluded)
+  comm::Communicator* world_;
+  std::string checkpoints_;  // <staging>/checkpoints, on every rank
 };
 
 // World rank 0 prepares the run directory and writes config.toml into it;
@@ -650,13 +715,18 @@ class Run {
 // Returns false on the ranks that must stop quietly because rank 0 failed;
 // rank 0 rethrows its error.
 bool prepare_run_directory(comm::Communicator& world, const ResolvedTraining& resolved,
-                           const config::DistributedConfig& dc, const ModelRecipe& recipe, Shared& shared) {
+                           const config::DistributedConfig& dc, const ModelRecipe& recipe, Shared& shared,
+                           std::string& checkpoints) {
   const TrainConfig& tc = resolved.config;
   std::exception_ptr error;
   if (world.rank() == 0) {
     try {
-      shared.dir.emplace(tc.run_dir.empty() ? RunDirectory::create_versioned("runs/" + tc.model)
-                                            : RunDirectory::create(tc.run_dir, tc.overwrite, recipe.artifacts()));
+      if (!tc.resume.empty())
+        shared.dir.emplace(RunDirectory::resume(tc.resume));
+      else
+        shared.dir.emplace(tc.run_dir.empty() ? RunDirectory::create_versioned("runs/" + tc.model)
+                                              : RunDirectory::create(tc.run_dir, tc.overwrite, recipe.artifacts()));
+      checkpoints = shared.dir->checkpoints();
       std::string notes;
       for (const auto& n : resolved.notes) notes += "# " + n + "\n";
       write_file_atomic(shared.dir->file("config.toml"), tc.to_toml() + notes + "\n" + dc.to_toml());
@@ -667,7 +737,13 @@ bool prepare_run_directory(comm::Communicator& world, const ResolvedTraining& re
   uint8_t failed = error ? 1 : 0;
   world.broadcast(&failed, 1, DType::u8, 0);
   if (error) std::rethrow_exception(error);
-  return failed == 0;
+  if (failed != 0) return false;
+  // Every rank writes its checkpoint pieces there (one file system).
+  int64_t len = static_cast<int64_t>(checkpoints.size());
+  world.broadcast(&len, 1, DType::i64, 0);
+  checkpoints.resize(static_cast<size_t>(len));
+  world.broadcast(checkpoints.data(), static_cast<size_t>(len), DType::u8, 0);
+  return true;
 }
 
 }  // namespace
@@ -684,8 +760,9 @@ TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConf
   const std::unique_ptr<ModelRecipe> recipe = make_model_recipe(tc);
   Shared shared;
   comm::launch(launch, [&](comm::Communicator& world) {
-    if (!prepare_run_directory(world, resolved, dc, *recipe, shared)) return;
-    Run run(tc, dc, *recipe, world, mesh_shape, shared);
+    std::string checkpoints;
+    if (!prepare_run_directory(world, resolved, dc, *recipe, shared, checkpoints)) return;
+    Run run(tc, dc, *recipe, world, mesh_shape, shared, checkpoints);
     run.run();
   });
   // Every rank finished: the run directory now holds this run. On any error

@@ -1,0 +1,142 @@
+#include "meshtrain/train/internal/checkpointing.h"
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::train::internal {
+
+namespace {
+
+using nlohmann::json;
+constexpr const char* kOp = "checkpoint";
+
+Tensor flat(const Tensor& t) {
+  if (!t.defined() || t.dtype() != DType::f32 || !t.is_contiguous())
+    throw InvalidArgument(kOp, "a parameter or state tensor is not contiguous f32", "");
+  return t.view({t.numel()});
+}
+
+}  // namespace
+
+std::string ResumePoint::to_json() const {
+  json j{{"step", step},
+         {"skipped_steps", skipped_steps},
+         {"consecutive_skips", consecutive_skips},
+         {"optimizer_steps", optimizer_steps},
+         {"model", model},
+         {"saved_from", saved_from},
+         {"scaler", nullptr}};
+  if (scaler)
+    j["scaler"] = json{{"scale", scaler->scale}, {"good_steps", scaler->good_steps},
+                       {"skipped_steps", scaler->skipped_steps}};
+  return j.dump();
+}
+
+ResumePoint ResumePoint::from_json(const std::string& text, const std::string& source) {
+  ResumePoint p;
+  try {
+    const json j = json::parse(text);
+    p.step = j.at("step").get<int64_t>();
+    p.skipped_steps = j.at("skipped_steps").get<int64_t>();
+    p.consecutive_skips = j.at("consecutive_skips").get<int64_t>();
+    p.optimizer_steps = j.at("optimizer_steps").get<int64_t>();
+    p.model = j.at("model").get<std::string>();
+    p.saved_from = j.at("saved_from").get<std::string>();
+    if (!j.at("scaler").is_null())
+      p.scaler = optim::DynamicLossScaler::State{j["scaler"].at("scale").get<double>(),
+                                                 j["scaler"].at("good_steps").get<int64_t>(),
+                                                 j["scaler"].at("skipped_steps").get<int64_t>()};
+  } catch (const json::exception& e) {
+    throw IoError(kOp, fmt::format("{}: the trainer's state in the index is malformed: {}", source, e.what()),
+                  "the checkpoint is damaged or not a training run's: load an older one");
+  }
+  if (p.step < 0 || p.skipped_steps < 0 || p.optimizer_steps < 0 || p.optimizer_steps > p.step)
+    throw IoError(kOp, fmt::format("{}: step {}, {} skipped, {} optimizer steps do not add up", source, p.step,
+                                   p.skipped_steps, p.optimizer_steps),
+                  "the checkpoint is damaged: load an older one");
+  return p;
+}
+
+TrainingCheckpoint::TrainingCheckpoint(std::vector<nn::Module*> modules, std::vector<nn::Parameter*> params,
+                                       optim::Optimizer& opt)
+    : modules_(std::move(modules)), params_(std::move(params)), opt_(&opt) {}
+
+CheckpointPiece TrainingCheckpoint::region_of(const nn::Parameter& op) const {
+  const nn::Parameter* model = nullptr;
+  for (nn::Module* m : modules_) {
+    for (nn::Parameter* p : m->parameters())
+      if (p->name == op.name) {
+        model = p;
+        break;
+      }
+    if (model != nullptr) break;
+  }
+  if (model == nullptr)
+    throw InvalidArgument(kOp, fmt::format("optimizer parameter '{}' is no parameter of the model", op.name),
+                          "pass the wrapped model's modules");
+  CheckpointPiece piece;
+  if (model->placement.kind == nn::Placement::Kind::box) {  // a tensor-parallel block
+    piece.shape = model->placement.global;
+    piece.view = model->placement.shape;
+    piece.box = model->placement.box;
+  } else {
+    piece.shape = model->info.shape;
+  }
+  if (op.placement.kind == nn::Placement::Kind::flat) {  // a fully sharded part of it
+    piece.start = op.placement.start;
+    piece.count = op.placement.count;
+  }
+  return piece;
+}
+
+std::vector<CheckpointPiece> TrainingCheckpoint::pieces(const ResumePoint& point) const {
+  const optim::OptimizerState state = opt_->export_state();  // params() order = params_
+  std::vector<CheckpointPiece> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const nn::Parameter& p = *params_[i];
+    if (state[i].step != point.optimizer_steps)
+      throw InvalidArgument(kOp,
+                            fmt::format("parameter '{}' was updated {} times, the run {} times", p.name,
+                                        state[i].step, point.optimizer_steps),
+                            "every parameter must take part in every step");
+    const CheckpointPiece where = region_of(p);
+    CheckpointPiece m = where;
+    m.name = "model/" + p.name;
+    m.data = flat(p.value);
+    out.push_back(std::move(m));
+    for (const auto& [field, t] : state[i].tensors) {
+      CheckpointPiece s = where;
+      s.name = fmt::format("optim/{}/{}", p.name, field);
+      s.data = flat(t);
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+void TrainingCheckpoint::load(const CheckpointIndex& index, const ResumePoint& point) {
+  optim::OptimizerState state = opt_->export_state();  // the fields this optimizer keeps, and their shapes
+  std::vector<CheckpointPiece> wanted;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const nn::Parameter& p = *params_[i];
+    const CheckpointPiece where = region_of(p);
+    CheckpointPiece m = where;
+    m.name = "model/" + p.name;
+    m.data = flat(p.value);  // the master itself: loaded in place
+    wanted.push_back(std::move(m));
+    for (auto& [field, t] : state[i].tensors) {
+      CheckpointPiece s = where;
+      s.name = fmt::format("optim/{}/{}", p.name, field);
+      s.data = flat(t);  // the exported copy: filled, then imported
+      wanted.push_back(std::move(s));
+    }
+    state[i].step = point.optimizer_steps;
+  }
+  load_checkpoint_pieces(index, wanted);
+  opt_->import_state(state);
+}
+
+}  // namespace meshtrain::train::internal

@@ -1,0 +1,67 @@
+// The trainer's side of checkpoints (checkpoint.h): what a rank holds as
+// pieces of global tensors, the trainer's own state beside them, and
+// putting a loaded checkpoint back into a wrapped model and its optimizer.
+//
+// The tensors: for every parameter the optimizer updates on this rank (a
+// whole parameter, a tensor-parallel block, a fully sharded flat shard, or
+// a flat shard of a block), "model/<name>" (its f32 master) and
+// "optim/<name>/<field>" (AdamW's exp_avg and exp_avg_sq, SGD's
+// momentum_buffer), each piece placed where it lies in the global tensor.
+// The region comes from the model's parameter (whole or a box: its
+// Placement) and the optimizer's (flat within it, under fsdp). Optimizer
+// step counts are one number (every parameter is updated on every applied
+// step), kept in the metadata. Gradients are not saved: a checkpoint is
+// taken between steps, when they are zero.
+//
+// Thread-safety: one rank's thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/module.h"
+#include "meshtrain/optim/loss_scaler.h"
+#include "meshtrain/optim/optimizer.h"
+#include "meshtrain/train/checkpoint.h"
+
+namespace meshtrain::train::internal {
+
+// What the trainer keeps beside the tensors.
+struct ResumePoint {
+  int64_t step = 0;               // optimizer steps taken, skipped ones included
+  int64_t skipped_steps = 0;
+  int64_t consecutive_skips = 0;
+  int64_t optimizer_steps = 0;    // updates applied (each parameter's step count)
+  std::optional<optim::DynamicLossScaler::State> scaler;
+  std::string model;              // the recipe's name ("mlp", "gpt")
+  std::string saved_from;         // the mesh and strategy, for messages
+  std::string to_json() const;
+  static ResumePoint from_json(const std::string& text, const std::string& source);
+};
+
+class TrainingCheckpoint {
+ public:
+  // `modules`: the model (or this rank's pipeline stages); `params`: what
+  // the optimizer updates (Parallelism::optimizer_parameters()).
+  TrainingCheckpoint(std::vector<nn::Module*> modules, std::vector<nn::Parameter*> params, optim::Optimizer& opt);
+
+  // This rank's pieces, their data viewing the live tensors (valid until the
+  // next optimizer step). Throws InvalidArgument when the parameters' step
+  // counts differ or differ from `point.optimizer_steps`.
+  std::vector<CheckpointPiece> pieces(const ResumePoint& point) const;
+  // Overwrites the masters and the optimizer state from the checkpoint
+  // (every piece this rank needs); call Parallelism::after_step() next to
+  // publish the masters. IoError as load_checkpoint_pieces.
+  void load(const CheckpointIndex& index, const ResumePoint& point);
+
+ private:
+  CheckpointPiece region_of(const nn::Parameter& p) const;  // without name or data
+
+  std::vector<nn::Module*> modules_;
+  std::vector<nn::Parameter*> params_;
+  optim::Optimizer* opt_;
+};
+
+}  // namespace meshtrain::train::internal

@@ -1,0 +1,168 @@
+// Checkpoints through the trainer: the small GPT of tests/gpt_parity.h
+// (threads engine, SGD with momentum, 30 steps) saved at step 15 and
+// resumed to step 30.
+// - The resharding matrix: saved under each of data=4, fsdp=4 (zero3),
+//   data=2 x tensor=2 and data=2 x pipeline=2, resumed under each of them:
+//   the losses of steps 16-30 and the final parameters within 1e-5 of the
+//   uninterrupted one-device run; on the mesh it was saved from, bit for
+//   bit the uninterrupted run on that mesh.
+// - AdamW, bf16 zero3 and an interrupted run (its staging directory)
+//   resume bit for bit; a failed run keeps its checkpoints and a fresh run
+//   refuses to discard them; --keep-last keeps the newest.
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/testing/parity.h"
+#include "meshtrain/train/trainer.h"
+#include "tests/gpt_parity.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr int64_t kSave = kGptParitySteps / 2;
+
+struct Layout {
+  std::string mesh;  // "" = one device
+  std::string fsdp = "";
+  std::string optimizer = "sgd";
+  config::MixedPrecision precision = config::MixedPrecision::no;
+};
+
+train::TrainConfig config_of(const Layout& r, const std::string& tag) {
+  train::TrainConfig tc = gpt_parity_config(tag, r.optimizer);
+  tc.set("fsdp", r.fsdp, "test");
+  if (r.mesh.find("pipeline") != std::string::npos) tc.micro_batches = 2;
+  return tc;
+}
+
+train::TrainResult train(const Layout& r, const train::TrainConfig& tc) {
+  config::DistributedConfig dc = testing::threads_mesh_config(r.mesh);
+  dc.mixed_precision = r.precision;
+  return train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
+                                      .timeout = std::chrono::seconds(120)});
+}
+
+// The run to step 15 with a checkpoint there, committed to its directory.
+std::string saved_run(const Layout& r, const std::string& tag) {
+  train::TrainConfig tc = config_of(r, "save_" + tag);
+  tc.max_steps = kSave;
+  tc.checkpoint_every = kSave;
+  (void)train(r, tc);
+  return tc.run_dir;
+}
+
+// A copy of a saved run (each resume continues, and so changes, its own).
+std::string copy_of(const std::string& run, const std::string& tag) {
+  const std::string to = (fs::temp_directory_path() / ("meshtrain_resume_" + tag)).string();
+  fs::remove_all(to);
+  fs::remove_all(to + ".incomplete");
+  fs::copy(run, to, fs::copy_options::recursive);
+  return to;
+}
+
+train::TrainResult resumed(const Layout& r, const std::string& run_dir) {
+  train::TrainConfig tc = config_of(r, "unused");
+  tc.resume = run_dir;
+  tc.run_dir = run_dir;
+  return train(r, tc);
+}
+
+// The reference's last 15 steps (a resumed run reports the steps it ran).
+train::TrainResult tail_of(train::TrainResult r) {
+  r.step_losses.erase(r.step_losses.begin(), r.step_losses.begin() + kSave);
+  return r;
+}
+
+void expect_bitwise(const train::TrainResult& got, const train::TrainResult& want, const std::string& what) {
+  EXPECT_EQ(got.step_losses, want.step_losses) << what;
+  ASSERT_EQ(got.final_parameters.size(), want.final_parameters.size()) << what;
+  for (size_t i = 0; i < want.final_parameters.size(); ++i)
+    EXPECT_EQ(got.final_parameters[i].second.to_vector(), want.final_parameters[i].second.to_vector())
+        << what << ": " << want.final_parameters[i].first;
+}
+
+TEST(CheckpointResume, EveryMeshLoadsEveryOthersCheckpoint) {
+  const std::vector<Layout> meshes = {{.mesh = "data=4"},
+                                   {.mesh = "fsdp=4", .fsdp = "zero3"},
+                                   {.mesh = "data=2,tensor=2"},
+                                   {.mesh = "data=2,pipeline=2"}};
+  const train::TrainResult one = tail_of(train({}, config_of({}, "resume_one")));
+  for (const Layout& from : meshes) {
+    const std::string saved = saved_run(from, from.mesh);
+    const train::TrainResult whole = tail_of(train(from, config_of(from, "whole_" + from.mesh)));
+    for (const Layout& to : meshes) {
+      const std::string what = fmt::format("saved on {}, resumed on {}", from.mesh, to.mesh);
+      const train::TrainResult got = resumed(to, copy_of(saved, from.mesh + "_to_" + to.mesh));
+      ASSERT_EQ(got.step_losses.size(), static_cast<size_t>(kGptParitySteps - kSave)) << what;
+      for (const std::string& p : testing::run_differences(got, one, 1e-5)) ADD_FAILURE() << what << ": " << p;
+      if (&from == &to) expect_bitwise(got, whole, what);
+    }
+  }
+}
+
+TEST(CheckpointResume, AdamWAndBf16Zero3ResumeBitForBit) {
+  for (const Layout& r : {Layout{.mesh = "data=2", .optimizer = "adamw"},
+                       Layout{.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw",
+                           .precision = config::MixedPrecision::bf16}}) {
+    const train::TrainResult whole = tail_of(train(r, config_of(r, "adam_whole_" + r.mesh)));
+    const train::TrainResult got = resumed(r, copy_of(saved_run(r, "adam_" + r.mesh), "adam_" + r.mesh));
+    expect_bitwise(got, whole, r.mesh + " " + r.optimizer);
+  }
+}
+
+TEST(CheckpointResume, AFailedRunKeepsItsCheckpoints) {
+  // Step 1's update overflows (lr 1e30): step 2 stops the run, after the
+  // checkpoint of step 1. Its staging directory stays, and a fresh run into
+  // the same directory refuses to discard it.
+  const Layout r{.mesh = "data=2"};
+  train::TrainConfig tc = config_of(r, "failed");
+  fs::remove_all(tc.run_dir);  // an earlier test run's
+  tc.checkpoint_every = 1;
+  tc.lr = 1e30;
+  tc.warmup_steps = 0;
+  EXPECT_THROW((void)train(r, tc), train::TrainingDiverged);
+  const fs::path staging = tc.run_dir + ".incomplete";
+  EXPECT_TRUE(fs::exists(staging / "checkpoints" / "step_00000001" / "index.json"));
+  tc.overwrite = false;
+  EXPECT_THAT([&] { (void)train(r, tc); },
+              ::testing::ThrowsMessage<InvalidArgument>(HasSubstr("holds the checkpoints of an interrupted run")));
+  EXPECT_TRUE(fs::exists(staging / "checkpoints" / "step_00000001" / "index.json"));
+  tc.overwrite = true;  // discards them
+  tc.lr = 0.1;
+  tc.max_steps = 2;
+  (void)train(r, tc);
+  EXPECT_FALSE(fs::exists(staging));
+}
+
+TEST(CheckpointResume, AnInterruptedRunContinuesBitForBit) {
+  // What a killed run leaves: its staging directory with checkpoints (here
+  // steps 5, 10 and 15 with --keep-last 2), and its reserved, empty run
+  // directory.
+  const Layout r{.mesh = "data=2"};
+  train::TrainConfig tc = config_of(r, "interrupted");
+  tc.max_steps = kSave;
+  tc.checkpoint_every = 5;
+  tc.keep_last = 2;
+  (void)train(r, tc);
+  const fs::path run = tc.run_dir, staging = tc.run_dir + ".incomplete";
+  EXPECT_FALSE(fs::exists(run / "checkpoints" / "step_00000005"));
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000010" / "index.json"));
+  fs::rename(run, staging);
+  fs::create_directory(run);
+  train::TrainConfig cont = config_of(r, "interrupted");
+  cont.resume = cont.run_dir;
+  const train::TrainResult got = train(r, cont);
+  expect_bitwise(got, tail_of(train(r, config_of(r, "interrupted_whole"))), "interrupted");
+  EXPECT_FALSE(fs::exists(staging));  // committed
+  EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000015" / "index.json"));
+}
+
+}  // namespace
+}  // namespace meshtrain
