@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# kill -9 a training run at a random moment after its first checkpoint,
+# resume it with --resume; 10 trials (at least one killed inside a save):
+# every time the final model is the uninterrupted run's, byte for byte.
+#
+#   tests/checkpoint_crash_test.sh MESHTRAIN threads|mpi [TRIALS]
+#
+# The run: the MLP (784 -> 64 -> 32 -> 10), data=2, 60 steps, a checkpoint
+# every step (so a random kill often lands inside a save: a save leaves
+# checkpoints/.step_N.tmp behind when it is cut short). threads: one
+# process, 2 simulated devices; mpi: mpirun -np 2, and the victim is rank 1's
+# process (mpirun then ends rank 0).
+set -u
+meshtrain=$1 engine=$2 trials=${3:-10}
+tmp=$(mktemp -d /tmp/meshtrain-crash.XXXXXX)
+cleanup() {
+  pkill -KILL -f -- "$tmp" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+args=(train --hidden 64,32 --batch-size 64 --max-steps 60 --log-every 10 --threads-per-rank 1
+      --checkpoint-every 1 --keep-last 2)
+launch() {  # launch OUT ARGS...: start a run in the background, its pid in $job
+  local out=$1
+  shift
+  if [[ $engine == mpi ]]; then
+    mpirun --oversubscribe -np 2 "$meshtrain" "$@" --engine mpi >"$out" 2>&1 &
+  else
+    "$meshtrain" "$@" >"$out" 2>&1 &
+  fi
+  job=$!
+}
+mesh=()
+[[ $engine == threads ]] && mesh=(--mesh data=2)
+
+# The uninterrupted run.
+launch "$tmp/ref.out" "${args[@]}" "${mesh[@]}" --run-dir "$tmp/ref"
+if ! wait "$job"; then
+  echo "FAIL: the uninterrupted run failed"
+  cat "$tmp/ref.out"
+  exit 1
+fi
+
+good=0 in_save=0 attempts=0
+while ((good < trials || in_save == 0)); do
+  ((attempts++))
+  if ((attempts > 4 * trials)); then
+    echo "FAIL: $good good trials, $in_save inside a save, after $attempts attempts"
+    exit 1
+  fi
+  run="$tmp/run$attempts"
+  launch "$tmp/out$attempts" "${args[@]}" "${mesh[@]}" --run-dir "$run"
+  # After the first checkpoint, a random moment of the run.
+  for _ in $(seq 1 600); do
+    [[ -e $run.incomplete/checkpoints/latest ]] && break
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.01
+  done
+  sleep "0.$((RANDOM % 40))"
+  victim=$job
+  if [[ $engine == mpi ]]; then
+    victim=""
+    for p in $(pgrep -f -- "$run"); do
+      if [[ $p != "$job" ]] && tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
+        victim=$p
+      fi
+    done
+  fi
+  if [[ -z $victim ]] || ! kill -KILL "$victim" 2>/dev/null; then
+    wait "$job" 2>/dev/null
+    continue  # it finished first: not a trial
+  fi
+  wait "$job" 2>/dev/null
+  if [[ -e $run/model.safetensors ]]; then
+    continue  # killed after the commit: not a trial
+  fi
+  killed_in_save=0
+  compgen -G "$run.incomplete/checkpoints/.step_*.tmp" >/dev/null && killed_in_save=1
+  # Resume (the same mesh: the run's own config.toml).
+  launch "$tmp/resume$attempts" train --resume "$run"
+  if ! wait "$job"; then
+    echo "FAIL: trial $attempts: the resumed run failed"
+    cat "$tmp/out$attempts" "$tmp/resume$attempts"
+    exit 1
+  fi
+  if ! cmp -s "$run/model.safetensors" "$tmp/ref/model.safetensors"; then
+    echo "FAIL: trial $attempts: the resumed run's model differs from the uninterrupted run's"
+    grep -h "resumed from" "$tmp/resume$attempts"
+    exit 1
+  fi
+  ((good++))
+  ((in_save += killed_in_save))
+  echo "trial $good: killed $( ((killed_in_save)) && echo "inside a save" || echo "between saves"), $(grep -ho 'resumed from.*' "$tmp/resume$attempts"): model identical"
+  rm -rf "$run" "$run.incomplete"
+done
+echo "PASS: $good trials ($in_save killed inside a save), every resumed model identical to the uninterrupted run's"
