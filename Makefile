@@ -32,6 +32,13 @@ asan: deps
 tsan: deps
 	cmake --preset tsan && cmake --build build/tsan -j $(JOBS) && ctest --preset tsan
 
+# libFuzzer targets for the file readers under ASan + UBSan (docs/fuzzing.md):
+# builds build/fuzz with clang and runs each target FUZZ_SECONDS on its corpus.
+.PHONY: fuzz
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	./fuzz/run.sh --time $(FUZZ_SECONDS)
+
 bench: build
 	./build/release/cli/meshtrain bench collectives --engine threads --ranks 2 --min 4K --max 256M
 

@@ -25,6 +25,7 @@
 #include "meshtrain/train/generate.h"
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/run_dir.h"
+#include "meshtrain/train/export.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::cli {
@@ -248,6 +249,18 @@ int run_bench_memory(const MemoryBenchFlags& f) {
                                 {"batch", std::to_string(f.batch)},
                                 {"min_weight_size", std::to_string(f.min_weight_size)}});
   fmt::print("{}", bench::format_memory_bench(bench::run_memory_bench(o), o));
+  return 0;
+}
+
+struct ExportFlags {
+  std::string run_dir, out;
+  int64_t step = -1;
+};
+
+int run_export(const ExportFlags& f) {
+  print_config("export", {{"run_dir", f.run_dir}, {"out", f.out}, {"step", f.step < 0 ? "newest" : std::to_string(f.step)}});
+  fmt::print("wrote {}\n", train::export_model(f.run_dir, f.out,
+                                                f.step < 0 ? std::nullopt : std::optional<int64_t>(f.step)));
   return 0;
 }
 
@@ -569,6 +582,16 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   gen->add_option("--seed", g->sample.seed, "seed of the draws (default: the run's, which reproduces sample.txt)")
       ->each([g](const std::string&) { g->seed_given = true; });
   out.push_back({gen, [=] { return run_generate(*g); }});
+
+  auto e = std::make_shared<ExportFlags>();
+  auto* exp = app.add_subcommand("export",
+                                 "write a run's model (its newest checkpoint, or model.safetensors) as one safetensors "
+                                 "file in PyTorch's names and layout (docs/checkpoints.md); --init-from reads it back");
+  exp->add_option("--run-dir", e->run_dir, "the run directory (an interrupted run's too)")->required();
+  exp->add_option("--out", e->out, "the safetensors file to write")->required();
+  exp->add_option("--step", e->step, "the checkpoint of this step (default: the newest)")
+      ->check(CLI::NonNegativeNumber);
+  out.push_back({exp, [=] { return run_export(*e); }});
 
   auto f = std::make_shared<TrainFlags>();
   auto* cmd = app.add_subcommand(

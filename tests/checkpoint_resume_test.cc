@@ -13,10 +13,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/testing/parity.h"
+#include "meshtrain/train/artifacts.h"
+#include "meshtrain/train/export.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/gpt_parity.h"
 
@@ -162,6 +165,72 @@ TEST(CheckpointResume, AnInterruptedRunContinuesBitForBit) {
   expect_bitwise(got, tail_of(train(r, config_of(r, "interrupted_whole"))), "interrupted");
   EXPECT_FALSE(fs::exists(staging));  // committed
   EXPECT_TRUE(fs::exists(run / "checkpoints" / "step_00000015" / "index.json"));
+}
+
+// meshtrain export writes the run's model in PyTorch's layout (the GPT's
+// GPT-2 names and Conv1D layout as they are); --init-from reads it back on
+// any mesh: a step at lr 1e-30 leaves exactly the file's values.
+TEST(CheckpointResume, ExportAndInitFromRoundTrip) {
+  const std::string run = saved_run({.mesh = "data=2,tensor=2"}, "export");
+  const std::string file = (fs::temp_directory_path() / "meshtrain_export_gpt.safetensors").string();
+  EXPECT_THAT(train::export_model(run, file), HasSubstr("model gpt, "));
+  const train::NamedTensors exported = train::load_safetensors(file);
+  const train::NamedTensors back = train::load_model_file(file, "gpt");
+  EXPECT_EQ(exported.size(), back.size());
+  bool has_attn = false;
+  for (const auto& [name, t] : exported) has_attn |= name == "h.0.attn.c_attn.weight" && t.shape() == std::vector<int64_t>{32, 96};
+  EXPECT_TRUE(has_attn) << "GPT-2's c_attn (in, 3 C)";
+  for (const Layout& to : {Layout{.mesh = "fsdp=2", .fsdp = "zero3"}, Layout{.mesh = "data=2,pipeline=2"}}) {
+    train::TrainConfig tc = config_of(to, "init_from");
+    tc.init_from = file;
+    tc.lr = 1e-30;  // far below half an ulp of every value: the step changes nothing
+    tc.max_steps = 1;
+    const train::TrainResult r = train(to, tc);
+    ASSERT_EQ(r.final_parameters.size(), back.size()) << to.mesh;
+    for (const auto& [name, t] : r.final_parameters) {
+      auto it = std::find_if(back.begin(), back.end(), [&](const auto& b) { return b.first == name; });
+      ASSERT_NE(it, back.end()) << name;
+      EXPECT_EQ(t.to_vector(), it->second.to_vector()) << to.mesh << " " << name;
+    }
+  }
+  // A file of another model is refused naming the file and the tensor.
+  train::TrainConfig tc = config_of({}, "init_from_bad");
+  tc.init_from = file;
+  tc.width = 64;
+  EXPECT_THAT([&] { (void)train({}, tc); },
+              ::testing::ThrowsMessage<IoError>(HasSubstr(file + " holds 'wte.weight' as [512, 32], this model needs "
+                                                          "[512, 64]")));
+}
+
+// The MLP's Linear weights leave in nn.Linear's (out, in), the biases as they are.
+TEST(CheckpointResume, ExportTransposesTheMlpsLinears) {
+  train::TrainConfig tc;
+  tc.hidden = {64, 32};
+  tc.batch_size = 64;
+  tc.max_steps = 2;
+  tc.checkpoint_every = 2;
+  tc.threads_per_rank = 1;
+  tc.run_dir = (fs::temp_directory_path() / "meshtrain_export_mlp").string();
+  tc.overwrite = true;
+  const train::TrainResult r = train({.mesh = "data=2"}, tc);
+  const std::string file = (fs::temp_directory_path() / "meshtrain_export_mlp.safetensors").string();
+  (void)train::export_model(tc.run_dir, file);
+  const train::NamedTensors exported = train::load_safetensors(file);
+  ASSERT_EQ(exported.size(), r.final_parameters.size());
+  for (const auto& [name, want] : r.final_parameters) {
+    auto it = std::find_if(exported.begin(), exported.end(), [&](const auto& e) { return e.first == name; });
+    ASSERT_NE(it, exported.end()) << name;
+    const Tensor& got = it->second;
+    if (want.dim() == 1) {
+      EXPECT_EQ(got.to_vector(), want.to_vector()) << name;
+      continue;
+    }
+    ASSERT_EQ(got.shape(), (std::vector<int64_t>{want.shape()[1], want.shape()[0]})) << name;
+    const std::vector<double> g = got.to_vector(), w = want.to_vector();
+    const int64_t rows = want.shape()[0], cols = want.shape()[1];
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) ASSERT_EQ(g[j * rows + i], w[i * cols + j]) << name;
+  }
 }
 
 }  // namespace

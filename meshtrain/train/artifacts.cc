@@ -41,8 +41,18 @@ std::string safetensors_dtype(DType t) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0666);
+MetricsLog::MetricsLog(std::string path, std::optional<int64_t> keep_through) : path_(std::move(path)) {
+  if (keep_through) {  // a resumed run: the lines of the steps it has not redone
+    std::ifstream in(path_);
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.contains("step") && j["step"].is_number() && j["step"].get<double>() <= *keep_through)
+        kept += line + "\n";
+    }
+    write_file_atomic(path_, kept);
+  }
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | (keep_through ? 0 : O_TRUNC) | O_APPEND | O_CLOEXEC, 0666);
   if (fd_ < 0)
     throw IoError("MetricsLog", fmt::format("cannot open '{}': {}", path_, std::strerror(errno)),
                   "check the run directory");
@@ -130,6 +140,19 @@ std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& 
     out.emplace_back(e.name, x);
   }
   return out;
+}
+
+void read_curves(const std::string& metrics_path, Series& train, Series& test) {
+  std::ifstream in(metrics_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("step") || !j.contains("loss") || !j["loss"].is_number()) continue;
+    Series* s = j.value("split", "") == "train" ? &train : j.value("split", "") == "test" ? &test : nullptr;
+    if (s == nullptr) continue;
+    s->x.push_back(j["step"].get<double>());
+    s->y.push_back(j["loss"].get<double>());
+  }
 }
 
 std::string line_chart_svg(const std::string& title, const std::string& x_label, const std::vector<Series>& series) {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,11 +31,13 @@ namespace meshtrain::train {
 
 // JSON lines, one write(2) per line (a reader never sees half a line);
 // numbers as numbers (non-finite ones as null), strings as strings. The
-// constructor creates or truncates `path`: one log holds one run. close()
-// (or the destructor) fsyncs the file. Throws IoError naming the path.
+// constructor creates or truncates `path`: one log holds one run; a resumed
+// run (keep_through = the step it resumes from) keeps the lines of steps up
+// to that one and appends. close() (or the destructor) fsyncs the file.
+// Throws IoError naming the path.
 class MetricsLog {
  public:
-  explicit MetricsLog(std::string path);
+  explicit MetricsLog(std::string path, std::optional<int64_t> keep_through = std::nullopt);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
@@ -63,6 +66,10 @@ struct Series {
   std::vector<double> x, y;
 };
 std::string line_chart_svg(const std::string& title, const std::string& x_label, const std::vector<Series>& series);
+
+// The loss curves a metrics.jsonl holds (its train and test lines' "loss"
+// by "step"), appended to `train` and `test`: a resumed run's earlier part.
+void read_curves(const std::string& metrics_path, Series& train, Series& test);
 
 // A grid of grayscale images (each h x w, values in [0, 1]) written as PNG.
 void write_image_grid_png(const std::string& path, const std::vector<std::vector<float>>& images, int h, int w,

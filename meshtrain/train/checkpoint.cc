@@ -591,4 +591,23 @@ void load_checkpoint_pieces(const CheckpointIndex& index, std::vector<Checkpoint
   for (auto& [f, fd] : fds) ::close(fd);
 }
 
+void copy_region(const Tensor& whole, CheckpointPiece& piece) {
+  const Region r = check_region<InvalidArgument>(piece.shape, piece.view, piece.box, piece.start, piece.count,
+                                                 "copy_region", fmt::format("piece of '{}'", piece.name), "");
+  int64_t n = 1;
+  for (int64_t d : piece.shape) n *= d;
+  if (!whole.defined() || whole.dtype() != DType::f32 || !whole.is_contiguous() || whole.numel() != n)
+    throw InvalidArgument("copy_region",
+                          fmt::format("'{}': the whole tensor is not {} contiguous f32 values", piece.name, n),
+                          "pass the tensor the piece is part of");
+  if (!piece.data.defined()) piece.data = Tensor::empty({r.count}, DType::f32);
+  if (piece.data.dtype() != DType::f32 || !piece.data.is_contiguous() || piece.data.numel() != r.count)
+    throw InvalidArgument("copy_region", fmt::format("'{}': data is not {} contiguous f32 values", piece.name, r.count),
+                          "");
+  const float* in = whole.data<float>();
+  float* out = piece.data.data<float>();
+  for (const Run& run : runs_of(r))
+    std::memcpy(out + run.local, in + run.global, static_cast<size_t>(run.length) * sizeof(float));
+}
+
 }  // namespace meshtrain::train

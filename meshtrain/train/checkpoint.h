@@ -124,4 +124,9 @@ CheckpointIndex read_checkpoint_index(const std::string& dir);
 // allocated) from the checkpoint; see above.
 void load_checkpoint_pieces(const CheckpointIndex& index, std::vector<CheckpointPiece>& wanted);
 
+// Fills piece.data (allocated when undefined) with its region of `whole`
+// (the whole tensor, f32, of piece.shape's numel): what a rank takes of a
+// tensor read from one file (--init-from). InvalidArgument on a mismatch.
+void copy_region(const Tensor& whole, CheckpointPiece& piece);
+
 }  // namespace meshtrain::train

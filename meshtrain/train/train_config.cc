@@ -242,6 +242,10 @@ const TrainField kFields[] = {
      "continue the run in this directory from its newest checkpoint, on any mesh (its config.toml is the default "
      "configuration)",
      MT_STR(resume)},
+    {"init_from", "--init-from",
+     "start from the parameters in this safetensors file (meshtrain export's PyTorch layout) instead of the "
+     "seed's",
+     MT_STR(init_from)},
 };
 
 #undef MT_INT

@@ -140,6 +140,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;
   int keep_last = 0;
   std::string resume;
+  // A safetensors file of the whole model (meshtrain export's layout,
+  // export.h) whose values replace the initial parameters ("" = none).
+  std::string init_from;
 
   static TrainConfig from_toml(std::string_view text, std::string_view source = "<string>");
   static TrainConfig from_toml_file(const std::string& path);

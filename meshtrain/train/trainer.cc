@@ -1,6 +1,7 @@
 #include "meshtrain/train/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -25,7 +26,7 @@
 #include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/parallel/pipeline_parallel.h"
 #include "meshtrain/train/artifacts.h"
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/train/export.h"
 #include "meshtrain/train/internal/checkpointing.h"
 #include "meshtrain/train/internal/mesh_roles.h"
 #include "meshtrain/train/internal/pipeline_run.h"
@@ -185,9 +186,11 @@ class Run {
                                                     schedule_steps_, tc_.min_lr_ratio)
             : optim::LrSchedule::constant(tc_.lr);
     total_ = total;
+    if (tc_.resume.empty() && !tc_.init_from.empty()) init_from_file();
+    const std::optional<int64_t> resumed = tc_.resume.empty() ? std::nullopt : std::optional<int64_t>(resume());
     std::unique_ptr<MetricsLog> log;
     if (main_) {
-      log = std::make_unique<MetricsLog>(shared_.dir->file("metrics.jsonl"));
+      log = std::make_unique<MetricsLog>(shared_.dir->file("metrics.jsonl"), resumed);
       const std::string steps =
           total < full ? fmt::format("{} epochs x {} batches of {} samples = {} steps, stopping at step {} (max_steps)",
                                      tc_.epochs, per_epoch, tc_.batch_size, full, total)
@@ -218,8 +221,9 @@ class Run {
     bar.set_rate_unit(metrics_.rate_unit);
     const double units = metrics_.units_per_sample;  // per sample, in the rate's unit
     Series train_curve{"train loss", {}, {}}, test_curve{metrics_.test_curve, {}, {}};
-    int64_t step = tc_.resume.empty() ? 0 : resume(), samples = 0;
-    int64_t last_saved = tc_.resume.empty() ? -1 : step;
+    if (main_ && resumed) read_curves(shared_.dir->file("metrics.jsonl"), train_curve, test_curve);
+    int64_t step = resumed.value_or(0), samples = 0;
+    int64_t last_saved = resumed.value_or(-1);
     double window_loss = 0, hidden_sum = 0;
     int window_n = 0;
     const auto t0 = Clock::now();
@@ -472,46 +476,59 @@ class Run {
                             .scaler = std::nullopt,
                             .model = tc_.model,
                             .saved_from = fmt::format("mesh {} ({})", plan::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
-                                                      parallel_->describe())};
+                                                      parallel_->describe()),
+                            .dir = ""};
     if (scaler_) p.scaler = scaler_->state();
     return p;
   }
 
+  internal::TrainingCheckpoint checkpoint() { return internal::TrainingCheckpoint(modules_, opt_params_, *opt_); }
+
   // Collective: a sharded checkpoint of this step (checkpoint.h).
   void save(int64_t step, ProgressBar& bar) {
     const auto t0 = Clock::now();
-    const internal::TrainingCheckpoint ckpt(modules_, opt_params_, *opt_);
-    const internal::ResumePoint point = resume_point(step);
-    const std::vector<CheckpointPiece> pieces = ckpt.pieces(point);
-    const uint64_t bytes =
-        save_checkpoint(*world_, checkpoints_, step, pieces, point.to_json(), {.keep_last = tc_.keep_last});
+    const uint64_t bytes = checkpoint().save(*world_, checkpoints_, resume_point(step), tc_.keep_last);
     if (main_)
       bar.note(fmt::format("checkpoint of step {}: {} written in {:.2f} s", step, format_bytes(bytes),
                            std::chrono::duration<double>(Clock::now() - t0).count()));
   }
 
-  // Loads the newest checkpoint of the resumed run; returns its step.
+  // --init-from, or --resume (returns the step it resumes from); then the
+  // loaded masters are published (rounded copies, zero1/2's full parameters).
+  void init_from_file() {
+    const NamedTensors tensors = load_model_file(tc_.init_from, tc_.model);
+    // [tensor used by this rank..., this rank failed]: one reduction, so a
+    // rank that fails never leaves the others waiting.
+    std::vector<int32_t> used(tensors.size() + 1, 0);
+    std::exception_ptr error;
+    try {
+      const std::vector<int32_t> mine = checkpoint().load_model(tensors, tc_.init_from);
+      std::copy(mine.begin(), mine.end(), used.begin());
+    } catch (const std::exception&) {
+      error = std::current_exception();
+      used.back() = 1;
+    }
+    world_->all_reduce(used.data(), used.data(), used.size(), DType::i32, comm::ReduceOp::max);
+    if (error) std::rethrow_exception(error);
+    if (used.back() != 0)
+      throw IoError("--init-from", fmt::format("another rank could not take its part of {}", tc_.init_from),
+                    "see its error; give a model file of the same model and sizes");
+    parallel_->after_step();
+    std::vector<std::string> unused;
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (used[i] == 0) unused.push_back(tensors[i].first);
+    if (main_)
+      fmt::print("initialized from {} ({} tensors{})\n", tc_.init_from, tensors.size() - unused.size(),
+                 unused.empty() ? std::string() : fmt::format("; not in this model: {}", fmt::join(unused, ", ")));
+  }
   int64_t resume() {
-    const std::optional<std::string> dir = latest_checkpoint(checkpoints_);
-    if (!dir)
-      throw IoError("--resume", fmt::format("no checkpoint under '{}'", checkpoints_),
-                    "runs write checkpoints with --checkpoint-every N");
-    const CheckpointIndex index = read_checkpoint_index(*dir);
-    const internal::ResumePoint point = internal::ResumePoint::from_json(index.metadata, *dir + "/index.json");
-    if (point.model != tc_.model)
-      throw InvalidArgument("--resume",
-                            fmt::format("{} is a checkpoint of model '{}', this run trains '{}'", *dir, point.model,
-                                        tc_.model),
-                            "resume with the model the checkpoint was saved from");
-    internal::TrainingCheckpoint(modules_, opt_params_, *opt_).load(index, point);
-    parallel_->after_step();  // publish the loaded masters (rounded copies, zero1/2's full parameters)
+    const internal::ResumePoint point = checkpoint().resume(checkpoints_, tc_.model);
+    parallel_->after_step();
     if (scaler_ && point.scaler) scaler_->load_state(*point.scaler);
     skipped_ = point.skipped_steps;
     consecutive_skips_ = point.consecutive_skips;
     updates_ = point.optimizer_steps;
-    if (main_)
-      fmt::print("resumed from {} (step {}, saved on {})\n", *dir, point.step, point.saved_from);
-    std::fflush(stdout);
+    if (main_) fmt::print("resumed from {} (step {}, saved on {})\n", point.dir, point.step, point.saved_from);
     return point.step;
   }
 

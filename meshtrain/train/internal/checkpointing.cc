@@ -1,6 +1,9 @@
 #include "meshtrain/train/internal/checkpointing.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -137,6 +140,53 @@ void TrainingCheckpoint::load(const CheckpointIndex& index, const ResumePoint& p
   }
   load_checkpoint_pieces(index, wanted);
   opt_->import_state(state);
+}
+
+std::vector<int32_t> TrainingCheckpoint::load_model(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                                    const std::string& source) {
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < tensors.size(); ++i) by_name[tensors[i].first] = i;
+  std::vector<int32_t> used(tensors.size(), 0);
+  for (nn::Parameter* p : params_) {
+    auto it = by_name.find(p->name);
+    CheckpointPiece piece = region_of(*p);
+    if (it == by_name.end())
+      throw IoError("--init-from", fmt::format("{} has no tensor '{}' ({} tensors)", source, p->name, tensors.size()),
+                    "give a model file of the same model (meshtrain export writes one)");
+    const Tensor& whole = tensors[it->second].second;
+    if (whole.shape() != piece.shape)
+      throw IoError("--init-from",
+                    fmt::format("{} holds '{}' as [{}], this model needs [{}]", source, p->name,
+                                fmt::join(whole.shape(), ", "), fmt::join(piece.shape, ", ")),
+                    "give a model file of the same model and sizes");
+    piece.name = p->name;
+    piece.data = flat(p->value);
+    copy_region(whole.contiguous(), piece);
+    used[it->second] = 1;
+  }
+  return used;
+}
+
+uint64_t TrainingCheckpoint::save(comm::Communicator& world, const std::string& root, const ResumePoint& point,
+                                  int keep_last) const {
+  return save_checkpoint(world, root, point.step, pieces(point), point.to_json(), {.keep_last = keep_last});
+}
+
+ResumePoint TrainingCheckpoint::resume(const std::string& root, const std::string& model) {
+  const std::optional<std::string> dir = latest_checkpoint(root);
+  if (!dir)
+    throw IoError("--resume", fmt::format("no checkpoint under '{}'", root),
+                  "runs write checkpoints with --checkpoint-every N");
+  const CheckpointIndex index = read_checkpoint_index(*dir);
+  ResumePoint point = ResumePoint::from_json(index.metadata, *dir + "/index.json");
+  if (point.model != model)
+    throw InvalidArgument("--resume",
+                          fmt::format("{} is a checkpoint of model '{}', this run trains '{}'", *dir, point.model,
+                                      model),
+                          "resume with the model the checkpoint was saved from");
+  load(index, point);
+  point.dir = *dir;
+  return point;
 }
 
 }  // namespace meshtrain::train::internal

@@ -37,6 +37,7 @@ struct ResumePoint {
   std::optional<optim::DynamicLossScaler::State> scaler;
   std::string model;              // the recipe's name ("mlp", "gpt")
   std::string saved_from;         // the mesh and strategy, for messages
+  std::string dir;                // where it was loaded from (not saved)
   std::string to_json() const;
   static ResumePoint from_json(const std::string& text, const std::string& source);
 };
@@ -55,6 +56,21 @@ class TrainingCheckpoint {
   // (every piece this rank needs); call Parallelism::after_step() next to
   // publish the masters. IoError as load_checkpoint_pieces.
   void load(const CheckpointIndex& index, const ResumePoint& point);
+  // Collective over `world`: this rank's pieces and `point` as the
+  // checkpoint of point.step under `root` (checkpoint.h's save_checkpoint);
+  // returns the bytes all ranks wrote.
+  uint64_t save(comm::Communicator& world, const std::string& root, const ResumePoint& point, int keep_last) const;
+  // Loads the newest checkpoint under `root` (see load) and returns its
+  // point (dir set). IoError when there is none; InvalidArgument when it is
+  // of a model other than `model`.
+  ResumePoint resume(const std::string& root, const std::string& model);
+  // Overwrites the masters from whole tensors by name (--init-from: a file
+  // in meshtrain's names and layout, export.h's load_model_file); the
+  // optimizer state stays fresh. IoError naming `source` and the tensor for
+  // one the model has that `tensors` lacks or holds with another shape;
+  // returns, per tensor, 1 when this rank took a part of it, else 0.
+  std::vector<int32_t> load_model(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                  const std::string& source);
 
  private:
   CheckpointPiece region_of(const nn::Parameter& p) const;  // without name or data
