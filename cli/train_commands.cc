@@ -10,6 +10,7 @@
 #include "bench/attention_bench.h"
 #include "bench/fusion_bench.h"
 #include "bench/gemm_bench.h"
+#include "bench/checkpoint_bench.h"
 #include "bench/zeropp_bench.h"
 #include "bench/gpt_bench.h"
 #include "bench/memory_bench.h"
@@ -391,6 +392,39 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                                                   {"threads", std::to_string(fo->threads)},
                                                   {"reps", std::to_string(fo->reps)}});
                    fmt::print("{}", bench::format_fusion_bench(bench::run_fusion_bench(*fo), *fo));
+                   return 0;
+                 }});
+
+  auto co = std::make_shared<bench::CheckpointBenchOptions>();
+  auto* cb = bench_cmd->add_subcommand(
+      "checkpoint",
+      "sharded checkpoint save and load throughput (GPT-2 124M, zero3, AdamW) beside the disk's sequential write "
+      "and read rates measured in the same run");
+  cb->add_option("--ranks", co->ranks, "ranks of the threads engine (1 to 64)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  cb->add_option("--layers", co->layers, "GPT layers")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{96}));
+  cb->add_option("--width", co->width, "GPT width (divisible by --heads)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{16384}));
+  cb->add_option("--heads", co->heads, "attention heads")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{256}));
+  cb->add_option("--vocab", co->vocab, "vocabulary")->capture_default_str()->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  cb->add_option("--context", co->context, "longest sequence (rows of wpe)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1000000}));
+  cb->add_option("--dir", co->dir, "where the checkpoints and the disk probe go (removed afterwards)")
+      ->capture_default_str();
+  cb->add_option("--reps", co->reps, "saves and loads (1 to 100)")->capture_default_str()->check(CLI::Range(1, 100));
+  cb->add_flag("--drop-caches", co->drop_caches, "drop the page cache before each load and the disk read (root)");
+  out.push_back({cb, [=] {
+                   print_config("bench checkpoint", {{"ranks", std::to_string(co->ranks)},
+                                                     {"layers", std::to_string(co->layers)},
+                                                     {"width", std::to_string(co->width)},
+                                                     {"vocab", std::to_string(co->vocab)},
+                                                     {"dir", co->dir},
+                                                     {"reps", std::to_string(co->reps)},
+                                                     {"drop_caches", co->drop_caches ? "true" : "false"}});
+                   fmt::print("{}", bench::format_checkpoint_bench(bench::run_checkpoint_bench(*co), *co));
                    return 0;
                  }});
 
