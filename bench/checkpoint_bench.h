@@ -35,6 +35,9 @@ struct CheckpointBenchResult {
   int64_t parameters = 0;
   uint64_t bytes = 0;                   // of one checkpoint
   std::vector<double> save_s, load_s;   // per repetition
+  // The last save's phases (checkpoint.h's CheckpointSaveStats: each the
+  // slowest rank's).
+  double exchange_s = 0, write_s = 0, sync_s = 0, verify_s = 0, commit_s = 0;
   double disk_write_1 = 0, disk_write_n = 0, disk_read_1 = 0;  // bytes per second
   bool caches_dropped = false;
 };

@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -16,8 +17,10 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <system_error>
+#include <utility>
 
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/error.h"
@@ -34,6 +37,7 @@ constexpr int kVersion = 1;
 constexpr uint64_t kAlign = 64;
 constexpr const char* kSave = "save_checkpoint";
 constexpr const char* kLoad = "load checkpoint";
+using Clock = std::chrono::steady_clock;
 
 std::string step_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 
@@ -83,11 +87,23 @@ Region check_region(const std::vector<int64_t>& shape, std::vector<int64_t> view
     if (box.offsets[d] < 0 || box.sizes[d] < 0 || box.offsets[d] > view[d] - box.sizes[d])
       fail(fmt::format("box {} is not inside view [{}]", box.to_string(), fmt::join(view, ", ")));
   const int64_t bn = box.numel();
-  if (count < 0) count = bn - start;
+  if (count < 0 && start >= 0) count = bn - start;  // the default: the rest of the box
   if (start < 0 || start > bn || count > bn - start)
-    fail(fmt::format("elements [{}, {}) are not inside box {} ({} elements)", start, start + count, box.to_string(),
-                     bn));
+    fail(fmt::format("elements [{}, {}) are not inside box {} ({} elements)", start,
+                     static_cast<__int128>(start) + count, box.to_string(), bn));
   return {std::move(view), std::move(box), start, count};
+}
+
+// A JSON integer as T; nullopt for anything else: get<T> converts a float
+// out of T's range with undefined behavior and wraps an integer out of range.
+template <typename T>
+std::optional<T> integer_of(const json& v) {
+  if (v.is_number_unsigned()) {
+    if (const uint64_t u = v.get<uint64_t>(); std::in_range<T>(u)) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    if (const int64_t i = v.get<int64_t>(); std::in_range<T>(i)) return static_cast<T>(i);
+  }
+  return std::nullopt;
 }
 
 // A contiguous stretch of a piece: global row-major elements
@@ -210,7 +226,13 @@ void read_all(const char* op, int fd, void* data, uint64_t bytes, uint64_t offse
 // This rank's file: its pieces at aligned offsets. Returns, per piece, its
 // offset, bytes and CRC-32 (as JSON), after reading the file back.
 json write_rank_file(const std::string& path, const std::vector<const CheckpointPiece*>& pieces,
-                     const std::vector<Region>& regions) {
+                     const std::vector<Region>& regions, CheckpointSaveStats& stats) {
+  auto t = Clock::now();
+  auto lap = [&t](double& into) {
+    const auto now = Clock::now();
+    into += std::chrono::duration<double>(now - t).count();
+    t = now;
+  };
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_errno(kSave, fmt::format("create '{}'", path), errno, "check the directory's permissions");
   json out = json::array();
@@ -226,8 +248,10 @@ json write_rank_file(const std::string& path, const std::vector<const Checkpoint
       crcs.push_back(crc);
       offset = (offset + bytes + kAlign - 1) / kAlign * kAlign;
     }
+    lap(stats.write_s);
     if (::ftruncate(fd, static_cast<off_t>(offset)) != 0 || ::fsync(fd) != 0)
       throw_errno(kSave, fmt::format("flush '{}'", path), errno, "check free space");
+    lap(stats.sync_s);
     // Verify: read every piece back.
     std::vector<char> buf;
     for (size_t i = 0; i < pieces.size(); ++i) {
@@ -239,6 +263,7 @@ json write_rank_file(const std::string& path, const std::vector<const Checkpoint
                                          pieces[i]->name),
                       "the storage is unreliable");
     }
+    lap(stats.verify_s);
   } catch (...) {
     ::close(fd);
     throw;
@@ -274,12 +299,14 @@ std::vector<int64_t> steps_under(const std::string& root) {
 
 // ---- saving ----
 
-uint64_t save_checkpoint(comm::Communicator& world, const std::string& root, int64_t step,
+CheckpointSaveStats save_checkpoint(comm::Communicator& world, const std::string& root, int64_t step,
                      const std::vector<CheckpointPiece>& pieces, const std::string& metadata,
                      const CheckpointOptions& options) {
   if (step < 0 || step > 99'999'999)
     throw InvalidArgument(kSave, fmt::format("step {}", step), "steps are numbered 0 to 99999999");
   // 1. Check, describe, exchange, and decide who writes what.
+  CheckpointSaveStats stats;
+  auto t = Clock::now();
   Failure failure;
   json meta;
   std::vector<Region> regions;
@@ -323,6 +350,7 @@ uint64_t save_checkpoint(comm::Communicator& world, const std::string& root, int
     writes.push_back(&pieces[i]);
     write_regions.push_back(regions[i]);
   }
+  stats.exchange_s = std::chrono::duration<double>(Clock::now() - t).count();
   // 2. Write this rank's file into the temporary directory.
   const fs::path tmp = fs::path(root) / fmt::format(".{}.tmp", step_name(step));
   if (world.rank() == 0) {
@@ -341,16 +369,16 @@ uint64_t save_checkpoint(comm::Communicator& world, const std::string& root, int
   const std::string file = fmt::format("rank_{:05d}.bin", world.rank());
   json written;
   try {
-    if (!writes.empty()) written = write_rank_file((tmp / file).string(), writes, write_regions);
+    if (!writes.empty()) written = write_rank_file((tmp / file).string(), writes, write_regions, stats);
   } catch (const std::exception& e) {
     failure.set(e);
   }
   agree(world, failure);
   // 3. The index, by rank 0, from every rank's placements and checksums.
+  t = Clock::now();
   const std::vector<std::string> sums = all_gather_text(world, written.is_null() ? std::string("[]") : written.dump());
-  uint64_t total = 0;
   for (const std::string& placed : sums)
-    for (const json& at : json::parse(placed)) total += at["bytes"].get<uint64_t>();
+    for (const json& at : json::parse(placed)) stats.bytes += at["bytes"].get<uint64_t>();
   if (world.rank() == 0) {
     try {
       json index{{"format", kFormat}, {"version", kVersion}, {"step", step}, {"metadata", meta}};
@@ -405,7 +433,15 @@ uint64_t save_checkpoint(comm::Communicator& world, const std::string& root, int
     }
   }
   agree(world, failure);
-  return total;
+  stats.commit_s = std::chrono::duration<double>(Clock::now() - t).count();
+  double phases[5] = {stats.exchange_s, stats.write_s, stats.sync_s, stats.verify_s, stats.commit_s};
+  world.all_reduce(phases, phases, 5, DType::f64, comm::ReduceOp::max);
+  stats.exchange_s = phases[0];
+  stats.write_s = phases[1];
+  stats.sync_s = phases[2];
+  stats.verify_s = phases[3];
+  stats.commit_s = phases[4];
+  return stats;
 }
 
 // ---- loading ----
@@ -426,14 +462,26 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, const std::string&
   const std::string hint = "the checkpoint is damaged or not meshtrain's: load an older one (remove this step_N "
                            "directory)";
   auto fail = [&](const std::string& why) -> IoError { return IoError(kLoad, fmt::format("{}: {}", path, why), hint); };
+  // Integer fields: JSON integers within their C++ type.
+  auto integer = [&](const json& v, auto type, const char* field) {
+    const auto x = integer_of<decltype(type)>(v);
+    if (!x) throw fail(fmt::format("{} is {}, not an integer in range", field, v.dump()));
+    return *x;
+  };
+  auto integers = [&](const json& v, const char* field) {
+    if (!v.is_array()) throw fail(fmt::format("{} is a JSON {}, not a list of integers", field, v.type_name()));
+    std::vector<int64_t> list;
+    for (const json& x : v) list.push_back(integer(x, int64_t{}, field));
+    return list;
+  };
   CheckpointIndex out;
   try {
     const json j = json::parse(text);
     if (!j.is_object() || j.value("format", "") != kFormat)
       throw fail(fmt::format("not a checkpoint index (format is not \"{}\")", kFormat));
-    if (j.at("version").get<int>() != kVersion)
-      throw fail(fmt::format("index version {} (this build reads {})", j.at("version").get<int>(), kVersion));
-    out.step = j.at("step").get<int64_t>();
+    if (const int version = integer(j.at("version"), int{}, "version"); version != kVersion)
+      throw fail(fmt::format("index version {} (this build reads {})", version, kVersion));
+    out.step = integer(j.at("step"), int64_t{}, "step");
     if (out.step < 0) throw fail(fmt::format("step {}", out.step));
     out.metadata = j.at("metadata").dump();
     for (const json& f : j.at("files")) {
@@ -441,25 +489,25 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, const std::string&
       if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
         throw fail(fmt::format("file name '{}' is not a file of the checkpoint's directory", name));
       out.files.push_back(name);
-      out.file_bytes.push_back(f.at("bytes").get<uint64_t>());
+      out.file_bytes.push_back(integer(f.at("bytes"), uint64_t{}, "bytes"));
     }
     for (const json& t : j.at("tensors")) {
       CheckpointIndex::Entry e;
       e.name = t.at("name").get<std::string>();
       if (t.at("dtype").get<std::string>() != "f32")
         throw fail(fmt::format("tensor '{}' has dtype {} (checkpoints hold f32)", e.name, t.at("dtype").dump()));
-      e.shape = t.at("shape").get<std::vector<int64_t>>();
+      e.shape = integers(t.at("shape"), "shape");
       for (const json& p : t.at("pieces")) {
         CheckpointIndex::Piece piece;
-        piece.file = p.at("file").get<int>();
-        piece.offset = p.at("offset").get<uint64_t>();
-        piece.bytes = p.at("bytes").get<uint64_t>();
-        piece.crc32 = p.at("crc32").get<uint32_t>();
+        piece.file = integer(p.at("file"), int{}, "file");
+        piece.offset = integer(p.at("offset"), uint64_t{}, "offset");
+        piece.bytes = integer(p.at("bytes"), uint64_t{}, "bytes");
+        piece.crc32 = integer(p.at("crc32"), uint32_t{}, "crc32");
         const std::string what = fmt::format("a piece of tensor '{}'", e.name);
-        const Region r = check_region<IoError>(e.shape, p.at("view").get<std::vector<int64_t>>(),
-                                               {p.at("offsets").get<std::vector<int64_t>>(),
-                                                p.at("sizes").get<std::vector<int64_t>>()},
-                                               p.at("start").get<int64_t>(), p.at("count").get<int64_t>(), kLoad,
+        const Region r = check_region<IoError>(e.shape, integers(p.at("view"), "view"),
+                                               {integers(p.at("offsets"), "offsets"), integers(p.at("sizes"), "sizes")},
+                                               integer(p.at("start"), int64_t{}, "start"),
+                                               integer(p.at("count"), int64_t{}, "count"), kLoad,
                                                fmt::format("{}: {}", path, what), hint);
         piece.view = r.view;
         piece.box = r.box;

@@ -78,10 +78,18 @@ struct CheckpointOptions {
   int keep_last = 0;  // > 0: remove all but the newest keep_last checkpoints after a save
 };
 
+// What a save did: the bytes of tensor data all ranks wrote, and the
+// seconds of each phase (the slowest rank's): exchanging the pieces'
+// descriptions, writing (with the CRC-32s), fsync, reading back and
+// checking, the index and rename (with the ranks' agreement on success).
+struct CheckpointSaveStats {
+  uint64_t bytes = 0;
+  double exchange_s = 0, write_s = 0, sync_s = 0, verify_s = 0, commit_s = 0;
+};
+
 // Saves step `step` under `root` (created if missing); see above.
 // `metadata` is a JSON object (text) stored in the index as it is.
-// Returns the bytes of tensor data written by all ranks together.
-uint64_t save_checkpoint(comm::Communicator& world, const std::string& root, int64_t step,
+CheckpointSaveStats save_checkpoint(comm::Communicator& world, const std::string& root, int64_t step,
                      const std::vector<CheckpointPiece>& pieces, const std::string& metadata,
                      const CheckpointOptions& options = {});
 

@@ -24,6 +24,8 @@ constexpr uint8_t kTypeU8 = 0x08;
 constexpr int kMaxDims = 4;
 // Larger payloads are treated as a corrupt header rather than allocated.
 constexpr uint64_t kMaxElements = uint64_t{1} << 34;
+// Deflate's largest expansion: a gzip file of n bytes holds at most 1032 n.
+constexpr uint64_t kMaxInflateRatio = 1032;
 constexpr size_t kChunk = size_t{1} << 18;  // bytes per file read
 
 std::string in_quotes(const std::string& path) { return "'" + path + "'"; }
@@ -232,26 +234,29 @@ IdxArray read_idx(const std::string& path, MemoryTracker* tracker, std::string_v
   const int ndims = magic[3];
   IdxArray out;
   uint64_t elements = 1;
+  uint64_t extent = 1;  // the same product with sizes of 0 counted as 1 (the tensor's strides)
   for (int d = 0; d < ndims; ++d) {
     uint8_t b[4];
     in.read_exact(b, 4, fmt::format("the size of dim {}", d));
     const uint32_t size = (uint32_t{b[0]} << 24) | (uint32_t{b[1]} << 16) | (uint32_t{b[2]} << 8) | uint32_t{b[3]};
     out.dims.push_back(static_cast<int64_t>(size));
     elements = size == 0 ? 0 : (elements > kMaxElements / size ? kMaxElements + 1 : elements * size);
+    const uint32_t stride_size = std::max<uint32_t>(size, 1);
+    extent = extent > kMaxElements / stride_size ? kMaxElements + 1 : extent * stride_size;
   }
   const uint64_t header_bytes = in.offset();
-  if (elements > kMaxElements)
+  if (elements > kMaxElements || extent > kMaxElements)
     throw IoError(kOp,
-                  fmt::format("{}: dims {} in the header (byte offsets 4..{}) describe more than {} elements",
-                              in_quotes(path), dims_string(out.dims), header_bytes - 1, kMaxElements),
+                  fmt::format("{}: dims {} in the header (byte offsets 4..{}) describe more than {} elements{}",
+                              in_quotes(path), dims_string(out.dims), header_bytes - 1, kMaxElements,
+                              elements == 0 ? " (counting sizes of 0 as 1)" : ""),
                   "the header is corrupt; download or reinstall the file");
   // A raw file's size is known up front: check before allocating.
   if (!in.compressed() && in.raw_size() != header_bytes + elements)
     throw_size_mismatch(in, out.dims, header_bytes, elements, in.raw_size(), in.raw_size() > header_bytes + elements);
 
-  out.data = Tensor::empty(out.dims, DType::u8, Device::cpu(), tracker, MemoryCategory::other);
-  const size_t got = in.read_some(out.data.data_ptr(), static_cast<size_t>(elements));
-  if (got < elements) {
+  // The data ended before `elements` bytes (in.offset() says where).
+  const auto data_ends_early = [&] {
     if (in.gzip_truncated())
       throw IoError(kOp,
                     fmt::format("{} is truncated: the gzip stream is cut off at byte offset {} of the decompressed "
@@ -259,7 +264,21 @@ IdxArray read_idx(const std::string& path, MemoryTracker* tracker, std::string_v
                                 in_quotes(path), in.offset(), dims_string(out.dims), elements, header_bytes),
                     "the download was interrupted; download or reinstall the file");
     throw_size_mismatch(in, out.dims, header_bytes, elements, in.offset(), false);
+  };
+  // A gzip file cannot inflate to more than kMaxInflateRatio times its size:
+  // when the dims ask for more, find where the data ends without allocating.
+  std::error_code size_ec;
+  const uint64_t file_bytes = in.compressed() ? static_cast<uint64_t>(fs::file_size(path, size_ec)) : 0;
+  if (in.compressed() && !size_ec && elements > kMaxInflateRatio * file_bytes) {
+    std::vector<uint8_t> sink(kChunk);
+    while (in.read_some(sink.data(), sink.size()) != 0) {
+    }
+    data_ends_early();
   }
+
+  out.data = Tensor::empty(out.dims, DType::u8, Device::cpu(), tracker, MemoryCategory::other);
+  const size_t got = in.read_some(out.data.data_ptr(), static_cast<size_t>(elements));
+  if (got < elements) data_ends_early();
   uint8_t extra;
   if (in.read_some(&extra, 1) != 0) {
     // Decode the rest first: a damaged gzip stream can decode to extra bytes,

@@ -487,7 +487,7 @@ class Run {
   // Collective: a sharded checkpoint of this step (checkpoint.h).
   void save(int64_t step, ProgressBar& bar) {
     const auto t0 = Clock::now();
-    const uint64_t bytes = checkpoint().save(*world_, checkpoints_, resume_point(step), tc_.keep_last);
+    const uint64_t bytes = checkpoint().save(*world_, checkpoints_, resume_point(step), tc_.keep_last).bytes;
     if (main_)
       bar.note(fmt::format("checkpoint of step {}: {} written in {:.2f} s", step, format_bytes(bytes),
                            std::chrono::duration<double>(Clock::now() - t0).count()));

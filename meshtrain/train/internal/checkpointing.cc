@@ -167,7 +167,7 @@ std::vector<int32_t> TrainingCheckpoint::load_model(const std::vector<std::pair<
   return used;
 }
 
-uint64_t TrainingCheckpoint::save(comm::Communicator& world, const std::string& root, const ResumePoint& point,
+CheckpointSaveStats TrainingCheckpoint::save(comm::Communicator& world, const std::string& root, const ResumePoint& point,
                                   int keep_last) const {
   return save_checkpoint(world, root, point.step, pieces(point), point.to_json(), {.keep_last = keep_last});
 }

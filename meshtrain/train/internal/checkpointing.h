@@ -58,8 +58,8 @@ class TrainingCheckpoint {
   void load(const CheckpointIndex& index, const ResumePoint& point);
   // Collective over `world`: this rank's pieces and `point` as the
   // checkpoint of point.step under `root` (checkpoint.h's save_checkpoint);
-  // returns the bytes all ranks wrote.
-  uint64_t save(comm::Communicator& world, const std::string& root, const ResumePoint& point, int keep_last) const;
+  // returns what it did.
+  CheckpointSaveStats save(comm::Communicator& world, const std::string& root, const ResumePoint& point, int keep_last) const;
   // Loads the newest checkpoint under `root` (see load) and returns its
   // point (dir set). IoError when there is none; InvalidArgument when it is
   // of a model other than `model`.

@@ -13,6 +13,8 @@ namespace meshtrain::train::internal {
 namespace {
 
 constexpr const char* kOp = "load_safetensors";
+// The most bytes a tensor may span (Tensor::empty's limit, core/tensor.cc).
+constexpr int64_t kMaxTensorBytes = int64_t{1} << 56;
 
 // The safetensors names of the core's dtypes (the writer's table, inverted).
 constexpr std::pair<std::string_view, DType> kDTypes[] = {
@@ -63,6 +65,7 @@ std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header, 
     // shape: elements x dtype size, without overflow
     if (!v.contains("shape") || !v["shape"].is_array()) corrupt(path, name, "no shape array");
     int64_t bytes = static_cast<int64_t>(dtype_size(e.dtype));
+    int64_t extent = bytes;  // the same product with sizes of 0 counted as 1 (an empty tensor's strides)
     for (const auto& d : v["shape"]) {
       const uint64_t size = unsigned_of(d, path, name, "shape");
       if (size > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -71,6 +74,11 @@ std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header, 
       const auto next = checked_mul(bytes, static_cast<int64_t>(size));
       if (!next) corrupt(path, name, fmt::format("shape {} holds more than 2^63 - 1 bytes", v["shape"].dump()));
       bytes = *next;
+      const auto wider = checked_mul(extent, std::max<int64_t>(static_cast<int64_t>(size), 1));
+      if (!wider || *wider > kMaxTensorBytes)
+        corrupt(path, name, fmt::format("shape {} spans more than 2^56 bytes (sizes of 0 counted as 1)",
+                                        v["shape"].dump()));
+      extent = *wider;
     }
     // data_offsets: inside the data section and exactly the shape's bytes
     if (!v.contains("data_offsets") || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
