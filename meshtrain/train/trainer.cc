@@ -475,7 +475,8 @@ class Run {
                             .optimizer_steps = updates_,
                             .scaler = std::nullopt,
                             .model = tc_.model,
-                            .saved_from = fmt::format("mesh {} ({})", plan::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
+                            .saved_from = fmt::format("mesh {} ({})",
+                                                      plan::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
                                                       parallel_->describe()),
                             .dir = ""};
     if (scaler_) p.scaler = scaler_->state();
@@ -497,22 +498,8 @@ class Run {
   // loaded masters are published (rounded copies, zero1/2's full parameters).
   void init_from_file() {
     const NamedTensors tensors = load_model_file(tc_.init_from, tc_.model);
-    // [tensor used by this rank..., this rank failed]: one reduction, so a
-    // rank that fails never leaves the others waiting.
-    std::vector<int32_t> used(tensors.size() + 1, 0);
-    std::exception_ptr error;
-    try {
-      const std::vector<int32_t> mine = checkpoint().load_model(tensors, tc_.init_from);
-      std::copy(mine.begin(), mine.end(), used.begin());
-    } catch (const std::exception&) {
-      error = std::current_exception();
-      used.back() = 1;
-    }
-    world_->all_reduce(used.data(), used.data(), used.size(), DType::i32, comm::ReduceOp::max);
-    if (error) std::rethrow_exception(error);
-    if (used.back() != 0)
-      throw IoError("--init-from", fmt::format("another rank could not take its part of {}", tc_.init_from),
-                    "see its error; give a model file of the same model and sizes");
+    std::vector<int32_t> used(tensors.size(), 0);  // per tensor: some rank took a part of it
+    internal::on_every_rank(*world_, "--init-from", used, [&] { used = checkpoint().load_model(tensors, tc_.init_from); });
     parallel_->after_step();
     std::vector<std::string> unused;
     for (size_t i = 0; i < tensors.size(); ++i)
@@ -522,7 +509,9 @@ class Run {
                  unused.empty() ? std::string() : fmt::format("; not in this model: {}", fmt::join(unused, ", ")));
   }
   int64_t resume() {
-    const internal::ResumePoint point = checkpoint().resume(checkpoints_, tc_.model);
+    internal::ResumePoint point;
+    std::vector<int32_t> none;
+    internal::on_every_rank(*world_, "--resume", none, [&] { point = checkpoint().resume(checkpoints_, tc_.model); });
     parallel_->after_step();
     if (scaler_ && point.scaler) scaler_->load_state(*point.scaler);
     skipped_ = point.skipped_steps;

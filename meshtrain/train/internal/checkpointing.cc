@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <exception>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -187,6 +188,21 @@ ResumePoint TrainingCheckpoint::resume(const std::string& root, const std::strin
   load(index, point);
   point.dir = *dir;
   return point;
+}
+
+void on_every_rank(comm::Communicator& world, const std::string& what, std::vector<int32_t>& flags,
+                   const std::function<void()>& load) {
+  std::exception_ptr error;
+  try {
+    load();
+  } catch (const std::exception&) {
+    error = std::current_exception();
+  }
+  flags.push_back(error ? 1 : 0);
+  world.all_reduce(flags.data(), flags.data(), flags.size(), DType::i32, comm::ReduceOp::max);
+  if (error) std::rethrow_exception(error);
+  if (flags.back() != 0) throw IoError(what, "another rank could not load its part", "see that rank's error above");
+  flags.pop_back();
 }
 
 }  // namespace meshtrain::train::internal

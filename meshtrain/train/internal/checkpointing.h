@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -79,5 +80,12 @@ class TrainingCheckpoint {
   std::vector<nn::Parameter*> params_;
   optim::Optimizer* opt_;
 };
+
+// Collective over `world`: runs `load` on every rank; when it fails
+// anywhere, every rank throws (the failing one its own error, the others
+// IoError naming `what`) before any other collective, so no rank is left
+// waiting. `flags` comes back max-reduced over the ranks.
+void on_every_rank(comm::Communicator& world, const std::string& what, std::vector<int32_t>& flags,
+                   const std::function<void()>& load);
 
 }  // namespace meshtrain::train::internal
