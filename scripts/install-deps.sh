@@ -15,7 +15,8 @@ packages=(
   libsentencepiece-dev  # the BPE tokenizer (train/tokenizer.h)
   dataset-fashion-mnist
   fortunes  # the default text corpus, /usr/share/games/fortunes
-  procps  # pgrep, for tests/mpi_signal_test.sh
+  procps  # pgrep, for tests/mpi_signal_test.sh and tests/checkpoint_crash_test.sh
+  clang libclang-rt-14-dev  # libFuzzer and the sanitizers' runtimes for `make fuzz` (docs/fuzzing.md)
 )
 
 missing=()
