@@ -122,11 +122,12 @@ for t in "${targets[@]}"; do
   findings="$build/findings/$t"
   mkdir -p "$work" "$findings"
   if [ "$mode" = runs ]; then limit=(-runs="$amount"); else limit=(-max_total_time="$amount"); fi
-  echo "== $t: ${limit[*]}"
-  # shellcheck disable=SC2086
-  if ! "$build/fuzz/$t" "${limit[@]}" -max_len="${FUZZ_MAX_LEN:-4096}" -timeout=25 -rss_limit_mb=2048 \
-      -print_final_stats=1 -dict="$build/dict/$t.dict" -artifact_prefix="$findings/" ${FUZZ_ARGS:-} \
-      "$work" "fuzz/corpus/$t"; then
+  # shellcheck disable=SC2206
+  cmd=("$build/fuzz/$t" "${limit[@]}" -max_len="${FUZZ_MAX_LEN:-4096}" -timeout=25 -rss_limit_mb=2048
+       -print_final_stats=1 -dict="$build/dict/$t.dict" -artifact_prefix="$findings/" ${FUZZ_ARGS:-}
+       "$work" "fuzz/corpus/$t")
+  echo "== $t: ${cmd[*]}"
+  if ! "${cmd[@]}"; then
     echo "run.sh: $t found a problem; the input is in $findings/" >&2
     status=1
   fi

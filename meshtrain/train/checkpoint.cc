@@ -61,6 +61,17 @@ struct Region {
   int64_t start = 0, count = 0;
 };
 
+// Box::to_string for a box read from a file, not checked yet (to_string
+// indexes offsets by sizes and adds the two: out of bounds or overflowing here).
+std::string box_string(const sharding::Box& box) {
+  if (box.offsets.size() != box.sizes.size())
+    return fmt::format("(offsets [{}], sizes [{}])", fmt::join(box.offsets, ", "), fmt::join(box.sizes, ", "));
+  std::vector<std::string> parts;
+  for (size_t d = 0; d < box.sizes.size(); ++d)
+    parts.push_back(fmt::format("{}:{}", box.offsets[d], static_cast<__int128>(box.offsets[d]) + box.sizes[d]));
+  return fmt::format("[{}]", fmt::join(parts, ", "));
+}
+
 template <typename Err>
 Region check_region(const std::vector<int64_t>& shape, std::vector<int64_t> view, sharding::Box box, int64_t start,
                     int64_t count, const char* op, const std::string& what, const std::string& hint) {
@@ -81,11 +92,11 @@ Region check_region(const std::vector<int64_t>& shape, std::vector<int64_t> view
                                 fmt::join(shape, ", ")));
   if (box.offsets.empty() && box.sizes.empty()) box = {std::vector<int64_t>(view.size(), 0), view};
   if (box.offsets.size() != view.size() || box.sizes.size() != view.size())
-    fail(fmt::format("box {} has not the {} dimensions of view [{}]", box.to_string(), view.size(),
+    fail(fmt::format("box {} has not the {} dimensions of view [{}]", box_string(box), view.size(),
                      fmt::join(view, ", ")));
   for (size_t d = 0; d < view.size(); ++d)
     if (box.offsets[d] < 0 || box.sizes[d] < 0 || box.offsets[d] > view[d] - box.sizes[d])
-      fail(fmt::format("box {} is not inside view [{}]", box.to_string(), fmt::join(view, ", ")));
+      fail(fmt::format("box {} is not inside view [{}]", box_string(box), fmt::join(view, ", ")));
   const int64_t bn = box.numel();
   if (count < 0 && start >= 0) count = bn - start;  // the default: the rest of the box
   if (start < 0 || start > bn || count > bn - start)
