@@ -3,6 +3,7 @@
 #include "meshtrain/core/half.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -65,6 +66,12 @@ __attribute__((target("avx512f"))) void round_f32_to_bf16_avx512(float* p, size_
   round_f32_to_bf16_portable(p + i, n - i);
 }
 
+// GCC 12's avx512fintrin.h builds _mm512_cvtepu16_epi32's result from an
+// _mm512_undefined_epi32() and then warns that it may be uninitialized.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* in, float* out, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -73,6 +80,9 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* in, f
   }
   bf16_to_f32_portable(in + i, out + i, n - i);
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 const bool kAvx512 = __builtin_cpu_supports("avx512f");
 
@@ -92,7 +102,15 @@ __attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* in, flo
   f16_to_f32_portable(in + i, out + i, n - i);
 }
 
-const bool kF16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+// AVX usable (the builtin also checks the OS saves YMM state) and F16C:
+// CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports knows no
+// "f16c").
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__builtin_cpu_supports("avx") || __get_cpuid(1, &a, &b, &c, &d) == 0) return false;
+  return (c & (1u << 29)) != 0;
+}
+const bool kF16c = cpu_has_f16c();
 
 }  // namespace
 

@@ -510,6 +510,29 @@ Tensor Tensor::to(DType dtype) const {
 // the calling thread (parallel_for's grain).
 constexpr int64_t kCopyGrain = 1 << 16;
 
+namespace {
+
+// n contiguous elements converted (vector kernels for f32 <-> bf16/f16). A
+// function template, not a branch inside copy_from's nested generic
+// lambdas, where clang 14 checks the discarded branches too.
+template <typename S, typename D>
+void convert_run(const S* p, D* d, size_t n) {
+  if constexpr (std::is_same_v<D, S>)
+    std::copy(p, p + n, d);
+  else if constexpr (std::is_same_v<D, internal::F16> && std::is_same_v<S, float>)
+    internal::f32_to_f16(p, reinterpret_cast<uint16_t*>(d), n);
+  else if constexpr (std::is_same_v<D, internal::Bf16> && std::is_same_v<S, float>)
+    internal::f32_to_bf16(p, reinterpret_cast<uint16_t*>(d), n);
+  else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, internal::F16>)
+    internal::f16_to_f32(reinterpret_cast<const uint16_t*>(p), d, n);
+  else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, internal::Bf16>)
+    internal::bf16_to_f32(reinterpret_cast<const uint16_t*>(p), d, n);
+  else
+    for (size_t i = 0; i < n; ++i) d[i] = internal::convert<D>(p[i]);
+}
+
+}  // namespace
+
 void Tensor::copy_from(const Tensor& src) const {
   check_defined("Tensor::copy_from");
   src.check_defined("Tensor::copy_from");
@@ -536,21 +559,7 @@ void Tensor::copy_from(const Tensor& src) const {
         D* d = dst + off[0];
         const S* p = s + off[1];
         if (inner[0] == 1 && inner[1] == 1) {  // unit strides: vector code, long runs over the rank's threads
-          const auto run = [&](int64_t b, int64_t e) {
-            const size_t n = static_cast<size_t>(e - b);
-            if constexpr (std::is_same_v<D, S>)
-              std::copy(p + b, p + e, d + b);
-            else if constexpr (std::is_same_v<D, internal::F16> && std::is_same_v<S, float>)
-              internal::f32_to_f16(p + b, reinterpret_cast<uint16_t*>(d + b), n);
-            else if constexpr (std::is_same_v<D, internal::Bf16> && std::is_same_v<S, float>)
-              internal::f32_to_bf16(p + b, reinterpret_cast<uint16_t*>(d + b), n);
-            else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, internal::F16>)
-              internal::f16_to_f32(reinterpret_cast<const uint16_t*>(p + b), d + b, n);
-            else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, internal::Bf16>)
-              internal::bf16_to_f32(reinterpret_cast<const uint16_t*>(p + b), d + b, n);
-            else
-              for (int64_t i = b; i < e; ++i) d[i] = internal::convert<D>(p[i]);
-          };
+          const auto run = [&](int64_t b, int64_t e) { convert_run(p + b, d + b, static_cast<size_t>(e - b)); };
           if (len >= 2 * kCopyGrain)
             parallel_for(len, kCopyGrain, run);
           else
