@@ -62,7 +62,10 @@ Box Box::intersect(const Box& other) const {
 
 std::string Box::to_string() const {
   std::vector<std::string> parts;
-  for (size_t d = 0; d < sizes.size(); ++d) parts.push_back(fmt::format("{}:{}", offsets[d], offsets[d] + sizes[d]));
+  // A box read from a file may be malformed: no index past offsets, no signed overflow.
+  for (size_t d = 0; d < sizes.size(); ++d)
+    parts.push_back(d < offsets.size() ? fmt::format("{}:{}", offsets[d], static_cast<__int128>(offsets[d]) + sizes[d])
+                                       : fmt::format("?:+{}", sizes[d]));
   return fmt::format("[{}]", fmt::join(parts, ", "));
 }
 
