@@ -20,27 +20,15 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/fuzz_input.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/train/idx.h"
 
 namespace {
 
-void check(bool ok) {
-  if (!ok) std::abort();  // a broken promise of the reader
-}
+using meshtrain::fuzz::check;
+using meshtrain::fuzz::write_input;
 
-// One memfd for the process, rewritten for every input.
-const std::string& write_input(const void* data, size_t size) {
-  static const int fd = [] {
-    const int f = memfd_create("idx_fuzzer", MFD_CLOEXEC);
-    check(f >= 0);
-    return f;
-  }();
-  static const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  check(ftruncate(fd, 0) == 0);
-  check(size == 0 || pwrite(fd, data, size, 0) == static_cast<ssize_t>(size));
-  return path;
-}
 
 // One gzip member holding `n` bytes at `p`, appended to `out`.
 void gzip_append(const uint8_t* p, size_t n, std::vector<unsigned char>& out) {

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz/fuzz_input.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/train/token_file.h"
 
@@ -28,22 +29,9 @@ namespace {
 
 using meshtrain::train::TokenFile;
 
-void check(bool ok) {
-  if (!ok) std::abort();  // a broken promise of the reader
-}
+using meshtrain::fuzz::check;
+using meshtrain::fuzz::write_input;
 
-// One memfd for the process, rewritten for every input.
-const std::string& write_input(const void* data, size_t size) {
-  static const int fd = [] {
-    const int f = memfd_create("token_file_fuzzer", MFD_CLOEXEC);
-    check(f >= 0);
-    return f;
-  }();
-  static const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  check(ftruncate(fd, 0) == 0);
-  check(size == 0 || pwrite(fd, data, size, 0) == static_cast<ssize_t>(size));
-  return path;
-}
 
 uint32_t crc(const unsigned char* p, size_t n) {
   return static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), p, static_cast<uInt>(n)));
