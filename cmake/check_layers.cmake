@@ -10,7 +10,7 @@ function(allowed_for folder out)
   set(allowed "")
   if(folder MATCHES "^comm/(threads|mpi|gloo|nccl)")
     string(REGEX MATCH "^comm/[a-z]+" engine "${folder}")
-    set(${out} "core/;comm/communicator.h;comm/work.h;comm/stream.h;comm/store.h;comm/engine_registry.h;comm/launch.h;comm/internal/;${engine}/"
+    set(${out} "core/;comm/communicator.h;comm/work.h;comm/stream.h;comm/store.h;comm/tcp_store.h;comm/selftest.h;comm/engine_registry.h;comm/launch.h;comm/internal/;${engine}/"
         PARENT_SCOPE)
     return()
   endif()

@@ -45,12 +45,20 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/comm/mpi/communicator.h"
-#include "meshtrain/comm/mpi/internal/fingerprint.h"
+#include "meshtrain/comm/internal/fingerprint.h"
 #include "meshtrain/comm/mpi/internal/mpi_util.h"
 #include "meshtrain/comm/mpi/internal/ring_reduce_scatter.h"
 #include "meshtrain/comm/mpi/internal/runtime.h"
 
 namespace meshtrain::comm::mpi::internal {
+
+using comm::internal::decode_notice;
+using comm::internal::encode_notice;
+using comm::internal::FingerprintTable;
+using comm::internal::format_ranks;
+using comm::internal::mismatch_error;
+using comm::internal::Notice;
+using comm::internal::WireFingerprint;
 
 enum class Stage : uint8_t { fingerprints, ready, data, done };
 
@@ -60,9 +68,9 @@ inline bool is_p2p(CollectiveOp k) { return k == CollectiveOp::send || k == Coll
 
 // How long a timed-out wait waits for its peers' answers: a quarter of the
 // timeout, within [20 ms, 1 s], so the error comes within 1.25x the deadline.
-inline std::chrono::milliseconds probe_grace(std::chrono::milliseconds timeout) {
-  return std::clamp(timeout / 4, std::chrono::milliseconds(20), std::chrono::milliseconds(1000));
-}
+using comm::internal::probe_grace;
+using comm::internal::ProbeFindings;
+using comm::internal::read_probe;
 
 // all_reduce on 2 ranks of at most kDirectTwoRankBytes, or of at most
 // kSmallAllReduceBytes per rank on up to kSmallAllReduceRanks ranks, is a

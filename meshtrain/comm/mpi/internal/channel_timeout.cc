@@ -28,69 +28,6 @@ std::vector<PeerStatus> Channel::probe_peers(std::chrono::milliseconds timeout) 
   return out;
 }
 
-namespace {
-
-// What the peers' answers to a liveness probe say about collective `seq`
-// (0: a send/recv, which has no sequence number).
-struct ProbeFindings {
-  std::vector<int> silent;  // no answer: stopped, killed, or hung without MPI progress
-  std::vector<int> behind;  // alive, but have not issued collective `seq`
-  std::vector<int> gone;    // no longer have this communicator
-  std::string text;         // "; rank 1 does not answer ..." (empty if nothing to say)
-  std::vector<int> blamed() const {
-    std::vector<int> all = silent;
-    all.insert(all.end(), behind.begin(), behind.end());
-    all.insert(all.end(), gone.begin(), gone.end());
-    std::sort(all.begin(), all.end());
-    return all;
-  }
-};
-
-ProbeFindings read_probe(const std::vector<PeerStatus>& peers, int self, uint64_t seq,
-                         std::chrono::milliseconds grace) {
-  ProbeFindings f;
-  if (peers.empty()) {
-    f.text = "; the peers could not be asked where they are (no progress thread: MPI was "
-             "initialized without MPI_THREAD_MULTIPLE)";
-    return f;
-  }
-  std::vector<std::string> notes;
-  for (int p = 0; p < static_cast<int>(peers.size()); ++p) {
-    if (p == self) continue;
-    const PeerStatus& s = peers[static_cast<size_t>(p)];
-    switch (s.state) {
-      case PeerStatus::State::no_answer: f.silent.push_back(p); break;
-      case PeerStatus::State::unknown_channel:
-        f.gone.push_back(p);
-        notes.push_back(fmt::format("rank {} no longer has this communicator (it returned or "
-                                    "destroyed it)",
-                                    p));
-        break;
-      case PeerStatus::State::answered:
-        if (seq > 0 && s.issued < seq) {
-          f.behind.push_back(p);
-          notes.push_back(
-              s.issued == 0
-                  ? fmt::format("rank {} is alive but has issued no collective here yet", p)
-                  : fmt::format("rank {} is alive but its last collective here is {} #{}{}", p,
-                                collective_op_name(static_cast<CollectiveOp>(s.last_op)),
-                                s.issued, s.waiting ? " (it is waiting)" : " (it is not waiting)"));
-        }
-        break;
-    }
-  }
-  if (!f.silent.empty())
-    notes.insert(notes.begin(),
-                 fmt::format("{} {} not answer a liveness probe within {} ms: stopped, killed, or "
-                             "hung with its MPI progress starved",
-                             format_ranks(f.silent), f.silent.size() == 1 ? "does" : "do",
-                             grace.count()));
-  for (const std::string& n : notes) f.text += "; " + n;
-  return f;
-}
-
-}  // namespace
-
 std::exception_ptr Channel::timeout_error(Task& t, std::chrono::milliseconds timeout,
                                           const std::vector<PeerStatus>& peers) {
   const Op& op = t.op;
@@ -100,7 +37,9 @@ std::exception_ptr Channel::timeout_error(Task& t, std::chrono::milliseconds tim
                                              dtype_name(op.dtype), op.count, op.peer)
                                : op.fingerprint().to_string();
   const std::string waited = fmt::format("{} did not complete within {} ms", what, timeout.count());
-  const ProbeFindings found = read_probe(peers, rank_, p2p ? 0 : op.seq, probe_grace(timeout));
+  const ProbeFindings found = read_probe(peers, rank_, p2p ? 0 : op.seq, probe_grace(timeout),
+                                            "hung with its MPI progress starved",
+                                            "no progress thread: MPI was initialized without MPI_THREAD_MULTIPLE");
   const char* kKeepBuffers =
       "MPI cannot cancel the posted collective: keep its buffers alive until this communicator "
       "is destroyed, or end the job (mpi::abort_job)";

@@ -38,30 +38,17 @@
 #include <thread>
 #include <vector>
 
+#include "meshtrain/comm/internal/probe.h"
+
 namespace meshtrain::comm::mpi::internal {
+
+using comm::internal::ChannelStatus;
+using comm::internal::PeerStatus;
 
 class Channel;
 
 inline constexpr std::chrono::microseconds kBusyPoll{50};
 inline constexpr std::chrono::milliseconds kIdlePoll{2};
-
-// What a peer said about one of its channels.
-struct PeerStatus {
-  enum class State : uint8_t { no_answer, unknown_channel, answered };
-  State state = State::no_answer;
-  uint64_t issued = 0;    // sequence number of the last collective it issued
-  uint64_t finished = 0;  // ... and of the last one that finished there
-  uint8_t last_op = 0;    // CollectiveOp of the last issued collective
-  bool waiting = false;   // a thread of it is inside a wait on the channel
-  bool aborted = false;   // the channel already failed there
-};
-
-// A channel's state as its process reports it.
-struct ChannelStatus {
-  uint64_t issued = 0, finished = 0;
-  uint8_t last_op = 0;
-  bool waiting = false, aborted = false;
-};
 
 class Runtime {
  public:

@@ -1,4 +1,4 @@
-#include "meshtrain/comm/mpi/internal/fingerprint.h"
+#include "meshtrain/comm/internal/fingerprint.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <utility>
 
-namespace meshtrain::comm::mpi::internal {
+namespace meshtrain::comm::internal {
 namespace {
 
 constexpr size_t kMaxReasonBytes = 2048;
@@ -110,4 +110,4 @@ Notice decode_notice(std::string_view bytes) {
   return n;
 }
 
-}  // namespace meshtrain::comm::mpi::internal
+}  // namespace meshtrain::comm::internal

@@ -1,5 +1,6 @@
-// Fingerprints and abort notices as the MPI engine sends them between ranks,
-// and the MismatchError every rank builds from them. Internal to the engine.
+// Fingerprints and abort notices as the MPI and Gloo engines send them
+// between ranks, and the MismatchError every rank builds from them. Internal
+// to the engines.
 // Pure functions; thread-safe.
 #pragma once
 
@@ -12,7 +13,7 @@
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/error.h"
 
-namespace meshtrain::comm::mpi::internal {
+namespace meshtrain::comm::internal {
 
 // "rank 3", "ranks 0-2, 5" (ranks sorted ascending).
 std::string format_ranks(const std::vector<int>& ranks);
@@ -56,4 +57,4 @@ std::string encode_notice(const Notice& notice);
 // read (reason "(unreadable notice)").
 Notice decode_notice(std::string_view bytes);
 
-}  // namespace meshtrain::comm::mpi::internal
+}  // namespace meshtrain::comm::internal

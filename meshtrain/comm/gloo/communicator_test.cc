@@ -1,0 +1,332 @@
+// The gloo engine across real processes: the test binary starts copies of
+// itself (fork + exec, one per rank) around a TcpStore it hosts, like a
+// launcher, and each copy runs one scenario on create_world. The parent
+// checks their exit codes and what they printed, and kills any that
+// outlives the scenario's limit: a hang fails the test, it never blocks it.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "meshtrain/comm/gloo/communicator.h"
+#include "meshtrain/comm/selftest.h"
+#include "meshtrain/comm/tcp_store.h"
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::comm {
+namespace {
+
+using std::chrono::milliseconds;
+
+// --- the child side -------------------------------------------------------
+
+long env_long(const char* name) { return std::strtol(std::getenv(name), nullptr, 10); }
+
+std::unique_ptr<Communicator> child_world() {
+  gloo::WorldConfig c;
+  const auto port = static_cast<uint16_t>(env_long("MT_STORE_PORT"));
+  c.store = [port] { return std::make_unique<TcpStore>(TcpStoreOptions{.host = "127.0.0.1", .port = port}); };
+  c.rank = static_cast<int>(env_long("RANK"));
+  c.size = static_cast<int>(env_long("WORLD_SIZE"));
+  c.timeout = milliseconds(env_long("MT_TIMEOUT_MS"));
+  c.options.check_fingerprints = env_long("MT_FINGERPRINTS") != 0;
+  return gloo::create_world(c);
+}
+
+// Runs `body`, printing the error it ends with (type and text) and how long
+// the failing call took.
+int report(const std::function<void()>& body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  };
+  try {
+    body();
+    std::cout << "OK" << std::endl;
+    return 0;
+  } catch (const TimeoutError& e) {
+    std::cout << "TimeoutError after " << elapsed() << " ms: " << e.what() << std::endl;
+  } catch (const MismatchError& e) {
+    std::cout << "MismatchError: " << e.what() << std::endl;
+  } catch (const AbortedError& e) {
+    std::cout << "AbortedError after " << elapsed() << " ms: " << e.what() << std::endl;
+  } catch (const EngineError& e) {
+    std::cout << "EngineError after " << elapsed() << " ms: " << e.what() << std::endl;
+  } catch (const std::exception& e) {
+    std::cout << "error: " << e.what() << std::endl;
+  }
+  return 3;
+}
+
+void p2p_scenario(Communicator& w) {
+  const int r = w.rank(), n = w.size();
+  // A ring in one group, both directions, plus a message to self.
+  std::vector<int32_t> to_next(1000, r), to_prev(1000, 100 + r), from_prev(1000), from_next(1000), self(3);
+  const int32_t mine[3] = {7, 8, 9};
+  std::vector<P2POp> ops = {P2POp::isend(to_next.data(), 1000, DType::i32, (r + 1) % n),
+                            P2POp::isend(to_prev.data(), 1000, DType::i32, (r + n - 1) % n, 5),
+                            P2POp::irecv(from_prev.data(), 1000, DType::i32, (r + n - 1) % n),
+                            P2POp::irecv(from_next.data(), 1000, DType::i32, (r + 1) % n, 5),
+                            P2POp::isend(mine, 3, DType::i32, r, 9), P2POp::irecv(self.data(), 3, DType::i32, r, 9)};
+  w.batch_isend_irecv(ops).wait();
+  for (int i = 0; i < 1000; ++i)
+    if (from_prev[i] != (r + n - 1) % n || from_next[i] != 100 + (r + 1) % n)
+      throw std::runtime_error("ring values wrong at " + std::to_string(i));
+  if (self[0] != 7 || self[2] != 9) throw std::runtime_error("send to self lost");
+  // Same peer and tag: matched in order. A later recv with another tag
+  // completes although an earlier send is not yet received.
+  if (n >= 2 && r < 2) {
+    const int peer = 1 - r;
+    float a = 1.5f + r, b = 2.5f + r, x = 0, y = 0;
+    if (r == 0) {
+      Work s1 = w.send_async(&a, 1, DType::f32, peer, 3);
+      Work s2 = w.send_async(&b, 1, DType::f32, peer, 3);
+      w.recv(&x, 1, DType::f32, peer, 4);  // rank 1 sends this before receiving ours
+      s1.wait();
+      s2.wait();
+      if (x != 3.5f) throw std::runtime_error("tag 4 value wrong");
+    } else {
+      float c = 3.5f;
+      w.send(&c, 1, DType::f32, peer, 4);
+      w.recv(&x, 1, DType::f32, peer, 3);
+      w.recv(&y, 1, DType::f32, peer, 3);
+      if (x != 1.5f || y != 2.5f) throw std::runtime_error("messages of one tag out of order");
+    }
+  }
+  // Async collectives overlap and complete in order.
+  std::vector<float> g(1 << 18, 1.0f + r), h(1 << 10, 2.0f);
+  Work w1 = w.all_reduce_async(g.data(), g.data(), g.size(), DType::f32, ReduceOp::sum);
+  Work w2 = w.all_reduce_async(h.data(), h.data(), h.size(), DType::f32, ReduceOp::avg);
+  w2.wait();
+  if (!w1.is_completed()) throw std::runtime_error("a later collective completed before an earlier one");
+  w1.wait();
+  const float want = static_cast<float>(n * (n + 1) / 2);
+  if (g[12345] != want || h[5] != 2.0f) throw std::runtime_error("async all_reduce values wrong");
+}
+
+void split_scenario(Communicator& w) {
+  auto half = w.split(w.rank() % 2, -w.rank());  // keys reverse the order
+  const int expected = (w.size() - w.rank() % 2 + 1) / 2;
+  if (half->size() != expected) throw std::runtime_error("split size wrong");
+  run_collective_suite(*half, {.sizes = {0, 1, 7, 1000, 70001}, .full_matrix_limit = 1 << 16});
+  auto none = w.split(w.rank() == 0 ? -1 : 0, 0);
+  if ((w.rank() == 0) != (none == nullptr)) throw std::runtime_error("color -1 must give nullptr");
+  if (none) run_collective_suite(*none, {.sizes = {3, 5000}, .full_matrix_limit = 1 << 16});
+  w.barrier();
+}
+
+int run_child(const std::string& scenario) {
+  auto w = child_world();
+  const int r = w->rank();
+  if (scenario == "suite") {
+    return report([&] { std::cout << "checks " << run_collective_suite(*w) << std::endl; });
+  }
+  if (scenario == "p2p") return report([&] { p2p_scenario(*w); });
+  if (scenario == "split") return report([&] { split_scenario(*w); });
+  if (scenario == "mismatch") {
+    return report([&] {
+      std::vector<float> v(8, 1.0f);
+      if (r == 0)
+        w->all_reduce(v.data(), v.data(), 8, DType::f32, ReduceOp::sum);
+      else
+        w->broadcast(v.data(), 8, DType::f32, 0);
+    });
+  }
+  if (scenario == "late" || scenario == "stop" || scenario == "kill") {
+    std::vector<float> v(1 << 20, 1.0f);
+    return report([&] {
+      w->barrier();  // everyone alive once
+      if (r == 1) {
+        if (scenario == "late") std::this_thread::sleep_for(milliseconds(env_long("MT_TIMEOUT_MS") * 3));
+        if (scenario == "stop") raise(SIGSTOP);
+        if (scenario == "kill") raise(SIGKILL);
+      }
+      for (int i = 0; i < 3; ++i) w->all_reduce(v.data(), v.data(), v.size(), DType::f32, ReduceOp::sum);
+    });
+  }
+  std::cerr << "unknown scenario " << scenario << std::endl;
+  return 2;
+}
+
+// --- the parent side ------------------------------------------------------
+
+struct Child {
+  int status = -1;  // waitpid status; -1: killed by the parent at the limit
+  std::string out;
+};
+
+struct JobOptions {
+  milliseconds timeout{20000};  // the communicators' deadline
+  milliseconds limit{120000};   // the parent kills what is still running after this
+  bool fingerprints = true;
+};
+
+std::vector<Child> run_job(const std::string& scenario, int n, JobOptions o = {}) {
+  TcpStore store({.host = "127.0.0.1", .port = 0, .is_server = true});
+  char dir_template[] = "/tmp/mt_gloo_test_XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    std::vector<std::string> env = {"MT_GLOO_SCENARIO=" + scenario,
+                                    "RANK=" + std::to_string(r),
+                                    "WORLD_SIZE=" + std::to_string(n),
+                                    "MT_STORE_PORT=" + std::to_string(store.port()),
+                                    "MT_TIMEOUT_MS=" + std::to_string(o.timeout.count()),
+                                    std::string("MT_FINGERPRINTS=") + (o.fingerprints ? "1" : "0")};
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    std::vector<char*> envp;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    const std::string out = dir + "/rank" + std::to_string(r);
+    const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    char self[] = "/proc/self/exe";
+    char* argv[] = {self, nullptr};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      execve(self, argv, envp.data());
+      _exit(127);
+    }
+    close(fd);
+    pids.push_back(pid);
+  }
+  std::vector<Child> children(static_cast<size_t>(n));
+  std::vector<bool> done(static_cast<size_t>(n), false), stopped(static_cast<size_t>(n), false);
+  const auto deadline = std::chrono::steady_clock::now() + o.limit;
+  for (int left = n; left > 0;) {
+    for (int r = 0; r < n; ++r) {
+      if (done[static_cast<size_t>(r)]) continue;
+      int status = 0;
+      if (waitpid(pids[static_cast<size_t>(r)], &status, WNOHANG | WUNTRACED) != pids[static_cast<size_t>(r)])
+        continue;
+      if (WIFSTOPPED(status)) {
+        stopped[static_cast<size_t>(r)] = true;
+        continue;
+      }
+      children[static_cast<size_t>(r)].status = status;
+      done[static_cast<size_t>(r)] = true;
+      --left;
+    }
+    if (left == 0) break;
+    // Only stopped ranks left (a scenario stopped them): end them.
+    if (left == static_cast<int>(std::count(stopped.begin(), stopped.end(), true))) {
+      for (int r = 0; r < n; ++r) {
+        if (!stopped[static_cast<size_t>(r)]) continue;
+        kill(pids[static_cast<size_t>(r)], SIGKILL);
+        waitpid(pids[static_cast<size_t>(r)], &children[static_cast<size_t>(r)].status, 0);
+      }
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < n; ++r) {
+        if (done[static_cast<size_t>(r)]) continue;
+        kill(pids[static_cast<size_t>(r)], SIGKILL);
+        waitpid(pids[static_cast<size_t>(r)], nullptr, 0);
+      }
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  for (int r = 0; r < n; ++r) {
+    std::ifstream in(dir + "/rank" + std::to_string(r));
+    std::stringstream s;
+    s << in.rdbuf();
+    children[static_cast<size_t>(r)].out = s.str();
+    std::remove((dir + "/rank" + std::to_string(r)).c_str());
+  }
+  rmdir(dir.c_str());
+  return children;
+}
+
+bool exited_ok(const Child& c) { return c.status >= 0 && WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0; }
+
+std::string dump(const std::vector<Child>& children) {
+  std::string s;
+  for (size_t r = 0; r < children.size(); ++r)
+    s += "--- rank " + std::to_string(r) + " (status " + std::to_string(children[r].status) + ")\n" +
+         children[r].out;
+  return s;
+}
+
+class GlooRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooRanks, CollectiveSuite) {
+  const auto children = run_job("suite", GetParam());
+  for (const Child& c : children) ASSERT_TRUE(exited_ok(c)) << dump(children);
+}
+
+TEST_P(GlooRanks, CollectiveSuiteWithoutFingerprints) {
+  if (GetParam() == 1) GTEST_SKIP() << "one rank exchanges no fingerprints";
+  const auto children = run_job("suite", GetParam(), {.fingerprints = false});
+  for (const Child& c : children) ASSERT_TRUE(exited_ok(c)) << dump(children);
+}
+
+TEST_P(GlooRanks, SendRecvAndAsync) {
+  const auto children = run_job("p2p", GetParam());
+  for (const Child& c : children) ASSERT_TRUE(exited_ok(c)) << dump(children);
+}
+
+TEST_P(GlooRanks, Split) {
+  const auto children = run_job("split", GetParam());
+  for (const Child& c : children) ASSERT_TRUE(exited_ok(c)) << dump(children);
+}
+
+INSTANTIATE_TEST_SUITE_P(Processes, GlooRanks, ::testing::Values(1, 2, 4),
+                         [](const auto& info) { return "np" + std::to_string(info.param); });
+
+TEST(GlooFaults, MismatchedCollectivesFailEveryRankWithTheSameSentence) {
+  const auto children = run_job("mismatch", 3);
+  // Each names its own call first ("gloo::broadcast: "), then the same sentence.
+  const std::string sentence =
+      "rank 0 called all_reduce #1 (f32 x 8, sum) but ranks 1, 2 called broadcast #1 (f32 x 8, root 0)";
+  for (const Child& c : children) {
+    EXPECT_EQ(c.out.rfind("MismatchError: ", 0), 0u) << dump(children);
+    EXPECT_NE(c.out.find(sentence), std::string::npos) << dump(children);
+    EXPECT_FALSE(exited_ok(c));
+  }
+}
+
+// A rank that is alive but late, stopped (SIGSTOP) or killed (SIGKILL):
+// the others fail within twice the deadline, naming it.
+void expect_named(const std::string& scenario, const std::string& cause) {
+  const milliseconds timeout{1500};
+  const auto children = run_job(scenario, 3, {.timeout = timeout, .limit = milliseconds(30000)});
+  if (std::getenv("MT_GLOO_TEST_VERBOSE")) std::cout << dump(children);
+  for (int r : {0, 2}) {
+    const std::string& out = children[static_cast<size_t>(r)].out;
+    EXPECT_NE(out.find("rank 1"), std::string::npos) << dump(children);
+    EXPECT_NE(out.find(cause), std::string::npos) << dump(children);
+    const size_t at = out.find(" after ");
+    ASSERT_NE(at, std::string::npos) << dump(children);
+    EXPECT_LE(std::stol(out.substr(at + 7)), 2 * timeout.count()) << dump(children);
+    EXPECT_FALSE(exited_ok(children[static_cast<size_t>(r)]));
+  }
+}
+
+TEST(GlooFaults, ALateRankIsNamedByTheOthersTimeout) { expect_named("late", "alive but"); }
+TEST(GlooFaults, AStoppedRankIsNamedAsNotAnswering) { expect_named("stop", "does not answer"); }
+TEST(GlooFaults, AKilledRankIsNamedAtOnce) { expect_named("kill", "rank 1"); }
+
+}  // namespace
+}  // namespace meshtrain::comm
+
+int main(int argc, char** argv) {
+  if (const char* scenario = std::getenv("MT_GLOO_SCENARIO")) return meshtrain::comm::run_child(scenario);
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

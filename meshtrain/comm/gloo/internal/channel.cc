@@ -1,0 +1,385 @@
+#include "meshtrain/comm/gloo/internal/channel.h"
+
+#include <fmt/format.h>
+#include <gloo/common/error.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "meshtrain/comm/internal/fingerprint.h"
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::comm::gloo::internal {
+namespace {
+
+// Gloo waits are interrupted by fail(), never by Gloo's own timeout (which
+// would close every pair of the context): the deadline is the caller's.
+constexpr std::chrono::milliseconds kNoGlooTimeout = std::chrono::hours(24 * 365);
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+std::string describe(const Op& op) {
+  if (op.kind == CollectiveOp::send || op.kind == CollectiveOp::recv)
+    return fmt::format("{} (tag {}, {} x {}) with rank {}", collective_op_name(op.kind), op.tag,
+                       dtype_name(op.dtype), op.count, op.peer);
+  return op.fingerprint().to_string();
+}
+
+}  // namespace
+
+// --- Transfers --------------------------------------------------------------
+
+Transfers::~Transfers() {
+  for (Pending& p : pending_)
+    if (!p.waited) channel_.orphan(std::move(p.buf));
+}
+
+size_t Transfers::send(int peer, const void* data, size_t bytes) {
+  auto buf = channel_.buffer(const_cast<void*>(data), bytes);
+  channel_.post(*buf, /*is_send=*/true, peer, slot_, op_);  // moves once the peer posted the recv
+  pending_.push_back({.buf = std::move(buf), .peer = peer, .is_send = true, .waited = false});
+  return pending_.size() - 1;
+}
+
+size_t Transfers::recv(int peer, void* data, size_t bytes) {
+  auto buf = channel_.buffer(data, bytes);
+  channel_.post(*buf, /*is_send=*/false, peer, slot_, op_);
+  pending_.push_back({.buf = std::move(buf), .peer = peer, .is_send = false, .waited = false});
+  return pending_.size() - 1;
+}
+
+void Transfers::wait(size_t i) {
+  Pending& p = pending_[i];
+  if (p.waited) return;
+  channel_.await(*p.buf, p.is_send, p.peer, op_);
+  p.waited = true;
+  p.buf.reset();
+}
+
+void Transfers::wait_all() {
+  for (size_t i = 0; i < pending_.size(); ++i) wait(i);
+}
+
+// --- Channel ----------------------------------------------------------------
+
+Channel::Channel(std::shared_ptr<World> world, std::shared_ptr<::gloo::Context> context, std::string uid,
+                 std::vector<int> world_ranks, int rank)
+    : world_(std::move(world)),
+      context_(std::move(context)),
+      uid_(std::move(uid)),
+      world_ranks_(std::move(world_ranks)),
+      rank_(rank),
+      size_(static_cast<int>(world_ranks_.size())) {
+  world_->attach(uid_, this);
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+Channel::~Channel() {
+  world_->detach(uid_);
+  bool busy;
+  {
+    std::lock_guard lock(mu_);
+    busy = running_ || !queue_.empty() || !p2p_live_.empty();
+  }
+  if (busy)
+    fail(std::make_exception_ptr(AbortedError("gloo::~Communicator",
+                                              fmt::format("rank {} destroyed the communicator with operations "
+                                                          "in flight",
+                                                          rank_),
+                                              "wait for every operation before destroying the communicator",
+                                              {rank_})),
+         /*tell_peers=*/true);
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+  for (std::thread& t : waiters_) t.join();
+  context_.reset();  // closes the pairs: Gloo lets go of every buffer
+  orphans_.clear();
+}
+
+std::unique_ptr<::gloo::transport::UnboundBuffer> Channel::buffer(void* data, size_t bytes) {
+  return context_->createUnboundBuffer(data, bytes);
+}
+
+void Channel::orphan(std::unique_ptr<::gloo::transport::UnboundBuffer> buf) {
+  if (!buf) return;
+  std::lock_guard lock(mu_);
+  orphans_.push_back(std::move(buf));
+}
+
+std::shared_ptr<Task> Channel::start(const Op& op) {
+  auto t = std::make_shared<Task>();
+  t->op = op;
+  return submit(std::move(t));
+}
+
+std::shared_ptr<Task> Channel::start_split(const Op& op, int color, int key) {
+  auto t = std::make_shared<Task>();
+  t->op = op;
+  t->split_table = {color, key};
+  return submit(std::move(t));
+}
+
+std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t) {
+  const Op& op = t->op;
+  const bool p2p = op.kind == CollectiveOp::send || op.kind == CollectiveOp::recv;
+  if (p2p && op.count > 0 && op.peer != rank_) {
+    // Posted outside mu_: Gloo takes the pair's lock.
+    t->p2p = buffer(op.kind == CollectiveOp::send ? const_cast<void*>(op.send) : op.recv, op.bytes());
+  }
+  std::unique_lock lock(mu_);
+  if (error_)
+    throw AbortedError(op_name(op.kind), "the communicator was aborted earlier: " + abort_reason_,
+                       "create a new communicator (or restart the job); see the first error for the cause");
+  if (!p2p) {
+    issued_ = op.seq;
+    last_op_ = static_cast<uint8_t>(op.kind);
+    queue_.push_back(t);
+    cv_.notify_all();
+    return t;
+  }
+  if (op.count == 0) {
+    t->done = true;
+    return t;
+  }
+  if (op.peer == rank_) {  // to self: matched here, in order per tag
+    const bool is_send = op.kind == CollectiveOp::send;
+    auto& mine = (is_send ? self_sends_ : self_recvs_)[op.tag];
+    auto& theirs = (is_send ? self_recvs_ : self_sends_)[op.tag];
+    if (theirs.empty()) {
+      mine.push_back(t);
+      return t;
+    }
+    std::shared_ptr<Task> other = theirs.front();
+    theirs.pop_front();
+    const Task& s = is_send ? *t : *other;
+    Task& r = is_send ? *other : *t;
+    if (s.op.bytes() != r.op.bytes()) {
+      auto e = std::make_exception_ptr(InvalidArgument(
+          op_name(op.kind), fmt::format("a send to self of {} bytes met a recv of {} bytes (tag {})", s.op.bytes(),
+                                        r.op.bytes(), op.tag),
+          "post matching counts and dtypes"));
+      t->error = other->error = e;
+    } else {
+      std::memcpy(r.op.recv, s.op.send, s.op.bytes());
+    }
+    t->done = other->done = true;
+    cv_.notify_all();
+    return t;
+  }
+  lock.unlock();
+  try {
+    post(*t->p2p, op.kind == CollectiveOp::send, op.peer, p2p_slot(op.tag), op);
+  } catch (...) {
+    fail(std::current_exception(), /*tell_peers=*/true);
+    orphan(std::move(t->p2p));
+    throw;
+  }
+  lock.lock();
+  p2p_.push_back(t);
+  p2p_live_.push_back(t);
+  if (static_cast<int>(p2p_.size()) > idle_waiters_) waiters_.emplace_back([this] { waiter_loop(); });
+  cv_.notify_all();
+  return t;
+}
+
+void Channel::wait(Task& t, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  ++waiting_;
+  const bool done = cv_.wait_until(lock, Clock::now() + timeout, [&] { return t.done; });
+  --waiting_;
+  if (!done) {
+    lock.unlock();
+    fail(timeout_error(t, timeout), /*tell_peers=*/true);
+    lock.lock();
+    cv_.wait(lock, [&] { return t.done; });  // fail() interrupted every Gloo wait
+  }
+  if (t.error) std::rethrow_exception(t.error);
+}
+
+bool Channel::test(Task& t) {
+  std::lock_guard lock(mu_);
+  return t.done;
+}
+
+void Channel::finish(Task& t, std::exception_ptr error) {
+  std::lock_guard lock(mu_);
+  t.done = true;
+  t.error = error ? (error_ ? error_ : error) : nullptr;
+  if (t.op.kind != CollectiveOp::send && t.op.kind != CollectiveOp::recv) finished_ = t.op.seq;
+  std::erase_if(p2p_live_, [&](const std::shared_ptr<Task>& p) { return p.get() == &t; });
+  cv_.notify_all();
+}
+
+void Channel::fail(std::exception_ptr error, bool tell_peers) {
+  comm::internal::FingerprintTable mismatch;
+  {
+    std::lock_guard lock(mu_);
+    if (error_) return;
+    error_ = error;
+    abort_reason_ = what_of(error);
+    mismatch = mismatch_table_;
+    for (auto* b : inflight_) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
+    auto fail_all = [&](std::deque<std::shared_ptr<Task>>& q) {
+      for (auto& t : q) {
+        t->done = true;
+        t->error = error;
+        if (t->p2p) orphans_.push_back(std::move(t->p2p));
+      }
+      q.clear();
+    };
+    fail_all(queue_);
+    fail_all(p2p_);
+    for (auto* self : {&self_sends_, &self_recvs_})
+      for (auto& [tag, q] : *self) fail_all(q);
+    p2p_live_.clear();
+    cv_.notify_all();
+  }
+  if (tell_peers) {
+    comm::internal::Notice notice;
+    notice.mismatch = std::move(mismatch);
+    notice.reason = abort_reason_;
+    const std::string bytes = comm::internal::encode_notice(notice);
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) world_->send_notice(world_ranks_[static_cast<size_t>(p)], uid_, bytes);
+  }
+  if (const auto& on_error = options().on_error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      on_error(e, world_->rank());
+    } catch (...) {
+    }
+  }
+}
+
+ChannelStatus Channel::status() const {
+  std::lock_guard lock(mu_);
+  return {.issued = issued_, .finished = finished_, .last_op = last_op_, .waiting = waiting_ > 0,
+          .aborted = error_ != nullptr};
+}
+
+void Channel::on_notice(std::string_view bytes, int from) {
+  const comm::internal::Notice notice = comm::internal::decode_notice(bytes);
+  const auto it = std::find(world_ranks_.begin(), world_ranks_.end(), from);
+  const int peer = it == world_ranks_.end() ? from : static_cast<int>(it - world_ranks_.begin());
+  std::exception_ptr e;
+  const auto& table = notice.mismatch;
+  if (static_cast<int>(table.size()) == size_ && table[static_cast<size_t>(rank_)])
+    e = std::make_exception_ptr(
+        comm::internal::mismatch_error(op_name(table[static_cast<size_t>(rank_)]->op), table, rank_));
+  else
+    e = std::make_exception_ptr(AbortedError("gloo::communicator",
+                                             fmt::format("rank {} failed: {}", peer, notice.reason),
+                                             fmt::format("see rank {}'s error for the cause", peer), {peer}));
+  fail(e, /*tell_peers=*/false);
+}
+
+EngineError Channel::connection_error(int peer, const Op& op, const std::string& what) {
+  return EngineError(op_name(op.kind),
+                     fmt::format("the connection to rank {} failed during {}: {}", peer, describe(op), what),
+                     fmt::format("rank {} exited, was killed or lost its network: see its log", peer), {peer});
+}
+
+void Channel::post(::gloo::transport::UnboundBuffer& buf, bool is_send, int peer, uint64_t slot, const Op& op) {
+  try {
+    if (is_send)
+      buf.send(peer, slot);
+    else
+      buf.recv(peer, slot);
+  } catch (const std::exception& e) {  // gloo::IoException: the pair is closed
+    std::lock_guard lock(mu_);
+    if (error_) std::rethrow_exception(error_);
+    throw connection_error(peer, op, e.what());
+  }
+}
+
+void Channel::await(::gloo::transport::UnboundBuffer& buf, bool is_send, int peer, const Op& op) {
+  {
+    std::lock_guard lock(mu_);
+    if (error_) std::rethrow_exception(error_);
+    inflight_.insert(&buf);
+  }
+  bool ok = false;
+  std::string io_error;
+  try {
+    ok = is_send ? buf.waitSend(nullptr, kNoGlooTimeout) : buf.waitRecv(nullptr, kNoGlooTimeout);
+  } catch (const std::exception& e) {  // gloo::IoException: the pair broke
+    io_error = e.what();
+  }
+  std::lock_guard lock(mu_);
+  inflight_.erase(&buf);
+  if (!io_error.empty()) {
+    if (error_) std::rethrow_exception(error_);  // a failure closed it: the cause is already known
+    throw connection_error(peer, op, io_error);
+  }
+  if (!ok) std::rethrow_exception(error_);  // interrupted by fail()
+}
+
+void Channel::worker_loop() {
+  for (;;) {
+    std::shared_ptr<Task> t;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      t = queue_.front();
+      queue_.pop_front();
+      running_ = t;
+    }
+    std::exception_ptr error;
+    try {
+      run_collective(*t);
+    } catch (...) {
+      error = std::current_exception();
+      fail(error, /*tell_peers=*/true);
+    }
+    {
+      std::lock_guard lock(mu_);
+      running_.reset();
+    }
+    finish(*t, error);
+  }
+}
+
+void Channel::waiter_loop() {
+  for (;;) {
+    std::shared_ptr<Task> t;
+    {
+      std::unique_lock lock(mu_);
+      ++idle_waiters_;
+      cv_.wait(lock, [&] { return stop_ || !p2p_.empty(); });
+      --idle_waiters_;
+      if (p2p_.empty()) return;
+      t = p2p_.front();
+      p2p_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      await(*t->p2p, t->op.kind == CollectiveOp::send, t->op.peer, t->op);
+      t->p2p.reset();
+    } catch (...) {
+      error = std::current_exception();
+      fail(error, /*tell_peers=*/true);
+      orphan(std::move(t->p2p));
+    }
+    finish(*t, error);
+  }
+}
+
+}  // namespace meshtrain::comm::gloo::internal

@@ -1,0 +1,195 @@
+// One Gloo communicator's engine: its Gloo context (one TCP pair per peer),
+// the operations in flight, and the failure protocol. Internal.
+//
+// Life of an operation (a Task):
+// - start() numbers nothing (Communicator did) and either queues a
+//   collective for the worker thread, which runs collectives one at a time
+//   in issue order (fingerprints, then the data movement of
+//   collectives.cc), or posts a send/recv to Gloo at once and queues its
+//   completion for a waiter thread (one per send/recv in flight, reused),
+//   so that sends and receives complete on their own.
+// - wait() blocks on the task until it is done or the caller's deadline
+//   passes; test() looks without blocking.
+// - Every blocking step inside Gloo (a transfer's completion) is an
+//   abortable wait: fail() interrupts it, so no engine thread outlives a
+//   failure in a Gloo call.
+//
+// Failure (fail(), first cause wins): the channel is aborted, every wait
+// inside Gloo is interrupted, every queued task fails with the cause, the
+// peers are told through the World's agent (unless the cause was their
+// notice), and Options::on_error runs. A wait that passes its deadline
+// first probes the peers (World::probe) and fails the channel with a
+// TimeoutError about the oldest unfinished operation, naming the ranks that
+// did not arrive or do not answer. A Gloo I/O error on a transfer (the
+// peer's process died, its connection closed) fails it naming that peer.
+//
+// Transfers that Gloo had posted when the channel failed keep their
+// UnboundBuffers (kept here until the context is destroyed), so Gloo never
+// writes through a freed handle.
+#pragma once
+
+#include <gloo/context.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/gloo/internal/world.h"
+#include "meshtrain/comm/internal/fingerprint.h"
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::comm::gloo::internal {
+
+inline std::string op_name(CollectiveOp kind) { return "gloo::" + std::string(collective_op_name(kind)); }
+
+// Gloo slots: collectives use (seq, phase), send/recv their tag; each
+// communicator has its own context, so slots never collide across them.
+inline uint64_t collective_slot(uint64_t seq, uint64_t phase) {
+  return (uint64_t{1} << 63) | (seq << 8) | phase;
+}
+inline uint64_t p2p_slot(int tag) { return (uint64_t{1} << 62) | static_cast<uint64_t>(tag); }
+
+struct Task {
+  Op op;
+  bool done = false;  // guarded by Channel::mu_
+  std::exception_ptr error;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> p2p;  // send/recv: the posted transfer
+  // split: every rank's (color, key), filled by the collective.
+  std::vector<int32_t> split_table;
+};
+
+class Channel;
+
+// The transfers of one step of a collective, run by the worker thread.
+class Transfers {
+ public:
+  // The transfers of phase `phase` (1..255; 0 is the fingerprints') of
+  // collective `op`.
+  Transfers(Channel& channel, const Op& op, uint64_t phase)
+      : channel_(channel), op_(op), slot_(collective_slot(op.seq, phase)) {}
+  ~Transfers();
+  Transfers(const Transfers&) = delete;
+  Transfers& operator=(const Transfers&) = delete;
+
+  // Post one transfer of `bytes` bytes with `peer`; returns its index.
+  size_t send(int peer, const void* data, size_t bytes);
+  size_t recv(int peer, void* data, size_t bytes);
+  // Blocks until transfer i completed; throws the channel's error.
+  void wait(size_t i);
+  void wait_all();
+
+ private:
+  struct Pending {
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
+    int peer = -1;
+    bool is_send = false;
+    bool waited = false;
+  };
+  Channel& channel_;
+  const Op& op_;
+  uint64_t slot_;
+  std::vector<Pending> pending_;
+};
+
+class Channel final : public Listener {
+ public:
+  Channel(std::shared_ptr<World> world, std::shared_ptr<::gloo::Context> context, std::string uid,
+          std::vector<int> world_ranks, int rank);
+  ~Channel() override;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& uid() const { return uid_; }
+  const std::shared_ptr<World>& world() const { return world_; }
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  const Options& options() const { return world_->config().options; }
+
+  // Throws AbortedError when the channel failed earlier.
+  std::shared_ptr<Task> start(const Op& op);
+  // split's agreement: a collective that gathers every rank's (color, key)
+  // into the task's split_table.
+  std::shared_ptr<Task> start_split(const Op& op, int color, int key);
+  void wait(Task& t, std::chrono::milliseconds timeout);
+  bool test(Task& t);
+
+  // Fails the channel with `error` unless it failed already (see above).
+  void fail(std::exception_ptr error, bool tell_peers);
+
+  // Listener.
+  ChannelStatus status() const override;
+  void on_notice(std::string_view notice, int from) override;
+
+  // For Transfers: a Gloo buffer over `data` on this context.
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buffer(void* data, size_t bytes);
+  // Posts a transfer to Gloo; a closed pair is an EngineError naming `peer`.
+  void post(::gloo::transport::UnboundBuffer& buf, bool is_send, int peer, uint64_t slot, const Op& op);
+  // Waits for one posted transfer, interruptible by fail(); throws the
+  // channel's error when interrupted and an EngineError naming `peer` when
+  // Gloo reports an I/O error.
+  void await(::gloo::transport::UnboundBuffer& buf, bool is_send, int peer, const Op& op);
+  // Keeps buffers Gloo may still hold until the context is gone.
+  void orphan(std::unique_ptr<::gloo::transport::UnboundBuffer> buf);
+
+ private:
+  std::shared_ptr<Task> submit(std::shared_ptr<Task> t);
+  void worker_loop();
+  void waiter_loop();
+  void finish(Task& t, std::exception_ptr error);
+  EngineError connection_error(int peer, const Op& op, const std::string& what);
+  // collectives.cc: the fingerprint check and the data movement.
+  void run_collective(Task& t);
+  void check_fingerprints(const Op& op);
+  void all_reduce(const Op& op);
+  void reduce_scatter_blocks(const Op& op, const std::byte* send, std::byte* out, const std::vector<size_t>& offset,
+                             uint64_t phase);
+  void all_gather_blocks(const Op& op, std::byte* buf, const std::vector<size_t>& offset, uint64_t phase);
+  void broadcast(const Op& op);
+  void all_to_all(const Op& op);
+  void barrier(const Op& op);
+  void split_exchange(Task& t);
+  // timeout.cc: the error of a wait that passed its deadline.
+  std::exception_ptr timeout_error(const Task& waited, std::chrono::milliseconds timeout);
+
+  std::shared_ptr<World> world_;
+  std::shared_ptr<::gloo::Context> context_;
+  const std::string uid_;
+  const std::vector<int> world_ranks_;
+  const int rank_, size_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;  // task done, queue non-empty, stop
+  std::deque<std::shared_ptr<Task>> queue_;     // collectives not started
+  std::deque<std::shared_ptr<Task>> p2p_;       // send/recv posted, completion not taken
+  std::shared_ptr<Task> running_;               // the worker's collective
+  std::vector<std::shared_ptr<Task>> p2p_live_;  // send/recv not done (for timeout messages)
+  std::set<::gloo::transport::UnboundBuffer*> inflight_;  // inside a Gloo wait
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> orphans_;
+  std::map<int, std::deque<std::shared_ptr<Task>>> self_sends_, self_recvs_;  // by tag
+  comm::internal::FingerprintTable mismatch_table_;  // set before a MismatchError is thrown
+  std::exception_ptr error_;
+  std::string abort_reason_;
+  bool stop_ = false;
+  int idle_waiters_ = 0;
+  int waiting_ = 0;  // user threads inside wait()
+  uint64_t issued_ = 0, finished_ = 0;
+  uint8_t last_op_ = 0;
+
+  std::thread worker_;
+  std::vector<std::thread> waiters_;
+};
+
+}  // namespace meshtrain::comm::gloo::internal

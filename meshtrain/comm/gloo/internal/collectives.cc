@@ -1,0 +1,256 @@
+// The collectives' data movement on Gloo point-to-point transfers, run by
+// the channel's worker thread (see communicator.h for the algorithms and
+// why they are direct). Every reduction combines the n contributions in
+// rank order 0..n-1 with comm::internal::reduce, so each algorithm gives
+// the same bits and bf16/f16 round once.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "meshtrain/comm/gloo/internal/channel.h"
+#include "meshtrain/comm/internal/reduce.h"
+
+namespace meshtrain::comm::gloo::internal {
+namespace {
+
+// Phases of a collective's slots (0: fingerprints).
+constexpr uint64_t kPhaseData = 1;
+constexpr uint64_t kPhaseGather = 2;
+
+std::byte* bytes_of(void* p) { return static_cast<std::byte*>(p); }
+const std::byte* bytes_of(const void* p) { return static_cast<const std::byte*>(p); }
+
+// Block p of `count` elements split over n ranks: [off[p], off[p + 1]).
+std::vector<size_t> even_split(size_t count, int n) {
+  std::vector<size_t> off(static_cast<size_t>(n) + 1);
+  for (int p = 0; p <= n; ++p)
+    off[static_cast<size_t>(p)] = static_cast<size_t>(
+        static_cast<unsigned __int128>(count) * static_cast<unsigned>(p) / static_cast<unsigned>(n));
+  return off;
+}
+
+std::vector<size_t> equal_blocks(size_t count, int n) {
+  std::vector<size_t> off(static_cast<size_t>(n) + 1);
+  for (int p = 0; p <= n; ++p) off[static_cast<size_t>(p)] = count * static_cast<size_t>(p);
+  return off;
+}
+
+}  // namespace
+
+void Channel::run_collective(Task& t) {
+  const Op& op = t.op;
+  check_fingerprints(op);
+  if (size_ == 1) {
+    switch (op.kind) {
+      case CollectiveOp::all_reduce:
+      case CollectiveOp::all_gather:
+      case CollectiveOp::reduce_scatter:
+      case CollectiveOp::all_to_all:
+        // One rank: the result is the input (avg divides by 1).
+        if (op.recv != op.send && op.count > 0) std::memmove(op.recv, op.send, op.bytes());
+        break;
+      case CollectiveOp::split:
+        t.split_table.resize(2);
+        break;
+      default:
+        break;
+    }
+    return;
+  }
+  switch (op.kind) {
+    case CollectiveOp::all_reduce: return all_reduce(op);
+    case CollectiveOp::reduce_scatter:
+      if (op.count > 0)
+        reduce_scatter_blocks(op, bytes_of(op.send), bytes_of(op.recv), equal_blocks(op.count, size_), kPhaseData);
+      return;
+    case CollectiveOp::all_gather: {
+      if (op.count == 0) return;
+      std::byte* mine = bytes_of(op.recv) + static_cast<size_t>(rank_) * op.bytes();
+      if (bytes_of(op.send) != mine) std::memcpy(mine, op.send, op.bytes());
+      return all_gather_blocks(op, bytes_of(op.recv), equal_blocks(op.count, size_), kPhaseData);
+    }
+    case CollectiveOp::broadcast: return broadcast(op);
+    case CollectiveOp::all_to_all: return all_to_all(op);
+    case CollectiveOp::barrier: return barrier(op);
+    case CollectiveOp::split: return split_exchange(t);
+    default: throw Unsupported(op_name(op.kind), "not a collective", "");
+  }
+}
+
+void Channel::check_fingerprints(const Op& op) {
+  if (!options().check_fingerprints || size_ == 1) return;
+  const Fingerprint mine = op.fingerprint();
+  const auto wire = comm::internal::WireFingerprint::from(mine);
+  std::vector<comm::internal::WireFingerprint> theirs(static_cast<size_t>(size_));
+  Transfers x(*this, op, 0);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    x.recv(p, &theirs[static_cast<size_t>(p)], sizeof(wire));
+    x.send(p, &wire, sizeof(wire));
+  }
+  x.wait_all();
+  comm::internal::FingerprintTable table(static_cast<size_t>(size_));
+  bool same = true;
+  for (int p = 0; p < size_; ++p) {
+    table[static_cast<size_t>(p)] = p == rank_ ? mine : theirs[static_cast<size_t>(p)].to();
+    same = same && *table[static_cast<size_t>(p)] == mine;
+  }
+  if (same) return;
+  {
+    std::lock_guard lock(mu_);
+    mismatch_table_ = table;
+  }
+  throw comm::internal::mismatch_error(op_name(op.kind), table, rank_);
+}
+
+void Channel::all_reduce(const Op& op) {
+  if (op.count == 0) return;
+  const size_t bytes = op.bytes();
+  const int n = size_;
+  if (bytes > kDirectAllReduceBytes && op.count >= static_cast<size_t>(n)) {
+    const std::vector<size_t> off = even_split(op.count, n);
+    const size_t ds = dtype_size(op.dtype);
+    reduce_scatter_blocks(op, bytes_of(op.send), bytes_of(op.recv) + off[static_cast<size_t>(rank_)] * ds, off,
+                          kPhaseData);
+    return all_gather_blocks(op, bytes_of(op.recv), off, kPhaseGather);
+  }
+  // Direct: every rank sends its whole input to every peer and reduces all n.
+  std::vector<std::byte> scratch(static_cast<size_t>(n - 1) * bytes);
+  std::vector<const void*> ins(static_cast<size_t>(n));
+  Transfers x(*this, op, kPhaseData);
+  for (int p = 0, i = 0; p < n; ++p) {
+    if (p == rank_) {
+      ins[static_cast<size_t>(p)] = op.send;
+      continue;
+    }
+    std::byte* slot = scratch.data() + static_cast<size_t>(i++) * bytes;
+    ins[static_cast<size_t>(p)] = slot;
+    x.recv(p, slot, bytes);
+    x.send(p, op.send, bytes);
+  }
+  x.wait_all();  // the sends too: in place, recv is op.send
+  void* out = op.recv;
+  comm::internal::reduce(&out, 1, ins.data(), n, op.count, op.dtype, op.reduce, n);
+}
+
+void Channel::reduce_scatter_blocks(const Op& op, const std::byte* send, std::byte* out,
+                                    const std::vector<size_t>& off, uint64_t phase) {
+  const int n = size_;
+  const size_t ds = dtype_size(op.dtype);
+  const size_t chunk = std::max<size_t>(1, kChunkBytes / ds);
+  auto block_len = [&](int p) { return off[static_cast<size_t>(p) + 1] - off[static_cast<size_t>(p)]; };
+  Transfers x(*this, op, phase);
+  // Every peer's block, in chunks, in order: Gloo matches them with the
+  // peer's receives of the same slot in order.
+  for (int p = 0; p < n; ++p) {
+    if (p == rank_) continue;
+    for (size_t e = 0; e < block_len(p); e += chunk)
+      x.send(p, send + (off[static_cast<size_t>(p)] + e) * ds, std::min(chunk, block_len(p) - e) * ds);
+  }
+  const size_t mine = block_len(rank_);
+  if (mine == 0) return x.wait_all();
+  const size_t nchunks = (mine + chunk - 1) / chunk;
+  const size_t chunk_elems = std::min(chunk, mine);
+  // Two chunks of every peer's contribution in flight: the reduction of one
+  // overlaps the arrival of the next.
+  std::vector<std::byte> scratch(2 * static_cast<size_t>(n - 1) * chunk_elems * ds);
+  std::vector<std::vector<size_t>> posted(nchunks);
+  auto post = [&](size_t c) {
+    if (c >= nchunks) return;
+    const size_t len = std::min(chunk, mine - c * chunk);
+    for (int p = 0, i = 0; p < n; ++p) {
+      if (p == rank_) continue;
+      std::byte* slot = scratch.data() + ((c % 2) * static_cast<size_t>(n - 1) + static_cast<size_t>(i++)) *
+                                             chunk_elems * ds;
+      posted[c].push_back(x.recv(p, slot, len * ds));
+    }
+  };
+  post(0);
+  post(1);
+  std::vector<const void*> ins(static_cast<size_t>(n));
+  for (size_t c = 0; c < nchunks; ++c) {
+    const size_t first = c * chunk;
+    const size_t len = std::min(chunk, mine - first);
+    for (size_t i : posted[c]) x.wait(i);
+    for (int p = 0, i = 0; p < n; ++p)
+      ins[static_cast<size_t>(p)] =
+          p == rank_ ? static_cast<const void*>(send + (off[static_cast<size_t>(rank_)] + first) * ds)
+                     : scratch.data() + ((c % 2) * static_cast<size_t>(n - 1) + static_cast<size_t>(i++)) *
+                                            chunk_elems * ds;
+    void* dst = out + first * ds;
+    comm::internal::reduce(&dst, 1, ins.data(), n, len, op.dtype, op.reduce, n);
+    post(c + 2);
+  }
+  x.wait_all();
+}
+
+void Channel::all_gather_blocks(const Op& op, std::byte* buf, const std::vector<size_t>& off, uint64_t phase) {
+  const size_t ds = dtype_size(op.dtype);
+  const size_t r = static_cast<size_t>(rank_);
+  Transfers x(*this, op, phase);
+  for (int p = 0; p < size_; ++p) {
+    const size_t q = static_cast<size_t>(p);
+    if (p == rank_) continue;
+    if (off[q + 1] > off[q]) x.recv(p, buf + off[q] * ds, (off[q + 1] - off[q]) * ds);
+    if (off[r + 1] > off[r]) x.send(p, buf + off[r] * ds, (off[r + 1] - off[r]) * ds);
+  }
+  x.wait_all();
+}
+
+void Channel::broadcast(const Op& op) {
+  if (op.count == 0) return;
+  Transfers x(*this, op, kPhaseData);
+  if (rank_ == op.root) {
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) x.send(p, op.recv, op.bytes());
+  } else {
+    x.recv(op.root, op.recv, op.bytes());
+  }
+  x.wait_all();
+}
+
+void Channel::all_to_all(const Op& op) {
+  if (op.count == 0) return;
+  const size_t block = op.bytes();
+  Transfers x(*this, op, kPhaseData);
+  for (int p = 0; p < size_; ++p) {
+    const size_t q = static_cast<size_t>(p);
+    if (p == rank_) continue;
+    x.recv(p, bytes_of(op.recv) + q * block, block);
+    x.send(p, bytes_of(op.send) + q * block, block);
+  }
+  std::memcpy(bytes_of(op.recv) + static_cast<size_t>(rank_) * block,
+              bytes_of(op.send) + static_cast<size_t>(rank_) * block, block);
+  x.wait_all();
+}
+
+void Channel::barrier(const Op& op) {
+  if (options().check_fingerprints) return;  // every peer's fingerprint arrived: all entered
+  const char token = 1;
+  std::vector<char> in(static_cast<size_t>(size_));
+  Transfers x(*this, op, kPhaseData);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    x.recv(p, &in[static_cast<size_t>(p)], 1);
+    x.send(p, &token, 1);
+  }
+  x.wait_all();
+}
+
+void Channel::split_exchange(Task& t) {
+  // t.split_table holds this rank's (color, key); it becomes every rank's.
+  std::vector<int32_t> table(2 * static_cast<size_t>(size_));
+  std::copy_n(t.split_table.begin(), 2, table.begin() + 2 * rank_);
+  Transfers x(*this, t.op, kPhaseData);
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    x.recv(p, &table[2 * static_cast<size_t>(p)], 2 * sizeof(int32_t));
+    x.send(p, &table[2 * static_cast<size_t>(rank_)], 2 * sizeof(int32_t));
+  }
+  x.wait_all();
+  t.split_table = std::move(table);
+}
+
+}  // namespace meshtrain::comm::gloo::internal
