@@ -43,8 +43,10 @@ class GlooStore final : public ::gloo::rendezvous::Store {
   std::unique_ptr<comm::Store> store_;
 };
 
-// Connects a new Gloo context for `rank` of `size` through the store, under
-// a prefix of its own.
+}  // namespace
+
+namespace internal {
+
 std::shared_ptr<::gloo::Context> connect(World& world, const std::string& uid, int rank, int size,
                                          std::chrono::milliseconds timeout) {
   GlooStore store(world.connect_store());
@@ -65,6 +67,12 @@ std::shared_ptr<::gloo::Context> connect(World& world, const std::string& uid, i
   return context;
 }
 
+}  // namespace internal
+
+namespace {
+
+using internal::connect;
+
 class GlooWork final : public comm::internal::WorkState {
  public:
   GlooWork(std::shared_ptr<Channel> channel, std::shared_ptr<Task> task, std::chrono::milliseconds timeout)
@@ -81,6 +89,7 @@ class GlooWork final : public comm::internal::WorkState {
 class GlooCommunicator final : public Communicator {
  public:
   explicit GlooCommunicator(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {}
+  const std::shared_ptr<Channel>& channel() const { return channel_; }
 
   int rank() const override { return channel_->rank(); }
   int size() const override { return channel_->size(); }
@@ -149,6 +158,11 @@ std::unique_ptr<Communicator> create_world(WorldConfig config, std::shared_ptr<v
       std::make_shared<Channel>(world, std::move(context), "w", std::move(ranks), c.rank));
   comm->set_timeout(c.timeout);
   return comm;
+}
+
+Channel* channel_of(Communicator& comm) {
+  auto* g = dynamic_cast<GlooCommunicator*>(&comm);
+  return g ? g->channel().get() : nullptr;
 }
 
 }  // namespace internal

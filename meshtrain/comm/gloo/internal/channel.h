@@ -192,4 +192,14 @@ class Channel final : public Listener {
   std::vector<std::thread> waiters_;
 };
 
+// The channel of a communicator of this engine; nullptr for another
+// engine's. communicator.cc.
+Channel* channel_of(Communicator& comm);
+
+// Connects a new Gloo context for `rank` of `size` ranks of `world`,
+// meeting through the store under a prefix of its own ("<name>/ctx/<uid>/"):
+// collective over those ranks. communicator.cc.
+std::shared_ptr<::gloo::Context> connect(World& world, const std::string& uid, int rank, int size,
+                                         std::chrono::milliseconds timeout);
+
 }  // namespace meshtrain::comm::gloo::internal
