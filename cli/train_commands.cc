@@ -1,6 +1,7 @@
 // meshtrain train: TOML config < launcher environment < command-line flags.
 // meshtrain bench train, bench memory, bench gemm: the training benchmarks (bench/).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <filesystem>
@@ -17,6 +18,8 @@
 #include "bench/pipeline_bench.h"
 #include "bench/train_bench.h"
 #include "cli/command.h"
+#include "meshtrain/comm/engine_registry.h"
+#include "meshtrain/comm/launch.h"
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
@@ -105,12 +108,20 @@ int run_train(TrainFlags& f) {
   config::DistributedConfig dc =
       f.config.empty() ? config::DistributedConfig{} : config::DistributedConfig::from_toml_file(f.config);
   dc = dc.with_env(config::read_launcher_env());
+  // Without --engine: mpi under mpirun; gloo under torchrun or `meshtrain
+  // launch` (when built in, as torch picks gloo for CPU tensors); else the
+  // configuration's backend.
   const bool mpirun = dc.launcher == config::Launcher::mpirun;
-  const std::string engine = !f.engine.empty() ? f.engine : mpirun ? "mpi" : std::string(comm::engine_name(dc.backend));
+  const bool torchrun = dc.launcher == config::Launcher::torchrun && comm::engines().find("gloo") != nullptr;
+  const std::string engine = !f.engine.empty() ? f.engine
+                             : mpirun         ? "mpi"
+                             : torchrun       ? "gloo"
+                                              : std::string(comm::engine_name(dc.backend));
   set_distributed(dc, "backend", engine, f.engine.empty() ? "environment" : "--engine");
   if (!f.devices.empty()) {
     if (engine != "threads")
-      throw InvalidArgument("--devices", "the mpi engine takes its ranks from mpirun", "use mpirun -np N instead");
+      throw InvalidArgument("--devices", fmt::format("the {} engine takes its ranks from its launcher", engine),
+                            "start N processes instead (mpirun -np N, or meshtrain launch --nproc-per-node N)");
     set_distributed(dc, "world_size", f.devices, "--devices");
     set_distributed(dc, "num_processes_per_node", f.devices, "--devices");
   }
@@ -632,8 +643,10 @@ std::vector<Command> add_train_commands(CLI::App& app) {
       "train", "train a model recipe (mlp, vae on Fashion-MNIST), data parallel (or fully sharded: --fsdp) over the mesh");
   f->app = cmd;
   cmd->add_option("--config", f->config, "TOML file with [train] and [distributed] sections (examples/*.toml)");
-  cmd->add_option("--engine", f->engine, "threads (default) | mpi (default under mpirun)")
-      ->check(CLI::IsMember({"threads", "mpi"}));
+  cmd->add_option("--engine", f->engine,
+                  fmt::format("{} (threads by default; mpi under mpirun; gloo under meshtrain launch or torchrun)",
+                              fmt::join(comm::engines().names(), " | ")))
+      ->check(CLI::IsMember(comm::engines().names()));
   cmd->add_option("--devices", f->devices,
                   fmt::format("simulated devices (threads engine, 1 to {})", comm::kMaxThreadsRanks));
   cmd->add_option("--mesh", f->mesh,

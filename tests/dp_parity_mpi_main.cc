@@ -1,8 +1,9 @@
-// Data-parallel training under mpirun equals one device: every process trains
-// 50 steps on the MPI engine (data axis = all processes); rank 0 then trains
+// Data-parallel training under mpirun or meshtrain launch equals one device: every process trains
+// 50 steps on the mpi or gloo engine (data axis = all processes); rank 0 then trains
 // the same on one threads-engine rank and compares per-step losses and final
 // parameters (1e-5 relative). Exit 0 only if they agree.
 //   mpirun -np 2 dp_parity_mpi_test
+//   meshtrain launch --nproc-per-node 2 -- dp_parity_mpi_test
 #include <fmt/format.h>
 
 #include <cmath>
@@ -17,7 +18,9 @@ using namespace meshtrain;
 int main() {
   const auto env = config::read_launcher_env();
   config::DistributedConfig dc = config::DistributedConfig{}.with_env(env);
-  dc.backend = comm::Engine::mpi;
+  // mpi under mpirun, gloo under meshtrain launch (or torchrun).
+  const comm::Engine engine = dc.launcher == config::Launcher::mpirun ? comm::Engine::mpi : comm::Engine::gloo;
+  dc.backend = engine;
   dc.mesh_shape = {dc.world_size};
   dc.mesh_axis_names = {"data"};
   train::TrainConfig tc;
@@ -36,7 +39,7 @@ int main() {
   const auto tmp = std::filesystem::temp_directory_path();
   tc.run_dir = (tmp / "meshtrain_dp_parity_mpi").string();
   tc.overwrite = true;  // the previous test run's directory
-  const auto mpi = train::run_training(tc, dc, {.engine = comm::Engine::mpi, .ranks = 0,
+  const auto mpi = train::run_training(tc, dc, {.engine = engine, .ranks = 0,
                                                 .timeout = std::chrono::seconds(120)});
   if (dc.rank != 0) return 0;
   train::TrainConfig one = tc;
@@ -60,6 +63,7 @@ int main() {
     for (size_t k = 0; k < va.size(); ++k) diff = std::max(diff, std::fabs(va[k] - vb[k])), scale = std::max(scale, std::fabs(vb[k]));
     if (diff / scale > 1e-5) ++bad, fmt::print(stderr, "FAIL: {} differs by {:.2e}\n", a[i].first, diff / scale);
   }
-  fmt::print("mpi data parallel ({} ranks) vs 1 rank over 50 steps: {}\n", dc.world_size, bad ? "FAIL" : "PASS");
+  fmt::print("{} data parallel ({} ranks) vs 1 rank over 50 steps: {}\n", comm::engine_name(engine), dc.world_size,
+             bad ? "FAIL" : "PASS");
   return bad ? 1 : 0;
 }

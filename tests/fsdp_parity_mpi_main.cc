@@ -1,5 +1,5 @@
-// Fully sharded data parallelism under mpirun equals one device: every
-// process trains 50 steps on the MPI engine with zero1, zero2 and zero3 over
+// Fully sharded data parallelism under mpirun or meshtrain launch equals one device: every
+// process trains 50 steps on the mpi or gloo engine with zero1, zero2 and zero3 over
 // fsdp=N (N = all processes) and, with 4 processes, hybrid_full and
 // hybrid_shard_grad_op over data=2,fsdp=2; rank 0 then trains the same on
 // one threads-engine rank and compares per-step losses and final parameters
@@ -8,6 +8,7 @@
 // curve within 1e-2 relative, test accuracy within 0.5 points. Exit 0 only
 // if they all agree.
 //   mpirun -np 2 fsdp_parity_mpi_test
+//   meshtrain launch --nproc-per-node 2 -- fsdp_parity_mpi_test
 //   mpirun -np 4 fsdp_parity_mpi_test
 #include <fmt/format.h>
 
@@ -77,7 +78,7 @@ int compare(const train::TrainResult& got, const train::TrainResult& ref, const 
 
 // bf16 against fp32: means over windows of 50 steps (the logged points)
 // within 1e-2 relative, test accuracy within 0.5 points.
-int compare_bf16(const train::TrainResult& got, const train::TrainResult& ref) {
+int compare_bf16(const train::TrainResult& got, const train::TrainResult& ref, comm::Engine engine) {
   if (got.step_losses.size() != ref.step_losses.size() || got.step_losses.empty()) {
     fmt::print(stderr, "FAIL bf16: {} and {} steps\n", got.step_losses.size(), ref.step_losses.size());
     return 1;
@@ -93,9 +94,9 @@ int compare_bf16(const train::TrainResult& got, const train::TrainResult& ref) {
   if (worst > 1e-2 || worst == 0) ++bad;
   const double points = 100 * std::fabs(got.test_accuracy - ref.test_accuracy);
   if (points > 0.5) ++bad;
-  fmt::print("mpi bf16 zero3 one epoch vs fp32 1 rank: worst window {:.2e} relative, test accuracy {:.2f}% vs "
+  fmt::print("{} bf16 zero3 one epoch vs fp32 1 rank: worst window {:.2e} relative, test accuracy {:.2f}% vs "
              "{:.2f}%: {}\n",
-             worst, 100 * got.test_accuracy, 100 * ref.test_accuracy, bad ? "FAIL" : "PASS");
+             comm::engine_name(engine), worst, 100 * got.test_accuracy, 100 * ref.test_accuracy, bad ? "FAIL" : "PASS");
   return bad;
 }
 
@@ -117,7 +118,9 @@ train::TrainConfig epoch_config(const std::string& tag) {
 int main() {
   const auto env = config::read_launcher_env();
   config::DistributedConfig dc = config::DistributedConfig{}.with_env(env);
-  dc.backend = comm::Engine::mpi;
+  // mpi under mpirun, gloo under meshtrain launch (or torchrun).
+  const comm::Engine engine = dc.launcher == config::Launcher::mpirun ? comm::Engine::mpi : comm::Engine::gloo;
+  dc.backend = engine;
   const int n = dc.world_size;
 
   struct Case {
@@ -138,7 +141,7 @@ int main() {
     config::DistributedConfig d = dc;
     d.mesh_shape = c.shape;
     d.mesh_axis_names = c.axes;
-    results.push_back(train::run_training(tc, d, {.engine = comm::Engine::mpi, .ranks = 0,
+    results.push_back(train::run_training(tc, d, {.engine = engine, .ranks = 0,
                                                   .timeout = std::chrono::seconds(120)}));
   }
   train::TrainResult bf16;
@@ -149,7 +152,7 @@ int main() {
     d.mesh_shape = {n};
     d.mesh_axis_names = {"fsdp"};
     d.mixed_precision = config::MixedPrecision::bf16;
-    bf16 = train::run_training(tc, d, {.engine = comm::Engine::mpi, .ranks = 0, .timeout = std::chrono::seconds(120)});
+    bf16 = train::run_training(tc, d, {.engine = engine, .ranks = 0, .timeout = std::chrono::seconds(120)});
   }
   if (dc.rank != 0) return 0;
   const auto ref = train::run_training(base_config("one"), config::DistributedConfig{},
@@ -157,12 +160,13 @@ int main() {
   int bad_bf16 = 0;
   if (n == 2)
     bad_bf16 = compare_bf16(bf16, train::run_training(epoch_config("fp32"), config::DistributedConfig{},
-                                                      {.engine = comm::Engine::threads, .ranks = 1}));
+                                                      {.engine = comm::Engine::threads, .ranks = 1}),
+                             engine);
   int bad = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string what = fmt::format("{} on {} processes", cases[i].fsdp, n);
     const int b = compare(results[i], ref, what);
-    fmt::print("mpi {} vs 1 rank over 50 steps: {}\n", what, b ? "FAIL" : "PASS");
+    fmt::print("{} {} vs 1 rank over 50 steps: {}\n", comm::engine_name(engine), what, b ? "FAIL" : "PASS");
     bad += b;
   }
   return bad + bad_bf16 ? 1 : 0;

@@ -1,5 +1,5 @@
-// The GPT under mpirun equals one device: every process trains the run of
-// tests/gpt_parity.h on the MPI engine with data parallelism and
+// The GPT under mpirun or meshtrain launch equals one device: every process trains the run of
+// tests/gpt_parity.h on the mpi or gloo engine with data parallelism and
 // zero1/zero2/zero3 over all processes, tensor parallelism (tensor=2 with
 // 2 processes, data=2 x tensor=2 and zero3 on fsdp=2 x tensor=2 with 4;
 // tensor=2 and data=2 x tensor=2 also with sequence parallelism),
@@ -10,6 +10,7 @@
 // rank and compares per-step losses and final parameters (1e-5 relative).
 // Exit 0 only if all agree.
 //   mpirun -np 2 gpt_parity_mpi_test
+//   meshtrain launch --nproc-per-node 2 -- gpt_parity_mpi_test
 #include <fmt/format.h>
 
 #include "meshtrain/config/distributed_config.h"
@@ -22,6 +23,8 @@ using namespace meshtrain;
 int main() {
   const config::DistributedConfig dc =
       config::DistributedConfig{}.with_env(config::read_launcher_env());
+  // mpi under mpirun, gloo under meshtrain launch (or torchrun).
+  const comm::Engine engine = dc.launcher == config::Launcher::mpirun ? comm::Engine::mpi : comm::Engine::gloo;
   const int n = dc.world_size;
   struct Case {
     std::string fsdp;  // "" = data parallelism
@@ -76,10 +79,10 @@ int main() {
     tc.sequence_parallel = c.sequence_parallel;
     tc.cp_comm = c.cp_comm;
     config::DistributedConfig d = dc;
-    d.backend = comm::Engine::mpi;
+    d.backend = engine;
     testing::set_mesh(d, shape);
     results.push_back(
-        train::run_training(tc, d, {.engine = comm::Engine::mpi, .ranks = 0, .timeout = std::chrono::seconds(120)}));
+        train::run_training(tc, d, {.engine = engine, .ranks = 0, .timeout = std::chrono::seconds(120)}));
   }
   if (dc.rank != 0) return 0;
   const auto ref = train::run_training(gpt_parity_config("mpi_one"), config::DistributedConfig{},
@@ -97,7 +100,7 @@ int main() {
     const auto problems =
         testing::run_differences(results[i], cases[i].pipeline_schedule.empty() ? ref : ref_deep, 1e-5);
     for (const auto& p : problems) fmt::print(stderr, "FAIL {}: {}\n", what, p);
-    fmt::print("mpi {} vs 1 rank over {} steps: {}\n", what, kGptParitySteps, problems.empty() ? "PASS" : "FAIL");
+    fmt::print("{} {} vs 1 rank over {} steps: {}\n", comm::engine_name(engine), what, kGptParitySteps, problems.empty() ? "PASS" : "FAIL");
     bad += problems.empty() ? 0 : 1;
   }
   return bad ? 1 : 0;

@@ -8,6 +8,8 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "meshtrain/comm/engine_registry.h"
@@ -111,15 +113,30 @@ std::unique_ptr<Communicator> create_world(const Rendezvous& r, Options options)
   so.port = r.master_port;
   so.timeout = r.timeout;
   so.connect_timeout = r.timeout;
-  std::shared_ptr<TcpStore> server;
-  if (!r.launcher_store && r.rank == 0) {  // torch's env:// rendezvous: rank 0 hosts the store
-    TcpStoreOptions s = so;
-    s.is_server = true;
-    server = std::make_shared<TcpStore>(s);
-    so.port = server->port();
+  // A process may create several worlds in turn (one per comm::launch, as
+  // `meshtrain train` runs do): they share one store for the whole process
+  // (hosted by rank 0 unless the launcher hosts it; a server that came and
+  // went between worlds would strand the peers that connected to the old
+  // one) and take the names world1, world2, ... in creation order, which is
+  // the same on every process because create_world is collective.
+  static std::mutex mu;
+  static std::map<std::string, std::pair<std::shared_ptr<TcpStore>, int>>* jobs =
+      new std::map<std::string, std::pair<std::shared_ptr<TcpStore>, int>>;  // lives until exit
+  std::string name;
+  {
+    std::lock_guard lock(mu);
+    auto& [server, worlds] = (*jobs)[fmt::format("{}:{}", r.master_addr, r.master_port)];
+    if (!server && !r.launcher_store && r.rank == 0) {  // torch's env:// rendezvous: rank 0 hosts the store
+      TcpStoreOptions s = so;
+      s.is_server = true;
+      server = std::make_shared<TcpStore>(s);
+    }
+    if (server) so.port = server->port();
+    name = fmt::format("world{}", ++worlds);
   }
   WorldConfig c;
   c.store = [so] { return std::make_unique<TcpStore>(so); };
+  c.name = name;
   c.rank = r.rank;
   c.size = r.world_size;
   c.iface = r.iface;
@@ -127,7 +144,7 @@ std::unique_ptr<Communicator> create_world(const Rendezvous& r, Options options)
   if (c.hostname.empty() && c.iface.empty()) c.hostname = local_address_toward(r.master_addr, r.master_port);
   c.timeout = r.timeout;
   c.options = std::move(options);
-  return internal::create_world(std::move(c), std::move(server));
+  return internal::create_world(std::move(c), nullptr);
 }
 
 void register_engine(EngineRegistry& registry) {
