@@ -39,8 +39,19 @@ std::string describe(const Op& op) {
 // --- Transfers --------------------------------------------------------------
 
 Transfers::~Transfers() {
-  for (Pending& p : pending_)
-    if (!p.waited) channel_.orphan(std::move(p.buf));
+  bool unfinished = false;
+  for (Pending& p : pending_) {
+    if (p.waited) continue;
+    unfinished = true;
+    channel_.orphan(std::move(p.buf));
+  }
+  if (unfinished)
+    for (auto& m : scratch_) channel_.orphan(std::move(m));
+}
+
+std::byte* Transfers::scratch(size_t bytes) {
+  scratch_.push_back(std::make_unique_for_overwrite<std::byte[]>(std::max<size_t>(bytes, 1)));
+  return scratch_.back().get();
 }
 
 size_t Transfers::send(int peer, const void* data, size_t bytes) {
@@ -107,6 +118,7 @@ Channel::~Channel() {
   for (std::thread& t : waiters_) t.join();
   context_.reset();  // closes the pairs: Gloo lets go of every buffer
   orphans_.clear();
+  orphan_memory_.clear();
 }
 
 std::unique_ptr<::gloo::transport::UnboundBuffer> Channel::buffer(void* data, size_t bytes) {
@@ -117,6 +129,11 @@ void Channel::orphan(std::unique_ptr<::gloo::transport::UnboundBuffer> buf) {
   if (!buf) return;
   std::lock_guard lock(mu_);
   orphans_.push_back(std::move(buf));
+}
+
+void Channel::orphan(std::unique_ptr<std::byte[]> memory) {
+  std::lock_guard lock(mu_);
+  orphan_memory_.push_back(std::move(memory));
 }
 
 std::shared_ptr<Task> Channel::start(const Op& op) {

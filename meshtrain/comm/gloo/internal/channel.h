@@ -89,6 +89,11 @@ class Transfers {
   // Blocks until transfer i completed; throws the channel's error.
   void wait(size_t i);
   void wait_all();
+  // Memory for this collective's own transfers (fingerprints, partial
+  // contributions). It lives as long as Gloo may still write into it: if a
+  // failure leaves transfers unfinished, the channel keeps it until the
+  // context is gone.
+  std::byte* scratch(size_t bytes);
 
  private:
   struct Pending {
@@ -101,6 +106,7 @@ class Transfers {
   const Op& op_;
   uint64_t slot_;
   std::vector<Pending> pending_;
+  std::vector<std::unique_ptr<std::byte[]>> scratch_;
 };
 
 class Channel final : public Listener {
@@ -143,6 +149,7 @@ class Channel final : public Listener {
   void await(::gloo::transport::UnboundBuffer& buf, bool is_send, int peer, const Op& op);
   // Keeps buffers Gloo may still hold until the context is gone.
   void orphan(std::unique_ptr<::gloo::transport::UnboundBuffer> buf);
+  void orphan(std::unique_ptr<std::byte[]> memory);
 
  private:
   std::shared_ptr<Task> submit(std::shared_ptr<Task> t);
@@ -178,6 +185,7 @@ class Channel final : public Listener {
   std::vector<std::shared_ptr<Task>> p2p_live_;  // send/recv not done (for timeout messages)
   std::set<::gloo::transport::UnboundBuffer*> inflight_;  // inside a Gloo wait
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> orphans_;
+  std::vector<std::unique_ptr<std::byte[]>> orphan_memory_;  // what orphans_ point into
   std::map<int, std::deque<std::shared_ptr<Task>>> self_sends_, self_recvs_;  // by tag
   comm::internal::FingerprintTable mismatch_table_;  // set before a MismatchError is thrown
   std::exception_ptr error_;

@@ -82,13 +82,15 @@ void Channel::run_collective(Task& t) {
 void Channel::check_fingerprints(const Op& op) {
   if (!options().check_fingerprints || size_ == 1) return;
   const Fingerprint mine = op.fingerprint();
-  const auto wire = comm::internal::WireFingerprint::from(mine);
-  std::vector<comm::internal::WireFingerprint> theirs(static_cast<size_t>(size_));
+  using comm::internal::WireFingerprint;
   Transfers x(*this, op, 0);
+  auto* wire = reinterpret_cast<WireFingerprint*>(x.scratch(sizeof(WireFingerprint)));
+  *wire = WireFingerprint::from(mine);
+  auto* theirs = reinterpret_cast<WireFingerprint*>(x.scratch(static_cast<size_t>(size_) * sizeof(WireFingerprint)));
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    x.recv(p, &theirs[static_cast<size_t>(p)], sizeof(wire));
-    x.send(p, &wire, sizeof(wire));
+    x.recv(p, &theirs[p], sizeof(WireFingerprint));
+    x.send(p, wire, sizeof(WireFingerprint));
   }
   x.wait_all();
   comm::internal::FingerprintTable table(static_cast<size_t>(size_));
@@ -117,15 +119,15 @@ void Channel::all_reduce(const Op& op) {
     return all_gather_blocks(op, bytes_of(op.recv), off, kPhaseGather);
   }
   // Direct: every rank sends its whole input to every peer and reduces all n.
-  std::vector<std::byte> scratch(static_cast<size_t>(n - 1) * bytes);
-  std::vector<const void*> ins(static_cast<size_t>(n));
   Transfers x(*this, op, kPhaseData);
+  std::byte* scratch = x.scratch(static_cast<size_t>(n - 1) * bytes);
+  std::vector<const void*> ins(static_cast<size_t>(n));
   for (int p = 0, i = 0; p < n; ++p) {
     if (p == rank_) {
       ins[static_cast<size_t>(p)] = op.send;
       continue;
     }
-    std::byte* slot = scratch.data() + static_cast<size_t>(i++) * bytes;
+    std::byte* slot = scratch + static_cast<size_t>(i++) * bytes;
     ins[static_cast<size_t>(p)] = slot;
     x.recv(p, slot, bytes);
     x.send(p, op.send, bytes);
@@ -155,14 +157,14 @@ void Channel::reduce_scatter_blocks(const Op& op, const std::byte* send, std::by
   const size_t chunk_elems = std::min(chunk, mine);
   // Two chunks of every peer's contribution in flight: the reduction of one
   // overlaps the arrival of the next.
-  std::vector<std::byte> scratch(2 * static_cast<size_t>(n - 1) * chunk_elems * ds);
+  std::byte* scratch = x.scratch(2 * static_cast<size_t>(n - 1) * chunk_elems * ds);
   std::vector<std::vector<size_t>> posted(nchunks);
   auto post = [&](size_t c) {
     if (c >= nchunks) return;
     const size_t len = std::min(chunk, mine - c * chunk);
     for (int p = 0, i = 0; p < n; ++p) {
       if (p == rank_) continue;
-      std::byte* slot = scratch.data() + ((c % 2) * static_cast<size_t>(n - 1) + static_cast<size_t>(i++)) *
+      std::byte* slot = scratch + ((c % 2) * static_cast<size_t>(n - 1) + static_cast<size_t>(i++)) *
                                              chunk_elems * ds;
       posted[c].push_back(x.recv(p, slot, len * ds));
     }
@@ -177,7 +179,7 @@ void Channel::reduce_scatter_blocks(const Op& op, const std::byte* send, std::by
     for (int p = 0, i = 0; p < n; ++p)
       ins[static_cast<size_t>(p)] =
           p == rank_ ? static_cast<const void*>(send + (off[static_cast<size_t>(rank_)] + first) * ds)
-                     : scratch.data() + ((c % 2) * static_cast<size_t>(n - 1) + static_cast<size_t>(i++)) *
+                     : scratch + ((c % 2) * static_cast<size_t>(n - 1) + static_cast<size_t>(i++)) *
                                             chunk_elems * ds;
     void* dst = out + first * ds;
     comm::internal::reduce(&dst, 1, ins.data(), n, len, op.dtype, op.reduce, n);
@@ -228,29 +230,30 @@ void Channel::all_to_all(const Op& op) {
 
 void Channel::barrier(const Op& op) {
   if (options().check_fingerprints) return;  // every peer's fingerprint arrived: all entered
-  const char token = 1;
-  std::vector<char> in(static_cast<size_t>(size_));
   Transfers x(*this, op, kPhaseData);
+  std::byte* token = x.scratch(1);
+  std::byte* in = x.scratch(static_cast<size_t>(size_));
+  *token = std::byte{1};
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    x.recv(p, &in[static_cast<size_t>(p)], 1);
-    x.send(p, &token, 1);
+    x.recv(p, in + p, 1);
+    x.send(p, token, 1);
   }
   x.wait_all();
 }
 
 void Channel::split_exchange(Task& t) {
   // t.split_table holds this rank's (color, key); it becomes every rank's.
-  std::vector<int32_t> table(2 * static_cast<size_t>(size_));
-  std::copy_n(t.split_table.begin(), 2, table.begin() + 2 * rank_);
   Transfers x(*this, t.op, kPhaseData);
+  auto* table = reinterpret_cast<int32_t*>(x.scratch(2 * static_cast<size_t>(size_) * sizeof(int32_t)));
+  std::copy_n(t.split_table.begin(), 2, table + 2 * rank_);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    x.recv(p, &table[2 * static_cast<size_t>(p)], 2 * sizeof(int32_t));
-    x.send(p, &table[2 * static_cast<size_t>(rank_)], 2 * sizeof(int32_t));
+    x.recv(p, table + 2 * p, 2 * sizeof(int32_t));
+    x.send(p, table + 2 * rank_, 2 * sizeof(int32_t));
   }
   x.wait_all();
-  t.split_table = std::move(table);
+  t.split_table.assign(table, table + 2 * size_);
 }
 
 }  // namespace meshtrain::comm::gloo::internal
