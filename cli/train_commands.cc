@@ -29,6 +29,7 @@
 #include "meshtrain/train/generate.h"
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/run_dir.h"
+#include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/trainer.h"
 
@@ -86,8 +87,28 @@ std::string resumed_config(const TrainFlags& f) {
                         "give the run directory of a run that wrote checkpoints (--checkpoint-every N)");
 }
 
+// A worker that `meshtrain launch --max-restarts` restarted
+// (MESHTRAIN_RESTART_COUNT > 0, as torchrun's TORCHELASTIC_RESTART_COUNT)
+// continues its run from the latest checkpoint, as if --resume RUN_DIR were
+// given, when the run directory (or its interrupted staging) holds one.
+void resume_after_restart(TrainFlags& f) {
+  const char* count = std::getenv("MESHTRAIN_RESTART_COUNT");
+  if (!count || std::string_view(count) == "0" || std::string_view(count).empty()) return;
+  if (f.app->get_option("--resume")->count() > 0 || f.app->get_option("--run-dir")->count() == 0) return;
+  const std::string run = f.values.at("run_dir");
+  for (const std::string& dir : {run + ".incomplete", run})
+    if (train::latest_checkpoint((std::filesystem::path(dir) / "checkpoints").string())) {
+      f.values["resume"] = run;
+      f.app->get_option("--resume")->add_result(run);
+      if (std::getenv("RANK") == nullptr || std::string_view(std::getenv("RANK")) == "0")
+        fmt::print("meshtrain train: restart {}: resuming {} from its latest checkpoint\n", count, run);
+      return;
+    }
+}
+
 int run_train(TrainFlags& f) {
   const std::chrono::milliseconds timeout = parse_timeout(f.timeout);  // refuse bad flags before reading files
+  resume_after_restart(f);
   f.config = resumed_config(f);
   train::TrainConfig tc = f.config.empty() ? train::TrainConfig{} : train::TrainConfig::from_toml_file(f.config);
   for (const auto& field : train::train_config_fields())
