@@ -9,6 +9,7 @@
 //   meshtrain shard ...                   print (and draw) how a tensor is sharded on a mesh
 //   meshtrain train ...                   train an MLP or a VAE on Fashion-MNIST (data parallel or fully sharded)
 //   meshtrain tokenize ...                train/reuse the BPE tokenizer on a text corpus, write its token file
+//   meshtrain launch ... -- CMD ...       start CMD's worker processes on this node, like torchrun (docs/launch.md)
 // Library errors become exit code 1 with the message on stderr; bad flags exit 2.
 #include <fmt/format.h>
 
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   for (auto& c : add_layout_commands(app)) commands.push_back(std::move(c));
   for (auto& c : add_train_commands(app)) commands.push_back(std::move(c));
   for (auto& c : add_data_commands(app)) commands.push_back(std::move(c));
+  for (auto& c : add_launch_commands(app)) commands.push_back(std::move(c));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

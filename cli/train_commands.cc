@@ -92,16 +92,17 @@ std::string resumed_config(const TrainFlags& f) {
 // continues its run from the latest checkpoint, as if --resume RUN_DIR were
 // given, when the run directory (or its interrupted staging) holds one.
 void resume_after_restart(TrainFlags& f) {
-  const char* count = std::getenv("MESHTRAIN_RESTART_COUNT");
-  if (!count || std::string_view(count) == "0" || std::string_view(count).empty()) return;
+  const config::LauncherEnv env = config::read_launcher_env();
+  const std::string* count = env.find("MESHTRAIN_RESTART_COUNT");
+  if (!count || *count == "0" || count->empty()) return;
   if (f.app->get_option("--resume")->count() > 0 || f.app->get_option("--run-dir")->count() == 0) return;
   const std::string run = f.values.at("run_dir");
   for (const std::string& dir : {run + ".incomplete", run})
     if (train::latest_checkpoint((std::filesystem::path(dir) / "checkpoints").string())) {
       f.values["resume"] = run;
       f.app->get_option("--resume")->add_result(run);
-      if (std::getenv("RANK") == nullptr || std::string_view(std::getenv("RANK")) == "0")
-        fmt::print("meshtrain train: restart {}: resuming {} from its latest checkpoint\n", count, run);
+      if (const std::string* rank = env.find("RANK"); !rank || *rank == "0")
+        fmt::print("meshtrain train: restart {}: resuming {} from its latest checkpoint\n", *count, run);
       return;
     }
 }

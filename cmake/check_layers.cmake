@@ -24,7 +24,7 @@ function(allowed_for folder out)
     if(l STREQUAL "comm")
       # Engines are reached only through the launcher and the engine registry.
       list(APPEND allowed "comm/communicator.h" "comm/work.h" "comm/stream.h" "comm/launch.h" "comm/selftest.h"
-           "comm/store.h" "comm/tcp_store.h" "comm/engine_registry.h")
+           "comm/store.h" "comm/tcp_store.h" "comm/engine_registry.h" "comm/agent.h")
       if(layer STREQUAL "comm")
         list(APPEND allowed "comm/internal/")
       endif()

@@ -8,14 +8,15 @@ packages=(
   libopenblas-dev
   libdnnl-dev  # oneDNN: f32/bf16 matrix products (core/matmul.h); without it OpenBLAS runs them
   libopenmpi-dev openmpi-bin
-  libgloo-dev
+  libgloo-dev  # the gloo engine (comm/gloo)
+  iproute2  # ip netns: tests/gloo_two_node_test.sh
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libstb-dev
   zlib1g-dev
   libsentencepiece-dev  # the BPE tokenizer (train/tokenizer.h)
   dataset-fashion-mnist
   fortunes  # the default text corpus, /usr/share/games/fortunes
-  procps  # pgrep, for tests/mpi_signal_test.sh and tests/checkpoint_crash_test.sh
+  procps  # pgrep, for tests/signal_test.sh and tests/checkpoint_crash_test.sh
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers' runtimes for `make fuzz` (docs/fuzzing.md)
 )
 

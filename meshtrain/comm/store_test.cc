@@ -1,7 +1,9 @@
 // The Store contracts (store.h) on both implementations, and TcpStore's
 // server: concurrent clients, deadlines that name the missing keys, a server
-// that goes away under a waiting client, malformed messages, two processes.
+// that goes away under a waiting client, malformed messages, the job token,
+// the listening address, two processes.
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -262,6 +264,160 @@ TEST(TcpStore, MalformedMessagesAreRefusedAndTheServerGoesOn) {
   EXPECT_EQ(f.server->get("after"), "ok");
 }
 
+// --- the job token ----------------------------------------------------------------
+
+TcpStoreOptions client_options(uint16_t port, std::string token) {
+  return {.host = "127.0.0.1", .port = port, .timeout = 5s, .connect_timeout = 2s, .token = std::move(token)};
+}
+
+TEST(TcpStoreToken, TheRightTokenWorks) {
+  TcpStore server({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 5s, .token = "0123abcd"});
+  TcpStore c(client_options(server.port(), "0123abcd"));
+  c.set("k", "v");
+  EXPECT_EQ(server.get("k"), "v");  // the server's own client sends the token too
+  EXPECT_EQ(c.add("n", 2), 2);
+  EXPECT_TRUE(c.check({"k", "n"}));
+}
+
+TEST(TcpStoreToken, WrongOrMissingTokenIsRefusedAndGoodClientsGoOn) {
+  TcpStore server({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 5s, .token = "right-token"});
+  TcpStore good(client_options(server.port(), "right-token"));
+  good.set("before", "1");
+  ::testing::internal::CaptureStderr();
+  // A wrong token: refused at connect, by the hello.
+  const std::string wrong =
+      error_of([&] { TcpStore c(client_options(server.port(), "wrong-token")); });
+  // A longer token with the right one as prefix is wrong too.
+  const std::string longer =
+      error_of([&] { TcpStore c(client_options(server.port(), "right-token-and-more")); });
+  // No token: the connection is made, its first request refused.
+  TcpStore none(client_options(server.port(), ""));
+  const std::string missing = error_of([&] { none.set("k", "v"); });
+  // Raw bytes without a hello: the error answer, then closed.
+  internal::FrameWriter w;
+  w.u8(static_cast<uint8_t>(internal::StoreOp::check)).u32(0);
+  const std::string raw = w.finish("test");
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(server.port());
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  int err = 0;
+  const auto deadline = Clock::now() + 2s;
+  ASSERT_EQ(internal::send_all(fd, raw, deadline, &err), internal::IoResult::ok);
+  std::string body;
+  ASSERT_EQ(internal::recv_frame(fd, body, deadline, &err), internal::IoResult::ok);
+  EXPECT_EQ(static_cast<uint8_t>(body[0]), static_cast<uint8_t>(internal::StoreStatus::error));
+  EXPECT_THAT(body, HasSubstr("refused: wrong or missing job token"));
+  char byte;
+  EXPECT_EQ(internal::recv_exact(fd, &byte, 1, deadline, &err), internal::IoResult::closed);
+  ::close(fd);
+  // Every refusal is logged with the peer's address; wait for the server
+  // thread's last line.
+  std::this_thread::sleep_for(50ms);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+
+  for (const std::string& e : {wrong, longer, missing}) {
+    EXPECT_THAT(e, HasSubstr("refused the connection: refused: wrong or missing job token"));
+    EXPECT_THAT(e, HasSubstr("MESHTRAIN_JOB_TOKEN"));
+  }
+  EXPECT_THAT(wrong, HasSubstr("same MESHTRAIN_JOB_TOKEN on every node"));
+  EXPECT_THAT(missing, HasSubstr("TcpStoreOptions::token"));
+  EXPECT_THAT(log, HasSubstr("meshtrain store: refused a connection from 127.0.0.1:"));
+  size_t lines = 0;
+  for (size_t at = 0; (at = log.find("wrong or missing job token\n", at)) != std::string::npos; ++at) ++lines;
+  EXPECT_EQ(lines, 4u);  // one line per refused connection
+  // The server still serves the good clients, old and new.
+  EXPECT_EQ(good.get("before"), "1");
+  TcpStore later(client_options(server.port(), "right-token"));
+  later.set("after", "2");
+  EXPECT_EQ(good.get("after"), "2");
+  EXPECT_FALSE(good.check({"k"}));  // the refused set did nothing
+}
+
+TEST(TcpStoreToken, AServerWithoutTokenAcceptsClientsWithOne) {
+  TcpFixture f;  // no token
+  TcpStore with(client_options(f.server->port(), "some-token"));
+  TcpStore without(client_options(f.server->port(), ""));
+  with.set("k", "v");
+  EXPECT_EQ(without.get("k"), "v");
+}
+
+TEST(TcpStoreToken, TheHelloIsSentOnEveryConnectAndReconnect) {
+  uint16_t port;
+  {
+    TcpFixture probe;
+    port = probe.server->port();
+  }
+  // The client's first connect retries until the server is up, then says hello.
+  std::unique_ptr<TcpStore> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(100ms);
+    server = std::make_unique<TcpStore>(
+        TcpStoreOptions{.host = "127.0.0.1", .port = port, .is_server = true, .token = "t0k3n"});
+  });
+  TcpStore client({.host = "127.0.0.1", .port = port, .timeout = 5s, .connect_timeout = 5s, .token = "t0k3n"});
+  client.set("k", "v");
+  starter.join();
+  EXPECT_EQ(server->get("k"), "v");
+  // The server goes away and a new one takes the port: the call that sees
+  // the connection closed fails, the next one reconnects and must say hello
+  // again to be served.
+  server.reset();
+  EXPECT_THROW(client.set("k", "v"), AbortedError);
+  server = std::make_unique<TcpStore>(
+      TcpStoreOptions{.host = "127.0.0.1", .port = port, .is_server = true, .token = "t0k3n"});
+  client.set("k2", "v2");
+  EXPECT_EQ(server->get("k2"), "v2");
+  EXPECT_THAT(error_of([&] { TcpStore c({.host = "127.0.0.1", .port = port, .token = std::string(1025, 't')}); }),
+              HasSubstr("job token of 1025 bytes"));
+}
+
+// --- the listening address ----------------------------------------------------------
+
+// A non-loopback IPv4 address of this machine, or "".
+std::string other_local_ipv4() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string out;
+  for (ifaddrs* i = list; i && out.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    const auto* a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if ((ntohl(a->sin_addr.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    if (::inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text))) out = text;
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+// Whether a TCP connect to ip:port succeeds.
+bool reachable(const std::string& ip, uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+TEST(TcpStore, ListensOnlyOnItsHost) {
+  const std::string other = other_local_ipv4();
+  if (other.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address";
+  TcpFixture loopback;  // host 127.0.0.1
+  EXPECT_TRUE(reachable("127.0.0.1", loopback.server->port()));
+  EXPECT_FALSE(reachable(other, loopback.server->port())) << "a server on 127.0.0.1 answered at " << other;
+  // The same check answers when the server listens everywhere.
+  TcpStore any({.host = "0.0.0.0", .port = 0, .is_server = true, .timeout = 5s});
+  EXPECT_TRUE(reachable(other, any.port()));
+  TcpStore there({.host = other, .port = 0, .is_server = true, .timeout = 5s});
+  EXPECT_TRUE(reachable(other, there.port()));
+  EXPECT_FALSE(reachable("127.0.0.1", there.port()));
+}
+
 TEST(TcpStore, TwoProcesses) {
   int to_child[2];
   ASSERT_EQ(::pipe(to_child), 0);
@@ -274,7 +430,7 @@ TEST(TcpStore, TwoProcesses) {
     int code = 1;
     if (::read(to_child[0], &port, sizeof(port)) == sizeof(port)) {
       try {
-        TcpStore c({.host = "127.0.0.1", .port = port, .timeout = 5s});
+        TcpStore c({.host = "127.0.0.1", .port = port, .timeout = 5s, .token = "job-token"});
         c.add("arrived", 1);
         c.set("child/ready", "pid " + std::to_string(::getpid()));
         code = c.get("parent/reply") == "hello child" ? 0 : 2;
@@ -285,7 +441,7 @@ TEST(TcpStore, TwoProcesses) {
     ::_exit(code);
   }
   ::close(to_child[0]);
-  TcpStore server({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 5s});
+  TcpStore server({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 5s, .token = "job-token"});
   const uint16_t port = server.port();
   ASSERT_EQ(::write(to_child[1], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
   ::close(to_child[1]);

@@ -82,12 +82,15 @@ TcpStore::TcpStore(TcpStoreOptions options) : Store(options.timeout), options_(s
   check_timeout("TcpStore connect_timeout", options_.connect_timeout);
   if (!options_.is_server && options_.host.empty())
     throw InvalidArgument("TcpStore", "empty host", "give the store server's address (MASTER_ADDR)");
+  if (options_.token.size() > internal::kMaxTokenBytes)
+    throw InvalidArgument("TcpStore", fmt::format("job token of {} bytes", options_.token.size()),
+                          fmt::format("use a token of at most {} bytes (e.g. 32 hex digits)", internal::kMaxTokenBytes));
   if (!options_.is_server && options_.port == 0)
     throw InvalidArgument("TcpStore", "port 0 on a client",
                           "only the server may pick any free port; clients need the port it reports (port())");
   port_ = options_.port;
   if (options_.is_server) {
-    server_ = std::make_unique<internal::TcpStoreServer>(options_.host, options_.port);
+    server_ = std::make_unique<internal::TcpStoreServer>(options_.host, options_.port, options_.token);
     port_ = server_->port();
   }
   std::lock_guard l(mu_);
@@ -128,7 +131,14 @@ void TcpStore::connect_locked(std::string_view op) {
                             "give the store server's host name or address (MASTER_ADDR)");
     for (addrinfo* a = res; a && fd_ < 0; a = a->ai_next) fd_ = try_connect(*a, deadline, &err);
     if (res) ::freeaddrinfo(res);
-    if (fd_ >= 0) return;
+    if (fd_ >= 0) {
+      if (!options_.token.empty()) {
+        FrameWriter w;
+        w.u8(static_cast<uint8_t>(StoreOp::hello)).str(options_.token);
+        exchange_locked(op, w.finish(op), timeout());  // throws (and disconnects) when refused
+      }
+      return;
+    }
     const auto now = Clock::now();
     if (now >= deadline) break;
     // The server may not be up yet (rank 0 starts it): retry, more slowly
@@ -147,6 +157,11 @@ void TcpStore::connect_locked(std::string_view op) {
 TcpStore::Answer TcpStore::call(std::string_view op, const std::string& request, std::chrono::milliseconds wait_for) {
   std::lock_guard l(mu_);
   if (fd_ < 0) connect_locked(op);
+  return exchange_locked(op, request, wait_for);
+}
+
+TcpStore::Answer TcpStore::exchange_locked(std::string_view op, const std::string& request,
+                                           std::chrono::milliseconds wait_for) {
   int err = 0;
   const auto send_deadline = Clock::now() + timeout();
   IoResult r = internal::send_all(fd_, request, send_deadline, &err);
@@ -181,6 +196,15 @@ TcpStore::Answer TcpStore::call(std::string_view op, const std::string& request,
       why = reader.str(internal::kMaxFrameBytes);
     } catch (const internal::WireError& e) {
       why = "unreadable error message: " + e.what;
+    }
+    if (why == internal::kRefusedToken) {
+      disconnect_locked();  // the server closes it
+      throw InvalidArgument(std::string(op), fmt::format("{} refused the connection: {}", where(), why),
+                            options_.token.empty()
+                                ? "the server wants the job's token: pass TcpStoreOptions::token (export the job's "
+                                  "MESHTRAIN_JOB_TOKEN; `meshtrain launch` sets it in every worker)"
+                                : "every process of the job must use the same token: export the same "
+                                  "MESHTRAIN_JOB_TOKEN on every node");
     }
     throw InvalidArgument(std::string(op), fmt::format("{} refused the request: {}", where(), why),
                           "see the store limits in comm/store.h");

@@ -24,9 +24,22 @@
 //   at host:port closed the connection"), never hang.
 // - A client whose call failed on the connection (timeout without an answer,
 //   server gone) reconnects on its next call.
+// - Job token (`token`, empty = none): a server with a token serves only
+//   connections whose first message is a hello carrying the same token
+//   (compared in constant time); any other connection gets the error "refused:
+//   wrong or missing job token" and is closed, and the server logs "meshtrain
+//   store: refused a connection from ip:port: wrong or missing job token" to
+//   stderr. A client with a token sends hello after every connect (and
+//   reconnect); refused, it throws InvalidArgument naming the token. A server
+//   without a token accepts a hello with any token, and plain requests. The
+//   token keeps other jobs and stray clients out; it is not encryption (the
+//   bytes, token included, cross the network in the clear). TcpStore reads no
+//   environment: callers take the token from MESHTRAIN_JOB_TOKEN (`meshtrain
+//   launch` sets it in every worker, see docs/launch.md) and pass it here.
 // Wire format (little-endian): request = u32 length, u8 opcode, payload;
 // answer = u32 length, u8 status (ok, timeout, error), payload; strings are
-// u32 length + bytes. See internal/tcp_store_wire.h.
+// u32 length + bytes; opcodes set, get, add, check, wait, delete_key, hello
+// (token). See internal/tcp_store_wire.h.
 // Thread-safety: calls on one TcpStore are serialized (a blocking get holds
 // the connection); give each thread its own TcpStore to wait concurrently.
 #pragma once
@@ -50,14 +63,15 @@ struct TcpStoreOptions {
   bool is_server = false;
   std::chrono::milliseconds timeout = kDefaultStoreTimeout;          // Store::timeout()
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(60);  // retrying until the server is up
+  std::string token = "";  // the job token (at most 1024 bytes); empty: none (see above)
 };
 
 class TcpStore final : public Store {
  public:
   // Starts the server first when options.is_server, then connects. Throws
-  // InvalidArgument for bad options, IoError when the server cannot listen
-  // (port in use: the message says so), TimeoutError when no server answers
-  // within connect_timeout.
+  // InvalidArgument for bad options or a refused token, IoError when the
+  // server cannot listen (port in use: the message says so), TimeoutError
+  // when no server answers within connect_timeout.
   explicit TcpStore(TcpStoreOptions options);
   ~TcpStore() override;
 
@@ -79,7 +93,8 @@ class TcpStore final : public Store {
   // Sends one request and reads its answer (connecting first if needed);
   // `wait_for` is how long the server may take to answer.
   Answer call(std::string_view op, const std::string& request, std::chrono::milliseconds wait_for);
-  void connect_locked(std::string_view op);
+  Answer exchange_locked(std::string_view op, const std::string& request, std::chrono::milliseconds wait_for);
+  void connect_locked(std::string_view op);  // and sends hello when there is a token
   void disconnect_locked();
   std::string where() const;
 

@@ -198,6 +198,11 @@ LauncherEnv read_launcher_env() {
   return env;
 }
 
+std::string read_job_token() {
+  const char* v = std::getenv("MESHTRAIN_JOB_TOKEN");
+  return v ? v : "";
+}
+
 std::span<const ConfigField> distributed_config_fields() { return kFields; }
 
 void derive_processes_per_node(DistributedConfig& c, bool gave_world_or_nodes, bool gave_processes_per_node) {

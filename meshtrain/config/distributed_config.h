@@ -63,7 +63,7 @@ using EnvMap = std::map<std::string, std::string>;
 inline constexpr std::string_view kLauncherVariables[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMIX_RANK"};
+    "PMIX_RANK", "MESHTRAIN_RESTART_COUNT"};
 
 // Which launcher started this process.
 enum class Launcher : uint8_t { none, torchrun, mpirun };
@@ -89,6 +89,13 @@ struct LauncherEnv {
 // those of kLauncherVariables that are set. Call once at start-up and hand
 // the result (or the DistributedConfig made from it) to whatever needs it.
 LauncherEnv read_launcher_env();
+
+// The job token: MESHTRAIN_JOB_TOKEN, or "" when it is not set. It is the
+// secret every process of a job shows the rendezvous store
+// (comm/tcp_store.h); `meshtrain launch` passes it on to its workers (or
+// generates one for a single node). Read here, with the launcher variables,
+// but kept out of LauncherEnv so that it never appears in a dump.
+std::string read_job_token();
 
 struct DistributedConfig {
   bool enabled = false;            // set by with_env when a launcher's variables are present

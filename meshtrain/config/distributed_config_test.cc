@@ -24,6 +24,7 @@ namespace meshtrain::config {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Ints = std::vector<int>;
 using Names = std::vector<std::string>;
 
@@ -368,6 +369,19 @@ TEST(DistributedConfigEnv, ReadLauncherEnvReadsOnlyLauncherVariables) {
     EXPECT_NE(std::find(std::begin(kLauncherVariables), std::end(kLauncherVariables), k), std::end(kLauncherVariables));
 }
 
+TEST(DistributedConfigEnv, TheJobTokenIsReadButNeverDumped) {
+  ::setenv("MESHTRAIN_JOB_TOKEN", "s3cret-token", 1);
+  ::setenv("RANK", "0", 1);
+  const std::string token = read_job_token();
+  const LauncherEnv env = read_launcher_env();
+  ::unsetenv("MESHTRAIN_JOB_TOKEN");
+  ::unsetenv("RANK");
+  EXPECT_EQ(token, "s3cret-token");
+  EXPECT_EQ(read_job_token(), "");
+  EXPECT_EQ(env.variables.count("MESHTRAIN_JOB_TOKEN"), 0u);
+  EXPECT_THAT(DistributedConfig{}.with_env(env).to_toml(), Not(HasSubstr("s3cret")));
+}
+
 TEST(DistributedConfigEnv, WhichLauncherStartedTheProcess) {
   EXPECT_EQ((LauncherEnv{}.launcher()), Launcher::none);
   EXPECT_EQ((LauncherEnv{{"MASTER_ADDR", "h"}}.launcher()), Launcher::none);  // an address alone starts nothing
@@ -418,7 +432,10 @@ TEST(DistributedConfigEnv, NothingElseReadsTheEnvironment) {
     }
   // This test names the call too; it reads nothing.
   std::erase(readers, "meshtrain/config/distributed_config_test.cc");
-  EXPECT_EQ(readers, std::vector<std::string>{"meshtrain/config/distributed_config.cc"});
+  std::sort(readers.begin(), readers.end());
+  // The gloo engine's rendezvous reads torchrun's variables itself, as
+  // MPI reads mpirun's inside MPI_Init: comm::launch takes no environment.
+  EXPECT_EQ(readers, (std::vector<std::string>{"meshtrain/comm/gloo/launch.cc", "meshtrain/config/distributed_config.cc"}));
 }
 
 // ---- CLI flags ------------------------------------------------------------------

@@ -107,12 +107,13 @@ struct Rendezvous {
   bool launcher_store = false;    // the launcher hosts the store; else rank 0 does
   std::string iface;              // network interface for Gloo's connections
   std::string hostname;           // address for Gloo's connections (wins over iface)
+  int restart = 0;                // the launcher's restart round (keys of each round apart)
   std::chrono::milliseconds timeout = kDefaultTimeout;  // store, connection and every wait
 
   // From the environment torchrun and `meshtrain launch` set: RANK,
   // WORLD_SIZE, MASTER_ADDR, MASTER_PORT (required), MESHTRAIN_JOB_TOKEN,
-  // MESHTRAIN_AGENT_STORE, GLOO_SOCKET_IFNAME, MESHTRAIN_GLOO_HOSTNAME
-  // (optional). Throws InvalidArgument naming a missing or malformed
+  // MESHTRAIN_AGENT_STORE, GLOO_SOCKET_IFNAME, MESHTRAIN_GLOO_HOSTNAME,
+  // MESHTRAIN_RESTART_COUNT (optional). Throws InvalidArgument naming a missing or malformed
   // variable and how to start the job.
   static Rendezvous from_env();
 };

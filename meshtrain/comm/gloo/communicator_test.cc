@@ -34,16 +34,23 @@ using std::chrono::milliseconds;
 
 // --- the child side -------------------------------------------------------
 
-long env_long(const char* name) { return std::strtol(std::getenv(name), nullptr, 10); }
+// What the parent passes a child on its command line:
+//   --gloo-child SCENARIO RANK SIZE STORE_PORT TIMEOUT_MS FINGERPRINTS
+struct ChildArgs {
+  std::string scenario;
+  int rank = 0, size = 1;
+  uint16_t port = 0;
+  long timeout_ms = 0;
+  bool fingerprints = true;
+};
 
-std::unique_ptr<Communicator> child_world() {
+std::unique_ptr<Communicator> child_world(const ChildArgs& a) {
   gloo::WorldConfig c;
-  const auto port = static_cast<uint16_t>(env_long("MT_STORE_PORT"));
-  c.store = [port] { return std::make_unique<TcpStore>(TcpStoreOptions{.host = "127.0.0.1", .port = port}); };
-  c.rank = static_cast<int>(env_long("RANK"));
-  c.size = static_cast<int>(env_long("WORLD_SIZE"));
-  c.timeout = milliseconds(env_long("MT_TIMEOUT_MS"));
-  c.options.check_fingerprints = env_long("MT_FINGERPRINTS") != 0;
+  c.store = [port = a.port] { return std::make_unique<TcpStore>(TcpStoreOptions{.host = "127.0.0.1", .port = port}); };
+  c.rank = a.rank;
+  c.size = a.size;
+  c.timeout = milliseconds(a.timeout_ms);
+  c.options.check_fingerprints = a.fingerprints;
   return gloo::create_world(c);
 }
 
@@ -129,8 +136,9 @@ void split_scenario(Communicator& w) {
   w.barrier();
 }
 
-int run_child(const std::string& scenario) {
-  auto w = child_world();
+int run_child(const ChildArgs& args) {
+  const std::string& scenario = args.scenario;
+  auto w = child_world(args);
   const int r = w->rank();
   if (scenario == "suite") {
     return report([&] { std::cout << "checks " << run_collective_suite(*w) << std::endl; });
@@ -151,7 +159,7 @@ int run_child(const std::string& scenario) {
     return report([&] {
       w->barrier();  // everyone alive once
       if (r == 1) {
-        if (scenario == "late") std::this_thread::sleep_for(milliseconds(env_long("MT_TIMEOUT_MS") * 3));
+        if (scenario == "late") std::this_thread::sleep_for(milliseconds(args.timeout_ms * 3));
         if (scenario == "stop") raise(SIGSTOP);
         if (scenario == "kill") raise(SIGKILL);
       }
@@ -181,25 +189,24 @@ std::vector<Child> run_job(const std::string& scenario, int n, JobOptions o = {}
   const std::string dir = mkdtemp(dir_template);
   std::vector<pid_t> pids;
   for (int r = 0; r < n; ++r) {
-    std::vector<std::string> env = {"MT_GLOO_SCENARIO=" + scenario,
-                                    "RANK=" + std::to_string(r),
-                                    "WORLD_SIZE=" + std::to_string(n),
-                                    "MT_STORE_PORT=" + std::to_string(store.port()),
-                                    "MT_TIMEOUT_MS=" + std::to_string(o.timeout.count()),
-                                    std::string("MT_FINGERPRINTS=") + (o.fingerprints ? "1" : "0")};
-    for (char** e = environ; *e; ++e) env.emplace_back(*e);
-    std::vector<char*> envp;
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
+    std::vector<std::string> args = {"/proc/self/exe",
+                                     "--gloo-child",
+                                     scenario,
+                                     std::to_string(r),
+                                     std::to_string(n),
+                                     std::to_string(store.port()),
+                                     std::to_string(o.timeout.count()),
+                                     o.fingerprints ? "1" : "0"};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     const std::string out = dir + "/rank" + std::to_string(r);
     const int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    char self[] = "/proc/self/exe";
-    char* argv[] = {self, nullptr};
     const pid_t pid = fork();
     if (pid == 0) {
       dup2(fd, 1);
       dup2(fd, 2);
-      execve(self, argv, envp.data());
+      execv(argv[0], argv.data());
       _exit(127);
     }
     close(fd);
@@ -306,7 +313,6 @@ TEST(GlooFaults, MismatchedCollectivesFailEveryRankWithTheSameSentence) {
 void expect_named(const std::string& scenario, const std::string& cause) {
   const milliseconds timeout{1500};
   const auto children = run_job(scenario, 3, {.timeout = timeout, .limit = milliseconds(30000)});
-  if (std::getenv("MT_GLOO_TEST_VERBOSE")) std::cout << dump(children);
   for (int r : {0, 2}) {
     const std::string& out = children[static_cast<size_t>(r)].out;
     EXPECT_NE(out.find("rank 1"), std::string::npos) << dump(children);
@@ -326,7 +332,16 @@ TEST(GlooFaults, AKilledRankIsNamedAtOnce) { expect_named("kill", "rank 1"); }
 }  // namespace meshtrain::comm
 
 int main(int argc, char** argv) {
-  if (const char* scenario = std::getenv("MT_GLOO_SCENARIO")) return meshtrain::comm::run_child(scenario);
+  if (argc == 8 && std::string_view(argv[1]) == "--gloo-child") {
+    meshtrain::comm::ChildArgs a;
+    a.scenario = argv[2];
+    a.rank = std::atoi(argv[3]);
+    a.size = std::atoi(argv[4]);
+    a.port = static_cast<uint16_t>(std::atoi(argv[5]));
+    a.timeout_ms = std::atol(argv[6]);
+    a.fingerprints = std::string_view(argv[7]) == "1";
+    return meshtrain::comm::run_child(a);
+  }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

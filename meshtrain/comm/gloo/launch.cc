@@ -104,6 +104,7 @@ Rendezvous Rendezvous::from_env() {
   r.launcher_store = env("MESHTRAIN_AGENT_STORE") == "1";
   r.iface = env("GLOO_SOCKET_IFNAME");
   r.hostname = env("MESHTRAIN_GLOO_HOSTNAME");
+  r.restart = static_cast<int>(env_int("MESHTRAIN_RESTART_COUNT", 0, 1 << 20, false, 0));
   return r;
 }
 
@@ -113,11 +114,12 @@ std::unique_ptr<Communicator> create_world(const Rendezvous& r, Options options)
   so.port = r.master_port;
   so.timeout = r.timeout;
   so.connect_timeout = r.timeout;
+  so.token = r.token;
   // A process may create several worlds in turn (one per comm::launch, as
   // `meshtrain train` runs do): they share one store for the whole process
   // (hosted by rank 0 unless the launcher hosts it; a server that came and
   // went between worlds would strand the peers that connected to the old
-  // one) and take the names world1, world2, ... in creation order, which is
+  // one) and take the names world1, world2, ... in creation order (per launcher round), which is
   // the same on every process because create_world is collective.
   static std::mutex mu;
   static std::map<std::string, std::pair<std::shared_ptr<TcpStore>, int>>* jobs =
@@ -132,7 +134,9 @@ std::unique_ptr<Communicator> create_world(const Rendezvous& r, Options options)
       server = std::make_shared<TcpStore>(s);
     }
     if (server) so.port = server->port();
-    name = fmt::format("world{}", ++worlds);
+    // After a restart the launcher's store still holds the last round's
+    // keys: each round has its own names.
+    name = fmt::format("r{}.world{}", r.restart, ++worlds);
   }
   WorldConfig c;
   c.store = [so] { return std::make_unique<TcpStore>(so); };

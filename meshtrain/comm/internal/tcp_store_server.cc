@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <list>
 #include <map>
@@ -34,8 +35,23 @@ constexpr size_t kReadChunk = 64 * 1024;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
+// "ip:port" ("[ip]:port" for IPv6) of an accepted peer.
+std::string peer_name(const sockaddr_storage& addr) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (addr.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(addr);
+    ::inet_ntop(AF_INET6, &a.sin6_addr, text, sizeof(text));
+    return fmt::format("[{}]:{}", text, ntohs(a.sin6_port));
+  }
+  const auto& a = reinterpret_cast<const sockaddr_in&>(addr);
+  ::inet_ntop(AF_INET, &a.sin_addr, text, sizeof(text));
+  return fmt::format("{}:{}", text, ntohs(a.sin_port));
+}
+
 struct Client {
   int fd = -1;
+  std::string peer;        // "ip:port", for the refusal's log line
+  bool greeted = false;    // sent a hello with the server's token (or the server has none)
   std::string in;          // bytes received, not yet handled
   std::string out;         // answers not yet sent
   bool parked = false;     // a get/wait of this client waits for keys
@@ -52,7 +68,8 @@ struct Waiter {
 // The server thread's state. Nothing here is shared with other threads.
 class Loop {
  public:
-  Loop(int listen_fd, int wake_fd) : listen_fd_(listen_fd), wake_fd_(wake_fd) {}
+  Loop(int listen_fd, int wake_fd, std::string token)
+      : listen_fd_(listen_fd), wake_fd_(wake_fd), token_(std::move(token)) {}
   ~Loop() {
     for (auto& [id, c] : clients_) ::close(c.fd);
   }
@@ -107,7 +124,9 @@ class Loop {
 
   void accept_all() {
     for (;;) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;  // EAGAIN: no more; other errors: the client retries
       if (clients_.size() >= kMaxClients) {
         ::close(fd);
@@ -117,6 +136,7 @@ class Loop {
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       Client c;
       c.fd = fd;
+      c.peer = peer_name(addr);
       clients_[next_id_++] = std::move(c);
     }
   }
@@ -189,6 +209,14 @@ class Loop {
     c.in.clear();
   }
 
+  // A connection that did not start with a hello carrying the server's
+  // token: told so, closed, and logged (someone is knocking on the port).
+  void refuse_token(Client& c) {
+    fmt::print(stderr, "meshtrain store: refused a connection from {}: wrong or missing job token\n", c.peer);
+    std::fflush(stderr);
+    refuse(c, std::string(kRefusedToken));
+  }
+
   static void answer(Client& c, FrameWriter& w) { c.out += w.finish("TcpStore server"); }
   static void answer_ok(Client& c) {
     FrameWriter w;
@@ -209,7 +237,18 @@ class Loop {
   void request(uint64_t id, Client& c, const std::string& body) {
     FrameReader r(body);
     const uint8_t op = r.u8();
+    if (static_cast<StoreOp>(op) == StoreOp::hello) {
+      const std::string token = r.str(kMaxTokenBytes);
+      r.expect_end();
+      // A server without a token takes any: one client option works with both.
+      if (!token_.empty() && !tokens_equal(token, token_)) return refuse_token(c);
+      c.greeted = true;
+      answer_ok(c);
+      return;
+    }
+    if (!token_.empty() && !c.greeted) return refuse_token(c);
     switch (static_cast<StoreOp>(op)) {
+      case StoreOp::hello: break;  // handled above
       case StoreOp::set: {
         std::string key = r.str(kMaxStoreKeyBytes);
         std::string value = r.str(kMaxStoreValueBytes);
@@ -347,6 +386,7 @@ class Loop {
   }
 
   int listen_fd_, wake_fd_;
+  const std::string token_;  // empty: no token needed
   std::map<uint64_t, Client> clients_;
   uint64_t next_id_ = 1;
   std::list<Waiter> waiters_;
@@ -356,7 +396,8 @@ class Loop {
 
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port) {
+TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::string token)
+    : token_(std::move(token)) {
   const std::string where = fmt::format("{}:{}", host.empty() ? "*" : host, port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -418,7 +459,7 @@ TcpStoreServer::~TcpStoreServer() {
 }
 
 void TcpStoreServer::run() {
-  Loop loop(listen_fd_, wake_[0]);
+  Loop loop(listen_fd_, wake_[0], token_);
   loop.run();
 }  // ~Loop closes every client connection
 

@@ -3,7 +3,10 @@
 // touches. Blocking requests (get, wait) are parked with their deadline and
 // answered when the keys appear or the deadline passes. A client is
 // answered in request order: while one of its requests is parked, its later
-// requests wait in its input buffer.
+// requests wait in its input buffer. With a job token, a connection must
+// first send a hello with that token (tcp_store_wire.h); other connections
+// are refused, closed and logged to stderr ("meshtrain store: refused a
+// connection from ip:port: wrong or missing job token").
 // Internal to comm (see comm/tcp_store.h for the contracts).
 #pragma once
 
@@ -16,9 +19,10 @@ namespace meshtrain::comm::internal {
 class TcpStoreServer {
  public:
   // Listens on host:port (port 0: any free one; host "" or "0.0.0.0": every
-  // IPv4 interface) and starts the thread. Throws IoError when it cannot
+  // IPv4 interface; else only the address host resolves to) and starts the
+  // thread. `token` empty: no token needed. Throws IoError when it cannot
   // (port in use, host not local), InvalidArgument when host does not resolve.
-  TcpStoreServer(const std::string& host, uint16_t port);
+  TcpStoreServer(const std::string& host, uint16_t port, std::string token = {});
   // Stops the thread and closes every connection: clients see it closed.
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
@@ -32,6 +36,7 @@ class TcpStoreServer {
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};  // the destructor writes one byte to wake_[1]
   uint16_t port_ = 0;
+  std::string token_;
   std::thread thread_;
 };
 

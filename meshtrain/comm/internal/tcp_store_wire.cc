@@ -19,8 +19,24 @@ std::string_view store_op_name(uint8_t op) {
     case StoreOp::check: return "check";
     case StoreOp::wait: return "wait";
     case StoreOp::delete_key: return "delete_key";
+    case StoreOp::hello: return "hello";
   }
   return "unknown";
+}
+
+bool tokens_equal(std::string_view a, std::string_view b) {
+  // Every byte of the longer one is looked at, whatever the contents: an
+  // attacker timing the answers learns the length at most.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < n; ++i) {
+    const auto x = static_cast<unsigned char>(i < a.size() ? a[i] : 0);
+    const auto y = static_cast<unsigned char>(i < b.size() ? b[i] : 0);
+    diff |= static_cast<unsigned>(x ^ y);
+  }
+  // Through a volatile, so the compiler cannot stop at the first difference.
+  volatile unsigned result = diff;
+  return result == 0;
 }
 
 FrameWriter& FrameWriter::u8(uint8_t v) {

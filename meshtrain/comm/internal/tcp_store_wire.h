@@ -10,7 +10,15 @@
 //   check  u32 n, n keys                 -> ok u8
 //   wait   u32 n, n keys, u64 timeout_ms -> ok | timeout u32 m, m missing keys
 //   delete key                           -> ok u8 existed
+//   hello  token                         -> ok (the connection may go on)
 //   any                                  -> error message (the request was refused)
+// The job token: a server with a token (TcpStoreOptions::token) takes a
+// connection only after a first message `hello` with the same token
+// (compared in constant time); anything else first, or another token, is
+// answered with the error kRefusedToken and the connection is closed. A
+// server without a token answers every hello ok, whatever its token, and
+// takes other requests without one. Clients with a token send hello right
+// after every connect.
 #pragma once
 
 #include <chrono>
@@ -23,9 +31,16 @@
 
 namespace meshtrain::comm::internal {
 
-enum class StoreOp : uint8_t { set = 1, get = 2, add = 3, check = 4, wait = 5, delete_key = 6 };
+enum class StoreOp : uint8_t { set = 1, get = 2, add = 3, check = 4, wait = 5, delete_key = 6, hello = 7 };
 enum class StoreStatus : uint8_t { ok = 0, timeout = 1, error = 2 };
 std::string_view store_op_name(uint8_t op);  // "set", ..., or "unknown"
+
+// The longest job token (hello's payload).
+inline constexpr size_t kMaxTokenBytes = 1024;
+// The error a server answers to a connection without its token.
+inline constexpr std::string_view kRefusedToken = "refused: wrong or missing job token";
+// a == b in time that depends only on the lengths, not on where they differ.
+bool tokens_equal(std::string_view a, std::string_view b);
 
 // The largest frame either side accepts: the largest value plus its key and
 // framing. A longer length prefix means a broken or foreign peer.

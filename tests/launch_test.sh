@@ -1,0 +1,180 @@
+#!/bin/bash
+# `meshtrain launch` end to end, one scenario per run (each a CTest, see
+# cli/CMakeLists.txt):
+#   env        3 workers: RANK, WORLD_SIZE, LOCAL_RANK, ... and the "[rank R] "
+#              prefix on stdout and stderr; long lines arrive whole
+#   failure    a worker exits 3: the launcher exits non-zero naming it, and
+#              kills its siblings (one sleeping with a child in the
+#              background, one stopped by SIGSTOP); no process remains
+#   sigterm    SIGTERM to the launcher: every worker is killed, exit 143
+#   output     --output rank0 shows rank 0's lines only
+#   restart    --max-restarts 1, a worker that fails only on the first run:
+#              exit 0, the restart line, MESHTRAIN_RESTART_COUNT=1 after it
+#   two_nodes  two launchers (--nnodes 2, one token, loopback): RANK 0..3;
+#              then a failure on node 1 stops node 0's workers
+#   tests/launch_test.sh path/to/meshtrain scenario
+set -u
+MT=$1
+scenario=$2
+tmp=$(mktemp -d /tmp/mt_launch.XXXXXX)
+marker=mt_launch_$$_$RANDOM
+# A sleep whose command line carries the marker, so pgrep finds every
+# process of the job (workers and their children) and nothing else.
+ln -s "$(command -v sleep)" "$tmp/sleep_$marker"
+SLEEP=$tmp/sleep_$marker
+export SLEEP
+launchers=()
+cleanup() {
+  for p in "${launchers[@]}"; do kill -KILL "$p" 2> /dev/null; done
+  pkill -KILL -f "$marker" 2> /dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL ($scenario): $*"
+  for f in "$tmp"/*.out; do
+    [ -f "$f" ] && { echo "--- $f"; cat "$f"; }
+  done
+  exit 1
+}
+# No process of the job is left (after the launcher returned).
+no_leftovers() {
+  sleep 0.2
+  local left
+  left=$(pgrep -f "$marker" | tr '\n' ' ')
+  [ -z "$left" ] || { ps -o pid,pgid,stat,args -p "${left// /,}"; fail "processes of the job remain: $left"; }
+}
+# Waits until file $1 has $2 lines matching $3 (at most 10 s).
+wait_for_lines() {
+  for _ in $(seq 100); do
+    [ "$(grep -c -- "$3" "$1" 2> /dev/null)" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  fail "no $2 lines '$3' in $1"
+}
+now() { date +%s.%N; }
+elapsed() { awk -v t0="$1" -v t1="$(now)" 'BEGIN { printf "%.1f", t1 - t0 }'; }
+
+case $scenario in
+env)
+  long=$(printf 'x%.0s' $(seq 10000))
+  "$MT" launch --nproc-per-node 3 --master-port 0 -- sh -c \
+    'echo "env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR $MASTER_PORT $MESHTRAIN_AGENT_STORE $MESHTRAIN_RESTART_COUNT $MESHTRAIN_JOB_TOKEN"
+     echo "to stderr from $RANK" >&2
+     for i in 1 2 3 4 5 6 7 8 9 10; do echo "$1"; done
+     printf "no newline at the end"' worker "$long" > "$tmp/stdout.out" 2> "$tmp/stderr.out" || fail "exit $?"
+  for r in 0 1 2; do
+    grep -Eq "^\[rank $r\] env $r 3 $r 3 0 127\.0\.0\.1 [0-9]+ 1 0 [0-9a-f]{32}$" "$tmp/stdout.out" ||
+      fail "no environment line for rank $r"
+    grep -q "^\[rank $r\] to stderr from $r$" "$tmp/stderr.out" || fail "no stderr line of rank $r"
+    [ "$(grep -cx "\[rank $r\] $long" "$tmp/stdout.out")" = 10 ] || fail "rank $r's 10000-byte lines did not arrive whole"
+    grep -qx "\[rank $r\] no newline at the end" "$tmp/stdout.out" || fail "rank $r's last partial line is missing"
+  done
+  [ "$(grep -vc '^\[rank [0-2]\] ' "$tmp/stdout.out")" = 0 ] || fail "a stdout line without its prefix"
+  # One port, one token for the whole job; the port is not 0.
+  [ "$(grep -o 'env [0-9] .*' "$tmp/stdout.out" | awk '{print $8, $11}' | sort -u | wc -l)" = 1 ] ||
+    fail "the workers got different ports or tokens"
+  grep -q ' 127\.0\.0\.1 0 ' "$tmp/stdout.out" && fail "MASTER_PORT 0 was passed on"
+  ;;
+failure)
+  t0=$(now)
+  "$MT" launch --nproc-per-node 4 --master-port 0 --kill-timeout 2 -- sh -c '
+    case $RANK in
+      1) $SLEEP 0.5; exit 3 ;;
+      2) kill -STOP $$ ;;
+      3) $SLEEP 60 & wait ;;
+      *) exec $SLEEP 60 ;;
+    esac' > "$tmp/launch.out" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] || fail "the launcher returned 0"
+  grep -Eq "^meshtrain launch: rank 1 \(pid [0-9]+\) exited with status 3$" "$tmp/launch.out" ||
+    fail "the launcher does not name rank 1 and its status"
+  grep -q "^meshtrain launch: rank [023] " "$tmp/launch.out" && fail "a sibling that was stopped on purpose is reported"
+  [ "$(awk -v e="$(elapsed "$t0")" 'BEGIN { print (e < 10) }')" = 1 ] || fail "took $(elapsed "$t0") s"
+  no_leftovers
+  ;;
+sigterm)
+  "$MT" launch --nproc-per-node 3 --master-port 0 -- sh -c 'echo started; $SLEEP 60 & wait' > "$tmp/launch.out" 2>&1 &
+  launcher=$!
+  launchers+=("$launcher")
+  wait_for_lines "$tmp/launch.out" 3 "started"
+  [ "$(pgrep -f "$marker" | wc -l)" -ge 3 ] || fail "the workers' sleeps are not running"
+  t0=$(now)
+  kill -TERM "$launcher"
+  wait "$launcher"
+  rc=$?
+  [ $rc = 143 ] || fail "exit $rc, not 143 (128 + SIGTERM)"
+  grep -q "got SIGTERM: stopping the workers" "$tmp/launch.out" || fail "no line about the signal"
+  [ "$(awk -v e="$(elapsed "$t0")" 'BEGIN { print (e < 4) }')" = 1 ] || fail "took $(elapsed "$t0") s"
+  no_leftovers
+  ;;
+output)
+  "$MT" launch --nproc-per-node 3 --master-port 0 --output rank0 -- sh -c 'echo "out $RANK"; echo "err $RANK" >&2' \
+    > "$tmp/launch.out" 2>&1 || fail "exit $?"
+  grep -qx "\[rank 0\] out 0" "$tmp/launch.out" || fail "rank 0's stdout line is missing"
+  grep -qx "\[rank 0\] err 0" "$tmp/launch.out" || fail "rank 0's stderr line is missing"
+  grep -q "\[rank [12]\]" "$tmp/launch.out" && fail "another rank's lines are shown"
+  ;;
+restart)
+  "$MT" launch --nproc-per-node 2 --master-port 0 --max-restarts 1 -- sh -c '
+    echo "run $MESHTRAIN_RESTART_COUNT"
+    if [ "$MESHTRAIN_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 1; fi
+    [ "$MESHTRAIN_RESTART_COUNT" = 0 ] && exec $SLEEP 60
+    exit 0' > "$tmp/launch.out" 2>&1 || fail "exit $?"
+  grep -q "^meshtrain launch: rank 1 (pid [0-9]*) exited with status 1$" "$tmp/launch.out" || fail "no failure line"
+  grep -qx "meshtrain launch: restarting the group (restart 1 of 1)" "$tmp/launch.out" || fail "no restart line"
+  for r in 0 1; do
+    grep -qx "\[rank $r\] run 1" "$tmp/launch.out" || fail "rank $r did not run with MESHTRAIN_RESTART_COUNT=1"
+  done
+  no_leftovers
+  ;;
+two_nodes)
+  export MESHTRAIN_JOB_TOKEN=launch-test-$RANDOM$RANDOM
+  # $1: port, $2: node rank, $3: output file, rest: the command
+  node() {
+    local port=$1 rank=$2 out=$3
+    shift 3
+    "$MT" launch --nnodes 2 --nproc-per-node 2 --node-rank "$rank" --master-port "$port" --join-timeout 20 \
+      --kill-timeout 2 -- "$@" > "$out" 2>&1
+  }
+  # A free port: node 0 says when it cannot listen; try another.
+  start_node0() {
+    for _ in 1 2 3 4 5; do
+      port=$((20000 + RANDOM % 40000))
+      node "$port" 0 "$tmp/node0.out" "$@" &
+      node0=$!
+      launchers+=("$node0")
+      sleep 0.3
+      grep -q "another process uses this port" "$tmp/node0.out" || return 0
+      wait "$node0"
+    done
+    fail "no free port found"
+  }
+  start_node0 sh -c 'echo "env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK"'
+  node "$port" 1 "$tmp/node1.out" sh -c 'echo "env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK"' ||
+    fail "node 1 exited $?"
+  wait "$node0" || fail "node 0 exited $?"
+  for r in 0 1 2 3; do
+    grep -qx "\[rank $r\] env $r 4 $((r % 2)) 2 $((r / 2))" "$tmp/node$((r / 2)).out" || fail "rank $r's line"
+  done
+  # A failure on node 1 stops node 0's workers.
+  t0=$(now)
+  start_node0 sh -c 'exec $SLEEP 60'
+  node "$port" 1 "$tmp/node1_fail.out" sh -c '[ "$RANK" = 3 ] && { $SLEEP 0.5; exit 7; }; exec $SLEEP 60'
+  rc1=$?
+  wait "$node0"
+  rc0=$?
+  [ $rc0 -ne 0 ] && [ $rc1 -ne 0 ] || fail "exit codes $rc0 (node 0) and $rc1 (node 1)"
+  grep -Eq "^meshtrain launch: rank 3 \(pid [0-9]+\) exited with status 7$" "$tmp/node1_fail.out" ||
+    fail "node 1 does not name rank 3"
+  grep -Eq "^meshtrain launch: rank 3 \(pid [0-9]+\) on node 1 exited with status 7: stopping the workers of node 0$" \
+    "$tmp/node0.out" || fail "node 0 does not name the rank that failed on node 1"
+  [ "$(awk -v e="$(elapsed "$t0")" 'BEGIN { print (e < 10) }')" = 1 ] || fail "took $(elapsed "$t0") s"
+  no_leftovers
+  ;;
+*)
+  echo "unknown scenario $scenario"
+  exit 2
+  ;;
+esac
+echo "PASS: launch $scenario"
