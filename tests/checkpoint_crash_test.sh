@@ -3,13 +3,16 @@
 # resume it with --resume; 10 trials (at least one killed inside a save):
 # every time the final model is the uninterrupted run's, byte for byte.
 #
-#   tests/checkpoint_crash_test.sh MESHTRAIN threads|mpi [TRIALS]
+#   tests/checkpoint_crash_test.sh MESHTRAIN threads|mpi|gloo [TRIALS]
 #
 # The run: the MLP (784 -> 64 -> 32 -> 10), data=2, 60 steps, a checkpoint
 # every step (so a random kill often lands inside a save: a save leaves
 # checkpoints/.step_N.tmp behind when it is cut short). threads: one
 # process, 2 simulated devices; mpi: mpirun -np 2, and the victim is rank 1's
-# process (mpirun then ends rank 0).
+# process (mpirun then ends rank 0). gloo: `meshtrain launch --nproc-per-node
+# 2 --max-restarts 1`, the victim is rank 1's worker, and the launcher
+# restarts the group, whose workers resume by themselves
+# (MESHTRAIN_RESTART_COUNT): no --resume by hand.
 set -u
 meshtrain=$1 engine=$2 trials=${3:-10}
 tmp=$(mktemp -d /tmp/meshtrain-crash.XXXXXX)
@@ -27,6 +30,9 @@ launch() {  # launch OUT ARGS...: start a run in the background, its pid in $job
   shift
   if [[ $engine == mpi ]]; then
     mpirun --oversubscribe -np 2 "$meshtrain" "$@" --engine mpi >"$out" 2>&1 &
+  elif [[ $engine == gloo ]]; then
+    "$meshtrain" launch --nproc-per-node 2 --master-port 0 --max-restarts 1 -- \
+      "$meshtrain" "$@" --engine gloo >"$out" 2>&1 &
   else
     "$meshtrain" "$@" >"$out" 2>&1 &
   fi
@@ -60,10 +66,12 @@ while ((good < trials || in_save == 0)); do
   done
   sleep "0.$((RANDOM % 40))"
   victim=$job
-  if [[ $engine == mpi ]]; then
+  if [[ $engine != threads ]]; then
+    rank_var=OMPI_COMM_WORLD_RANK=1
+    [[ $engine == gloo ]] && rank_var=RANK=1
     victim=""
     for p in $(pgrep -f -- "$run"); do
-      if [[ $p != "$job" ]] && tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1; then
+      if [[ $p != "$job" ]] && tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "$rank_var"; then
         victim=$p
       fi
     done
@@ -72,18 +80,36 @@ while ((good < trials || in_save == 0)); do
     wait "$job" 2>/dev/null
     continue  # it finished first: not a trial
   fi
-  wait "$job" 2>/dev/null
-  if [[ -e $run/model.safetensors ]]; then
-    continue  # killed after the commit: not a trial
-  fi
   killed_in_save=0
-  compgen -G "$run.incomplete/checkpoints/.step_*.tmp" >/dev/null && killed_in_save=1
-  # Resume (the same mesh: the run's own config.toml).
-  launch "$tmp/resume$attempts" train --resume "$run"
-  if ! wait "$job"; then
-    echo "FAIL: trial $attempts: the resumed run failed"
-    cat "$tmp/out$attempts" "$tmp/resume$attempts"
-    exit 1
+  if [[ $engine == gloo ]]; then
+    # The launcher restarts the group and the workers resume on their own;
+    # a save cut short leaves its .tmp until the restarted run replaces it.
+    for _ in $(seq 1 200); do
+      compgen -G "$run.incomplete/checkpoints/.step_*.tmp" >/dev/null && { killed_in_save=1; break; }
+      grep -q "restarting the group" "$tmp/out$attempts" 2>/dev/null && break
+      sleep 0.005
+    done
+    if ! wait "$job"; then
+      echo "FAIL: trial $attempts: the restarted group failed"
+      cat "$tmp/out$attempts"
+      exit 1
+    fi
+    cp "$tmp/out$attempts" "$tmp/resume$attempts"
+    grep -q "resuming .* from its latest checkpoint" "$tmp/resume$attempts" ||
+      continue  # the kill landed after the run ended: not a trial
+  else
+    wait "$job" 2>/dev/null
+    if [[ -e $run/model.safetensors ]]; then
+      continue  # killed after the commit: not a trial
+    fi
+    compgen -G "$run.incomplete/checkpoints/.step_*.tmp" >/dev/null && killed_in_save=1
+    # Resume (the same mesh: the run's own config.toml).
+    launch "$tmp/resume$attempts" train --resume "$run"
+    if ! wait "$job"; then
+      echo "FAIL: trial $attempts: the resumed run failed"
+      cat "$tmp/out$attempts" "$tmp/resume$attempts"
+      exit 1
+    fi
   fi
   if ! cmp -s "$run/model.safetensors" "$tmp/ref/model.safetensors"; then
     echo "FAIL: trial $attempts: the resumed run's model differs from the uninterrupted run's"
