@@ -4,7 +4,8 @@
 # workers each, the gloo engine between them. Checks:
 #  1. a launcher with the wrong job token is refused (and the store logs it);
 #  2. data-parallel MLP training over the 4 ranks for 50 steps equals one
-#     device within 1e-5 (dp_parity_mpi_test compares on rank 0);
+#     device within 1e-5 (dp_parity_mpi_test compares on rank 0); node 1
+#     names its interface (GLOO_SOCKET_IFNAME), node 0 finds its own;
 #  3. a store bound to loopback cannot be reached from the other namespace
 #     (while it is reachable on loopback inside its own).
 # Needs root and iproute2; exits 77 (skipped) without them.
@@ -54,7 +55,7 @@ launch() {
   local ns=$1 node=$2 token=$3 log=$4 master=$5
   shift 5
   mkdir -p "$WORK/tmp$node"
-  ip netns exec "$ns" env MESHTRAIN_JOB_TOKEN="$token" TMPDIR="$WORK/tmp$node" \
+  ip netns exec "$ns" env MESHTRAIN_JOB_TOKEN="$token" TMPDIR="$WORK/tmp$node" ${EXTRA_ENV:-} \
     timeout 240 "$MT" launch --nnodes 2 --nproc-per-node 2 --node-rank "$node" \
     --master-addr "$master" --master-port "$PORT" -- "$@" > "$log" 2>&1
 }
@@ -69,7 +70,10 @@ launch "$B" 1 wrong-token "$WORK/intruder.log" "$ADDR_A" true
 [ $? -ne 0 ] || fail "a launcher with the wrong token was accepted"
 grep -qi "token" "$WORK/intruder.log" || fail "the refused launcher does not say why"
 [ $(($(date +%s) - start)) -lt 60 ] || fail "the refusal took more than 60 s"
-launch "$B" 1 secret-token "$WORK/node1.log" "$ADDR_A" "$PARITY" || fail "node 1 failed"
+# Node 1's workers pick their interface by name (GLOO_SOCKET_IFNAME); node
+# 0's find theirs from the route to the store.
+EXTRA_ENV="GLOO_SOCKET_IFNAME=$VB" launch "$B" 1 secret-token "$WORK/node1.log" "$ADDR_A" "$PARITY" ||
+  fail "node 1 failed"
 wait "$node0" || fail "node 0 failed"
 grep -q "refused a connection from $ADDR_B" "$WORK/node0.log" || fail "the store did not log the refused connection"
 grep -q "gloo data parallel (4 ranks) vs 1 rank over 50 steps: PASS" "$WORK/node0.log" ||
