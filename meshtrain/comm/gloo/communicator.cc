@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "meshtrain/comm/gloo/internal/channel.h"
+#include "meshtrain/comm/internal/channel_work.h"
 #include "meshtrain/comm/gloo/internal/world.h"
 #include "meshtrain/core/error.h"
 
@@ -73,18 +74,7 @@ namespace {
 
 using internal::connect;
 
-class GlooWork final : public comm::internal::WorkState {
- public:
-  GlooWork(std::shared_ptr<Channel> channel, std::shared_ptr<Task> task, std::chrono::milliseconds timeout)
-      : channel_(std::move(channel)), task_(std::move(task)), timeout_(timeout) {}
-  void wait() override { channel_->wait(*task_, timeout_); }
-  bool test() override { return channel_->test(*task_); }
-
- private:
-  std::shared_ptr<Channel> channel_;
-  std::shared_ptr<Task> task_;
-  std::chrono::milliseconds timeout_;
-};
+using GlooWork = comm::internal::ChannelWork<Channel, Task>;
 
 class GlooCommunicator final : public Communicator {
  public:

@@ -110,4 +110,14 @@ Notice decode_notice(std::string_view bytes) {
   return n;
 }
 
+std::string reason_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 }  // namespace meshtrain::comm::internal

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,6 +42,10 @@ using FingerprintTable = std::vector<std::optional<Fingerprint>>;
 // sentence from the same table; ranks() are those whose call differs from
 // table[self]'s. Precondition: table[self] is present.
 MismatchError mismatch_error(const std::string& op, const FingerprintTable& table, int self);
+
+// An error's what() (what a notice's reason carries); "unknown error" for
+// an exception that is not a std::exception.
+std::string reason_of(const std::exception_ptr& error);
 
 // What a failing rank tells its peers (tag 0 of the check communicator).
 struct Notice {

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <utility>
 
+#include "meshtrain/comm/internal/channel_work.h"
 #include "meshtrain/comm/mpi/internal/channel.h"
 #include "meshtrain/comm/mpi/internal/mpi_util.h"
 #include "meshtrain/comm/mpi/internal/runtime.h"
@@ -24,19 +25,7 @@ using internal::Task;
 
 namespace {
 
-class MpiWork final : public comm::internal::WorkState {
- public:
-  MpiWork(std::shared_ptr<Channel> channel, std::shared_ptr<Task> task,
-          std::chrono::milliseconds timeout)
-      : channel_(std::move(channel)), task_(std::move(task)), timeout_(timeout) {}
-  void wait() override { channel_->wait(*task_, timeout_); }
-  bool test() override { return channel_->test(*task_); }
-
- private:
-  std::shared_ptr<Channel> channel_;
-  std::shared_ptr<Task> task_;
-  std::chrono::milliseconds timeout_;
-};
+using MpiWork = comm::internal::ChannelWork<Channel, Task>;
 
 class MpiCommunicator final : public Communicator {
  public:

@@ -17,16 +17,6 @@ namespace {
 // would close every pair of the context): the deadline is the caller's.
 constexpr std::chrono::milliseconds kNoGlooTimeout = std::chrono::hours(24 * 365);
 
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 std::string describe(const Op& op) {
   if (op.kind == CollectiveOp::send || op.kind == CollectiveOp::recv)
     return fmt::format("{} (tag {}, {} x {}) with rank {}", collective_op_name(op.kind), op.tag,
@@ -246,7 +236,7 @@ void Channel::fail(std::exception_ptr error, bool tell_peers) {
     std::lock_guard lock(mu_);
     if (error_) return;
     error_ = error;
-    abort_reason_ = what_of(error);
+    abort_reason_ = comm::internal::reason_of(error);
     mismatch = mismatch_table_;
     for (auto* b : inflight_) {
       b->abortWaitRecv();

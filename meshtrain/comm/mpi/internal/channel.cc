@@ -26,16 +26,6 @@ void op16(void* in, void* inout, int* len, MPI_Datatype*) {
   internal::reduce_16bit(D, R, in, inout, static_cast<size_t>(*len));
 }
 
-std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 std::vector<int> ranks_of(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);
@@ -582,7 +572,7 @@ bool Channel::receive_notice() {
 void Channel::fail(Task* culprit, std::exception_ptr error, bool notify_peers, int origin) {
   aborted_ = true;
   Runtime::note_failure(drain_timeout_);
-  abort_reason_ = what_of(error);
+  abort_reason_ = comm::internal::reason_of(error);
   abort_ranks_ = ranks_of(error);
   if (abort_ranks_.empty() && origin != rank_) abort_ranks_ = {origin};
   // The caller may be iterating queue_: work on a moved-out copy.
