@@ -189,15 +189,20 @@ int run_bench_collectives(const BenchFlags& f) {
     if (!choices.empty())
       main.ops.erase(std::remove(main.ops.begin(), main.ops.end(), CollectiveOp::reduce_scatter), main.ops.end());
     if (!main.ops.empty()) report(world, bench::run_collectives(world, main));
-    if (f.peer && engine.native_peer) {
-      // The peer in the same run: the engine's own blocking collectives.
-      std::unique_ptr<comm::PeerCollectives> native = engine.native_peer(world);
-      auto peer = o;
-      peer.label = native->label();
-      peer.call = [&](CollectiveOp op, std::byte* a, std::byte* b, size_t count, DType t) {
-        native->run(op, a, b, count, t);
-      };
-      report(world, bench::run_collectives(world, peer));
+    if (f.peer && engine.native_peers) {
+      // The peers in the same run (the engine's own blocking collectives,
+      // reference rates), each on the ops it supports, one at a time: each
+      // is freed after its rows (the buffers and connections it holds).
+      for (std::unique_ptr<comm::PeerCollectives>& native : engine.native_peers(world)) {
+        auto peer = o;
+        peer.label = native->label();
+        std::erase_if(peer.ops, [&](CollectiveOp op) { return !native->supports(op, o.dtype); });
+        peer.call = [&](CollectiveOp op, std::byte* a, std::byte* b, size_t count, DType t) {
+          native->run(op, a, b, count, t);
+        };
+        if (!peer.ops.empty()) report(world, bench::run_collectives(world, peer));
+        native.reset();
+      }
     }
     if (choices.empty()) return;
     for (comm::EngineVariant& v : engine.bench_variants(launch, world, choices)) {
@@ -293,7 +298,8 @@ std::vector<Command> add_comm_commands(CLI::App& app) {
       ->capture_default_str();
   coll->add_flag("--check-fingerprints", bf->check_fingerprints, "mpi: exchange fingerprints on every collective");
   coll->add_flag("--peer,!--no-peer", bf->peer,
-                 "also time the engine's own blocking collectives if it has them (mpi: rows 'openmpi')")
+                 "also time what the engine compares with (mpi: OpenMPI's collectives, rows 'openmpi'; gloo: "
+                 "Gloo's own algorithms, rows 'gloo-ring' etc., and the raw TCP rate, rows 'tcp')")
       ->capture_default_str();
   out.push_back({coll, [=] { return run_bench_collectives(*bf); }});
   return out;

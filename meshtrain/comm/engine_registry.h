@@ -31,17 +31,24 @@ namespace meshtrain::comm {
 struct LaunchOptions;  // launch.h
 using SpmdFunction = std::function<void(Communicator&)>;
 
-// An engine's own implementation of the collectives (OpenMPI's blocking
-// MPI_Allreduce, ...), which `bench collectives` times beside the engine in
-// the same run. Blocks until done; no deadline: for benchmarks only.
+// Something `bench collectives` times beside the engine in the same run: the
+// collectives of the library the engine is built on (OpenMPI's blocking
+// MPI_Allreduce, Gloo's own algorithms, ...) or a reference rate (the raw
+// TCP rate between the ranks). Blocks until done; no deadline: for
+// benchmarks only.
 class PeerCollectives {
  public:
   virtual ~PeerCollectives() = default;
-  // The label of its rows, e.g. "openmpi".
+  // The label of its rows, e.g. "openmpi", "gloo-ring".
   virtual std::string label() const = 0;
-  // Layouts as in communicator.h (all_reduce and reduce_scatter sum,
-  // broadcast from rank 0); send and recv are distinct. Throws Unsupported
-  // for what it cannot run.
+  // Whether run() takes (op, dtype): the benchmark times only these.
+  virtual bool supports(CollectiveOp op, DType dtype) const = 0;
+  // Layouts as in communicator.h (all_reduce and reduce_scatter sum with
+  // equal blocks, broadcast from rank 0 in `recv`); send and recv are
+  // distinct; count as Communicator takes it (per rank for all_gather,
+  // reduce_scatter and all_to_all). A peer that is a reference rate rather
+  // than a collective says what it moves instead. Throws Unsupported for
+  // what supports() refuses.
   virtual void run(CollectiveOp op, const void* send, void* recv, size_t count, DType dtype) = 0;
 };
 
@@ -66,9 +73,10 @@ struct EngineSpec {
   // options every engine shares (the timeout) before calling it.
   std::function<void(const LaunchOptions&, const SpmdFunction&)> launch{};
   // Optional (for `bench collectives`). Collective over `world`, a
-  // communicator of this engine, when the engine has its own collectives
-  // to compare with.
-  std::function<std::unique_ptr<PeerCollectives>(Communicator& world)> native_peer{};
+  // communicator of this engine: what the engine compares with (OpenMPI's
+  // collectives; Gloo's algorithms and the TCP rate), timed in this order.
+  // Empty when there is nothing to compare with (e.g. one rank).
+  std::function<std::vector<std::unique_ptr<PeerCollectives>>(Communicator& world)> native_peers{};
   // Optional (for `bench collectives`). Collective over `world`: variants
   // whose `choice` is in `choices` (all when empty).
   std::function<std::vector<EngineVariant>(const LaunchOptions&, Communicator& world,

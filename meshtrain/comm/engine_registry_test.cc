@@ -32,12 +32,16 @@ TEST(EngineRegistry, BuiltInEnginesAreWhatCMakeBuilt) {
   EXPECT_EQ(engines().names().front(), "threads");
   const EngineSpec& threads = engines().get("threads");
   EXPECT_TRUE(threads.ranks_in_process);
-  EXPECT_FALSE(threads.native_peer);
+  EXPECT_FALSE(threads.native_peers);
   if (const EngineSpec* mpi = engines().find("mpi")) {
     // Under mpirun or not, its description and benchmark hooks are there.
     EXPECT_FALSE(mpi->ranks_in_process);
-    EXPECT_TRUE(mpi->native_peer);
+    EXPECT_TRUE(mpi->native_peers);
     EXPECT_THAT(mpi->variant_choices, ElementsAre("native", "ring"));
+  }
+  if (const EngineSpec* gloo = engines().find("gloo")) {
+    EXPECT_FALSE(gloo->ranks_in_process);
+    EXPECT_TRUE(gloo->native_peers);  // Gloo's own algorithms and the TCP rate (gloo/native.h)
   }
 }
 
@@ -59,10 +63,14 @@ TEST(EngineRegistry, UnknownAndMissingEnginesListTheAvailableOnes) {
   const std::string unknown = error_of([&] { launch({.engine = "thread", .ranks = 2}, fn); });
   EXPECT_THAT(unknown, HasSubstr("unknown engine 'thread'"));
   EXPECT_THAT(unknown, HasSubstr(available));
-  // gloo is a known engine that no build has yet: a different sentence.
-  const std::string gloo = error_of([&] { launch({.engine = Engine::gloo}, fn); });
-  EXPECT_THAT(gloo, HasSubstr("engine 'gloo' is not built into this program"));
-  EXPECT_THAT(gloo, HasSubstr(available));
+  // nccl is a known engine that no build has yet: a different sentence.
+  const std::string nccl = error_of([&] { launch({.engine = Engine::nccl}, fn); });
+  EXPECT_THAT(nccl, HasSubstr("engine 'nccl' is not built into this program"));
+  EXPECT_THAT(nccl, HasSubstr(available));
+  if (!engines().find("gloo")) {
+    EXPECT_THAT(error_of([&] { launch({.engine = Engine::gloo}, fn); }),
+                HasSubstr("engine 'gloo' is not built into this program"));
+  }
   if (!engines().find("mpi")) {
     EXPECT_THAT(error_of([&] { launch({.engine = "mpi"}, fn); }), HasSubstr("needs OpenMPI when meshtrain is built"));
   }

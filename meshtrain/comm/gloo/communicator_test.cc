@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "meshtrain/comm/gloo/communicator.h"
+#include "meshtrain/comm/gloo/native.h"
 #include "meshtrain/comm/selftest.h"
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/core/error.h"
@@ -136,6 +137,56 @@ void split_scenario(Communicator& w) {
   w.barrier();
 }
 
+// Gloo's own algorithms and the tcp peer (native.h) give the layouts the
+// benchmark assumes, also when run again on the same buffers.
+void native_scenario(Communicator& w) {
+  const int r = w.rank(), n = w.size();
+  auto peers = gloo::native_peers(w);
+  if (n == 1) {
+    if (!peers.empty()) throw std::runtime_error("one rank must have no peers");
+    return;
+  }
+  auto value = [](int rank, size_t i) { return static_cast<float>(rank * 1000 + static_cast<int>(i % 1000)); };
+  for (auto& peer : peers) {
+    for (CollectiveOp op : {CollectiveOp::all_reduce, CollectiveOp::reduce_scatter, CollectiveOp::all_gather,
+                            CollectiveOp::broadcast, CollectiveOp::all_to_all}) {
+      if (!peer->supports(op, DType::f32)) continue;
+      for (size_t count : {size_t{7}, size_t{5000}, size_t{300001}}) {
+        const bool whole = op == CollectiveOp::all_reduce || op == CollectiveOp::broadcast;
+        const size_t in = whole || op == CollectiveOp::all_gather ? count : count * n;
+        const size_t out = whole || op == CollectiveOp::reduce_scatter ? count : count * n;
+        std::vector<float> send(in), recv(out, -1.0f);
+        for (size_t i = 0; i < in; ++i) send[i] = value(r, i);
+        for (int rep = 0; rep < 2; ++rep) {
+          if (op == CollectiveOp::broadcast)  // from rank 0's recv, in place
+            for (size_t i = 0; i < out; ++i) recv[i] = r == 0 ? value(0, i) : -1.0f;
+          peer->run(op, send.data(), recv.data(), count, DType::f32);
+          for (size_t i = 0; i < out; ++i) {
+            const size_t q = i / count, j = i % count;  // block and offset in it
+            float want = 0;
+            if (op == CollectiveOp::all_reduce || op == CollectiveOp::reduce_scatter) {
+              const size_t at = op == CollectiveOp::all_reduce ? i : static_cast<size_t>(r) * count + i;
+              for (int p = 0; p < n; ++p) want += value(p, at);
+            } else if (op == CollectiveOp::all_gather) {
+              want = value(static_cast<int>(q), j);
+            } else if (op == CollectiveOp::broadcast) {
+              want = value(0, i);
+            } else {  // all_to_all; the tcp peer leaves the own block alone
+              want = peer->label() == "tcp" && static_cast<int>(q) == r
+                         ? -1.0f
+                         : value(static_cast<int>(q), static_cast<size_t>(r) * count + j);
+            }
+            if (recv[i] != want)
+              throw std::runtime_error(peer->label() + " " + std::string(collective_op_name(op)) + " count " +
+                                       std::to_string(count) + " element " + std::to_string(i) + ": " +
+                                       std::to_string(recv[i]) + " instead of " + std::to_string(want));
+          }
+        }
+      }
+    }
+  }
+}
+
 int run_child(const ChildArgs& args) {
   const std::string& scenario = args.scenario;
   auto w = child_world(args);
@@ -145,6 +196,7 @@ int run_child(const ChildArgs& args) {
   }
   if (scenario == "p2p") return report([&] { p2p_scenario(*w); });
   if (scenario == "split") return report([&] { split_scenario(*w); });
+  if (scenario == "native") return report([&] { native_scenario(*w); });
   if (scenario == "mismatch") {
     return report([&] {
       std::vector<float> v(8, 1.0f);
@@ -290,6 +342,11 @@ TEST_P(GlooRanks, SendRecvAndAsync) {
 
 TEST_P(GlooRanks, Split) {
   const auto children = run_job("split", GetParam());
+  for (const Child& c : children) ASSERT_TRUE(exited_ok(c)) << dump(children);
+}
+
+TEST_P(GlooRanks, NativePeersGiveTheBenchmarkLayouts) {
+  const auto children = run_job("native", GetParam(), {.fingerprints = false});
   for (const Child& c : children) ASSERT_TRUE(exited_ok(c)) << dump(children);
 }
 

@@ -1,4 +1,5 @@
-// The gloo engine's entry in the engine registry, and its rendezvous from
+// The gloo engine's entry in the engine registry (Gloo's own algorithms
+// and the TCP rate as benchmark peers: native.h), and its rendezvous from
 // the environment torchrun and `meshtrain launch` set.
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include "meshtrain/comm/engine_registry.h"
 #include "meshtrain/comm/gloo/communicator.h"
 #include "meshtrain/comm/gloo/internal/world.h"
+#include "meshtrain/comm/gloo/native.h"
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/core/error.h"
@@ -157,7 +159,7 @@ void register_engine(EngineRegistry& registry) {
                                "any number of machines",
                 .ranks_in_process = false,
                 .launch = launch_gloo,
-                .native_peer = nullptr,
+                .native_peers = native_peers,
                 .bench_variants = nullptr,
                 .variant_choices = {}});
 }

@@ -39,6 +39,16 @@ void launch_mpi(const LaunchOptions& options, const SpmdFunction& fn) {
 class OpenMpiPeer final : public PeerCollectives {
  public:
   std::string label() const override { return "openmpi"; }
+  bool supports(CollectiveOp op, DType dtype) const override {
+    switch (op) {
+      case CollectiveOp::all_reduce:
+      case CollectiveOp::reduce_scatter: return dtype != DType::bf16 && dtype != DType::f16;  // no 16-bit sum in MPI
+      case CollectiveOp::all_gather:
+      case CollectiveOp::broadcast:
+      case CollectiveOp::all_to_all: return true;
+      default: return false;
+    }
+  }
   void run(CollectiveOp op, const void* send, void* recv, size_t count, DType dtype) override {
     native_.run(op, send, recv, count, dtype);
   }
@@ -70,8 +80,10 @@ void register_engine(EngineRegistry& registry) {
                 .description = "OpenMPI: one process per rank, started by mpirun/srun, any number of nodes",
                 .ranks_in_process = false,
                 .launch = launch_mpi,
-                .native_peer = [](Communicator&) -> std::unique_ptr<PeerCollectives> {
-                  return std::make_unique<OpenMpiPeer>();
+                .native_peers = [](Communicator&) {
+                  std::vector<std::unique_ptr<PeerCollectives>> peers;
+                  peers.push_back(std::make_unique<OpenMpiPeer>());
+                  return peers;
                 },
                 .bench_variants = reduce_scatter_variants,
                 .variant_choices = {"native", "ring"}});
