@@ -97,8 +97,9 @@ class GlooCommunicator final : public Communicator {
   }
 
  protected:
-  Work start(const Op& op, Completion) override {
-    return Work(std::make_unique<GlooWork>(channel_, channel_->start(op), timeout()));
+  Work start(const Op& op, Completion completion) override {
+    return Work(std::make_unique<GlooWork>(channel_, channel_->start(op, timeout(), completion == Completion::blocking),
+                                           timeout()));
   }
 
   std::unique_ptr<Communicator> do_split(int color, int key, uint64_t seq) override {

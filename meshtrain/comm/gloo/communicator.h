@@ -19,7 +19,7 @@
 //   built on them here, not taken from Gloo's algorithm classes, so every
 //   dtype and reduction works and results follow meshtrain's rules:
 //   all_reduce is a reduce-scatter and an all-gather (a direct exchange of
-//   the whole buffer below kDirectAllReduceBytes); reduce_scatter sends
+//   the whole buffer when direct_all_reduce says so); reduce_scatter sends
 //   each peer its block and reduces the n contributions of a block in rank
 //   order 0, 1, ..., n-1 (so every algorithm gives the same bits, bf16/f16
 //   are summed in f32 and rounded once, and results do not depend on the
@@ -73,9 +73,16 @@
 
 namespace meshtrain::comm::gloo {
 
-// all_reduce moves the whole buffer to every peer at most this size (one
-// round, (n-1) x the bytes), else a reduce-scatter plus an all-gather.
+// all_reduce moves the whole buffer to every peer (one round, (n-1) x the
+// bytes) up to kDirectAllReduceBytes, and on 2 ranks up to
+// kDirectAllReduceTwoRankBytes (there the direct exchange moves the same
+// bytes as a reduce-scatter plus an all-gather, in one round instead of
+// two); else it is a reduce-scatter plus an all-gather.
 inline constexpr size_t kDirectAllReduceBytes = size_t{64} << 10;
+inline constexpr size_t kDirectAllReduceTwoRankBytes = size_t{1} << 20;
+inline bool direct_all_reduce(size_t bytes, int ranks) {
+  return bytes <= kDirectAllReduceBytes || (ranks == 2 && bytes <= kDirectAllReduceTwoRankBytes);
+}
 // Transfers of a block larger than this move in chunks of this size.
 inline constexpr size_t kChunkBytes = size_t{1} << 20;
 

@@ -126,10 +126,10 @@ void Channel::orphan(std::unique_ptr<std::byte[]> memory) {
   orphan_memory_.push_back(std::move(memory));
 }
 
-std::shared_ptr<Task> Channel::start(const Op& op) {
+std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds timeout, bool blocking) {
   auto t = std::make_shared<Task>();
   t->op = op;
-  return submit(std::move(t));
+  return submit(std::move(t), timeout, blocking);
 }
 
 std::shared_ptr<Task> Channel::start_split(const Op& op, int color, int key) {
@@ -139,7 +139,7 @@ std::shared_ptr<Task> Channel::start_split(const Op& op, int color, int key) {
   return submit(std::move(t));
 }
 
-std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t) {
+std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t, std::chrono::milliseconds timeout, bool blocking) {
   const Op& op = t->op;
   const bool p2p = op.kind == CollectiveOp::send || op.kind == CollectiveOp::recv;
   if (p2p && op.count > 0 && op.peer != rank_) {
@@ -153,6 +153,16 @@ std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t) {
   if (!p2p) {
     issued_ = op.seq;
     last_op_ = static_cast<uint8_t>(op.kind);
+    if (blocking && queue_.empty() && !running_) {
+      running_ = inline_ = t;
+      inline_timeout_ = timeout;
+      inline_deadline_ = Clock::now() + timeout;
+      ++waiting_;  // what a peer's probe hears: this rank is inside the call
+      cv_.notify_all();
+      lock.unlock();
+      run_inline(t, timeout);
+      return t;
+    }
     queue_.push_back(t);
     cv_.notify_all();
     return t;
@@ -200,6 +210,23 @@ std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t) {
   if (static_cast<int>(p2p_.size()) > idle_waiters_) waiters_.emplace_back([this] { waiter_loop(); });
   cv_.notify_all();
   return t;
+}
+
+void Channel::run_inline(const std::shared_ptr<Task>& t, std::chrono::milliseconds) {
+  std::exception_ptr error;
+  try {
+    run_collective(*t);
+  } catch (...) {
+    error = std::current_exception();
+    fail(error, /*tell_peers=*/true);
+  }
+  {
+    std::lock_guard lock(mu_);
+    running_.reset();
+    inline_.reset();
+    --waiting_;
+  }
+  finish(*t, error);
 }
 
 void Channel::wait(Task& t, std::chrono::milliseconds timeout) {
@@ -343,7 +370,17 @@ void Channel::worker_loop() {
     std::shared_ptr<Task> t;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || inline_; });
+      if (inline_) {  // the caller runs a collective: watch its deadline
+        const std::shared_ptr<Task> watched = inline_;
+        if (cv_.wait_until(lock, inline_deadline_, [&] { return inline_ != watched; })) continue;
+        const std::chrono::milliseconds timeout = inline_timeout_;
+        lock.unlock();
+        fail(timeout_error(*watched, timeout), /*tell_peers=*/true);
+        lock.lock();
+        cv_.wait(lock, [&] { return inline_ != watched; });  // the caller saw the failure
+        continue;
+      }
       if (queue_.empty()) return;
       t = queue_.front();
       queue_.pop_front();

@@ -5,7 +5,9 @@
 // - start() numbers nothing (Communicator did) and either queues a
 //   collective for the worker thread, which runs collectives one at a time
 //   in issue order (fingerprints, then the data movement of
-//   collectives.cc), or posts a send/recv to Gloo at once and queues its
+//   collectives.cc), or runs a blocking collective on the caller's thread
+//   when nothing else is queued or running (the worker then watches its
+//   deadline), or posts a send/recv to Gloo at once and queues its
 //   completion for a waiter thread (one per send/recv in flight, reused),
 //   so that sends and receives complete on their own.
 // - wait() blocks on the task until it is done or the caller's deadline
@@ -124,8 +126,11 @@ class Channel final : public Listener {
   const std::vector<int>& world_ranks() const { return world_ranks_; }
   const Options& options() const { return world_->config().options; }
 
-  // Throws AbortedError when the channel failed earlier.
-  std::shared_ptr<Task> start(const Op& op);
+  // Throws AbortedError when the channel failed earlier. A blocking
+  // collective (the caller waits for it at once) issued while no other is
+  // queued or running runs on the caller's thread, and the idle worker
+  // watches its deadline (`timeout`): two thread hand-offs fewer per call.
+  std::shared_ptr<Task> start(const Op& op, std::chrono::milliseconds timeout, bool blocking);
   // split's agreement: a collective that gathers every rank's (color, key)
   // into the task's split_table.
   std::shared_ptr<Task> start_split(const Op& op, int color, int key);
@@ -152,7 +157,9 @@ class Channel final : public Listener {
   void orphan(std::unique_ptr<std::byte[]> memory);
 
  private:
-  std::shared_ptr<Task> submit(std::shared_ptr<Task> t);
+  std::shared_ptr<Task> submit(std::shared_ptr<Task> t, std::chrono::milliseconds timeout = {},
+                               bool blocking = false);
+  void run_inline(const std::shared_ptr<Task>& t, std::chrono::milliseconds timeout);
   void worker_loop();
   void waiter_loop();
   void finish(Task& t, std::exception_ptr error);
@@ -181,7 +188,10 @@ class Channel final : public Listener {
   std::condition_variable cv_;  // task done, queue non-empty, stop
   std::deque<std::shared_ptr<Task>> queue_;     // collectives not started
   std::deque<std::shared_ptr<Task>> p2p_;       // send/recv posted, completion not taken
-  std::shared_ptr<Task> running_;               // the worker's collective
+  std::shared_ptr<Task> running_;               // the collective running (worker or caller)
+  std::shared_ptr<Task> inline_;                // ... when the caller runs it: the worker watches
+  Clock::time_point inline_deadline_{};
+  std::chrono::milliseconds inline_timeout_{};
   std::vector<std::shared_ptr<Task>> p2p_live_;  // send/recv not done (for timeout messages)
   std::set<::gloo::transport::UnboundBuffer*> inflight_;  // inside a Gloo wait
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> orphans_;

@@ -15,6 +15,10 @@
 namespace meshtrain::comm::gloo::internal {
 namespace {
 
+// Sends are posted before receives throughout: a send whose receiver's
+// "ready" notice is already in moves at once (measured: the 4 KiB direct
+// exchange took 150-181 us with receives first, 92-97 us with sends first).
+
 // Phases of a collective's slots (0: fingerprints).
 constexpr uint64_t kPhaseData = 1;
 constexpr uint64_t kPhaseGather = 2;
@@ -87,11 +91,10 @@ void Channel::check_fingerprints(const Op& op) {
   auto* wire = reinterpret_cast<WireFingerprint*>(x.scratch(sizeof(WireFingerprint)));
   *wire = WireFingerprint::from(mine);
   auto* theirs = reinterpret_cast<WireFingerprint*>(x.scratch(static_cast<size_t>(size_) * sizeof(WireFingerprint)));
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    x.recv(p, &theirs[p], sizeof(WireFingerprint));
-    x.send(p, wire, sizeof(WireFingerprint));
-  }
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) x.send(p, wire, sizeof(WireFingerprint));
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) x.recv(p, &theirs[p], sizeof(WireFingerprint));
   x.wait_all();
   comm::internal::FingerprintTable table(static_cast<size_t>(size_));
   bool same = true;
@@ -111,7 +114,7 @@ void Channel::all_reduce(const Op& op) {
   if (op.count == 0) return;
   const size_t bytes = op.bytes();
   const int n = size_;
-  if (bytes > kDirectAllReduceBytes && op.count >= static_cast<size_t>(n)) {
+  if (!direct_all_reduce(bytes, n) && op.count >= static_cast<size_t>(n)) {
     const std::vector<size_t> off = even_split(op.count, n);
     const size_t ds = dtype_size(op.dtype);
     reduce_scatter_blocks(op, bytes_of(op.send), bytes_of(op.recv) + off[static_cast<size_t>(rank_)] * ds, off,
@@ -122,6 +125,8 @@ void Channel::all_reduce(const Op& op) {
   Transfers x(*this, op, kPhaseData);
   std::byte* scratch = x.scratch(static_cast<size_t>(n - 1) * bytes);
   std::vector<const void*> ins(static_cast<size_t>(n));
+  for (int p = 0; p < n; ++p)
+    if (p != rank_) x.send(p, op.send, bytes);
   for (int p = 0, i = 0; p < n; ++p) {
     if (p == rank_) {
       ins[static_cast<size_t>(p)] = op.send;
@@ -130,7 +135,6 @@ void Channel::all_reduce(const Op& op) {
     std::byte* slot = scratch + static_cast<size_t>(i++) * bytes;
     ins[static_cast<size_t>(p)] = slot;
     x.recv(p, slot, bytes);
-    x.send(p, op.send, bytes);
   }
   x.wait_all();  // the sends too: in place, recv is op.send
   void* out = op.recv;
@@ -192,11 +196,11 @@ void Channel::all_gather_blocks(const Op& op, std::byte* buf, const std::vector<
   const size_t ds = dtype_size(op.dtype);
   const size_t r = static_cast<size_t>(rank_);
   Transfers x(*this, op, phase);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_ && off[r + 1] > off[r]) x.send(p, buf + off[r] * ds, (off[r + 1] - off[r]) * ds);
   for (int p = 0; p < size_; ++p) {
     const size_t q = static_cast<size_t>(p);
-    if (p == rank_) continue;
-    if (off[q + 1] > off[q]) x.recv(p, buf + off[q] * ds, (off[q + 1] - off[q]) * ds);
-    if (off[r + 1] > off[r]) x.send(p, buf + off[r] * ds, (off[r + 1] - off[r]) * ds);
+    if (p != rank_ && off[q + 1] > off[q]) x.recv(p, buf + off[q] * ds, (off[q + 1] - off[q]) * ds);
   }
   x.wait_all();
 }
@@ -217,12 +221,10 @@ void Channel::all_to_all(const Op& op) {
   if (op.count == 0) return;
   const size_t block = op.bytes();
   Transfers x(*this, op, kPhaseData);
-  for (int p = 0; p < size_; ++p) {
-    const size_t q = static_cast<size_t>(p);
-    if (p == rank_) continue;
-    x.recv(p, bytes_of(op.recv) + q * block, block);
-    x.send(p, bytes_of(op.send) + q * block, block);
-  }
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) x.send(p, bytes_of(op.send) + static_cast<size_t>(p) * block, block);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) x.recv(p, bytes_of(op.recv) + static_cast<size_t>(p) * block, block);
   std::memcpy(bytes_of(op.recv) + static_cast<size_t>(rank_) * block,
               bytes_of(op.send) + static_cast<size_t>(rank_) * block, block);
   x.wait_all();
@@ -234,11 +236,10 @@ void Channel::barrier(const Op& op) {
   std::byte* token = x.scratch(1);
   std::byte* in = x.scratch(static_cast<size_t>(size_));
   *token = std::byte{1};
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    x.recv(p, in + p, 1);
-    x.send(p, token, 1);
-  }
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) x.send(p, token, 1);
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) x.recv(p, in + p, 1);
   x.wait_all();
 }
 
@@ -247,11 +248,10 @@ void Channel::split_exchange(Task& t) {
   Transfers x(*this, t.op, kPhaseData);
   auto* table = reinterpret_cast<int32_t*>(x.scratch(2 * static_cast<size_t>(size_) * sizeof(int32_t)));
   std::copy_n(t.split_table.begin(), 2, table + 2 * rank_);
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    x.recv(p, table + 2 * p, 2 * sizeof(int32_t));
-    x.send(p, table + 2 * rank_, 2 * sizeof(int32_t));
-  }
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) x.send(p, table + 2 * rank_, 2 * sizeof(int32_t));
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) x.recv(p, table + 2 * p, 2 * sizeof(int32_t));
   x.wait_all();
   t.split_table.assign(table, table + 2 * size_);
 }
