@@ -24,7 +24,9 @@
 //   order 0, 1, ..., n-1 (so every algorithm gives the same bits, bf16/f16
 //   are summed in f32 and rounded once, and results do not depend on the
 //   rank that computes them); all_gather and all_to_all send each block
-//   directly; broadcast sends from the root to each peer. Large blocks move
+//   directly; broadcast sends from the root to each peer, or above
+//   kChunkBytes on more than 2 ranks passes the buffer down a pipelined
+//   chain of chunks (every rank sends it once). Large blocks move
 //   in chunks of kChunkBytes, with the reduction of one chunk overlapping
 //   the transfer of the next. Every rank sends and receives (n-1)/n of the
 //   buffer per reduce-scatter or all-gather, the bandwidth optimum; each

@@ -208,11 +208,30 @@ void Channel::all_gather_blocks(const Op& op, std::byte* buf, const std::vector<
 void Channel::broadcast(const Op& op) {
   if (op.count == 0) return;
   Transfers x(*this, op, kPhaseData);
+  const size_t bytes = op.bytes();
+  if (size_ > 2 && bytes > kChunkBytes) {
+    // A pipelined chain root, root + 1, ...: each rank forwards a chunk as
+    // soon as it arrived, so every rank sends the buffer once (a root that
+    // sent it to each peer would send it n - 1 times).
+    std::byte* buf = bytes_of(op.recv);
+    const int position = (rank_ - op.root + size_) % size_;
+    const int prev = (rank_ - 1 + size_) % size_, next = (rank_ + 1) % size_;
+    const size_t nchunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+    auto len = [&](size_t c) { return std::min(kChunkBytes, bytes - c * kChunkBytes); };
+    std::vector<size_t> arrived;
+    if (position > 0)
+      for (size_t c = 0; c < nchunks; ++c) arrived.push_back(x.recv(prev, buf + c * kChunkBytes, len(c)));
+    for (size_t c = 0; c < nchunks; ++c) {
+      if (position > 0) x.wait(arrived[c]);
+      if (position < size_ - 1) x.send(next, buf + c * kChunkBytes, len(c));
+    }
+    return x.wait_all();
+  }
   if (rank_ == op.root) {
     for (int p = 0; p < size_; ++p)
-      if (p != rank_) x.send(p, op.recv, op.bytes());
+      if (p != rank_) x.send(p, op.recv, bytes);
   } else {
-    x.recv(op.root, op.recv, op.bytes());
+    x.recv(op.root, op.recv, bytes);
   }
   x.wait_all();
 }
