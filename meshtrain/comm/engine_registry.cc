@@ -34,10 +34,12 @@ const EngineSpec& EngineRegistry::get(std::string_view name) const {
   // The engines meshtrain knows of, built in or not: say what building one takes.
   for (Engine e : {Engine::threads, Engine::mpi, Engine::gloo, Engine::nccl}) {
     if (engine_name(e) != name) continue;
-    const std::string how = e == Engine::mpi
-                                ? "the mpi engine needs OpenMPI when meshtrain is built (libopenmpi-dev, "
-                                  "scripts/install-deps.sh; then reconfigure)"
-                                : fmt::format("the {} engine is not implemented yet", name);
+    const std::string how =
+        e == Engine::mpi    ? "the mpi engine needs OpenMPI when meshtrain is built (libopenmpi-dev, "
+                              "scripts/install-deps.sh; then reconfigure)"
+        : e == Engine::gloo ? "the gloo engine needs Gloo when meshtrain is built (libgloo-dev, "
+                              "scripts/install-deps.sh; then reconfigure with -DMESHTRAIN_WITH_GLOO=ON)"
+                            : fmt::format("the {} engine is not implemented yet", name);
     throw InvalidArgument("comm::engine", fmt::format("engine '{}' is not built into this program", name),
                           fmt::format("use one of: {}; {}", available, how));
   }
