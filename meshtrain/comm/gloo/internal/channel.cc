@@ -160,7 +160,7 @@ std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t, std::chrono::mill
       ++waiting_;  // what a peer's probe hears: this rank is inside the call
       cv_.notify_all();
       lock.unlock();
-      run_inline(t, timeout);
+      run_inline(t);
       return t;
     }
     queue_.push_back(t);
@@ -212,14 +212,19 @@ std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t, std::chrono::mill
   return t;
 }
 
-void Channel::run_inline(const std::shared_ptr<Task>& t, std::chrono::milliseconds) {
-  std::exception_ptr error;
+std::exception_ptr Channel::execute(Task& t) {
   try {
-    run_collective(*t);
+    run_collective(t);
+    return nullptr;
   } catch (...) {
-    error = std::current_exception();
+    std::exception_ptr error = std::current_exception();
     fail(error, /*tell_peers=*/true);
+    return error;
   }
+}
+
+void Channel::run_inline(const std::shared_ptr<Task>& t) {
+  const std::exception_ptr error = execute(*t);
   {
     std::lock_guard lock(mu_);
     running_.reset();
@@ -386,13 +391,7 @@ void Channel::worker_loop() {
       queue_.pop_front();
       running_ = t;
     }
-    std::exception_ptr error;
-    try {
-      run_collective(*t);
-    } catch (...) {
-      error = std::current_exception();
-      fail(error, /*tell_peers=*/true);
-    }
+    const std::exception_ptr error = execute(*t);
     {
       std::lock_guard lock(mu_);
       running_.reset();

@@ -159,7 +159,9 @@ class Channel final : public Listener {
  private:
   std::shared_ptr<Task> submit(std::shared_ptr<Task> t, std::chrono::milliseconds timeout = {},
                                bool blocking = false);
-  void run_inline(const std::shared_ptr<Task>& t, std::chrono::milliseconds timeout);
+  void run_inline(const std::shared_ptr<Task>& t);
+  // Runs a collective; on an error, fails the channel and returns it.
+  std::exception_ptr execute(Task& t);
   void worker_loop();
   void waiter_loop();
   void finish(Task& t, std::exception_ptr error);
