@@ -11,6 +11,7 @@
 
 #include "meshtrain/comm/gloo/internal/channel.h"
 #include "meshtrain/comm/internal/channel_work.h"
+#include "meshtrain/comm/internal/fingerprint.h"
 #include "meshtrain/comm/gloo/internal/world.h"
 #include "meshtrain/core/error.h"
 
@@ -161,9 +162,7 @@ Channel* channel_of(Communicator& comm) {
 std::unique_ptr<Communicator> create_world(WorldConfig config) { return internal::create_world(std::move(config), nullptr); }
 
 void report_and_exit(const std::exception& error, int world_rank) {
-  if (dynamic_cast<const AbortedError*>(&error)) std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  std::fprintf(stderr, "meshtrain: error on rank %d: %s\n", world_rank, error.what());
-  std::fflush(stderr);
+  comm::internal::report_rank_error(error, world_rank);
   std::_Exit(1);
 }
 

@@ -100,8 +100,8 @@ struct Options {
   std::function<void(const std::exception& error, int rank)> on_error = nullptr;
 };
 
-// Prints "meshtrain: error on rank R: <what>" to stderr and ends the
-// process with status 1 (std::_Exit: no destructor waits on a dead peer),
+// Flushes stdout, prints "meshtrain: error on rank R: <what>" to stderr and
+// ends the process with status 1 (std::_Exit: no destructor waits on a dead peer),
 // so a launcher sees the failure at once. For an AbortedError (a peer
 // failed first) it waits half a second, so the peer's cause prints first.
 [[noreturn]] void report_and_exit(const std::exception& error, int world_rank);

@@ -4,7 +4,10 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 #include <utility>
 
 namespace meshtrain::comm::internal {
@@ -118,6 +121,13 @@ std::string reason_of(const std::exception_ptr& error) {
   } catch (...) {
     return "unknown error";
   }
+}
+
+void report_rank_error(const std::exception& error, int world_rank) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "meshtrain: error on rank %d: %s\n", world_rank, error.what());
+  std::fflush(stderr);
+  if (dynamic_cast<const AbortedError*>(&error)) std::this_thread::sleep_for(std::chrono::milliseconds(500));
 }
 
 }  // namespace meshtrain::comm::internal

@@ -47,6 +47,12 @@ MismatchError mismatch_error(const std::string& op, const FingerprintTable& tabl
 // an exception that is not a std::exception.
 std::string reason_of(const std::exception_ptr& error);
 
+// What a process engine's on_error handler prints before it ends the job:
+// flushes stdout, prints "meshtrain: error on rank R: <what>" to stderr, and
+// for an AbortedError (a peer failed first) waits half a second so that
+// the peer's cause prints first.
+void report_rank_error(const std::exception& error, int world_rank);
+
 // What a failing rank tells its peers (tag 0 of the check communicator).
 struct Notice {
   // The sending channel's id: OpenMPI reuses a freed communicator's context

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "meshtrain/comm/internal/channel_work.h"
+#include "meshtrain/comm/internal/fingerprint.h"
 #include "meshtrain/comm/mpi/internal/channel.h"
 #include "meshtrain/comm/mpi/internal/mpi_util.h"
 #include "meshtrain/comm/mpi/internal/runtime.h"
@@ -130,11 +131,7 @@ std::unique_ptr<Communicator> create_world(Options options) {
 }
 
 void report_and_abort(const std::exception& error, int world_rank) {
-  std::fflush(stdout);
-  std::fprintf(stderr, "meshtrain: error on rank %d: %s\n", world_rank, error.what());
-  std::fflush(stderr);
-  if (dynamic_cast<const AbortedError*>(&error))
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  comm::internal::report_rank_error(error, world_rank);
   abort_job(1);
 }
 
