@@ -94,20 +94,29 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Times op and memcpy in alternating rounds so both see the same memory
-// conditions (on a shared VM, bandwidth drifts by 2x within seconds); returns
-// the medians of the per-round means: {t_op, t_copy}.
-template <typename Op, typename Copy>
-std::pair<double, double> timed_pair(comm::Communicator& c, double budget, Op&& op, Copy&& copy) {
+// Times every contestant and memcpy in alternating rounds so all see the
+// same memory conditions (on a shared VM, bandwidth drifts by 2x within
+// seconds), each round starting with the next contestant; returns the
+// medians of the per-round means: one per contestant, then memcpy's.
+template <typename Copy>
+std::vector<double> timed_rounds(comm::Communicator& c, double budget, const std::vector<std::function<void()>>& ops,
+                                 Copy&& copy) {
   constexpr int kRounds = 5;
-  const int op_iters = std::max(1, iterations(c, budget / kRounds, op));
+  const size_t k = ops.size();
+  std::vector<int> iters;
+  for (const auto& op : ops) iters.push_back(std::max(1, iterations(c, budget / kRounds, op)));
   const int copy_iters = std::max(1, iterations(c, budget / kRounds / 2, copy));
-  std::vector<double> t_op, t_copy;
+  std::vector<std::vector<double>> t(k + 1);
   for (int r = 0; r < kRounds; ++r) {
-    t_copy.push_back(timed(c, copy_iters, copy));
-    t_op.push_back(timed(c, op_iters, op));
+    t[k].push_back(timed(c, copy_iters, copy));
+    for (size_t j = 0; j < k; ++j) {
+      const size_t i = (j + static_cast<size_t>(r)) % k;
+      t[i].push_back(timed(c, iters[i], ops[i]));
+    }
   }
-  return {median(t_op), median(t_copy)};
+  std::vector<double> medians;
+  for (auto& v : t) medians.push_back(median(std::move(v)));
+  return medians;
 }
 
 }  // namespace
@@ -168,22 +177,31 @@ std::vector<CollectiveRow> run_collectives(comm::Communicator& c, const Collecti
       const size_t real_bytes = (op == CollectiveOp::all_reduce || op == CollectiveOp::broadcast)
                                     ? count * dtype_size(o.dtype)
                                     : count * n * dtype_size(o.dtype);
-      auto run = [&] {
+      std::vector<std::string> labels = {o.label};
+      std::vector<std::function<void()>> runs = {[&] {
         if (o.call) return o.call(op, a.get(), b.get(), count, o.dtype);
         call(c, op, a.get(), b.get(), count, o.dtype);
-      };
-      const auto [t, t_copy] = timed_pair(c, o.seconds_per_size, run, copy);
-      CollectiveRow row;
-      row.label = o.label;
-      row.op = op;
-      row.bytes = real_bytes;
-      row.time_us = t * 1e6;
-      row.algbw_gbs = real_bytes / t / 1e9;
-      row.busbw_gbs = row.algbw_gbs * bus_factor(op, n);
-      row.memcpy_gbs = bytes / t_copy / 1e9;
-      const double t_min = t_copy * traffic_vs_memcpy(op, n) * (static_cast<double>(real_bytes) / bytes);
-      row.bound_busbw_gbs = n > 1 ? real_bytes / t_min / 1e9 * bus_factor(op, n) : 0.0;
-      rows.push_back(row);
+      }};
+      for (const auto& peer : o.peers) {
+        if (!peer.supports(op)) continue;
+        labels.push_back(peer.label);
+        runs.push_back([&] { peer.call(op, a.get(), b.get(), count, o.dtype); });
+      }
+      const std::vector<double> t = timed_rounds(c, o.seconds_per_size, runs, copy);
+      const double t_copy = t.back();
+      for (size_t i = 0; i < runs.size(); ++i) {
+        CollectiveRow row;
+        row.label = labels[i];
+        row.op = op;
+        row.bytes = real_bytes;
+        row.time_us = t[i] * 1e6;
+        row.algbw_gbs = real_bytes / t[i] / 1e9;
+        row.busbw_gbs = row.algbw_gbs * bus_factor(op, n);
+        row.memcpy_gbs = bytes / t_copy / 1e9;
+        const double t_min = t_copy * traffic_vs_memcpy(op, n) * (static_cast<double>(real_bytes) / bytes);
+        row.bound_busbw_gbs = n > 1 ? real_bytes / t_min / 1e9 * bus_factor(op, n) : 0.0;
+        rows.push_back(row);
+      }
     }
   }
   return rows;

@@ -24,7 +24,9 @@
 // sides. Sizes that fit the last-level cache can beat it.
 // Op and memcpy are timed in 5 alternating rounds (memory bandwidth of a
 // shared machine drifts); each round's time is the slowest rank's mean, and
-// a row shows the median round of each.
+// a row shows the median round of each. Peers (what the engine is compared
+// with) are timed in the same rounds, size by size, each round starting
+// with a different one, so every row of a size saw the same conditions.
 
 #pragma once
 
@@ -52,7 +54,16 @@ struct CollectiveOptions {
   // OpenMPI's own collectives, as the peer); the communicator still
   // synchronizes and reduces the timings. Arguments: op, send buffer,
   // receive buffer (distinct), count per call, dtype.
-  std::function<void(comm::CollectiveOp, std::byte*, std::byte*, size_t, DType)> call;
+  using Call = std::function<void(comm::CollectiveOp, std::byte*, std::byte*, size_t, DType)>;
+  Call call;
+  // Also timed, in the same rounds as the row above (e.g. Gloo's own
+  // algorithms): each gives rows of its own label for the ops it supports.
+  struct Peer {
+    std::string label;
+    std::function<bool(comm::CollectiveOp)> supports;
+    Call call;
+  };
+  std::vector<Peer> peers;
 };
 
 struct CollectiveRow {

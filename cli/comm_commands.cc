@@ -188,28 +188,29 @@ int run_bench_collectives(const BenchFlags& f) {
     auto main = o;
     if (!choices.empty())
       main.ops.erase(std::remove(main.ops.begin(), main.ops.end(), CollectiveOp::reduce_scatter), main.ops.end());
-    if (!main.ops.empty()) report(world, bench::run_collectives(world, main));
-    if (f.peer && engine.native_peers) {
-      // The peers in the same run (the engine's own blocking collectives,
-      // reference rates), each on the ops it supports, one at a time: each
-      // is freed after its rows (the buffers and connections it holds).
-      for (std::unique_ptr<comm::PeerCollectives>& native : engine.native_peers(world)) {
-        auto peer = o;
-        peer.label = native->label();
-        std::erase_if(peer.ops, [&](CollectiveOp op) { return !native->supports(op, o.dtype); });
-        peer.call = [&](CollectiveOp op, std::byte* a, std::byte* b, size_t count, DType t) {
-          native->run(op, a, b, count, t);
-        };
-        if (!peer.ops.empty()) report(world, bench::run_collectives(world, peer));
-        native.reset();
-      }
+    // The peers (the engine's own blocking collectives, reference rates),
+    // each on the ops it supports, timed in the engine's rounds.
+    std::vector<std::unique_ptr<comm::PeerCollectives>> natives;
+    if (f.peer && engine.native_peers) natives = engine.native_peers(world);
+    for (std::unique_ptr<comm::PeerCollectives>& native : natives) {
+      comm::PeerCollectives* p = native.get();
+      main.peers.push_back({.label = p->label(),
+                            .supports = [p, dtype = o.dtype](CollectiveOp op) { return p->supports(op, dtype); },
+                            .call = [p](CollectiveOp op, std::byte* a, std::byte* b, size_t count, DType t) {
+                              p->run(op, a, b, count, t);
+                            }});
     }
-    if (choices.empty()) return;
-    for (comm::EngineVariant& v : engine.bench_variants(launch, world, choices)) {
-      auto opts = o;
-      opts.ops = v.ops;
-      opts.label = v.label;
-      report(*v.comm, bench::run_collectives(*v.comm, opts));
+    if (!main.ops.empty()) report(world, bench::run_collectives(world, main));
+    if (!choices.empty()) {
+      bool first = true;  // the peers' reduce_scatter rows come with the first variant's
+      for (comm::EngineVariant& v : engine.bench_variants(launch, world, choices)) {
+        auto opts = o;
+        opts.ops = v.ops;
+        opts.label = v.label;
+        if (first) opts.peers = main.peers;
+        first = false;
+        report(*v.comm, bench::run_collectives(*v.comm, opts));
+      }
     }
   });
   if (ranks == 0) return 0;  // not rank 0

@@ -6,6 +6,7 @@
 #include <gloo/rendezvous/store.h>
 
 #include <algorithm>
+#include <csignal>
 #include <thread>
 #include <utility>
 
@@ -136,11 +137,25 @@ class GlooCommunicator final : public Communicator {
 
 namespace internal {
 
+namespace {
+
+// Gloo writes to its sockets with writev, which has no MSG_NOSIGNAL: a write
+// to a peer that just died raises SIGPIPE, whose default action ends this
+// process before the engine can name the peer. Ignored (as Python, and so
+// every PyTorch job, does at start-up) unless the program set a handler.
+void ignore_sigpipe() {
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
+
+}  // namespace
+
 std::unique_ptr<Communicator> create_world(WorldConfig config, std::shared_ptr<void> keep_alive) {
   if (config.size < 1 || config.rank < 0 || config.rank >= config.size)
     throw InvalidArgument("gloo::create_world", fmt::format("rank {} of {} ranks", config.rank, config.size),
                           "pass 0 <= rank < size");
   if (!config.store) throw InvalidArgument("gloo::create_world", "no store", "pass a StoreFactory");
+  ignore_sigpipe();
   auto world = std::make_shared<World>(std::move(config), std::move(keep_alive));
   const WorldConfig& c = world->config();
   auto context = connect(*world, "w", c.rank, c.size, c.timeout);

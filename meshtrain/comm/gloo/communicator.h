@@ -24,14 +24,17 @@
 //   order 0, 1, ..., n-1 (so every algorithm gives the same bits, bf16/f16
 //   are summed in f32 and rounded once, and results do not depend on the
 //   rank that computes them); all_gather and all_to_all send each block
-//   directly; broadcast sends from the root to each peer, or above
-//   kChunkBytes on more than 2 ranks passes the buffer down a pipelined
-//   chain of chunks (every rank sends it once). Large blocks move
-//   in chunks of kChunkBytes, with the reduction of one chunk overlapping
-//   the transfer of the next. Every rank sends and receives (n-1)/n of the
-//   buffer per reduce-scatter or all-gather, the bandwidth optimum; each
-//   transfer is direct, so a collective is one round of messages (suited
-//   to the tens of processes a TCP job has, not thousands).
+//   directly (all_gather on more than 2 ranks, above kRingAllGatherBytes
+//   per block, passes the blocks around a pipelined ring); broadcast sends
+//   from the root to each peer, or above kChunkBytes on more than 2 ranks
+//   passes the buffer down a pipelined chain of chunks (every rank sends it
+//   once). Large blocks move in chunks of kChunkBytes, with the reduction
+//   of one chunk overlapping the transfer of the next (a direct all_reduce:
+//   chunks of kOverlapBytes). Every rank sends and receives (n-1)/n of the
+//   buffer per reduce-scatter or all-gather, the bandwidth optimum; apart
+//   from the ring and the chain, each transfer is direct, so a collective
+//   is one round of messages (suited to the tens of processes a TCP job
+//   has, not thousands).
 // - Collectives run on one worker thread per communicator, in issue order,
 //   so async ones overlap the caller's compute. A send or recv is posted at
 //   once and completes on its own (a waiter thread takes its completion);
@@ -53,6 +56,9 @@
 // - After a failure, transfers Gloo had already posted may still write into
 //   their buffers until the communicator is destroyed: keep the buffers of
 //   failed operations alive until then, or end the process (on_error).
+// - SIGPIPE: create_world sets it to SIG_IGN when it has the default action
+//   (a write to a peer that died would otherwise end the process before
+//   the error names the peer); a handler the program installed stays.
 // - Interface: Gloo listens on the address given by Rendezvous::hostname,
 //   or on the interface Rendezvous::iface names (GLOO_SOCKET_IFNAME), else
 //   on the local address the route to MASTER_ADDR leaves from.
@@ -87,6 +93,15 @@ inline bool direct_all_reduce(size_t bytes, int ranks) {
 }
 // Transfers of a block larger than this move in chunks of this size.
 inline constexpr size_t kChunkBytes = size_t{1} << 20;
+// On more than 2 ranks, an all-gather whose blocks are larger than this
+// passes them around a pipelined ring (each rank talks to two peers, not
+// n - 1; measured at 4 ranks, 64-256 MiB: 0.92-0.99x Gloo's ring against
+// 1.01-1.14x for the direct exchange).
+inline constexpr size_t kRingAllGatherBytes = size_t{4} << 20;
+// A direct all_reduce above this moves in chunks of this size (measured on
+// 2 ranks at 1 MiB: 256 KiB chunks 790-990 us, 512 KiB 420-570, none
+// 620-780; docs/benchmarks.md).
+inline constexpr size_t kOverlapBytes = size_t{512} << 10;
 
 struct Options {
   // Exchange and compare every collective's fingerprint before its data

@@ -35,13 +35,15 @@ Transfers::~Transfers() {
     unfinished = true;
     channel_.orphan(std::move(p.buf));
   }
-  if (unfinished)
-    for (auto& m : scratch_) channel_.orphan(std::move(m));
+  for (Scratch& m : scratch_) {
+    if (unfinished) channel_.orphan(std::move(m.memory));
+    else channel_.give_back(std::move(m));
+  }
 }
 
 std::byte* Transfers::scratch(size_t bytes) {
-  scratch_.push_back(std::make_unique_for_overwrite<std::byte[]>(std::max<size_t>(bytes, 1)));
-  return scratch_.back().get();
+  scratch_.push_back(channel_.take_scratch(bytes));
+  return scratch_.back().memory.get();
 }
 
 size_t Transfers::send(int peer, const void* data, size_t bytes) {
@@ -124,6 +126,37 @@ void Channel::orphan(std::unique_ptr<::gloo::transport::UnboundBuffer> buf) {
 void Channel::orphan(std::unique_ptr<std::byte[]> memory) {
   std::lock_guard lock(mu_);
   orphan_memory_.push_back(std::move(memory));
+}
+
+Scratch Channel::take_scratch(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
+  {
+    std::lock_guard lock(mu_);
+    // The smallest spare that fits.
+    auto best = spares_.end();
+    for (auto it = spares_.begin(); it != spares_.end(); ++it)
+      if (it->bytes >= bytes && (best == spares_.end() || it->bytes < best->bytes)) best = it;
+    if (best != spares_.end()) {
+      Scratch s = std::move(*best);
+      spares_.erase(best);
+      return s;
+    }
+  }
+  return {.memory = std::make_unique_for_overwrite<std::byte[]>(bytes), .bytes = bytes};
+}
+
+void Channel::give_back(Scratch s) {
+  std::lock_guard lock(mu_);
+  size_t kept = s.bytes;
+  for (const Scratch& t : spares_) kept += t.bytes;
+  // Over the cap: drop the smallest spares first (the big ones are the
+  // expensive ones to fault in again), the new one if it alone is too big.
+  std::sort(spares_.begin(), spares_.end(), [](const Scratch& a, const Scratch& b) { return a.bytes > b.bytes; });
+  while (kept > kSpareBytes && !spares_.empty() && spares_.back().bytes < s.bytes) {
+    kept -= spares_.back().bytes;
+    spares_.pop_back();
+  }
+  if (kept <= kSpareBytes) spares_.push_back(std::move(s));
 }
 
 std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds timeout, bool blocking) {

@@ -74,6 +74,12 @@ struct Task {
 
 class Channel;
 
+// Memory a collective's transfers land in, and its size.
+struct Scratch {
+  std::unique_ptr<std::byte[]> memory;
+  size_t bytes = 0;
+};
+
 // The transfers of one step of a collective, run by the worker thread.
 class Transfers {
  public:
@@ -92,9 +98,10 @@ class Transfers {
   void wait(size_t i);
   void wait_all();
   // Memory for this collective's own transfers (fingerprints, partial
-  // contributions). It lives as long as Gloo may still write into it: if a
-  // failure leaves transfers unfinished, the channel keeps it until the
-  // context is gone.
+  // contributions), from the channel's spares. It lives as long as Gloo may
+  // still write into it: if a failure leaves transfers unfinished, the
+  // channel keeps it until the context is gone; else it goes back to the
+  // spares.
   std::byte* scratch(size_t bytes);
 
  private:
@@ -108,7 +115,7 @@ class Transfers {
   const Op& op_;
   uint64_t slot_;
   std::vector<Pending> pending_;
-  std::vector<std::unique_ptr<std::byte[]>> scratch_;
+  std::vector<Scratch> scratch_;
 };
 
 class Channel final : public Listener {
@@ -155,6 +162,12 @@ class Channel final : public Listener {
   // Keeps buffers Gloo may still hold until the context is gone.
   void orphan(std::unique_ptr<::gloo::transport::UnboundBuffer> buf);
   void orphan(std::unique_ptr<std::byte[]> memory);
+  // Scratch memory of at least `bytes`, reused across collectives: a fresh
+  // allocation of a few MiB costs page faults on every call (glibc returns
+  // it to the system when freed). Spares are kept up to kSpareBytes.
+  Scratch take_scratch(size_t bytes);
+  void give_back(Scratch s);
+  static constexpr size_t kSpareBytes = size_t{64} << 20;
 
  private:
   std::shared_ptr<Task> submit(std::shared_ptr<Task> t, std::chrono::milliseconds timeout = {},
@@ -198,6 +211,7 @@ class Channel final : public Listener {
   std::set<::gloo::transport::UnboundBuffer*> inflight_;  // inside a Gloo wait
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> orphans_;
   std::vector<std::unique_ptr<std::byte[]>> orphan_memory_;  // what orphans_ point into
+  std::vector<Scratch> spares_;                               // guarded by mu_
   std::map<int, std::deque<std::shared_ptr<Task>>> self_sends_, self_recvs_;  // by tag
   comm::internal::FingerprintTable mismatch_table_;  // set before a MismatchError is thrown
   std::exception_ptr error_;

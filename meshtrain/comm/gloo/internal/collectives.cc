@@ -121,24 +121,37 @@ void Channel::all_reduce(const Op& op) {
                           kPhaseData);
     return all_gather_blocks(op, bytes_of(op.recv), off, kPhaseGather);
   }
-  // Direct: every rank sends its whole input to every peer and reduces all n.
+  // Direct: every rank sends its whole input to every peer and reduces all
+  // n contributions, in chunks of kOverlapBytes above that: the reduction
+  // of a chunk overlaps the arrival of the next.
+  const size_t ds = dtype_size(op.dtype);
+  const size_t chunk = std::max<size_t>(1, kOverlapBytes / ds) * ds;
+  const size_t nchunks = (bytes + chunk - 1) / chunk;
+  auto len = [&](size_t c) { return std::min(chunk, bytes - c * chunk); };
   Transfers x(*this, op, kPhaseData);
   std::byte* scratch = x.scratch(static_cast<size_t>(n - 1) * bytes);
+  auto slot = [&](int p) { return scratch + static_cast<size_t>(p < rank_ ? p : p - 1) * bytes; };
+  const std::byte* send = bytes_of(op.send);
+  std::vector<size_t> sent, got;  // by chunk, then peer
+  for (size_t c = 0; c < nchunks; ++c)
+    for (int p = 0; p < n; ++p)
+      if (p != rank_) sent.push_back(x.send(p, send + c * chunk, len(c)));
+  for (size_t c = 0; c < nchunks; ++c)
+    for (int p = 0; p < n; ++p)
+      if (p != rank_) got.push_back(x.recv(p, slot(p) + c * chunk, len(c)));
+  const bool in_place = op.recv == op.send;
   std::vector<const void*> ins(static_cast<size_t>(n));
-  for (int p = 0; p < n; ++p)
-    if (p != rank_) x.send(p, op.send, bytes);
-  for (int p = 0, i = 0; p < n; ++p) {
-    if (p == rank_) {
-      ins[static_cast<size_t>(p)] = op.send;
-      continue;
+  for (size_t c = 0; c < nchunks; ++c) {
+    for (size_t i = c * static_cast<size_t>(n - 1); i < (c + 1) * static_cast<size_t>(n - 1); ++i) {
+      x.wait(got[i]);
+      if (in_place) x.wait(sent[i]);  // the chunk is about to be overwritten
     }
-    std::byte* slot = scratch + static_cast<size_t>(i++) * bytes;
-    ins[static_cast<size_t>(p)] = slot;
-    x.recv(p, slot, bytes);
+    for (int p = 0; p < n; ++p)
+      ins[static_cast<size_t>(p)] = p == rank_ ? send + c * chunk : slot(p) + c * chunk;
+    void* out = bytes_of(op.recv) + c * chunk;
+    comm::internal::reduce(&out, 1, ins.data(), n, len(c) / ds, op.dtype, op.reduce, n);
   }
-  x.wait_all();  // the sends too: in place, recv is op.send
-  void* out = op.recv;
-  comm::internal::reduce(&out, 1, ins.data(), n, op.count, op.dtype, op.reduce, n);
+  x.wait_all();
 }
 
 void Channel::reduce_scatter_blocks(const Op& op, const std::byte* send, std::byte* out,
@@ -196,6 +209,29 @@ void Channel::all_gather_blocks(const Op& op, std::byte* buf, const std::vector<
   const size_t ds = dtype_size(op.dtype);
   const size_t r = static_cast<size_t>(rank_);
   Transfers x(*this, op, phase);
+  if (size_ > 2 && (off[r + 1] - off[r]) * ds > kRingAllGatherBytes) {
+    // A pipelined ring: step s sends block rank - s to the next rank and
+    // receives block rank - s - 1 from the previous one, forwarding each
+    // chunk as soon as it arrived.
+    const int n = size_, next = (rank_ + 1) % n, prev = (rank_ - 1 + n) % n;
+    auto block = [&](int s) { return static_cast<size_t>(((rank_ - s) % n + n) % n); };
+    auto chunks = [&](size_t b, auto&& fn) {
+      for (size_t e = off[b]; e < off[b + 1]; e += kChunkBytes / ds)
+        fn(buf + e * ds, std::min(kChunkBytes / ds, off[b + 1] - e) * ds);
+    };
+    std::vector<std::vector<size_t>> got(static_cast<size_t>(n - 1));
+    for (int s = 0; s < n - 1; ++s)
+      chunks(block(s + 1), [&](std::byte* p, size_t len) { got[static_cast<size_t>(s)].push_back(x.recv(prev, p, len)); });
+    chunks(block(0), [&](std::byte* p, size_t len) { x.send(next, p, len); });
+    for (int s = 1; s < n - 1; ++s) {
+      size_t c = 0;
+      chunks(block(s), [&](std::byte* p, size_t len) {
+        x.wait(got[static_cast<size_t>(s - 1)][c++]);
+        x.send(next, p, len);
+      });
+    }
+    return x.wait_all();
+  }
   for (int p = 0; p < size_; ++p)
     if (p != rank_ && off[r + 1] > off[r]) x.send(p, buf + off[r] * ds, (off[r + 1] - off[r]) * ds);
   for (int p = 0; p < size_; ++p) {
