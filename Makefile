@@ -1,7 +1,7 @@
 # The two commands of the README, plus sanitizer runs and benchmarks.
 # Each target installs what it needs (Debian packages) and builds from scratch
 # in build/<preset>; ninja rebuilds only what changed.
-.PHONY: demo demo-collectives test deps build asan tsan bench clean
+.PHONY: demo demo-collectives test deps build asan tsan bench deb clean
 
 JOBS ?= $(shell nproc)
 
@@ -38,6 +38,12 @@ tsan: deps
 FUZZ_SECONDS ?= 60
 fuzz: deps
 	./fuzz/run.sh --time $(FUZZ_SECONDS)
+
+# The Debian package (cmake/Package.cmake, docs/install.md):
+# build/release/package/meshtrain_<version>_<arch>.deb, for `apt install ./<it>`.
+deb: build
+	cpack --config build/release/CPackConfig.cmake -G DEB -B build/release/package
+	@ls -l build/release/package/meshtrain_*.deb
 
 bench: build
 	./build/release/cli/meshtrain bench collectives --engine threads --ranks 2 --min 4K --max 256M

@@ -10,17 +10,20 @@
 //   meshtrain train ...                   train an MLP or a VAE on Fashion-MNIST (data parallel or fully sharded)
 //   meshtrain tokenize ...                train/reuse the BPE tokenizer on a text corpus, write its token file
 //   meshtrain launch ... -- CMD ...       start CMD's worker processes on this node, like torchrun (docs/launch.md)
+//   meshtrain --version                   "meshtrain 0.1.0" (meshtrain/version.h)
 // Library errors become exit code 1 with the message on stderr; bad flags exit 2.
 #include <fmt/format.h>
 
 #include <cstdio>
 
 #include "cli/command.h"
+#include "meshtrain/version.h"
 
 int main(int argc, char** argv) {
   using namespace meshtrain::cli;
   CLI::App app{"meshtrain: distributed training on a device mesh"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("meshtrain ") + meshtrain::version_string);
   std::vector<Command> commands = add_comm_commands(app);
   for (auto& c : add_layout_commands(app)) commands.push_back(std::move(c));
   for (auto& c : add_train_commands(app)) commands.push_back(std::move(c));

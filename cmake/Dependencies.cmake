@@ -7,6 +7,10 @@ find_package(benchmark QUIET)
 find_package(CLI11 QUIET)
 find_package(ZLIB QUIET)
 find_package(PkgConfig QUIET)
+# Found again by the layers that use them; found here too so that the
+# install rules (cmake/Install.cmake) see their targets.
+find_package(nlohmann_json REQUIRED)
+find_package(tomlplusplus QUIET)
 
 # OpenBLAS: Debian's libopenblas-dev provides the CBLAS header and library.
 set(BLA_VENDOR OpenBLAS)

@@ -43,6 +43,7 @@ set(errors "")
 foreach(src ${sources})
   get_filename_component(folder "${src}" DIRECTORY)
   allowed_for("${folder}" allowed)
+  list(APPEND allowed "version.h")  # generated from cmake/version.h.in: every layer may see it
   if(src MATCHES "_test\\.cc$")
     list(APPEND allowed "testing/")  # every test may use the test support
   endif()

@@ -7,6 +7,7 @@ packages=(
   g++ cmake ninja-build make pkg-config
   libopenblas-dev
   libdnnl-dev  # oneDNN: f32/bf16 matrix products (core/matmul.h); without it OpenBLAS runs them
+  ocl-icd-opencl-dev  # oneDNN's CMake config requires OpenCL (a Recommends of libdnnl-dev, not installed here)
   libopenmpi-dev openmpi-bin
   libgloo-dev  # the gloo engine (comm/gloo)
   iproute2  # ip netns: tests/gloo_two_node_test.sh
