@@ -63,6 +63,22 @@ DType param_dtype_of(config::MixedPrecision p) {
   return DType::f32;
 }
 
+namespace {
+
+// Moves each parameter's untracked value (or gradient) to a tracked copy.
+void track(const std::vector<nn::Parameter*>& params, MemoryTracker* memory, MemoryCategory category) {
+  if (memory == nullptr) return;
+  for (nn::Parameter* p : params) {
+    Tensor& t = category == MemoryCategory::parameters ? p->value : p->grad;
+    if (!t.defined() || t.storage()->tracker() != nullptr) continue;
+    Tensor copy = Tensor::empty(t.shape(), t.dtype(), t.device(), memory, category);
+    copy.copy_from(t);
+    t = std::move(copy);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const config::DistributedConfig& dc,
                                                        nn::Module& model, std::vector<nn::Module*> units,
                                                        mesh::DeviceMesh& mesh, comm::Communicator& dp_comm,
@@ -97,11 +113,19 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                       .node_local = nodes ? &mesh.comm("fsdp") : nullptr,
                                       .cross_node = nodes ? &mesh.comm("node") : nullptr});
   }
-  return std::make_unique<parallel::DataParallel>(
+  // The model builds its f32 values and gradients untracked (fully sharded
+  // data parallelism moves them into tracked storage of its own). Here the
+  // values move to tracked copies, and the gradients become views of the
+  // tracked buckets, so the rank's peak counts the whole model state (the
+  // planner's predictions are checked against it).
+  track(model.parameters(), memory, MemoryCategory::parameters);
+  auto dp = std::make_unique<parallel::DataParallel>(
       model, dp_comm,
       parallel::DataParallelOptions{.bucket_bytes = static_cast<size_t>(tc.bucket_mb * (1 << 20)),
                                     .reduce = parallel::GradReduce::sum,
                                     .tracker = memory});
+  track(model.parameters(), memory, MemoryCategory::gradients);
+  return dp;
 }
 
 }  // namespace meshtrain::train::internal
