@@ -106,6 +106,8 @@ Channel::~Channel() {
     stop_ = true;
   }
   cv_.notify_all();
+  worker_cv_.notify_all();
+  waiter_cv_.notify_all();
   worker_.join();
   for (std::thread& t : waiters_) t.join();
   context_.reset();  // closes the pairs: Gloo lets go of every buffer
@@ -190,14 +192,17 @@ std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t, std::chrono::mill
       running_ = inline_ = t;
       inline_timeout_ = timeout;
       inline_deadline_ = Clock::now() + timeout;
+      recent_timeout_ = timeout;
       ++waiting_;  // what a peer's probe hears: this rank is inside the call
-      cv_.notify_all();
+      // The worker wakes by itself before this deadline when it planned to
+      // (a run of calls with the same timeout costs it no wake-up per call).
+      if (inline_deadline_ < worker_wake_) worker_cv_.notify_one();
       lock.unlock();
       run_inline(t);
       return t;
     }
     queue_.push_back(t);
-    cv_.notify_all();
+    worker_cv_.notify_one();
     return t;
   }
   if (op.count == 0) {
@@ -241,7 +246,7 @@ std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t, std::chrono::mill
   p2p_.push_back(t);
   p2p_live_.push_back(t);
   if (static_cast<int>(p2p_.size()) > idle_waiters_) waiters_.emplace_back([this] { waiter_loop(); });
-  cv_.notify_all();
+  waiter_cv_.notify_one();
   return t;
 }
 
@@ -263,6 +268,7 @@ void Channel::run_inline(const std::shared_ptr<Task>& t) {
     running_.reset();
     inline_.reset();
     --waiting_;
+    if (error_) worker_cv_.notify_one();  // a worker that timed the call out waits for its end
   }
   finish(*t, error);
 }
@@ -321,6 +327,7 @@ void Channel::fail(std::exception_ptr error, bool tell_peers) {
       for (auto& [tag, q] : *self) fail_all(q);
     p2p_live_.clear();
     cv_.notify_all();
+    worker_cv_.notify_all();
   }
   if (tell_peers) {
     comm::internal::Notice notice;
@@ -408,15 +415,29 @@ void Channel::worker_loop() {
     std::shared_ptr<Task> t;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty() || inline_; });
-      if (inline_) {  // the caller runs a collective: watch its deadline
-        const std::shared_ptr<Task> watched = inline_;
-        if (cv_.wait_until(lock, inline_deadline_, [&] { return inline_ != watched; })) continue;
-        const std::chrono::milliseconds timeout = inline_timeout_;
-        lock.unlock();
-        fail(timeout_error(*watched, timeout), /*tell_peers=*/true);
-        lock.lock();
-        cv_.wait(lock, [&] { return inline_ != watched; });  // the caller saw the failure
+      // Idle, the worker watches the deadline of a collective the caller
+      // runs (inline_) by waking at it; while calls keep coming it wakes once
+      // per timeout to look, and a call notifies it only when its deadline
+      // comes before the planned wake-up.
+      if (queue_.empty() && !stop_) {
+        const Clock::time_point now = Clock::now();
+        if (inline_ && inline_deadline_ <= now) {
+          const std::shared_ptr<Task> watched = inline_;
+          const std::chrono::milliseconds timeout = inline_timeout_;
+          lock.unlock();
+          fail(timeout_error(*watched, timeout), /*tell_peers=*/true);
+          lock.lock();
+          worker_cv_.wait(lock, [&] { return inline_ != watched; });  // the caller saw the failure
+          continue;
+        }
+        if (inline_) worker_wake_ = inline_deadline_;
+        else if (recent_timeout_ > std::chrono::milliseconds::zero()) worker_wake_ = now + recent_timeout_;
+        else worker_wake_ = Clock::time_point::max();
+        recent_timeout_ = std::chrono::milliseconds::zero();  // set again by the next inline call
+        worker_cv_.wait_until(lock, worker_wake_, [&] {
+          return stop_ || !queue_.empty() || (inline_ && inline_deadline_ < worker_wake_);
+        });
+        worker_wake_ = Clock::time_point::min();  // awake: no call needs to notify
         continue;
       }
       if (queue_.empty()) return;
@@ -439,7 +460,7 @@ void Channel::waiter_loop() {
     {
       std::unique_lock lock(mu_);
       ++idle_waiters_;
-      cv_.wait(lock, [&] { return stop_ || !p2p_.empty(); });
+      waiter_cv_.wait(lock, [&] { return stop_ || !p2p_.empty(); });
       --idle_waiters_;
       if (p2p_.empty()) return;
       t = p2p_.front();

@@ -200,7 +200,14 @@ class Channel final : public Listener {
   const int rank_, size_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;  // task done, queue non-empty, stop
+  std::condition_variable cv_;         // a task done, the channel failed, stop: for wait()
+  std::condition_variable worker_cv_;  // queue non-empty, an inline deadline before worker_wake_, stop
+  std::condition_variable waiter_cv_;  // p2p_ non-empty, stop
+  // When the idle worker wakes by itself next (max: only when notified;
+  // min: it is awake), and the timeout of an inline call since it last
+  // planned (zero: none, so it may sleep until notified).
+  Clock::time_point worker_wake_ = Clock::time_point::min();
+  std::chrono::milliseconds recent_timeout_{};
   std::deque<std::shared_ptr<Task>> queue_;     // collectives not started
   std::deque<std::shared_ptr<Task>> p2p_;       // send/recv posted, completion not taken
   std::shared_ptr<Task> running_;               // the collective running (worker or caller)
