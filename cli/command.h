@@ -59,5 +59,7 @@ std::vector<Command> add_train_commands(CLI::App& app);
 std::vector<Command> add_data_commands(CLI::App& app);
 // launch
 std::vector<Command> add_launch_commands(CLI::App& app);
+// devices
+std::vector<Command> add_device_commands(CLI::App& app);
 
 }  // namespace meshtrain::cli
