@@ -1,0 +1,625 @@
+#include "meshtrain/plan/activation_memory.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::plan {
+
+namespace {
+
+constexpr const char* kOp = "estimate_activations";
+
+// The running sum of the tracked bytes, with handles counted like Tensor
+// storages: alloc gives one reference, ref adds one, unref drops one and
+// frees at zero. Id -1 is an untracked tensor (ignored).
+class Ledger {
+ public:
+  int alloc(const std::string& term, int64_t bytes) {
+    const int id = static_cast<int>(items_.size());
+    items_.push_back({term, bytes, 1});
+    now_ += bytes;
+    if (now_ > peak_) {
+      peak_ = now_;
+      peak_at_ = phase_ + ": " + term;
+      if (watch_) peak_terms_ = live_terms();
+    }
+    return id;
+  }
+  int ref(int id) {
+    if (id >= 0) ++items_[static_cast<size_t>(id)].refs;
+    return id;
+  }
+  void unref(int& id) {
+    if (id < 0) return;
+    Item& it = items_[static_cast<size_t>(id)];
+    if (--it.refs == 0) now_ -= it.bytes;
+    id = -1;
+  }
+  // dst = src: dst takes the reference src carries, then drops its old one.
+  void assign(int& dst, int src) {
+    int old = dst;
+    dst = src;
+    unref(old);
+  }
+  // internal::reuse_or_allocate: keep the slot's storage when the slot is its
+  // only holder, else a new one (the old lives on in its other holders).
+  void buffer(int& slot, const std::string& term, int64_t bytes) {
+    if (slot >= 0 && items_[static_cast<size_t>(slot)].refs == 1) return;
+    unref(slot);
+    slot = alloc(term, bytes);
+  }
+  std::vector<ActivationTerm> live_terms() const {
+    std::map<std::string, ActivationTerm> by;
+    for (const Item& it : items_)
+      if (it.refs > 0) {
+        ActivationTerm& t = by[it.term];
+        t.name = it.term;
+        ++t.count;
+        t.bytes += static_cast<double>(it.bytes);
+      }
+    std::vector<ActivationTerm> out;
+    for (auto& [name, t] : by) out.push_back(t);
+    std::sort(out.begin(), out.end(), [](const ActivationTerm& a, const ActivationTerm& b) {
+      return a.bytes != b.bytes ? a.bytes > b.bytes : a.name < b.name;
+    });
+    return out;
+  }
+  void set_phase(std::string p) { phase_ = std::move(p); }
+  // Starts a new peak from the current level; watch: record its terms.
+  void reset_peak(bool watch) {
+    peak_ = now_;
+    peak_at_.clear();
+    watch_ = watch;
+    peak_terms_.clear();
+  }
+  int64_t now() const { return now_; }
+  int64_t peak() const { return peak_; }
+  const std::string& peak_at() const { return peak_at_; }
+  const std::vector<ActivationTerm>& peak_terms() const { return peak_terms_; }
+
+ private:
+  struct Item {
+    std::string term;
+    int64_t bytes;
+    int refs;
+  };
+  std::vector<Item> items_;
+  int64_t now_ = 0, peak_ = 0;
+  bool watch_ = false;
+  std::string phase_, peak_at_;
+  std::vector<ActivationTerm> peak_terms_;
+};
+
+// The sizes every walker needs (see the header's notation).
+struct Dims {
+  int64_t b;       // B
+  int64_t t;       // this rank's real steps (T, or T / n)
+  int64_t tb;      // t': the steps inside tensor-parallel regions (t padded to k under sp)
+  int64_t s;       // steps outside them (t' / k under sp)
+  int64_t c;       // C
+  int64_t hl, d;   // heads on this rank, head dim
+  int64_t cl, fl;  // C / k, 4 C / k
+  int64_t vl;      // this rank's vocabulary shard
+  int k;
+  bool sp, cp, ring, half, drop, recompute;
+  int64_t cd;                               // compute dtype bytes
+  int64_t rows() const { return b * tb; }   // R
+  int64_t rows_s() const { return b * s; }  // Rs
+};
+
+// What a module's call keeps in its Saved (handles: ids of the ledger).
+struct LinearS { int x = -1, dy = -1, y = -1, dx = -1, xr = -1, dyr = -1; };
+struct NormS { int dy = -1, xhat = -1, y = -1, rstd = -1, dx = -1; };
+struct ActS { int x = -1, y = -1, dx = -1; };
+struct DropS { int scale = -1, y = -1, dx = -1; };
+struct RowS { int dy = -1; LinearS lin; };
+struct BlockS {
+  NormS ln1, ln2;
+  LinearS c_attn, c_fc;
+  RowS c_proj, fc_proj;
+  ActS gelu;
+  DropS rd, md;
+  int q = -1, k = -1, v = -1, out = -1, lse = -1;
+  int input = -1;                   // recompute: the forward's input
+  std::unique_ptr<BlockS> rebuilt;  // recompute: the activations rebuilt in backward
+};
+
+void release(Ledger& l, LinearS& s) {
+  for (int* id : {&s.x, &s.dy, &s.y, &s.dx, &s.xr, &s.dyr}) l.unref(*id);
+}
+void release(Ledger& l, NormS& s) {
+  for (int* id : {&s.dy, &s.xhat, &s.y, &s.rstd, &s.dx}) l.unref(*id);
+}
+// Saved::clear / destruction of a block's Saved.
+void release(Ledger& l, BlockS& s) {
+  release(l, s.ln1);
+  release(l, s.ln2);
+  release(l, s.c_attn);
+  release(l, s.c_fc);
+  release(l, s.c_proj.lin);
+  release(l, s.fc_proj.lin);
+  for (int* id : {&s.c_proj.dy, &s.fc_proj.dy, &s.gelu.x, &s.gelu.y, &s.gelu.dx, &s.rd.scale, &s.rd.y, &s.rd.dx,
+                  &s.md.scale, &s.md.y, &s.md.dx, &s.q, &s.k, &s.v, &s.out, &s.lse, &s.input})
+    l.unref(*id);
+  if (s.rebuilt) release(l, *s.rebuilt);
+  s.rebuilt.reset();
+}
+
+// One micro-batch through nn's GPT, in nn's order (gpt.cc, module.cc,
+// linear.cc, layer_norm.cc, activations.cc, dropout.cc, tensor_parallel.cc).
+class Walk {
+ public:
+  Walk(const Dims& d, int64_t blocks, int64_t first, bool embed, bool head, int64_t seq_t)
+      : d_(d), blocks_(static_cast<size_t>(blocks)), first_(first), embed_(embed), head_(head), t_(seq_t) {}
+
+  Ledger& ledger() { return l_; }
+
+  // Forward and the loss's forward; returns the stage output (a part
+  // without the head) or -1 (logits freed after the loss).
+  int forward() {
+    l_.set_phase("forward embed");
+    int x = embed_ ? embed_forward() : -1;  // a later stage's input is the receive buffer (untracked)
+    int h = l_.ref(x);                      // Sequential::do_forward's h
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      l_.set_phase(fmt::format("forward h.{}", first_ + static_cast<int64_t>(i)));
+      int y = block_module_forward(blocks_[i], h);
+      l_.unref(h);
+      h = y;
+    }
+    if (!head_) {
+      l_.unref(x);
+      return h;
+    }
+    l_.set_phase("forward head");
+    const int64_t bt = d_.b * t_;
+    int n = norm_forward(gpt_.lnf, h, "ln_f");
+    l_.unref(h);
+    h = n;
+    if (d_.sp) {  // the head sees every step: gathered, then narrowed to the real ones
+      int g = gather(h, "head input (gathered)");
+      l_.unref(h);
+      h = g;
+      l_.assign(gpt_.h, d_.tb != t_ && d_.b > 1 ? l_.alloc("head input (contiguous)", 4 * bt * d_.c) : l_.ref(h));
+    } else {
+      l_.assign(gpt_.h, l_.ref(h));
+    }
+    if (d_.half) l_.assign(gpt_.h, l_.alloc("head input (compute dtype)", d_.cd * bt * d_.c));
+    int logits = l_.alloc("logits", 4 * bt * d_.vl);
+    l_.unref(h);
+    l_.unref(x);
+    l_.set_phase("forward loss");
+    if (d_.k > 1) l_.buffer(gpt_.probs, "loss probs (vocabulary-parallel)", 4 * bt * d_.vl);
+    l_.unref(logits);  // the loss has read them
+    return -1;
+  }
+
+  // The input pass, then the weight pass (GPT::do_backward is split).
+  void backward() {
+    const int64_t bt = d_.b * t_;
+    l_.set_phase("backward loss");
+    int dl = -1;  // CrossEntropyLoss's gradient is untracked
+    if (head_ && d_.k > 1) {
+      l_.buffer(gpt_.grad, "loss grad (vocabulary-parallel)", 4 * bt * d_.vl);
+      dl = l_.ref(gpt_.grad);
+    }
+    l_.set_phase("backward_input head");
+    int dh = -1;  // the head's dh is untracked
+    if (head_) {
+      l_.assign(gpt_.dlogits, l_.ref(dl));
+      // A copy charged to the gradient's tracker: untracked for CrossEntropyLoss.
+      if (d_.half) l_.assign(gpt_.dlogits, dl >= 0 ? l_.alloc("dlogits (compute dtype)", d_.cd * bt * d_.vl) : -1);
+      dh = norm_backward_input(gpt_.lnf, -1, "ln_f");
+    }
+    int g = l_.ref(dh);  // Sequential's reverse chain
+    for (size_t i = blocks_.size(); i-- > 0;) {
+      l_.set_phase(fmt::format("backward_input h.{}", first_ + static_cast<int64_t>(i)));
+      int gi = block_module_backward_input(blocks_[i], g);
+      l_.unref(g);
+      g = gi;
+    }
+    if (embed_) {
+      l_.set_phase("backward_input embed");
+      int de = dropout_backward(gpt_.drop, g, "drop");
+      if (!d_.sp) l_.assign(gpt_.wte_dy, l_.ref(de));  // wte keeps dy for its weight pass
+      l_.unref(de);
+    }
+    l_.unref(g);
+    l_.unref(dh);
+    l_.unref(dl);
+    l_.set_phase("backward_weight");
+    l_.unref(gpt_.dlogits);
+    l_.unref(gpt_.lnf.dy);
+    for (size_t i = blocks_.size(); i-- > 0;) block_module_backward_weight(blocks_[i]);
+    l_.unref(gpt_.wte_dy);
+  }
+
+ private:
+  struct GptS {
+    int wte_y = -1, wpe_y = -1, wte_dy = -1;
+    DropS drop;
+    NormS lnf;
+    int h = -1, dlogits = -1, probs = -1, grad = -1;
+  };
+
+  // ---- layers ----
+
+  int linear_forward(LinearS& s, int x, int64_t rows, int64_t in, int64_t out, const std::string& name) {
+    l_.assign(s.x, l_.ref(x));
+    if (d_.half) {
+      l_.buffer(s.xr, name + ".x (compute dtype)", d_.cd * rows * in);
+      l_.assign(s.x, l_.ref(s.xr));
+    }
+    l_.buffer(s.y, name + ".y", 4 * rows * out);
+    return l_.ref(s.y);
+  }
+  int linear_backward_input(LinearS& s, int dy, int64_t rows, int64_t in, int64_t out, const std::string& name) {
+    int g = l_.ref(dy);
+    if (d_.half) {
+      l_.buffer(s.dyr, name + ".dy (compute dtype)", d_.cd * rows * out);
+      l_.assign(g, l_.ref(s.dyr));
+    }
+    l_.buffer(s.dx, name + ".dx", 4 * rows * in);
+    l_.assign(s.dy, g);
+    return l_.ref(s.dx);
+  }
+  void linear_backward_weight(LinearS& s) {
+    l_.unref(s.x);
+    l_.unref(s.dy);
+  }
+  int norm_forward(NormS& s, int /*x*/, const std::string& name) {
+    const int64_t r = d_.rows_s();
+    l_.buffer(s.xhat, name + ".xhat", 4 * r * d_.c);
+    l_.buffer(s.y, name + ".y", 4 * r * d_.c);
+    l_.buffer(s.rstd, name + ".rstd", 4 * r);
+    return l_.ref(s.y);
+  }
+  int norm_backward_input(NormS& s, int dy, const std::string& name) {
+    l_.assign(s.dy, l_.ref(dy));
+    l_.buffer(s.dx, name + ".dx", 4 * d_.rows_s() * d_.c);
+    return l_.ref(s.dx);
+  }
+  int dropout_forward(DropS& s, int x, const std::string& name) {
+    if (!d_.drop) return l_.ref(x);
+    l_.buffer(s.scale, name + ".mask", 4 * d_.rows_s() * d_.c);
+    l_.buffer(s.y, name + ".y", 4 * d_.rows_s() * d_.c);
+    return l_.ref(s.y);
+  }
+  int dropout_backward(DropS& s, int dy, const std::string& name) {
+    if (!d_.drop) return l_.ref(dy);
+    l_.buffer(s.dx, name + ".dx", 4 * d_.rows_s() * d_.c);
+    return l_.ref(s.dx);
+  }
+  // gather_sequence with a tracker: (k, B, s, C) buffer, then (B, t', C)
+  // in sequence order unless B = 1.
+  int gather(int /*x*/, const std::string& name) {
+    const int64_t bytes = 4 * d_.rows() * d_.c;
+    int buf = l_.alloc(name + " (all_gather buffer)", bytes);
+    if (d_.b == 1) return buf;
+    int out = l_.alloc(name, bytes);
+    l_.unref(buf);
+    return out;
+  }
+  // reduce_scatter_sequence of a tracked (B, t', C): the send copy (B > 1)
+  // is charged to the input's tracker; the output only when given one.
+  int reduce_scatter(bool tracked_out, const std::string& name) {
+    int send = d_.b > 1 ? l_.alloc("reduce_scatter send copy", 4 * d_.rows() * d_.c) : -1;
+    int out = tracked_out ? l_.alloc(name, 4 * d_.rows_s() * d_.c) : -1;
+    l_.unref(send);
+    return out;
+  }
+  int column_forward(LinearS& s, int x, int64_t out, const std::string& name) {
+    int in = d_.sp ? gather(x, name + ".x (gathered)") : l_.ref(x);
+    int y = linear_forward(s, in, d_.rows(), d_.c, out, name);
+    l_.unref(in);
+    return y;
+  }
+  int column_backward_input(LinearS& s, int dy, int64_t out, const std::string& name) {
+    int dx = linear_backward_input(s, dy, d_.rows(), d_.c, out, name);
+    if (!d_.sp) return dx;  // all-reduced in place
+    reduce_scatter(false, "");
+    l_.unref(dx);
+    return -1;
+  }
+  int row_forward(RowS& s, int x, int64_t in, const std::string& name) {
+    int y = linear_forward(s.lin, x, d_.rows(), in, d_.c, name);
+    if (!d_.sp) return y;
+    int out = reduce_scatter(true, name + ".y (reduce-scattered)");
+    l_.unref(y);
+    return out;
+  }
+  int row_backward_input(RowS& s, int dy, int64_t in, const std::string& name) {
+    l_.assign(s.dy, l_.ref(dy));
+    return linear_backward_input(s.lin, d_.sp ? -1 : dy, d_.rows(), in, d_.c, name);  // gathered: untracked
+  }
+  void row_backward_weight(RowS& s) {
+    l_.unref(s.dy);
+    linear_backward_weight(s.lin);
+  }
+
+  // ---- attention and blocks ----
+
+  // Heads of a transpose of (B, t', H/k, D) are contiguous already (no copy)
+  // when one of the two swapped dims has size 1.
+  bool transpose_is_view() const { return d_.hl == 1 || d_.tb == 1; }
+
+  int attention_forward(BlockS& s, int x) {
+    int qkv = column_forward(s.c_attn, x, 3 * d_.cl, "h.*.attn.c_attn");
+    const int64_t part = 4 * d_.rows() * d_.cl;
+    int y = -1, merged = -1;
+    if (!d_.cp) {
+      l_.assign(s.q, l_.alloc("h.*.attn.q", part));
+      l_.assign(s.k, l_.alloc("h.*.attn.k", part));
+      l_.assign(s.v, l_.alloc("h.*.attn.v", part));
+      l_.assign(s.out, l_.alloc("h.*.attn.out", part));
+      l_.assign(s.lse, l_.alloc("h.*.attn.lse", 4 * d_.b * d_.hl * d_.tb));
+      merged = transpose_is_view() ? l_.ref(s.out) : l_.alloc("h.*.attn.merged", part);
+    } else {  // to_chunks: q, k, v chunk-major; kept by the ring, not by all_to_all
+      int ch[3];
+      for (int i = 0; i < 3; ++i) ch[i] = l_.alloc("h.*.attn.q|k|v (context chunks)", part);
+      if (d_.ring) {
+        l_.assign(s.q, l_.ref(ch[0]));
+        l_.assign(s.k, l_.ref(ch[1]));
+        l_.assign(s.v, l_.ref(ch[2]));
+      }
+      for (int& c : ch) l_.unref(c);
+      // merged, out, lse: untracked
+    }
+    y = row_forward(s.c_proj, merged, d_.cl, "h.*.attn.c_proj");
+    int a = dropout_forward(s.rd, y, "h.*.attn.resid_dropout");
+    l_.unref(y);
+    l_.unref(merged);
+    l_.unref(qkv);
+    return a;
+  }
+
+  int attention_backward_input(BlockS& s, int dy) {
+    int d1 = dropout_backward(s.rd, dy, "h.*.attn.resid_dropout");
+    int dmerged = row_backward_input(s.c_proj, d1, d_.cl, "h.*.attn.c_proj");
+    l_.unref(d1);
+    int g = -1;
+    if (!d_.cp)
+      g = transpose_is_view() ? l_.ref(dmerged) : l_.alloc("h.*.attn dout (heads layout)", 4 * d_.rows() * d_.cl);
+    else
+      g = l_.alloc("h.*.attn dout (context chunks)", 4 * d_.rows() * d_.cl);
+    for (int* id : {&s.q, &s.k, &s.v, &s.out, &s.lse}) l_.unref(*id);
+    int dx = column_backward_input(s.c_attn, -1, 3 * d_.cl, "h.*.attn.c_attn");  // dqkv untracked
+    l_.unref(g);
+    l_.unref(dmerged);
+    return dx;
+  }
+
+  int block_forward(BlockS& s, int x) {
+    int n1 = norm_forward(s.ln1, x, "h.*.ln_1");
+    int a = attention_forward(s, n1);
+    l_.unref(n1);
+    int h = l_.alloc("h.*.residual h", 4 * d_.rows_s() * d_.c);
+    int n2 = norm_forward(s.ln2, h, "h.*.ln_2");
+    // mlp (Sequential): c_fc, GELU, c_proj, dropout
+    int m = l_.ref(n2);
+    int next = column_forward(s.c_fc, m, d_.fl, "h.*.mlp.c_fc");
+    l_.assign(m, next);
+    l_.assign(s.gelu.x, l_.ref(m));
+    l_.buffer(s.gelu.y, "h.*.mlp.gelu.y", 4 * d_.rows() * d_.fl);
+    l_.assign(m, l_.ref(s.gelu.y));
+    next = row_forward(s.fc_proj, m, d_.fl, "h.*.mlp.c_proj");
+    l_.assign(m, next);
+    next = dropout_forward(s.md, m, "h.*.mlp.dropout");
+    l_.assign(m, next);
+    l_.unref(n2);
+    int y = l_.alloc("h.*.output", 4 * d_.rows_s() * d_.c);
+    l_.unref(m);
+    l_.unref(h);
+    l_.unref(a);
+    return y;
+  }
+
+  int block_backward_input(BlockS& s, int dy) {
+    int g = l_.ref(dy);
+    int m = dropout_backward(s.md, g, "h.*.mlp.dropout");
+    l_.assign(m, row_backward_input(s.fc_proj, m, d_.fl, "h.*.mlp.c_proj"));
+    l_.buffer(s.gelu.dx, "h.*.mlp.gelu.dx", 4 * d_.rows() * d_.fl);
+    l_.unref(s.gelu.x);
+    l_.assign(m, l_.ref(s.gelu.dx));
+    l_.assign(m, column_backward_input(s.c_fc, m, d_.fl, "h.*.mlp.c_fc"));
+    int dm = norm_backward_input(s.ln2, m, "h.*.ln_2");
+    l_.unref(m);
+    int da0 = attention_backward_input(s, -1);  // dh: untracked
+    int da = norm_backward_input(s.ln1, da0, "h.*.ln_1");
+    l_.unref(da0);
+    l_.unref(da);
+    l_.unref(dm);
+    l_.unref(g);
+    return -1;  // dx: untracked
+  }
+
+  void block_backward_weight(BlockS& s) {
+    row_backward_weight(s.fc_proj);
+    linear_backward_weight(s.c_fc);
+    l_.unref(s.ln2.dy);
+    row_backward_weight(s.c_proj);
+    linear_backward_weight(s.c_attn);
+    l_.unref(s.ln1.dy);
+  }
+
+  // Module::forward / backward_input / backward_weight of a block, with
+  // recompute's rules (module.cc).
+  int block_module_forward(BlockS& s, int x) {
+    if (!d_.recompute) return block_forward(s, x);
+    l_.assign(s.input, l_.ref(x));
+    BlockS scratch;
+    int y = block_forward(scratch, x);
+    release(l_, scratch);
+    return y;
+  }
+  int block_module_backward_input(BlockS& s, int dy) {
+    if (!d_.recompute) return block_backward_input(s, dy);
+    s.rebuilt = std::make_unique<BlockS>();
+    int y = block_forward(*s.rebuilt, s.input);
+    l_.unref(y);
+    return block_backward_input(*s.rebuilt, dy);
+  }
+  void block_module_backward_weight(BlockS& s) {
+    if (!d_.recompute) {
+      block_backward_weight(s);
+      return;
+    }
+    block_backward_weight(*s.rebuilt);
+    release(l_, *s.rebuilt);
+    s.rebuilt.reset();
+    l_.unref(s.input);
+  }
+
+  // GPT::embed / embed_sum: wte, wpe, their sum, dropout.
+  int embed_forward() {
+    l_.buffer(gpt_.wte_y, "wte.y", 4 * d_.rows() * d_.c);
+    int tok = l_.ref(gpt_.wte_y);
+    if (d_.sp) {
+      int out = reduce_scatter(true, "wte.y (reduce-scattered)");
+      l_.unref(tok);
+      tok = out;
+    }
+    l_.buffer(gpt_.wpe_y, "wpe.y", 4 * d_.s * d_.c);
+    int pos = l_.ref(gpt_.wpe_y);
+    int x = l_.alloc("embedding sum", 4 * d_.rows_s() * d_.c);
+    int out = dropout_forward(gpt_.drop, x, "drop");
+    l_.unref(x);
+    l_.unref(pos);
+    l_.unref(tok);
+    return out;
+  }
+
+  Ledger l_;
+  Dims d_;
+  GptS gpt_;
+  std::vector<BlockS> blocks_;
+  int64_t first_;
+  bool embed_, head_;
+  int64_t t_;  // the real steps (the head's rows: B t)
+};
+
+void check(bool ok, const std::string& what, const std::string& fix) {
+  if (!ok) throw InvalidArgument(kOp, what, fix);
+}
+
+}  // namespace
+
+ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayout& l) {
+  check(g.vocab >= 1 && g.seq >= 1 && g.layers >= 0 && g.heads >= 1 && g.width >= 1 && g.width % g.heads == 0,
+        fmt::format("vocab {}, seq {}, layers {}, heads {}, width {}", g.vocab, g.seq, g.layers, g.heads, g.width),
+        "need vocab, seq, heads, width >= 1, layers >= 0 and heads dividing width");
+  check(l.micro_batch >= 1 && l.batch_rows >= 0, fmt::format("micro_batch {}, batch_rows {}", l.micro_batch, l.batch_rows),
+        "need micro_batch >= 1 and batch_rows >= 0");
+  check(l.tensor >= 1 && l.tensor_rank >= 0 && l.tensor_rank < l.tensor && g.heads % l.tensor == 0,
+        fmt::format("{} heads over tensor {} (rank {})", g.heads, l.tensor, l.tensor_rank),
+        "use a tensor axis that divides the heads, and 0 <= tensor_rank < tensor");
+  check(l.context >= 1, fmt::format("context {}", l.context), "need context >= 1");
+  check(l.cp_comm == "ring" || l.cp_comm == "all_to_all", fmt::format("cp_comm '{}'", l.cp_comm),
+        "use ring or all_to_all");
+  check(l.compute == DType::f32 || l.compute == DType::bf16 || l.compute == DType::f16,
+        fmt::format("compute dtype {}", dtype_name(l.compute)), "use f32, bf16 or f16");
+  check(l.dropout >= 0.0 && l.dropout < 1.0, fmt::format("dropout {}", l.dropout), "use 0 <= dropout < 1");
+  check(l.token_dtype == DType::i64 || l.token_dtype == DType::i32,
+        fmt::format("token dtype {}", dtype_name(l.token_dtype)), "use i64 or i32");
+  const int64_t last = l.last_block < 0 ? g.layers : l.last_block;
+  check(l.first_block >= 0 && l.first_block <= last && last <= g.layers,
+        fmt::format("blocks [{}, {}) of {}", l.first_block, l.last_block, g.layers),
+        "pick 0 <= first_block <= last_block <= layers");
+  const bool sp = l.sequence_parallel && l.tensor > 1, cp = l.context > 1;
+  const int64_t chunks = l.cp_load_balance ? 2 * int64_t{l.context} : l.context;
+  check(!cp || (!sp && l.embed && l.head && g.seq % chunks == 0),
+        fmt::format("context {} with seq {}{}", l.context, g.seq,
+                    sp ? ", sequence parallelism" : (!l.embed || !l.head) ? ", a pipeline part" : ""),
+        fmt::format("context parallelism needs seq divisible by {}, no sequence parallelism, the whole model", chunks));
+  check(!cp || l.cp_comm == "ring" || (g.heads / l.tensor) % l.context == 0,
+        fmt::format("all_to_all over {} context ranks with {} heads per tensor rank", l.context, g.heads / l.tensor),
+        "use ring, or heads divisible by tensor x context");
+  // Sequence parallelism pads a sequence the tensor axis does not divide,
+  // but not for dropout masks nor between pipeline parts (GPT::embed).
+  check(!sp || g.seq % l.tensor == 0 || (l.embed && l.head && !(l.training && l.dropout > 0.0)),
+        fmt::format("seq {} over {} tensor ranks with sequence parallelism{}", g.seq, l.tensor,
+                    l.embed && l.head ? " and dropout" : " in a pipeline part"),
+        "use a sequence the tensor axis divides");
+
+  Dims d{};
+  d.b = l.micro_batch;
+  d.k = l.tensor;
+  d.t = cp ? g.seq / l.context : g.seq;
+  d.tb = sp ? (d.t + d.k - 1) / d.k * d.k : d.t;
+  d.s = sp ? d.tb / d.k : d.t;
+  d.c = g.width;
+  d.hl = g.heads / d.k;
+  d.d = g.width / g.heads;
+  d.cl = d.hl * d.d;
+  d.fl = 4 * g.width / d.k;
+  const int64_t chunk = (g.vocab + d.k - 1) / d.k;  // torch.chunk's rule (nn::shard_range)
+  d.vl = std::max<int64_t>(0, std::min(g.vocab, (l.tensor_rank + 1) * chunk) - l.tensor_rank * chunk);
+  d.sp = sp;
+  d.cp = cp;
+  d.ring = l.cp_comm == "ring";
+  d.half = l.compute != DType::f32;
+  d.cd = static_cast<int64_t>(dtype_size(l.compute));
+  d.drop = l.training && l.dropout > 0.0;
+  d.recompute = l.recompute;
+
+  Walk w(d, last - l.first_block, l.first_block, l.embed, l.head, d.t);
+  Ledger& led = w.ledger();
+  ActivationEstimate e;
+  // Cold: a fresh Saved.
+  led.reset_peak(true);
+  int out = w.forward();
+  if (out >= 0) {
+    e.stage_output = static_cast<double>(4 * d.rows_s() * d.c);
+    led.unref(out);  // handed on (sent)
+  }
+  e.saved_per_micro_batch = static_cast<double>(led.now());
+  e.saved_terms = led.live_terms();
+  w.backward();
+  e.peak_one_micro_batch = static_cast<double>(led.peak());
+  e.peak_terms = led.peak_terms();
+  e.peak_at = led.peak_at();
+  e.resident_after_backward = static_cast<double>(led.now());
+  // Warm: the same Saved again.
+  led.reset_peak(false);
+  out = w.forward();
+  led.unref(out);
+  e.saved_warm = static_cast<double>(led.now());
+  w.backward();
+  e.peak_warm = static_cast<double>(led.peak());
+  const int64_t rows = l.batch_rows > 0 ? l.batch_rows : l.micro_batch;
+  e.batch_bytes = static_cast<double>(2 * rows * g.seq * static_cast<int64_t>(dtype_size(l.token_dtype)));
+  return e;
+}
+
+std::string to_string(const std::vector<ActivationTerm>& terms) {
+  std::string out;
+  for (const ActivationTerm& t : terms)
+    out += fmt::format("  {:<44} {:>5} x  {:>14.0f} B\n", t.name, t.count, t.bytes);
+  return out;
+}
+
+double megatron_layer_activation_bytes(const GptShape& g, int64_t micro_batch, int tensor, bool sequence_parallel,
+                                       MegatronRecompute recompute) {
+  check(g.seq >= 1 && g.width >= 1 && g.heads >= 1 && micro_batch >= 1 && tensor >= 1,
+        fmt::format("seq {}, width {}, heads {}, micro_batch {}, tensor {}", g.seq, g.width, g.heads, micro_batch,
+                    tensor),
+        "need positive sizes");
+  const double s = static_cast<double>(g.seq), b = static_cast<double>(micro_batch), h = static_cast<double>(g.width),
+               a = static_cast<double>(g.heads), t = tensor;
+  const double sbh = s * b * h;
+  const bool sp = sequence_parallel && tensor > 1;
+  switch (recompute) {
+    case MegatronRecompute::full: return 2.0 * sbh / (sp ? t : 1.0);
+    case MegatronRecompute::selective: return sbh * (sp ? 34.0 / t : 10.0 + 24.0 / t);
+    case MegatronRecompute::none: break;
+  }
+  const double scores = 5.0 * a * s / (h * t);
+  return sbh * ((sp ? 34.0 / t : 10.0 + 24.0 / t) + scores);
+}
+
+}  // namespace meshtrain::plan
