@@ -202,9 +202,11 @@ int main(int argc, char** argv) {
   auto peers = mtg::native_peers(*world);
   meshtrain::comm::PeerCollectives* tcp = nullptr;
   meshtrain::comm::PeerCollectives* hd = nullptr;
+  meshtrain::comm::PeerCollectives* tree = nullptr;
   for (auto& p : peers) {
     if (p->label() == "tcp") tcp = p.get();
     if (p->label() == "gloo-hd") hd = p.get();
+    if (p->label() == "gloo-tree") tree = p.get();
   }
   if (r == 0) fmt::print("gloo latency probe: {} ranks; per call: slowest rank's mean, median of 7 rounds\n", n);
   for (size_t bytes : sizes) {
@@ -227,6 +229,9 @@ int main(int argc, char** argv) {
         {"engine reduce_scatter",
          [&] { world->reduce_scatter(out.data(), in.data(), count, DType::f32, ReduceOp::sum); }},
         {"gloo-hd all_reduce", [&] { hd->run(CollectiveOp::all_reduce, out.data(), in.data(), count, DType::f32); }},
+        {"engine broadcast", [&] { world->broadcast(in.data(), count, DType::f32, 0); }},
+        {"gloo-tree broadcast",
+         [&] { tree->run(CollectiveOp::broadcast, out.data(), in.data(), count, DType::f32); }},
     };
     if (r == 0)
       fmt::print("\n{} bytes per peer, {} calls per round\n{:<22} {:>10} {:>18} {:>10} {:>10} {:>10} {:>10}\n", bytes,
