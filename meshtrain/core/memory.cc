@@ -9,11 +9,13 @@ namespace {
 
 size_t slot(MemoryCategory c) { return static_cast<size_t>(c); }
 
-// Raises `peak` to at least `value` (lock-free max).
-void raise_to(std::atomic<uint64_t>& peak, uint64_t value) {
+// Raises `peak` to at least `value` (lock-free max); true if it did.
+bool raise_to(std::atomic<uint64_t>& peak, uint64_t value) {
   uint64_t cur = peak.load(std::memory_order_relaxed);
-  while (cur < value && !peak.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
+  while (cur < value) {
+    if (peak.compare_exchange_weak(cur, value, std::memory_order_relaxed)) return true;
   }
+  return false;
 }
 
 }  // namespace
@@ -48,7 +50,13 @@ void MemoryTracker::allocate(MemoryCategory category, uint64_t bytes) {
   const uint64_t now = in_use_[i].fetch_add(bytes, std::memory_order_relaxed) + bytes;
   raise_to(peak_[i], now);
   const uint64_t total = total_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-  raise_to(total_peak_, total);
+  if (raise_to(total_peak_, total))
+    for (size_t c = 0; c < kNumMemoryCategories; ++c)
+      at_total_peak_[c].store(in_use_[c].load(std::memory_order_relaxed), std::memory_order_relaxed);
+}
+
+uint64_t MemoryTracker::at_total_peak(MemoryCategory category) const {
+  return at_total_peak_[slot(category)].load(std::memory_order_relaxed);
 }
 
 void MemoryTracker::release(MemoryCategory category, uint64_t bytes) {
@@ -80,6 +88,8 @@ void MemoryTracker::reset_peak() {
   for (size_t i = 0; i < kNumMemoryCategories; ++i)
     peak_[i].store(in_use_[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
   total_peak_.store(total_in_use_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  for (size_t i = 0; i < kNumMemoryCategories; ++i)
+    at_total_peak_[i].store(in_use_[i].load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 std::string MemoryTracker::to_string() const {

@@ -65,6 +65,10 @@ class MemoryTracker {
   uint64_t peak(MemoryCategory category) const;
   uint64_t total_in_use() const;
   uint64_t total_peak() const;
+  // What `category` held when the total last reached its peak: the peak's
+  // composition (the categories' own peaks come at different times). Under
+  // allocations from several threads at once it may mix two moments.
+  uint64_t at_total_peak(MemoryCategory category) const;
 
   // Sets every peak to the current in-use value (e.g. to measure one step).
   void reset_peak();
@@ -77,6 +81,7 @@ class MemoryTracker {
   std::array<std::atomic<uint64_t>, kNumMemoryCategories> peak_{};
   std::atomic<uint64_t> total_in_use_{0};
   std::atomic<uint64_t> total_peak_{0};
+  std::array<std::atomic<uint64_t>, kNumMemoryCategories> at_total_peak_{};
 };
 
 }  // namespace meshtrain

@@ -51,6 +51,23 @@ TEST(MemoryTrackerTest, TotalPeakIsPeakOfTotalNotSumOfPeaks) {
   EXPECT_EQ(t.total_in_use(), 100u);
 }
 
+TEST(MemoryTrackerTest, AtTotalPeakIsThePeaksComposition) {
+  MemoryTracker t;
+  t.allocate(MemoryCategory::working, 300);     // working's own peak: 300, alone
+  t.release(MemoryCategory::working, 300);
+  t.allocate(MemoryCategory::activations, 200);
+  t.allocate(MemoryCategory::working, 150);     // total 350: the peak
+  t.release(MemoryCategory::working, 150);
+  t.allocate(MemoryCategory::activations, 100);  // total 300: below it
+  EXPECT_EQ(t.total_peak(), 350u);
+  EXPECT_EQ(t.at_total_peak(MemoryCategory::activations), 200u);
+  EXPECT_EQ(t.at_total_peak(MemoryCategory::working), 150u);
+  EXPECT_EQ(t.peak(MemoryCategory::working), 300u);
+  t.reset_peak();
+  EXPECT_EQ(t.at_total_peak(MemoryCategory::activations), 300u);
+  EXPECT_EQ(t.at_total_peak(MemoryCategory::working), 0u);
+}
+
 TEST(MemoryTrackerTest, ResetPeakSetsPeaksToCurrentUse) {
   MemoryTracker t;
   t.allocate(C::optimizer, 1000);

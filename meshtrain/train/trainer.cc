@@ -227,7 +227,8 @@ class Run {
     double window_loss = 0, hidden_sum = 0;
     int window_n = 0;
     const auto t0 = Clock::now();
-    for (int epoch = static_cast<int>(step / per_epoch); epoch < tc_.epochs && step < total; ++epoch) {
+    const int first_epoch = static_cast<int>(step / per_epoch);
+    for (int epoch = first_epoch; epoch < tc_.epochs && step < total; ++epoch) {
       const int64_t first = step - per_epoch * epoch;  // 0, or where a resumed run stopped
       const int64_t batches = std::min(per_epoch, first + total - step);
       Prefetcher pre([&, epoch](int64_t b) { return load_batch(train_, sampler, epoch, b, &memory_); }, first,
@@ -291,6 +292,7 @@ class Run {
         }
       }
       check_parameters(step);
+      if (epoch == first_epoch) record_train_memory();
       const Evaluation ev = evaluate();  // the same numbers on every rank
       if (!std::isfinite(ev.loss))  // finite parameters whose outputs overflow are no model either
         throw diverged(step - 1, fmt::format("the test {} after step {} is {}", metrics_.test_loss, step,
@@ -536,6 +538,17 @@ class Run {
                r.pipeline_schedule, 100 * r.pipeline_bubble, 100 * r.pipeline_bubble_theory,
                r.pipeline_peak_in_flight);
     std::fflush(stdout);
+  }
+
+  // Collective over the world: every rank's peaks so far, kept by rank 0.
+  void record_train_memory() {
+    constexpr size_t k = kNumMemoryCategories + 1;
+    std::array<uint64_t, k> mine{};
+    for (size_t c = 0; c < kNumMemoryCategories; ++c) mine[c] = memory_.at_total_peak(kAllMemoryCategories[c]);
+    mine[kNumMemoryCategories] = memory_.total_peak();
+    std::vector<std::array<uint64_t, k>> all(static_cast<size_t>(world_->size()));
+    world_->all_gather(mine.data(), all.data(), k, DType::i64);  // peaks stay far below 2^63
+    if (main_) shared_.result.train_memory_by_rank = std::move(all);
   }
 
   void print_memory() const {

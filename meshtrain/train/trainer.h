@@ -106,6 +106,10 @@ struct TrainResult {
   // MemoryCategory) and of the total.
   std::array<uint64_t, kNumMemoryCategories> memory_peak{};
   uint64_t memory_total_peak = 0;
+  // Every rank's peak through the training steps before the first
+  // evaluation (what the planner's predictions are checked against), by
+  // world rank: what each category held at that peak, then the total.
+  std::vector<std::array<uint64_t, kNumMemoryCategories + 1>> train_memory_by_rank;
   // A pipeline axis: the schedule's name, the idle share of the last step
   // measured from every pipeline rank's timeline (pipeline.svg) beside the
   // schedule's theory, and the most micro-batches whose activations rank 0

@@ -1,0 +1,241 @@
+#include "meshtrain/plan/memory_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/sharding/stage_assignment.h"
+
+namespace meshtrain::plan {
+namespace {
+
+constexpr const char* kOp = "plan::predict_memory";
+
+// torch.chunk's rule (nn::shard_range): n over k ranks, ceil(n / k) each,
+// the last ones shorter or empty.
+int64_t chunk_size(int64_t n, int rank, int k) {
+  const int64_t c = (n + k - 1) / k;
+  return std::clamp<int64_t>(n - rank * c, 0, c);
+}
+
+// One parameter this device holds: its local element count and the fully
+// sharded unit it belongs to (0..blocks-1: the blocks; blocks: wte as a unit
+// of its own; blocks + 1: the rest of the stage).
+struct Param {
+  int64_t numel = 0;
+  int unit = 0;
+};
+
+// The blocks [first, last) of each stage: the trainer's cut by forward
+// FLOPs per token (train/gpt_recipe.cc: 24 C^2 + 2 T C per block, the tied
+// head's 2 C V on the last).
+std::vector<std::pair<int, int>> stage_blocks(const GptShape& g, int stages) {
+  const double c = static_cast<double>(g.width), t = static_cast<double>(g.seq);
+  std::vector<double> costs(static_cast<size_t>(g.layers), 24 * c * c + 2 * t * c);
+  costs.back() += 2 * c * static_cast<double>(g.vocab);
+  const sharding::PipelineParallelStrategy pp("pipeline", stages);
+  const std::vector<int> counts = pp.assign_layers_to_stages(costs);
+  std::vector<std::pair<int, int>> out;
+  for (int s = 0; s < stages; ++s) out.push_back(pp.layer_range(s, counts));
+  return out;
+}
+
+// What stage `first..last` (with the embeddings / the head) of tensor rank
+// r of k holds (nn/gpt.h: column-parallel q|k|v and c_fc, row-parallel
+// projections with replicated biases, vocabulary-parallel wte).
+std::vector<Param> stage_params(const GptShape& g, int first, int last, bool embed, bool head, int r, int k,
+                                bool pipelined) {
+  const int64_t C = g.width;
+  const int own_wte = pipelined && embed != head ? 1 : 0;  // wte is a unit of its own on a pipeline
+  const int blocks = last - first;
+  const int rest = blocks + 1;
+  std::vector<Param> ps;
+  const int64_t wte = chunk_size(g.vocab, r, k) * C;
+  if (embed) {
+    ps.push_back({wte, own_wte ? blocks : rest});
+    ps.push_back({g.seq * C, rest});  // wpe: block_size rows (the run's sequence length)
+  }
+  for (int b = 0; b < blocks; ++b) {
+    for (int64_t n : {C, C,                      // ln_1
+                      C * 3 * C / k, 3 * C / k,  // c_attn
+                      C / k * C, C,              // attn.c_proj (bias replicated)
+                      C, C,                      // ln_2
+                      C * 4 * C / k, 4 * C / k,  // c_fc
+                      4 * C / k * C, C})         // mlp.c_proj
+      ps.push_back({n, b});
+  }
+  if (head) {
+    ps.push_back({C, rest});  // ln_f
+    ps.push_back({C, rest});
+    if (!embed) ps.push_back({wte, own_wte ? blocks : rest});  // the tied head's copy
+  }
+  return ps;
+}
+
+// In-flight micro-batches (schedule chunks) of pipeline rank r of p.
+int in_flight(const TrainingLayout& l, int r) {
+  const int p = l.pipeline, m = l.micro_batches, v = l.virtual_stages;
+  if (p == 1) return 1;
+  if (l.schedule == "gpipe") return m;
+  if (l.schedule == "1f1b" || l.schedule == "zb") return std::min(p - r, m);
+  if (l.schedule == "interleaved") return std::min((v - 1) * p + 2 * (p - r - 1) + 1, v * m);
+  throw InvalidArgument(kOp, fmt::format("pipeline schedule '{}'", l.schedule), "use gpipe, 1f1b, interleaved or zb");
+}
+
+}  // namespace
+
+const DeviceMemory& MemoryPrediction::worst() const {
+  if (devices.empty()) throw InvalidArgument("MemoryPrediction::worst", "no devices", "call predict_memory first");
+  return *std::max_element(devices.begin(), devices.end(),
+                           [](const DeviceMemory& a, const DeviceMemory& b) { return a.total() < b.total(); });
+}
+
+void parse_sharding(const std::string& name, TrainingLayout& l) {
+  static const std::pair<const char*, std::pair<Sharding, bool>> kNames[] = {
+      {"", {Sharding::none, false}},          {"no_shard", {Sharding::no_shard, false}},
+      {"zero1", {Sharding::zero1, false}},    {"zero2", {Sharding::zero2, false}},
+      {"shard_grad_op", {Sharding::zero2, false}}, {"zero3", {Sharding::zero3, false}},
+      {"full", {Sharding::zero3, false}},     {"hybrid_full", {Sharding::zero3, true}},
+      {"hybrid_shard_grad_op", {Sharding::zero2, true}}};
+  for (const auto& [n, v] : kNames)
+    if (name == n) {
+      l.sharding = v.first;
+      l.hybrid = v.second;
+      return;
+    }
+  throw InvalidArgument("plan::parse_sharding", fmt::format("unknown fsdp strategy '{}'", name),
+                        "use full, shard_grad_op, no_shard, zero1, zero2, zero3, hybrid_full or hybrid_shard_grad_op");
+}
+
+void check_layout(const GptShape& g, const TrainingLayout& l) {
+  for (auto [v, flag] : {std::pair{l.data, "data"}, {l.fsdp, "fsdp"}, {l.tensor, "tensor"}, {l.pipeline, "pipeline"},
+                         {l.context, "context"}, {l.micro_batches, "micro-batches"}, {l.virtual_stages, "virtual stages"}})
+    if (v < 1) throw InvalidArgument(kOp, fmt::format("{} = {}", flag, v), "give every axis a size of at least 1");
+  if (g.vocab < 1 || g.seq < 1 || g.layers < 1 || g.heads < 1 || g.width < 1 || g.width % g.heads != 0)
+    throw InvalidArgument(kOp,
+                          fmt::format("GPT vocab {} seq {} layers {} heads {} width {}", g.vocab, g.seq, g.layers,
+                                      g.heads, g.width),
+                          "give positive sizes with heads dividing width");
+  if (g.heads % l.tensor != 0)
+    throw InvalidArgument(kOp, fmt::format("tensor = {} does not divide {} heads", l.tensor, g.heads),
+                          "use a tensor axis that divides the heads");
+  if (g.layers < static_cast<int64_t>(l.pipeline) * l.virtual_stages)
+    throw InvalidArgument(kOp,
+                          fmt::format("{} layers over pipeline = {} x {} virtual stages: a stage would be empty",
+                                      g.layers, l.pipeline, l.virtual_stages),
+                          "use fewer pipeline stages");
+  const int64_t dp = l.data_ranks();
+  if (l.batch % dp != 0 || l.batch / dp < l.micro_batches)
+    throw InvalidArgument(kOp,
+                          fmt::format("a batch of {} over {} data-parallel ranks in {} micro-batches", l.batch, dp,
+                                      l.micro_batches),
+                          "use a batch that the data-parallel ranks divide, with at least one sample per micro-batch");
+  if (l.context > 1 && g.seq % (2 * l.context) != 0)
+    throw InvalidArgument(kOp, fmt::format("context = {} does not split a sequence of {} into 2 x {} chunks",
+                                           l.context, g.seq, l.context),
+                          "use a sequence length divisible by twice the context axis");
+  if (l.sharding == Sharding::none && l.param_dtype != DType::f32)
+    throw InvalidArgument(kOp, "mixed precision without fully sharded data parallelism",
+                          "plain data parallelism is f32 (the trainer runs it as no_shard)");
+}
+
+MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
+  check_layout(g, l);
+  const int p = l.pipeline, k = l.tensor, v = l.virtual_stages;
+  const bool sharded = l.sharding != Sharding::none;
+  const int d = l.sharding == Sharding::no_shard ? 1 : (l.hybrid ? l.fsdp : l.data_ranks());
+  const int64_t per_rank = l.batch / l.data_ranks();  // samples per data-parallel rank per step
+  const int64_t micro = per_rank / l.micro_batches;   // the trainer's micro-batch (the last may be larger)
+  const double pb = static_cast<double>(dtype_size(l.param_dtype));
+  const double gb = static_cast<double>(dtype_size(l.reduce_dtype));
+  const double state = l.adamw ? 8.0 : 4.0;
+  const auto cut = stage_blocks(g, p * v);
+  MemoryPrediction out;
+  for (int r = 0; r < p; ++r) {
+    for (int t = 0; t < k; ++t) {
+      DeviceMemory dev;
+      dev.stage = r;
+      dev.tensor_rank = t;
+      const int flight = in_flight(l, r);
+      dev.in_flight = flight;
+      double saved_sum = 0, peak_max = 0, batch = 0;
+      int64_t largest_block = 0;
+      for (int c = 0; c < v; ++c) {  // the chunks this rank runs: stages r, r + p, ...
+        const int s = r + c * p;
+        const auto [first, last] = cut[static_cast<size_t>(s)];
+        const bool embed = s == 0, head = s == p * v - 1;
+        const std::vector<Param> ps = stage_params(g, first, last, embed, head, t, k, p > 1);
+        const int units = last - first + 2;
+        std::vector<int64_t> unit_n(static_cast<size_t>(units), 0);
+        int64_t replicated = 0;
+        for (const Param& q : ps) {
+          dev.elements += q.numel;
+          if (sharded && q.numel >= l.min_weight_size) unit_n[static_cast<size_t>(q.unit)] += q.numel;
+          else replicated += q.numel;
+        }
+        if (!sharded) {
+          const double n = static_cast<double>(dev.elements);
+          dev.parameters = 4 * n;
+          dev.comm_buffers = 4 * n;
+          dev.optimizer = state * n;
+        } else {
+          for (int u = 0; u < units; ++u) {
+            const int64_t np = (unit_n[static_cast<size_t>(u)] + d - 1) / d * d;
+            const double P = static_cast<double>(np), dd = static_cast<double>(d);
+            const double master = l.param_dtype == DType::f32 ? 0.0 : 4.0;
+            dev.parameters += l.sharding == Sharding::zero3 ? pb * P / dd : pb * P;
+            dev.gradients += l.sharding >= Sharding::zero2 ? gb * P / dd : gb * P;
+            dev.optimizer += (master + state) * P / dd;
+            if (u < last - first) largest_block = std::max(largest_block, np);
+          }
+          const double rep = static_cast<double>(replicated);
+          dev.parameters += 4 * rep;
+          dev.gradients += 4 * rep;
+          dev.optimizer += state * rep;
+        }
+        ActivationLayout al{.micro_batch = micro,
+                            .batch_rows = per_rank,
+                            .tensor = k,
+                            .tensor_rank = t,
+                            .sequence_parallel = l.sequence_parallel,
+                            .context = l.context,
+                            .cp_comm = l.cp_comm,
+                            .recompute = l.recompute,
+                            .compute = sharded ? l.param_dtype : DType::f32,
+                            .dropout = l.dropout,
+                            .first_block = first,
+                            .last_block = last,
+                            .embed = embed,
+                            .head = head};
+        const ActivationEstimate e = estimate_activations(g, al);
+        // Without a pipeline the trainer reuses one Saved (warm); a
+        // pipeline gives each micro-batch a fresh one (cold).
+        const double saved = p > 1 ? e.saved_per_micro_batch : e.saved_warm;
+        const double peak = p > 1 ? e.peak_one_micro_batch : e.peak_warm;
+        saved_sum += saved;
+        peak_max = std::max(peak_max, peak - saved);
+        batch = e.batch_bytes;
+      }
+      // flight - 1 micro-batches (chunks) saved, one at its peak; chunks
+      // counted at their mean size.
+      dev.activations = (flight - 1) * saved_sum / v + saved_sum / v + peak_max + 2 * batch;
+      if (sharded && largest_block > 0) {
+        // The block in backward: its unsharded value copy (none when values
+        // persist in f32: stage < 3 in f32) and gradient (none when f32
+        // gradients persist: stage <= 1 in f32), zero3's prefetched next
+        // unit, zero2/3's reductions in flight (parallel/fully_sharded.h).
+        const bool f32 = l.param_dtype == DType::f32;
+        double per = (f32 && l.sharding != Sharding::zero3 ? 0 : 4) + (f32 && l.sharding <= Sharding::zero1 ? 0 : 4);
+        if (l.sharding == Sharding::zero3) per += pb;
+        if (l.sharding >= Sharding::zero2) per += gb * 2;  // max_reductions_in_flight
+        dev.working = per * static_cast<double>(largest_block);
+      }
+      out.devices.push_back(dev);
+    }
+  }
+  return out;
+}
+
+}  // namespace meshtrain::plan
