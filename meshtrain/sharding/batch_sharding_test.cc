@@ -42,18 +42,7 @@ Tensor rows_tensor(int64_t rows, int64_t cols) {
   return Tensor::from_vector(v, {rows, cols}, DType::f32);
 }
 
-// Per-rank failures, reported on the test thread.
-struct Failures {
-  std::mutex mu;
-  std::vector<std::string> list;
-  void add(std::string s) {
-    std::lock_guard lock(mu);
-    list.push_back(std::move(s));
-  }
-  void report() {
-    for (const auto& f : list) ADD_FAILURE() << f;
-  }
-};
+using testing::Failures;
 
 // The rows [first, first + count) of rows_tensor(...), all columns.
 bool holds_rows(const Tensor& local, int64_t first, int64_t count, int64_t cols) {

@@ -14,6 +14,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/sharding/sharded_tensor.h"
+#include "meshtrain/testing/testing.h"
 
 namespace meshtrain::testing {
 namespace {
@@ -52,18 +53,7 @@ bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), a.nbytes()) == 0;
 }
 
-// Collects per-rank failures (gtest macros from rank threads would interleave).
-struct Failures {
-  std::mutex mu;
-  std::vector<std::string> list;
-  void add(std::string s) {
-    std::lock_guard lock(mu);
-    list.push_back(std::move(s));
-  }
-  void report() {
-    for (const auto& f : list) ADD_FAILURE() << f;
-  }
-};
+using testing::Failures;
 
 TEST(ShardedTensor, DistributeFromOneRankAndGatherToOneOrAll) {
   const Tensor global = iota({5, 7});

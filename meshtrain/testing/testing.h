@@ -15,9 +15,28 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <mutex>
+
 #include "meshtrain/core/error.h"
 
 namespace meshtrain::testing {
+
+// Failures collected on rank threads (gtest's macros from several threads
+// would interleave), reported on the test thread.
+//   testing::Failures f;  ... f.add("rank 1: ...") on a rank ...;  f.report();
+struct Failures {
+  std::mutex mu;
+  std::vector<std::string> list;
+  void add(std::string s) {
+    std::lock_guard lock(mu);
+    list.push_back(std::move(s));
+  }
+  void report() {
+    for (const auto& f : list) ADD_FAILURE() << f;
+  }
+};
 
 // what() of the E (InvalidArgument unless given) `fn` throws, or "" if it
 // throws none (other exceptions propagate, so a wrong error type fails the
