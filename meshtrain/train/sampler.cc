@@ -262,67 +262,21 @@ Batch load_batch(const Dataset& data, const DistributedSampler& sampler, int64_t
   return load_batch(ImageDataSource(data), sampler, epoch, b, tracker);
 }
 
-Prefetcher::Prefetcher(LoadFn load, int64_t begin, int64_t end) : load_(std::move(load)) {
+namespace {
+
+meshtrain::Prefetcher<Batch>::Source batches(Prefetcher::LoadFn load, int64_t begin, int64_t end) {
   if (begin > end)
     throw InvalidArgument("Prefetcher", fmt::format("begin {} > end {}", begin, end), "pass a range [begin, end)");
-  if (!load_) throw InvalidArgument("Prefetcher", "the load function is empty", "pass a callable");
-  thread_ = std::thread([this, begin, end] { run(begin, end); });
+  if (!load) throw InvalidArgument("Prefetcher", "the load function is empty", "pass a callable");
+  return [load = std::move(load), i = begin, end]() mutable -> std::optional<Batch> {
+    if (i == end) return std::nullopt;
+    return load(i++);
+  };
 }
 
-Prefetcher::~Prefetcher() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
+}  // namespace
 
-void Prefetcher::run(int64_t begin, int64_t end) {
-  for (int64_t i = begin; i < end; ++i) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !ready_; });
-      if (stop_) break;
-    }
-    std::optional<Batch> batch;
-    std::exception_ptr error;
-    try {
-      batch = load_(i);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (error) {
-        error_ = error;
-        break;
-      }
-      ready_ = std::move(batch);
-    }
-    cv_.notify_all();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
-  }
-  cv_.notify_all();
-}
-
-std::optional<Batch> Prefetcher::next() {
-  std::optional<Batch> out;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return ready_.has_value() || done_; });
-    if (!ready_) {
-      if (error_) std::rethrow_exception(error_);
-      return std::nullopt;
-    }
-    out = std::move(ready_);
-    ready_.reset();
-  }
-  cv_.notify_all();  // the slot is free: the thread loads the next batch
-  return out;
-}
+Prefetcher::Prefetcher(LoadFn load, int64_t begin, int64_t end)
+    : queue_(batches(std::move(load), begin, end), {.buffer_size = 1}) {}
 
 }  // namespace meshtrain::train

@@ -45,9 +45,7 @@
 // called concurrently. A Prefetcher belongs to one consumer thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -55,11 +53,11 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "meshtrain/core/memory.h"
+#include "meshtrain/core/prefetch.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/train/idx.h"
 
@@ -222,7 +220,7 @@ Batch load_batch(const Dataset& data, const DistributedSampler& sampler, int64_t
 // Runs load(i) for i = begin, begin + 1, ..., end - 1 on one background
 // thread, one batch ahead of the consumer: while the caller works on batch i,
 // batch i + 1 is being loaded; the thread then sleeps (no busy waiting) until
-// next() takes it.
+// next() takes it (core/prefetch.h's Prefetcher with a buffer of 1).
 //
 // - next() returns the batches in order, then std::nullopt. It blocks until
 //   the next batch is ready.
@@ -239,23 +237,11 @@ class Prefetcher {
 
   // Needs begin <= end. Starts loading load(begin) at once.
   Prefetcher(LoadFn load, int64_t begin, int64_t end);
-  ~Prefetcher();
-  Prefetcher(const Prefetcher&) = delete;
-  Prefetcher& operator=(const Prefetcher&) = delete;
 
-  std::optional<Batch> next();
+  std::optional<Batch> next() { return queue_.next(); }
 
  private:
-  void run(int64_t begin, int64_t end);
-
-  LoadFn load_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::optional<Batch> ready_;  // the loaded batch not yet taken
-  std::exception_ptr error_;    // set when load threw
-  bool done_ = false;           // the thread has finished (end, error or stop)
-  bool stop_ = false;           // the destructor asks the thread to stop
-  std::thread thread_;          // last: starts after the members above exist
+  meshtrain::Prefetcher<Batch> queue_;
 };
 
 }  // namespace meshtrain::train
