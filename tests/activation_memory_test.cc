@@ -5,7 +5,10 @@
 // batch's tokens and targets charged as the data loader charges them
 // (train/text_data.cc). Two micro-batches through one Saved per case: the
 // first "cold" (a fresh Saved, as a pipeline's), the second "warm" (the
-// trainer's reused one). Multi-rank cases run on the threads engine.
+// trainer's reused one). Multi-rank cases run on the threads engine. A
+// hook on the GPT and its blocks (the scopes of fully sharded data
+// parallelism's units) records the bytes at each of its calls and the most
+// between them: the estimate's timelines.
 // The table printed at the end is docs/planner.md's.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -17,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/comm/launch.h"
@@ -43,7 +47,62 @@ struct Case {
 // What one rank measured, relative to the level with only the batch loaded.
 struct Measured {
   double batch = 0, saved = 0, peak = 0, resident = 0, saved_warm = 0, peak_warm = 0, stage_output = 0;
+  std::vector<plan::ActivationMoment> timeline, timeline_warm;
 };
+
+// Records a plan::ActivationMoment at every before_use / after_use of the
+// GPT and its blocks: the level then, and (through the tracker's peak, reset
+// at each call) the most until the next call.
+class ScopeRecorder final : public nn::ParamHook {
+ public:
+  ScopeRecorder(nn::GPT& gpt, MemoryTracker& mem, double base, int64_t first_block)
+      : gpt_(&gpt), mem_(&mem), base_(base) {
+    for (nn::Module* b : gpt.blocks()) index_.push_back({b, first_block++});
+  }
+  bool scopes(nn::Module& m) override { return &m == gpt_ || block(m) >= 0; }
+  void before_use(nn::Module& m, nn::Pass pass) override { add(plan::ScopeEvent::before_use, m, pass); }
+  void after_use(nn::Module& m, nn::Pass pass) override { add(plan::ScopeEvent::after_use, m, pass); }
+  // A new timeline from here.
+  void start() {
+    moments_.clear();
+    add(plan::ScopeEvent::start, *gpt_, nn::Pass::forward);
+  }
+  std::vector<plan::ActivationMoment> take() {
+    close();
+    return std::exchange(moments_, {});
+  }
+
+ private:
+  int64_t block(const nn::Module& m) const {
+    for (const auto& [b, i] : index_)
+      if (b == &m) return i;
+    return -1;
+  }
+  double level() const { return static_cast<double>(mem_->in_use(kAct)) - base_; }
+  void close() {
+    if (!moments_.empty()) moments_.back().peak = static_cast<double>(mem_->peak(kAct)) - base_;
+  }
+  void add(plan::ScopeEvent event, nn::Module& m, nn::Pass pass) {
+    close();
+    mem_->reset_peak();
+    moments_.push_back({.event = event, .pass = static_cast<plan::ScopePass>(pass), .block = block(m),
+                        .at = level(), .peak = level()});
+  }
+
+  nn::GPT* gpt_;
+  MemoryTracker* mem_;
+  double base_;
+  std::vector<std::pair<const nn::Module*, int64_t>> index_;
+  std::vector<plan::ActivationMoment> moments_;
+};
+
+static_assert(static_cast<int>(nn::Pass::backward_weight) == static_cast<int>(plan::ScopePass::backward_weight));
+
+double timeline_peak(const std::vector<plan::ActivationMoment>& t) {
+  double p = 0;
+  for (const plan::ActivationMoment& m : t) p = std::max(p, m.peak);
+  return p;
+}
 
 // Token ids in [0, vocab), a function of (seed, index).
 Tensor token_tensor(int64_t b, int64_t t, int64_t vocab, uint64_t seed, MemoryTracker* tracker) {
@@ -82,9 +141,11 @@ Measured run_rank(const Case& cs, const nn::TensorParallelGroup& tp, const nn::C
   Measured m;
   m.batch = static_cast<double>(mem.in_use(kAct));
   const auto level = [&] { return static_cast<double>(mem.in_use(kAct)) - m.batch; };
+  ScopeRecorder scopes(gpt, mem, m.batch, l.first_block);
+  gpt.add_hook(&scopes);
   nn::Saved saved, loss_saved;
   for (uint64_t step = 0; step < 2; ++step) {
-    mem.reset_peak();
+    scopes.start();
     gpt.set_batch_context(step, 0);
     {
       const Tensor out = gpt.forward(l.embed ? tokens : received({b, steps, s.width}, 5 + step), saved);
@@ -106,7 +167,9 @@ Measured run_rank(const Case& cs, const nn::TensorParallelGroup& tp, const nn::C
                                   : ce.backward(loss_saved);
       gpt.backward(grad, saved);
     }
-    (step == 0 ? m.peak : m.peak_warm) = static_cast<double>(mem.peak(kAct)) - m.batch;
+    std::vector<plan::ActivationMoment>& timeline = step == 0 ? m.timeline : m.timeline_warm;
+    timeline = scopes.take();
+    (step == 0 ? m.peak : m.peak_warm) = timeline_peak(timeline);
     if (step == 0) m.resident = level();
   }
   return m;
@@ -216,6 +279,20 @@ TEST(ActivationMemory, EstimateMatchesTheTrackerWithin2Percent) {
       EXPECT_LE(rel(m.saved_warm, e.saved_warm), 0.02) << what;
       EXPECT_LE(rel(m.peak_warm, e.peak_warm), 0.02) << what;
       EXPECT_EQ(m.stage_output, e.stage_output) << what;
+      for (const auto& [got_t, want_t] : {std::pair{&m.timeline, &e.timeline}, {&m.timeline_warm, &e.timeline_warm}}) {
+        ASSERT_EQ(got_t->size(), want_t->size()) << what;
+        for (size_t i = 0; i < got_t->size(); ++i) {
+          const plan::ActivationMoment &a = (*got_t)[i], &b = (*want_t)[i];
+          const std::string at = fmt::format("moment {} ({} {} block {})", i, static_cast<int>(a.event),
+                                             static_cast<int>(a.pass), a.block);
+          EXPECT_EQ(a.event, b.event) << what << at;
+          EXPECT_EQ(a.pass, b.pass) << what << at;
+          EXPECT_EQ(a.block, b.block) << what << at;
+          EXPECT_LE(rel(a.at, b.at), 0.02) << what << at << ": " << a.at << " vs " << b.at;
+          EXPECT_LE(rel(a.peak, b.peak), 0.02) << what << at << ": " << a.peak << " vs " << b.peak;
+          worst = std::max({worst, rel(a.at, b.at), rel(a.peak, b.peak)});
+        }
+      }
       for (double x : {rel(m.saved, e.saved_per_micro_batch), rel(m.peak, e.peak_one_micro_batch),
                        rel(m.saved_warm, e.saved_warm), rel(m.peak_warm, e.peak_warm)})
         worst = std::max(worst, x);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/core/error.h"
@@ -24,6 +25,7 @@ class Ledger {
     const int id = static_cast<int>(items_.size());
     items_.push_back({term, bytes, 1});
     now_ += bytes;
+    if (!moments_.empty()) moments_.back().peak = std::max(moments_.back().peak, static_cast<double>(now_));
     if (now_ > peak_) {
       peak_ = now_;
       peak_at_ = phase_ + ": " + term;
@@ -71,6 +73,17 @@ class Ledger {
     return out;
   }
   void set_phase(std::string p) { phase_ = std::move(p); }
+  // The timeline (ActivationEstimate::timeline): start a new one here, a
+  // moment at each hook, take it at the end.
+  void begin_timeline() {
+    moments_.clear();
+    moments_.push_back({.at = static_cast<double>(now_), .peak = static_cast<double>(now_)});
+  }
+  void mark(ScopeEvent event, ScopePass pass, int64_t block) {
+    const double at = static_cast<double>(now_);
+    moments_.push_back({.event = event, .pass = pass, .block = block, .at = at, .peak = at});
+  }
+  std::vector<ActivationMoment> take_timeline() { return std::exchange(moments_, {}); }
   // Starts a new peak from the current level; watch: record its terms.
   void reset_peak(bool watch) {
     peak_ = now_;
@@ -94,6 +107,7 @@ class Ledger {
   bool watch_ = false;
   std::string phase_, peak_at_;
   std::vector<ActivationTerm> peak_terms_;
+  std::vector<ActivationMoment> moments_;
 };
 
 // The sizes every walker needs (see the header's notation).
@@ -163,17 +177,19 @@ class Walk {
   // Forward and the loss's forward; returns the stage output (a part
   // without the head) or -1 (logits freed after the loss).
   int forward() {
+    l_.mark(ScopeEvent::before_use, ScopePass::forward, -1);  // the GPT's forward
     l_.set_phase("forward embed");
     int x = embed_ ? embed_forward() : -1;  // a later stage's input is the receive buffer (untracked)
     int h = l_.ref(x);                      // Sequential::do_forward's h
     for (size_t i = 0; i < blocks_.size(); ++i) {
       l_.set_phase(fmt::format("forward h.{}", first_ + static_cast<int64_t>(i)));
-      int y = block_module_forward(blocks_[i], h);
+      int y = block_module_forward(blocks_[i], h, first_ + static_cast<int64_t>(i));
       l_.unref(h);
       h = y;
     }
     if (!head_) {
       l_.unref(x);
+      l_.mark(ScopeEvent::after_use, ScopePass::forward, -1);
       return h;
     }
     l_.set_phase("forward head");
@@ -193,6 +209,7 @@ class Walk {
     int logits = l_.alloc("logits", 4 * bt * d_.vl);
     l_.unref(h);
     l_.unref(x);
+    l_.mark(ScopeEvent::after_use, ScopePass::forward, -1);
     l_.set_phase("forward loss");
     if (d_.k > 1) l_.buffer(gpt_.probs, "loss probs (vocabulary-parallel)", 4 * bt * d_.vl);
     l_.unref(logits);  // the loss has read them
@@ -208,6 +225,7 @@ class Walk {
       l_.buffer(gpt_.grad, "loss grad (vocabulary-parallel)", 4 * bt * d_.vl);
       dl = l_.ref(gpt_.grad);
     }
+    l_.mark(ScopeEvent::before_use, ScopePass::backward, -1);  // GPT::backward
     l_.set_phase("backward_input head");
     int dh = -1;  // the head's dh is untracked
     if (head_) {
@@ -219,7 +237,7 @@ class Walk {
     int g = l_.ref(dh);  // Sequential's reverse chain
     for (size_t i = blocks_.size(); i-- > 0;) {
       l_.set_phase(fmt::format("backward_input h.{}", first_ + static_cast<int64_t>(i)));
-      int gi = block_module_backward_input(blocks_[i], g);
+      int gi = block_module_backward_input(blocks_[i], g, first_ + static_cast<int64_t>(i));
       l_.unref(g);
       g = gi;
     }
@@ -235,8 +253,10 @@ class Walk {
     l_.set_phase("backward_weight");
     l_.unref(gpt_.dlogits);
     l_.unref(gpt_.lnf.dy);
-    for (size_t i = blocks_.size(); i-- > 0;) block_module_backward_weight(blocks_[i]);
+    for (size_t i = blocks_.size(); i-- > 0;)
+      block_module_backward_weight(blocks_[i], first_ + static_cast<int64_t>(i));
     l_.unref(gpt_.wte_dy);
+    l_.mark(ScopeEvent::after_use, ScopePass::backward, -1);
   }
 
  private:
@@ -447,29 +467,42 @@ class Walk {
     l_.unref(s.ln1.dy);
   }
 
-  // Module::forward / backward_input / backward_weight of a block, with
-  // recompute's rules (module.cc).
-  int block_module_forward(BlockS& s, int x) {
-    if (!d_.recompute) return block_forward(s, x);
-    l_.assign(s.input, l_.ref(x));
-    BlockS scratch;
-    int y = block_forward(scratch, x);
-    release(l_, scratch);
+  // Module::forward / backward_input / backward_weight of block `index`,
+  // with recompute's rules and the hooks' scopes (module.cc).
+  int block_module_forward(BlockS& s, int x, int64_t index) {
+    l_.mark(ScopeEvent::before_use, ScopePass::forward, index);
+    int y = -1;
+    if (!d_.recompute) {
+      y = block_forward(s, x);
+    } else {
+      l_.assign(s.input, l_.ref(x));
+      BlockS scratch;
+      y = block_forward(scratch, x);
+      release(l_, scratch);
+    }
+    l_.mark(ScopeEvent::after_use, ScopePass::forward, index);
     return y;
   }
-  int block_module_backward_input(BlockS& s, int dy) {
-    if (!d_.recompute) return block_backward_input(s, dy);
-    s.rebuilt = std::make_unique<BlockS>();
-    int y = block_forward(*s.rebuilt, s.input);
-    l_.unref(y);
-    return block_backward_input(*s.rebuilt, dy);
-  }
-  void block_module_backward_weight(BlockS& s) {
-    if (!d_.recompute) {
-      block_backward_weight(s);
-      return;
+  int block_module_backward_input(BlockS& s, int dy, int64_t index) {
+    BlockS* target = &s;
+    if (d_.recompute) {  // Module::backward_target: the forward again, in a forward scope
+      l_.mark(ScopeEvent::before_use, ScopePass::forward, index);
+      s.rebuilt = std::make_unique<BlockS>();
+      int y = block_forward(*s.rebuilt, s.input);
+      l_.unref(y);
+      l_.mark(ScopeEvent::after_use, ScopePass::forward, index);
+      target = s.rebuilt.get();
     }
-    block_backward_weight(*s.rebuilt);
+    l_.mark(ScopeEvent::before_use, ScopePass::backward_input, index);
+    int dx = block_backward_input(*target, dy);
+    l_.mark(ScopeEvent::after_use, ScopePass::backward_input, index);
+    return dx;
+  }
+  void block_module_backward_weight(BlockS& s, int64_t index) {
+    l_.mark(ScopeEvent::before_use, ScopePass::backward_weight, index);
+    block_backward_weight(d_.recompute ? *s.rebuilt : s);
+    l_.mark(ScopeEvent::after_use, ScopePass::backward_weight, index);
+    if (!d_.recompute) return;
     release(l_, *s.rebuilt);
     s.rebuilt.reset();
     l_.unref(s.input);
@@ -572,6 +605,7 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
   ActivationEstimate e;
   // Cold: a fresh Saved.
   led.reset_peak(true);
+  led.begin_timeline();
   int out = w.forward();
   if (out >= 0) {
     e.stage_output = static_cast<double>(4 * d.rows_s() * d.c);
@@ -584,13 +618,16 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
   e.peak_terms = led.peak_terms();
   e.peak_at = led.peak_at();
   e.resident_after_backward = static_cast<double>(led.now());
+  e.timeline = led.take_timeline();
   // Warm: the same Saved again.
   led.reset_peak(false);
+  led.begin_timeline();
   out = w.forward();
   led.unref(out);
   e.saved_warm = static_cast<double>(led.now());
   w.backward();
   e.peak_warm = static_cast<double>(led.peak());
+  e.timeline_warm = led.take_timeline();
   const int64_t rows = l.batch_rows > 0 ? l.batch_rows : l.micro_batch;
   e.batch_bytes = static_cast<double>(2 * rows * g.seq * static_cast<int64_t>(dtype_size(l.token_dtype)));
   return e;

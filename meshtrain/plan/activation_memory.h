@@ -11,6 +11,7 @@
 //   e.saved_per_micro_batch;   // what stays from a micro-batch's forward until its backward
 //   e.peak_one_micro_batch;    // the peak of its forward + loss + backward
 //   for (auto& t : e.peak_terms) ...  // what is live at that peak, by tensor
+//   for (auto& m : e.timeline) ...    // bytes at every FSDP hook of the micro-batch
 //
 // How it is computed. nn's allocations are few and regular, but their
 // lifetimes are not (buffers reused across calls, split backward, recompute,
@@ -159,6 +160,30 @@ struct ActivationTerm {
   double bytes = 0;
 };
 
+// The module scopes that fully sharded data parallelism's hooks wrap
+// (nn::ParamHook::before_use / after_use with nn::Pass; FSDP's units of the
+// GPT: each block and the GPT itself, train/gpt_recipe.cc), in the order nn
+// opens and closes them for one micro-batch: the GPT's forward around the
+// embedding, every block's forward and the head; the loss outside it; the
+// GPT's backward (GPT::backward, as the trainer runs a whole model: one
+// scope around both passes) around the head's and every block's
+// backward_input, then every block's backward_weight (recompute: a block's
+// forward scope again just before its backward_input, rebuilding).
+enum class ScopePass : uint8_t { forward, backward, backward_input, backward_weight };
+enum class ScopeEvent : uint8_t { start, before_use, after_use };
+
+// One moment of a micro-batch's timeline: a hook call (or the start, before
+// the forward) with the activation bytes in use then, and the most in use
+// from then until the next moment. Bytes as ActivationEstimate's (from what
+// was in use before the forward, without the batch).
+struct ActivationMoment {
+  ScopeEvent event = ScopeEvent::start;
+  ScopePass pass = ScopePass::forward;
+  int64_t block = -1;  // the block's global index, or -1: the GPT (the part) itself
+  double at = 0;       // when the hook runs
+  double peak = 0;     // the maximum until the next moment (>= at)
+};
+
 // Bytes charged to MemoryCategory::activations; "cold" means a Saved that
 // no forward used before (a pipeline's micro-batch), "warm" the trainer's
 // reused one (from its second micro-batch on). Measured from what was in use
@@ -182,6 +207,11 @@ struct ActivationEstimate {
   // charged to activations by the data loader (train/text_data.cc); the
   // trainer holds two (the batch in use and the next, prefetched).
   double batch_bytes = 0;
+  // The micro-batch moment by moment (cold, then warm): the maximum of
+  // `peak` over a timeline is peak_one_micro_batch (peak_warm). The planner
+  // adds fully sharded data parallelism's working memory at each moment
+  // (plan/memory_model.h), which changes only at these hooks.
+  std::vector<ActivationMoment> timeline, timeline_warm;
   std::vector<ActivationTerm> saved_terms;  // what saved_per_micro_batch is made of
   std::vector<ActivationTerm> peak_terms;   // what is live at the cold peak
   std::string peak_at;                      // where it happens ("backward_input h.0: h.*.ln_1.dx")

@@ -26,22 +26,54 @@
 //       zero3 / full           parameters p Np / d, gradients g Np / d
 //       optimizer (master + 8) Np / d; no_shard: d = 1.
 //     Smaller parameters stay replicated in f32: 4 + 4 + 8 bytes each.
-//     working: the transient unsharded copies while a block is in backward
-//     (the block's f32 value copy unless values persist in f32, its f32
-//     gradient unless gradients persist in f32, zero3's prefetched next
-//     unit, zero2/3's reductions in flight: parallel/fully_sharded.h).
+//     working (MemoryCategory::working), by parallel/fully_sharded.cc's
+//     rules at every hook call of the micro-batch (units: each block and
+//     the GPT, which keeps the embeddings and ln_f): zero3 gathers a
+//     unit's padded param_dtype copy p Np before its use (the GPT's around
+//     the whole forward and the whole backward; backward_prefetch pre: the
+//     next block's too while a block's input pass runs; post: after it;
+//     forward_prefetch: the next unit's in forward) and frees it after
+//     (reshard_after_forward; in backward after the block's input pass);
+//     values that are not f32 under zero1/2 view the persistent copy
+//     (nothing); a unit's backward (the GPT's from the start of the
+//     backward, a block's weight pass) holds a padded f32 gradient 4 Np
+//     unless gradients persist in f32 (zero1/no_shard with f32
+//     reductions), which zero2/3 round to reduce_dtype (g Np beside the
+//     f32 for a moment) and reduce-scatter, holding the buffer until the
+//     reduction is done; launching one beyond max_reductions_in_flight
+//     waits for the oldest.
 //   activations: plan::estimate_activations (activation_memory.h) for one
 //     micro-batch, times the micro-batches a pipeline stage holds at once
 //     (1F1B: min(p - s, m) on stage s; GPipe: m), plus two loaded batches
 //     (the trainer prefetches the next).
-// The total is the sum. That is exact where nothing but the activations
-// varies (plain data, tensor, sequence, pipeline and context parallelism,
-// zero1: within 1% of the measured peaks, tests/memory_model_test.cc). For
-// zero2/zero3 it is an upper bound (11-13% over on the test's GPT): the
-// activations peak in the backward's input pass, the working memory in its
-// weight pass (gathered units, gradients being reduced), and the sum counts
-// both peaks at once; a model of the two passes is the next step
-// (docs/planner.md).
+// The total. Without a pipeline it is taken moment by moment: the
+// activations' timeline (ActivationEstimate::timeline: the bytes at every
+// FSDP hook call and the most between two) beside the working memory then,
+// over two steps of the trainer's micro-batches (the first cold, the
+// others warm), and the largest sum of model state, activations and
+// working is the peak; `activations` and `working` are what they hold
+// then (as MemoryTracker::at_total_peak measures them) and `peak_at` names
+// the moment. Exact on the test's GPT (tests/memory_model_test.cc: within
+// 0.2% for one device, data, zero1/2/3 in f32 and bf16, hybrid_full,
+// zero3's other schedules, tensor, sequence and context parallelism; the
+// rest is the batch, below).
+// When a reduction is done is up to the communication threads (the runtime
+// frees the buffer at the first hook that finds it done): the prediction
+// takes the deterministic bound, done only once it must be (waited for by
+// the rate limit or finish(), or a later collective on the shard
+// communicator was waited for: zero3's next gather; collectives complete in
+// issue order). Where the peak comes with a reduction in flight, a run
+// measures between that and the prediction with eager_reductions: in the
+// test, zero2 with 2 micro-batches 0-7% under the bound (eager: 12.6%
+// under it), zero3 bf16 with 4 micro-batches 0-3.5% (eager: 3.5%). Two
+// loaded batches are counted; a run's last step has no next one (512
+// bytes to 2 KiB on the test's GPT).
+// On a pipeline the micro-batches in flight interleave, and the
+// categories' peaks are added instead, the working memory as a bound (the
+// largest unit's gradient and its copy, the reductions in flight, zero3's
+// two gathered units). That bound is 0, and exact, for zero1 in f32, the
+// only fully sharded stage with which the runtime trains the GPT on a
+// pipeline today; the test's pipelines (1F1B, a 3-D mesh) are within 1%.
 // Thread-safety: pure functions. Errors: InvalidArgument naming the value.
 #pragma once
 
@@ -59,6 +91,9 @@ namespace meshtrain::plan {
 // fsdp axis, replicated over data).
 enum class Sharding : uint8_t { none, no_shard, zero1, zero2, zero3 };
 
+// When zero3 gathers the next unit in backward (parallel::BackwardPrefetch).
+enum class BackwardPrefetch : uint8_t { none, pre, post };
+
 struct TrainingLayout {
   int data = 1, fsdp = 1, tensor = 1, pipeline = 1, context = 1;
   Sharding sharding = Sharding::none;  // none: plain data parallelism
@@ -72,6 +107,18 @@ struct TrainingLayout {
   DType param_dtype = DType::f32;      // mixed precision (fully sharded only)
   DType reduce_dtype = DType::f32;     // gradient reductions (defaults to param_dtype in the trainer)
   int64_t min_weight_size = 1024;
+  // Fully sharded scheduling (parallel::FullyShardedOptions; the trainer's
+  // defaults): what is gathered when, and how many gradient reductions may
+  // be in flight.
+  bool forward_prefetch = false;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
+  bool reshard_after_forward = true;
+  int max_reductions_in_flight = 2;
+  // When a gradient reduction's buffer is freed. false (the default): only
+  // when it must be done (the deterministic bound: see the top);
+  // true: at the first poll after its launch, as if every reduction
+  // finished at once (a lower bound; a run lies between the two).
+  bool eager_reductions = false;
   int64_t batch = 1;                   // global batch, samples per optimizer step
   double dropout = 0.0;
   bool adamw = true;                   // else SGD with momentum
@@ -85,6 +132,10 @@ struct DeviceMemory {
   double parameters = 0, gradients = 0, optimizer = 0, working = 0, activations = 0, comm_buffers = 0;
   int64_t elements = 0;   // parameters this device holds a part of (its stage and tensor rank)
   int in_flight = 1;      // micro-batches whose activations it holds at once
+  // Where the total peaks ("backward_input h.1 (before_use)": the stretch
+  // after that hook call; "..., in the hook": during it); empty where the
+  // categories' own peaks are added (pipelines).
+  std::string peak_at;
   double total() const { return parameters + gradients + optimizer + working + activations + comm_buffers; }
 };
 
