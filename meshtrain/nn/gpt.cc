@@ -348,7 +348,7 @@ Tensor GPT::do_forward(const Tensor& input, Saved& saved) {
   if (compute_dtype_ != DType::f32) st.h = st.h.to(compute_dtype_);  // the head's GEMMs in half precision
   Tensor logits = Tensor::empty({st.b * st.t, wte_->shard().size()}, DType::f32, Device{}, tracker_,
                                 MemoryCategory::activations);
-  F::unembed_forward(st.h, head_weight(), logits);  // the head tied to wte; f32 logits for the loss
+  head_use(Pass::forward, [&] { F::unembed_forward(st.h, head_weight(), logits); });  // f32 logits for the loss
   return logits;
 }
 
@@ -425,7 +425,9 @@ Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
     const TensorParallelGroup& tp = config_.tensor;
     dh = Tensor::zeros({st.b, st.t_pad, config_.width}, DType::f32);  // padded steps: no gradient
     Tensor dh_real = st.t_pad == st.t ? dh : Tensor::empty({st.b, st.t, config_.width}, DType::f32);
-    F::unembed_backward_input(st.dlogits, head_weight(), dh_real.view({st.b * st.t, config_.width}));
+    head_use(Pass::backward_input, [&] {
+      F::unembed_backward_input(st.dlogits, head_weight(), dh_real.view({st.b * st.t, config_.width}));
+    });
     if (st.t_pad != st.t) dh.narrow(1, 0, st.t).copy_from(dh_real);
     // Each rank's vocabulary shard contributes to dh: summed over the group
     // (sequence parallel: this rank's time steps of the sum).
@@ -458,9 +460,11 @@ void GPT::do_backward_weight(Saved& saved) {
   // layers in reverse; wte's own report comes last and completes it.
   if (config_.head) {
     Parameter& w = wte_->weight();
-    internal::check_param_grad(w.grad, "GPT::backward", w.name);
-    F::unembed_backward_weight(st.h, st.dlogits, w.grad);
-    notify_grad_ready(w);
+    head_use(Pass::backward_weight, [&] {
+      internal::check_param_grad(w.grad, "GPT::backward", w.name);
+      F::unembed_backward_weight(st.h, st.dlogits, w.grad);
+      notify_grad_ready(w);
+    });
     st.dlogits = Tensor();
     ln_f_->backward_weight(saved.child(kLnF));
   }

@@ -204,6 +204,14 @@ class GPT final : public Module {
   GPTConfig config_;
   bool split_context_ = true;
   std::optional<Embedding> wte_;  // with the embeddings or the head
+  // The tied head's use of wte. In a part without the embeddings wte's
+  // module never runs, so its hooks' use-scope opens here (fully sharded
+  // data parallelism gathers the table and provides its gradient there).
+  template <typename Fn>
+  void head_use(Pass pass, Fn&& fn) {
+    if (config_.embed) return fn();
+    wte_->use_parameters(pass, fn);
+  }
   std::optional<Embedding> wpe_;  // with the embeddings
   std::optional<Dropout> drop_;   // on the embeddings' sum
   Sequential h_;

@@ -197,6 +197,18 @@ class Module {
   // below propagate through it to every descendant.
   virtual std::vector<Module*> children() { return {}; }
 
+  // A use of this module's parameters outside its own forward and backward
+  // (a tied output head uses the embedding's table): the hooks' use-scope
+  // for `pass` around fn, as forward and backward open it, so that fully
+  // sharded data parallelism gathers the values and provides the gradient
+  // there too.
+  template <typename Fn>
+  void use_parameters(Pass pass, Fn&& fn) {
+    begin_scope(pass);
+    fn();
+    end_scope(pass);
+  }
+
   // True for a module that owns parameters itself: one that none of its
   // children lists (a Linear; a row-parallel layer's replicated bias beside
   // its child's weight block). The default use-scope of a hook, and fully
