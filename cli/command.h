@@ -61,5 +61,7 @@ std::vector<Command> add_data_commands(CLI::App& app);
 std::vector<Command> add_launch_commands(CLI::App& app);
 // devices
 std::vector<Command> add_device_commands(CLI::App& app);
+// plan
+std::vector<Command> add_plan_commands(CLI::App& app);
 
 }  // namespace meshtrain::cli

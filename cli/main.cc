@@ -11,6 +11,7 @@
 //   meshtrain tokenize ...                train/reuse the BPE tokenizer on a text corpus, write its token file
 //   meshtrain launch ... -- CMD ...       start CMD's worker processes on this node, like torchrun (docs/launch.md)
 //   meshtrain devices ...                 the detected hardware, its batch-size advice, a batch-size check
+//   meshtrain plan ...                    memory per device of training the GPT under a mesh (docs/planner.md)
 //   meshtrain --version                   "meshtrain 0.1.0" (meshtrain/version.h)
 // Library errors become exit code 1 with the message on stderr; bad flags exit 2.
 #include <fmt/format.h>
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   for (auto& c : add_data_commands(app)) commands.push_back(std::move(c));
   for (auto& c : add_launch_commands(app)) commands.push_back(std::move(c));
   for (auto& c : add_device_commands(app)) commands.push_back(std::move(c));
+  for (auto& c : add_plan_commands(app)) commands.push_back(std::move(c));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,201 @@
+// meshtrain plan: the memory each device needs to train the GPT under a
+// layout, before any job runs (meshtrain/plan/memory_model.h,
+// docs/planner.md). Pure arithmetic: no ranks start.
+//
+//   meshtrain plan --size 6.7B --seq 2048 --batch 512 --mesh pipeline=4,data=16,tensor=8 --micro-batches 16
+//   meshtrain plan --layers 4 --width 256 --heads 4 --vocab 8192 --seq 64 --batch 32 --mesh fsdp=4 --fsdp full
+//   meshtrain plan ... --json                  one JSON object instead of the table
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <memory>
+
+#include "cli/command.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/memory.h"
+#include "meshtrain/plan/memory_model.h"
+#include "meshtrain/plan/mesh_planning.h"
+
+namespace meshtrain::cli {
+namespace {
+
+// GPT-3's shapes (Brown et al. 2020, table 2.1, with heads that divide the
+// width) and Llama-2's 7B and 70B dimensions, all as meshtrain's GPT-2 block
+// (a 4C MLP, full multi-head attention, tied head).
+struct Preset {
+  const char* name;
+  int64_t layers, heads, width, vocab;
+};
+constexpr std::array<Preset, 10> kPresets = {{{"124M", 12, 12, 768, 50257},
+                                              {"350M", 24, 16, 1024, 50257},
+                                              {"760M", 24, 16, 1536, 50257},
+                                              {"1.3B", 24, 32, 2048, 50257},
+                                              {"2.7B", 32, 32, 2560, 50257},
+                                              {"6.7B", 32, 32, 4096, 50257},
+                                              {"13B", 40, 40, 5120, 50257},
+                                              {"175B", 96, 96, 12288, 50257},
+                                              {"llama2-7B", 32, 32, 4096, 32000},
+                                              {"llama2-70B", 80, 64, 8192, 32000}}};
+
+struct PlanFlags {
+  std::string size;
+  int64_t layers = 4, heads = 4, width = 256, vocab = 8192, seq = 64, batch = 32;
+  std::string mesh = "data=1";
+  std::string fsdp;
+  std::string precision = "fp32";
+  int micro_batches = 1;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  bool sequence_parallel = false, recompute = false, json = false;
+  std::string cp_comm = "ring";
+  int64_t min_weight_size = 1024;
+};
+
+std::string preset_names() {
+  std::string out;
+  for (const Preset& p : kPresets) out += (out.empty() ? "" : ", ") + std::string(p.name);
+  return out;
+}
+
+double gib(double bytes) { return bytes / static_cast<double>(uint64_t{1} << 30); }
+
+int run_plan(PlanFlags f) {
+  if (!f.size.empty()) {
+    const Preset* p = nullptr;
+    for (const Preset& q : kPresets)
+      if (f.size == q.name) p = &q;
+    if (p == nullptr)
+      throw InvalidArgument("meshtrain plan", fmt::format("--size {}: no such model", f.size),
+                            fmt::format("use one of {}, or give --layers, --heads, --width and --vocab", preset_names()));
+    f.layers = p->layers;
+    f.heads = p->heads;
+    f.width = p->width;
+    f.vocab = p->vocab;
+  }
+  const plan::NamedShape mesh = plan::parse_mesh_spec(f.mesh);
+  for (const std::string& a : mesh.axis_names)
+    if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && a != "context")
+      throw InvalidArgument("meshtrain plan", fmt::format("--mesh {}: axis '{}'", f.mesh, a),
+                            "use data, fsdp, tensor, pipeline and context axes");
+  plan::TrainingLayout l{.data = mesh.size_of("data"),
+                         .fsdp = mesh.size_of("fsdp"),
+                         .tensor = mesh.size_of("tensor"),
+                         .pipeline = mesh.size_of("pipeline"),
+                         .context = mesh.size_of("context"),
+                         .sequence_parallel = f.sequence_parallel,
+                         .schedule = f.schedule,
+                         .virtual_stages = f.virtual_stages,
+                         .micro_batches = f.micro_batches,
+                         .cp_comm = f.cp_comm,
+                         .recompute = f.recompute,
+                         .min_weight_size = f.min_weight_size,
+                         .batch = f.batch};
+  // As the trainer resolves them: an fsdp axis shards fully unless told;
+  // mixed precision without a strategy runs as no_shard.
+  std::string fsdp = f.fsdp;
+  if (fsdp.empty() && l.fsdp > 1) fsdp = "full";
+  if (fsdp.empty() && f.precision != "fp32") fsdp = "no_shard";
+  plan::parse_sharding(fsdp, l);
+  if (f.precision == "bf16") l.param_dtype = l.reduce_dtype = DType::bf16;
+  if (f.precision == "fp16") l.param_dtype = l.reduce_dtype = DType::f16;
+  const plan::GptShape g{.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .width = f.width};
+  const plan::MemoryPrediction m = plan::predict_memory(g, l);
+  const plan::DeviceMemory& worst = m.worst();
+  const char* names[] = {"parameters", "gradients", "optimizer", "working", "activations", "comm_buffers"};
+  auto values = [](const plan::DeviceMemory& d) {
+    return std::array<double, 6>{d.parameters, d.gradients, d.optimizer, d.working, d.activations, d.comm_buffers};
+  };
+  if (f.json) {
+    nlohmann::json j;
+    j["model"] = {{"layers", f.layers}, {"heads", f.heads}, {"width", f.width}, {"vocab", f.vocab}, {"seq", f.seq}};
+    j["mesh"] = f.mesh;
+    j["fsdp"] = fsdp;
+    j["precision"] = f.precision;
+    j["batch"] = f.batch;
+    j["micro_batches"] = f.micro_batches;
+    for (const plan::DeviceMemory& d : m.devices) {
+      nlohmann::json dj = {{"stage", d.stage}, {"tensor_rank", d.tensor_rank}, {"total", d.total()},
+                           {"in_flight", d.in_flight}, {"peak_at", d.peak_at}};
+      const auto v = values(d);
+      for (size_t i = 0; i < v.size(); ++i) dj[names[i]] = v[i];
+      j["devices"].push_back(dj);
+    }
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  print_config("plan", {{"model", f.size.empty() ? "gpt" : "gpt " + f.size},
+                        {"layers", std::to_string(f.layers)},
+                        {"heads", std::to_string(f.heads)},
+                        {"width", std::to_string(f.width)},
+                        {"vocab", std::to_string(f.vocab)},
+                        {"seq", std::to_string(f.seq)},
+                        {"batch", std::to_string(f.batch)},
+                        {"mesh", f.mesh},
+                        {"fsdp", fsdp.empty() ? "-" : fsdp},
+                        {"precision", f.precision},
+                        {"micro_batches", std::to_string(f.micro_batches)}});
+  fmt::print("memory per device, GiB (by pipeline stage and tensor rank; {} devices in all):\n", l.devices());
+  fmt::print("{:<14}", "device");
+  for (const char* n : names) fmt::print(" {:>12}", n);
+  fmt::print(" {:>12}\n", "total");
+  // Tensor ranks of a stage that need the same bytes share a row.
+  for (size_t i = 0; i < m.devices.size();) {
+    const plan::DeviceMemory& d = m.devices[i];
+    size_t j = i + 1;
+    while (j < m.devices.size() && m.devices[j].stage == d.stage && values(m.devices[j]) == values(d)) ++j;
+    const int last = m.devices[j - 1].tensor_rank;
+    fmt::print("{:<14}", last == d.tensor_rank ? fmt::format("stage {} tp {}", d.stage, d.tensor_rank)
+                                               : fmt::format("stage {} tp {}-{}", d.stage, d.tensor_rank, last));
+    for (double v : values(d)) fmt::print(" {:>12.3f}", gib(v));
+    fmt::print(" {:>12.3f}\n", gib(d.total()));
+    i = j;
+  }
+  fmt::print("largest: stage {} tensor rank {}, {:.3f} GiB{}\n", worst.stage, worst.tensor_rank, gib(worst.total()),
+             worst.peak_at.empty() ? "" : fmt::format(" (peak at {})", worst.peak_at));
+  fmt::print("(the trainer's tracked bytes: docs/planner.md says what they leave out)\n");
+  return 0;
+}
+
+}  // namespace
+
+std::vector<Command> add_plan_commands(CLI::App& app) {
+  auto f = std::make_shared<PlanFlags>();
+  auto* cmd = app.add_subcommand("plan", "memory per device of training the GPT under a mesh, before any job runs");
+  cmd->add_option("--size", f->size, fmt::format("a preset model: {}", preset_names()));
+  cmd->add_option("--layers", f->layers, "GPT blocks")->capture_default_str()->check(CLI::Range(1, 4096));
+  cmd->add_option("--heads", f->heads, "attention heads")->capture_default_str()->check(CLI::Range(1, 4096));
+  cmd->add_option("--width", f->width, "model width")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--vocab", f->vocab, "vocabulary")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--seq", f->seq, "tokens per sample")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--batch", f->batch, "global batch (samples per optimizer step)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--mesh", f->mesh, "data, fsdp, tensor, pipeline and context axes, e.g. data=2,tensor=4")
+      ->capture_default_str();
+  cmd->add_option("--fsdp", f->fsdp, "full | shard_grad_op | no_shard | zero1 | zero2 | zero3 | hybrid_full | "
+                                     "hybrid_shard_grad_op (\"\": plain data parallelism)");
+  cmd->add_option("--precision", f->precision, "fp32 | bf16 | fp16")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_option("--micro-batches", f->micro_batches, "micro-batches per step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--pipeline-schedule", f->schedule, "gpipe | 1f1b | interleaved | zb")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
+  cmd->add_option("--virtual-stages", f->virtual_stages, "model chunks per pipeline rank")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--cp-comm", f->cp_comm, "ring | all_to_all")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ring", "all_to_all"}));
+  cmd->add_option("--fsdp-min-weight-size", f->min_weight_size, "smaller parameters stay replicated")
+      ->capture_default_str();
+  cmd->add_flag("--sequence-parallel", f->sequence_parallel, "sequence parallelism with the tensor axis");
+  cmd->add_flag("--recompute", f->recompute, "recompute every block's activations in backward");
+  cmd->add_flag("--json", f->json, "print one JSON object instead of the table");
+  return {{cmd, [=] { return run_plan(*f); }}};
+}
+
+}  // namespace meshtrain::cli
