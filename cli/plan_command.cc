@@ -5,11 +5,15 @@
 //   meshtrain plan --size 6.7B --seq 2048 --batch 512 --mesh pipeline=4,data=16,tensor=8 --micro-batches 16
 //   meshtrain plan --layers 4 --width 256 --heads 4 --vocab 8192 --seq 64 --batch 32 --mesh fsdp=4 --fsdp full
 //   meshtrain plan ... --json                  one JSON object instead of the table
+//   meshtrain plan ... --svg memory.svg        also a stacked bar per device, by category
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
+#include <fstream>
 #include <memory>
+#include <vector>
 
 #include "cli/command.h"
 #include "meshtrain/core/error.h"
@@ -48,6 +52,7 @@ struct PlanFlags {
   std::string schedule = "1f1b";
   int virtual_stages = 1;
   bool sequence_parallel = false, recompute = false, json = false;
+  std::string svg;  // write the per-device memory picture here
   std::string cp_comm = "ring";
   int64_t min_weight_size = 1024;
 };
@@ -58,7 +63,92 @@ std::string preset_names() {
   return out;
 }
 
-double gib(double bytes) { return bytes / static_cast<double>(uint64_t{1} << 30); }
+// The unit of the table and the picture: the largest of GiB, MiB, KiB
+// that the largest device's total reaches.
+struct Unit {
+  const char* name;
+  double bytes;
+  double of(double b) const { return b / bytes; }
+};
+Unit unit_for(const plan::MemoryPrediction& m) {
+  const double most = m.worst().total();
+  if (most >= double(uint64_t{1} << 30)) return {"GiB", double(uint64_t{1} << 30)};
+  if (most >= double(uint64_t{1} << 20)) return {"MiB", double(uint64_t{1} << 20)};
+  return {"KiB", 1024.0};
+}
+
+constexpr std::array<const char*, 6> kCategories = {"parameters", "gradients", "optimizer",
+                                                    "working",    "activations", "comm_buffers"};
+
+std::array<double, 6> categories(const plan::DeviceMemory& d) {
+  return {d.parameters, d.gradients, d.optimizer, d.working, d.activations, d.comm_buffers};
+}
+
+// Devices of a stage that need the same bytes, as one row: [first, last).
+std::vector<std::pair<size_t, size_t>> folded_rows(const plan::MemoryPrediction& m) {
+  std::vector<std::pair<size_t, size_t>> rows;
+  for (size_t i = 0; i < m.devices.size();) {
+    size_t j = i + 1;
+    while (j < m.devices.size() && m.devices[j].stage == m.devices[i].stage &&
+           categories(m.devices[j]) == categories(m.devices[i]))
+      ++j;
+    rows.emplace_back(i, j);
+    i = j;
+  }
+  return rows;
+}
+
+std::string row_name(const plan::MemoryPrediction& m, std::pair<size_t, size_t> r) {
+  const plan::DeviceMemory& d = m.devices[r.first];
+  const int last = m.devices[r.second - 1].tensor_rank;
+  return last == d.tensor_rank ? fmt::format("stage {} tp {}", d.stage, d.tensor_rank)
+                               : fmt::format("stage {} tp {}-{}", d.stage, d.tensor_rank, last);
+}
+
+// One stacked bar per row of the table, by category, with a legend.
+std::string memory_svg(const plan::MemoryPrediction& m, const std::string& title) {
+  static constexpr std::array<const char*, 6> kColors = {"#4e79a7", "#f28e2b", "#e15759",
+                                                         "#76b7b2", "#59a14f", "#b07aa1"};
+  const auto rows = folded_rows(m);
+  const double bar = 36, gap = 14, left = 70, top = 40, height = 260;
+  const double width = std::max(left + static_cast<double>(rows.size()) * (bar + gap) + 170,
+                                left + 7.5 * static_cast<double>(title.size()));  // the title fits
+  double most = 0;
+  const Unit u = unit_for(m);
+  for (const plan::DeviceMemory& d : m.devices) most = std::max(most, u.of(d.total()));
+  const double scale = most > 0 ? height / most : 0;
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
+      "font-size=\"11\">\n<text x=\"{:.0f}\" y=\"20\" font-size=\"13\">{}</text>\n",
+      width, top + height + 90, left, title);
+  for (int t = 0; t <= 4; ++t) {  // the axis: 0 .. most
+    const double y = top + height - height * t / 4;
+    s += fmt::format("<line x1=\"{:.0f}\" x2=\"{:.0f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#ddd\"/>"
+                     "<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\">{:.3g} {}</text>\n",
+                     left, width - 170, y, y, left - 6, y + 4, most * t / 4, u.name);
+  }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const double x = left + gap / 2 + static_cast<double>(r) * (bar + gap);
+    double y = top + height;
+    const auto v = categories(m.devices[rows[r].first]);
+    for (size_t c = 0; c < v.size(); ++c) {
+      const double h = u.of(v[c]) * scale;
+      y -= h;
+      if (h > 0)
+        s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.0f}\" height=\"{:.2f}\" fill=\"{}\">"
+                         "<title>{}: {:.3f} {}</title></rect>\n",
+                         x, y, bar, h, kColors[c], kCategories[c], u.of(v[c]), u.name);
+    }
+    s += fmt::format("<text transform=\"translate({:.1f},{:.0f}) rotate(45)\">{}</text>\n", x + 4,
+                     top + height + 12, row_name(m, rows[r]));
+  }
+  for (size_t c = 0; c < kCategories.size(); ++c)
+    s += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"12\" height=\"12\" fill=\"{}\"/>"
+                     "<text x=\"{:.0f}\" y=\"{:.0f}\">{}</text>\n",
+                     width - 150, top + 18 * static_cast<double>(c), kColors[c], width - 132,
+                     top + 10 + 18 * static_cast<double>(c), kCategories[c]);
+  return s + "</svg>\n";
+}
 
 int run_plan(PlanFlags f) {
   if (!f.size.empty()) {
@@ -102,10 +192,11 @@ int run_plan(PlanFlags f) {
   const plan::GptShape g{.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .width = f.width};
   const plan::MemoryPrediction m = plan::predict_memory(g, l);
   const plan::DeviceMemory& worst = m.worst();
-  const char* names[] = {"parameters", "gradients", "optimizer", "working", "activations", "comm_buffers"};
-  auto values = [](const plan::DeviceMemory& d) {
-    return std::array<double, 6>{d.parameters, d.gradients, d.optimizer, d.working, d.activations, d.comm_buffers};
-  };
+  if (!f.svg.empty()) {
+    std::ofstream out(f.svg);
+    out << memory_svg(m, fmt::format("memory per device: GPT {} layers, width {}, mesh {}", f.layers, f.width, f.mesh));
+    if (!out) throw IoError("meshtrain plan", fmt::format("--svg {}: cannot write it", f.svg), "check the path");
+  }
   if (f.json) {
     nlohmann::json j;
     j["model"] = {{"layers", f.layers}, {"heads", f.heads}, {"width", f.width}, {"vocab", f.vocab}, {"seq", f.seq}};
@@ -117,8 +208,8 @@ int run_plan(PlanFlags f) {
     for (const plan::DeviceMemory& d : m.devices) {
       nlohmann::json dj = {{"stage", d.stage}, {"tensor_rank", d.tensor_rank}, {"total", d.total()},
                            {"in_flight", d.in_flight}, {"peak_at", d.peak_at}};
-      const auto v = values(d);
-      for (size_t i = 0; i < v.size(); ++i) dj[names[i]] = v[i];
+      const auto v = categories(d);
+      for (size_t i = 0; i < v.size(); ++i) dj[kCategories[i]] = v[i];
       j["devices"].push_back(dj);
     }
     fmt::print("{}\n", j.dump(2));
@@ -135,25 +226,22 @@ int run_plan(PlanFlags f) {
                         {"fsdp", fsdp.empty() ? "-" : fsdp},
                         {"precision", f.precision},
                         {"micro_batches", std::to_string(f.micro_batches)}});
-  fmt::print("memory per device, GiB (by pipeline stage and tensor rank; {} devices in all):\n", l.devices());
+  const Unit u = unit_for(m);
+  fmt::print("memory per device, {} (by pipeline stage and tensor rank; {} devices in all):\n", u.name, l.devices());
   fmt::print("{:<14}", "device");
-  for (const char* n : names) fmt::print(" {:>12}", n);
+  for (const char* n : kCategories) fmt::print(" {:>12}", n);
   fmt::print(" {:>12}\n", "total");
   // Tensor ranks of a stage that need the same bytes share a row.
-  for (size_t i = 0; i < m.devices.size();) {
-    const plan::DeviceMemory& d = m.devices[i];
-    size_t j = i + 1;
-    while (j < m.devices.size() && m.devices[j].stage == d.stage && values(m.devices[j]) == values(d)) ++j;
-    const int last = m.devices[j - 1].tensor_rank;
-    fmt::print("{:<14}", last == d.tensor_rank ? fmt::format("stage {} tp {}", d.stage, d.tensor_rank)
-                                               : fmt::format("stage {} tp {}-{}", d.stage, d.tensor_rank, last));
-    for (double v : values(d)) fmt::print(" {:>12.3f}", gib(v));
-    fmt::print(" {:>12.3f}\n", gib(d.total()));
-    i = j;
+  for (const auto& r : folded_rows(m)) {
+    const plan::DeviceMemory& d = m.devices[r.first];
+    fmt::print("{:<14}", row_name(m, r));
+    for (double v : categories(d)) fmt::print(" {:>12.3f}", u.of(v));
+    fmt::print(" {:>12.3f}\n", u.of(d.total()));
   }
-  fmt::print("largest: stage {} tensor rank {}, {:.3f} GiB{}\n", worst.stage, worst.tensor_rank, gib(worst.total()),
+  fmt::print("largest: stage {} tensor rank {}, {:.3f} {}{}\n", worst.stage, worst.tensor_rank, u.of(worst.total()), u.name,
              worst.peak_at.empty() ? "" : fmt::format(" (peak at {})", worst.peak_at));
   fmt::print("(the trainer's tracked bytes: docs/planner.md says what they leave out)\n");
+  if (!f.svg.empty()) fmt::print("picture: {}\n", f.svg);
   return 0;
 }
 
@@ -195,6 +283,7 @@ std::vector<Command> add_plan_commands(CLI::App& app) {
   cmd->add_flag("--sequence-parallel", f->sequence_parallel, "sequence parallelism with the tensor axis");
   cmd->add_flag("--recompute", f->recompute, "recompute every block's activations in backward");
   cmd->add_flag("--json", f->json, "print one JSON object instead of the table");
+  cmd->add_option("--svg", f->svg, "also write a picture of the memory per device by category (SVG) to this file");
   return {{cmd, [=] { return run_plan(*f); }}};
 }
 
