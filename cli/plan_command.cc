@@ -163,17 +163,7 @@ int run_plan(PlanFlags f) {
     f.width = p->width;
     f.vocab = p->vocab;
   }
-  const plan::NamedShape mesh = plan::parse_mesh_spec(f.mesh);
-  for (const std::string& a : mesh.axis_names)
-    if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && a != "context")
-      throw InvalidArgument("meshtrain plan", fmt::format("--mesh {}: axis '{}'", f.mesh, a),
-                            "use data, fsdp, tensor, pipeline and context axes");
-  plan::TrainingLayout l{.data = mesh.size_of("data"),
-                         .fsdp = mesh.size_of("fsdp"),
-                         .tensor = mesh.size_of("tensor"),
-                         .pipeline = mesh.size_of("pipeline"),
-                         .context = mesh.size_of("context"),
-                         .sequence_parallel = f.sequence_parallel,
+  plan::TrainingLayout l{.sequence_parallel = f.sequence_parallel,
                          .schedule = f.schedule,
                          .virtual_stages = f.virtual_stages,
                          .micro_batches = f.micro_batches,
@@ -181,6 +171,7 @@ int run_plan(PlanFlags f) {
                          .recompute = f.recompute,
                          .min_weight_size = f.min_weight_size,
                          .batch = f.batch};
+  l.set_mesh(plan::parse_mesh_spec(f.mesh));
   // As the trainer resolves them: an fsdp axis shards fully unless told;
   // mixed precision without a strategy runs as no_shard.
   std::string fsdp = f.fsdp;

@@ -73,12 +73,7 @@ void check(const Case& c) {
       train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
                                    .timeout = std::chrono::seconds(120)});
   const plan::NamedShape shape = c.mesh.empty() ? plan::NamedShape{{1}, {"data"}} : plan::parse_mesh_spec(c.mesh);
-  plan::TrainingLayout l{.data = shape.size_of("data"),
-                         .fsdp = shape.size_of("fsdp"),
-                         .tensor = shape.size_of("tensor"),
-                         .pipeline = shape.size_of("pipeline"),
-                         .context = shape.size_of("context"),
-                         .sequence_parallel = c.sequence_parallel,
+  plan::TrainingLayout l{.sequence_parallel = c.sequence_parallel,
                          .micro_batches = c.micro_batches,
                          .recompute = c.recompute,
                          .min_weight_size = tc.fsdp_min_weight_size,
@@ -86,6 +81,7 @@ void check(const Case& c) {
                          .backward_prefetch = static_cast<plan::BackwardPrefetch>(c.backward_prefetch),
                          .reshard_after_forward = c.reshard_after_forward,
                          .batch = tc.batch_size};
+  l.set_mesh(shape);
   plan::parse_sharding(r.fsdp, l);
   if (c.precision == config::MixedPrecision::bf16) l.param_dtype = l.reduce_dtype = DType::bf16;
   const plan::GptShape g{.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads,

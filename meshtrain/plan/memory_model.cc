@@ -323,6 +323,18 @@ const DeviceMemory& MemoryPrediction::worst() const {
                            [](const DeviceMemory& a, const DeviceMemory& b) { return a.total() < b.total(); });
 }
 
+void TrainingLayout::set_mesh(const NamedShape& mesh) {
+  for (const std::string& a : mesh.axis_names)
+    if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && a != "context")
+      throw InvalidArgument("plan::TrainingLayout::set_mesh", fmt::format("mesh {}: axis '{}'", mesh.to_spec(), a),
+                            "use data, fsdp, tensor, pipeline and context axes");
+  data = mesh.size_of("data");
+  fsdp = mesh.size_of("fsdp");
+  tensor = mesh.size_of("tensor");
+  pipeline = mesh.size_of("pipeline");
+  context = mesh.size_of("context");
+}
+
 void parse_sharding(const std::string& name, TrainingLayout& l) {
   static const std::pair<const char*, std::pair<Sharding, bool>> kNames[] = {
       {"", {Sharding::none, false}},          {"no_shard", {Sharding::no_shard, false}},

@@ -83,6 +83,7 @@
 
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/plan/activation_memory.h"
+#include "meshtrain/plan/mesh_planning.h"
 
 namespace meshtrain::plan {
 
@@ -122,6 +123,9 @@ struct TrainingLayout {
   int64_t batch = 1;                   // global batch, samples per optimizer step
   double dropout = 0.0;
   bool adamw = true;                   // else SGD with momentum
+  // Sets the axis sizes from a mesh (absent axes: 1); InvalidArgument for
+  // an axis other than data, fsdp, tensor, pipeline and context.
+  void set_mesh(const NamedShape& mesh);
   int data_ranks() const { return data * fsdp; }
   int devices() const { return data * fsdp * tensor * pipeline * context; }
 };

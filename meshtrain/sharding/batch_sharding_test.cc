@@ -12,6 +12,7 @@
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/sharding/batch_sharding.h"
+#include "meshtrain/testing/mesh.h"
 #include "meshtrain/testing/testing.h"
 
 namespace meshtrain::testing {
@@ -23,16 +24,6 @@ using sharding::ShardedTensor;
 using ::testing::HasSubstr;
 using I64 = std::vector<int64_t>;
 
-void on_mesh(const std::vector<int>& shape, const std::vector<std::string>& names,
-             const std::function<void(DeviceMesh&)>& fn) {
-  comm::launch({.engine = comm::Engine::threads,
-                .ranks = static_cast<int>(mesh::num_ranks(shape)),
-                .timeout = std::chrono::seconds(30)},
-               [&](comm::Communicator& world) {
-                 DeviceMesh mesh(world, shape, names);
-                 fn(mesh);
-               });
-}
 
 // (rows, cols) with element (r, c) = 100 r + c.
 Tensor rows_tensor(int64_t rows, int64_t cols) {

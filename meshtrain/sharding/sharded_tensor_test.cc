@@ -14,6 +14,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/sharding/sharded_tensor.h"
+#include "meshtrain/testing/mesh.h"
 #include "meshtrain/testing/testing.h"
 
 namespace meshtrain::testing {
@@ -28,16 +29,6 @@ using sharding::ShardedTensor;
 using ::testing::HasSubstr;
 using I64 = std::vector<int64_t>;
 
-// Runs fn(mesh) on every rank of a threads world of the mesh's size.
-void on_mesh(const std::vector<int>& shape, const std::vector<std::string>& names,
-             const std::function<void(DeviceMesh&)>& fn) {
-  comm::launch({.engine = comm::Engine::threads, .ranks = static_cast<int>(mesh::num_ranks(shape)),
-                .timeout = std::chrono::seconds(30)},
-               [&](Communicator& world) {
-                 DeviceMesh mesh(world, shape, names);
-                 fn(mesh);
-               });
-}
 
 Tensor iota(const I64& shape, DType dtype = DType::f32) {
   int64_t n = 1;
