@@ -427,6 +427,18 @@ comm::Communicator& DeviceMesh::comm(const std::vector<std::string>& axes) {
   return *group_comms_.emplace(idx, std::move(sub)).first->second;
 }
 
+std::vector<std::pair<std::string, comm::Communicator*>> DeviceMesh::communicators() const {
+  std::vector<std::pair<std::string, comm::Communicator*>> out;
+  for (size_t a = 0; a < axis_comms_.size(); ++a) out.emplace_back(axis_names_[a], axis_comms_[a].get());
+  for (const auto& [idx, c] : group_comms_) {
+    std::string name;
+    for (int a : idx) name += (name.empty() ? "" : "+") + axis_names_[static_cast<size_t>(a)];
+    out.emplace_back(name.empty() ? "self" : std::move(name), c.get());
+  }
+  out.emplace_back("world", world_);
+  return out;
+}
+
 std::vector<int> DeviceMesh::group_ranks(const std::vector<std::string>& axes) const {
   return group_of(rank(), shape_, axis_indices(axes, "DeviceMesh::group_ranks"));
 }

@@ -48,6 +48,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
@@ -175,6 +176,14 @@ class DeviceMesh {
   std::vector<int> group_ranks(const std::vector<std::string>& axes) const;
   // Every group along `axes` (see groups_along).
   std::vector<std::vector<int>> all_groups(const std::vector<std::string>& axes) const;
+
+  // Every communicator the mesh holds, named by its axes joined with '+' in
+  // the order they were asked for ("data", "data+context"; "self" for no
+  // axes): one per axis in mesh order, then the multi-axis ones made so
+  // far, then "world". The same
+  // list on every rank that made the same calls (traffic per axis:
+  // Communicator::traffic).
+  std::vector<std::pair<std::string, comm::Communicator*>> communicators() const;
 
   // render_mesh(shape(), axis_names()): the same text on every rank.
   std::string to_string() const;

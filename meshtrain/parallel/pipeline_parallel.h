@@ -74,6 +74,10 @@ class PipelineParallel final : public Parallelism {
   std::optional<double> hidden_fraction() const override;
   std::vector<ParamShard> parameter_shards() const override;
 
+  // The communicator of the ranks holding tied stages, which sums the tied
+  // gradients in finish() (null on the others, and without tied parameters).
+  comm::Communicator* tied_communicator() const { return tied_comm_.get(); }
+
  private:
   // The tied copies this rank does not count (on a stage above the lowest holder).
   bool counted_elsewhere(const Stage& s, const std::string& name) const;

@@ -121,6 +121,7 @@ struct TrainingLayout {
   // finished at once (a lower bound; a run lies between the two).
   bool eager_reductions = false;
   int64_t batch = 1;                   // global batch, samples per optimizer step
+  double bucket_bytes = 25 << 20;      // plain data parallelism's gradient buckets (--bucket-mb)
   double dropout = 0.0;
   bool adamw = true;                   // else SGD with momentum
   // Sets the axis sizes from a mesh (absent axes: 1); InvalidArgument for

@@ -43,6 +43,8 @@ using internal::data_parallel_axes;
 using internal::gradient_axes;
 using internal::make_parallelism;
 using internal::param_dtype_of;
+using internal::record_training_figures;
+using internal::reset_traffic;
 using internal::tensor_parallel_summary;
 using Clock = std::chrono::steady_clock;
 
@@ -226,6 +228,8 @@ class Run {
     int64_t last_saved = resumed.value_or(-1);
     double window_loss = 0, hidden_sum = 0;
     int window_n = 0;
+    const internal::NamedComms comms = internal::training_communicators(mesh_, *parallel_);
+    reset_traffic(comms);
     const auto t0 = Clock::now();
     const int first_epoch = static_cast<int>(step / per_epoch);
     for (int epoch = first_epoch; epoch < tc_.epochs && step < total; ++epoch) {
@@ -236,7 +240,9 @@ class Run {
       set_training(true);
       while (auto batch = pre.next()) {
         opt_->set_lr(schedule.lr(step));
+        const auto step_start = Clock::now();
         const StepOutcome out = train_step(*batch, step);
+        if (main_) shared_.result.step_seconds.push_back(std::chrono::duration<double>(Clock::now() - step_start).count());
         const double loss = out.loss;
         ++step;
         samples += batch->global_size;
@@ -291,8 +297,8 @@ class Run {
           last_saved = step;
         }
       }
+      if (epoch == first_epoch) record_training_figures(memory_, comms, *world_, main_ ? &shared_.result : nullptr);
       check_parameters(step);
-      if (epoch == first_epoch) record_train_memory();
       const Evaluation ev = evaluate();  // the same numbers on every rank
       if (!std::isfinite(ev.loss))  // finite parameters whose outputs overflow are no model either
         throw diverged(step - 1, fmt::format("the test {} after step {} is {}", metrics_.test_loss, step,
@@ -541,16 +547,6 @@ class Run {
   }
 
   // Collective over the world: every rank's peaks so far, kept by rank 0.
-  void record_train_memory() {
-    constexpr size_t k = kNumMemoryCategories + 1;
-    std::array<uint64_t, k> mine{};
-    for (size_t c = 0; c < kNumMemoryCategories; ++c) mine[c] = memory_.at_total_peak(kAllMemoryCategories[c]);
-    mine[kNumMemoryCategories] = memory_.total_peak();
-    std::vector<std::array<uint64_t, k>> all(static_cast<size_t>(world_->size()));
-    world_->all_gather(mine.data(), all.data(), k, DType::i64);  // peaks stay far below 2^63
-    if (main_) shared_.result.train_memory_by_rank = std::move(all);
-  }
-
   void print_memory() const {
     std::string parts;
     for (MemoryCategory c : kAllMemoryCategories)

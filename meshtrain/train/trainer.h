@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/comm/communicator.h"
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/error.h"
@@ -68,6 +69,13 @@
 #include "meshtrain/train/trainer_state.h"
 
 namespace meshtrain::train {
+
+// One communicator's use of one operation (comm::Communicator::traffic).
+struct TrafficRecord {
+  std::string group;  // its mesh axes joined by '+' ("data+context"), or "world"
+  comm::CollectiveOp op = comm::CollectiveOp::all_reduce;
+  uint64_t calls = 0, bytes = 0;
+};
 
 // A run stopped because its numbers went wrong (see above); what() names
 // the step, the value and what to try.
@@ -110,6 +118,15 @@ struct TrainResult {
   // evaluation (what the planner's predictions are checked against), by
   // world rank: what each category held at that peak, then the total.
   std::vector<std::array<uint64_t, kNumMemoryCategories + 1>> train_memory_by_rank;
+  // Rank 0's wall time of each training step (a step ends with the global
+  // loss, which every rank waits for), in order.
+  std::vector<double> step_seconds;
+  // Every rank's communication through the same steps (traffic_steps of
+  // them), by world rank: the (communicator, operation) pairs it used
+  // (mesh::DeviceMesh::communicators names them), what the planner's
+  // traffic model is checked against.
+  std::vector<std::vector<TrafficRecord>> traffic_by_rank;
+  int64_t traffic_steps = 0;
   // A pipeline axis: the schedule's name, the idle share of the last step
   // measured from every pipeline rank's timeline (pipeline.svg) beside the
   // schedule's theory, and the most micro-batches whose activations rank 0

@@ -3,12 +3,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <utility>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/parallel/pipeline_parallel.h"
 
 namespace meshtrain::train::internal {
 
@@ -32,6 +34,50 @@ std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
 }
 std::vector<std::string> gradient_axes(const plan::NamedShape& m) {
   return mesh_axes(m, {"data", "node", "fsdp", "context"});
+}
+
+NamedComms training_communicators(const mesh::DeviceMesh& mesh, const parallel::Parallelism& strategy) {
+  NamedComms out = mesh.communicators();
+  if (const auto* pp = dynamic_cast<const parallel::PipelineParallel*>(&strategy))
+    out.emplace_back("tied", pp->tied_communicator());
+  return out;
+}
+
+void reset_traffic(const NamedComms& comms) {
+  for (const auto& [name, c] : comms)
+    if (c) c->reset_traffic();
+}
+
+void record_training_figures(const MemoryTracker& memory, const NamedComms& comms, comm::Communicator& world,
+                             TrainResult* result) {
+  const size_t per_rank = comms.size() * comm::kNumCollectiveOps * 2;
+  std::vector<uint64_t> mine;
+  mine.reserve(per_rank);
+  for (const auto& [name, c] : comms)
+    for (size_t op = 0; op < comm::kNumCollectiveOps; ++op) {
+      const comm::TrafficCounter t = c ? c->traffic(static_cast<comm::CollectiveOp>(op)) : comm::TrafficCounter{};
+      mine.push_back(t.calls);
+      mine.push_back(t.bytes);
+    }
+  constexpr size_t k = kNumMemoryCategories + 1;
+  std::array<uint64_t, k> peaks{};
+  for (size_t c = 0; c < kNumMemoryCategories; ++c) peaks[c] = memory.at_total_peak(kAllMemoryCategories[c]);
+  peaks[kNumMemoryCategories] = memory.total_peak();
+  const size_t ranks = static_cast<size_t>(world.size());
+  std::vector<uint64_t> all(per_rank * ranks);
+  std::vector<std::array<uint64_t, k>> all_peaks(ranks);
+  world.all_gather(mine.data(), all.data(), per_rank, DType::i64);
+  world.all_gather(peaks.data(), all_peaks.data(), k, DType::i64);  // peaks stay far below 2^63
+  if (!result) return;
+  result->train_memory_by_rank = std::move(all_peaks);
+  result->traffic_by_rank.assign(ranks, {});
+  for (size_t r = 0; r < ranks; ++r)
+    for (size_t c = 0; c < comms.size(); ++c)
+      for (size_t op = 0; op < comm::kNumCollectiveOps; ++op) {
+        const uint64_t* v = &all[r * per_rank + (c * comm::kNumCollectiveOps + op) * 2];
+        if (v[0] > 0) result->traffic_by_rank[r].push_back({comms[c].first, static_cast<comm::CollectiveOp>(op), v[0], v[1]});
+      }
+  result->traffic_steps = static_cast<int64_t>(result->step_seconds.size());
 }
 
 std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, const nn::TensorParallelGroup& tp) {

@@ -19,6 +19,7 @@
 #include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/plan/mesh_planning.h"
 #include "meshtrain/train/train_config.h"
+#include "meshtrain/train/trainer.h"
 
 namespace meshtrain::train::internal {
 
@@ -43,6 +44,21 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                                        nn::Module& model, std::vector<nn::Module*> units,
                                                        mesh::DeviceMesh& mesh, comm::Communicator& dp_comm,
                                                        MemoryTracker* memory);
+
+// The communicators training uses, named for TrainResult::traffic_by_rank:
+// the mesh's (DeviceMesh::communicators), then "tied" where a pipeline sums
+// tied gradients (PipelineParallel::tied_communicator; every rank lists it,
+// null where it holds no tied stage).
+using NamedComms = std::vector<std::pair<std::string, comm::Communicator*>>;
+NamedComms training_communicators(const mesh::DeviceMesh& mesh, const parallel::Parallelism& strategy);
+// Zeroes their traffic counters.
+void reset_traffic(const NamedComms& comms);
+// After the first epoch's training steps (collective over the world): every
+// rank's memory peaks (MemoryTracker::at_total_peak) and traffic since
+// reset_traffic into *result (rank 0's; null on the others):
+// train_memory_by_rank, traffic_by_rank, traffic_steps.
+void record_training_figures(const MemoryTracker& memory, const NamedComms& comms, comm::Communicator& world,
+                             TrainResult* result);
 
 // How a tensor axis splits the model, as rank 0 holds it: one line per
 // parameter (layers placed alike folded: nn::fold_layer_rows), its block and

@@ -1,0 +1,213 @@
+#include "meshtrain/plan/traffic_model.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <tuple>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/plan/internal/gpt_layout.h"
+
+namespace meshtrain::plan {
+namespace {
+
+struct Group {
+  std::string name;
+  int ranks = 1;
+};
+
+// The communicator over `axes` (a subset of data, fsdp, context, tensor,
+// pipeline), named by its axes of size > 1 in mesh order.
+Group group_of(const TrainingLayout& l, std::initializer_list<std::string_view> axes) {
+  Group g;
+  for (std::string_view a : kMeshAxisOrder) {
+    if (std::find(axes.begin(), axes.end(), a) == axes.end()) continue;
+    const int n = a == "data" ? l.data : a == "fsdp" ? l.fsdp : a == "context" ? l.context
+                : a == "tensor" ? l.tensor : l.pipeline;
+    if (n == 1) continue;
+    g.name += (g.name.empty() ? "" : "+") + std::string(a);
+    g.ranks *= n;
+  }
+  return g;
+}
+
+class Calls {
+ public:
+  void add(const Group& g, CommKind kind, double bytes, int64_t calls, const char* what,
+           CommOverlap overlap = CommOverlap::none) {
+    if (g.ranks <= 1 || calls <= 0 || bytes <= 0) return;
+    for (CommCall& c : out_)
+      if (c.group == g.name && c.kind == kind && c.bytes == bytes && c.what == what) {
+        c.calls += calls;
+        return;
+      }
+    out_.push_back({.group = g.name, .ranks = g.ranks, .kind = kind, .bytes = bytes, .calls = calls, .what = what,
+                    .overlap = overlap});
+  }
+  std::vector<CommCall> take() { return std::move(out_); }
+
+ private:
+  std::vector<CommCall> out_;
+};
+
+// DataParallel's buckets (parallel/data_parallel.h): parameters in reverse
+// order, greedily into buffers of at most bucket_bytes (a larger parameter
+// gets its own).
+std::vector<double> bucket_sizes(const std::vector<internal::StageParam>& ps, double bucket_bytes) {
+  std::vector<double> out;
+  double cur = 0;
+  for (auto it = ps.rbegin(); it != ps.rend(); ++it) {
+    const double b = 4.0 * static_cast<double>(it->numel);
+    if (cur > 0 && cur + b > bucket_bytes) {
+      out.push_back(cur);
+      cur = 0;
+    }
+    cur += b;
+  }
+  if (cur > 0) out.push_back(cur);
+  return out;
+}
+
+}  // namespace
+
+std::string_view comm_kind_name(CommKind kind) {
+  switch (kind) {
+    case CommKind::all_reduce: return "all_reduce";
+    case CommKind::all_gather: return "all_gather";
+    case CommKind::reduce_scatter: return "reduce_scatter";
+    case CommKind::all_to_all: return "all_to_all";
+    case CommKind::send: return "send";
+    case CommKind::recv: return "recv";
+  }
+  return "?";
+}
+
+std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayout& l) {
+  check_layout(g, l);
+  if (l.context > 1 && l.cp_comm != "ring")
+    throw InvalidArgument("plan::predict_traffic", fmt::format("cp_comm '{}'", l.cp_comm),
+                          "the traffic model covers ring attention only (cp_comm = ring)");
+  const int p = l.pipeline, k = l.tensor, v = l.virtual_stages, n = l.context, m = l.micro_batches;
+  const int stages = p * v;
+  const bool sharded = l.sharding != Sharding::none;
+  const Group grad = group_of(l, {"data", "fsdp", "context"});
+  const Group shard = l.hybrid ? group_of(l, {"fsdp"}) : grad;
+  const Group replicate = l.hybrid ? group_of(l, {"data"}) : Group{};
+  const Group tensor = group_of(l, {"tensor"}), context = group_of(l, {"context"});
+  const Group pipeline = group_of(l, {"pipeline"});
+  const int d = l.sharding == Sharding::no_shard ? 1 : shard.ranks;
+  const double micro = static_cast<double>(l.batch / l.data_ranks() / m);
+  const int64_t t = g.seq / n;
+  const int64_t t_pad = l.sequence_parallel ? (t + k - 1) / k * k : t;
+  const double C = static_cast<double>(g.width);
+  const double act = micro * static_cast<double>(t) * C * 4;                   // a region's full activations
+  const double act_sp = micro * static_cast<double>(t_pad / k) * C * 4;        // a sequence shard
+  const double boundary = l.sequence_parallel ? act_sp : act;                  // what crosses a stage boundary
+  const double pb = static_cast<double>(dtype_size(l.param_dtype)), gb = static_cast<double>(dtype_size(l.reduce_dtype));
+  const auto cut = internal::stage_blocks(g, stages);
+
+  std::vector<DeviceTraffic> out;
+  for (int r = 0; r < p; ++r)
+    for (int tr = 0; tr < k; ++tr) {
+      Calls calls;
+      calls.add(grad, CommKind::all_reduce, 16, 1, "loss and parameter check");
+      if (p > 1) {
+        calls.add(pipeline, CommKind::all_reduce, 16, 1, "loss and parameter check");
+        calls.add(pipeline, CommKind::all_reduce, 4, 1, "gradient check");
+      }
+      if (k > 1) calls.add(tensor, CommKind::all_reduce, 8, 2, "parameter and gradient checks");
+      double sp_replicated = 0;
+      for (int c = 0; c < v; ++c) {
+        const int s = r + c * p;
+        const auto [first, last] = cut[static_cast<size_t>(s)];
+        const bool embed = s == 0, head = s == stages - 1;
+        const int64_t blocks = last - first;
+        const std::vector<internal::StageParam> ps = internal::stage_params(g, first, last, embed, head, tr, k, p > 1);
+        for (const auto& q : ps)
+          if (q.replicated) sp_replicated += static_cast<double>(q.numel);
+        // Gradients: DataParallel's buckets, or fully sharded units.
+        if (!sharded) {
+          for (double b : bucket_sizes(ps, l.bucket_bytes))
+            calls.add(grad, CommKind::all_reduce, b, 1, "gradient buckets", CommOverlap::backward);
+        } else {
+          const int units = static_cast<int>(blocks) + 2;
+          std::vector<int64_t> unit_n(static_cast<size_t>(units), 0);
+          int64_t replicated = 0;
+          for (const auto& q : ps) {
+            if (q.numel >= l.min_weight_size) unit_n[static_cast<size_t>(q.unit)] += q.numel;
+            else replicated += q.numel;
+          }
+          for (int u = 0; u < units; ++u) {
+            const int64_t np = (unit_n[static_cast<size_t>(u)] + d - 1) / d * d;
+            if (np == 0) continue;
+            const double part = static_cast<double>(np / d);
+            if (l.sharding == Sharding::no_shard) {
+              calls.add(shard, CommKind::all_reduce, gb * static_cast<double>(np), 1, "unit gradients",
+                        CommOverlap::backward);
+              continue;
+            }
+            const int64_t reductions = l.sharding == Sharding::zero1 ? 1 : m;
+            calls.add(shard, CommKind::reduce_scatter, gb * part, reductions, "unit gradients", CommOverlap::backward);
+            if (l.sharding == Sharding::zero3)
+              calls.add(shard, CommKind::all_gather, pb * part, m * (l.reshard_after_forward ? 2 : 1),
+                        "unit parameters", CommOverlap::forward);
+            else
+              calls.add(shard, CommKind::all_gather, pb * part, 1, "updated parameters", CommOverlap::step);
+            calls.add(replicate, CommKind::all_reduce, gb * part, 1, "gradient shards", CommOverlap::backward);
+          }
+          calls.add(shard, CommKind::all_reduce, 4.0 * static_cast<double>(replicated), 1, "small parameters' gradients");
+          calls.add(replicate, CommKind::all_reduce, 4.0 * static_cast<double>(replicated), 1,
+                    "small parameters' gradients");
+          calls.add(shard, CommKind::all_reduce, 4, 1, "overflow check");
+          calls.add(replicate, CommKind::all_reduce, 4, 1, "overflow check");
+        }
+        // The tied wte's gradient between the first and the last stage (its
+        // optimizer part: the shard of its own unit when fully sharded).
+        if (stages > 1 && (embed || head)) {
+          const int64_t wte = internal::chunk_size(g.vocab, tr, k) * g.width;
+          const bool unit = sharded && wte >= l.min_weight_size;
+          const double bytes = unit ? gb * static_cast<double>((wte + d - 1) / d) : 4.0 * static_cast<double>(wte);
+          calls.add({"tied", 2}, CommKind::all_reduce, bytes, 1, "tied embedding gradient");
+        }
+        // Tensor parallelism.
+        const int64_t passes = l.recompute ? 3 : 2;  // forward, backward (and the recomputed forward)
+        if (!l.sequence_parallel) {
+          calls.add(tensor, CommKind::all_reduce, act, m * blocks * 2 * passes, "block activations");
+          if (embed) calls.add(tensor, CommKind::all_reduce, act, m, "embedding output");
+          if (head) calls.add(tensor, CommKind::all_reduce, act, m, "head input gradient");
+        } else {
+          calls.add(tensor, CommKind::all_gather, act_sp, m * blocks * 2 * passes, "block activations");
+          calls.add(tensor, CommKind::reduce_scatter, act_sp, m * blocks * 2 * passes, "block activations");
+          if (embed) {
+            calls.add(tensor, CommKind::reduce_scatter, act_sp, m, "embedding output");
+            calls.add(tensor, CommKind::all_gather, act_sp, m, "embedding output gradient");
+          }
+          if (head) {
+            calls.add(tensor, CommKind::all_gather, act_sp, m, "head input");
+            calls.add(tensor, CommKind::reduce_scatter, act_sp, m, "head input gradient");
+          }
+        }
+        if (head) {
+          const double rows = micro * static_cast<double>(t_pad);
+          calls.add(tensor, CommKind::all_reduce, 4 * rows, m, "vocabulary-parallel loss: row maxima");
+          calls.add(tensor, CommKind::all_reduce, 16 * rows, m, "vocabulary-parallel loss: sums");
+        }
+        // Pipeline boundaries.
+        const int64_t boundaries = (s < stages - 1 ? 1 : 0) + (s > 0 ? 1 : 0);
+        calls.add(pipeline, CommKind::send, boundary, m * boundaries, "stage boundary activations");
+        calls.add(pipeline, CommKind::recv, boundary, m * boundaries, "stage boundary activations");
+        // Ring attention.
+        const double kv = 2 * micro * static_cast<double>(t) * C / k * 4;
+        const int64_t hops = (3 * n - 2) + (l.recompute ? n - 1 : 0);
+        calls.add(context, CommKind::send, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
+        calls.add(context, CommKind::recv, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
+      }
+      if (l.sequence_parallel)
+        calls.add(tensor, CommKind::all_reduce, 4 * sp_replicated, 1, "replicated parameters' gradients");
+      out.push_back({.stage = r, .tensor_rank = tr, .calls = calls.take()});
+    }
+  return out;
+}
+
+}  // namespace meshtrain::plan

@@ -1,0 +1,91 @@
+// The communication of one optimizer step of the GPT under a layout, per
+// device: every collective and point-to-point call the runtime makes, with
+// its communicator, bytes and count, derived from what meshtrain's
+// strategies do (not a generic formula). Pure arithmetic, like
+// memory_model.h; the time model (time_model.h) prices these calls.
+//
+//   plan::TrainingLayout l{.data = 2, .tensor = 2, .batch = 32};
+//   for (const plan::DeviceTraffic& d : plan::predict_traffic(g, l))
+//     for (const plan::CommCall& c : d.calls)
+//       fmt::print("{} {} {} x {} bytes ({})\n", c.group, comm_kind_name(c.kind), c.calls, c.bytes, c.what);
+//
+// Bytes are counted the way comm::Communicator::traffic counts them: this
+// rank's buffer of the call (an all_gather's send block, a reduce_scatter's
+// received block, a send's message). Per step, with m micro-batches of B
+// samples, t = T / context tokens each (sequence parallelism: s = t' / k,
+// t' = t rounded up to a multiple of k), a = B t C f32 activations:
+//   loss            all_reduce of 2 f64 over the gradient axes; pipeline:
+//                   the same over pipeline plus grads_finite's i32
+//   data parallel   DataParallel's buckets (reverse parameter order, at most
+//                   bucket_bytes each), one all_reduce each per step
+//   fully sharded   per unit of padded size Np over d ranks: reduce_scatter
+//                   of Np / d gradients (zero2/3 every micro-batch, zero1
+//                   once), all_gather of Np / d values (zero3: before each
+//                   micro-batch's forward and, resharded, its backward;
+//                   zero1/2: once after the optimizer step); the replicated
+//                   small parameters' gradients in one all_reduce and an
+//                   i32 overflow flag; hybrid: both again over data, with
+//                   every unit's gradient shard
+//   tensor          per block and micro-batch 2 all_reduces of a forward
+//                   and 2 backward (sequence parallel: an all_gather and a
+//                   reduce_scatter of a / k each instead), the embedding's
+//                   forward and the head's backward likewise; the
+//                   vocabulary-parallel loss's max and sums (B t f32 and
+//                   2 B t f64); two f64 flags per step; sequence parallel:
+//                   the replicated parameters' gradients once per step
+//   pipeline        per micro-batch and stage boundary a send and a recv
+//                   of the activations (sequence parallel: a / k) each
+//                   way; the tied wte's gradient all_reduce between the
+//                   first and the last stage ("tied")
+//   context (ring)  per block and micro-batch 3 n - 2 sends and recvs of
+//                   this rank's K and V (2 B t C / k f32): n - 1 forward,
+//                   n - 1 K/V and n dK/dV backward
+// tests/traffic_model_test.cc checks every (communicator, operation)'s calls
+// and bytes against the counters of real runs, exactly.
+// Thread-safety: pure functions. Errors: check_layout's.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "meshtrain/plan/memory_model.h"
+
+namespace meshtrain::plan {
+
+// The operations, named as comm::collective_op_name names them.
+enum class CommKind : uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, send, recv };
+std::string_view comm_kind_name(CommKind kind);
+
+// What may run under computation (time_model.h decides how much does).
+enum class CommOverlap : uint8_t {
+  none,      // on the critical path (tensor parallelism, the loss, pipeline sends)
+  backward,  // launched during backward, waited for at the end (buckets, reduce-scatters)
+  forward,   // prefetchable ahead of its use (zero3's gathers)
+  step,      // after the optimizer step (zero1/2's gathers)
+  attention, // ring attention's exchanges, under the block's attention
+};
+
+struct CommCall {
+  // The communicator: its axes of size > 1 in mesh order (kMeshAxisOrder)
+  // joined by '+' ("data+context"), or "tied" (the first and last pipeline
+  // stages).
+  std::string group;
+  int ranks = 1;
+  CommKind kind = CommKind::all_reduce;
+  double bytes = 0;     // per call
+  int64_t calls = 0;    // per optimizer step
+  std::string what;     // "gradient buckets", "block activations", ...
+  CommOverlap overlap = CommOverlap::none;
+};
+
+struct DeviceTraffic {
+  int stage = 0, tensor_rank = 0;
+  std::vector<CommCall> calls;  // only communicators of more than one rank
+};
+
+// Per (pipeline stage, tensor rank), stage-major, as predict_memory.
+std::vector<DeviceTraffic> predict_traffic(const GptShape& shape, const TrainingLayout& layout);
+
+}  // namespace meshtrain::plan

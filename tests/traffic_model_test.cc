@@ -1,0 +1,180 @@
+// plan::predict_traffic against what real training runs send: the GPT of
+// tests/gpt_parity.h (AdamW, 2 steps) through the trainer on the threads
+// engine, every rank's Communicator::traffic counters through the training
+// steps (TrainResult::traffic_by_rank), per communicator and operation:
+// calls and bytes exactly equal to the prediction, for data parallelism
+// (with buckets and micro-batches), zero1/2/3 (bf16 too), no_shard,
+// hybrid_full, tensor (with sequence parallelism and recompute), pipelines
+// (1F1B, GPipe, interleaved, zero bubble; with fsdp and tensor),
+// ring-attention context parallelism and 3-D meshes.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/plan/traffic_model.h"
+#include "meshtrain/testing/parity.h"
+#include "meshtrain/train/trainer.h"
+#include "tests/gpt_parity.h"
+
+namespace meshtrain {
+namespace {
+
+struct Case {
+  std::string mesh;  // "" = one device
+  std::string fsdp = "";
+  bool sequence_parallel = false;
+  int micro_batches = 1;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  bool recompute = false;
+  bool reshard_after_forward = true;
+  bool bf16 = false;
+  double bucket_mb = 25;
+  int64_t layers = 2;
+};
+
+// Measured group names as the model names them: the communicator's axes of
+// size > 1 in mesh order; "" for one rank.
+std::string canonical(const std::string& group, const plan::NamedShape& mesh) {
+  if (group == "tied") return group;
+  std::vector<std::string> axes;
+  if (group == "world") axes = mesh.axis_names;
+  else
+    for (size_t at = 0;;) {
+      const size_t plus = group.find('+', at);
+      axes.push_back(group.substr(at, plus - at));
+      if (plus == std::string::npos) break;
+      at = plus + 1;
+    }
+  std::string out;
+  for (std::string_view a : plan::kMeshAxisOrder)
+    if (std::find(axes.begin(), axes.end(), a) != axes.end() && mesh.size_of(a) > 1)
+      out += (out.empty() ? "" : "+") + std::string(a);
+  return out;
+}
+
+void check(const Case& c) {
+  const std::string name = (c.mesh.empty() ? "one device" : c.mesh) + (c.fsdp.empty() ? "" : " " + c.fsdp) +
+                           (c.sequence_parallel ? " sp" : "") + fmt::format(" m={}", c.micro_batches) +
+                           (c.mesh.find("pipeline") != std::string::npos ? " " + c.schedule : "") +
+                           (c.recompute ? " recompute" : "") + (c.reshard_after_forward ? "" : " no-reshard") +
+                           (c.bf16 ? " bf16" : "") + (c.layers != 2 ? fmt::format(" {} layers", c.layers) : "") + (c.bucket_mb != 25 ? fmt::format(" bucket {}", c.bucket_mb) : "");
+  SCOPED_TRACE(name);
+  train::TrainConfig tc = gpt_parity_config("traffic_" + std::to_string(std::hash<std::string>{}(name)), "adamw");
+  tc.max_steps = 2;
+  tc.dropout = 0;
+  tc.sequence_parallel = c.sequence_parallel;
+  tc.micro_batches = c.micro_batches;
+  tc.pipeline_schedule = c.schedule;
+  tc.virtual_stages = c.virtual_stages;
+  tc.recompute = c.recompute;
+  tc.reshard_after_forward = c.reshard_after_forward;
+  tc.bucket_mb = c.bucket_mb;
+  tc.layers = c.layers;
+  tc.set("fsdp", c.fsdp, "Case.fsdp");
+  config::DistributedConfig dc = testing::threads_mesh_config(c.mesh);
+  if (c.bf16) dc.mixed_precision = config::MixedPrecision::bf16;
+  const train::TrainResult r =
+      train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
+                                   .timeout = std::chrono::seconds(120)});
+  const plan::NamedShape mesh = c.mesh.empty() ? plan::NamedShape{{1}, {"data"}} : plan::parse_mesh_spec(c.mesh);
+  plan::TrainingLayout l{.sequence_parallel = c.sequence_parallel,
+                         .schedule = c.schedule,
+                         .virtual_stages = c.virtual_stages,
+                         .micro_batches = c.micro_batches,
+                         .recompute = c.recompute,
+                         .min_weight_size = tc.fsdp_min_weight_size,
+                         .reshard_after_forward = c.reshard_after_forward,
+                         .batch = tc.batch_size,
+                         .bucket_bytes = c.bucket_mb * (1 << 20)};
+  l.set_mesh(mesh);
+  plan::parse_sharding(r.fsdp, l);
+  if (c.bf16) l.param_dtype = l.reduce_dtype = DType::bf16;
+  const plan::GptShape g{.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads,
+                         .width = tc.width};
+  const std::vector<plan::DeviceTraffic> want = plan::predict_traffic(g, l);
+  ASSERT_EQ(static_cast<int>(r.traffic_by_rank.size()), l.devices());
+  ASSERT_EQ(r.traffic_steps, 2);
+  const int pipeline_stride = l.devices() / l.pipeline;
+  using Key = std::tuple<std::string, std::string>;  // group, operation
+  for (int w = 0; w < l.devices(); ++w) {
+    const plan::DeviceTraffic& dev = want.at(static_cast<size_t>(w / pipeline_stride * l.tensor + w % l.tensor));
+    std::map<Key, std::pair<double, double>> predicted, measured;  // calls, bytes per step
+    for (const plan::CommCall& call : dev.calls) {
+      auto& [calls, bytes] = predicted[{call.group, std::string(plan::comm_kind_name(call.kind))}];
+      calls += static_cast<double>(call.calls);
+      bytes += static_cast<double>(call.calls) * call.bytes;
+    }
+    for (const train::TrafficRecord& t : r.traffic_by_rank[static_cast<size_t>(w)]) {
+      const std::string group = canonical(t.group, mesh);
+      if (group.empty()) continue;  // one rank: nothing moves
+      auto& [calls, bytes] = measured[{group, std::string(comm::collective_op_name(t.op))}];
+      calls += static_cast<double>(t.calls) / 2;
+      bytes += static_cast<double>(t.bytes) / 2;
+    }
+    std::string table;
+    for (const auto& [key, v] : measured) {
+      const auto it = predicted.find(key);
+      table += fmt::format("  rank {} {:<14} {:<14} measured {:>4} calls {:>9} bytes, predicted {}\n", w,
+                           std::get<0>(key), std::get<1>(key), v.first, v.second,
+                           it == predicted.end() ? "none" : fmt::format("{} calls {} bytes", it->second.first,
+                                                                        it->second.second));
+    }
+    for (const auto& [key, v] : predicted)
+      if (!measured.count(key))
+        table += fmt::format("  rank {} {:<14} {:<14} measured none, predicted {} calls {} bytes\n", w,
+                             std::get<0>(key), std::get<1>(key), v.first, v.second);
+    EXPECT_EQ(predicted, measured) << "rank " << w << ":\n" << table;
+    if (w == 0) fmt::print("{}: rank 0 per step\n{}", name, table);
+  }
+}
+
+TEST(TrafficModel, DataParallel) {
+  check({.mesh = ""});
+  check({.mesh = "data=2"});
+  check({.mesh = "data=2", .micro_batches = 2});
+  check({.mesh = "data=2", .bucket_mb = 0.05});
+}
+TEST(TrafficModel, FullySharded) {
+  check({.mesh = "data=2", .fsdp = "zero1"});
+  check({.mesh = "data=2", .fsdp = "zero1", .micro_batches = 2});
+  check({.mesh = "data=2", .fsdp = "zero2", .micro_batches = 2});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .micro_batches = 2});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .reshard_after_forward = false});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .bf16 = true});
+  check({.mesh = "data=2", .fsdp = "no_shard"});
+  check({.mesh = "data=2,fsdp=2", .fsdp = "hybrid_full"});
+}
+TEST(TrafficModel, Tensor) {
+  check({.mesh = "tensor=2"});
+  check({.mesh = "tensor=2", .sequence_parallel = true});
+  check({.mesh = "tensor=2", .recompute = true});
+  check({.mesh = "tensor=2", .sequence_parallel = true, .recompute = true});
+}
+TEST(TrafficModel, Pipeline) {
+  check({.mesh = "pipeline=2", .micro_batches = 4});
+  check({.mesh = "pipeline=2", .micro_batches = 4, .schedule = "gpipe"});
+  check({.mesh = "pipeline=2", .micro_batches = 4, .schedule = "zb"});
+  check({.mesh = "pipeline=2", .micro_batches = 4, .schedule = "interleaved", .virtual_stages = 2,
+         .layers = 4});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero1", .micro_batches = 4});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 2});
+  check({.mesh = "pipeline=2,tensor=2", .sequence_parallel = true, .micro_batches = 2});
+}
+TEST(TrafficModel, Context) {
+  check({.mesh = "context=2"});
+  check({.mesh = "context=4"});
+  check({.mesh = "context=2", .recompute = true});
+  check({.mesh = "fsdp=2,context=2", .fsdp = "zero3"});
+}
+TEST(TrafficModel, ThreeD) {
+  check({.mesh = "pipeline=2,data=2,tensor=2", .micro_batches = 2});
+  check({.mesh = "data=2,context=2,tensor=2", .fsdp = "zero2"});
+}
+
+}  // namespace
+}  // namespace meshtrain
