@@ -13,9 +13,11 @@
 #include <array>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/plan_check.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/plan/memory_model.h"
@@ -55,7 +57,30 @@ struct PlanFlags {
   std::string svg;  // write the per-device memory picture here
   std::string cp_comm = "ring";
   int64_t min_weight_size = 1024;
+  std::string hardware;   // price the step on it: a preset or a --calibrate file
+  std::string calibrate;  // measure this machine, write its rates here
+  bool check = false;     // train the check's layouts here, predicted against measured
+  CheckOptions check_options;
 };
+
+// The time table: per device (folded as the memory table is not: times
+// differ by stage), seconds per step by part.
+void print_time(const plan::TimePrediction& t, const plan::Hardware& hw, const plan::TrainingLayout& l) {
+  fmt::print("\nstep time on {} ({}), ms per step:\n", hw.name, hw.source);
+  fmt::print("{:<14} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "device", "gemm", "attention",
+             "elementwise", "optimizer", "comm", "exposed", "bubble", "step");
+  for (const plan::DeviceTime& d : t.devices)
+    fmt::print("{:<14} {:>10.3f} {:>10.3f} {:>12.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n",
+               fmt::format("stage {} tp {}", d.stage, d.tensor_rank), d.gemm * 1e3, d.attention * 1e3,
+               d.elementwise * 1e3, d.optimizer * 1e3, d.comm * 1e3, d.comm_exposed * 1e3, d.bubble * 1e3,
+               d.step * 1e3);
+  const double per_device = t.model_flops / l.devices() / t.step;
+  fmt::print("step {:.3f} ms: {:.1f} model TFLOP/s per device", t.step * 1e3, per_device / 1e12);
+  const double peak = l.param_dtype != DType::f32 && hw.gemm_flops_bf16 > 0 ? hw.gemm_flops_bf16 : hw.gemm_flops;
+  fmt::print(" ({:.0f}% of the sustained GEMM rate)\n", 100 * per_device / peak);
+  for (const auto& [group, s] : t.slowest().comm_by_group)
+    fmt::print("  {:<14} {:.3f} ms of communication per step\n", group, s * 1e3);
+}
 
 std::string preset_names() {
   std::string out;
@@ -181,7 +206,23 @@ int run_plan(PlanFlags f) {
   if (f.precision == "bf16") l.param_dtype = l.reduce_dtype = DType::bf16;
   if (f.precision == "fp16") l.param_dtype = l.reduce_dtype = DType::f16;
   const plan::GptShape g{.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .width = f.width};
+  if (f.check || !f.calibrate.empty()) {
+    CheckOptions o = f.check_options;
+    o.shape = g;
+    o.batch = f.batch;
+    if (f.check) return run_plan_check(o);
+    const plan::Hardware hw = calibrate_this_machine(o);
+    std::ofstream out(f.calibrate);
+    out << hardware_json(hw) << "\n";
+    if (!out) throw IoError("meshtrain plan", fmt::format("--calibrate {}: cannot write it", f.calibrate), "check the path");
+    fmt::print("wrote {} (use it with --hardware {})\n", f.calibrate, f.calibrate);
+    return 0;
+  }
   const plan::MemoryPrediction m = plan::predict_memory(g, l);
+  const std::optional<plan::Hardware> hw =
+      f.hardware.empty() ? std::nullopt : std::optional<plan::Hardware>(load_hardware(f.hardware));
+  const std::optional<plan::TimePrediction> time =
+      hw ? std::optional<plan::TimePrediction>(plan::predict_time(g, l, *hw)) : std::nullopt;
   const plan::DeviceMemory& worst = m.worst();
   if (!f.svg.empty()) {
     std::ofstream out(f.svg);
@@ -202,6 +243,15 @@ int run_plan(PlanFlags f) {
       const auto v = categories(d);
       for (size_t i = 0; i < v.size(); ++i) dj[kCategories[i]] = v[i];
       j["devices"].push_back(dj);
+    }
+    if (time) {
+      j["hardware"] = hw->name;
+      j["step_seconds"] = time->step;
+      for (const plan::DeviceTime& d : time->devices)
+        j["time"].push_back({{"stage", d.stage}, {"tensor_rank", d.tensor_rank}, {"gemm", d.gemm},
+                             {"attention", d.attention}, {"elementwise", d.elementwise}, {"optimizer", d.optimizer},
+                             {"comm", d.comm}, {"comm_exposed", d.comm_exposed}, {"bubble", d.bubble},
+                             {"step", d.step}});
     }
     fmt::print("{}\n", j.dump(2));
     return 0;
@@ -233,6 +283,7 @@ int run_plan(PlanFlags f) {
              worst.peak_at.empty() ? "" : fmt::format(" (peak at {})", worst.peak_at));
   fmt::print("(the trainer's tracked bytes: docs/planner.md says what they leave out)\n");
   if (!f.svg.empty()) fmt::print("picture: {}\n", f.svg);
+  if (time) print_time(*time, *hw, l);
   return 0;
 }
 
@@ -274,6 +325,25 @@ std::vector<Command> add_plan_commands(CLI::App& app) {
   cmd->add_flag("--sequence-parallel", f->sequence_parallel, "sequence parallelism with the tensor axis");
   cmd->add_flag("--recompute", f->recompute, "recompute every block's activations in backward");
   cmd->add_flag("--json", f->json, "print one JSON object instead of the table");
+  cmd->add_option("--hardware", f->hardware,
+                  "also predict the step time on this hardware: A100, H100, or a file --calibrate wrote");
+  cmd->add_option("--calibrate", f->calibrate,
+                  "measure this machine's GEMM, attention, elementwise and all_reduce rates and write them to "
+                  "this file (JSON)");
+  cmd->add_flag("--check", f->check,
+                "train a set of small layouts here (threads engine) and print predicted against measured "
+                "memory and step time (the model flags set the GPT)");
+  cmd->add_option("--check-steps", f->check_options.steps, "--check: steps per layout (the first two not timed)")
+      ->capture_default_str()
+      ->check(CLI::Range(3, 1000));
+  cmd->add_option("--only", f->check_options.only, "--check: only layouts whose name contains this");
+  cmd->add_option("--tolerance", f->check_options.tolerance,
+                  "--check: exit 1 when a predicted step time misses the measured one by more (a fraction)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--corpus", f->check_options.corpus, "--check: the text to train on")->capture_default_str();
+  cmd->add_option("--text-cache", f->check_options.text_cache, "--check: tokenizer and token-file cache")
+      ->capture_default_str();
   cmd->add_option("--svg", f->svg, "also write a picture of the memory per device by category (SVG) to this file");
   return {{cmd, [=] { return run_plan(*f); }}};
 }

@@ -2,10 +2,11 @@
 // tests/gpt_parity.h (AdamW, 2 steps) through the trainer on the threads
 // engine, every rank's MemoryTracker peak through the training steps
 // (TrainResult::train_memory_by_rank), for data parallelism, zero1/2/3,
-// tensor=2 (with and without sequence parallelism), pipeline=2 (1F1B),
-// context=2 and a 3-D mesh; zero2 and zero3 also in bf16, hybrid_full, and
-// zero3 under FSDP's other schedules (prefetch, no reshard after forward,
-// micro-batches, recompute). Each rank's total within 2% of the prediction
+// tensor=2 (with and without sequence parallelism), pipeline=2 (1F1B,
+// GPipe, ZB-H1; plain, zero1 and zero2, in f32 and bf16), context=2 and a
+// 3-D mesh; zero2 and zero3 also in bf16, hybrid_full, and zero3 under
+// FSDP's other schedules (prefetch, no reshard after forward, micro-batches,
+// recompute). Each rank's total within 2% of the prediction
 // for its (pipeline stage, tensor rank); where the peak comes while a
 // gradient reduction may still be in flight (thread timing), between the
 // prediction with eager reductions and the bound. What each category held
@@ -43,9 +44,7 @@ struct Case {
   // (thread timing): checked between the prediction with every reduction
   // done at once (TrainingLayout::eager_reductions) and the bound.
   bool timing_dependent = false;
-  // Pipelines with zero2: the categories' peaks are added (memory_model.h),
-  // so the prediction is an upper bound within this.
-  double upper_bound = 0;
+  std::string schedule = "1f1b";  // the pipeline's (TrainConfig::pipeline_schedule)
 };
 
 constexpr double kTolerance = 0.02;
@@ -66,6 +65,7 @@ void check(const Case& c) {
   tc.forward_prefetch = c.forward_prefetch;
   tc.reshard_after_forward = c.reshard_after_forward;
   tc.recompute = c.recompute;
+  tc.pipeline_schedule = c.schedule;
   tc.set("fsdp", c.fsdp, "Case.fsdp");
   config::DistributedConfig dc = testing::threads_mesh_config(c.mesh);
   dc.mixed_precision = c.precision;
@@ -74,6 +74,7 @@ void check(const Case& c) {
                                    .timeout = std::chrono::seconds(120)});
   const plan::NamedShape shape = c.mesh.empty() ? plan::NamedShape{{1}, {"data"}} : plan::parse_mesh_spec(c.mesh);
   plan::TrainingLayout l{.sequence_parallel = c.sequence_parallel,
+                         .schedule = c.schedule,
                          .micro_batches = c.micro_batches,
                          .recompute = c.recompute,
                          .min_weight_size = tc.fsdp_min_weight_size,
@@ -111,10 +112,7 @@ void check(const Case& c) {
                                            : fmt::format("; eager reductions {:.0f}, {:+.2f}%", eager_total,
                                                          100 * (eager_total / measured - 1)),
                cats, want.peak_at.empty() ? "" : "; predicted peak at " + want.peak_at);
-    if (c.upper_bound > 0) {
-      EXPECT_GE(want.total() / measured, 1.0) << "rank " << w;
-      EXPECT_LE(want.total() / measured, 1.0 + c.upper_bound) << "rank " << w;
-    } else if (c.timing_dependent) {
+    if (c.timing_dependent) {
       EXPECT_LT(eager_total, want.total()) << "rank " << w << ": no longer timing-dependent";
       EXPECT_GE(measured / eager_total, 1.0 - kTolerance) << "rank " << w;
       EXPECT_LE(measured / want.total(), 1.0 + kTolerance) << "rank " << w;
@@ -152,9 +150,33 @@ TEST(MemoryModel, Tensor) { check({.mesh = "tensor=2"}); }
 TEST(MemoryModel, TensorSequenceParallel) { check({.mesh = "tensor=2", .sequence_parallel = true}); }
 TEST(MemoryModel, Pipeline1F1B) { check({.mesh = "pipeline=2", .micro_batches = 4}); }
 TEST(MemoryModel, Context) { check({.mesh = "context=2"}); }
+// Fully sharded over the context axis too (the gradient axes).
+TEST(MemoryModel, ContextZero3) { check({.mesh = "fsdp=2,context=2", .fsdp = "zero3"}); }
 TEST(MemoryModel, PipelineZero1) { check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero1", .micro_batches = 4}); }
+// zero2 leaves a weight pass's last reduce-scatters in flight (nothing waits
+// for them before the next weight pass's rate limit: zero2 gathers
+// nothing), and the peak comes in the next micro-batch's weight pass, its
+// first unit's f32 gradient beside them: thread timing (runs on 2 cores:
+// within 0.6% of the bound, none done; every one done: 10% / 21% under it
+// on stage 0 / 1).
 TEST(MemoryModel, PipelineZero2) {
-  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 4, .upper_bound = 0.2});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 4, .timing_dependent = true});
+}
+// The other schedules (GPipe holds every micro-batch; ZB-H1 holds a
+// micro-batch from its input pass to its deferred weight pass) and fully
+// sharded stages in bf16 and with recompute.
+TEST(MemoryModel, PipelineSchedules) {
+  check({.mesh = "pipeline=2", .micro_batches = 4, .tag = "gpipe", .schedule = "gpipe"});
+  check({.mesh = "pipeline=2", .micro_batches = 4, .tag = "zb", .schedule = "zb"});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 4, .tag = "zb", .timing_dependent = true,
+         .schedule = "zb"});
+}
+TEST(MemoryModel, PipelineFullySharded) {
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero1", .micro_batches = 4, .precision = config::MixedPrecision::bf16});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 4, .precision = config::MixedPrecision::bf16,
+         .timing_dependent = true});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 2, .recompute = true, .tag = "recompute",
+         .timing_dependent = true});
 }
 TEST(MemoryModel, ThreeD) { check({.mesh = "pipeline=2,data=2,tensor=2", .micro_batches = 2}); }
 

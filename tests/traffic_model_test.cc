@@ -53,7 +53,7 @@ std::string canonical(const std::string& group, const plan::NamedShape& mesh) {
   std::string out;
   for (std::string_view a : plan::kMeshAxisOrder)
     if (std::find(axes.begin(), axes.end(), a) != axes.end() && mesh.size_of(a) > 1)
-      out += (out.empty() ? "" : "+") + std::string(a);
+      out.append(out.empty() ? "" : "+").append(a);
   return out;
 }
 

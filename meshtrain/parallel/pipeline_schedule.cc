@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/plan/time_model.h"
 
 namespace meshtrain::parallel {
 
@@ -499,14 +500,7 @@ double simulated_bubble(const Schedule& schedule, const StepCosts& costs) {
 
 double theoretical_bubble(ScheduleKind kind, int p, int m, int v) {
   check_kind_shape("theoretical_bubble", kind, p, m, v);
-  const double dp = p, dm = m, dv = v;
-  switch (kind) {
-    case ScheduleKind::gpipe:
-    case ScheduleKind::one_f_one_b: return (dp - 1) / (dm + dp - 1);
-    case ScheduleKind::interleaved_1f1b: return (dp - 1) / (dv * dm + dp - 1);
-    case ScheduleKind::zero_bubble: return 1 - 3 * dm / (2 * dm + dp - 1 + std::max(dm, dp));
-  }
-  return 0;
+  return plan::pipeline_bubble(to_string(kind), p, m, v);
 }
 
 int peak_in_flight(const Schedule& schedule, int rank) {

@@ -4,88 +4,94 @@
 
 #include <algorithm>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/sharding/stage_assignment.h"
+#include "meshtrain/plan/internal/gpt_layout.h"
 
 namespace meshtrain::plan {
 namespace {
 
 constexpr const char* kOp = "plan::predict_memory";
 
-// torch.chunk's rule (nn::shard_range): n over k ranks, ceil(n / k) each,
-// the last ones shorter or empty.
-int64_t chunk_size(int64_t n, int rank, int k) {
-  const int64_t c = (n + k - 1) / k;
-  return std::clamp<int64_t>(n - rank * c, 0, c);
+using internal::stage_blocks;
+using internal::stage_params;
+using internal::StageParam;
+
+// Model chunks per pipeline rank, as the trainer resolves them: 1 without
+// a pipeline axis (the whole model), at least 2 for the interleaved schedule.
+int chunks_per_rank(const TrainingLayout& l) {
+  if (l.pipeline == 1) return 1;
+  return l.schedule == "interleaved" ? std::max(l.virtual_stages, 2) : l.virtual_stages;
 }
 
-// One parameter this device holds: its local element count and the fully
-// sharded unit it belongs to (0..blocks-1: the blocks; blocks: wte as a unit
-// of its own; blocks + 1: the rest of the stage).
-struct Param {
-  int64_t numel = 0;
-  int unit = 0;
+// One compute action of a pipeline rank: F (forward), B (fused backward),
+// I (backward_input), W (backward_weight) of chunk `chunk` (the rank's
+// stages r, r + p, ...) on micro-batch `mb`.
+struct Work {
+  char kind = 'F';
+  int chunk = 0, mb = 0;
 };
 
-// The blocks [first, last) of each stage: the trainer's cut by forward
-// FLOPs per token (train/gpt_recipe.cc: 24 C^2 + 2 T C per block, the tied
-// head's 2 C V on the last).
-std::vector<std::pair<int, int>> stage_blocks(const GptShape& g, int stages) {
-  const double c = static_cast<double>(g.width), t = static_cast<double>(g.seq);
-  std::vector<double> costs(static_cast<size_t>(g.layers), 24 * c * c + 2 * t * c);
-  costs.back() += 2 * c * static_cast<double>(g.vocab);
-  const sharding::PipelineParallelStrategy pp("pipeline", stages);
-  const std::vector<int> counts = pp.assign_layers_to_stages(costs);
-  std::vector<std::pair<int, int>> out;
-  for (int s = 0; s < stages; ++s) out.push_back(pp.layer_range(s, counts));
+// Pipeline rank r's compute actions in order, as parallel/pipeline_schedule.cc
+// builds them (the sends and receives left out).
+std::vector<Work> rank_program(const TrainingLayout& l, int r) {
+  const int p = l.pipeline, m = l.micro_batches, v = chunks_per_rank(l);
+  std::vector<Work> out;
+  if (l.schedule == "gpipe") {
+    for (int i = 0; i < m; ++i) out.push_back({'F', 0, i});
+    for (int i = 0; i < m; ++i) out.push_back({'B', 0, i});
+  } else if (l.schedule == "1f1b" || l.schedule == "zb") {
+    // zb (ZB-H1): 1F1B's order, the backward split, rank r's first r W's deferred.
+    const bool split = l.schedule == "zb";
+    const int warmup = std::min(p - r - 1, m);
+    std::deque<int> pending;
+    int inputs = 0;
+    const auto backward = [&](int i) {
+      if (!split) {
+        out.push_back({'B', 0, i});
+        return;
+      }
+      out.push_back({'I', 0, i});
+      pending.push_back(i);
+      if (++inputs > r) {
+        out.push_back({'W', 0, pending.front()});
+        pending.pop_front();
+      }
+    };
+    for (int i = 0; i < warmup; ++i) out.push_back({'F', 0, i});
+    for (int i = warmup; i < m; ++i) {
+      out.push_back({'F', 0, i});
+      backward(i - warmup);
+    }
+    for (int i = m - warmup; i < m; ++i) backward(i);
+    for (int i : pending) out.push_back({'W', 0, i});
+  } else if (l.schedule == "interleaved") {
+    const int total = v * m;
+    const int warmup = std::min((v - 1) * p + 2 * (p - r - 1), total);
+    const auto mb = [&](int k) { return (k / (p * v)) * p + k % p; };
+    const auto forward = [&](int k) { out.push_back({'F', (k / p) % v, mb(k)}); };
+    const auto backward = [&](int k) { out.push_back({'B', v - 1 - (k / p) % v, mb(k)}); };
+    for (int k = 0; k < warmup; ++k) forward(k);
+    for (int k = 0; k < total - warmup; ++k) {
+      forward(warmup + k);
+      backward(k);
+    }
+    for (int k = total - warmup; k < total; ++k) backward(k);
+  } else {
+    throw InvalidArgument(kOp, fmt::format("pipeline schedule '{}'", l.schedule), "use gpipe, 1f1b, interleaved or zb");
+  }
   return out;
 }
 
-// What stage `first..last` (with the embeddings / the head) of tensor rank
-// r of k holds (nn/gpt.h: column-parallel q|k|v and c_fc, row-parallel
-// projections with replicated biases, vocabulary-parallel wte).
-std::vector<Param> stage_params(const GptShape& g, int first, int last, bool embed, bool head, int r, int k,
-                                bool pipelined) {
-  const int64_t C = g.width;
-  const int own_wte = pipelined && embed != head ? 1 : 0;  // wte is a unit of its own on a pipeline
-  const int blocks = last - first;
-  const int rest = blocks + 1;
-  std::vector<Param> ps;
-  const int64_t wte = chunk_size(g.vocab, r, k) * C;
-  if (embed) {
-    ps.push_back({wte, own_wte ? blocks : rest});
-    ps.push_back({g.seq * C, rest});  // wpe: block_size rows (the run's sequence length)
-  }
-  for (int b = 0; b < blocks; ++b) {
-    for (int64_t n : {C, C,                      // ln_1
-                      C * 3 * C / k, 3 * C / k,  // c_attn
-                      C / k * C, C,              // attn.c_proj (bias replicated)
-                      C, C,                      // ln_2
-                      C * 4 * C / k, 4 * C / k,  // c_fc
-                      4 * C / k * C, C})         // mlp.c_proj
-      ps.push_back({n, b});
-  }
-  if (head) {
-    ps.push_back({C, rest});  // ln_f
-    ps.push_back({C, rest});
-    if (!embed) ps.push_back({wte, own_wte ? blocks : rest});  // the tied head's copy
-  }
-  return ps;
-}
-
-// In-flight micro-batches (schedule chunks) of pipeline rank r of p.
-int in_flight(const TrainingLayout& l, int r) {
-  const int p = l.pipeline, m = l.micro_batches, v = l.virtual_stages;
-  if (p == 1) return 1;
-  if (l.schedule == "gpipe") return m;
-  if (l.schedule == "1f1b" || l.schedule == "zb") return std::min(p - r, m);
-  if (l.schedule == "interleaved") return std::min((v - 1) * p + 2 * (p - r - 1) + 1, v * m);
-  throw InvalidArgument(kOp, fmt::format("pipeline schedule '{}'", l.schedule), "use gpipe, 1f1b, interleaved or zb");
-}
+// FSDP's units of a stage in its order (parallel/fully_sharded.cc: the
+// model's definition order): the root (the GPT's part less its blocks and,
+// on a pipeline, wte: wpe, ln_f), wte (a unit of its own on a pipeline's
+// first and last stage, else empty), block `first` + i at kUnitBlocks + i.
+constexpr int kUnitRoot = 0, kUnitWte = 1, kUnitBlocks = 2;
 
 // Fully sharded data parallelism's working memory (MemoryCategory::working)
 // through the hook calls of a micro-batch, by parallel/fully_sharded.cc's
@@ -102,8 +108,8 @@ int in_flight(const TrainingLayout& l, int r) {
 // done only once it must be: waited for (the rate limit, finish()), or
 // once FSDP waited for a later collective on the same communicator (a
 // zero3 gather: collectives complete in issue order, comm/communicator.h).
-// Units in FSDP's order (parallel/fully_sharded.cc: the root first, then
-// the blocks), with their padded sizes (0: nothing sharded, no hooks).
+// Units in FSDP's order (below), with their padded sizes (0: nothing
+// sharded, no hooks).
 class FsdpWorking {
  public:
   FsdpWorking(const TrainingLayout& l, const std::vector<int64_t>& padded)
@@ -269,19 +275,25 @@ class FsdpWorking {
   double now_ = 0, peak_ = 0;
 };
 
-std::string moment_name(const ActivationMoment& m) {
+// "backward_input h.1 (before_use)": a hook call of `unit` ("GPT", "wte", "h.1").
+std::string hook_name(ScopePass pass, const std::string& unit, ScopeEvent event) {
   static const char* const kPass[] = {"forward", "backward", "backward_input", "backward_weight"};
-  const std::string where = m.block < 0 ? std::string("GPT") : fmt::format("h.{}", m.block);
+  return fmt::format("{} {} ({})", kPass[static_cast<int>(pass)], unit,
+                     event == ScopeEvent::before_use ? "before_use" : "after_use");
+}
+
+std::string block_name(int64_t block) { return block < 0 ? std::string("GPT") : fmt::format("h.{}", block); }
+
+std::string moment_name(const ActivationMoment& m) {
   if (m.event == ScopeEvent::start) return "start of the forward";
-  return fmt::format("{} {} ({})", kPass[static_cast<int>(m.pass)], where,
-                     m.event == ScopeEvent::before_use ? "before_use" : "after_use");
+  return hook_name(m.pass, block_name(m.block), m.event);
 }
 
 // Without a pipeline: the trainer's micro-batches through one Saved (the
 // first step's first cold, every other warm), two steps, each moment's
 // activations beside the working memory then; the largest total wins.
-// `padded`: FSDP's units (root first), empty without fully sharded data
-// parallelism; blocks start at `first`.
+// `padded`: FSDP's units (FsdpWorking's order), empty without fully
+// sharded data parallelism; blocks start at `first`.
 void walk_steps(const TrainingLayout& l, const ActivationEstimate& e, const std::vector<int64_t>& padded,
                 int64_t first, double batch, DeviceMemory& dev) {
   std::optional<FsdpWorking> fsdp;
@@ -300,7 +312,7 @@ void walk_steps(const TrainingLayout& l, const ActivationEstimate& e, const std:
       if (fsdp) fsdp->begin_micro_batch(i, l.micro_batches);
       for (const ActivationMoment& m : timeline) {
         if (fsdp && m.event != ScopeEvent::start) {
-          const int unit = m.block < 0 ? 0 : static_cast<int>(m.block - first) + 1;
+          const int unit = m.block < 0 ? kUnitRoot : static_cast<int>(m.block - first) + kUnitBlocks;
           fsdp->reset_peak();
           if (m.event == ScopeEvent::before_use)
             fsdp->before_use(unit, m.pass);
@@ -312,6 +324,169 @@ void walk_steps(const TrainingLayout& l, const ActivationEstimate& e, const std:
       }
     }
     if (fsdp) fsdp->end_step();
+  }
+}
+
+// One step of a pipeline action: a hook call of FSDP's unit `unit` (-1:
+// none, the action's start), this micro-batch's activation bytes then
+// (`at`) and the most until the next step (`peak`).
+struct HookStep {
+  int unit = -1;
+  ScopeEvent event = ScopeEvent::start;
+  ScopePass pass = ScopePass::forward;
+  double at = 0, peak = 0;
+  std::string where;  // for DeviceMemory::peak_at
+};
+
+// A stage's micro-batch as the pipeline runs it: a fresh Saved (the cold
+// timeline), its forward (F), input pass (I, the first part of a fused B)
+// and weight pass (W, the rest), and what it holds between them.
+struct PipelinePasses {
+  std::vector<HookStep> forward, input, weight;
+  double saved = 0;        // from F to I: saved_per_micro_batch
+  double after_input = 0;  // from I to W
+  double output = 0;       // F's output (a stage that is not the last), held until its send completes
+};
+
+// The cold timeline cut into the pipeline's actions, with the hooks the
+// whole-model timeline lacks: the stage's part runs its backward as two
+// scopes (nn::Module::backward_input, then backward_weight: the root's
+// unit is used in each, its gradient held in the weight pass only), and
+// wte is a unit of its own, used inside the embeddings' forward, input
+// and weight passes (the first stage: the embedding's own scope) or by
+// the tied head (the last: nn::GPT::head_use, first in each backward
+// pass). At the added hooks the activations are the most of the stretch
+// they fall in (the level there when nothing is allocated in it, as
+// without dropout), but for the embedding's weight pass: the level after
+// it (it frees nothing).
+PipelinePasses pipeline_passes(const ActivationEstimate& e, int64_t first, bool embed_wte, bool head_wte,
+                               bool last_stage) {
+  const std::vector<ActivationMoment>& t = e.timeline;
+  size_t k = 0, j = 0;  // the GPT's forward after_use; the last hook of the input pass
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (k == 0 && t[i].event == ScopeEvent::after_use && t[i].pass == ScopePass::forward && t[i].block < 0) k = i;
+    if (t[i].pass == ScopePass::backward_input) j = i;
+  }
+  if (k < 2 || j <= k + 1 || j + 2 >= t.size())
+    throw InvalidArgument(kOp, "an activation timeline without a forward, input and weight pass",
+                          "report this: plan::estimate_activations and the memory model disagree");
+  const auto from = [&](const ActivationMoment& m, ScopePass pass) {
+    const int unit = m.event == ScopeEvent::start ? -1
+                     : m.block < 0                ? kUnitRoot
+                                                  : static_cast<int>(m.block - first) + kUnitBlocks;
+    return HookStep{.unit = unit, .event = m.event, .pass = pass, .at = m.at, .peak = m.peak,
+                    .where = m.event == ScopeEvent::start ? "start" : hook_name(pass, block_name(m.block), m.event)};
+  };
+  const auto hook = [](std::vector<HookStep>& out, int unit, ScopeEvent ev, ScopePass pass, double level) {
+    out.push_back({.unit = unit, .event = ev, .pass = pass, .at = level, .peak = level,
+                   .where = hook_name(pass, unit == kUnitWte ? "wte" : "GPT", ev)});
+  };
+  const auto wte = [&](std::vector<HookStep>& out, ScopePass pass, double level) {
+    hook(out, kUnitWte, ScopeEvent::before_use, pass, level);
+    hook(out, kUnitWte, ScopeEvent::after_use, pass, level);
+  };
+  PipelinePasses c;
+  for (size_t i = 0; i <= k; ++i) {
+    if (head_wte && i == k) wte(c.forward, ScopePass::forward, t[k - 1].peak);  // the head, after the blocks
+    c.forward.push_back(from(t[i], t[i].pass));
+    if (embed_wte && i == 1) wte(c.forward, ScopePass::forward, t[1].peak);  // the embedding, first
+  }
+  for (size_t i = k + 1; i <= j; ++i) {  // the GPT's backward scope opens as backward_input
+    c.input.push_back(from(t[i], i == k + 1 ? ScopePass::backward_input : t[i].pass));
+    if (head_wte && i == k + 1) wte(c.input, ScopePass::backward_input, t[i].peak);
+  }
+  const double end_of_input = t[j].peak;
+  if (embed_wte) wte(c.input, ScopePass::backward_input, end_of_input);
+  hook(c.input, kUnitRoot, ScopeEvent::after_use, ScopePass::backward_input, end_of_input);
+  hook(c.weight, kUnitRoot, ScopeEvent::before_use, ScopePass::backward_weight, end_of_input);
+  if (head_wte) wte(c.weight, ScopePass::backward_weight, end_of_input);
+  for (size_t i = j + 1; i < t.size(); ++i) {
+    const bool last = i + 1 == t.size();  // the GPT's backward after_use
+    // The embedding's weight pass comes after the blocks have freed what
+    // they rebuilt (recompute); its dy is a view it does not own.
+    if (embed_wte && last) wte(c.weight, ScopePass::backward_weight, t[i].at);
+    c.weight.push_back(from(t[i], last ? ScopePass::backward_weight : t[i].pass));
+  }
+  c.saved = e.saved_per_micro_batch;
+  c.after_input = end_of_input;
+  c.output = last_stage ? 0.0 : e.stage_output;
+  return c;
+}
+
+// A pipeline rank's chunk (one stage of the model): its micro-batch's
+// passes and FSDP's units (FsdpWorking's order; empty without fully
+// sharded data parallelism).
+struct StageReplay {
+  PipelinePasses passes;
+  std::vector<int64_t> padded;
+  int stage = 0;
+};
+
+// On a pipeline: rank r's compute actions (rank_program) through two
+// steps, each (chunk, micro-batch) holding its activations from its F to
+// the end of its B or W (the executor then frees its Saved), F's output
+// until the end of the rank's next action (the send completes once the
+// next stage posted its receive, which it does after its own work; the
+// executor frees finished sends after each action), beside FSDP's working
+// memory of every chunk (one FullyShardedDataParallel per stage; the
+// weight pass starts its micro-batch window) at every hook call.
+void walk_pipeline(const TrainingLayout& l, int r, const std::vector<StageReplay>& chunks, double batch,
+                   DeviceMemory& dev) {
+  std::deque<FsdpWorking> fsdp;
+  for (const StageReplay& c : chunks) fsdp.emplace_back(l, c.padded);
+  const std::vector<Work> program = rank_program(l, r);
+  std::map<std::pair<int, int>, double> held;  // (chunk, micro-batch) -> its activation bytes
+  double outputs = 0;                          // F's outputs whose sends may still be in flight
+  double best = -1;
+  for (int step = 0; step < 2; ++step) {
+    for (const Work& w : program) {
+      const StageReplay& c = chunks[static_cast<size_t>(w.chunk)];
+      FsdpWorking& f = fsdp[static_cast<size_t>(w.chunk)];
+      const bool sharded = !c.padded.empty();
+      const std::pair<int, int> mine{w.chunk, w.mb};
+      double others = batch + outputs, work_others = 0;
+      for (const auto& [key, bytes] : held)
+        if (key != mine) others += bytes;
+      dev.in_flight = std::max(dev.in_flight, static_cast<int>(held.size() + (held.count(mine) > 0 ? 0 : 1)));
+      for (size_t i = 0; i < fsdp.size(); ++i)
+        if (static_cast<int>(i) != w.chunk && !chunks[i].padded.empty()) work_others += fsdp[i].now();
+      const auto consider = [&](double act, double work, const HookStep& s, bool in_hook) {
+        if (act + work <= best) return;
+        best = act + work;
+        dev.activations = act;
+        dev.working = work;
+        dev.peak_at = fmt::format("{}{}{} {}{}", w.kind, w.mb,
+                                  chunks.size() > 1 ? fmt::format(" of stage {}", c.stage) : std::string(), s.where,
+                                  in_hook ? ", in the hook" : "");
+      };
+      const auto run = [&](const std::vector<HookStep>& steps) {
+        for (const HookStep& s : steps) {
+          if (sharded && s.unit >= 0) {
+            f.reset_peak();
+            if (s.event == ScopeEvent::before_use)
+              f.before_use(s.unit, s.pass);
+            else
+              f.after_use(s.unit, s.pass);
+            consider(others + s.at, work_others + f.peak(), s, true);
+          }
+          consider(others + s.peak, work_others + (sharded ? f.now() : 0.0), s, false);
+        }
+      };
+      if (w.kind == 'B' || w.kind == 'W') f.begin_micro_batch(w.mb, l.micro_batches);
+      if (w.kind == 'F') run(c.passes.forward);
+      if (w.kind == 'B' || w.kind == 'I') run(c.passes.input);
+      if (w.kind == 'B' || w.kind == 'W') run(c.passes.weight);
+      outputs = 0;  // the sends before this action are done
+      if (w.kind == 'F') {
+        held[mine] = c.passes.saved;
+        outputs = c.passes.output;
+      } else if (w.kind == 'I') {
+        held[mine] = c.passes.after_input;
+      } else {
+        held.erase(mine);
+      }
+    }
+    for (FsdpWorking& f : fsdp) f.end_step();
   }
 }
 
@@ -364,10 +539,10 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
   if (g.heads % l.tensor != 0)
     throw InvalidArgument(kOp, fmt::format("tensor = {} does not divide {} heads", l.tensor, g.heads),
                           "use a tensor axis that divides the heads");
-  if (g.layers < static_cast<int64_t>(l.pipeline) * l.virtual_stages)
+  if (g.layers < static_cast<int64_t>(l.pipeline) * chunks_per_rank(l))
     throw InvalidArgument(kOp,
                           fmt::format("{} layers over pipeline = {} x {} virtual stages: a stage would be empty",
-                                      g.layers, l.pipeline, l.virtual_stages),
+                                      g.layers, l.pipeline, chunks_per_rank(l)),
                           "use fewer pipeline stages");
   const int64_t dp = l.data_ranks();
   if (l.batch % dp != 0 || l.batch / dp < l.micro_batches)
@@ -379,6 +554,17 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
     throw InvalidArgument(kOp, fmt::format("context = {} does not split a sequence of {} into 2 x {} chunks",
                                            l.context, g.seq, l.context),
                           "use a sequence length divisible by twice the context axis");
+  if (l.pipeline > 1) {  // as parallel::make_schedule checks the schedule
+    rank_program(l, 0);  // the schedule's name
+    if (l.schedule != "interleaved" && l.virtual_stages != 1)
+      throw InvalidArgument(kOp, fmt::format("{} virtual stages with the {} schedule", l.virtual_stages, l.schedule),
+                            "only the interleaved schedule runs several chunks per rank: use 1, or interleaved");
+    if (l.schedule == "interleaved" && l.micro_batches % l.pipeline != 0)
+      throw InvalidArgument(kOp,
+                            fmt::format("the interleaved schedule with {} micro-batches over pipeline = {}",
+                                        l.micro_batches, l.pipeline),
+                            "use a multiple of the pipeline axis's size of micro-batches");
+  }
   if (l.max_reductions_in_flight < 1)
     throw InvalidArgument(kOp, fmt::format("max_reductions_in_flight = {}", l.max_reductions_in_flight),
                           "allow at least one gradient reduction in flight");
@@ -389,9 +575,10 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
 
 MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
   check_layout(g, l);
-  const int p = l.pipeline, k = l.tensor, v = l.virtual_stages;
+  // Without a pipeline axis the trainer runs the whole model: no chunks.
+  const int p = l.pipeline, k = l.tensor, v = chunks_per_rank(l);
   const bool sharded = l.sharding != Sharding::none;
-  const int d = l.sharding == Sharding::no_shard ? 1 : (l.hybrid ? l.fsdp : l.data_ranks());
+  const int d = l.sharding == Sharding::no_shard ? 1 : l.shard_ranks();
   const int64_t per_rank = l.batch / l.data_ranks();  // samples per data-parallel rank per step
   const int64_t micro = per_rank / l.micro_batches;   // the trainer's micro-batch (the last may be larger)
   const double pb = static_cast<double>(dtype_size(l.param_dtype));
@@ -404,41 +591,40 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
       DeviceMemory dev;
       dev.stage = r;
       dev.tensor_rank = t;
-      const int flight = in_flight(l, r);
-      dev.in_flight = flight;
-      double saved_sum = 0, peak_max = 0, batch = 0;
-      int64_t largest_unit = 0;
-      std::vector<int64_t> padded;  // FSDP's units in its order (one chunk: the root, then the blocks)
-      ActivationEstimate last_estimate;
+      double batch = 0;
+      std::vector<StageReplay> chunks;
       for (int c = 0; c < v; ++c) {  // the chunks this rank runs: stages r, r + p, ...
         const int s = r + c * p;
         const auto [first, last] = cut[static_cast<size_t>(s)];
         const bool embed = s == 0, head = s == p * v - 1;
-        const std::vector<Param> ps = stage_params(g, first, last, embed, head, t, k, p > 1);
-        const int units = last - first + 2;
-        std::vector<int64_t> unit_n(static_cast<size_t>(units), 0);
+        const std::vector<StageParam> ps = stage_params(g, first, last, embed, head, t, k, p > 1);
+        const int blocks = last - first;
+        std::vector<int64_t> unit_n(static_cast<size_t>(blocks + 2), 0);  // stage_params' unit numbers
         int64_t replicated = 0;
-        for (const Param& q : ps) {
+        for (const StageParam& q : ps) {
           dev.elements += q.numel;
           if (sharded && q.numel >= l.min_weight_size) unit_n[static_cast<size_t>(q.unit)] += q.numel;
           else replicated += q.numel;
         }
+        // FSDP's units in its order (FsdpWorking): the root (the rest of
+        // the stage), wte, the blocks.
+        std::vector<int64_t> padded;
         if (!sharded) {
           const double n = static_cast<double>(dev.elements);
           dev.parameters = 4 * n;
           dev.comm_buffers = 4 * n;
           dev.optimizer = state * n;
         } else {
-          for (int u = 0; u < units; ++u) {
+          padded.resize(static_cast<size_t>(blocks + 2), 0);
+          for (int u = 0; u < blocks + 2; ++u) {
             const int64_t np = (unit_n[static_cast<size_t>(u)] + d - 1) / d * d;
             const double P = static_cast<double>(np), dd = static_cast<double>(d);
             const double master = l.param_dtype == DType::f32 ? 0.0 : 4.0;
             dev.parameters += l.sharding == Sharding::zero3 ? pb * P / dd : pb * P;
             dev.gradients += l.sharding >= Sharding::zero2 ? gb * P / dd : gb * P;
             dev.optimizer += (master + state) * P / dd;
-            largest_unit = std::max(largest_unit, np);
-            if (u == units - 1) padded.insert(padded.begin(), np);  // the rest of the stage: the root's unit
-            else if (u < last - first) padded.push_back(np);
+            const int at = u < blocks ? kUnitBlocks + u : u == blocks ? kUnitWte : kUnitRoot;
+            padded[static_cast<size_t>(at)] = np;
           }
           const double rep = static_cast<double>(replicated);
           dev.parameters += 4 * rep;
@@ -460,35 +646,20 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
                             .embed = embed,
                             .head = head};
         const ActivationEstimate e = estimate_activations(g, al);
-        // Without a pipeline the trainer reuses one Saved (warm); a
-        // pipeline gives each micro-batch a fresh one (cold).
-        const double saved = p > 1 ? e.saved_per_micro_batch : e.saved_warm;
-        const double peak = p > 1 ? e.peak_one_micro_batch : e.peak_warm;
-        saved_sum += saved;
-        peak_max = std::max(peak_max, peak - saved);
         batch = e.batch_bytes;
-        last_estimate = e;
+        if (p == 1) {
+          // No pipeline: the total moment by moment, one Saved reused (warm).
+          walk_steps(l, e, padded, first, 2 * batch, dev);
+          continue;
+        }
+        // A pipeline: a fresh Saved per micro-batch (cold); wte is a unit
+        // of its own on the first and the last stage.
+        const bool own_wte = embed != head;
+        chunks.push_back({.passes = pipeline_passes(e, first, own_wte && embed, own_wte && head, head),
+                          .padded = std::move(padded),
+                          .stage = s});
       }
-      if (p == 1 && v == 1) {
-        // One chunk, no pipeline: the total moment by moment.
-        walk_steps(l, last_estimate, padded, cut[0].first, 2 * batch, dev);
-        out.devices.push_back(dev);
-        continue;
-      }
-      // flight - 1 micro-batches (chunks) saved, one at its peak; chunks
-      // counted at their mean size.
-      dev.activations = (flight - 1) * saved_sum / v + saved_sum / v + peak_max + 2 * batch;
-      if (sharded && largest_unit > 0) {
-        // A bound, added to the activations' peak: the largest unit's f32
-        // working gradient (none when f32 gradients persist: stage <= 1)
-        // with its reduce_dtype copy, the reductions in flight (stages 2
-        // and 3), stage 3's gathered unit and the prefetched next one.
-        const bool grads_persist = l.reduce_dtype == DType::f32 && l.sharding <= Sharding::zero1;
-        double per = grads_persist ? 0 : 4 + (l.sharding >= Sharding::zero2 && gb < 4 ? gb : 0);
-        if (l.sharding >= Sharding::zero2) per += gb * l.max_reductions_in_flight;
-        if (l.sharding == Sharding::zero3) per += 2 * pb;
-        dev.working = per * static_cast<double>(largest_unit);
-      }
+      if (p > 1) walk_pipeline(l, r, chunks, 2 * batch, dev);
       out.devices.push_back(dev);
     }
   }

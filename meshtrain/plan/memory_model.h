@@ -27,8 +27,9 @@
 //       optimizer (master + 8) Np / d; no_shard: d = 1.
 //     Smaller parameters stay replicated in f32: 4 + 4 + 8 bytes each.
 //     working (MemoryCategory::working), by parallel/fully_sharded.cc's
-//     rules at every hook call of the micro-batch (units: each block and
-//     the GPT, which keeps the embeddings and ln_f): zero3 gathers a
+//     rules at every hook call of the micro-batch (units: each block, on a
+//     pipeline's first and last stage wte, and the GPT, which keeps the
+//     rest: wpe, ln_f): zero3 gathers a
 //     unit's padded param_dtype copy p Np before its use (the GPT's around
 //     the whole forward and the whole backward; backward_prefetch pre: the
 //     next block's too while a block's input pass runs; post: after it;
@@ -36,16 +37,16 @@
 //     (reshard_after_forward; in backward after the block's input pass);
 //     values that are not f32 under zero1/2 view the persistent copy
 //     (nothing); a unit's backward (the GPT's from the start of the
-//     backward, a block's weight pass) holds a padded f32 gradient 4 Np
+//     backward, on a pipeline its weight pass; a block's and wte's weight
+//     pass) holds a padded f32 gradient 4 Np
 //     unless gradients persist in f32 (zero1/no_shard with f32
 //     reductions), which zero2/3 round to reduce_dtype (g Np beside the
 //     f32 for a moment) and reduce-scatter, holding the buffer until the
 //     reduction is done; launching one beyond max_reductions_in_flight
 //     waits for the oldest.
 //   activations: plan::estimate_activations (activation_memory.h) for one
-//     micro-batch, times the micro-batches a pipeline stage holds at once
-//     (1F1B: min(p - s, m) on stage s; GPipe: m), plus two loaded batches
-//     (the trainer prefetches the next).
+//     micro-batch, over the micro-batches a pipeline stage holds at once
+//     (below), plus two loaded batches (the trainer prefetches the next).
 // The total. Without a pipeline it is taken moment by moment: the
 // activations' timeline (ActivationEstimate::timeline: the bytes at every
 // FSDP hook call and the most between two) beside the working memory then,
@@ -68,12 +69,37 @@
 // under it), zero3 bf16 with 4 micro-batches 0-3.5% (eager: 3.5%). Two
 // loaded batches are counted; a run's last step has no next one (512
 // bytes to 2 KiB on the test's GPT).
-// On a pipeline the micro-batches in flight interleave, and the
-// categories' peaks are added instead, the working memory as a bound (the
-// largest unit's gradient and its copy, the reductions in flight, zero3's
-// two gathered units). That bound is 0, and exact, for zero1 in f32 (the
-// test's pipelines: 1F1B, zero1 and a 3-D mesh within 1%); for zero2 it is
-// 5-15% over the measured peak on the test's GPT.
+// On a pipeline the same walk runs over each stage's schedule: rank r's
+// compute actions in parallel/pipeline_schedule.cc's order (GPipe, 1F1B,
+// ZB-H1 with its split backward, interleaved over its chunks), two steps.
+// Every micro-batch has a fresh Saved: its cold timeline, cut into the
+// forward (F), the input pass (I, or the first part of a fused B) and the
+// weight pass (W, or B's rest), with the hooks a stage adds (the GPT's
+// part runs its backward as two scopes, so the root's f32 gradient lives
+// in the weight pass only; wte's own unit, used inside the embedding's
+// passes on the first stage and by the tied head on the last: after the
+// blocks in forward, first in each backward pass); at those added hooks the
+// activations are taken as the most of the stretch they fall in (exact
+// without dropout). A micro-batch holds saved_per_micro_batch from its F
+// to its I, what the input pass left until its W (ZB-H1 defers W: rank r
+// holds r more), nothing after (the executor frees the Saved); a stage
+// that is not the last also holds each F's output until the end of its
+// next action (the next stage posts its receive after its own work: 1F1B's
+// steady state; a slower next stage under GPipe can keep more). Each
+// chunk's FSDP (one wrapper per stage) sees its hook calls in that order,
+// the weight pass starting its micro-batch window. `peak_at` names the
+// action and the moment ("B1 backward_weight wte (before_use), in the
+// hook"); `in_flight` counts the micro-batches holding activations at
+// once. In the test (pipeline=2, 4 micro-batches unless said): 1F1B,
+// ZB-H1, zero1 in f32 and bf16 and the 3-D mesh (2 micro-batches) exact
+// or within 0.5%; GPipe's first stage 0.4-0.9% under (outputs still being
+// sent); zero2 (f32, bf16, ZB-H1, recompute with 2 micro-batches) peaks
+// in a weight pass beside the previous one's last reduce-scatters, which
+// nothing waits for under zero2 (no gathers) before the next rate limit:
+// measured within 0.6% of the bound with 1F1B in f32 and bf16 over 8 runs
+// (eager in f32: 10% under it on stage 0, 21% on stage 1), at times down
+// to the eager prediction elsewhere (ZB-H1's last stage, recompute's
+// first: up to 12% under the bound).
 // Thread-safety: pure functions. Errors: InvalidArgument naming the value.
 #pragma once
 
@@ -128,6 +154,9 @@ struct TrainingLayout {
   // an axis other than data, fsdp, tensor, pipeline and context.
   void set_mesh(const NamedShape& mesh);
   int data_ranks() const { return data * fsdp; }
+  // The ranks fully sharded data parallelism shards over: fsdp (hybrid), or
+  // every rank that sums the gradients (data x fsdp x context).
+  int shard_ranks() const { return hybrid ? fsdp : data * fsdp * context; }
   int devices() const { return data * fsdp * tensor * pipeline * context; }
 };
 
@@ -136,10 +165,11 @@ struct DeviceMemory {
   int stage = 0, tensor_rank = 0;
   double parameters = 0, gradients = 0, optimizer = 0, working = 0, activations = 0, comm_buffers = 0;
   int64_t elements = 0;   // parameters this device holds a part of (its stage and tensor rank)
-  int in_flight = 1;      // micro-batches whose activations it holds at once
+  int in_flight = 1;      // micro-batches whose activations it holds at once (pipelines)
   // Where the total peaks ("backward_input h.1 (before_use)": the stretch
-  // after that hook call; "..., in the hook": during it); empty where the
-  // categories' own peaks are added (pipelines).
+  // after that hook call; "..., in the hook": during it; on a pipeline the
+  // action first: "B1 backward_weight wte (before_use)", "F2 of stage 3
+  // start" with several chunks per rank).
   std::string peak_at;
   double total() const { return parameters + gradients + optimizer + working + activations + comm_buffers; }
 };
@@ -150,7 +180,11 @@ struct MemoryPrediction {
 };
 
 // Checks the layout against the shape (divisibility of heads, layers,
-// batch and sequence) with messages naming the value and how to fix it.
+// batch and sequence) and the pipeline schedule (its name; virtual stages
+// only with interleaved, which takes at least 2 as the trainer resolves it
+// and a multiple of the pipeline's size of micro-batches) with messages
+// naming the value and how to fix it. Without a pipeline axis
+// virtual_stages is ignored (the trainer runs the whole model).
 void check_layout(const GptShape& shape, const TrainingLayout& layout);
 
 MemoryPrediction predict_memory(const GptShape& shape, const TrainingLayout& layout);

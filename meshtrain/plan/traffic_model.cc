@@ -26,7 +26,8 @@ Group group_of(const TrainingLayout& l, std::initializer_list<std::string_view> 
     const int n = a == "data" ? l.data : a == "fsdp" ? l.fsdp : a == "context" ? l.context
                 : a == "tensor" ? l.tensor : l.pipeline;
     if (n == 1) continue;
-    g.name += (g.name.empty() ? "" : "+") + std::string(a);
+    if (!g.name.empty()) g.name += '+';
+    g.name += a;
     g.ranks *= n;
   }
   return g;
