@@ -277,7 +277,8 @@ plan::Hardware calibrate_this_machine(const CheckOptions& o) {
     std::vector<double> seconds(2);
     comm::launch({.engine = comm::Engine::threads, .ranks = 2}, [&](comm::Communicator& c) {
       std::vector<float> buf(bytes / 4, 1.0f);
-      const double s = time_median(9, [&] { c.all_reduce(buf.data(), buf.data(), buf.size(), DType::f32, comm::ReduceOp::sum); });
+      const double s = time_median(
+          9, [&] { c.all_reduce(buf.data(), buf.data(), buf.size(), DType::f32, comm::ReduceOp::sum); });
       seconds[static_cast<size_t>(c.rank())] = s;
     });
     comm_xy.emplace_back(static_cast<double>(bytes), seconds[0]);  // wire bytes = bytes at 2 ranks
@@ -327,7 +328,8 @@ plan::Hardware calibrate_this_machine(const CheckOptions& o) {
 int run_plan_check(const CheckOptions& o) {
   const plan::Hardware hw = calibrate_this_machine(o);
   fmt::print("\n{:<32} {:>5} {:>10} {:>10} {:>7}   {:>10} {:>10} {:>7}   {}\n", "layout", "ranks", "step ms",
-             "predicted", "error", "memory MiB", "predicted", "error", "predicted step: compute + exposed comm + bubble");
+             "predicted", "error", "memory MiB", "predicted", "error",
+             "predicted step: compute + exposed comm + bubble");
   int missed = 0, memory_missed = 0;
   for (const Layout& x : layouts()) {
     if (!o.only.empty() && x.name().find(o.only) == std::string::npos) continue;

@@ -18,6 +18,7 @@
 
 #include "cli/command.h"
 #include "cli/plan_check.h"
+#include "cli/plan_search.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/plan/memory_model.h"
@@ -60,6 +61,10 @@ struct PlanFlags {
   std::string hardware;   // price the step on it: a preset or a --calibrate file
   std::string calibrate;  // measure this machine, write its rates here
   bool check = false;     // train the check's layouts here, predicted against measured
+  int devices = 0;        // search the layouts for this many devices (needs --hardware)
+  std::string device_memory = "80GB";
+  int keep = 5;
+  bool published = false;
   CheckOptions check_options;
 };
 
@@ -206,6 +211,17 @@ int run_plan(PlanFlags f) {
   if (f.precision == "bf16") l.param_dtype = l.reduce_dtype = DType::bf16;
   if (f.precision == "fp16") l.param_dtype = l.reduce_dtype = DType::f16;
   const plan::GptShape g{.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .width = f.width};
+  if (f.published) return run_published_runs();
+  if (f.devices > 0) {
+    if (f.hardware.empty())
+      throw InvalidArgument("meshtrain plan", fmt::format("--devices {} without --hardware", f.devices),
+                            "say what the devices are: --hardware H100 (or A100, or a --calibrate file)");
+    const plan::SearchOptions o{.devices = f.devices, .batch = f.batch,
+                                .device_memory = plan::parse_memory_size(f.device_memory),
+                                .precision = f.precision == "fp32" ? DType::f32 : DType::bf16, .keep = f.keep,
+                                .cp_comm = f.cp_comm};
+    return run_plan_search(g, o, load_hardware(f.hardware), f.size.empty() ? "the GPT" : "GPT " + f.size);
+  }
   if (f.check || !f.calibrate.empty()) {
     CheckOptions o = f.check_options;
     o.shape = g;
@@ -330,6 +346,16 @@ std::vector<Command> add_plan_commands(CLI::App& app) {
   cmd->add_option("--calibrate", f->calibrate,
                   "measure this machine's GEMM, attention, elementwise and all_reduce rates and write them to "
                   "this file (JSON)");
+  cmd->add_option("--devices", f->devices,
+                  "search the layouts for this many devices, ranked by predicted step time (with --hardware)")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--device-memory", f->device_memory, "--devices: memory per device, e.g. 80GB or 24GiB")
+      ->capture_default_str();
+  cmd->add_option("--keep", f->keep, "--devices: fitting layouts to list")->capture_default_str()->check(
+      CLI::Range(1, 100));
+  cmd->add_flag("--published", f->published,
+                "price published runs' layouts (GPT-3 175B on 1024 A100, 70B on 64 H100, 7B on 8 H100) beside "
+                "their measured throughput and the search's pick");
   cmd->add_flag("--check", f->check,
                 "train a set of small layouts here (threads engine) and print predicted against measured "
                 "memory and step time (the model flags set the GPT)");

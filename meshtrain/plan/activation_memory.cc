@@ -23,13 +23,13 @@ class Ledger {
  public:
   int alloc(const std::string& term, int64_t bytes) {
     const int id = static_cast<int>(items_.size());
-    items_.push_back({term, bytes, 1});
+    items_.push_back({term, bytes, 1, ++event_, kNever});
     now_ += bytes;
     if (!moments_.empty()) moments_.back().peak = std::max(moments_.back().peak, static_cast<double>(now_));
     if (now_ > peak_) {
       peak_ = now_;
       peak_at_ = phase_ + ": " + term;
-      if (watch_) peak_terms_ = live_terms();
+      if (watch_) peak_event_ = event_;
     }
     return id;
   }
@@ -40,7 +40,10 @@ class Ledger {
   void unref(int& id) {
     if (id < 0) return;
     Item& it = items_[static_cast<size_t>(id)];
-    if (--it.refs == 0) now_ -= it.bytes;
+    if (--it.refs == 0) {
+      now_ -= it.bytes;
+      it.died = ++event_;
+    }
     id = -1;
   }
   // dst = src: dst takes the reference src carries, then drops its old one.
@@ -56,10 +59,11 @@ class Ledger {
     unref(slot);
     slot = alloc(term, bytes);
   }
-  std::vector<ActivationTerm> live_terms() const {
+  // What was live at `event` (every item born by then and not yet dead).
+  std::vector<ActivationTerm> live_terms(int64_t event = kNever - 1) const {
     std::map<std::string, ActivationTerm> by;
     for (const Item& it : items_)
-      if (it.refs > 0) {
+      if (it.born <= event && it.died > event) {
         ActivationTerm& t = by[it.term];
         t.name = it.term;
         ++t.count;
@@ -89,24 +93,30 @@ class Ledger {
     peak_ = now_;
     peak_at_.clear();
     watch_ = watch;
-    peak_terms_.clear();
+    peak_event_ = -1;
   }
   int64_t now() const { return now_; }
   int64_t peak() const { return peak_; }
   const std::string& peak_at() const { return peak_at_; }
-  const std::vector<ActivationTerm>& peak_terms() const { return peak_terms_; }
+  // What was live at the peak since reset_peak(true); empty when none rose.
+  std::vector<ActivationTerm> peak_terms() const {
+    return peak_event_ < 0 ? std::vector<ActivationTerm>{} : live_terms(peak_event_);
+  }
 
  private:
+  static constexpr int64_t kNever = INT64_MAX;
+  // born, died: the events (allocations and frees, counted) that made and
+  // freed it, so the peak's terms are found once, not at every new peak.
   struct Item {
     std::string term;
     int64_t bytes;
     int refs;
+    int64_t born, died;
   };
   std::vector<Item> items_;
-  int64_t now_ = 0, peak_ = 0;
+  int64_t now_ = 0, peak_ = 0, event_ = 0, peak_event_ = -1;
   bool watch_ = false;
   std::string phase_, peak_at_;
-  std::vector<ActivationTerm> peak_terms_;
   std::vector<ActivationMoment> moments_;
 };
 

@@ -588,6 +588,13 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
   MemoryPrediction out;
   for (int r = 0; r < p; ++r) {
     for (int t = 0; t < k; ++t) {
+      // Tensor ranks differ only in their vocabulary shard: one with the
+      // same shard as the previous rank needs the same bytes.
+      if (t > 0 && internal::chunk_size(g.vocab, t, k) == internal::chunk_size(g.vocab, t - 1, k)) {
+        out.devices.push_back(out.devices.back());
+        out.devices.back().tensor_rank = t;
+        continue;
+      }
       DeviceMemory dev;
       dev.stage = r;
       dev.tensor_rank = t;

@@ -147,6 +147,14 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
   std::vector<double> per_micro_work(traffic.size()), step_work(traffic.size());
   for (size_t i = 0; i < traffic.size(); ++i) {
     const DeviceTraffic& tr = traffic[i];
+    if (i > 0 && tr.stage == traffic[i - 1].stage &&
+        internal::chunk_size(g.vocab, tr.tensor_rank, k) == internal::chunk_size(g.vocab, tr.tensor_rank - 1, k)) {
+      out.devices.push_back(out.devices.back());  // the same shard: the same times
+      out.devices.back().tensor_rank = tr.tensor_rank;
+      per_micro_work[i] = per_micro_work[i - 1];
+      step_work[i] = step_work[i - 1];
+      continue;
+    }
     DeviceTime dt;
     dt.stage = tr.stage;
     dt.tensor_rank = tr.tensor_rank;
@@ -197,9 +205,8 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
                              [&](const auto& e) { return e.first == c.group; });
       if (it == dt.comm_by_group.end()) dt.comm_by_group.emplace_back(c.group, s);
       else it->second += s;
-      const bool per_micro = c.group == "tensor" || c.group == "context" || c.group == "pipeline";
       if (!hw.overlap || c.overlap == CommOverlap::none || c.overlap == CommOverlap::step) {
-        (per_micro && c.kind != CommKind::all_reduce ? micro_comm : per_micro && c.bytes > 64 ? micro_comm : step_comm) += s;
+        (c.per_micro_batch ? micro_comm : step_comm) += s;
       } else if (c.overlap == CommOverlap::backward) {
         hide_backward += s;
       } else if (c.overlap == CommOverlap::forward) {

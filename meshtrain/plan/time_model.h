@@ -23,30 +23,33 @@
 //                2.5 times that backward (flash attention's five products
 //                against two), at gemm_flops x attention_efficiency.
 //   elementwise  what the LayerNorms, GELU, residual adds, copies, softmax
-//                and cross-entropy read and write, f32, per token: (10 C +
-//                16 C / k) x 4 bytes per block forward and twice that
-//                backward, 5 V / k x 4 for the loss, 3 C x 4 for the
+//                and cross-entropy read and write, per token: (10 C +
+//                16 C / k) elements per block forward (4 bytes, 2 under a
+//                sharded strategy with bf16 parameters) and twice that
+//                backward, 5 V / k x 4 bytes for the loss, 3 C x 4 for the
 //                embedding; the optimizer 32 bytes per element it updates
 //                (AdamW reads p, g, m, v and writes p, m, v; the gradient
 //                is zeroed). At elementwise_bandwidth.
 //   communication each call: latency + wire bytes / bandwidth, with wire
 //                = 2 (n - 1) / n x bytes (all_reduce), (n - 1) x bytes
 //                (all_gather's send block, reduce_scatter's received
-//                block), bytes (a send; recvs pair with sends and are not
-//                counted again). The link is intra-node when the group's
+//                block), (n - 1) / n x bytes (all_to_all), bytes (a send;
+//                recvs pair with sends and are not counted again). The link is intra-node when the group's
 //                ranks lie within devices_per_node consecutive ranks (mesh
 //                order: tensor fastest), inter-node otherwise.
 //   overlap      with Hardware::overlap (devices with their own copy
-//                engines), gradient reductions hide under the backward,
-//                zero3's gathers under the forward and backward, ring
-//                attention's exchanges under attention; whatever exceeds
-//                the compute they hide under is exposed. Tensor
+//                engines), gradient reductions hide under the backward
+//                (the blocks' and the head's backward GEMMs, attention and
+//                block elementwise work), zero3's gathers under all the
+//                step's compute, ring attention's exchanges under
+//                attention; whatever exceeds the compute they hide under
+//                is exposed. Tensor
 //                parallelism, pipeline sends, the loss and zero1/2's
 //                post-step gathers are always exposed. Without overlap
 //                (the threads engine on a few cores: copies compete with
 //                compute for the same cores) every call is exposed.
-//   pipeline     per rank F + B per micro-batch (compute and exposed
-//                communication), step = m max_r(F + B) / (1 - bubble)
+//   pipeline     per rank F + B per micro-batch (compute and the exposed
+//                calls CommCall::per_micro_batch marks), step = m max_r(F + B) / (1 - bubble)
 //                with parallel::theoretical_bubble's share for the
 //                schedule, plus the step's own work (optimizer, gradient
 //                reductions, post-step gathers).

@@ -36,7 +36,7 @@ Group group_of(const TrainingLayout& l, std::initializer_list<std::string_view> 
 class Calls {
  public:
   void add(const Group& g, CommKind kind, double bytes, int64_t calls, const char* what,
-           CommOverlap overlap = CommOverlap::none) {
+           CommOverlap overlap = CommOverlap::none, bool per_micro_batch = false) {
     if (g.ranks <= 1 || calls <= 0 || bytes <= 0) return;
     for (CommCall& c : out_)
       if (c.group == g.name && c.kind == kind && c.bytes == bytes && c.what == what) {
@@ -44,7 +44,7 @@ class Calls {
         return;
       }
     out_.push_back({.group = g.name, .ranks = g.ranks, .kind = kind, .bytes = bytes, .calls = calls, .what = what,
-                    .overlap = overlap});
+                    .overlap = overlap, .per_micro_batch = per_micro_batch});
   }
   std::vector<CommCall> take() { return std::move(out_); }
 
@@ -105,12 +105,21 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
   const double act = micro * static_cast<double>(t) * C * 4;                   // a region's full activations
   const double act_sp = micro * static_cast<double>(t_pad / k) * C * 4;        // a sequence shard
   const double boundary = l.sequence_parallel ? act_sp : act;                  // what crosses a stage boundary
-  const double pb = static_cast<double>(dtype_size(l.param_dtype)), gb = static_cast<double>(dtype_size(l.reduce_dtype));
+  const double pb = static_cast<double>(dtype_size(l.param_dtype));
+  const double gb = static_cast<double>(dtype_size(l.reduce_dtype));
   const auto cut = internal::stage_blocks(g, stages);
 
   std::vector<DeviceTraffic> out;
   for (int r = 0; r < p; ++r)
     for (int tr = 0; tr < k; ++tr) {
+      // Tensor ranks differ only in their vocabulary shard: one with the
+      // same shard as the previous rank has the same calls.
+      if (tr > 0 && internal::chunk_size(g.vocab, tr, k) == internal::chunk_size(g.vocab, tr - 1, k)) {
+        DeviceTraffic same = out.back();
+        same.tensor_rank = tr;
+        out.push_back(std::move(same));
+        continue;
+      }
       Calls calls;
       calls.add(grad, CommKind::all_reduce, 16, 1, "loss and parameter check");
       if (p > 1) {
@@ -157,7 +166,8 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
               calls.add(shard, CommKind::all_gather, pb * part, 1, "updated parameters", CommOverlap::step);
             calls.add(replicate, CommKind::all_reduce, gb * part, 1, "gradient shards", CommOverlap::backward);
           }
-          calls.add(shard, CommKind::all_reduce, 4.0 * static_cast<double>(replicated), 1, "small parameters' gradients");
+          calls.add(shard, CommKind::all_reduce, 4.0 * static_cast<double>(replicated), 1,
+                    "small parameters' gradients");
           calls.add(replicate, CommKind::all_reduce, 4.0 * static_cast<double>(replicated), 1,
                     "small parameters' gradients");
           calls.add(shard, CommKind::all_reduce, 4, 1, "overflow check");
@@ -171,38 +181,43 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
           const double bytes = unit ? gb * static_cast<double>((wte + d - 1) / d) : 4.0 * static_cast<double>(wte);
           calls.add({"tied", 2}, CommKind::all_reduce, bytes, 1, "tied embedding gradient");
         }
+        // Calls on every micro-batch's critical path.
+        const auto per_micro = [&](const Group& grp, CommKind kind, double bytes, int64_t n, const char* what,
+                               CommOverlap overlap = CommOverlap::none) {
+          calls.add(grp, kind, bytes, n, what, overlap, true);
+        };
         // Tensor parallelism.
         const int64_t passes = l.recompute ? 3 : 2;  // forward, backward (and the recomputed forward)
         if (!l.sequence_parallel) {
-          calls.add(tensor, CommKind::all_reduce, act, m * blocks * 2 * passes, "block activations");
-          if (embed) calls.add(tensor, CommKind::all_reduce, act, m, "embedding output");
-          if (head) calls.add(tensor, CommKind::all_reduce, act, m, "head input gradient");
+          per_micro(tensor, CommKind::all_reduce, act, m * blocks * 2 * passes, "block activations");
+          if (embed) per_micro(tensor, CommKind::all_reduce, act, m, "embedding output");
+          if (head) per_micro(tensor, CommKind::all_reduce, act, m, "head input gradient");
         } else {
-          calls.add(tensor, CommKind::all_gather, act_sp, m * blocks * 2 * passes, "block activations");
-          calls.add(tensor, CommKind::reduce_scatter, act_sp, m * blocks * 2 * passes, "block activations");
+          per_micro(tensor, CommKind::all_gather, act_sp, m * blocks * 2 * passes, "block activations");
+          per_micro(tensor, CommKind::reduce_scatter, act_sp, m * blocks * 2 * passes, "block activations");
           if (embed) {
-            calls.add(tensor, CommKind::reduce_scatter, act_sp, m, "embedding output");
-            calls.add(tensor, CommKind::all_gather, act_sp, m, "embedding output gradient");
+            per_micro(tensor, CommKind::reduce_scatter, act_sp, m, "embedding output");
+            per_micro(tensor, CommKind::all_gather, act_sp, m, "embedding output gradient");
           }
           if (head) {
-            calls.add(tensor, CommKind::all_gather, act_sp, m, "head input");
-            calls.add(tensor, CommKind::reduce_scatter, act_sp, m, "head input gradient");
+            per_micro(tensor, CommKind::all_gather, act_sp, m, "head input");
+            per_micro(tensor, CommKind::reduce_scatter, act_sp, m, "head input gradient");
           }
         }
         if (head) {
           const double rows = micro * static_cast<double>(t_pad);
-          calls.add(tensor, CommKind::all_reduce, 4 * rows, m, "vocabulary-parallel loss: row maxima");
-          calls.add(tensor, CommKind::all_reduce, 16 * rows, m, "vocabulary-parallel loss: sums");
+          per_micro(tensor, CommKind::all_reduce, 4 * rows, m, "vocabulary-parallel loss: row maxima");
+          per_micro(tensor, CommKind::all_reduce, 16 * rows, m, "vocabulary-parallel loss: sums");
         }
         // Pipeline boundaries.
         const int64_t boundaries = (s < stages - 1 ? 1 : 0) + (s > 0 ? 1 : 0);
-        calls.add(pipeline, CommKind::send, boundary, m * boundaries, "stage boundary activations");
-        calls.add(pipeline, CommKind::recv, boundary, m * boundaries, "stage boundary activations");
+        per_micro(pipeline, CommKind::send, boundary, m * boundaries, "stage boundary activations");
+        per_micro(pipeline, CommKind::recv, boundary, m * boundaries, "stage boundary activations");
         // Ring attention.
         const double kv = 2 * micro * static_cast<double>(t) * C / k * 4;
         const int64_t hops = (3 * n - 2) + (l.recompute ? n - 1 : 0);
-        calls.add(context, CommKind::send, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
-        calls.add(context, CommKind::recv, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
+        per_micro(context, CommKind::send, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
+        per_micro(context, CommKind::recv, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
       }
       if (l.sequence_parallel)
         calls.add(tensor, CommKind::all_reduce, 4 * sp_replicated, 1, "replicated parameters' gradients");

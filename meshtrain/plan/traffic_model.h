@@ -78,6 +78,9 @@ struct CommCall {
   int64_t calls = 0;    // per optimizer step
   std::string what;     // "gradient buckets", "block activations", ...
   CommOverlap overlap = CommOverlap::none;
+  // On every micro-batch's critical path (tensor, context and pipeline
+  // calls of the forward and backward), not once per step.
+  bool per_micro_batch = false;
 };
 
 struct DeviceTraffic {

@@ -1,0 +1,227 @@
+#include "meshtrain/plan/layout_search.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::plan {
+namespace {
+
+constexpr const char* kOp = "plan::search_layouts";
+constexpr double kGiB = double(uint64_t{1} << 30);
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+std::string mesh_of(const TrainingLayout& l) {
+  std::string out;
+  for (std::string_view a : kMeshAxisOrder) {
+    const int n = a == "pipeline" ? l.pipeline : a == "data" ? l.data : a == "fsdp" ? l.fsdp
+                : a == "context"  ? l.context  : l.tensor;
+    if (n > 1) out += fmt::format("{}{}={}", out.empty() ? "" : ",", a, n);
+  }
+  return out.empty() ? "data=1" : out;
+}
+
+// Bytes of model state per device at least (parameters, gradients,
+// optimizer), without activations: a quick bound to skip what cannot fit.
+double state_bound(const GptShape& g, const TrainingLayout& l) {
+  const double params = 12.0 * g.layers * g.width * g.width + static_cast<double>(g.vocab * g.width);
+  const double per = params / (l.tensor * l.pipeline);
+  const double pb = dtype_size(l.param_dtype), d = l.shard_ranks();
+  const double master = l.param_dtype == DType::f32 ? 0 : 4;
+  switch (l.sharding) {
+    case Sharding::none: return per * 16;
+    case Sharding::no_shard: return per * (2 * pb + master + 8);
+    case Sharding::zero1: return per * (2 * pb + (master + 8) / d);
+    case Sharding::zero2: return per * (pb + (pb + master + 8) / d);
+    case Sharding::zero3: return per * (2 * pb + master + 8) / d;
+  }
+  return 0;
+}
+
+void price(const GptShape& g, const Hardware& hw, Candidate& c) {
+  const TimePrediction t = predict_time(g, c.layout, hw);
+  c.step = t.step;
+  c.tokens_per_second_per_device = static_cast<double>(c.layout.batch * g.seq) / t.step / c.layout.devices();
+  c.model_flops_per_device = t.model_flops / t.step / c.layout.devices();
+}
+
+std::vector<std::string> explain(const GptShape& g, const Candidate& c, const SearchOptions& o, const Hardware& hw) {
+  const TrainingLayout& l = c.layout;
+  const TimePrediction t = predict_time(g, l, hw);
+  const DeviceTime& s = t.slowest();
+  const double peak = l.param_dtype != DType::f32 && hw.gemm_flops_bf16 > 0 ? hw.gemm_flops_bf16 : hw.gemm_flops;
+  std::vector<std::string> why;
+  why.push_back(fmt::format("{:.3f} s per step: {:.0f} tokens/s and {:.0f} model TFLOP/s per device ({:.0f}% of "
+                            "{}'s sustained GEMM rate); {:.1f} of {:.1f} GiB on the fullest device",
+                            c.step, c.tokens_per_second_per_device, c.model_flops_per_device / 1e12,
+                            100 * c.model_flops_per_device / peak, hw.name, c.memory / kGiB, o.device_memory / kGiB));
+  auto group_ms = [&](const std::string& group) {
+    for (const auto& [name, sec] : s.comm_by_group)
+      if (name == group) return sec * 1e3;
+    return 0.0;
+  };
+  if (l.tensor > 1)
+    why.push_back(fmt::format("tensor={} within a node of {}: every layer's weights split {} ways; its "
+                              "all-reduces{} cost {:.1f} ms per step on the critical path, on the node's link",
+                              l.tensor, hw.devices_per_node, l.tensor,
+                              l.sequence_parallel ? " (as all-gathers and reduce-scatters: sequence parallel)" : "",
+                              group_ms("tensor")));
+  else
+    why.push_back("no tensor split: the layers fit whole, and its per-layer collectives would be on the critical path");
+  if (l.pipeline > 1)
+    why.push_back(fmt::format("pipeline={} ({} with {} micro-batches{}): {:.1f} ms of the step idle in fill and drain "
+                              "({:.1f}%)",
+                              l.pipeline, l.schedule, l.micro_batches,
+                              l.virtual_stages > 1 ? fmt::format(", {} chunks per rank", l.virtual_stages) : "",
+                              s.bubble * 1e3, 100 * s.bubble / c.step));
+  if (l.context > 1)
+    why.push_back(fmt::format("context={}: each rank attends over 1/{} of the sequence; ring exchanges {:.1f} ms per "
+                              "step", l.context, l.context, group_ms("context")));
+  const int dp = l.data * l.fsdp;
+  if (dp > 1) {
+    // The model, pipeline and context axes' calls are always exposed (or
+    // hidden under attention); the rest is the data-parallel strategy's.
+    const double other_ms = group_ms("tensor") + group_ms("context") + group_ms("pipeline");
+    const char* stage = l.sharding == Sharding::zero3   ? "zero3 (parameters, gradients and optimizer sharded)"
+                        : l.sharding == Sharding::zero2 ? "zero2 (gradients and optimizer sharded)"
+                        : l.sharding == Sharding::zero1 ? "zero1 (optimizer sharded)"
+                                                        : "plain data parallelism";
+    why.push_back(fmt::format("data-parallel {} with {}: {:.1f} ms of communication per step, {:.1f} ms of it exposed "
+                              "after the overlap with compute",
+                              dp, stage, s.comm * 1e3 - other_ms, std::max(0.0, s.comm_exposed * 1e3 - other_ms)));
+  }
+  if (l.recompute) {
+    TrainingLayout no = l;
+    no.recompute = false;
+    const double without = predict_memory(g, no).worst().total();
+    why.push_back(without > o.device_memory
+                      ? fmt::format("recompute: without it the fullest device would need {:.1f} GiB", without / kGiB)
+                      : fmt::format("recompute: it fits without ({:.1f} GiB) but rebuilds activations in {:.0f}% less "
+                                    "memory at about a third more compute",
+                                    without / kGiB, 100 * (1 - c.memory / without)));
+  }
+  return why;
+}
+
+}  // namespace
+
+std::string describe_layout(const TrainingLayout& l) {
+  std::string s = mesh_of(l);
+  const char* names[] = {"", "no_shard", "zero1", "zero2", "zero3"};
+  if (l.sharding != Sharding::none) s += fmt::format(" {}", names[static_cast<int>(l.sharding)]);
+  if (l.param_dtype != DType::f32) s += fmt::format(" {}", dtype_name(l.param_dtype));
+  if (l.pipeline > 1)
+    s += fmt::format(", {}{} m={}", l.schedule, l.virtual_stages > 1 ? fmt::format(" v={}", l.virtual_stages) : "",
+                     l.micro_batches);
+  else if (l.micro_batches > 1)
+    s += fmt::format(", m={}", l.micro_batches);
+  if (l.sequence_parallel) s += ", sp";
+  if (l.recompute) s += ", recompute";
+  return s;
+}
+
+Candidate evaluate_layout(const GptShape& g, const TrainingLayout& l, const SearchOptions& o, const Hardware& hw) {
+  Candidate c{.layout = l, .mesh = mesh_of(l), .label = describe_layout(l)};
+  price(g, hw, c);
+  c.memory = predict_memory(g, l).worst().total();
+  c.fits = c.memory <= o.device_memory;
+  c.reasons = explain(g, c, o, hw);
+  return c;
+}
+
+SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Hardware& hw) {
+  if (o.devices < 1 || o.batch < 1 || o.device_memory <= 0 || o.keep < 1)
+    throw InvalidArgument(kOp, fmt::format("devices {}, batch {}, device memory {}, keep {}", o.devices, o.batch,
+                                           o.device_memory, o.keep),
+                          "give at least one device, a positive batch and device memory");
+  std::vector<Candidate> all;
+  const std::vector<Sharding> stages = o.precision == DType::f32
+                                           ? std::vector<Sharding>{Sharding::none, Sharding::zero1, Sharding::zero2,
+                                                                   Sharding::zero3}
+                                           : std::vector<Sharding>{Sharding::zero1, Sharding::zero2, Sharding::zero3};
+  for (int t : divisors(o.devices)) {
+    if (t > hw.devices_per_node || g.heads % t != 0 || g.width % t != 0) continue;
+    for (int p : divisors(o.devices / t)) {
+      if (p > g.layers) continue;
+      for (int c : divisors(o.devices / t / p)) {
+        // Context parallelism for long sequences only: at least 1024 tokens per rank.
+        if (c > 1 && (g.seq % (2 * c) != 0 || g.seq / c < 1024 || p > 1)) continue;  // the trainer's rules
+        const int d = o.devices / t / p / c;
+        if (o.batch % d != 0) continue;
+        const int64_t per_rank = o.batch / d;
+        for (Sharding z : stages) {
+          if (z == Sharding::zero3 && p > 1) continue;
+          if (z != Sharding::none && d * c == 1 && z != Sharding::zero1) continue;  // nothing to shard over
+          for (int64_t m = 1; m <= per_rank; m *= 2) {
+            if (per_rank % m != 0) continue;
+            for (int v : {1, 2, 4}) {
+              if (v > 1 && (p == 1 || m % p != 0 || g.layers % (p * v) != 0)) continue;
+              for (bool sp : {t > 1 && c == 1}) {
+                for (bool recompute : {false, true}) {
+                  TrainingLayout l{.data = z == Sharding::zero3 ? 1 : d, .fsdp = z == Sharding::zero3 ? d : 1,
+                                   .tensor = t, .pipeline = p, .context = c, .sharding = z,
+                                   .sequence_parallel = sp, .schedule = v > 1 ? "interleaved" : "1f1b",
+                                   .virtual_stages = v, .micro_batches = static_cast<int>(m), .cp_comm = o.cp_comm,
+                                   .recompute = recompute,
+                                   .param_dtype = z == Sharding::none ? DType::f32 : o.precision,
+                                   .reduce_dtype = z == Sharding::none ? DType::f32 : o.precision,
+                                   .batch = o.batch};
+                  Candidate cand{.layout = l, .mesh = mesh_of(l), .label = describe_layout(l)};
+                  try {
+                    price(g, hw, cand);
+                  } catch (const InvalidArgument&) {
+                    continue;  // a layout the runtime refuses (check_layout says why)
+                  }
+                  all.push_back(std::move(cand));
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  SearchResult r;
+  r.considered = static_cast<int>(all.size());
+  std::stable_sort(all.begin(), all.end(), [](const Candidate& a, const Candidate& b) { return a.step < b.step; });
+  for (Candidate& c : all) {
+    if (static_cast<int>(r.fitting.size()) >= o.keep) break;
+    const double bound = state_bound(g, c.layout);
+    if (bound > o.device_memory) {
+      c.memory = bound;
+      c.reasons = {"at least that for its model state alone (parameters, gradients, optimizer)"};
+      if (r.not_fitting.size() < static_cast<size_t>(o.keep)) r.not_fitting.push_back(c);
+      continue;
+    }
+    const MemoryPrediction m = predict_memory(g, c.layout);
+    c.memory = m.worst().total();
+    c.fits = c.memory <= o.device_memory;
+    if (!c.fits) {
+      c.reasons = {fmt::format("activations {:.1f} GiB on the fullest device", m.worst().activations / kGiB)};
+      if (r.not_fitting.size() < static_cast<size_t>(o.keep)) r.not_fitting.push_back(c);
+      continue;
+    }
+    r.fitting.push_back(c);
+  }
+  // Equally fast (within 0.1%): the one that needs less memory first.
+  std::stable_sort(r.fitting.begin(), r.fitting.end(), [](const Candidate& a, const Candidate& b) {
+    if (std::abs(a.step - b.step) > 1e-3 * std::min(a.step, b.step)) return a.step < b.step;
+    return a.memory < b.memory;
+  });
+  for (Candidate& c : r.fitting) c.reasons = explain(g, c, o, hw);
+  if (r.fitting.size() > 1)
+    r.fitting[0].reasons.push_back(fmt::format("the next, {}, is predicted {:.1f}% slower", r.fitting[1].label,
+                                               100 * (r.fitting[1].step / r.fitting[0].step - 1)));
+  return r;
+}
+
+}  // namespace meshtrain::plan
