@@ -74,11 +74,23 @@ void print_time(const plan::TimePrediction& t, const plan::Hardware& hw, const p
   fmt::print("\nstep time on {} ({}), ms per step:\n", hw.name, hw.source);
   fmt::print("{:<14} {:>10} {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10}\n", "device", "gemm", "attention",
              "elementwise", "optimizer", "comm", "exposed", "bubble", "step");
-  for (const plan::DeviceTime& d : t.devices)
+  // Tensor ranks of a stage with the same times share a row.
+  const auto same = [](const plan::DeviceTime& a, const plan::DeviceTime& b) {
+    return a.stage == b.stage && a.gemm == b.gemm && a.attention == b.attention && a.elementwise == b.elementwise &&
+           a.optimizer == b.optimizer && a.comm == b.comm && a.step == b.step;
+  };
+  for (size_t i = 0; i < t.devices.size();) {
+    size_t j = i + 1;
+    while (j < t.devices.size() && same(t.devices[j], t.devices[i])) ++j;
+    const plan::DeviceTime& d = t.devices[i];
+    const int last = t.devices[j - 1].tensor_rank;
     fmt::print("{:<14} {:>10.3f} {:>10.3f} {:>12.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f}\n",
-               fmt::format("stage {} tp {}", d.stage, d.tensor_rank), d.gemm * 1e3, d.attention * 1e3,
-               d.elementwise * 1e3, d.optimizer * 1e3, d.comm * 1e3, d.comm_exposed * 1e3, d.bubble * 1e3,
-               d.step * 1e3);
+               last == d.tensor_rank ? fmt::format("stage {} tp {}", d.stage, d.tensor_rank)
+                                     : fmt::format("stage {} tp {}-{}", d.stage, d.tensor_rank, last),
+               d.gemm * 1e3, d.attention * 1e3, d.elementwise * 1e3, d.optimizer * 1e3, d.comm * 1e3,
+               d.comm_exposed * 1e3, d.bubble * 1e3, d.step * 1e3);
+    i = j;
+  }
   const double per_device = t.model_flops / l.devices() / t.step;
   fmt::print("step {:.3f} ms: {:.1f} model TFLOP/s per device", t.step * 1e3, per_device / 1e12);
   const double peak = l.param_dtype != DType::f32 && hw.gemm_flops_bf16 > 0 ? hw.gemm_flops_bf16 : hw.gemm_flops;
