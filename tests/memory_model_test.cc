@@ -23,70 +23,23 @@
 #include "meshtrain/plan/mesh_planning.h"
 #include "meshtrain/testing/parity.h"
 #include "meshtrain/train/trainer.h"
-#include "tests/gpt_parity.h"
+#include "tests/plan_case.h"
 
 namespace meshtrain {
 namespace {
 
-struct Case {
-  std::string mesh;  // "" = one device
-  std::string fsdp = "";
-  bool sequence_parallel = false;
-  int micro_batches = 1;
-  config::MixedPrecision precision = config::MixedPrecision::no;
-  // Fully sharded scheduling (the trainer's defaults) and recompute.
-  parallel::BackwardPrefetch backward_prefetch = parallel::BackwardPrefetch::pre;
-  bool forward_prefetch = false;
-  bool reshard_after_forward = true;
-  bool recompute = false;
-  std::string tag = "";  // tells cases with the same mesh and fsdp apart
-  // The peak comes while gradient reductions may or may not have finished
-  // (thread timing): checked between the prediction with every reduction
-  // done at once (TrainingLayout::eager_reductions) and the bound.
-  bool timing_dependent = false;
-  std::string schedule = "1f1b";  // the pipeline's (TrainConfig::pipeline_schedule)
-};
+using Case = PlanCase;
 
 constexpr double kTolerance = 0.02;
 
-static_assert(static_cast<int>(parallel::BackwardPrefetch::post) == static_cast<int>(plan::BackwardPrefetch::post));
 
 void check(const Case& c) {
-  const std::string name = (c.mesh.empty() ? "one device" : c.mesh) + (c.fsdp.empty() ? "" : " " + c.fsdp) +
-                           (c.precision == config::MixedPrecision::bf16 ? " bf16" : "") +
-                           (c.tag.empty() ? "" : " " + c.tag);
+  const std::string name = c.name();
   SCOPED_TRACE(name);
-  train::TrainConfig tc = gpt_parity_config("memory_" + std::to_string(std::hash<std::string>{}(name)), "adamw");
-  tc.max_steps = 2;
-  tc.dropout = 0;
-  tc.sequence_parallel = c.sequence_parallel;
-  tc.micro_batches = c.micro_batches;
-  tc.backward_prefetch = c.backward_prefetch;
-  tc.forward_prefetch = c.forward_prefetch;
-  tc.reshard_after_forward = c.reshard_after_forward;
-  tc.recompute = c.recompute;
-  tc.pipeline_schedule = c.schedule;
-  tc.set("fsdp", c.fsdp, "Case.fsdp");
-  config::DistributedConfig dc = testing::threads_mesh_config(c.mesh);
-  dc.mixed_precision = c.precision;
-  const train::TrainResult r =
-      train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
-                                   .timeout = std::chrono::seconds(120)});
-  const plan::NamedShape shape = c.mesh.empty() ? plan::NamedShape{{1}, {"data"}} : plan::parse_mesh_spec(c.mesh);
-  plan::TrainingLayout l{.sequence_parallel = c.sequence_parallel,
-                         .schedule = c.schedule,
-                         .micro_batches = c.micro_batches,
-                         .recompute = c.recompute,
-                         .min_weight_size = tc.fsdp_min_weight_size,
-                         .forward_prefetch = c.forward_prefetch,
-                         .backward_prefetch = static_cast<plan::BackwardPrefetch>(c.backward_prefetch),
-                         .reshard_after_forward = c.reshard_after_forward,
-                         .batch = tc.batch_size};
-  l.set_mesh(shape);
-  plan::parse_sharding(r.fsdp, l);
-  if (c.precision == config::MixedPrecision::bf16) l.param_dtype = l.reduce_dtype = DType::bf16;
-  const plan::GptShape g{.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads,
-                         .width = tc.width};
+  const PlanRun run = run_plan_case(c);
+  const train::TrainResult& r = run.result;
+  const plan::TrainingLayout& l = run.layout;
+  const plan::GptShape& g = run.shape;
   const plan::MemoryPrediction m = plan::predict_memory(g, l);
   plan::TrainingLayout eager = l;
   eager.eager_reductions = true;
@@ -135,16 +88,16 @@ TEST(MemoryModel, HybridFull) { check({.mesh = "data=2,fsdp=2", .fsdp = "hybrid_
 TEST(MemoryModel, Zero3Schedules) {
   using P = parallel::BackwardPrefetch;
   check({.mesh = "fsdp=2", .fsdp = "zero3", .backward_prefetch = P::post, .tag = "backward_prefetch post"});
-  check({.mesh = "fsdp=2", .fsdp = "zero3", .reshard_after_forward = false, .tag = "no reshard after forward"});
-  check({.mesh = "fsdp=2", .fsdp = "zero3", .micro_batches = 2, .tag = "2 micro-batches"});
-  check({.mesh = "fsdp=2", .fsdp = "zero3", .forward_prefetch = true, .recompute = true,
-         .tag = "forward_prefetch, recompute"});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .reshard_after_forward = false});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .micro_batches = 2});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .recompute = true, .forward_prefetch = true,
+         .tag = "forward_prefetch"});
 }
 // Peaks while the last unit's reduction may still be in flight.
 TEST(MemoryModel, ReductionsInFlight) {
-  check({.mesh = "data=2", .fsdp = "zero2", .micro_batches = 2, .tag = "2 micro-batches", .timing_dependent = true});
+  check({.mesh = "data=2", .fsdp = "zero2", .micro_batches = 2, .timing_dependent = true});
   check({.mesh = "fsdp=2", .fsdp = "zero3", .micro_batches = 4, .precision = config::MixedPrecision::bf16,
-         .tag = "4 micro-batches", .timing_dependent = true});
+         .timing_dependent = true});
 }
 TEST(MemoryModel, Tensor) { check({.mesh = "tensor=2"}); }
 TEST(MemoryModel, TensorSequenceParallel) { check({.mesh = "tensor=2", .sequence_parallel = true}); }
@@ -166,16 +119,16 @@ TEST(MemoryModel, PipelineZero2) {
 // micro-batch from its input pass to its deferred weight pass) and fully
 // sharded stages in bf16 and with recompute.
 TEST(MemoryModel, PipelineSchedules) {
-  check({.mesh = "pipeline=2", .micro_batches = 4, .tag = "gpipe", .schedule = "gpipe"});
-  check({.mesh = "pipeline=2", .micro_batches = 4, .tag = "zb", .schedule = "zb"});
-  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 4, .tag = "zb", .timing_dependent = true,
-         .schedule = "zb"});
+  check({.mesh = "pipeline=2", .micro_batches = 4, .schedule = "gpipe"});
+  check({.mesh = "pipeline=2", .micro_batches = 4, .schedule = "zb"});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 4, .schedule = "zb",
+         .timing_dependent = true});
 }
 TEST(MemoryModel, PipelineFullySharded) {
   check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero1", .micro_batches = 4, .precision = config::MixedPrecision::bf16});
   check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 4, .precision = config::MixedPrecision::bf16,
          .timing_dependent = true});
-  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 2, .recompute = true, .tag = "recompute",
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 2, .recompute = true,
          .timing_dependent = true});
 }
 TEST(MemoryModel, ThreeD) { check({.mesh = "pipeline=2,data=2,tensor=2", .micro_batches = 2}); }

@@ -18,24 +18,12 @@
 #include "meshtrain/plan/traffic_model.h"
 #include "meshtrain/testing/parity.h"
 #include "meshtrain/train/trainer.h"
-#include "tests/gpt_parity.h"
+#include "tests/plan_case.h"
 
 namespace meshtrain {
 namespace {
 
-struct Case {
-  std::string mesh;  // "" = one device
-  std::string fsdp = "";
-  bool sequence_parallel = false;
-  int micro_batches = 1;
-  std::string schedule = "1f1b";
-  int virtual_stages = 1;
-  bool recompute = false;
-  bool reshard_after_forward = true;
-  bool bf16 = false;
-  double bucket_mb = 25;
-  int64_t layers = 2;
-};
+using Case = PlanCase;
 
 // Measured group names as the model names them: the communicator's axes of
 // size > 1 in mesh order; "" for one rank.
@@ -58,44 +46,13 @@ std::string canonical(const std::string& group, const plan::NamedShape& mesh) {
 }
 
 void check(const Case& c) {
-  const std::string name = (c.mesh.empty() ? "one device" : c.mesh) + (c.fsdp.empty() ? "" : " " + c.fsdp) +
-                           (c.sequence_parallel ? " sp" : "") + fmt::format(" m={}", c.micro_batches) +
-                           (c.mesh.find("pipeline") != std::string::npos ? " " + c.schedule : "") +
-                           (c.recompute ? " recompute" : "") + (c.reshard_after_forward ? "" : " no-reshard") +
-                           (c.bf16 ? " bf16" : "") + (c.layers != 2 ? fmt::format(" {} layers", c.layers) : "") + (c.bucket_mb != 25 ? fmt::format(" bucket {}", c.bucket_mb) : "");
+  const std::string name = c.name();
   SCOPED_TRACE(name);
-  train::TrainConfig tc = gpt_parity_config("traffic_" + std::to_string(std::hash<std::string>{}(name)), "adamw");
-  tc.max_steps = 2;
-  tc.dropout = 0;
-  tc.sequence_parallel = c.sequence_parallel;
-  tc.micro_batches = c.micro_batches;
-  tc.pipeline_schedule = c.schedule;
-  tc.virtual_stages = c.virtual_stages;
-  tc.recompute = c.recompute;
-  tc.reshard_after_forward = c.reshard_after_forward;
-  tc.bucket_mb = c.bucket_mb;
-  tc.layers = c.layers;
-  tc.set("fsdp", c.fsdp, "Case.fsdp");
-  config::DistributedConfig dc = testing::threads_mesh_config(c.mesh);
-  if (c.bf16) dc.mixed_precision = config::MixedPrecision::bf16;
-  const train::TrainResult r =
-      train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
-                                   .timeout = std::chrono::seconds(120)});
-  const plan::NamedShape mesh = c.mesh.empty() ? plan::NamedShape{{1}, {"data"}} : plan::parse_mesh_spec(c.mesh);
-  plan::TrainingLayout l{.sequence_parallel = c.sequence_parallel,
-                         .schedule = c.schedule,
-                         .virtual_stages = c.virtual_stages,
-                         .micro_batches = c.micro_batches,
-                         .recompute = c.recompute,
-                         .min_weight_size = tc.fsdp_min_weight_size,
-                         .reshard_after_forward = c.reshard_after_forward,
-                         .batch = tc.batch_size,
-                         .bucket_bytes = c.bucket_mb * (1 << 20)};
-  l.set_mesh(mesh);
-  plan::parse_sharding(r.fsdp, l);
-  if (c.bf16) l.param_dtype = l.reduce_dtype = DType::bf16;
-  const plan::GptShape g{.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads,
-                         .width = tc.width};
+  const PlanRun run = run_plan_case(c);
+  const train::TrainResult& r = run.result;
+  const plan::TrainingLayout& l = run.layout;
+  const plan::GptShape& g = run.shape;
+  const plan::NamedShape& mesh = run.mesh;
   const std::vector<plan::DeviceTraffic> want = plan::predict_traffic(g, l);
   ASSERT_EQ(static_cast<int>(r.traffic_by_rank.size()), l.devices());
   ASSERT_EQ(r.traffic_steps, 2);
@@ -145,7 +102,7 @@ TEST(TrafficModel, FullySharded) {
   check({.mesh = "data=2", .fsdp = "zero2", .micro_batches = 2});
   check({.mesh = "fsdp=2", .fsdp = "zero3", .micro_batches = 2});
   check({.mesh = "fsdp=2", .fsdp = "zero3", .reshard_after_forward = false});
-  check({.mesh = "fsdp=2", .fsdp = "zero3", .bf16 = true});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .precision = config::MixedPrecision::bf16});
   check({.mesh = "data=2", .fsdp = "no_shard"});
   check({.mesh = "data=2,fsdp=2", .fsdp = "hybrid_full"});
 }

@@ -1,0 +1,109 @@
+// A training run of the parity GPT (tests/gpt_parity.h: AdamW, 2 steps, no
+// dropout) through the trainer on the threads engine, and the
+// plan::TrainingLayout and GptShape that describe it: what the planner's
+// tests (memory_model_test, traffic_model_test) check predictions against.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "meshtrain/plan/memory_model.h"
+#include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/testing/parity.h"
+#include "meshtrain/train/trainer.h"
+#include "tests/gpt_parity.h"
+
+namespace meshtrain {
+
+struct PlanCase {
+  std::string mesh;  // "" = one device
+  std::string fsdp = "";
+  bool sequence_parallel = false;
+  int micro_batches = 1;
+  std::string schedule = "1f1b";  // a pipeline's (TrainConfig::pipeline_schedule)
+  int virtual_stages = 1;
+  bool recompute = false;
+  config::MixedPrecision precision = config::MixedPrecision::no;
+  // Fully sharded scheduling (the trainer's defaults).
+  parallel::BackwardPrefetch backward_prefetch = parallel::BackwardPrefetch::pre;
+  bool forward_prefetch = false;
+  bool reshard_after_forward = true;
+  double bucket_mb = 25;
+  int64_t layers = 2;
+  std::string tag = "";  // tells cases with the same settings apart
+  // The peak comes while gradient reductions may or may not have finished
+  // (thread timing; memory_model_test): checked between the prediction with
+  // every reduction done at once (TrainingLayout::eager_reductions) and the
+  // bound.
+  bool timing_dependent = false;
+
+  // "pipeline=2,fsdp=2 zero2 bf16 m=4 ..." (one device: "one device").
+  std::string name() const {
+    std::string s = (mesh.empty() ? "one device" : mesh) + (fsdp.empty() ? "" : " " + fsdp);
+    if (precision == config::MixedPrecision::bf16) s += " bf16";
+    if (sequence_parallel) s += " sp";
+    if (micro_batches > 1) s += fmt::format(" m={}", micro_batches);
+    if (mesh.find("pipeline") != std::string::npos) s += " " + schedule;
+    if (virtual_stages > 1) s += fmt::format(" v={}", virtual_stages);
+    if (recompute) s += " recompute";
+    if (!reshard_after_forward) s += " no-reshard";
+    if (bucket_mb != 25) s += fmt::format(" bucket {} MiB", bucket_mb);
+    if (layers != 2) s += fmt::format(" {} layers", layers);
+    return s + (tag.empty() ? "" : " " + tag);
+  }
+};
+
+static_assert(static_cast<int>(parallel::BackwardPrefetch::post) == static_cast<int>(plan::BackwardPrefetch::post));
+
+struct PlanRun {
+  train::TrainResult result;
+  plan::TrainingLayout layout;
+  plan::GptShape shape;
+  plan::NamedShape mesh;
+};
+
+// Trains the case (every wait's deadline 120 s) and describes it.
+inline PlanRun run_plan_case(const PlanCase& c) {
+  train::TrainConfig tc =
+      gpt_parity_config("plan_" + std::to_string(std::hash<std::string>{}(c.name())), "adamw");
+  tc.max_steps = 2;
+  tc.dropout = 0;
+  tc.layers = static_cast<int>(c.layers);
+  tc.sequence_parallel = c.sequence_parallel;
+  tc.micro_batches = c.micro_batches;
+  tc.pipeline_schedule = c.schedule;
+  tc.virtual_stages = c.virtual_stages;
+  tc.recompute = c.recompute;
+  tc.backward_prefetch = c.backward_prefetch;
+  tc.forward_prefetch = c.forward_prefetch;
+  tc.reshard_after_forward = c.reshard_after_forward;
+  tc.bucket_mb = c.bucket_mb;
+  tc.set("fsdp", c.fsdp, "PlanCase.fsdp");
+  config::DistributedConfig dc = testing::threads_mesh_config(c.mesh);
+  dc.mixed_precision = c.precision;
+  PlanRun run;
+  run.result = train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
+                                            .timeout = std::chrono::seconds(120)});
+  run.mesh = c.mesh.empty() ? plan::NamedShape{{1}, {"data"}} : plan::parse_mesh_spec(c.mesh);
+  run.layout = {.sequence_parallel = c.sequence_parallel,
+                .schedule = c.schedule,
+                .virtual_stages = c.virtual_stages,
+                .micro_batches = c.micro_batches,
+                .recompute = c.recompute,
+                .min_weight_size = tc.fsdp_min_weight_size,
+                .forward_prefetch = c.forward_prefetch,
+                .backward_prefetch = static_cast<plan::BackwardPrefetch>(c.backward_prefetch),
+                .reshard_after_forward = c.reshard_after_forward,
+                .batch = tc.batch_size,
+                .bucket_bytes = c.bucket_mb * (1 << 20)};
+  run.layout.set_mesh(run.mesh);
+  plan::parse_sharding(run.result.fsdp, run.layout);
+  if (c.precision == config::MixedPrecision::bf16) run.layout.param_dtype = run.layout.reduce_dtype = DType::bf16;
+  run.shape = {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width};
+  return run;
+}
+
+}  // namespace meshtrain
