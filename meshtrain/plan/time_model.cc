@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/internal/gpt_layout.h"

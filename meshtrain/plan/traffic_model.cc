@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <initializer_list>
-#include <tuple>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/internal/gpt_layout.h"
