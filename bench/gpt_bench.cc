@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <sched.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -21,6 +19,7 @@
 #include "meshtrain/core/random.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/core/memory.h"
+#include "meshtrain/core/parallel_for.h"
 #include "meshtrain/nn/context_parallel.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/gpt.h"
@@ -38,12 +37,6 @@ namespace {
 
 namespace F = nn::functional;
 using Clock = std::chrono::steady_clock;
-
-// The cores this process may run on.
-int cores() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-}
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
@@ -401,7 +394,7 @@ std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
         "process: a rank's time in a collective includes waiting for the other ranks to reach it (load imbalance: "
         "a rank whose core ran another thread or process arrives late), so it overstates the copies, most on a "
         "machine with few cores ({} here, for up to {} ranks).\n",
-        cores(), most_ranks);
+        available_cores(), most_ranks);
   return s;
 }
 

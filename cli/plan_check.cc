@@ -16,6 +16,7 @@
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/matmul.h"
+#include "meshtrain/core/parallel_for.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/plan/memory_model.h"
@@ -75,11 +76,6 @@ class Quiet {
  private:
   int saved_out_, saved_err_;
 };
-
-int cores() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-}
 
 // One layout of the check.
 struct Layout {
@@ -240,7 +236,7 @@ plan::Hardware load_hardware(const std::string& name) {
 plan::Hardware calibrate_this_machine(const CheckOptions& o) {
   plan::Hardware h;
   h.name = "this machine";
-  h.cores = cores();
+  h.cores = available_cores();
   h.devices_per_node = 1 << 20;  // one process: every group is intra-node
   h.overlap = false;             // copies and compute share the same cores
   const int previous = blas_threads();
@@ -287,21 +283,20 @@ plan::Hardware calibrate_this_machine(const CheckOptions& o) {
   // Elementwise: what one measured step on one device and one thread
   // leaves after the GEMMs and attention, over the bytes the model counts;
   // then the same step on every core gives the rest's thread efficiency.
-  h.elementwise_bandwidth = 1;  // a placeholder to price the rest, replaced below
   const Measured one = train_layout(o, Layout{}, 1);
   const plan::Hardware single = [&] {
     plan::Hardware s = h;
     s.cores = 1;
+    s.elementwise_bandwidth = 1e9;  // any rate: only the bytes (DeviceTime::bytes) are read
     return s;
   }();
   const plan::DeviceTime d = plan::predict_time(o.shape, one.layout, single).devices.at(0);
-  const double bytes = d.elementwise + d.optimizer;  // seconds at 1 byte/s: the bytes
   const double rest = one.step - d.gemm - d.attention;
   if (rest <= 0)
     throw Error(kOp, fmt::format("the one-device step ({:.1f} ms) is shorter than its GEMMs and attention alone "
                                  "({:.1f} ms)", one.step * 1e3, (d.gemm + d.attention) * 1e3),
                 "run again on a quiet machine");
-  h.elementwise_bandwidth = bytes / rest;
+  h.elementwise_bandwidth = d.bytes / rest;
   double all_cores_step = one.step;
   if (h.cores > 1) {
     all_cores_step = train_layout(o, Layout{}, h.cores).step;

@@ -1,6 +1,9 @@
 #include "meshtrain/core/parallel_for.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <thread>
 
 #include "meshtrain/core/matmul.h"
 
@@ -21,6 +24,13 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 #endif
   (void)threads;
   fn(0, n);
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace meshtrain

@@ -19,4 +19,8 @@ namespace meshtrain {
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+// The cores this process may run on: its affinity mask (hardware
+// concurrency when that cannot be read), at least 1.
+int available_cores();
+
 }  // namespace meshtrain

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/utsname.h>
@@ -22,6 +21,7 @@
 #include <thread>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/parallel_for.h"
 #include "meshtrain/core/strings.h"
 
 extern char** environ;
@@ -234,13 +234,6 @@ ProgramOutput run_program(const std::vector<std::string>& argv, std::chrono::mil
   return r;
 }
 
-int usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 bool mixed(const std::vector<DetectedDevice>& devices) {
   return std::any_of(devices.begin(), devices.end(),
                      [&](const DetectedDevice& d) { return d.type != devices[0].type; });
@@ -278,7 +271,7 @@ DetectedDevice this_cpu(const fs::path& proc, std::vector<std::string>& notes) {
   DetectedDevice d;
   d.platform = "cpu";
   d.type = HardwareType::cpu;
-  d.cpus = usable_cpus();
+  d.cpus = available_cores();
   if (const auto info = read_text(proc / "cpuinfo")) d.name = parse_cpu_model(*info);
   if (d.name.empty()) {
     utsname u{};

@@ -23,8 +23,7 @@ std::vector<int> divisors(int n) {
 std::string mesh_of(const TrainingLayout& l) {
   std::string out;
   for (std::string_view a : kMeshAxisOrder) {
-    const int n = a == "pipeline" ? l.pipeline : a == "data" ? l.data : a == "fsdp" ? l.fsdp
-                : a == "context"  ? l.context  : l.tensor;
+    const int n = l.axis_size(a);
     if (n > 1) out += fmt::format("{}{}={}", out.empty() ? "" : ",", a, n);
   }
   return out.empty() ? "data=1" : out;

@@ -498,6 +498,16 @@ const DeviceMemory& MemoryPrediction::worst() const {
                            [](const DeviceMemory& a, const DeviceMemory& b) { return a.total() < b.total(); });
 }
 
+int TrainingLayout::axis_size(std::string_view name) const {
+  if (name == "data") return data;
+  if (name == "fsdp") return fsdp;
+  if (name == "tensor") return tensor;
+  if (name == "pipeline") return pipeline;
+  if (name == "context") return context;
+  throw InvalidArgument("TrainingLayout::axis_size", fmt::format("axis '{}'", name),
+                        "use data, fsdp, tensor, pipeline or context");
+}
+
 void TrainingLayout::set_mesh(const NamedShape& mesh) {
   for (const std::string& a : mesh.axis_names)
     if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && a != "context")

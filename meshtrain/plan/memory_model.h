@@ -105,6 +105,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshtrain/core/dtype.h"
@@ -153,6 +154,9 @@ struct TrainingLayout {
   // Sets the axis sizes from a mesh (absent axes: 1); InvalidArgument for
   // an axis other than data, fsdp, tensor, pipeline and context.
   void set_mesh(const NamedShape& mesh);
+  // The size of mesh axis `name` (data, fsdp, tensor, pipeline, context);
+  // InvalidArgument for another name.
+  int axis_size(std::string_view name) const;
   int data_ranks() const { return data * fsdp; }
   // The ranks fully sharded data parallelism shards over: fsdp (hybrid), or
   // every rank that sums the gradients (data x fsdp x context).

@@ -13,11 +13,6 @@ namespace {
 
 constexpr const char* kOp = "plan::predict_time";
 
-int axis_size(const TrainingLayout& l, std::string_view a) {
-  return a == "data" ? l.data : a == "fsdp" ? l.fsdp : a == "context" ? l.context : a == "tensor" ? l.tensor
-                                                                                                   : l.pipeline;
-}
-
 // Whether a group name ("data+context") has axis a.
 bool has_axis(std::string_view group, std::string_view a) {
   for (size_t at = 0; at <= group.size();) {
@@ -34,7 +29,7 @@ int ranks_per_node(const TrainingLayout& l, const std::string& group, int per_no
   int stride = 1, together = 1;
   for (auto it = kMeshAxisOrder.rbegin(); it != kMeshAxisOrder.rend(); ++it) {
     const std::string_view a = *it;
-    const int n = axis_size(l, a);
+    const int n = l.axis_size(a);
     const bool in = group == "tied" ? a == "pipeline" : has_axis(group, a);
     if (in) together *= std::clamp(per_node / stride, 1, group == "tied" ? 2 : n);
     stride *= n;
@@ -194,6 +189,7 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
                         : q.numel;
     }
     dt.optimizer = 32.0 * static_cast<double>(elements) / bw;
+    dt.bytes = (dt.elementwise + dt.optimizer) * bw;
     // Communication: per micro-batch (tensor, context, pipeline) or per step.
     double micro_comm = 0, step_comm = 0;
     double hide_backward = 0, hide_forward = 0, hide_attention = 0;

@@ -111,6 +111,7 @@ struct DeviceTime {
   double comm = 0;          // every call, as if nothing overlapped
   double comm_exposed = 0;  // what the step waits for
   double bubble = 0;        // idle in the pipeline's fill and drain
+  double bytes = 0;         // what the elementwise kernels and the optimizer move
   double step = 0;          // compute + exposed communication + bubble
   // Communication seconds per step by communicator (CommCall::group).
   std::vector<std::pair<std::string, double>> comm_by_group;

@@ -22,8 +22,7 @@ Group group_of(const TrainingLayout& l, std::initializer_list<std::string_view> 
   Group g;
   for (std::string_view a : kMeshAxisOrder) {
     if (std::find(axes.begin(), axes.end(), a) == axes.end()) continue;
-    const int n = a == "data" ? l.data : a == "fsdp" ? l.fsdp : a == "context" ? l.context
-                : a == "tensor" ? l.tensor : l.pipeline;
+    const int n = l.axis_size(a);
     if (n == 1) continue;
     if (!g.name.empty()) g.name += '+';
     g.name += a;

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +13,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
+#include "meshtrain/core/parallel_for.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
@@ -47,12 +47,6 @@ using internal::record_training_figures;
 using internal::reset_traffic;
 using internal::tensor_parallel_summary;
 using Clock = std::chrono::steady_clock;
-
-int process_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return 1;
-}
 
 // An untracked f32 copy (a clone would stay charged to the rank's tracker,
 // which dies with the rank).
@@ -769,7 +763,7 @@ TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConf
   const TrainConfig& tc = resolved.config;
   const plan::NamedShape mesh_shape = dc.mesh();
   const int ranks_here = launch.engine == comm::Engine::threads ? launch.ranks : 1;
-  set_blas_threads(tc.threads_per_rank > 0 ? tc.threads_per_rank : std::max(1, process_cores() / ranks_here));
+  set_blas_threads(tc.threads_per_rank > 0 ? tc.threads_per_rank : std::max(1, available_cores() / ranks_here));
   // The recipe and its data, once per process; the threads engine's ranks
   // share them read-only.
   const std::unique_ptr<ModelRecipe> recipe = make_model_recipe(tc);

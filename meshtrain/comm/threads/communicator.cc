@@ -16,6 +16,7 @@
 #include "meshtrain/comm/threads/internal/group.h"
 #include "meshtrain/comm/threads/internal/work.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/parallel_for.h"
 
 // The engine's shared state (World, Group, slots, mailboxes):
 // internal/group.h; its barriers and fingerprint checks: internal/barrier.h;
@@ -381,7 +382,7 @@ std::vector<std::unique_ptr<Communicator>> create_world(int n, const Options& op
     throw InvalidArgument("threads::create_world", fmt::format("{} ranks", n), "a world needs at least one rank");
   auto world = std::make_shared<World>();
   world->n = n;
-  world->cores = options.cores > 0 ? options.cores : internal::available_cores();
+  world->cores = options.cores > 0 ? options.cores : available_cores();
   world->exited = std::make_unique<std::atomic<bool>[]>(n);
   std::vector<int> ranks(n);
   for (int r = 0; r < n; ++r) ranks[r] = r;

@@ -2,19 +2,11 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 namespace meshtrain::comm::threads::internal {
-
-int available_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 Group::Group(uint64_t id_, std::shared_ptr<World> w, std::vector<int> ranks)
     : id(id_), n(static_cast<int>(ranks.size())), world(std::move(w)), world_ranks(std::move(ranks)) {

@@ -48,9 +48,6 @@ constexpr int kPausesPerPoll = 4;
 // peer (sched_yield) before it sleeps: a futex wake-up costs tens of us.
 constexpr auto kYieldTime = 200us;
 
-// The cores this process may use (its affinity mask).
-int available_cores();
-
 struct Group;
 
 struct World {
