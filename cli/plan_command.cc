@@ -92,7 +92,9 @@ void print_time(const plan::TimePrediction& t, const plan::Hardware& hw, const p
     i = j;
   }
   const double per_device = t.model_flops / l.devices() / t.step;
-  fmt::print("step {:.3f} ms: {:.1f} model TFLOP/s per device", t.step * 1e3, per_device / 1e12);
+  fmt::print("step {:.3f} ms: {}", t.step * 1e3,
+             per_device >= 1e12 ? fmt::format("{:.1f} model TFLOP/s per device", per_device / 1e12)
+                                : fmt::format("{:.1f} model GFLOP/s per device", per_device / 1e9));
   const double peak = l.param_dtype != DType::f32 && hw.gemm_flops_bf16 > 0 ? hw.gemm_flops_bf16 : hw.gemm_flops;
   fmt::print(" ({:.0f}% of the sustained GEMM rate)\n", 100 * per_device / peak);
   for (const auto& [group, s] : t.slowest().comm_by_group)
