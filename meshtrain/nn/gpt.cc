@@ -414,58 +414,70 @@ Tensor GPT::embed_sum(const Tensor& in, Saved& saved) {
   return drop_->forward(x, saved.child(kDrop));
 }
 
-Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
+// dlogits -> dh (B, t_pad, C) at ln_f's output, summed over the tensor axis.
+Tensor GPT::head_backward_input(const Tensor& grad_out, State& st) {
   const char* op = "GPT::backward";
-  State& st = saved.state<State>();
-  Tensor dh;
-  if (config_.head) {
-    st.dlogits = internal::f32_contiguous(grad_out, op, "grad_out");
-    internal::check_shape(st.dlogits, {st.b * st.t, wte_->shard().size()}, op, "grad_out");
-    if (compute_dtype_ != DType::f32) st.dlogits = st.dlogits.to(compute_dtype_);
-    const TensorParallelGroup& tp = config_.tensor;
-    dh = Tensor::zeros({st.b, st.t_pad, config_.width}, DType::f32);  // padded steps: no gradient
-    Tensor dh_real = st.t_pad == st.t ? dh : Tensor::empty({st.b, st.t, config_.width}, DType::f32);
-    head_use(Pass::backward_input, [&] {
-      F::unembed_backward_input(st.dlogits, head_weight(), dh_real.view({st.b * st.t, config_.width}));
-    });
-    if (st.t_pad != st.t) dh.narrow(1, 0, st.t).copy_from(dh_real);
-    // Each rank's vocabulary shard contributes to dh: summed over the group
-    // (sequence parallel: this rank's time steps of the sum).
-    if (tp.splits_sequence())
-      dh = reduce_scatter_sequence(dh, tp);
-    else if (tp.size() > 1) {
-      const F::ProfileScope scope("tp all_reduce");
-      tp.comm->all_reduce(dh.data<float>(), dh.data<float>(), static_cast<size_t>(dh.numel()), DType::f32,
-                          comm::ReduceOp::sum);
-    }
-    round_to(dh, compute_dtype_);
-    dh = ln_f_->backward_input(dh, saved.child(kLnF));
-  } else {
-    dh = grad_out;  // the next stage's gradient of the residual stream
+  st.dlogits = internal::f32_contiguous(grad_out, op, "grad_out");
+  internal::check_shape(st.dlogits, {st.b * st.t, wte_->shard().size()}, op, "grad_out");
+  if (compute_dtype_ != DType::f32) st.dlogits = st.dlogits.to(compute_dtype_);
+  const TensorParallelGroup& tp = config_.tensor;
+  Tensor dh = Tensor::zeros({st.b, st.t_pad, config_.width}, DType::f32);  // padded steps: no gradient
+  Tensor dh_real = st.t_pad == st.t ? dh : Tensor::empty({st.b, st.t, config_.width}, DType::f32);
+  head_use(Pass::backward_input, [&] {
+    F::unembed_backward_input(st.dlogits, head_weight(), dh_real.view({st.b * st.t, config_.width}));
+  });
+  if (st.t_pad != st.t) dh.narrow(1, 0, st.t).copy_from(dh_real);
+  // Each rank's vocabulary shard contributes to dh: summed over the group
+  // (sequence parallel: this rank's time steps of the sum).
+  if (tp.splits_sequence())
+    dh = reduce_scatter_sequence(dh, tp);
+  else if (tp.size() > 1) {
+    const F::ProfileScope scope("tp all_reduce");
+    tp.comm->all_reduce(dh.data<float>(), dh.data<float>(), static_cast<size_t>(dh.numel()), DType::f32,
+                        comm::ReduceOp::sum);
   }
-  const Tensor dx = h_.backward_input(dh, saved.child(kBlocks));
-  if (!config_.embed) return dx;
-  const Tensor de = drop_->backward_input(dx, saved.child(kDrop));
+  round_to(dh, compute_dtype_);
+  return dh;
+}
+
+// The head's share of the tied weight: its first report (wte's own, in the
+// embeddings' backward, completes it).
+void GPT::head_backward_weight(State& st) {
+  Parameter& w = wte_->weight();
+  head_use(Pass::backward_weight, [&] {
+    internal::check_param_grad(w.grad, "GPT::backward", w.name);
+    F::unembed_backward_weight(st.h, st.dlogits, w.grad);
+    notify_grad_ready(w);
+  });
+  st.dlogits = Tensor();
+}
+
+template <typename Step>
+void GPT::embed_backward(const Tensor& dx, Saved& saved, Step step) {
+  const State& st = saved.state<State>();
+  const Tensor de = step(*drop_, dx, saved.child(kDrop));
   // The position table is shared by the batch.
   Tensor dpos = Tensor::zeros({de.size(1), config_.width}, DType::f32);
   for (int64_t b = 0; b < st.b; ++b) add(dpos, de.select(0, b), dpos);
-  wpe_->backward_input(dpos, saved.child(kWpe));
-  wte_->backward_input(de, saved.child(kWte));
+  step(*wpe_, dpos, saved.child(kWpe));
+  step(*wte_, de, saved.child(kWte));
+}
+
+Tensor GPT::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  State& st = saved.state<State>();
+  Tensor dh = grad_out;  // without the head: the next stage's gradient of the residual stream
+  if (config_.head) dh = ln_f_->backward_input(head_backward_input(grad_out, st), saved.child(kLnF));
+  const Tensor dx = h_.backward_input(dh, saved.child(kBlocks));
+  if (!config_.embed) return dx;
+  embed_backward(dx, saved, [](Module& m, const Tensor& g, Saved& s) { return m.backward_input(g, s); });
   return Tensor();  // ids have no gradient
 }
 
 void GPT::do_backward_weight(Saved& saved) {
-  State& st = saved.state<State>();
   // The head's share of the tied weight first (its first report), then the
   // layers in reverse; wte's own report comes last and completes it.
   if (config_.head) {
-    Parameter& w = wte_->weight();
-    head_use(Pass::backward_weight, [&] {
-      internal::check_param_grad(w.grad, "GPT::backward", w.name);
-      F::unembed_backward_weight(st.h, st.dlogits, w.grad);
-      notify_grad_ready(w);
-    });
-    st.dlogits = Tensor();
+    head_backward_weight(saved.state<State>());
     ln_f_->backward_weight(saved.child(kLnF));
   }
   h_.backward_weight(saved.child(kBlocks));
@@ -473,6 +485,22 @@ void GPT::do_backward_weight(Saved& saved) {
   drop_->backward_weight(saved.child(kDrop));
   wpe_->backward_weight(saved.child(kWpe));
   wte_->backward_weight(saved.child(kWte));
+}
+
+// Block by block, each module's passes together: the same numbers and the
+// same order of gradient reports as the split passes.
+Tensor GPT::do_backward(const Tensor& grad_out, Saved& saved) {
+  State& st = saved.state<State>();
+  Tensor dh = grad_out;
+  if (config_.head) {
+    dh = head_backward_input(grad_out, st);
+    head_backward_weight(st);
+    dh = ln_f_->backward(dh, saved.child(kLnF));
+  }
+  const Tensor dx = h_.backward(dh, saved.child(kBlocks));
+  if (!config_.embed) return dx;
+  embed_backward(dx, saved, [](Module& m, const Tensor& g, Saved& s) { return m.backward(g, s); });
+  return Tensor();
 }
 
 }  // namespace meshtrain::nn

@@ -26,6 +26,12 @@
 //
 // Recompute: config.recompute sets every block's recompute mode (its
 // activations are rebuilt in backward; numbers identical).
+// Backward: backward() runs block by block, each block's input and weight
+// passes together (its rebuilt activations and gradient buffers are freed
+// before the next block's backward starts); backward_input then
+// backward_weight (a zero-bubble pipeline's split) runs every block's input
+// pass first and keeps what the weight passes need until then. Both compute
+// the same numbers, and report gradients (grad_ready) in the same order.
 // Half precision (set_compute_dtype(bf16 / f16)): every Linear's GEMMs and
 // the tied head's run on half-precision operands with f32 accumulation; the
 // logits stay f32 for the loss; attention's tiles stay f32.
@@ -184,6 +190,7 @@ class GPT final : public Module {
   Tensor do_forward(const Tensor& ids, Saved& saved) override;
   Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
   void do_backward_weight(Saved& saved) override;
+  Tensor do_backward(const Tensor& grad_out, Saved& saved) override;
   std::string describe() const override { return "GPT"; }
 
  private:
@@ -201,6 +208,14 @@ class GPT final : public Module {
     Tensor h;          // (B T, C) ln_f output: the head's input (in the compute dtype)
     Tensor dlogits;    // (B T, V) kept for the head's weight pass (in the compute dtype)
   };
+  // The head's input pass: dlogits -> dh (B, t_pad, C), before ln_f; its
+  // weight pass: the tied weight's share (its first report).
+  Tensor head_backward_input(const Tensor& grad_out, State& st);
+  void head_backward_weight(State& st);
+  // The embeddings' backward from the blocks' dx, `step` running each
+  // module's backward (fused) or backward_input.
+  template <typename Step>
+  void embed_backward(const Tensor& dx, Saved& saved, Step step);
   GPTConfig config_;
   bool split_context_ = true;
   std::optional<Embedding> wte_;  // with the embeddings or the head

@@ -135,10 +135,11 @@ void PipelineExecutor::compute(const Action& a) {
     case ActionKind::backward_input: {
       const Tensor grad = take_grad(a);
       const double start = micros(t0_);
-      Tensor gi = stage.backward_input(a.micro_batch, grad, *s.saved);
+      const bool fused = a.kind == ActionKind::backward;
+      Tensor gi = fused ? stage.backward(a.micro_batch, grad, *s.saved)
+                        : stage.backward_input(a.micro_batch, grad, *s.saved);
       if (a.stage > 0) s.input_grad = gi.to(DType::f32).contiguous();
-      if (a.kind == ActionKind::backward) {
-        stage.backward_weight(a.micro_batch, *s.saved);
+      if (fused) {
         s.saved.reset();
         --live_saved_;
       }

@@ -10,11 +10,12 @@
 //   gather_timelines(exec);                              // every rank's, on rank 0 (pipeline_timeline.h)
 //
 // Contracts:
-// - The executor calls a stage's forward, backward_input and backward_weight
-//   in the order of the rank's list, each micro-batch with its own nn::Saved
-//   (kept from its forward until its backward_weight, then freed: the live
-//   count is peak_saved()). A fused backward ("B") is backward_input then
-//   backward_weight at once, which Module's contract makes the same numbers.
+// - The executor calls a stage's forward, backward (fused), backward_input
+//   and backward_weight in the order of the rank's list, each micro-batch
+//   with its own nn::Saved (kept from its forward until its backward or
+//   backward_weight, then freed: the live count is peak_saved()). A fused
+//   backward ("B") computes what backward_input then backward_weight do
+//   (Module's contract: the same numbers).
 // - Transfers: a stage's forward output goes to the next stage, its input
 //   gradient to the previous one; across ranks as one asynchronous send and
 //   receive per transfer (tag from the kind, stage and micro-batch), on the
@@ -61,6 +62,14 @@ class PipelineStage {
   virtual Tensor backward_input(int mb, const Tensor& grad, nn::Saved& saved) = 0;
   // The weight gradients of that backward_input.
   virtual void backward_weight(int mb, nn::Saved& saved) = 0;
+  // A fused backward ("B"): backward_input and backward_weight as one pass
+  // (a model's fused backward frees each layer's buffers as it goes). The
+  // default runs the two.
+  virtual Tensor backward(int mb, const Tensor& grad, nn::Saved& saved) {
+    Tensor g = backward_input(mb, grad, saved);
+    backward_weight(mb, saved);
+    return g;
+  }
   // The shape of the input of micro-batch mb (not called on stage 0).
   virtual std::vector<int64_t> input_shape(int mb) const = 0;
 };

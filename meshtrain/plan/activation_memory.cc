@@ -131,7 +131,7 @@ struct Dims {
   int64_t cl, fl;  // C / k, 4 C / k
   int64_t vl;      // this rank's vocabulary shard
   int k;
-  bool sp, cp, ring, half, drop, recompute;
+  bool sp, cp, ring, half, drop, recompute, split;
   int64_t cd;                               // compute dtype bytes
   int64_t rows() const { return b * tb; }   // R
   int64_t rows_s() const { return b * s; }  // Rs
@@ -226,8 +226,19 @@ class Walk {
     return -1;
   }
 
-  // The input pass, then the weight pass (GPT::do_backward is split).
+  // GPT::backward (fused, block by block) or backward_input then
+  // backward_weight (split: a zero-bubble pipeline's stage).
   void backward() {
+    if (d_.split)
+      backward_split();
+    else
+      backward_fused();
+  }
+
+ private:
+  // GPT::do_backward: the head's two passes, ln_f, every block's backward
+  // (input and weight passes together), the embeddings'.
+  void backward_fused() {
     const int64_t bt = d_.b * t_;
     l_.set_phase("backward loss");
     int dl = -1;  // CrossEntropyLoss's gradient is untracked
@@ -236,6 +247,42 @@ class Walk {
       dl = l_.ref(gpt_.grad);
     }
     l_.mark(ScopeEvent::before_use, ScopePass::backward, -1);  // GPT::backward
+    int dh = -1;  // the head's dh is untracked
+    if (head_) {
+      l_.set_phase("backward head");
+      l_.assign(gpt_.dlogits, l_.ref(dl));
+      if (d_.half) l_.assign(gpt_.dlogits, dl >= 0 ? l_.alloc("dlogits (compute dtype)", d_.cd * bt * d_.vl) : -1);
+      l_.unref(gpt_.dlogits);  // the head's weight pass is done with it
+      dh = norm_backward(gpt_.lnf, -1, "ln_f");
+    }
+    int g = l_.ref(dh);  // Sequential's reverse chain
+    for (size_t i = blocks_.size(); i-- > 0;) {
+      l_.set_phase(fmt::format("backward h.{}", first_ + static_cast<int64_t>(i)));
+      int gi = block_module_backward(blocks_[i], g, first_ + static_cast<int64_t>(i));
+      l_.unref(g);
+      g = gi;
+    }
+    if (embed_) {
+      l_.set_phase("backward embed");
+      int de = dropout_backward(gpt_.drop, g, "drop");  // wte's dy lives only in its own call
+      l_.unref(de);
+    }
+    l_.unref(g);
+    l_.unref(dh);
+    l_.unref(dl);
+    l_.mark(ScopeEvent::after_use, ScopePass::backward, -1);
+  }
+
+  // The input pass, then the weight pass.
+  void backward_split() {
+    const int64_t bt = d_.b * t_;
+    l_.set_phase("backward loss");
+    int dl = -1;  // CrossEntropyLoss's gradient is untracked
+    if (head_ && d_.k > 1) {
+      l_.buffer(gpt_.grad, "loss grad (vocabulary-parallel)", 4 * bt * d_.vl);
+      dl = l_.ref(gpt_.grad);
+    }
+    l_.mark(ScopeEvent::before_use, ScopePass::backward_input, -1);  // GPT::backward_input
     l_.set_phase("backward_input head");
     int dh = -1;  // the head's dh is untracked
     if (head_) {
@@ -260,16 +307,17 @@ class Walk {
     l_.unref(g);
     l_.unref(dh);
     l_.unref(dl);
+    l_.mark(ScopeEvent::after_use, ScopePass::backward_input, -1);
+    l_.mark(ScopeEvent::before_use, ScopePass::backward_weight, -1);  // GPT::backward_weight
     l_.set_phase("backward_weight");
     l_.unref(gpt_.dlogits);
     l_.unref(gpt_.lnf.dy);
     for (size_t i = blocks_.size(); i-- > 0;)
       block_module_backward_weight(blocks_[i], first_ + static_cast<int64_t>(i));
     l_.unref(gpt_.wte_dy);
-    l_.mark(ScopeEvent::after_use, ScopePass::backward, -1);
+    l_.mark(ScopeEvent::after_use, ScopePass::backward_weight, -1);
   }
 
- private:
   struct GptS {
     int wte_y = -1, wpe_y = -1, wte_dy = -1;
     DropS drop;
@@ -302,6 +350,12 @@ class Walk {
     l_.unref(s.x);
     l_.unref(s.dy);
   }
+  // Linear::do_backward: both passes, dy not kept.
+  int linear_backward(LinearS& s, int dy, int64_t rows, int64_t in, int64_t out, const std::string& name) {
+    int dx = linear_backward_input(s, dy, rows, in, out, name);
+    linear_backward_weight(s);
+    return dx;
+  }
   int norm_forward(NormS& s, int /*x*/, const std::string& name) {
     const int64_t r = d_.rows_s();
     l_.buffer(s.xhat, name + ".xhat", 4 * r * d_.c);
@@ -313,6 +367,11 @@ class Walk {
     l_.assign(s.dy, l_.ref(dy));
     l_.buffer(s.dx, name + ".dx", 4 * d_.rows_s() * d_.c);
     return l_.ref(s.dx);
+  }
+  int norm_backward(NormS& s, int dy, const std::string& name) {
+    int dx = norm_backward_input(s, dy, name);
+    l_.unref(s.dy);  // the weight pass
+    return dx;
   }
   int dropout_forward(DropS& s, int x, const std::string& name) {
     if (!d_.drop) return l_.ref(x);
@@ -349,8 +408,9 @@ class Walk {
     l_.unref(in);
     return y;
   }
-  int column_backward_input(LinearS& s, int dy, int64_t out, const std::string& name) {
-    int dx = linear_backward_input(s, dy, d_.rows(), d_.c, out, name);
+  int column_backward_input(LinearS& s, int dy, int64_t out, const std::string& name, bool fused = false) {
+    int dx = fused ? linear_backward(s, dy, d_.rows(), d_.c, out, name)
+                   : linear_backward_input(s, dy, d_.rows(), d_.c, out, name);
     if (!d_.sp) return dx;  // all-reduced in place
     reduce_scatter(false, "");
     l_.unref(dx);
@@ -370,6 +430,10 @@ class Walk {
   void row_backward_weight(RowS& s) {
     l_.unref(s.dy);
     linear_backward_weight(s.lin);
+  }
+  // RowParallelLinear::do_backward: dy not kept.
+  int row_backward(RowS& s, int dy, int64_t in, const std::string& name) {
+    return linear_backward(s.lin, d_.sp ? -1 : dy, d_.rows(), in, d_.c, name);  // gathered: untracked
   }
 
   // ---- attention and blocks ----
@@ -449,18 +513,26 @@ class Walk {
     return y;
   }
 
-  int block_backward_input(BlockS& s, int dy) {
+  // GPTBlock::residual_backward with every module's backward_input, or
+  // (fused) its backward: the MLP's layers fused, the attention's and the
+  // norms' input then weight passes (they have no fused one).
+  int block_backward_input(BlockS& s, int dy, bool fused = false) {
     int g = l_.ref(dy);
     int m = dropout_backward(s.md, g, "h.*.mlp.dropout");
-    l_.assign(m, row_backward_input(s.fc_proj, m, d_.fl, "h.*.mlp.c_proj"));
+    l_.assign(m, fused ? row_backward(s.fc_proj, m, d_.fl, "h.*.mlp.c_proj")
+                       : row_backward_input(s.fc_proj, m, d_.fl, "h.*.mlp.c_proj"));
     l_.buffer(s.gelu.dx, "h.*.mlp.gelu.dx", 4 * d_.rows() * d_.fl);
     l_.unref(s.gelu.x);
     l_.assign(m, l_.ref(s.gelu.dx));
-    l_.assign(m, column_backward_input(s.c_fc, m, d_.fl, "h.*.mlp.c_fc"));
-    int dm = norm_backward_input(s.ln2, m, "h.*.ln_2");
+    l_.assign(m, column_backward_input(s.c_fc, m, d_.fl, "h.*.mlp.c_fc", fused));
+    int dm = fused ? norm_backward(s.ln2, m, "h.*.ln_2") : norm_backward_input(s.ln2, m, "h.*.ln_2");
     l_.unref(m);
     int da0 = attention_backward_input(s, -1);  // dh: untracked
-    int da = norm_backward_input(s.ln1, da0, "h.*.ln_1");
+    if (fused) {  // CausalSelfAttention's weight pass
+      row_backward_weight(s.c_proj);
+      linear_backward_weight(s.c_attn);
+    }
+    int da = fused ? norm_backward(s.ln1, da0, "h.*.ln_1") : norm_backward_input(s.ln1, da0, "h.*.ln_1");
     l_.unref(da0);
     l_.unref(da);
     l_.unref(dm);
@@ -493,18 +565,36 @@ class Walk {
     l_.mark(ScopeEvent::after_use, ScopePass::forward, index);
     return y;
   }
+  // Module::backward_target: in recompute mode the forward again, in a
+  // forward scope, into the Saved the backward passes use.
+  BlockS& block_target(BlockS& s, int64_t index) {
+    if (!d_.recompute) return s;
+    l_.mark(ScopeEvent::before_use, ScopePass::forward, index);
+    s.rebuilt = std::make_unique<BlockS>();
+    int y = block_forward(*s.rebuilt, s.input);
+    l_.unref(y);
+    l_.mark(ScopeEvent::after_use, ScopePass::forward, index);
+    return *s.rebuilt;
+  }
+  // Module::end_call: recompute drops what it rebuilt, and the input.
+  void block_end_call(BlockS& s) {
+    if (!d_.recompute) return;
+    release(l_, *s.rebuilt);
+    s.rebuilt.reset();
+    l_.unref(s.input);
+  }
+  int block_module_backward(BlockS& s, int dy, int64_t index) {
+    BlockS& target = block_target(s, index);
+    l_.mark(ScopeEvent::before_use, ScopePass::backward, index);
+    int dx = block_backward_input(target, dy, /*fused=*/true);
+    l_.mark(ScopeEvent::after_use, ScopePass::backward, index);
+    block_end_call(s);
+    return dx;
+  }
   int block_module_backward_input(BlockS& s, int dy, int64_t index) {
-    BlockS* target = &s;
-    if (d_.recompute) {  // Module::backward_target: the forward again, in a forward scope
-      l_.mark(ScopeEvent::before_use, ScopePass::forward, index);
-      s.rebuilt = std::make_unique<BlockS>();
-      int y = block_forward(*s.rebuilt, s.input);
-      l_.unref(y);
-      l_.mark(ScopeEvent::after_use, ScopePass::forward, index);
-      target = s.rebuilt.get();
-    }
+    BlockS& target = block_target(s, index);
     l_.mark(ScopeEvent::before_use, ScopePass::backward_input, index);
-    int dx = block_backward_input(*target, dy);
+    int dx = block_backward_input(target, dy);
     l_.mark(ScopeEvent::after_use, ScopePass::backward_input, index);
     return dx;
   }
@@ -512,10 +602,7 @@ class Walk {
     l_.mark(ScopeEvent::before_use, ScopePass::backward_weight, index);
     block_backward_weight(d_.recompute ? *s.rebuilt : s);
     l_.mark(ScopeEvent::after_use, ScopePass::backward_weight, index);
-    if (!d_.recompute) return;
-    release(l_, *s.rebuilt);
-    s.rebuilt.reset();
-    l_.unref(s.input);
+    block_end_call(s);
   }
 
   // GPT::embed / embed_sum: wte, wpe, their sum, dropout.
@@ -609,6 +696,7 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
   d.cd = static_cast<int64_t>(dtype_size(l.compute));
   d.drop = l.training && l.dropout > 0.0;
   d.recompute = l.recompute;
+  d.split = l.split_backward;
 
   Walk w(d, last - l.first_block, l.first_block, l.embed, l.head, d.t);
   Ledger& led = w.ledger();

@@ -83,16 +83,22 @@
 // weight pass.
 //
 // Lifetimes that set the peak (nn/module.cc, gpt.cc):
-// - The GPT's backward is split: backward_input runs through every block
-//   before any backward_weight. Linear inputs (st.x) and every layer's dy are
-//   released only in the weight pass, so nothing of the forward is freed
-//   while the input pass runs but q, k, v, out, lse (freed per block).
-// - Recompute: a block keeps its input only, but backward_input rebuilds its
-//   activations into a Saved that lives until that block's weight pass, and
-//   the weight passes come after all input passes: at the end of the input
-//   pass every block's rebuilt activations are live at once. Recompute cuts
-//   saved_per_micro_batch (what a pipeline holds per micro-batch in flight),
-//   not the peak of one micro-batch.
+// - GPT::backward runs block by block, each block's input and weight passes
+//   together (the MLP's Linears fused: weight gradient, then dx, dy not
+//   kept; the attention's and the norms' input then weight passes). Without
+//   recompute a block's buffers stay in its Saved (below); Linear inputs
+//   (st.x) are released as each Linear finishes.
+// - Recompute: a block keeps its input only; its backward rebuilds the
+//   activations into a Saved that dies when the block's backward ends, so
+//   the peak is every block's input plus one block rebuilt, with its
+//   gradient buffers.
+// - split_backward (backward_input, then backward_weight: a zero-bubble
+//   pipeline's stage): the input pass runs through every block before any
+//   weight pass; Linear inputs and every layer's dy are released only in the
+//   weight pass, and with recompute every block's rebuilt activations are
+//   live at the end of the input pass (recompute then cuts
+//   saved_per_micro_batch, what a micro-batch holds from F to I, not the
+//   peak). The GPT's own scope is then two: backward_input, backward_weight.
 // - Buffers (outputs, dx, masks, half copies) stay in the Saved after the
 //   backward and are reused by the next forward into it when nobody else
 //   holds them (internal/buffers.h). A pipeline gives every micro-batch a
@@ -142,6 +148,9 @@ struct ActivationLayout {
   std::string cp_comm = "ring";  // or "all_to_all"
   bool cp_load_balance = true;   // no effect on bytes (chunks of equal length)
   bool recompute = false;    // every block in recompute mode
+  // The backward as backward_input then backward_weight (a zero-bubble
+  // pipeline's stage) instead of GPT::backward's block by block.
+  bool split_backward = false;
   DType compute = DType::f32;    // f32, bf16 or f16 (Module::set_compute_dtype)
   double dropout = 0.0;      // GPTConfig::dropout
   bool training = true;      // dropout acts only in training
@@ -165,10 +174,11 @@ struct ActivationTerm {
 // GPT: each block and the GPT itself, train/gpt_recipe.cc), in the order nn
 // opens and closes them for one micro-batch: the GPT's forward around the
 // embedding, every block's forward and the head; the loss outside it; the
-// GPT's backward (GPT::backward, as the trainer runs a whole model: one
-// scope around both passes) around the head's and every block's
-// backward_input, then every block's backward_weight (recompute: a block's
-// forward scope again just before its backward_input, rebuilding).
+// GPT's backward (GPT::backward, as the trainer and a pipeline's fused B
+// run it) around the head's passes and every block's backward (recompute:
+// a block's forward scope again just before it, rebuilding); split: the
+// GPT's backward_input around every block's backward_input, then its
+// backward_weight around every block's backward_weight.
 enum class ScopePass : uint8_t { forward, backward, backward_input, backward_weight };
 enum class ScopeEvent : uint8_t { start, before_use, after_use };
 

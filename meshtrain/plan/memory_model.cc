@@ -339,8 +339,9 @@ struct HookStep {
 };
 
 // A stage's micro-batch as the pipeline runs it: a fresh Saved (the cold
-// timeline), its forward (F), input pass (I, the first part of a fused B)
-// and weight pass (W, the rest), and what it holds between them.
+// timeline), its forward (F), its fused backward (B: `input`, `weight`
+// empty) or its input pass (I) and weight pass (W) of a zero-bubble
+// schedule, and what it holds between them.
 struct PipelinePasses {
   std::vector<HookStep> forward, input, weight;
   double saved = 0;        // from F to I: saved_per_micro_batch
@@ -348,67 +349,71 @@ struct PipelinePasses {
   double output = 0;       // F's output (a stage that is not the last), held until its send completes
 };
 
-// The cold timeline cut into the pipeline's actions, with the hooks the
-// whole-model timeline lacks: the stage's part runs its backward as two
-// scopes (nn::Module::backward_input, then backward_weight: the root's
-// unit is used in each, its gradient held in the weight pass only), and
-// wte is a unit of its own, used inside the embeddings' forward, input
-// and weight passes (the first stage: the embedding's own scope) or by
-// the tied head (the last: nn::GPT::head_use, first in each backward
-// pass). At the added hooks the activations are the most of the stretch
-// they fall in (the level there when nothing is allocated in it, as
-// without dropout), but for the embedding's weight pass: the level after
-// it (it frees nothing).
+// The cold timeline cut into the pipeline's actions, with the hooks of wte,
+// a unit of its own on a pipeline: used inside the embeddings' forward and
+// backward (the first stage: the embedding's own scope; a split backward's
+// input and weight passes) or by the tied head (the last: nn::GPT::head_use,
+// its input and weight passes first in the backward). At the added hooks
+// the activations are the most of the stretch they fall in (the level there
+// when nothing is allocated in it, as without dropout), but for the
+// embedding's last pass: the level after it (it frees nothing, and the
+// blocks have freed what they rebuilt).
 PipelinePasses pipeline_passes(const ActivationEstimate& e, int64_t first, bool embed_wte, bool head_wte,
-                               bool last_stage) {
+                               bool last_stage, bool split) {
   const std::vector<ActivationMoment>& t = e.timeline;
-  size_t k = 0, j = 0;  // the GPT's forward after_use; the last hook of the input pass
+  const auto is_root = [&](size_t i, ScopeEvent ev, ScopePass pass) {
+    return t[i].block < 0 && t[i].event == ev && t[i].pass == pass;
+  };
+  size_t k = 0, j = 0;  // the GPT's forward after_use; its backward_input after_use (split)
   for (size_t i = 0; i < t.size(); ++i) {
-    if (k == 0 && t[i].event == ScopeEvent::after_use && t[i].pass == ScopePass::forward && t[i].block < 0) k = i;
-    if (t[i].pass == ScopePass::backward_input) j = i;
+    if (k == 0 && is_root(i, ScopeEvent::after_use, ScopePass::forward)) k = i;
+    if (split && is_root(i, ScopeEvent::after_use, ScopePass::backward_input)) j = i;
   }
-  if (k < 2 || j <= k + 1 || j + 2 >= t.size())
-    throw InvalidArgument(kOp, "an activation timeline without a forward, input and weight pass",
+  const ScopePass last_pass = split ? ScopePass::backward_weight : ScopePass::backward;
+  if (k < 2 || k + 2 >= t.size() || (split && (j <= k + 1 || j + 2 >= t.size())) ||
+      !is_root(k + 1, ScopeEvent::before_use, split ? ScopePass::backward_input : ScopePass::backward) ||
+      !is_root(t.size() - 1, ScopeEvent::after_use, last_pass))
+    throw InvalidArgument(kOp, "an activation timeline without the GPT's forward and backward scopes",
                           "report this: plan::estimate_activations and the memory model disagree");
-  const auto from = [&](const ActivationMoment& m, ScopePass pass) {
+  const auto from = [&](const ActivationMoment& m) {
     const int unit = m.event == ScopeEvent::start ? -1
                      : m.block < 0                ? kUnitRoot
                                                   : static_cast<int>(m.block - first) + kUnitBlocks;
-    return HookStep{.unit = unit, .event = m.event, .pass = pass, .at = m.at, .peak = m.peak,
-                    .where = m.event == ScopeEvent::start ? "start" : hook_name(pass, block_name(m.block), m.event)};
+    return HookStep{.unit = unit, .event = m.event, .pass = m.pass, .at = m.at, .peak = m.peak,
+                    .where = m.event == ScopeEvent::start ? "start" : hook_name(m.pass, block_name(m.block), m.event)};
   };
-  const auto hook = [](std::vector<HookStep>& out, int unit, ScopeEvent ev, ScopePass pass, double level) {
-    out.push_back({.unit = unit, .event = ev, .pass = pass, .at = level, .peak = level,
-                   .where = hook_name(pass, unit == kUnitWte ? "wte" : "GPT", ev)});
+  const auto wte = [](std::vector<HookStep>& out, ScopePass pass, double level) {
+    for (ScopeEvent ev : {ScopeEvent::before_use, ScopeEvent::after_use})
+      out.push_back({.unit = kUnitWte, .event = ev, .pass = pass, .at = level, .peak = level,
+                     .where = hook_name(pass, "wte", ev)});
   };
-  const auto wte = [&](std::vector<HookStep>& out, ScopePass pass, double level) {
-    hook(out, kUnitWte, ScopeEvent::before_use, pass, level);
-    hook(out, kUnitWte, ScopeEvent::after_use, pass, level);
+  // Moments [a, b] of the timeline into `out`: the head's use of wte
+  // (`head_passes`) after the first, the embedding's (`embed_pass`) before
+  // the last.
+  const auto cut = [&](std::vector<HookStep>& out, size_t a, size_t b, std::vector<ScopePass> head_passes,
+                       ScopePass embed_pass, double embed_level) {
+    for (size_t i = a; i <= b; ++i) {
+      if (embed_wte && i == b) wte(out, embed_pass, embed_level);
+      out.push_back(from(t[i]));
+      if (head_wte && i == a)
+        for (ScopePass p : head_passes) wte(out, p, t[a].peak);
+    }
   };
   PipelinePasses c;
   for (size_t i = 0; i <= k; ++i) {
     if (head_wte && i == k) wte(c.forward, ScopePass::forward, t[k - 1].peak);  // the head, after the blocks
-    c.forward.push_back(from(t[i], t[i].pass));
+    c.forward.push_back(from(t[i]));
     if (embed_wte && i == 1) wte(c.forward, ScopePass::forward, t[1].peak);  // the embedding, first
   }
-  for (size_t i = k + 1; i <= j; ++i) {  // the GPT's backward scope opens as backward_input
-    c.input.push_back(from(t[i], i == k + 1 ? ScopePass::backward_input : t[i].pass));
-    if (head_wte && i == k + 1) wte(c.input, ScopePass::backward_input, t[i].peak);
-  }
-  const double end_of_input = t[j].peak;
-  if (embed_wte) wte(c.input, ScopePass::backward_input, end_of_input);
-  hook(c.input, kUnitRoot, ScopeEvent::after_use, ScopePass::backward_input, end_of_input);
-  hook(c.weight, kUnitRoot, ScopeEvent::before_use, ScopePass::backward_weight, end_of_input);
-  if (head_wte) wte(c.weight, ScopePass::backward_weight, end_of_input);
-  for (size_t i = j + 1; i < t.size(); ++i) {
-    const bool last = i + 1 == t.size();  // the GPT's backward after_use
-    // The embedding's weight pass comes after the blocks have freed what
-    // they rebuilt (recompute); its dy is a view it does not own.
-    if (embed_wte && last) wte(c.weight, ScopePass::backward_weight, t[i].at);
-    c.weight.push_back(from(t[i], last ? ScopePass::backward_weight : t[i].pass));
+  if (split) {
+    cut(c.input, k + 1, j, {ScopePass::backward_input}, ScopePass::backward_input, t[j - 1].peak);
+    cut(c.weight, j + 1, t.size() - 1, {ScopePass::backward_weight}, ScopePass::backward_weight, t.back().at);
+    c.after_input = t[j].at;
+  } else {
+    cut(c.input, k + 1, t.size() - 1, {ScopePass::backward_input, ScopePass::backward_weight}, ScopePass::backward,
+        t.back().at);
   }
   c.saved = e.saved_per_micro_batch;
-  c.after_input = end_of_input;
   c.output = last_stage ? 0.0 : e.stage_output;
   return c;
 }
@@ -656,6 +661,7 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
                             .context = l.context,
                             .cp_comm = l.cp_comm,
                             .recompute = l.recompute,
+                            .split_backward = p > 1 && l.schedule == "zb",
                             .compute = sharded ? l.param_dtype : DType::f32,
                             .dropout = l.dropout,
                             .first_block = first,
@@ -672,7 +678,7 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
         // A pipeline: a fresh Saved per micro-batch (cold); wte is a unit
         // of its own on the first and the last stage.
         const bool own_wte = embed != head;
-        chunks.push_back({.passes = pipeline_passes(e, first, own_wte && embed, own_wte && head, head),
+        chunks.push_back({.passes = pipeline_passes(e, first, own_wte && embed, own_wte && head, head, al.split_backward),
                           .padded = std::move(padded),
                           .stage = s});
       }

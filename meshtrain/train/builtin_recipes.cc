@@ -117,6 +117,9 @@ class MlpStage final : public RecipeStage {
     return mlp_.backward_input(last_ ? ce_.backward(saved.child(1)) : grad, saved.child(0));
   }
   void backward_weight(nn::Saved& saved) override { mlp_.backward_weight(saved.child(0)); }
+  Tensor backward(const Tensor& grad, nn::Saved& saved) override {
+    return mlp_.backward(last_ ? ce_.backward(saved.child(1)) : grad, saved.child(0));
+  }
   std::vector<int64_t> input_shape(const Batch& micro) const override { return {micro.size(), in_}; }
   // {cross-entropy summed / n, correct predictions}, as MlpModel::evaluate.
   Tensor evaluate(const Batch& chunk, int64_t n, const Tensor& input, std::vector<double>* sums) override {

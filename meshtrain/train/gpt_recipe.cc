@@ -99,6 +99,9 @@ class GptStage final : public RecipeStage {
     return gpt_.backward_input(gpt_.config().head ? loss_.backward(saved.child(1)) : grad, saved.child(0));
   }
   void backward_weight(nn::Saved& saved) override { gpt_.backward_weight(saved.child(0)); }
+  Tensor backward(const Tensor& grad, nn::Saved& saved) override {
+    return gpt_.backward(gpt_.config().head ? loss_.backward(saved.child(1)) : grad, saved.child(0));
+  }
   // The residual stream (B, T, C); with sequence parallelism this rank's
   // steps of T padded to the split.
   std::vector<int64_t> input_shape(const Batch& micro) const override {

@@ -105,6 +105,14 @@ class RecipeStage {
   virtual Tensor backward_input(const Tensor& grad, nn::Saved& saved) = 0;
   // The weight gradients of that backward.
   virtual void backward_weight(nn::Saved& saved) = 0;
+  // The two as one pass (the module's fused backward, which frees each
+  // layer's buffers as it goes); the default runs backward_input, then
+  // backward_weight.
+  virtual Tensor backward(const Tensor& grad, nn::Saved& saved) {
+    Tensor g = backward_input(grad, saved);
+    backward_weight(saved);
+    return g;
+  }
   // The shape of forward's input for `micro` (stages after the first).
   virtual std::vector<int64_t> input_shape(const Batch& micro) const = 0;
   // Evaluation mode: forward of a test chunk; the last stage adds

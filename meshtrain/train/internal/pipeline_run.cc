@@ -31,11 +31,15 @@ class PipelineRun::Adapter final : public parallel::PipelineStage {
     return stage_.backward_input(grad, saved);
   }
   // The strategy's gradient hooks fire in the weight pass: its micro-batch
-  // window advances here (the schedule runs a stage's weight passes in
+  // window advances there (the schedule runs a stage's weight passes in
   // micro-batch order).
   void backward_weight(int mb, nn::Saved& saved) override {
     strategy_.begin_micro_batch(mb, run_.schedule_.micro_batches);
     stage_.backward_weight(saved);
+  }
+  Tensor backward(int mb, const Tensor& grad, nn::Saved& saved) override {
+    strategy_.begin_micro_batch(mb, run_.schedule_.micro_batches);
+    return stage_.backward(grad, saved);
   }
   std::vector<int64_t> input_shape(int mb) const override { return stage_.input_shape(micro(mb)); }
 
