@@ -6,6 +6,8 @@
 //   meshtrain plan --layers 4 --width 256 --heads 4 --vocab 8192 --seq 64 --batch 32 --mesh fsdp=4 --fsdp full
 //   meshtrain plan ... --json                  one JSON object instead of the table
 //   meshtrain plan ... --svg memory.svg        also a stacked bar per device, by category
+//   meshtrain plan ... --mesh-svg mesh.svg     also the mesh over nodes (cli/plan_pictures.h)
+//   meshtrain plan --devices 64 --hardware H100 ... --svg mesh.svg   the search's pick's mesh
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -18,9 +20,11 @@
 
 #include "cli/command.h"
 #include "cli/plan_check.h"
+#include "cli/plan_pictures.h"
 #include "cli/plan_search.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
+#include "meshtrain/core/strings.h"
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/plan/mesh_planning.h"
 
@@ -55,7 +59,8 @@ struct PlanFlags {
   std::string schedule = "1f1b";
   int virtual_stages = 1;
   bool sequence_parallel = false, recompute = false, json = false;
-  std::string svg;  // write the per-device memory picture here
+  std::string svg;       // write the per-device memory picture here (--devices: the pick's mesh)
+  std::string mesh_svg;  // write the mesh picture here
   std::string cp_comm = "ring";
   int64_t min_weight_size = 1024;
   std::string hardware;   // price the step on it: a preset or a --calibrate file
@@ -234,7 +239,10 @@ int run_plan(PlanFlags f) {
                                 .device_memory = plan::parse_memory_size(f.device_memory),
                                 .precision = f.precision == "fp32" ? DType::f32 : DType::bf16, .keep = f.keep,
                                 .cp_comm = f.cp_comm};
-    return run_plan_search(g, o, load_hardware(f.hardware), f.size.empty() ? "the GPT" : "GPT " + f.size);
+    std::vector<PictureFile> pictures;
+    if (!f.svg.empty()) pictures.push_back({.flag = "--svg", .path = f.svg});
+    if (!f.mesh_svg.empty()) pictures.push_back({.flag = "--mesh-svg", .path = f.mesh_svg});
+    return run_plan_search(g, o, load_hardware(f.hardware), f.size.empty() ? "the GPT" : "GPT " + f.size, pictures);
   }
   if (f.check || !f.calibrate.empty()) {
     CheckOptions o = f.check_options;
@@ -256,8 +264,23 @@ int run_plan(PlanFlags f) {
   const plan::DeviceMemory& worst = m.worst();
   if (!f.svg.empty()) {
     std::ofstream out(f.svg);
-    out << memory_svg(m, fmt::format("memory per device: GPT {} layers, width {}, mesh {}", f.layers, f.width, f.mesh));
+    out << memory_svg(m, escape_xml(fmt::format("memory per device: GPT {} layers, width {}, mesh {}", f.layers,
+                                                f.width, f.mesh)));
     if (!out) throw IoError("meshtrain plan", fmt::format("--svg {}: cannot write it", f.svg), "check the path");
+  }
+  if (!f.mesh_svg.empty()) {
+    // Ranks as the runtime numbers them: in the order --mesh lists the axes.
+    const std::string options = plan::describe_layout(l);  // the mesh in the planner's order, then the options
+    const size_t space = options.find(' ');
+    MeshPictureOptions o{.devices_per_node = hw ? hw->devices_per_node : 8,
+                         .title = fmt::format("{}{}: {}{}",
+                                              f.size.empty() ? fmt::format("GPT {} layers, width {}", f.layers, f.width)
+                                                             : fmt::format("GPT {}", f.size),
+                                              hw ? fmt::format(" on {} x {}", l.devices(), hw->name) : "", f.mesh,
+                                              space == std::string::npos ? "" : options.substr(space)),
+                         .order = plan::parse_mesh_spec(f.mesh).axis_names};
+    if (!hw) o.note = "8 devices per node assumed (--hardware gives the node size)";
+    write_picture({.flag = "--mesh-svg", .path = f.mesh_svg}, mesh_svg(l, o));
   }
   if (f.json) {
     nlohmann::json j;
@@ -313,6 +336,7 @@ int run_plan(PlanFlags f) {
              worst.peak_at.empty() ? "" : fmt::format(" (peak at {})", worst.peak_at));
   fmt::print("(the trainer's tracked bytes: docs/planner.md says what they leave out)\n");
   if (!f.svg.empty()) fmt::print("picture: {}\n", f.svg);
+  if (!f.mesh_svg.empty()) fmt::print("mesh picture: {}\n", f.mesh_svg);
   if (time) print_time(*time, *hw, l);
   return 0;
 }
@@ -384,7 +408,13 @@ std::vector<Command> add_plan_commands(CLI::App& app) {
   cmd->add_option("--corpus", f->check_options.corpus, "--check: the text to train on")->capture_default_str();
   cmd->add_option("--text-cache", f->check_options.text_cache, "--check: tokenizer and token-file cache")
       ->capture_default_str();
-  cmd->add_option("--svg", f->svg, "also write a picture of the memory per device by category (SVG) to this file");
+  cmd->add_option("--svg", f->svg,
+                  "also write a picture (SVG) to this file: with --mesh the memory per device by category; with "
+                  "--devices the search pick's mesh over nodes (as --mesh-svg)");
+  cmd->add_option("--mesh-svg", f->mesh_svg,
+                  "also write a picture (SVG) of the mesh over nodes to this file: ranks, pipeline stages and "
+                  "tensor-parallel groups (with --devices: the search's pick); nodes of --hardware's devices per "
+                  "node, else of 8");
   return {{cmd, [=] { return run_plan(*f); }}};
 }
 

@@ -33,7 +33,7 @@ struct Published {
 }  // namespace
 
 int run_plan_search(const plan::GptShape& g, const plan::SearchOptions& o, const plan::Hardware& hw,
-                    const std::string& model_name) {
+                    const std::string& model_name, const std::vector<PictureFile>& pictures) {
   const auto t0 = std::chrono::steady_clock::now();
   const plan::SearchResult r = plan::search_layouts(g, o, hw);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -54,6 +54,18 @@ int run_plan_search(const plan::GptShape& g, const plan::SearchOptions& o, const
     for (const plan::Candidate& c : r.not_fitting)
       fmt::print("  {:<58} {:>9.3f} s  needs {:.1f} GiB, {:.1f} over: {}\n", c.label, c.step, c.memory / kGiB,
                  (c.memory - o.device_memory) / kGiB, c.reasons.empty() ? "" : c.reasons[0]);
+  }
+  if (!pictures.empty()) fmt::print("\n");
+  for (const PictureFile& p : pictures) {
+    if (r.fitting.empty()) {
+      fmt::print("no layout fits: {} {} not written\n", p.flag, p.path);
+      continue;
+    }
+    const plan::Candidate& pick = r.fitting[0];
+    write_picture(p, mesh_svg(pick.layout, {.devices_per_node = hw.devices_per_node,
+                                            .title = fmt::format("{} on {} x {}: {}", model_name, o.devices, hw.name,
+                                                                 pick.label)}));
+    fmt::print("picture: {}\n", p.path);
   }
   return r.fitting.empty() ? 1 : 0;
 }
