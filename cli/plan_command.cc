@@ -68,6 +68,7 @@ struct PlanFlags {
   bool check = false;     // train the check's layouts here, predicted against measured
   int devices = 0;        // search the layouts for this many devices (needs --hardware)
   std::string device_memory = "80GB";
+  double memory_reserve = 0.1;
   int keep = 5;
   bool published = false;
   CheckOptions check_options;
@@ -237,6 +238,7 @@ int run_plan(PlanFlags f) {
                             "say what the devices are: --hardware H100 (or A100, or a --calibrate file)");
     const plan::SearchOptions o{.devices = f.devices, .batch = f.batch,
                                 .device_memory = plan::parse_memory_size(f.device_memory),
+                                .reserve = f.memory_reserve,
                                 .precision = f.precision == "fp32" ? DType::f32 : DType::bf16, .keep = f.keep,
                                 .cp_comm = f.cp_comm};
     std::vector<PictureFile> pictures;
@@ -389,6 +391,11 @@ std::vector<Command> add_plan_commands(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--device-memory", f->device_memory, "--devices: memory per device, e.g. 80GB or 24GiB")
       ->capture_default_str();
+  cmd->add_option("--memory-reserve", f->memory_reserve,
+                  "--devices: share of the device memory kept free for what the model does not count (allocator "
+                  "fragmentation, the runtime's context and buffers)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.9));
   cmd->add_option("--keep", f->keep, "--devices: fitting layouts to list")->capture_default_str()->check(
       CLI::Range(1, 100));
   cmd->add_flag("--published", f->published,

@@ -38,11 +38,11 @@ int run_plan_search(const plan::GptShape& g, const plan::SearchOptions& o, const
   const plan::SearchResult r = plan::search_layouts(g, o, hw);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   fmt::print("layouts for {} ({} layers, width {}, {} heads, vocabulary {}, {} tokens), batch {}, on {} x {} "
-             "({:.0f} GiB each): {} priced in {:.1f} s\n",
+             "({:.1f} GiB each, {:.0f}% kept free: {:.1f} GiB usable): {} priced in {:.1f} s\n",
              model_name, g.layers, g.width, g.heads, g.vocab, g.seq, o.batch, o.devices, hw.name,
-             o.device_memory / kGiB, r.considered, seconds);
+             o.device_memory / kGiB, 100 * o.reserve, o.usable() / kGiB, r.considered, seconds);
   if (r.fitting.empty()) {
-    fmt::print("none fits in {:.0f} GiB per device; the fastest that do not:\n", o.device_memory / kGiB);
+    fmt::print("none fits in {:.1f} usable GiB per device; the fastest that do not:\n", o.usable() / kGiB);
   } else {
     fmt::print("\nrecommended (fastest predicted step that fits):\n");
     print_candidate(r.fitting[0], true);
@@ -50,10 +50,10 @@ int run_plan_search(const plan::GptShape& g, const plan::SearchOptions& o, const
     for (size_t i = 1; i < r.fitting.size(); ++i) print_candidate(r.fitting[i], false);
   }
   if (!r.not_fitting.empty()) {
-    fmt::print("\nfaster but over {:.0f} GiB per device:\n", o.device_memory / kGiB);
+    fmt::print("\nfaster but over {:.1f} usable GiB per device:\n", o.usable() / kGiB);
     for (const plan::Candidate& c : r.not_fitting)
       fmt::print("  {:<58} {:>9.3f} s  needs {:.1f} GiB, {:.1f} over: {}\n", c.label, c.step, c.memory / kGiB,
-                 (c.memory - o.device_memory) / kGiB, c.reasons.empty() ? "" : c.reasons[0]);
+                 (c.memory - o.usable()) / kGiB, c.reasons.empty() ? "" : c.reasons[0]);
   }
   if (!pictures.empty()) fmt::print("\n");
   for (const PictureFile& p : pictures) {

@@ -60,9 +60,9 @@ std::vector<std::string> explain(const GptShape& g, const Candidate& c, const Se
   const double peak = l.param_dtype != DType::f32 && hw.gemm_flops_bf16 > 0 ? hw.gemm_flops_bf16 : hw.gemm_flops;
   std::vector<std::string> why;
   why.push_back(fmt::format("{:.3f} s per step: {:.0f} tokens/s and {:.0f} model TFLOP/s per device ({:.0f}% of "
-                            "{}'s sustained GEMM rate); {:.1f} of {:.1f} GiB on the fullest device",
+                            "{}'s sustained GEMM rate); {:.1f} of {:.1f} usable GiB on the fullest device",
                             c.step, c.tokens_per_second_per_device, c.model_flops_per_device / 1e12,
-                            100 * c.model_flops_per_device / peak, hw.name, c.memory / kGiB, o.device_memory / kGiB));
+                            100 * c.model_flops_per_device / peak, hw.name, c.memory / kGiB, o.usable() / kGiB));
   auto group_ms = [&](const std::string& group) {
     for (const auto& [name, sec] : s.comm_by_group)
       if (name == group) return sec * 1e3;
@@ -132,16 +132,17 @@ Candidate evaluate_layout(const GptShape& g, const TrainingLayout& l, const Sear
   Candidate c{.layout = l, .mesh = mesh_of(l), .label = describe_layout(l)};
   price(g, hw, c);
   c.memory = predict_memory(g, l).worst().total();
-  c.fits = c.memory <= o.device_memory;
+  c.fits = c.memory <= o.usable();
   c.reasons = explain(g, c, o, hw);
   return c;
 }
 
 SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Hardware& hw) {
-  if (o.devices < 1 || o.batch < 1 || o.device_memory <= 0 || o.keep < 1)
-    throw InvalidArgument(kOp, fmt::format("devices {}, batch {}, device memory {}, keep {}", o.devices, o.batch,
-                                           o.device_memory, o.keep),
-                          "give at least one device, a positive batch and device memory");
+  if (o.devices < 1 || o.batch < 1 || o.device_memory <= 0 || o.keep < 1 || !(o.reserve >= 0 && o.reserve < 1))
+    throw InvalidArgument(kOp,
+                          fmt::format("devices {}, batch {}, device memory {}, reserve {}, keep {}", o.devices, o.batch,
+                                      o.device_memory, o.reserve, o.keep),
+                          "give at least one device, a positive batch and device memory, and 0 <= reserve < 1");
   std::vector<Candidate> all;
   const std::vector<Sharding> stages = o.precision == DType::f32
                                            ? std::vector<Sharding>{Sharding::none, Sharding::zero1, Sharding::zero2,
@@ -195,7 +196,7 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
   for (Candidate& c : all) {
     if (static_cast<int>(r.fitting.size()) >= o.keep) break;
     const double bound = state_bound(g, c.layout);
-    if (bound > o.device_memory) {
+    if (bound > o.usable()) {
       c.memory = bound;
       c.reasons = {"at least that for its model state alone (parameters, gradients, optimizer)"};
       if (r.not_fitting.size() < static_cast<size_t>(o.keep)) r.not_fitting.push_back(c);
@@ -203,7 +204,7 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
     }
     const MemoryPrediction m = predict_memory(g, c.layout);
     c.memory = m.worst().total();
-    c.fits = c.memory <= o.device_memory;
+    c.fits = c.memory <= o.usable();
     if (!c.fits) {
       c.reasons = {fmt::format("activations {:.1f} GiB on the fullest device", m.worst().activations / kGiB)};
       if (r.not_fitting.size() < static_cast<size_t>(o.keep)) r.not_fitting.push_back(c);

@@ -22,8 +22,9 @@
 // t > 1 (the same bytes as the all-reduces it replaces, less activation
 // memory; the trainer refuses it with a context axis); recompute on or
 // off. Candidates are priced first (cheap); memory is predicted in order of
-// time until `keep` candidates fit, with a lower bound (the model state
-// alone) skipping those that cannot. Among candidates within 0.1% of each
+// time until `keep` candidates fit (in SearchOptions::usable(): the device
+// less a stated reserve), with a lower bound (the model state alone)
+// skipping those that cannot. Among candidates within 0.1% of each
 // other's time, the one needing less memory ranks first.
 // Thread-safety: pure functions. Errors: InvalidArgument naming the value.
 #pragma once
@@ -41,7 +42,14 @@ namespace meshtrain::plan {
 struct SearchOptions {
   int devices = 8;
   int64_t batch = 0;               // global batch in samples
-  double device_memory = 80e9;     // bytes per device the run may use
+  double device_memory = 80e9;     // bytes per device
+  // The share of device_memory kept free: the margin for what the memory
+  // model does not count (the allocator's fragmentation and caching, the
+  // runtime's own context and communication buffers, the tensors the
+  // tracker does not see: docs/planner.md). A layout fits when its
+  // predicted peak is at most usable().
+  double reserve = 0.1;
+  double usable() const { return device_memory * (1 - reserve); }
   DType precision = DType::bf16;   // param and reduce dtype (f32 allows plain data parallelism)
   int keep = 5;                    // fitting candidates to return
   std::string cp_comm = "ring";
