@@ -226,19 +226,14 @@ class Walk {
     return -1;
   }
 
-  // GPT::backward (fused, block by block) or backward_input then
-  // backward_weight (split: a zero-bubble pipeline's stage).
+  // GPT::backward: the head's two passes, ln_f, every block's backward
+  // (input and weight passes together), the embeddings'. Split
+  // (backward_input, then backward_weight: a zero-bubble pipeline's stage):
+  // every input pass, then every weight pass.
   void backward() {
-    if (d_.split)
-      backward_split();
-    else
-      backward_fused();
-  }
-
- private:
-  // GPT::do_backward: the head's two passes, ln_f, every block's backward
-  // (input and weight passes together), the embeddings'.
-  void backward_fused() {
+    const bool split = d_.split;
+    const ScopePass pass = split ? ScopePass::backward_input : ScopePass::backward;
+    const char* in = split ? "backward_input" : "backward";
     const int64_t bt = d_.b * t_;
     l_.set_phase("backward loss");
     int dl = -1;  // CrossEntropyLoss's gradient is untracked
@@ -246,68 +241,35 @@ class Walk {
       l_.buffer(gpt_.grad, "loss grad (vocabulary-parallel)", 4 * bt * d_.vl);
       dl = l_.ref(gpt_.grad);
     }
-    l_.mark(ScopeEvent::before_use, ScopePass::backward, -1);  // GPT::backward
+    l_.mark(ScopeEvent::before_use, pass, -1);  // the GPT's scope
     int dh = -1;  // the head's dh is untracked
     if (head_) {
-      l_.set_phase("backward head");
-      l_.assign(gpt_.dlogits, l_.ref(dl));
-      if (d_.half) l_.assign(gpt_.dlogits, dl >= 0 ? l_.alloc("dlogits (compute dtype)", d_.cd * bt * d_.vl) : -1);
-      l_.unref(gpt_.dlogits);  // the head's weight pass is done with it
-      dh = norm_backward(gpt_.lnf, -1, "ln_f");
-    }
-    int g = l_.ref(dh);  // Sequential's reverse chain
-    for (size_t i = blocks_.size(); i-- > 0;) {
-      l_.set_phase(fmt::format("backward h.{}", first_ + static_cast<int64_t>(i)));
-      int gi = block_module_backward(blocks_[i], g, first_ + static_cast<int64_t>(i));
-      l_.unref(g);
-      g = gi;
-    }
-    if (embed_) {
-      l_.set_phase("backward embed");
-      int de = dropout_backward(gpt_.drop, g, "drop");  // wte's dy lives only in its own call
-      l_.unref(de);
-    }
-    l_.unref(g);
-    l_.unref(dh);
-    l_.unref(dl);
-    l_.mark(ScopeEvent::after_use, ScopePass::backward, -1);
-  }
-
-  // The input pass, then the weight pass.
-  void backward_split() {
-    const int64_t bt = d_.b * t_;
-    l_.set_phase("backward loss");
-    int dl = -1;  // CrossEntropyLoss's gradient is untracked
-    if (head_ && d_.k > 1) {
-      l_.buffer(gpt_.grad, "loss grad (vocabulary-parallel)", 4 * bt * d_.vl);
-      dl = l_.ref(gpt_.grad);
-    }
-    l_.mark(ScopeEvent::before_use, ScopePass::backward_input, -1);  // GPT::backward_input
-    l_.set_phase("backward_input head");
-    int dh = -1;  // the head's dh is untracked
-    if (head_) {
+      l_.set_phase(fmt::format("{} head", in));
       l_.assign(gpt_.dlogits, l_.ref(dl));
       // A copy charged to the gradient's tracker: untracked for CrossEntropyLoss.
       if (d_.half) l_.assign(gpt_.dlogits, dl >= 0 ? l_.alloc("dlogits (compute dtype)", d_.cd * bt * d_.vl) : -1);
-      dh = norm_backward_input(gpt_.lnf, -1, "ln_f");
+      if (!split) l_.unref(gpt_.dlogits);  // the head's weight pass follows at once
+      dh = split ? norm_backward_input(gpt_.lnf, -1, "ln_f") : norm_backward(gpt_.lnf, -1, "ln_f");
     }
     int g = l_.ref(dh);  // Sequential's reverse chain
     for (size_t i = blocks_.size(); i-- > 0;) {
-      l_.set_phase(fmt::format("backward_input h.{}", first_ + static_cast<int64_t>(i)));
-      int gi = block_module_backward_input(blocks_[i], g, first_ + static_cast<int64_t>(i));
+      const int64_t index = first_ + static_cast<int64_t>(i);
+      l_.set_phase(fmt::format("{} h.{}", in, index));
+      int gi = split ? block_module_backward_input(blocks_[i], g, index) : block_module_backward(blocks_[i], g, index);
       l_.unref(g);
       g = gi;
     }
     if (embed_) {
-      l_.set_phase("backward_input embed");
+      l_.set_phase(fmt::format("{} embed", in));
       int de = dropout_backward(gpt_.drop, g, "drop");
-      if (!d_.sp) l_.assign(gpt_.wte_dy, l_.ref(de));  // wte keeps dy for its weight pass
+      if (split && !d_.sp) l_.assign(gpt_.wte_dy, l_.ref(de));  // wte keeps dy for its weight pass
       l_.unref(de);
     }
     l_.unref(g);
     l_.unref(dh);
     l_.unref(dl);
-    l_.mark(ScopeEvent::after_use, ScopePass::backward_input, -1);
+    l_.mark(ScopeEvent::after_use, pass, -1);
+    if (!split) return;
     l_.mark(ScopeEvent::before_use, ScopePass::backward_weight, -1);  // GPT::backward_weight
     l_.set_phase("backward_weight");
     l_.unref(gpt_.dlogits);
@@ -318,6 +280,7 @@ class Walk {
     l_.mark(ScopeEvent::after_use, ScopePass::backward_weight, -1);
   }
 
+ private:
   struct GptS {
     int wte_y = -1, wpe_y = -1, wte_dy = -1;
     DropS drop;
