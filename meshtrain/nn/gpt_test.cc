@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -126,6 +127,51 @@ TEST(GPT, RecomputeHoldsAFractionOfTheActivations) {
               static_cast<unsigned long long>(held[1]), static_cast<unsigned long long>(held[0]));
   EXPECT_LT(held[1], held[0] / 4) << "recompute held " << held[1] << " bytes, plain " << held[0];
   EXPECT_GT(held[1], 0u);
+}
+
+// The peak of forward and backward (MemoryTracker's activations) with
+// recompute: GPT::backward frees each block's rebuilt activations before the
+// next block's backward, the split passes keep them all until the weight
+// passes. And both report the gradients in the same order.
+TEST(GPT, FusedBackwardFreesEachBlockAndReportsInTheSplitOrder) {
+  struct Order final : ParamHook {
+    std::vector<std::string> names;
+    void grad_ready(Parameter& p) override { names.push_back(p.name); }
+  };
+  uint64_t peak[3] = {};  // plain fused, recompute fused, recompute split
+  std::vector<std::string> order[3];
+  for (int run = 0; run < 3; ++run) {
+    MemoryTracker mem;
+    GPT gpt(GPTConfig{.vocab = 16, .block_size = 32, .layers = 6, .heads = 2, .width = 64, .seed = 1,
+                      .recompute = run > 0});
+    gpt.set_memory_tracker(&mem);
+    Order hook;
+    gpt.add_hook(&hook);
+    std::vector<int64_t> ids(2 * 32);
+    for (size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<int64_t>(k * 7 % 16);
+    Saved s;
+    CrossEntropyLoss ce;
+    ce.forward(gpt.forward(Tensor::from_vector(ids, {2, 32}), s), Tensor::from_vector(ids, {2 * 32}));
+    if (run < 2) {
+      gpt.backward(ce.backward(), s);
+    } else {
+      gpt.backward_input(ce.backward(), s);
+      gpt.backward_weight(s);
+    }
+    peak[run] = mem.peak(MemoryCategory::activations);
+    order[run] = hook.names;
+    gpt.remove_hook(&hook);
+  }
+  std::printf("activation peak: %llu bytes plain, %llu recompute (fused), %llu recompute (split)\n",
+              static_cast<unsigned long long>(peak[0]), static_cast<unsigned long long>(peak[1]),
+              static_cast<unsigned long long>(peak[2]));
+  EXPECT_LT(peak[1], peak[0] / 2);
+  EXPECT_GT(peak[2], peak[0] * 9 / 10);
+  EXPECT_EQ(order[0].size(), GPT(GPTConfig{.vocab = 16, .block_size = 32, .layers = 6, .heads = 2, .width = 64})
+                                 .parameters()
+                                 .size());
+  EXPECT_EQ(order[0], order[1]);
+  EXPECT_EQ(order[0], order[2]);
 }
 
 // GPT-2's dropout (embeddings, residual branches) changes the training
