@@ -279,8 +279,7 @@ int run_plan(PlanFlags f) {
                                               f.size.empty() ? fmt::format("GPT {} layers, width {}", f.layers, f.width)
                                                              : fmt::format("GPT {}", f.size),
                                               hw ? fmt::format(" on {} x {}", l.devices(), hw->name) : "", f.mesh,
-                                              space == std::string::npos ? "" : options.substr(space)),
-                         .order = plan::parse_mesh_spec(f.mesh).axis_names};
+                                              space == std::string::npos ? "" : options.substr(space))};
     if (!hw) o.note = "8 devices per node assumed (--hardware gives the node size)";
     write_picture({.flag = "--mesh-svg", .path = f.mesh_svg}, mesh_svg(l, o));
   }

@@ -61,7 +61,8 @@ Mesh mesh_of(const plan::TrainingLayout& l, const MeshPictureOptions& o) {
     throw InvalidArgument(kOp, fmt::format("devices_per_node {}", o.devices_per_node), "give at least 1");
   if (o.max_nodes < 1) throw InvalidArgument(kOp, fmt::format("max_nodes {}", o.max_nodes), "give at least 1");
   std::vector<std::string> names;
-  for (const std::string& a : o.order) {
+  const std::vector<std::string>& order = o.order.empty() ? l.axis_order : o.order;
+  for (const std::string& a : order) {
     if (!known(a))
       throw InvalidArgument(kOp, fmt::format("axis '{}' in the order", a),
                             "use pipeline, data, fsdp, context and tensor");
@@ -71,7 +72,7 @@ Mesh mesh_of(const plan::TrainingLayout& l, const MeshPictureOptions& o) {
   }
   for (std::string_view a : plan::kMeshAxisOrder) {
     if (std::find(names.begin(), names.end(), a) != names.end()) continue;
-    if (!o.order.empty() && l.axis_size(a) > 1)
+    if (!order.empty() && l.axis_size(a) > 1)
       throw InvalidArgument(kOp, fmt::format("the order leaves out axis {} of size {}", a, l.axis_size(a)),
                             "list every axis of size > 1");
     names.emplace_back(a);

@@ -34,7 +34,8 @@ struct MeshPictureOptions {
   int devices_per_node = 8;
   std::string title = {};
   // The axes, slowest first, as --mesh lists them; axes left out have size 1
-  // (or are placed after the listed ones). Empty: plan::kMeshAxisOrder.
+  // (or are placed after the listed ones). Empty: the layout's axis_order
+  // (TrainingLayout::set_mesh keeps --mesh's), else plan::kMeshAxisOrder.
   std::vector<std::string> order = {};
   std::string note = {};  // one more caption line (e.g. where devices_per_node comes from)
   int max_nodes = 32;     // nodes drawn in full

@@ -513,11 +513,19 @@ int TrainingLayout::axis_size(std::string_view name) const {
                         "use data, fsdp, tensor, pipeline or context");
 }
 
+std::vector<std::string> TrainingLayout::rank_order() const {
+  std::vector<std::string> out = axis_order;
+  for (std::string_view a : kMeshAxisOrder)
+    if (std::find(out.begin(), out.end(), a) == out.end()) out.emplace_back(a);
+  return out;
+}
+
 void TrainingLayout::set_mesh(const NamedShape& mesh) {
   for (const std::string& a : mesh.axis_names)
     if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && a != "context")
       throw InvalidArgument("plan::TrainingLayout::set_mesh", fmt::format("mesh {}: axis '{}'", mesh.to_spec(), a),
                             "use data, fsdp, tensor, pipeline and context axes");
+  axis_order = mesh.axis_names;
   data = mesh.size_of("data");
   fsdp = mesh.size_of("fsdp");
   tensor = mesh.size_of("tensor");

@@ -151,9 +151,16 @@ struct TrainingLayout {
   double bucket_bytes = 25 << 20;      // plain data parallelism's gradient buckets (--bucket-mb)
   double dropout = 0.0;
   bool adamw = true;                   // else SGD with momentum
-  // Sets the axis sizes from a mesh (absent axes: 1); InvalidArgument for
-  // an axis other than data, fsdp, tensor, pipeline and context.
+  // The mesh's axes, slowest first, as the runtime numbers the ranks (the
+  // order --mesh lists them); empty: kMeshAxisOrder. Only which ranks share
+  // a node depends on it (plan/time_model.h's links).
+  std::vector<std::string> axis_order = {};
+  // Sets the axis sizes and order from a mesh (absent axes: 1);
+  // InvalidArgument for an axis other than data, fsdp, tensor, pipeline and
+  // context.
   void set_mesh(const NamedShape& mesh);
+  // Every axis, slowest first: axis_order, then the others in kMeshAxisOrder.
+  std::vector<std::string> rank_order() const;
   // The size of mesh axis `name` (data, fsdp, tensor, pipeline, context);
   // InvalidArgument for another name.
   int axis_size(std::string_view name) const;

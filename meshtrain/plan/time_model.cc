@@ -24,10 +24,12 @@ bool has_axis(std::string_view group, std::string_view a) {
 }
 
 // Ranks of a group (its axes joined by '+', or "tied": two pipeline stages)
-// that share a node of `per_node` consecutive ranks, mesh order.
+// that share a node of `per_node` consecutive ranks, in the layout's rank
+// order.
 int ranks_per_node(const TrainingLayout& l, const std::string& group, int per_node) {
   int stride = 1, together = 1;
-  for (auto it = kMeshAxisOrder.rbegin(); it != kMeshAxisOrder.rend(); ++it) {
+  const std::vector<std::string> order = l.rank_order();
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const std::string_view a = *it;
     const int n = l.axis_size(a);
     const bool in = group == "tied" ? a == "pipeline" : has_axis(group, a);

@@ -35,8 +35,9 @@
 //                (all_gather's send block, reduce_scatter's received
 //                block), (n - 1) / n x bytes (all_to_all), bytes (a send;
 //                recvs pair with sends and are not counted again). The link is intra-node when the group's
-//                ranks lie within devices_per_node consecutive ranks (mesh
-//                order: tensor fastest), inter-node otherwise.
+//                ranks lie within devices_per_node consecutive ranks (the
+//                runtime's rank order, TrainingLayout::rank_order: --mesh's
+//                order, by default tensor fastest), inter-node otherwise.
 //   overlap      with Hardware::overlap (devices with their own copy
 //                engines), gradient reductions hide under the backward
 //                (the blocks' and the head's backward GEMMs, attention and

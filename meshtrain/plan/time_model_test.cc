@@ -220,6 +220,28 @@ TEST(TimeModel, InterNodeGroupsUseTheInterLink) {
   EXPECT_REL(predict_time(kGpt, l, h).devices[0].comm, 2e-5 + 1.75 * (kBucket + 16) / 1e10);
 }
 
+// The runtime numbers ranks in the order --mesh lists the axes: tensor
+// first (slowest) puts each tensor pair on two nodes of 2.
+TEST(TimeModel, TheMeshOrderDecidesWhichGroupsShareANode) {
+  Hardware h = easy(false);
+  h.devices_per_node = 2;
+  const auto tensor_comm = [&](std::vector<std::string> order) {
+    TrainingLayout l = layout(2, 2, 1, 1);
+    l.axis_order = std::move(order);
+    for (const auto& [group, sec] : predict_time(kGpt, l, h).devices[0].comm_by_group)
+      if (group == "tensor") return sec;
+    return -1.0;
+  };
+  const double inside = tensor_comm({}), same = tensor_comm({"data", "tensor"}), across = tensor_comm({"tensor", "data"});
+  EXPECT_GT(inside, 0);
+  EXPECT_EQ(same, inside);
+  // Across nodes every call pays the inter latency and min(1e10, 1 x 1e9).
+  EXPECT_GT(across, 5 * inside);
+  TrainingLayout l;
+  l.set_mesh({{2, 4}, {"tensor", "data"}});
+  EXPECT_EQ(l.rank_order(), (std::vector<std::string>{"tensor", "data", "pipeline", "fsdp", "context"}));
+}
+
 // ---- Pipeline -----------------------------------------------------------------
 
 TEST(TimeModel, PipelineStepIsTheSlowestStageOverOneMinusTheBubble) {
