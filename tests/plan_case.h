@@ -26,6 +26,7 @@ struct PlanCase {
   std::string schedule = "1f1b";  // a pipeline's (TrainConfig::pipeline_schedule)
   int virtual_stages = 1;
   bool recompute = false;
+  std::string cp_comm = "ring";  // context parallelism: ring or all_to_all
   config::MixedPrecision precision = config::MixedPrecision::no;
   // Fully sharded scheduling (the trainer's defaults).
   parallel::BackwardPrefetch backward_prefetch = parallel::BackwardPrefetch::pre;
@@ -49,6 +50,7 @@ struct PlanCase {
     if (mesh.find("pipeline") != std::string::npos) s += " " + schedule;
     if (virtual_stages > 1) s += fmt::format(" v={}", virtual_stages);
     if (recompute) s += " recompute";
+    if (cp_comm != "ring") s += " " + cp_comm;
     if (!reshard_after_forward) s += " no-reshard";
     if (bucket_mb != 25) s += fmt::format(" bucket {} MiB", bucket_mb);
     if (layers != 2) s += fmt::format(" {} layers", layers);
@@ -77,6 +79,7 @@ inline PlanRun run_plan_case(const PlanCase& c) {
   tc.pipeline_schedule = c.schedule;
   tc.virtual_stages = c.virtual_stages;
   tc.recompute = c.recompute;
+  tc.cp_comm = c.cp_comm;
   tc.backward_prefetch = c.backward_prefetch;
   tc.forward_prefetch = c.forward_prefetch;
   tc.reshard_after_forward = c.reshard_after_forward;
@@ -92,6 +95,7 @@ inline PlanRun run_plan_case(const PlanCase& c) {
                 .schedule = c.schedule,
                 .virtual_stages = c.virtual_stages,
                 .micro_batches = c.micro_batches,
+                .cp_comm = c.cp_comm,
                 .recompute = c.recompute,
                 .min_weight_size = tc.fsdp_min_weight_size,
                 .forward_prefetch = c.forward_prefetch,

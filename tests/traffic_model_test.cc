@@ -127,6 +127,8 @@ TEST(TrafficModel, Context) {
   check({.mesh = "context=4"});
   check({.mesh = "context=2", .recompute = true});
   check({.mesh = "fsdp=2,context=2", .fsdp = "zero3"});
+  check({.mesh = "context=2", .cp_comm = "all_to_all"});
+  check({.mesh = "context=4", .recompute = true, .cp_comm = "all_to_all"});
 }
 TEST(TrafficModel, ThreeD) {
   check({.mesh = "pipeline=2,data=2,tensor=2", .micro_batches = 2});

@@ -83,8 +83,11 @@ std::vector<std::string> explain(const GptShape& g, const Candidate& c, const Se
                               l.virtual_stages > 1 ? fmt::format(", {} chunks per rank", l.virtual_stages) : "",
                               s.bubble * 1e3, 100 * s.bubble / c.step));
   if (l.context > 1)
-    why.push_back(fmt::format("context={}: each rank attends over 1/{} of the sequence; ring exchanges {:.1f} ms per "
-                              "step", l.context, l.context, group_ms("context")));
+    why.push_back(fmt::format("context={}: each rank attends over 1/{} of the sequence; {} {:.1f} ms per step",
+                              l.context, l.context,
+                              l.cp_comm == "ring" ? "ring exchanges (under attention)"
+                                                  : "all_to_alls (Ulysses, on the critical path)",
+                              group_ms("context")));
   const int dp = l.data * l.fsdp;
   if (dp > 1) {
     // The model, pipeline and context axes' calls are always exposed (or

@@ -45,7 +45,7 @@ double call_seconds(const CommCall& c, const TrainingLayout& l, const Hardware& 
   double wire = c.bytes;
   if (c.kind == CommKind::all_reduce) wire = 2 * (n - 1) / n * c.bytes;
   else if (c.kind == CommKind::all_gather || c.kind == CommKind::reduce_scatter) wire = (n - 1) * c.bytes;
-  else if (c.kind == CommKind::all_to_all) wire = (n - 1) / n * c.bytes;
+  else if (c.kind == CommKind::all_to_all) wire = (n - 1) * c.bytes;  // c.bytes: one peer's block
   else if (c.kind == CommKind::recv) return 0;  // paired with a send
   const int together = ranks_per_node(l, c.group, hw.devices_per_node);
   if (together >= c.ranks) return hw.intra.latency + wire / hw.intra.bandwidth;

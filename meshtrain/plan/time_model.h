@@ -33,7 +33,7 @@
 //   communication each call: latency + wire bytes / bandwidth, with wire
 //                = 2 (n - 1) / n x bytes (all_reduce), (n - 1) x bytes
 //                (all_gather's send block, reduce_scatter's received
-//                block), (n - 1) / n x bytes (all_to_all), bytes (a send;
+//                block), (n - 1) x bytes (all_to_all: one peer's block), bytes (a send;
 //                recvs pair with sends and are not counted again). The link is intra-node when the group's
 //                ranks lie within devices_per_node consecutive ranks (the
 //                runtime's rank order, TrainingLayout::rank_order: --mesh's

@@ -84,9 +84,6 @@ std::string_view comm_kind_name(CommKind kind) {
 
 std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayout& l) {
   check_layout(g, l);
-  if (l.context > 1 && l.cp_comm != "ring")
-    throw InvalidArgument("plan::predict_traffic", fmt::format("cp_comm '{}'", l.cp_comm),
-                          "the traffic model covers ring attention only (cp_comm = ring)");
   const int p = l.pipeline, k = l.tensor, v = l.virtual_stages, n = l.context, m = l.micro_batches;
   const int stages = p * v;
   const bool sharded = l.sharding != Sharding::none;
@@ -211,11 +208,15 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         const int64_t boundaries = (s < stages - 1 ? 1 : 0) + (s > 0 ? 1 : 0);
         per_micro(pipeline, CommKind::send, boundary, m * boundaries, "stage boundary activations");
         per_micro(pipeline, CommKind::recv, boundary, m * boundaries, "stage boundary activations");
-        // Ring attention.
-        const double kv = 2 * micro * static_cast<double>(t) * C / k * 4;
-        const int64_t hops = (3 * n - 2) + (l.recompute ? n - 1 : 0);
-        per_micro(context, CommKind::send, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
-        per_micro(context, CommKind::recv, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
+        if (l.cp_comm == "ring") {  // ring attention
+          const double kv = 2 * micro * static_cast<double>(t) * C / k * 4;
+          const int64_t hops = (3 * n - 2) + (l.recompute ? n - 1 : 0);
+          per_micro(context, CommKind::send, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
+          per_micro(context, CommKind::recv, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
+        } else if (n > 1) {  // all_to_all (Ulysses): q, k, v to heads and out back; dout, then dq, dk, dv
+          const double block = micro * static_cast<double>(t) * C / k / n * 4;  // one peer's block
+          per_micro(context, CommKind::all_to_all, block, m * blocks * 4 * passes, "Ulysses q, k, v, out");
+        }
       }
       if (l.sequence_parallel)
         calls.add(tensor, CommKind::all_reduce, 4 * sp_replicated, 1, "replicated parameters' gradients");

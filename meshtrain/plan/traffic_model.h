@@ -39,7 +39,11 @@
 //                   first and the last stage ("tied")
 //   context (ring)  per block and micro-batch 3 n - 2 sends and recvs of
 //                   this rank's K and V (2 B t C / k f32): n - 1 forward,
-//                   n - 1 K/V and n dK/dV backward
+//                   n - 1 K/V and n dK/dV backward (recompute: n - 1 more)
+//   context         (all_to_all, Ulysses) per block and micro-batch 4
+//                   all_to_alls a pass (forward: q, k, v to heads, out
+//                   back; backward: dout, then dq, dk, dv; recompute: a
+//                   third pass), each of B t C / (k n) f32 per peer
 // tests/traffic_model_test.cc checks every (communicator, operation)'s calls
 // and bytes against the counters of real runs, exactly.
 // Thread-safety: pure functions. Errors: check_layout's.
@@ -74,7 +78,7 @@ struct CommCall {
   std::string group;
   int ranks = 1;
   CommKind kind = CommKind::all_reduce;
-  double bytes = 0;     // per call
+  double bytes = 0;     // per call, as Communicator::traffic counts it (all_gather, reduce_scatter, all_to_all: one rank's block)
   int64_t calls = 0;    // per optimizer step
   std::string what;     // "gradient buckets", "block activations", ...
   CommOverlap overlap = CommOverlap::none;
