@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/time_model.h"
+#include "meshtrain/plan/traffic_model.h"
 #include "meshtrain/testing/testing.h"
 
 namespace meshtrain::plan {
@@ -228,7 +230,8 @@ TEST(TimeModel, TheMeshOrderDecidesWhichGroupsShareANode) {
   const auto tensor_comm = [&](std::vector<std::string> order) {
     TrainingLayout l = layout(2, 2, 1, 1);
     l.axis_order = std::move(order);
-    for (const auto& [group, sec] : predict_time(kGpt, l, h).devices[0].comm_by_group)
+    const TimePrediction tp = predict_time(kGpt, l, h);
+    for (const auto& [group, sec] : tp.devices[0].comm_by_group)
       if (group == "tensor") return sec;
     return -1.0;
   };
@@ -240,6 +243,39 @@ TEST(TimeModel, TheMeshOrderDecidesWhichGroupsShareANode) {
   TrainingLayout l;
   l.set_mesh({{2, 4}, {"tensor", "data"}});
   EXPECT_EQ(l.rank_order(), (std::vector<std::string>{"tensor", "data", "pipeline", "fsdp", "context"}));
+}
+
+// Ulysses: 4 all_to_alls per block and pass, each sending one block of
+// B t C / n f32 to each of the n - 1 peers.
+TEST(TimeModel, AllToAllContextParallelismSendsNMinusOneBlocks) {
+  const Hardware h = easy(false);  // 4 per node: context=4 is intra-node
+  TrainingLayout l = layout(1, 1, 1, 1);
+  l.context = 4;
+  l.cp_comm = "all_to_all";
+  const double batch = 8, t = T / 4, block = batch * t * C / 4 * 4;  // bytes per peer
+  const double calls = L * 4 * 2;                                    // blocks x 4 x (forward, backward)
+  double got = -1;
+  const TimePrediction tp = predict_time(kGpt, l, h);
+  for (const auto& [group, sec] : tp.devices[0].comm_by_group)
+    if (group == "context") got = sec;
+  // The context group also sums the gradients (all_reduce: 2 (n - 1) / n).
+  double want = 0;
+  int all_to_alls = 0;
+  const std::vector<DeviceTraffic> traffic = predict_traffic(kGpt, l);
+  for (const CommCall& c : traffic[0].calls) {
+    if (c.group != "context") continue;
+    if (c.kind == CommKind::all_to_all) {
+      ++all_to_alls;
+      EXPECT_EQ(c.bytes, block);
+      EXPECT_EQ(static_cast<double>(c.calls), calls);
+      want += c.calls * (1e-6 + 3 * c.bytes / 1e10);
+    } else {
+      ASSERT_EQ(c.kind, CommKind::all_reduce);
+      want += c.calls * (1e-6 + 1.5 * c.bytes / 1e10);
+    }
+  }
+  EXPECT_EQ(all_to_alls, 1);
+  EXPECT_REL(got, want);
 }
 
 // ---- Pipeline -----------------------------------------------------------------
