@@ -6,7 +6,10 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -69,8 +72,10 @@ struct PlanRun {
 
 // Trains the case (every wait's deadline 120 s) and describes it.
 inline PlanRun run_plan_case(const PlanCase& c) {
-  train::TrainConfig tc =
-      gpt_parity_config("plan_" + std::to_string(std::hash<std::string>{}(c.name())), "adamw");
+  // The process id too: memory_model_test and traffic_model_test run the
+  // same cases, possibly at once (ctest -j), each in a run directory of its own.
+  train::TrainConfig tc = gpt_parity_config(
+      fmt::format("plan_{}_{}", static_cast<long>(::getpid()), std::hash<std::string>{}(c.name())), "adamw");
   tc.max_steps = 2;
   tc.dropout = 0;
   tc.layers = static_cast<int>(c.layers);
@@ -90,6 +95,7 @@ inline PlanRun run_plan_case(const PlanCase& c) {
   PlanRun run;
   run.result = train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
                                             .timeout = std::chrono::seconds(120)});
+  std::filesystem::remove_all(tc.run_dir);  // named by the process: nothing reuses it
   run.mesh = c.mesh.empty() ? plan::NamedShape{{1}, {"data"}} : plan::parse_mesh_spec(c.mesh);
   run.layout = {.sequence_parallel = c.sequence_parallel,
                 .schedule = c.schedule,
