@@ -479,7 +479,7 @@ class Walk {
   // GPTBlock::residual_backward with every module's backward_input, or
   // (fused) its backward: the MLP's layers fused, the attention's and the
   // norms' input then weight passes (they have no fused one).
-  int block_backward_input(BlockS& s, int dy, bool fused = false) {
+  int block_backward(BlockS& s, int dy, bool fused) {
     int g = l_.ref(dy);
     int m = dropout_backward(s.md, g, "h.*.mlp.dropout");
     l_.assign(m, fused ? row_backward(s.fc_proj, m, d_.fl, "h.*.mlp.c_proj")
@@ -549,7 +549,7 @@ class Walk {
   int block_module_backward(BlockS& s, int dy, int64_t index) {
     BlockS& target = block_target(s, index);
     l_.mark(ScopeEvent::before_use, ScopePass::backward, index);
-    int dx = block_backward_input(target, dy, /*fused=*/true);
+    int dx = block_backward(target, dy, /*fused=*/true);
     l_.mark(ScopeEvent::after_use, ScopePass::backward, index);
     block_end_call(s);
     return dx;
@@ -557,7 +557,7 @@ class Walk {
   int block_module_backward_input(BlockS& s, int dy, int64_t index) {
     BlockS& target = block_target(s, index);
     l_.mark(ScopeEvent::before_use, ScopePass::backward_input, index);
-    int dx = block_backward_input(target, dy);
+    int dx = block_backward(target, dy, /*fused=*/false);
     l_.mark(ScopeEvent::after_use, ScopePass::backward_input, index);
     return dx;
   }
