@@ -206,13 +206,37 @@ int run_child(const ChildArgs& args) {
         w->broadcast(v.data(), 8, DType::f32, 0);
     });
   }
-  if (scenario == "late" || scenario == "stop" || scenario == "kill") {
-    std::vector<float> v(1 << 20, 1.0f);
+  if (scenario == "mismatch_eager") {  // no fingerprints: the eager slots' headers catch it
+    return report([&] {
+      std::vector<float> v(8, 1.0f), all(8 * static_cast<size_t>(w->size()));
+      if (r == 0)
+        w->all_reduce(v.data(), v.data(), 8, DType::f32, ReduceOp::sum);
+      else
+        w->all_gather(v.data(), all.data(), 8, DType::f32);  // the same 32 bytes to each peer
+    });
+  }
+  if (scenario == "raised") {
+    // Gloo times its bound receives out after the timeout the communicator
+    // was made with; set_timeout raised it, and a wait that passes the old
+    // one must go on (the watchdog re-arms it).
+    return report([&] {
+      w->set_timeout(milliseconds(args.timeout_ms * 5));
+      float x = 1.0f + static_cast<float>(r);
+      w->barrier();
+      if (r == 1) std::this_thread::sleep_for(milliseconds(args.timeout_ms * 2));
+      w->all_reduce(&x, &x, 1, DType::f32, ReduceOp::sum);
+      if (x != 3.0f) throw std::runtime_error("all_reduce after the wait: " + std::to_string(x));
+    });
+  }
+  if (scenario == "late" || scenario == "stop" || scenario == "kill" || scenario == "late_small" ||
+      scenario == "stop_small") {
+    // 4 MiB moves on Gloo's unbound buffers, 32 bytes on the eager path.
+    std::vector<float> v(scenario.ends_with("_small") ? 8 : 1 << 20, 1.0f);
     return report([&] {
       w->barrier();  // everyone alive once
       if (r == 1) {
-        if (scenario == "late") std::this_thread::sleep_for(milliseconds(args.timeout_ms * 3));
-        if (scenario == "stop") raise(SIGSTOP);
+        if (scenario.starts_with("late")) std::this_thread::sleep_for(milliseconds(args.timeout_ms * 3));
+        if (scenario.starts_with("stop")) raise(SIGSTOP);
         if (scenario == "kill") raise(SIGKILL);
       }
       for (int i = 0; i < 3; ++i) w->all_reduce(v.data(), v.data(), v.size(), DType::f32, ReduceOp::sum);
@@ -389,6 +413,25 @@ void expect_named(const std::string& scenario, const std::string& cause) {
 
 TEST(GlooFaults, ALateRankIsNamedByTheOthersTimeout) { expect_named("late", "alive but"); }
 TEST(GlooFaults, AStoppedRankIsNamedAsNotAnswering) { expect_named("stop", "does not answer"); }
+// The same on the eager path: the others wait inside Gloo's bound
+// receives, which the deadline must interrupt.
+TEST(GlooFaults, ALateRankIsNamedOnTheEagerPath) { expect_named("late_small", "alive but"); }
+TEST(GlooFaults, AStoppedRankIsNamedOnTheEagerPath) { expect_named("stop_small", "does not answer"); }
+
+TEST(GlooFaults, MismatchedCollectivesWithoutFingerprintsFailOnTheEagerPath) {
+  const auto children = run_job("mismatch_eager", 2, {.fingerprints = false});
+  EXPECT_NE(children[0].out.find("MismatchError: gloo::all_reduce: rank 1 sent message 2 of 32 bytes (collective "
+                                 "#1, all_gather, phase 1) where rank 0 expects message 2 of 32 bytes for "
+                                 "all_reduce #1"),
+            std::string::npos)
+      << dump(children);
+  for (const Child& c : children) EXPECT_FALSE(exited_ok(c)) << dump(children);
+}
+
+TEST(GlooFaults, AWaitLongerThanTheCreationTimeoutGoesOnAfterSetTimeout) {
+  const auto children = run_job("raised", 2, {.timeout = milliseconds(1000), .limit = milliseconds(30000)});
+  for (const Child& c : children) EXPECT_TRUE(exited_ok(c)) << dump(children);
+}
 TEST(GlooFaults, AKilledRankIsNamedAtOnce) { expect_named("kill", "rank 1"); }
 
 }  // namespace

@@ -31,7 +31,7 @@ std::string describe(const Op& op) {
 Transfers::~Transfers() {
   bool unfinished = false;
   for (Pending& p : pending_) {
-    if (p.waited) continue;
+    if (p.waited || p.eager_bytes > 0) continue;  // an eager message lands in the channel's slots
     unfinished = true;
     channel_.orphan(std::move(p.buf));
   }
@@ -47,22 +47,40 @@ std::byte* Transfers::scratch(size_t bytes) {
 }
 
 size_t Transfers::send(int peer, const void* data, size_t bytes) {
+  if (bytes > 0 && bytes <= Eager::kMaxBytes) {
+    channel_.eager_send(peer, op_, phase_, data, bytes);
+    pending_.push_back({.buf = nullptr, .peer = peer, .is_send = true, .waited = true, .eager_into = nullptr, .eager_bytes = bytes});
+    return pending_.size() - 1;
+  }
   auto buf = channel_.buffer(const_cast<void*>(data), bytes);
   channel_.post(*buf, /*is_send=*/true, peer, slot_, op_);  // moves once the peer posted the recv
-  pending_.push_back({.buf = std::move(buf), .peer = peer, .is_send = true, .waited = false});
+  pending_.push_back({.buf = std::move(buf), .peer = peer, .is_send = true, .waited = false, .eager_into = nullptr, .eager_bytes = 0});
   return pending_.size() - 1;
 }
 
 size_t Transfers::recv(int peer, void* data, size_t bytes) {
+  if (bytes > 0 && bytes <= Eager::kMaxBytes) {
+    pending_.push_back({.buf = nullptr, .peer = peer, .is_send = false, .waited = false, .eager_into = data, .eager_bytes = bytes});
+    return pending_.size() - 1;
+  }
   auto buf = channel_.buffer(data, bytes);
   channel_.post(*buf, /*is_send=*/false, peer, slot_, op_);
-  pending_.push_back({.buf = std::move(buf), .peer = peer, .is_send = false, .waited = false});
+  pending_.push_back({.buf = std::move(buf), .peer = peer, .is_send = false, .waited = false, .eager_into = nullptr, .eager_bytes = 0});
   return pending_.size() - 1;
 }
 
 void Transfers::wait(size_t i) {
   Pending& p = pending_[i];
   if (p.waited) return;
+  if (p.eager_bytes > 0) {  // the peer's eager messages arrive in order: read the earlier ones first
+    for (size_t j = 0; j <= i; ++j) {
+      Pending& q = pending_[j];
+      if (q.waited || q.eager_bytes == 0 || q.is_send || q.peer != p.peer) continue;
+      channel_.eager_recv(q.peer, op_, phase_, q.eager_into, q.eager_bytes);
+      q.waited = true;
+    }
+    return;
+  }
   channel_.await(*p.buf, p.is_send, p.peer, op_);
   p.waited = true;
   p.buf.reset();
@@ -82,8 +100,10 @@ Channel::Channel(std::shared_ptr<World> world, std::shared_ptr<::gloo::Context> 
       world_ranks_(std::move(world_ranks)),
       rank_(rank),
       size_(static_cast<int>(world_ranks_.size())) {
+  eager_connect();
   world_->attach(uid_, this);
   worker_ = std::thread([this] { worker_loop(); });
+  if (size_ > 1) watchdog_ = std::thread([this] { watchdog_loop(); });
 }
 
 Channel::~Channel() {
@@ -108,8 +128,11 @@ Channel::~Channel() {
   cv_.notify_all();
   worker_cv_.notify_all();
   waiter_cv_.notify_all();
+  watchdog_cv_.notify_all();
   worker_.join();
+  if (watchdog_.joinable()) watchdog_.join();
   for (std::thread& t : waiters_) t.join();
+  eager_close();
   context_.reset();  // closes the pairs: Gloo lets go of every buffer
   orphans_.clear();
   orphan_memory_.clear();
@@ -313,6 +336,7 @@ void Channel::fail(std::exception_ptr error, bool tell_peers) {
       b->abortWaitRecv();
       b->abortWaitSend();
     }
+    complete_bound_waits();  // Gloo's bound waits have no abort
     auto fail_all = [&](std::deque<std::shared_ptr<Task>>& q) {
       for (auto& t : q) {
         t->done = true;
