@@ -11,6 +11,9 @@
 # collective: `meshtrain bench collectives` looping 16 MiB all_reduces with
 # fingerprint checks off, so a stop most likely lands mid-transfer (--seconds
 # 10: its memcpy reference rounds, which make no MPI call, last at most 1 s).
+# --no-peer: the engine's rows only (a stop that lands in one of Gloo's own
+# algorithms, timed beside the engine, ends in Gloo's own timeout, which
+# names no rank).
 set -u
 meshtrain=$1 engine=$2 sig=$3 scenario=$4 deadline=${5:-4}
 tmp=$(mktemp -d /tmp/meshtrain-signal.XXXXXX)
@@ -27,7 +30,7 @@ case $scenario in
     started() { grep -q "train \[" "$tmp/out" 2>/dev/null; } ;;
   collective)
     cmd=("$meshtrain" bench collectives --engine "$engine" --timeout "$deadline" --min 16M --max 16M
-         --ops all_reduce --seconds 10 --json "$tmp/rows.jsonl")
+         --ops all_reduce --seconds 10 --no-peer --json "$tmp/rows.jsonl")
     started() { grep -q "meshtrain bench collectives:" "$tmp/out" 2>/dev/null; } ;;
   *) echo "unknown scenario $scenario"; exit 2 ;;
 esac

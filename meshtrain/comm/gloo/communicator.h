@@ -15,7 +15,10 @@
 //   when one is set. Each process publishes its Gloo address there and
 //   Gloo connects every pair (one TCP connection per pair and communicator).
 // - Data moves with Gloo's point-to-point transfers (UnboundBuffer
-//   send/recv, which Gloo pairs by slot, in order); the collectives are
+//   send/recv, which Gloo pairs by slot, in order), and messages of at
+//   most 64 KiB in slots of Gloo bound buffers registered once per peer
+//   (an eager path: the data goes out without waiting for the receiver's
+//   "ready" notice; internal/channel.h); the collectives are
 //   built on them here, not taken from Gloo's algorithm classes, so every
 //   dtype and reduction works and results follow meshtrain's rules:
 //   all_reduce is a reduce-scatter and an all-gather (a direct exchange of
