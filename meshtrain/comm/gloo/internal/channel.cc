@@ -49,23 +49,27 @@ std::byte* Transfers::scratch(size_t bytes) {
 size_t Transfers::send(int peer, const void* data, size_t bytes) {
   if (bytes > 0 && bytes <= Eager::kMaxBytes) {
     channel_.eager_send(peer, op_, phase_, data, bytes);
-    pending_.push_back({.buf = nullptr, .peer = peer, .is_send = true, .waited = true, .eager_into = nullptr, .eager_bytes = bytes});
+    pending_.push_back(
+        {.buf = nullptr, .peer = peer, .is_send = true, .waited = true, .eager_into = nullptr, .eager_bytes = bytes});
     return pending_.size() - 1;
   }
   auto buf = channel_.buffer(const_cast<void*>(data), bytes);
   channel_.post(*buf, /*is_send=*/true, peer, slot_, op_);  // moves once the peer posted the recv
-  pending_.push_back({.buf = std::move(buf), .peer = peer, .is_send = true, .waited = false, .eager_into = nullptr, .eager_bytes = 0});
+  pending_.push_back(
+      {.buf = std::move(buf), .peer = peer, .is_send = true, .waited = false, .eager_into = nullptr, .eager_bytes = 0});
   return pending_.size() - 1;
 }
 
 size_t Transfers::recv(int peer, void* data, size_t bytes) {
   if (bytes > 0 && bytes <= Eager::kMaxBytes) {
-    pending_.push_back({.buf = nullptr, .peer = peer, .is_send = false, .waited = false, .eager_into = data, .eager_bytes = bytes});
+    pending_.push_back(
+        {.buf = nullptr, .peer = peer, .is_send = false, .waited = false, .eager_into = data, .eager_bytes = bytes});
     return pending_.size() - 1;
   }
   auto buf = channel_.buffer(data, bytes);
   channel_.post(*buf, /*is_send=*/false, peer, slot_, op_);
-  pending_.push_back({.buf = std::move(buf), .peer = peer, .is_send = false, .waited = false, .eager_into = nullptr, .eager_bytes = 0});
+  pending_.push_back(
+      {.buf = std::move(buf), .peer = peer, .is_send = false, .waited = false, .eager_into = nullptr, .eager_bytes = 0});
   return pending_.size() - 1;
 }
 

@@ -63,7 +63,6 @@ void Channel::eager_connect() {
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Eager& e = eager_[static_cast<size_t>(p)];
-    // Untouched pages cost nothing: a ring of 4 KiB messages faults in 8 pages.
     e.out = std::make_unique_for_overwrite<std::byte[]>(kRingBytes);
     e.in = std::make_unique_for_overwrite<std::byte[]>(kRingBytes);
     auto& pair = context_->getPair(p);
