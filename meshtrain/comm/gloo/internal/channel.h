@@ -104,7 +104,7 @@ struct Eager {
   uint64_t sent = 0, credits = 0;                   // messages sent, credit messages received
   uint64_t arrived = 0, consumed = 0, credited = 0;  // messages arrived, read, returned
   bool credit_pending = false;   // the last credit's send is not waited for yet
-  bool hello_unsettled = false;  // message 1 (see eager_connect) is not waited for yet
+  uint64_t unsettled = 0;        // sends not waited for yet (message 1, see eager_connect)
   bool credit_broken = false;   // a credit failed: the peer closed (it ended), no more credits
 };
 

@@ -86,8 +86,7 @@ void Channel::eager_connect() {
     std::memset(e.out.get(), 0, kRingBytes);
     std::memcpy(e.out.get(), &h, sizeof h);
     e.send->send(0, kRingBytes, 0);  // later messages overwrite their slots after it (TCP keeps the order)
-    e.sent = 1;
-    e.hello_unsettled = true;
+    e.sent = e.unsettled = 1;
   }
 }
 
@@ -114,11 +113,9 @@ void Channel::eager_send(int peer, const Op& op, uint64_t phase, const void* dat
     throw connection_error(peer, op, ex.what());
   }
   ++e.sent;
-  if (e.hello_unsettled) {  // Gloo's count of completed sends
-    e.hello_unsettled = false;
-    bound_wait(*e.send, /*is_send=*/true, peer, op);
-  }
-  bound_wait(*e.send, /*is_send=*/true, peer, op);  // written in place nearly always: no wait
+  // Settle Gloo's count of completed sends (this one and message 1): they
+  // were written in place nearly always, so this does not wait.
+  for (++e.unsettled; e.unsettled > 0; --e.unsettled) bound_wait(*e.send, /*is_send=*/true, peer, op);
 }
 
 void Channel::eager_recv(int peer, const Op& op, uint64_t phase, void* data, size_t bytes) {
