@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <exception>
 #include <thread>
 #include <utility>
 
@@ -81,6 +82,13 @@ using GlooWork = comm::internal::ChannelWork<Channel, Task>;
 class GlooCommunicator final : public Communicator {
  public:
   explicit GlooCommunicator(std::shared_ptr<Channel> channel) : channel_(std::move(channel)) {}
+  // The goodbye (internal/channel.h), unless an exception is unwinding the
+  // stack: this rank failed, and its error, not a peer's echo, must end it.
+  ~GlooCommunicator() override {
+    if (std::uncaught_exceptions() == 0) channel_->goodbye(timeout());
+  }
+  GlooCommunicator(const GlooCommunicator&) = delete;
+  GlooCommunicator& operator=(const GlooCommunicator&) = delete;
   const std::shared_ptr<Channel>& channel() const { return channel_; }
 
   int rank() const override { return channel_->rank(); }

@@ -228,6 +228,36 @@ int run_child(const ChildArgs& args) {
       if (x != 3.0f) throw std::runtime_error("all_reduce after the wait: " + std::to_string(x));
     });
   }
+  if (scenario == "close_early") {
+    // Rank 1, the root, is done with its last collective at once and
+    // destroys its communicator; rank 0's copy of the data has arrived when
+    // it calls the broadcast, but its connection to rank 1 must still work.
+    return report([&] {
+      std::vector<float> v(8, static_cast<float>(r));
+      w->barrier();
+      if (r == 0) std::this_thread::sleep_for(milliseconds(300));
+      w->broadcast(v.data(), v.size(), DType::f32, 1);
+      if (v[7] != 1.0f) throw std::runtime_error("broadcast value " + std::to_string(v[7]));
+    });
+  }
+  if (scenario == "close_mismatch") {  // rank 1 destroys its communicator; rank 0 calls one more collective
+    const int rc = report([&] {
+      w->barrier();
+      if (r == 0) {
+        std::this_thread::sleep_for(milliseconds(300));
+        float x = 1.0f;
+        w->all_reduce(&x, &x, 1, DType::f32, ReduceOp::sum);
+      }
+    });
+    w.reset();
+    return rc;
+  }
+  if (scenario == "close_late") {  // rank 1 destroys its communicator after rank 0's deadline
+    return report([&] {
+      w->barrier();
+      if (r == 1) std::this_thread::sleep_for(milliseconds(args.timeout_ms * 3));
+    });
+  }
   if (scenario == "late" || scenario == "stop" || scenario == "kill" || scenario == "late_small" ||
       scenario == "stop_small") {
     // 4 MiB moves on Gloo's unbound buffers, 32 bytes on the eager path.
@@ -439,6 +469,42 @@ TEST(GlooFaults, AWaitLongerThanTheCreationTimeoutGoesOnAfterSetTimeout) {
   for (const Child& c : children) EXPECT_TRUE(exited_ok(c)) << dump(children);
 }
 TEST(GlooFaults, AKilledRankIsNamedAtOnce) { expect_named("kill", "rank 1"); }
+
+// Closing: a rank that destroys its communicator right after its last
+// collective does not fail a peer still in it (Gloo fails every wait on a
+// closed connection, even for data that arrived); one that destroys it
+// while a peer calls another collective is named; one that takes longer
+// than the deadline is reported and let go.
+TEST(GlooClose, ARankThatClosesAtOnceDoesNotFailAPeerStillInTheLastCollective) {
+  for (int n : {2, 4}) {
+    // Without fingerprints: rank 1 needs nothing from rank 0 for the broadcast.
+    const auto children = run_job("close_early", n, {.fingerprints = false});
+    for (const Child& c : children) EXPECT_TRUE(exited_ok(c)) << dump(children);
+  }
+}
+
+TEST(GlooClose, ACollectiveAfterAPeerDestroyedTheCommunicatorNamesIt) {
+  for (bool fingerprints : {true, false}) {
+    const auto children = run_job("close_mismatch", 2, {.fingerprints = fingerprints});
+    EXPECT_NE(children[0].out.find("MismatchError: gloo::all_reduce: rank 1 destroyed the communicator after 1 "
+                                   "collective(s) where rank 0 expects its part of all_reduce #2"),
+              std::string::npos)
+        << dump(children);
+    EXPECT_FALSE(exited_ok(children[0]));
+    EXPECT_TRUE(exited_ok(children[1])) << dump(children);
+    EXPECT_NE(children[1].out.find("rank 1 closed communicator w while a peer was not done with it"),
+              std::string::npos)
+        << dump(children);
+  }
+}
+
+TEST(GlooClose, APeerThatDoesNotCloseWithinTheDeadlineIsReportedAndLetGo) {
+  const auto children = run_job("close_late", 2, {.timeout = milliseconds(1000), .limit = milliseconds(30000)});
+  for (const Child& c : children) EXPECT_TRUE(exited_ok(c)) << dump(children);
+  EXPECT_NE(children[0].out.find("rank 0 closed communicator w without rank 1's goodbye after waiting 1000 ms"),
+            std::string::npos)
+      << dump(children);
+}
 
 }  // namespace
 }  // namespace meshtrain::comm

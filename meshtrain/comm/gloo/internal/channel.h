@@ -44,6 +44,14 @@
 // abort and time out on their own after the context's timeout (closing the
 // pair): fail() wakes them by completing them itself, and a watchdog
 // thread re-arms the ones that wait longer than half of that timeout.
+//
+// Closing (goodbye()): Gloo fails every wait on a pair once the peer closed
+// its end, even for data that had already arrived. A rank that finished its
+// last collective and closed would fail a peer still reading that
+// collective's data from it ("Connection closed by peer"). So before the
+// connections close, each rank sends every peer an eager goodbye and waits,
+// up to the communicator's timeout, for every peer's: a rank closes only
+// after each peer finished all its collectives with it.
 #pragma once
 
 #include <gloo/context.h>
@@ -187,6 +195,13 @@ class Channel final : public Listener {
 
   // Fails the channel with `error` unless it failed already (see above).
   void fail(std::exception_ptr error, bool tell_peers);
+  // eager.cc: the goodbye before the communicator goes (see the top). Not
+  // said when the channel failed or has operations in flight. Never throws
+  // and never fails the channel for the peers: a peer that closed without
+  // it (it failed; its own error tells) is let go, and a peer that does not
+  // answer within `timeout` or is still in a collective is reported on
+  // stderr. Every rank must destroy its communicators in the same order.
+  void goodbye(std::chrono::milliseconds timeout) noexcept;
 
   // Listener.
   ChannelStatus status() const override;
@@ -283,7 +298,8 @@ class Channel final : public Listener {
   std::vector<Eager> eager_;
   std::vector<BoundWait> bound_waits_;  // guarded by mu_
   std::chrono::milliseconds pair_timeout_{};
-  std::condition_variable watchdog_cv_;  // stop
+  Clock::time_point goodbye_deadline_ = Clock::time_point::max();  // the watchdog ends the goodbye then
+  std::condition_variable watchdog_cv_;  // stop, goodbye_deadline_ set
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> orphans_;
   std::vector<std::unique_ptr<std::byte[]>> orphan_memory_;  // what orphans_ point into
   std::vector<Scratch> spares_;                               // guarded by mu_

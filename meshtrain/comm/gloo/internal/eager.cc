@@ -7,7 +7,9 @@
 #include <gloo/transport/buffer.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "meshtrain/comm/gloo/internal/channel.h"
 #include "meshtrain/core/error.h"
@@ -48,6 +50,8 @@ constexpr size_t kRingBytes = Eager::kSlots * Eager::kSlotBytes;
 // 2r and 2r + 1 (registered by the receiver; the sender's buffers carry
 // the same numbers).
 int data_slot(int from) { return 2 * from; }
+// The phase of a goodbye message (collectives use 0..2).
+constexpr uint32_t kGoodbyePhase = 255;
 int credit_slot(int from) { return 2 * from + 1; }
 
 ::gloo::transport::tcp::Buffer* tcp(::gloo::transport::Buffer& b) {
@@ -137,13 +141,17 @@ void Channel::eager_recv(int peer, const Op& op, uint64_t phase, void* data, siz
       (phase > 0 && h.kind != static_cast<uint32_t>(op.kind)))
     throw MismatchError(
         op_name(op.kind),
-        fmt::format("rank {} sent message {} of {} bytes (collective #{}, {}, phase {}) where rank {} expects "
-                    "message {} of {} bytes for {} (phase {})",
-                    peer, h.message, h.bytes, h.seq,
-                    h.kind <= static_cast<uint32_t>(CollectiveOp::split)
-                        ? collective_op_name(static_cast<CollectiveOp>(h.kind))
-                        : "?",
-                    h.phase, rank_, e.consumed + 1, bytes, op.fingerprint().to_string(), phase),
+        h.phase == kGoodbyePhase && phase != kGoodbyePhase
+            ? fmt::format("rank {} destroyed the communicator after {} collective(s) where rank {} expects "
+                          "its part of {}",
+                          peer, h.seq - 1, rank_, op.fingerprint().to_string())
+            : fmt::format("rank {} sent message {} of {} bytes (collective #{}, {}, phase {}) where rank {} "
+                          "expects message {} of {} bytes for {} (phase {})",
+                          peer, h.message, h.bytes, h.seq,
+                          h.kind <= static_cast<uint32_t>(CollectiveOp::split)
+                              ? collective_op_name(static_cast<CollectiveOp>(h.kind))
+                              : "?",
+                          h.phase, rank_, e.consumed + 1, bytes, op.fingerprint().to_string(), phase),
         "every rank must call the same collectives in the same order with the same counts and dtypes; turn on "
         "fingerprint checks (check_fingerprints) to name the first call that differs",
         {peer});
@@ -199,22 +207,65 @@ void Channel::bound_wait(::gloo::transport::Buffer& buf, bool is_send, int peer,
   }
 }
 
+void Channel::goodbye(std::chrono::milliseconds timeout) noexcept {
+  if (size_ == 1) return;
+  Op op{.kind = CollectiveOp::barrier};
+  {
+    std::lock_guard lock(mu_);
+    if (error_ || running_ || !queue_.empty() || !p2p_live_.empty()) return;
+    op.seq = issued_ + 1;
+    goodbye_deadline_ = Clock::now() + timeout;
+  }
+  watchdog_cv_.notify_all();
+  int peer = -1;
+  try {
+    const std::byte token{1};
+    for (int p = 0; p < size_; ++p)
+      if (p != rank_) eager_send(p, op, kGoodbyePhase, &token, 1);
+    std::byte in{};
+    for (peer = 0; peer < size_; ++peer)
+      if (peer != rank_) eager_recv(peer, op, kGoodbyePhase, &in, 1);
+  } catch (const TimeoutError&) {
+    fmt::print(stderr,
+               "meshtrain: rank {} closed communicator {} without rank {}'s goodbye after waiting {} ms (hint: "
+               "every rank must destroy its communicators, in the same order)\n",
+               world_->rank(), uid_, peer >= 0 ? world_ranks_[static_cast<size_t>(peer)] : -1, timeout.count());
+    std::fflush(stderr);
+  } catch (const MismatchError& e) {
+    fmt::print(stderr, "meshtrain: rank {} closed communicator {} while a peer was not done with it: {}\n",
+               world_->rank(), uid_, e.what());
+    std::fflush(stderr);
+  } catch (...) {
+    // The peer closed its end: after its goodbye (Gloo fails the wait even
+    // when the message arrived), or because it failed (its error tells).
+  }
+  std::lock_guard lock(mu_);
+  goodbye_deadline_ = Clock::time_point::max();
+}
+
 void Channel::watchdog_loop() {
   // Gloo fails a bound receive that waits longer than the pair's timeout
   // (the communicator's timeout when it was made; set_timeout may have
   // raised it since, and an async collective may wait unwatched): complete
   // the ones waiting for half of that, marked, so they wait again. Sends
   // are not re-armed: a peer that reads nothing for that long is stopped.
+  // At the goodbye's deadline, end its waits with a TimeoutError of its own
+  // (not fail(): nothing to tell the peers, no on_error).
   const auto half = pair_timeout_ / 2;
   std::unique_lock lock(mu_);
   while (!stop_) {
-    if (half <= std::chrono::milliseconds::zero()) {
-      watchdog_cv_.wait(lock, [&] { return stop_; });
-      break;
-    }
-    watchdog_cv_.wait_for(lock, half / 2, [&] { return stop_; });
+    Clock::time_point wake = goodbye_deadline_;
+    if (half > std::chrono::milliseconds::zero()) wake = std::min(wake, Clock::now() + half / 2);
+    if (wake == Clock::time_point::max()) watchdog_cv_.wait(lock);
+    else watchdog_cv_.wait_until(lock, wake);
     if (stop_ || error_) continue;
     const Clock::time_point now = Clock::now();
+    if (now >= goodbye_deadline_) {
+      error_ = std::make_exception_ptr(TimeoutError("gloo::goodbye", "a peer did not say goodbye", ""));
+      complete_bound_waits();
+      continue;
+    }
+    if (half <= std::chrono::milliseconds::zero()) continue;
     for (BoundWait& w : bound_waits_) {
       if (w.is_send || now - w.since < half) continue;
       ++w.rearmed;
