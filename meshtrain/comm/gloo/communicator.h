@@ -59,6 +59,12 @@
 // - After a failure, transfers Gloo had already posted may still write into
 //   their buffers until the communicator is destroyed: keep the buffers of
 //   failed operations alive until then, or end the process (on_error).
+// - Destruction is collective, as MPI_Comm_free: every rank must destroy
+//   its communicators, in the same order. A communicator waits (at most
+//   its timeout) until every peer destroyed its own, so that no rank
+//   closes a connection a peer still reads its last collective's data from
+//   (Gloo fails every wait on a closed connection). A peer that does not
+//   come in time is reported on stderr; destruction never throws.
 // - SIGPIPE: create_world sets it to SIG_IGN when it has the default action
 //   (a write to a peer that died would otherwise end the process before
 //   the error names the peer); a handler the program installed stays.
