@@ -50,9 +50,10 @@ constexpr size_t kRingBytes = Eager::kSlots * Eager::kSlotBytes;
 // 2r and 2r + 1 (registered by the receiver; the sender's buffers carry
 // the same numbers).
 int data_slot(int from) { return 2 * from; }
+int credit_slot(int from) { return 2 * from + 1; }
+
 // The phase of a goodbye message (collectives use 0..2).
 constexpr uint32_t kGoodbyePhase = 255;
-int credit_slot(int from) { return 2 * from + 1; }
 
 ::gloo::transport::tcp::Buffer* tcp(::gloo::transport::Buffer& b) {
   return reinterpret_cast<::gloo::transport::tcp::Buffer*>(&b);
@@ -217,11 +218,11 @@ void Channel::goodbye(std::chrono::milliseconds timeout) noexcept {
     goodbye_deadline_ = Clock::now() + timeout;
   }
   watchdog_cv_.notify_all();
-  int peer = -1;
+  int peer = -1;  // the one waited for
   try {
     const std::byte token{1};
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) eager_send(p, op, kGoodbyePhase, &token, 1);
+    for (peer = 0; peer < size_; ++peer)
+      if (peer != rank_) eager_send(peer, op, kGoodbyePhase, &token, 1);
     std::byte in{};
     for (peer = 0; peer < size_; ++peer)
       if (peer != rank_) eager_recv(peer, op, kGoodbyePhase, &in, 1);
@@ -229,7 +230,7 @@ void Channel::goodbye(std::chrono::milliseconds timeout) noexcept {
     fmt::print(stderr,
                "meshtrain: rank {} closed communicator {} without rank {}'s goodbye after waiting {} ms (hint: "
                "every rank must destroy its communicators, in the same order)\n",
-               world_->rank(), uid_, peer >= 0 ? world_ranks_[static_cast<size_t>(peer)] : -1, timeout.count());
+               world_->rank(), uid_, world_ranks_[static_cast<size_t>(peer)], timeout.count());
     std::fflush(stderr);
   } catch (const MismatchError& e) {
     fmt::print(stderr, "meshtrain: rank {} closed communicator {} while a peer was not done with it: {}\n",
