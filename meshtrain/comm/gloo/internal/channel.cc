@@ -115,7 +115,7 @@ Channel::~Channel() {
   bool busy;
   {
     std::lock_guard lock(mu_);
-    busy = running_ || !queue_.empty() || !p2p_live_.empty();
+    busy = in_flight();
   }
   if (busy)
     fail(std::make_exception_ptr(AbortedError("gloo::~Communicator",

@@ -242,6 +242,8 @@ class Channel final : public Listener {
   void worker_loop();
   void waiter_loop();
   void finish(Task& t, std::exception_ptr error);
+  // Under mu_: a collective queued or running, or a send/recv not done.
+  bool in_flight() const { return running_ || !queue_.empty() || !p2p_live_.empty(); }
   EngineError connection_error(int peer, const Op& op, const std::string& what);
   // collectives.cc: the fingerprint check and the data movement.
   void run_collective(Task& t);

@@ -213,7 +213,7 @@ void Channel::goodbye(std::chrono::milliseconds timeout) noexcept {
   Op op{.kind = CollectiveOp::barrier};
   {
     std::lock_guard lock(mu_);
-    if (error_ || running_ || !queue_.empty() || !p2p_live_.empty()) return;
+    if (error_ || in_flight()) return;
     op.seq = issued_ + 1;
     goodbye_deadline_ = Clock::now() + timeout;
   }
