@@ -491,10 +491,10 @@ TEST(GlooClose, ACollectiveAfterAPeerDestroyedTheCommunicatorNamesIt) {
               std::string::npos)
         << dump(children);
     EXPECT_FALSE(exited_ok(children[0]));
+    // Rank 1 closes without failing. Whether it reports rank 0's message
+    // on stderr depends on which comes first: that message, or rank 0's
+    // abort notice and closed connection (both end its goodbye quietly).
     EXPECT_TRUE(exited_ok(children[1])) << dump(children);
-    EXPECT_NE(children[1].out.find("rank 1 closed communicator w while a peer was not done with it"),
-              std::string::npos)
-        << dump(children);
   }
 }
 

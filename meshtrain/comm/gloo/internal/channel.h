@@ -199,8 +199,10 @@ class Channel final : public Listener {
   // said when the channel failed or has operations in flight. Never throws
   // and never fails the channel for the peers: a peer that closed without
   // it (it failed; its own error tells) is let go, and a peer that does not
-  // answer within `timeout` or is still in a collective is reported on
-  // stderr. Every rank must destroy its communicators in the same order.
+  // answer within `timeout` is reported on stderr, as is one still in a
+  // collective when its message comes before its abort notice (it fails
+  // with a MismatchError naming this rank). Every rank must destroy its
+  // communicators in the same order.
   void goodbye(std::chrono::milliseconds timeout) noexcept;
 
   // Listener.
