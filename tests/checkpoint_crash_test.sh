@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # kill -9 a training run at a random moment after its first checkpoint,
-# resume it with --resume; 10 trials (at least one killed inside a save):
-# every time the final model is the uninterrupted run's, byte for byte.
+# resume it with --resume; 10 trials (at least one killed inside a save: if
+# none has landed in one by the last trial, that trial waits for a save to
+# begin and kills then, and trials go on until one does): every time the
+# final model is the uninterrupted run's, byte for byte.
 #
 #   tests/checkpoint_crash_test.sh MESHTRAIN threads|mpi|gloo [TRIALS]
 #
@@ -64,14 +66,23 @@ while ((good < trials || in_save == 0)); do
     kill -0 "$job" 2>/dev/null || break
     sleep 0.01
   done
-  sleep "0.$((RANDOM % 40))"
+  if ((good + 1 >= trials && in_save == 0)); then
+    # No kill has landed inside a save yet, and this is the last trial:
+    # aim for one (wait until a save has begun, i.e. its .tmp exists).
+    for _ in $(seq 1 20000); do
+      compgen -G "$run.incomplete/checkpoints/.step_*.tmp" >/dev/null && break
+      kill -0 "$job" 2>/dev/null || break
+    done
+  else
+    sleep "0.$((RANDOM % 40))"
+  fi
   victim=$job
   if [[ $engine != threads ]]; then
     rank_var=OMPI_COMM_WORLD_RANK=1
     [[ $engine == gloo ]] && rank_var=RANK=1
     victim=""
     for p in $(pgrep -f -- "$run"); do
-      if [[ $p != "$job" ]] && tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "$rank_var"; then
+      if [[ $p != "$job" ]] && tr '\0' '\n' 2>/dev/null <"/proc/$p/environ" | grep -qx "$rank_var"; then
         victim=$p
       fi
     done
