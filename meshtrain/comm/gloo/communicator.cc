@@ -71,11 +71,19 @@ std::shared_ptr<::gloo::Context> connect(World& world, const std::string& uid, i
   return context;
 }
 
+Directions connect_directions(World& world, const std::string& uid, int rank, int size,
+                              std::chrono::milliseconds timeout) {
+  Directions d;
+  d.up = connect(world, uid + ".up", rank, size, timeout);
+  d.down = connect(world, uid + ".down", rank, size, timeout);
+  return d;
+}
+
 }  // namespace internal
 
 namespace {
 
-using internal::connect;
+using internal::connect_directions;
 
 using GlooWork = comm::internal::ChannelWork<Channel, Task>;
 
@@ -130,9 +138,9 @@ class GlooCommunicator final : public Communicator {
     }
     const std::string uid = fmt::format("{}.{}.{}", channel_->uid(), seq, color);
     const int n = static_cast<int>(world_ranks.size());
-    auto context = connect(*channel_->world(), uid, new_rank, n, timeout());
+    auto contexts = connect_directions(*channel_->world(), uid, new_rank, n, timeout());
     auto sub = std::make_unique<GlooCommunicator>(
-        std::make_shared<Channel>(channel_->world(), std::move(context), uid, std::move(world_ranks), new_rank));
+        std::make_shared<Channel>(channel_->world(), std::move(contexts), uid, std::move(world_ranks), new_rank));
     sub->set_timeout(timeout());
     return sub;
   }
@@ -166,11 +174,11 @@ std::unique_ptr<Communicator> create_world(WorldConfig config, std::shared_ptr<v
   ignore_sigpipe();
   auto world = std::make_shared<World>(std::move(config), std::move(keep_alive));
   const WorldConfig& c = world->config();
-  auto context = connect(*world, "w", c.rank, c.size, c.timeout);
+  auto contexts = connect_directions(*world, "w", c.rank, c.size, c.timeout);
   std::vector<int> ranks(static_cast<size_t>(c.size));
   for (int p = 0; p < c.size; ++p) ranks[static_cast<size_t>(p)] = p;
   auto comm = std::make_unique<GlooCommunicator>(
-      std::make_shared<Channel>(world, std::move(context), "w", std::move(ranks), c.rank));
+      std::make_shared<Channel>(world, std::move(contexts), "w", std::move(ranks), c.rank));
   comm->set_timeout(c.timeout);
   return comm;
 }

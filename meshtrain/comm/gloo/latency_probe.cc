@@ -2,7 +2,7 @@
 // same exchange timed layer by layer, from plain sockets up to the engine.
 //
 //   P=build/release/meshtrain/comm/gloo/gloo_latency_probe
-//   for r in 0 1; do RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29613 $P [bytes...] & done; wait
+//   for r in 0 1; do RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29613 $P [--only text] [bytes...] & done; wait
 //
 // Rows, for each size (default 4096 and 65536 bytes, f32; every rank sends
 // `bytes` to every peer and receives theirs, as the engine's direct
@@ -21,9 +21,15 @@
 //   engine all_reduce     Communicator::all_reduce, sum (also reduces)
 //   engine reduce_scatter Communicator::reduce_scatter, `bytes` per peer
 //   gloo-hd all_reduce    Gloo's AllreduceHalvingDoubling (native.h)
+//   gloo-bcube all_reduce gloo::allreduce, BCUBE (native.h)
+//   engine broadcast, gloo-tree broadcast
+// `--only <text>` runs only the rows whose name contains it (--only
+// all_reduce: the engine's and Gloo's).
 // Each row: the slowest rank's mean over `calls` calls, median of 7 rounds;
 // this process's voluntary context switches per call (all threads: each is
-// a thread that went to sleep waiting); single calls' median, 99th
+// a thread that went to sleep waiting); CPU time per call, every rank's
+// process summed (user + system; on fewer cores than ranks it bounds the
+// call's time: CPU us / cores); single calls' median, 99th
 // percentile, maximum and share above 1 ms (the largest over ranks): a
 // mean far above the median is a few long stalls.
 #include <fmt/format.h>
@@ -60,9 +66,18 @@ long switches() {
   return u.ru_nvcsw;
 }
 
+// This process's CPU time so far (user + system, every thread), seconds.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 struct Timing {
   double us = 0;        // mean per call
   double switches = 0;  // voluntary context switches per call
+  double cpu = 0;       // CPU time per call, every rank's summed (us)
   double p50 = 0, p99 = 0, max = 0;  // single calls, over every round
   double slow = 0;                   // share of single calls above 1 ms
 };
@@ -76,6 +91,7 @@ Timing time_calls(Communicator& sync, int calls, const std::function<void()>& ca
   for (int i = 0; i < 7; ++i) {
     sync.barrier();
     const long s0 = switches();
+    const double c0 = cpu_seconds();
     const auto t0 = Clock::now();
     auto last = t0;
     for (int k = 0; k < calls; ++k) {
@@ -86,8 +102,10 @@ Timing time_calls(Communicator& sync, int calls, const std::function<void()>& ca
     }
     double t = std::chrono::duration<double>(last - t0).count() / calls * 1e6;
     const double sw = static_cast<double>(switches() - s0) / calls;
+    double cpu = (cpu_seconds() - c0) / calls * 1e6;
     sync.all_reduce(&t, &t, 1, DType::f64, ReduceOp::max);
-    rounds.push_back({.us = t, .switches = sw});
+    sync.all_reduce(&cpu, &cpu, 1, DType::f64, ReduceOp::sum);
+    rounds.push_back({.us = t, .switches = sw, .cpu = cpu});
   }
   std::sort(rounds.begin(), rounds.end(), [](const Timing& a, const Timing& b) { return a.us < b.us; });
   Timing out = rounds[rounds.size() / 2];
@@ -193,7 +211,11 @@ class Worker {
 
 int main(int argc, char** argv) {
   std::vector<size_t> sizes;
-  for (int i = 1; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10));
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--only" && i + 1 < argc) only = argv[++i];
+    else sizes.push_back(std::strtoull(argv[i], nullptr, 10));
+  }
   if (sizes.empty()) sizes = {4096, 65536};
   auto world = mtg::create_world(mtg::Rendezvous::from_env(), {.check_fingerprints = false});
   const int n = world->size(), r = world->rank();
@@ -203,10 +225,12 @@ int main(int argc, char** argv) {
   meshtrain::comm::PeerCollectives* tcp = nullptr;
   meshtrain::comm::PeerCollectives* hd = nullptr;
   meshtrain::comm::PeerCollectives* tree = nullptr;
+  meshtrain::comm::PeerCollectives* bcube = nullptr;
   for (auto& p : peers) {
     if (p->label() == "tcp") tcp = p.get();
     if (p->label() == "gloo-hd") hd = p.get();
     if (p->label() == "gloo-tree") tree = p.get();
+    if (p->label() == "gloo-bcube") bcube = p.get();
   }
   if (r == 0) fmt::print("gloo latency probe: {} ranks; per call: slowest rank's mean, median of 7 rounds\n", n);
   for (size_t bytes : sizes) {
@@ -229,18 +253,22 @@ int main(int argc, char** argv) {
         {"engine reduce_scatter",
          [&] { world->reduce_scatter(out.data(), in.data(), count, DType::f32, ReduceOp::sum); }},
         {"gloo-hd all_reduce", [&] { hd->run(CollectiveOp::all_reduce, out.data(), in.data(), count, DType::f32); }},
+        {"gloo-bcube all_reduce",
+         [&] { bcube->run(CollectiveOp::all_reduce, out.data(), in.data(), count, DType::f32); }},
         {"engine broadcast", [&] { world->broadcast(in.data(), count, DType::f32, 0); }},
         {"gloo-tree broadcast",
          [&] { tree->run(CollectiveOp::broadcast, out.data(), in.data(), count, DType::f32); }},
     };
     if (r == 0)
-      fmt::print("\n{} bytes per peer, {} calls per round\n{:<22} {:>10} {:>18} {:>10} {:>10} {:>10} {:>10}\n", bytes,
-                 calls, "", "us/call", "ctx switches/call", "p50 us", "p99 us", "max us", "> 1 ms");
+      fmt::print("\n{} bytes per peer, {} calls per round\n{:<22} {:>10} {:>18} {:>12} {:>10} {:>10} {:>10} {:>10}\n",
+                 bytes, calls, "", "us/call", "ctx switches/call", "CPU us/call", "p50 us", "p99 us", "max us",
+                 "> 1 ms");
     for (auto& [name, fn] : rows) {
+      if (name.find(only) == std::string::npos) continue;
       const Timing t = time_calls(*world, calls, fn);
       if (r == 0)
-        fmt::print("{:<22} {:>10.1f} {:>18.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.1f}%\n", name, t.us, t.switches,
-                   t.p50, t.p99, t.max, 100 * t.slow);
+        fmt::print("{:<22} {:>10.1f} {:>18.1f} {:>12.1f} {:>10.1f} {:>10.1f} {:>10.1f} {:>9.1f}%\n", name, t.us,
+                   t.switches, t.cpu, t.p50, t.p99, t.max, 100 * t.slow);
     }
   }
   world->barrier();

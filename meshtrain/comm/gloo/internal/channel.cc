@@ -53,7 +53,7 @@ size_t Transfers::send(int peer, const void* data, size_t bytes) {
         {.buf = nullptr, .peer = peer, .is_send = true, .waited = true, .eager_into = nullptr, .eager_bytes = bytes});
     return pending_.size() - 1;
   }
-  auto buf = channel_.buffer(const_cast<void*>(data), bytes);
+  auto buf = channel_.buffer(const_cast<void*>(data), bytes, /*is_send=*/true, peer);
   channel_.post(*buf, /*is_send=*/true, peer, slot_, op_);  // moves once the peer posted the recv
   pending_.push_back(
       {.buf = std::move(buf), .peer = peer, .is_send = true, .waited = false, .eager_into = nullptr, .eager_bytes = 0});
@@ -66,7 +66,7 @@ size_t Transfers::recv(int peer, void* data, size_t bytes) {
         {.buf = nullptr, .peer = peer, .is_send = false, .waited = false, .eager_into = data, .eager_bytes = bytes});
     return pending_.size() - 1;
   }
-  auto buf = channel_.buffer(data, bytes);
+  auto buf = channel_.buffer(data, bytes, /*is_send=*/false, peer);
   channel_.post(*buf, /*is_send=*/false, peer, slot_, op_);
   pending_.push_back(
       {.buf = std::move(buf), .peer = peer, .is_send = false, .waited = false, .eager_into = nullptr, .eager_bytes = 0});
@@ -96,10 +96,10 @@ void Transfers::wait_all() {
 
 // --- Channel ----------------------------------------------------------------
 
-Channel::Channel(std::shared_ptr<World> world, std::shared_ptr<::gloo::Context> context, std::string uid,
-                 std::vector<int> world_ranks, int rank)
+Channel::Channel(std::shared_ptr<World> world, Directions contexts, std::string uid, std::vector<int> world_ranks,
+                 int rank)
     : world_(std::move(world)),
-      context_(std::move(context)),
+      contexts_(std::move(contexts)),
       uid_(std::move(uid)),
       world_ranks_(std::move(world_ranks)),
       rank_(rank),
@@ -137,13 +137,14 @@ Channel::~Channel() {
   if (watchdog_.joinable()) watchdog_.join();
   for (std::thread& t : waiters_) t.join();
   eager_close();
-  context_.reset();  // closes the pairs: Gloo lets go of every buffer
+  contexts_ = {};  // closes the pairs: Gloo lets go of every buffer
   orphans_.clear();
   orphan_memory_.clear();
 }
 
-std::unique_ptr<::gloo::transport::UnboundBuffer> Channel::buffer(void* data, size_t bytes) {
-  return context_->createUnboundBuffer(data, bytes);
+std::unique_ptr<::gloo::transport::UnboundBuffer> Channel::buffer(void* data, size_t bytes, bool is_send, int peer) {
+  ::gloo::Context& c = is_send ? contexts_.at(rank_, peer) : contexts_.at(peer, rank_);
+  return c.createUnboundBuffer(data, bytes);
 }
 
 void Channel::orphan(std::unique_ptr<::gloo::transport::UnboundBuffer> buf) {
@@ -206,7 +207,8 @@ std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t, std::chrono::mill
   const bool p2p = op.kind == CollectiveOp::send || op.kind == CollectiveOp::recv;
   if (p2p && op.count > 0 && op.peer != rank_) {
     // Posted outside mu_: Gloo takes the pair's lock.
-    t->p2p = buffer(op.kind == CollectiveOp::send ? const_cast<void*>(op.send) : op.recv, op.bytes());
+    const bool is_send = op.kind == CollectiveOp::send;
+    t->p2p = buffer(is_send ? const_cast<void*>(op.send) : op.recv, op.bytes(), is_send, op.peer);
   }
   std::unique_lock lock(mu_);
   if (error_)

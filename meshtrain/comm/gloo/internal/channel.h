@@ -1,5 +1,6 @@
-// One Gloo communicator's engine: its Gloo context (one TCP pair per peer),
-// the operations in flight, and the failure protocol. Internal.
+// One Gloo communicator's engine: its two Gloo contexts (one per direction:
+// see Directions below), the operations in flight, and the failure
+// protocol. Internal.
 //
 // Life of an operation (a Task):
 // - start() numbers nothing (Communicator did) and either queues a
@@ -26,7 +27,7 @@
 // peer's process died, its connection closed) fails it naming that peer.
 //
 // Transfers that Gloo had posted when the channel failed keep their
-// UnboundBuffers (kept here until the context is destroyed), so Gloo never
+// UnboundBuffers (kept here until the contexts are destroyed), so Gloo never
 // writes through a freed handle.
 //
 // Small messages (up to Eager::kMaxBytes) take the eager path (eager.cc):
@@ -41,7 +42,7 @@
 // message (its number in the direction, the collective and phase, the
 // byte count), so ranks that called different collectives fail with an
 // error instead of reading each other's data. Gloo's bound waits have no
-// abort and time out on their own after the context's timeout (closing the
+// abort and time out on their own after the contexts' timeout (closing the
 // pair): fail() wakes them by completing them itself, and a watchdog
 // thread re-arms the ones that wait longer than half of that timeout.
 //
@@ -82,7 +83,7 @@ namespace meshtrain::comm::gloo::internal {
 inline std::string op_name(CollectiveOp kind) { return "gloo::" + std::string(collective_op_name(kind)); }
 
 // Gloo slots: collectives use (seq, phase), send/recv their tag; each
-// communicator has its own context, so slots never collide across them.
+// communicator has its own contexts, so slots never collide across them.
 inline uint64_t collective_slot(uint64_t seq, uint64_t phase) {
   return (uint64_t{1} << 63) | (seq << 8) | phase;
 }
@@ -98,6 +99,25 @@ struct Task {
 };
 
 class Channel;
+
+// A channel's two Gloo contexts, each one TCP connection per pair of ranks:
+// [0] carries what a lower rank sends to a higher one, [1] the other way,
+// so every message from `from` to `to` travels on at(from, to) (Gloo's
+// control notices of a transfer, "recv ready", travel back on the same
+// connection). Why two: Gloo writes a message in place while holding its
+// pair's lock, and its event loop, finding that lock taken, skips the
+// pair's readable socket and polls again at once, a busy spin until the
+// write ends (pytorch/gloo#246). On one connection per pair, the peer's
+// data for this rank arrives on the very pair this rank is writing to, and
+// a writer preempted by the event loop's own wake-up leaves the loop
+// spinning for a whole scheduler slice (measured: 93% of the loop's
+// skipped events came while a send on the same pair was preempted; 4 ms
+// stalls on 2 vCPUs). With a connection per direction, a rank writes on
+// one pair while its loop reads the peer's data from the other.
+struct Directions {
+  std::shared_ptr<::gloo::Context> up, down;  // lower -> higher rank, higher -> lower
+  ::gloo::Context& at(int from, int to) const { return from < to ? *up : *down; }
+};
 
 // The eager path's constants and one peer's state (see the top).
 struct Eager {
@@ -142,7 +162,7 @@ class Transfers {
   // Memory for this collective's own transfers (fingerprints, partial
   // contributions), from the channel's spares. It lives as long as Gloo may
   // still write into it: if a failure leaves transfers unfinished, the
-  // channel keeps it until the context is gone; else it goes back to the
+  // channel keeps it until the contexts are gone; else it goes back to the
   // spares.
   std::byte* scratch(size_t bytes);
 
@@ -169,8 +189,8 @@ class Transfers {
 
 class Channel final : public Listener {
  public:
-  Channel(std::shared_ptr<World> world, std::shared_ptr<::gloo::Context> context, std::string uid,
-          std::vector<int> world_ranks, int rank);
+  Channel(std::shared_ptr<World> world, Directions contexts, std::string uid, std::vector<int> world_ranks,
+          int rank);
   ~Channel() override;
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -209,8 +229,9 @@ class Channel final : public Listener {
   ChannelStatus status() const override;
   void on_notice(std::string_view notice, int from) override;
 
-  // For Transfers: a Gloo buffer over `data` on this context.
-  std::unique_ptr<::gloo::transport::UnboundBuffer> buffer(void* data, size_t bytes);
+  // For Transfers: a Gloo buffer over `data` for a transfer with `peer`,
+  // on the context of its direction.
+  std::unique_ptr<::gloo::transport::UnboundBuffer> buffer(void* data, size_t bytes, bool is_send, int peer);
   // Posts a transfer to Gloo; a closed pair is an EngineError naming `peer`.
   void post(::gloo::transport::UnboundBuffer& buf, bool is_send, int peer, uint64_t slot, const Op& op);
   // Waits for one posted transfer, interruptible by fail(); throws the
@@ -225,7 +246,7 @@ class Channel final : public Listener {
   // collective; waits are abortable like await's.
   void eager_send(int peer, const Op& op, uint64_t phase, const void* data, size_t bytes);
   void eager_recv(int peer, const Op& op, uint64_t phase, void* data, size_t bytes);
-  // Keeps buffers Gloo may still hold until the context is gone.
+  // Keeps buffers Gloo may still hold until the contexts are gone.
   void orphan(std::unique_ptr<::gloo::transport::UnboundBuffer> buf);
   void orphan(std::unique_ptr<std::byte[]> memory);
   // Scratch memory of at least `bytes`, reused across collectives: a fresh
@@ -269,7 +290,7 @@ class Channel final : public Listener {
   std::exception_ptr timeout_error(const Task& waited, std::chrono::milliseconds timeout);
 
   std::shared_ptr<World> world_;
-  std::shared_ptr<::gloo::Context> context_;
+  Directions contexts_;
   const std::string uid_;
   const std::vector<int> world_ranks_;
   const int rank_, size_;
@@ -331,5 +352,8 @@ Channel* channel_of(Communicator& comm);
 // collective over those ranks. communicator.cc.
 std::shared_ptr<::gloo::Context> connect(World& world, const std::string& uid, int rank, int size,
                                          std::chrono::milliseconds timeout);
+// A channel's two contexts (uids "<uid>.up" and "<uid>.down").
+Directions connect_directions(World& world, const std::string& uid, int rank, int size,
+                              std::chrono::milliseconds timeout);
 
 }  // namespace meshtrain::comm::gloo::internal

@@ -18,6 +18,16 @@ namespace {
 // Sends are posted before receives throughout: a send whose receiver's
 // "ready" notice is already in moves at once (measured: the 4 KiB direct
 // exchange took 150-181 us with receives first, 92-97 us with sends first).
+//
+// Peers are visited in rotated order: step k = 1..n-1 sends to rank + k and
+// receives from rank - k. Gloo writes a message in place while holding the
+// pair's lock, and its event loop, finding that lock taken, skips the
+// pair's readable socket and polls again at once (a busy spin until the
+// write ends; pytorch/gloo#246). Had every rank sent to peers 0, 1, ...,
+// ranks 0 and 1 would write to each other first, each spinning its event
+// loop on the other's incoming message; rotated, a rank writes to rank + k
+// while its loop reads from rank - k on another pair (a collision is left
+// only at k = n/2, and on 2 ranks).
 
 // Phases of a collective's slots (0: fingerprints).
 constexpr uint64_t kPhaseData = 1;
@@ -34,6 +44,10 @@ std::vector<size_t> even_split(size_t count, int n) {
         static_cast<unsigned __int128>(count) * static_cast<unsigned>(p) / static_cast<unsigned>(n));
   return off;
 }
+
+// The peer rank + k and the peer rank - k (k = 1..n-1): see the top.
+int to_peer(int rank, int k, int n) { return (rank + k) % n; }
+int from_peer(int rank, int k, int n) { return (rank - k + n) % n; }
 
 std::vector<size_t> equal_blocks(size_t count, int n) {
   std::vector<size_t> off(static_cast<size_t>(n) + 1);
@@ -91,10 +105,11 @@ void Channel::check_fingerprints(const Op& op) {
   auto* wire = reinterpret_cast<WireFingerprint*>(x.scratch(sizeof(WireFingerprint)));
   *wire = WireFingerprint::from(mine);
   auto* theirs = reinterpret_cast<WireFingerprint*>(x.scratch(static_cast<size_t>(size_) * sizeof(WireFingerprint)));
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) x.send(p, wire, sizeof(WireFingerprint));
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) x.recv(p, &theirs[p], sizeof(WireFingerprint));
+  for (int k = 1; k < size_; ++k) x.send(to_peer(rank_, k, size_), wire, sizeof(WireFingerprint));
+  for (int k = 1; k < size_; ++k) {
+    const int p = from_peer(rank_, k, size_);
+    x.recv(p, &theirs[p], sizeof(WireFingerprint));
+  }
   x.wait_all();
   comm::internal::FingerprintTable table(static_cast<size_t>(size_));
   bool same = true;
@@ -134,11 +149,12 @@ void Channel::all_reduce(const Op& op) {
   const std::byte* send = bytes_of(op.send);
   std::vector<size_t> sent, got;  // by chunk, then peer
   for (size_t c = 0; c < nchunks; ++c)
-    for (int p = 0; p < n; ++p)
-      if (p != rank_) sent.push_back(x.send(p, send + c * chunk, len(c)));
+    for (int k = 1; k < n; ++k) sent.push_back(x.send(to_peer(rank_, k, n), send + c * chunk, len(c)));
   for (size_t c = 0; c < nchunks; ++c)
-    for (int p = 0; p < n; ++p)
-      if (p != rank_) got.push_back(x.recv(p, slot(p) + c * chunk, len(c)));
+    for (int k = 1; k < n; ++k) {
+      const int p = from_peer(rank_, k, n);
+      got.push_back(x.recv(p, slot(p) + c * chunk, len(c)));
+    }
   const bool in_place = op.recv == op.send;
   std::vector<const void*> ins(static_cast<size_t>(n));
   for (size_t c = 0; c < nchunks; ++c) {
@@ -163,8 +179,8 @@ void Channel::reduce_scatter_blocks(const Op& op, const std::byte* send, std::by
   Transfers x(*this, op, phase);
   // Every peer's block, in chunks, in order: Gloo matches them with the
   // peer's receives of the same slot in order.
-  for (int p = 0; p < n; ++p) {
-    if (p == rank_) continue;
+  for (int k = 1; k < n; ++k) {
+    const int p = to_peer(rank_, k, n);
     for (size_t e = 0; e < block_len(p); e += chunk)
       x.send(p, send + (off[static_cast<size_t>(p)] + e) * ds, std::min(chunk, block_len(p) - e) * ds);
   }
@@ -174,16 +190,19 @@ void Channel::reduce_scatter_blocks(const Op& op, const std::byte* send, std::by
   const size_t chunk_elems = std::min(chunk, mine);
   // Two chunks of every peer's contribution in flight: the reduction of one
   // overlaps the arrival of the next.
+  // Peer p's chunk c lands in slot(c, p).
   std::byte* scratch = x.scratch(2 * static_cast<size_t>(n - 1) * chunk_elems * ds);
+  auto slot = [&](size_t c, int p) {
+    const size_t i = static_cast<size_t>(p < rank_ ? p : p - 1);
+    return scratch + ((c % 2) * static_cast<size_t>(n - 1) + i) * chunk_elems * ds;
+  };
   std::vector<std::vector<size_t>> posted(nchunks);
   auto post = [&](size_t c) {
     if (c >= nchunks) return;
     const size_t len = std::min(chunk, mine - c * chunk);
-    for (int p = 0, i = 0; p < n; ++p) {
-      if (p == rank_) continue;
-      std::byte* slot = scratch + ((c % 2) * static_cast<size_t>(n - 1) + static_cast<size_t>(i++)) *
-                                             chunk_elems * ds;
-      posted[c].push_back(x.recv(p, slot, len * ds));
+    for (int k = 1; k < n; ++k) {
+      const int p = from_peer(rank_, k, n);
+      posted[c].push_back(x.recv(p, slot(c, p), len * ds));
     }
   };
   post(0);
@@ -193,11 +212,9 @@ void Channel::reduce_scatter_blocks(const Op& op, const std::byte* send, std::by
     const size_t first = c * chunk;
     const size_t len = std::min(chunk, mine - first);
     for (size_t i : posted[c]) x.wait(i);
-    for (int p = 0, i = 0; p < n; ++p)
+    for (int p = 0; p < n; ++p)
       ins[static_cast<size_t>(p)] =
-          p == rank_ ? static_cast<const void*>(send + (off[static_cast<size_t>(rank_)] + first) * ds)
-                     : scratch + ((c % 2) * static_cast<size_t>(n - 1) + static_cast<size_t>(i++)) *
-                                            chunk_elems * ds;
+          p == rank_ ? static_cast<const void*>(send + (off[static_cast<size_t>(rank_)] + first) * ds) : slot(c, p);
     void* dst = out + first * ds;
     comm::internal::reduce(&dst, 1, ins.data(), n, len, op.dtype, op.reduce, n);
     post(c + 2);
@@ -232,11 +249,12 @@ void Channel::all_gather_blocks(const Op& op, std::byte* buf, const std::vector<
     }
     return x.wait_all();
   }
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_ && off[r + 1] > off[r]) x.send(p, buf + off[r] * ds, (off[r + 1] - off[r]) * ds);
-  for (int p = 0; p < size_; ++p) {
+  for (int k = 1; k < size_; ++k)
+    if (off[r + 1] > off[r]) x.send(to_peer(rank_, k, size_), buf + off[r] * ds, (off[r + 1] - off[r]) * ds);
+  for (int k = 1; k < size_; ++k) {
+    const int p = from_peer(rank_, k, size_);
     const size_t q = static_cast<size_t>(p);
-    if (p != rank_ && off[q + 1] > off[q]) x.recv(p, buf + off[q] * ds, (off[q + 1] - off[q]) * ds);
+    if (off[q + 1] > off[q]) x.recv(p, buf + off[q] * ds, (off[q + 1] - off[q]) * ds);
   }
   x.wait_all();
 }
@@ -264,8 +282,7 @@ void Channel::broadcast(const Op& op) {
     return x.wait_all();
   }
   if (rank_ == op.root) {
-    for (int p = 0; p < size_; ++p)
-      if (p != rank_) x.send(p, op.recv, bytes);
+    for (int k = 1; k < size_; ++k) x.send(to_peer(rank_, k, size_), op.recv, bytes);
   } else {
     x.recv(op.root, op.recv, bytes);
   }
@@ -276,10 +293,14 @@ void Channel::all_to_all(const Op& op) {
   if (op.count == 0) return;
   const size_t block = op.bytes();
   Transfers x(*this, op, kPhaseData);
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) x.send(p, bytes_of(op.send) + static_cast<size_t>(p) * block, block);
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) x.recv(p, bytes_of(op.recv) + static_cast<size_t>(p) * block, block);
+  for (int k = 1; k < size_; ++k) {
+    const int p = to_peer(rank_, k, size_);
+    x.send(p, bytes_of(op.send) + static_cast<size_t>(p) * block, block);
+  }
+  for (int k = 1; k < size_; ++k) {
+    const int p = from_peer(rank_, k, size_);
+    x.recv(p, bytes_of(op.recv) + static_cast<size_t>(p) * block, block);
+  }
   std::memcpy(bytes_of(op.recv) + static_cast<size_t>(rank_) * block,
               bytes_of(op.send) + static_cast<size_t>(rank_) * block, block);
   x.wait_all();
@@ -291,10 +312,11 @@ void Channel::barrier(const Op& op) {
   std::byte* token = x.scratch(1);
   std::byte* in = x.scratch(static_cast<size_t>(size_));
   *token = std::byte{1};
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) x.send(p, token, 1);
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) x.recv(p, in + p, 1);
+  for (int k = 1; k < size_; ++k) x.send(to_peer(rank_, k, size_), token, 1);
+  for (int k = 1; k < size_; ++k) {
+    const int p = from_peer(rank_, k, size_);
+    x.recv(p, in + p, 1);
+  }
   x.wait_all();
 }
 
@@ -303,10 +325,11 @@ void Channel::split_exchange(Task& t) {
   Transfers x(*this, t.op, kPhaseData);
   auto* table = reinterpret_cast<int32_t*>(x.scratch(2 * static_cast<size_t>(size_) * sizeof(int32_t)));
   std::copy_n(t.split_table.begin(), 2, table + 2 * rank_);
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) x.send(p, table + 2 * rank_, 2 * sizeof(int32_t));
-  for (int p = 0; p < size_; ++p)
-    if (p != rank_) x.recv(p, table + 2 * p, 2 * sizeof(int32_t));
+  for (int k = 1; k < size_; ++k) x.send(to_peer(rank_, k, size_), table + 2 * rank_, 2 * sizeof(int32_t));
+  for (int k = 1; k < size_; ++k) {
+    const int p = from_peer(rank_, k, size_);
+    x.recv(p, table + 2 * p, 2 * sizeof(int32_t));
+  }
   x.wait_all();
   t.split_table.assign(table, table + 2 * size_);
 }

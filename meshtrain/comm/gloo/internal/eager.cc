@@ -48,7 +48,7 @@ constexpr size_t kRingBytes = Eager::kSlots * Eager::kSlotBytes;
 
 // Bound-buffer slots of a pair: the data and the credits rank r sends use
 // 2r and 2r + 1 (registered by the receiver; the sender's buffers carry
-// the same numbers).
+// the same numbers), on the context of that direction (Directions).
 int data_slot(int from) { return 2 * from; }
 int credit_slot(int from) { return 2 * from + 1; }
 
@@ -63,18 +63,19 @@ constexpr uint32_t kGoodbyePhase = 255;
 
 void Channel::eager_connect() {
   if (size_ == 1) return;
-  pair_timeout_ = context_->getTimeout();
+  pair_timeout_ = contexts_.up->getTimeout();
   eager_.resize(static_cast<size_t>(size_));
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Eager& e = eager_[static_cast<size_t>(p)];
     e.out = std::make_unique_for_overwrite<std::byte[]>(kRingBytes);
     e.in = std::make_unique_for_overwrite<std::byte[]>(kRingBytes);
-    auto& pair = context_->getPair(p);
-    e.recv = pair->createRecvBuffer(data_slot(p), e.in.get(), kRingBytes);
-    e.credit_recv = pair->createRecvBuffer(credit_slot(p), e.credit_in, sizeof e.credit_in);
-    e.send = pair->createSendBuffer(data_slot(rank_), e.out.get(), kRingBytes);
-    e.credit_send = pair->createSendBuffer(credit_slot(rank_), e.credit_out, sizeof e.credit_out);
+    auto& in = contexts_.at(p, rank_).getPair(p);    // what p sends here: its data, the credits it returns
+    auto& out = contexts_.at(rank_, p).getPair(p);   // what this rank sends p
+    e.recv = in->createRecvBuffer(data_slot(p), e.in.get(), kRingBytes);
+    e.credit_recv = in->createRecvBuffer(credit_slot(p), e.credit_in, sizeof e.credit_in);
+    e.send = out->createSendBuffer(data_slot(rank_), e.out.get(), kRingBytes);
+    e.credit_send = out->createSendBuffer(credit_slot(rank_), e.credit_out, sizeof e.credit_out);
   }
   // Message 1 of each direction spans the whole ring. Gloo sizes a
   // connection's socket send buffer (SO_SNDBUF) to the largest message sent
@@ -293,7 +294,10 @@ void Channel::eager_close() {
   // its buffer: close the pairs first so Gloo never touches it again.
   if (failed)
     for (int p = 0; p < size_; ++p)
-      if (p != rank_) context_->getPair(p)->close();
+      if (p != rank_) {
+        contexts_.up->getPair(p)->close();
+        contexts_.down->getPair(p)->close();
+      }
   eager_.clear();  // unregisters the receive buffers before their memory goes
 }
 
