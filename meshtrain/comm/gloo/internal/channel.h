@@ -232,11 +232,12 @@ class Channel final : public Listener {
   // For Transfers: a Gloo buffer over `data` for a transfer with `peer`,
   // on the context of its direction.
   std::unique_ptr<::gloo::transport::UnboundBuffer> buffer(void* data, size_t bytes, bool is_send, int peer);
-  // Posts a transfer to Gloo; a closed pair is an EngineError naming `peer`.
-  void post(::gloo::transport::UnboundBuffer& buf, bool is_send, int peer, uint64_t slot, const Op& op);
+  // Posts a transfer to Gloo, from Gloo's event-loop thread (LoopPoster,
+  // channel.cc): returns at once; a closed pair fails the transfer's wait.
+  void post(::gloo::transport::UnboundBuffer& buf, bool is_send, int peer, uint64_t slot);
   // Waits for one posted transfer, interruptible by fail(); throws the
   // channel's error when interrupted and an EngineError naming `peer` when
-  // Gloo reports an I/O error.
+  // Gloo reports an I/O error (posting it included).
   void await(::gloo::transport::UnboundBuffer& buf, bool is_send, int peer, const Op& op);
   // eager.cc: a message of at most Eager::kMaxBytes to or from `peer` in
   // phase `phase` of `op` (see the top). eager_send returns once the data
@@ -291,6 +292,9 @@ class Channel final : public Listener {
 
   std::shared_ptr<World> world_;
   Directions contexts_;
+  // Posts the unbound transfers from Gloo's event-loop thread (channel.cc).
+  class LoopPoster;
+  std::unique_ptr<LoopPoster> poster_;
   const std::string uid_;
   const std::vector<int> world_ranks_;
   const int rank_, size_;
