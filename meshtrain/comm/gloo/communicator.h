@@ -13,7 +13,8 @@
 //   MASTER_ADDR:MASTER_PORT, hosted by the launcher (MESHTRAIN_AGENT_STORE=1)
 //   or else by rank 0, and protected by the job token (MESHTRAIN_JOB_TOKEN)
 //   when one is set. Each process publishes its Gloo address there and
-//   Gloo connects every pair (one TCP connection per pair and communicator).
+//   Gloo connects every pair (two TCP connections per pair and
+//   communicator, one per direction: internal/channel.h says why).
 // - Data moves with Gloo's point-to-point transfers (UnboundBuffer
 //   send/recv, which Gloo pairs by slot, in order), and messages of at
 //   most 64 KiB in slots of Gloo bound buffers registered once per peer
@@ -40,8 +41,9 @@
 //   has, not thousands).
 // - Collectives run on one worker thread per communicator, in issue order,
 //   so async ones overlap the caller's compute. A send or recv is posted at
-//   once and completes on its own (a waiter thread takes its completion);
-//   Gloo moves its data when both sides have posted.
+//   once (by Gloo's event-loop thread) and completes on its own (a waiter
+//   thread takes its completion); Gloo moves its data when both sides have
+//   posted.
 // - Fingerprints (Options::check_fingerprints, on by default): before a
 //   collective's data moves, each rank sends its fingerprint to every peer
 //   and compares the n it holds; a disagreement raises MismatchError on

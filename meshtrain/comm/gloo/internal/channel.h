@@ -8,9 +8,11 @@
 //   in issue order (fingerprints, then the data movement of
 //   collectives.cc), or runs a blocking collective on the caller's thread
 //   when nothing else is queued or running (the worker then watches its
-//   deadline), or posts a send/recv to Gloo at once and queues its
-//   completion for a waiter thread (one per send/recv in flight, reused),
-//   so that sends and receives complete on their own.
+//   deadline), or posts a send/recv to Gloo at once (every unbound
+//   transfer is posted by Gloo's event-loop thread: LoopPoster in
+//   channel.cc) and queues its completion for a waiter thread (one per
+//   send/recv in flight, reused), so that sends and receives complete on
+//   their own.
 // - wait() blocks on the task until it is done or the caller's deadline
 //   passes; test() looks without blocking.
 // - Every blocking step inside Gloo (a transfer's completion) is an
