@@ -17,7 +17,7 @@
 //   communicator, one per direction: internal/channel.h says why).
 // - Data moves with Gloo's point-to-point transfers (UnboundBuffer
 //   send/recv, which Gloo pairs by slot, in order), and messages of at
-//   most 64 KiB in slots of Gloo bound buffers registered once per peer
+//   most 128 KiB in slots of Gloo bound buffers registered once per peer
 //   (an eager path: the data goes out without waiting for the receiver's
 //   "ready" notice; internal/channel.h); the collectives are
 //   built on them here, not taken from Gloo's algorithm classes, so every

@@ -52,8 +52,10 @@ std::byte* Transfers::scratch(size_t bytes) {
 }
 
 size_t Transfers::send(int peer, const void* data, size_t bytes) {
-  if (bytes > 0 && bytes <= Eager::kMaxBytes) {
-    channel_.eager_send(peer, op_, phase_, data, bytes);
+  if (bytes > 0 && bytes <= Eager::kMessageBytes) {  // in slots of at most kMaxBytes, in order
+    for (size_t at = 0; at < bytes; at += Eager::kMaxBytes)
+      channel_.eager_send(peer, op_, phase_, static_cast<const std::byte*>(data) + at,
+                          std::min(Eager::kMaxBytes, bytes - at));
     pending_.push_back(
         {.buf = nullptr, .peer = peer, .is_send = true, .waited = true, .eager_into = nullptr, .eager_bytes = bytes});
     return pending_.size() - 1;
@@ -66,7 +68,7 @@ size_t Transfers::send(int peer, const void* data, size_t bytes) {
 }
 
 size_t Transfers::recv(int peer, void* data, size_t bytes) {
-  if (bytes > 0 && bytes <= Eager::kMaxBytes) {
+  if (bytes > 0 && bytes <= Eager::kMessageBytes) {
     pending_.push_back(
         {.buf = nullptr, .peer = peer, .is_send = false, .waited = false, .eager_into = data, .eager_bytes = bytes});
     return pending_.size() - 1;
@@ -85,7 +87,9 @@ void Transfers::wait(size_t i) {
     for (size_t j = 0; j <= i; ++j) {
       Pending& q = pending_[j];
       if (q.waited || q.eager_bytes == 0 || q.is_send || q.peer != p.peer) continue;
-      channel_.eager_recv(q.peer, op_, phase_, q.eager_into, q.eager_bytes);
+      for (size_t at = 0; at < q.eager_bytes; at += Eager::kMaxBytes)
+        channel_.eager_recv(q.peer, op_, phase_, static_cast<std::byte*>(q.eager_into) + at,
+                            std::min(Eager::kMaxBytes, q.eager_bytes - at));
       q.waited = true;
     }
     return;

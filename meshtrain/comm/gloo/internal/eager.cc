@@ -1,4 +1,4 @@
-// The eager path: messages up to Eager::kMaxBytes in slots of Gloo bound
+// The eager path: messages up to Eager::kMaxBytes in a slot of Gloo bound
 // buffers, registered once per peer (channel.h says how and why). Runs on
 // the thread running the collective, one collective at a time, so the
 // per-peer counters need no lock; the waits are registered under mu_ for
