@@ -7,9 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <map>
 #include <optional>
-#include <cstring>
 #include <utility>
 
 #include "meshtrain/comm/internal/fingerprint.h"
@@ -309,7 +310,8 @@ std::shared_ptr<Task> Channel::submit(std::shared_ptr<Task> t, std::chrono::mill
   const Op& op = t->op;
   const bool p2p = op.kind == CollectiveOp::send || op.kind == CollectiveOp::recv;
   if (p2p && op.count > 0 && op.peer != rank_) {
-    // Posted outside mu_: Gloo takes the pair's lock.
+    // Made outside mu_ (Gloo takes its context's lock); posted below by
+    // Gloo's loop thread, and a failed post fails its waiter.
     const bool is_send = op.kind == CollectiveOp::send;
     t->p2p = buffer(is_send ? const_cast<void*>(op.send) : op.recv, op.bytes(), is_send, op.peer);
   }
