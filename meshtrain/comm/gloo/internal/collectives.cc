@@ -20,14 +20,10 @@ namespace {
 // exchange took 150-181 us with receives first, 92-97 us with sends first).
 //
 // Peers are visited in rotated order: step k = 1..n-1 sends to rank + k and
-// receives from rank - k. Gloo writes a message in place while holding the
-// pair's lock, and its event loop, finding that lock taken, skips the
-// pair's readable socket and polls again at once (a busy spin until the
-// write ends; pytorch/gloo#246). Had every rank sent to peers 0, 1, ...,
-// ranks 0 and 1 would write to each other first, each spinning its event
-// loop on the other's incoming message; rotated, a rank writes to rank + k
-// while its loop reads from rank - k on another pair (a collision is left
-// only at k = n/2, and on 2 ranks).
+// receives from rank - k, so at each step every rank writes to a different
+// peer instead of all starting with rank 0. It was added against Gloo's
+// event-loop spin (channel.h, Directions), which the connection per
+// direction removed; alone it measured within the noise (docs/benchmarks.md).
 
 // Phases of a collective's slots (0: fingerprints).
 constexpr uint64_t kPhaseData = 1;
