@@ -20,6 +20,14 @@ std::string int_range(int64_t min, int64_t max) { return fmt::format("[{}, {}]",
 
 }  // namespace
 
+double nice_tick_step(double span, double ticks) {
+  const double raw = span / ticks;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0})
+    if (m * p >= raw * (1 - 1e-9)) return m * p;
+  return 10 * p;
+}
+
 std::string escape_xml(std::string_view s) {
   std::string out;
   out.reserve(s.size());

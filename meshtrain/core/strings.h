@@ -52,6 +52,11 @@ inline std::vector<std::string_view> split(std::string_view s, char sep = ',') {
 // attribute values of the SVG pictures (sharding's, the pipeline timeline's).
 std::string escape_xml(std::string_view s);
 
+// The step between axis ticks of the pictures: 1, 2 or 5 times a power of
+// ten, the smallest such step that puts at most about `ticks` ticks on
+// `span` (span > 0): nice_tick_step(3.3, 5) == 1, nice_tick_step(468, 5) == 100.
+double nice_tick_step(double span, double ticks);
+
 // ---- Range-checked numbers -----------------------------------------------------
 //
 // Every number a user or a file gives (a CLI flag, a TOML key, an environment

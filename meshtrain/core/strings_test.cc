@@ -38,6 +38,15 @@ TEST(Strings, EscapeXml) {
   EXPECT_EQ(escape_xml(""), "");
 }
 
+TEST(Strings, NiceTickStepsAreOneTwoOrFiveTimesAPowerOfTen) {
+  EXPECT_DOUBLE_EQ(nice_tick_step(3.3, 5), 1.0);
+  EXPECT_DOUBLE_EQ(nice_tick_step(468.8, 5), 100.0);
+  EXPECT_DOUBLE_EQ(nice_tick_step(1.733, 5), 0.5);
+  EXPECT_DOUBLE_EQ(nice_tick_step(0.04, 8), 0.005);
+  EXPECT_DOUBLE_EQ(nice_tick_step(10, 5), 2.0);  // exactly span / ticks
+  EXPECT_DOUBLE_EQ(nice_tick_step(9.9, 1), 10.0);
+}
+
 TEST(Strings, ParseIntInRangeRefusesWhatWouldNarrowOrWrap) {
   EXPECT_EQ(parse_int_in_range(" 64 ", "--ranks", 1, 1024), 64);
   EXPECT_EQ(parse_int_in_range("-9223372036854775808", "x", INT64_MIN, 0), INT64_MIN);

@@ -70,15 +70,6 @@ double bubble_of(const std::vector<RankTimeline>& timelines, const char* op) {
   return 1.0 - busy / (static_cast<double>(timelines.size()) * span);
 }
 
-// A tick step of 1, 2 or 5 times a power of ten giving at most about 10 ticks.
-double tick_step(double span) {
-  const double raw = span / 8;
-  const double p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0})
-    if (m * p >= raw) return m * p;
-  return 10 * p;
-}
-
 }  // namespace
 
 std::vector<RankTimeline> gather_timelines(const PipelineExecutor& exec) {
@@ -268,7 +259,7 @@ std::string timeline_svg(const std::vector<RankTimeline>& timelines, const std::
   // The time axis, in ms on the timelines' time base.
   out += fmt::format("<line x1=\"{:.0f}\" y1=\"{:.0f}\" x2=\"{:.0f}\" y2=\"{:.0f}\" stroke=\"#333333\"/>\n", L, axis_y,
                      W - R, axis_y);
-  const double step = tick_step((t1 - t0) / 1000);
+  const double step = nice_tick_step((t1 - t0) / 1000, 8);
   const int decimals = std::max(0, static_cast<int>(-std::floor(std::log10(step))));
   for (double k = std::ceil(t0 / 1000 / step); k * step <= t1 / 1000 + 1e-9 * step; ++k) {
     const double x = px(k * step * 1000);

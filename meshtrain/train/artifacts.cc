@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 #include "meshtrain/train/internal/safetensors_header.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
@@ -166,6 +167,11 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
     }
   if (!(x1 > x0)) x1 = x0 + 1;
   if (!(y1 > y0)) y1 = y0 + 1;
+  // Round ticks (1, 2 or 5 x 10^k); the axes end on ticks.
+  const double xs = nice_tick_step(x1 - x0, 5), ys = nice_tick_step(y1 - y0, 5);
+  x0 = std::floor(x0 / xs) * xs, x1 = std::ceil(x1 / xs) * xs;
+  y0 = std::floor(y0 / ys) * ys, y1 = std::ceil(y1 / ys) * ys;
+  auto decimals = [](double step) { return std::max(0, static_cast<int>(-std::floor(std::log10(step) + 1e-9))); };
   auto px = [&](double x) { return L + (x - x0) / (x1 - x0) * (W - L - R); };
   auto py = [&](double y) { return H - B - (y - y0) / (y1 - y0) * (H - T - B); };
   std::ostringstream s;
@@ -173,11 +179,16 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
     << '\n' << fmt::format(R"(<rect width="{}" height="{}" fill="white"/>)", W, H) << '\n'
     << fmt::format(R"(<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>)", W / 2, title) << '\n'
     << fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">{}</text>)", (L + W - R) / 2, H - 10, x_label) << '\n';
-  for (int i = 0; i <= 5; ++i) {
-    const double yv = y0 + (y1 - y0) * i / 5, xv = x0 + (x1 - x0) * i / 5;
+  for (int64_t k = std::llround(y0 / ys); k <= std::llround(y1 / ys); ++k) {
+    const double yv = static_cast<double>(k) * ys + 0.0;  // never "-0"
     s << fmt::format(R"(<line x1="{}" y1="{:.1f}" x2="{}" y2="{:.1f}" stroke="#dddddd"/>)", L, py(yv), W - R, py(yv))
-      << fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end">{:.3g}</text>)", L - 6, py(yv) + 4, yv)
-      << fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{:.4g}</text>)", px(xv), H - B + 16, xv) << '\n';
+      << fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end">{:.{}f}</text>)", L - 6, py(yv) + 4, yv,
+                     decimals(ys)) << '\n';
+  }
+  for (int64_t k = std::llround(x0 / xs); k <= std::llround(x1 / xs); ++k) {
+    const double xv = static_cast<double>(k) * xs + 0.0;
+    s << fmt::format(R"(<text x="{:.1f}" y="{}" text-anchor="middle">{:.{}f}</text>)", px(xv), H - B + 16, xv,
+                     decimals(xs)) << '\n';
   }
   s << fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#333333"/>)", L, T, W - L - R,
                    H - T - B) << '\n';

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/train/progress.h"
@@ -78,6 +79,16 @@ TEST(Charts, LineChartHasOnePolylinePerSeries) {
   EXPECT_NE(svg.find(">train</text>"), std::string::npos);
 }
 
+TEST(Charts, TicksAreRoundNumbersAndTheAxesEndOnThem) {
+  // The newcomer's run: steps 0..468, losses 0.567..2.3.
+  const std::string svg = line_chart_svg("loss", "step", {{"train", {0, 200, 468}, {2.3, 1.0, 0.567}}});
+  for (const char* label : {">0.5</text>", ">1.0</text>", ">2.5</text>", ">0</text>", ">100</text>", ">500</text>"})
+    EXPECT_NE(svg.find(label), std::string::npos) << label;
+  EXPECT_EQ(svg.find(">468"), std::string::npos);
+  EXPECT_EQ(svg.find(">0.567"), std::string::npos);
+  EXPECT_EQ(svg.find(">3.0</text>"), std::string::npos);  // the axis ends at the first tick above the data
+}
+
 TEST(Images, GridIsAPng) {
   const std::string path = temp_path("grid.png");
   std::vector<std::vector<float>> imgs(5, std::vector<float>(28 * 28, 0.5f));
@@ -86,6 +97,30 @@ TEST(Images, GridIsAPng) {
   ASSERT_GT(bytes.size(), 8u);
   EXPECT_EQ(bytes.substr(1, 3), "PNG");
   EXPECT_THROW(write_image_grid_png(path, {std::vector<float>(3)}, 28, 28, 3), InvalidArgument);
+}
+
+// The trainer ends the bar's line before each epoch's summary and goes on
+// with the same bar: into a file, each tenth is printed once (no second line
+// for the tenth an epoch ended in) and elapsed time covers the whole run.
+TEST(Progress, FinishEndsTheLineAndTheBarGoesOn) {
+  const std::string path = temp_path("progress.txt");
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  {
+    ProgressBar bar(20, true, "train", f);
+    for (int64_t step = 1; step <= 10; ++step) bar.update(step, {{"loss", 1.0}}, 100.0);
+    bar.finish();
+    std::fprintf(f, "epoch 1: summary\n");
+    for (int64_t step = 11; step <= 20; ++step) bar.update(step, {{"loss", 1.0}}, 100.0);
+    bar.finish();
+  }
+  std::fclose(f);
+  std::istringstream in(read_all(path));
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 12u) << read_all(path);  // tenths 0..10 once each, and the summary
+  EXPECT_EQ(lines[6], "epoch 1: summary");
+  EXPECT_NE(lines[7].find(" 12/20 "), std::string::npos) << lines[7];  // 11/20 is the tenth printed before
 }
 
 TEST(Progress, Durations) {

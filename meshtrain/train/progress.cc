@@ -33,7 +33,10 @@ std::string ProgressBar::render(int64_t done, const std::vector<std::pair<std::s
   std::string bar(filled, '#');
   bar.append(kWidth - filled, '.');
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  const double eta = done > 0 ? elapsed * (total_ - done) / done : NAN;
+  // The rate of the steps this bar saw: a resumed run's first update is
+  // one step after where it resumed.
+  const int64_t seen = done - first_done_ + 1;
+  const double eta = seen > 0 ? elapsed * static_cast<double>(total_ - done) / static_cast<double>(seen) : NAN;
   std::string s = fmt::format("{} [{}] {:>3.0f}% {}/{}", label_, bar, 100 * frac, done, total_);
   for (const auto& [k, v] : values) s += fmt::format("  {} {:.4f}", k, v);
   s += fmt::format("  {:.0f}{}/s  elapsed {}  ETA {}", rate, rate_unit_.empty() ? "" : " " + rate_unit_,
@@ -58,6 +61,7 @@ ProgressBar::ProgressBar(ProgressBar&& other) noexcept
       start_(other.start_),
       last_draw_(other.last_draw_),
       last_tenth_(other.last_tenth_),
+      first_done_(other.first_done_),
       open_line_(other.open_line_) {
   other.open_line_ = false;
 }
@@ -68,11 +72,13 @@ ProgressBar& ProgressBar::operator=(ProgressBar&& other) noexcept {
     total_ = other.total_;
     enabled_ = other.enabled_;
     label_ = std::move(other.label_);
+    rate_unit_ = std::move(other.rate_unit_);
     out_ = other.out_;
     tty_ = other.tty_;
     start_ = other.start_;
     last_draw_ = other.last_draw_;
     last_tenth_ = other.last_tenth_;
+    first_done_ = other.first_done_;
     open_line_ = other.open_line_;
     other.open_line_ = false;
   }
@@ -82,6 +88,7 @@ ProgressBar& ProgressBar::operator=(ProgressBar&& other) noexcept {
 void ProgressBar::update(int64_t done, const std::vector<std::pair<std::string, double>>& values,
                          double items_per_second) {
   if (!enabled_) return;
+  if (first_done_ < 0) first_done_ = done;
   const auto now = std::chrono::steady_clock::now();
   if (tty_) {
     if (now - last_draw_ < std::chrono::milliseconds(100) && done < total_) return;

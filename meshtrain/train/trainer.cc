@@ -310,10 +310,6 @@ class Run {
         std::fflush(stdout);
         record_evaluation(ev, shared_.result);
       }
-      if (step < total) {  // a fresh line after the summary
-        bar = ProgressBar(total, main_);
-        bar.set_rate_unit(metrics_.rate_unit);
-      }
     }
     if (tc_.checkpoint_every > 0 && last_saved != step) save(step, bar);  // the final one
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
