@@ -1,7 +1,7 @@
 # The two commands of the README, plus sanitizer runs and benchmarks.
 # Each target installs what it needs (Debian packages) and builds from scratch
 # in build/<preset>; ninja rebuilds only what changed.
-.PHONY: demo demo-collectives test deps build asan tsan bench deb clean
+.PHONY: demo demo-collectives test test-avx2 deps build asan tsan bench deb clean
 
 JOBS ?= $(shell nproc)
 
@@ -25,6 +25,13 @@ demo-collectives: build
 # Every test: unit, multi-rank (threads 1..8 ranks, mpirun -np 2 and 4), fault tests.
 test: build
 	ctest --preset release
+
+# The CPU-sensitive tests (label isa: core, nn, goldens, parity, fusions, the
+# memory, activation and traffic models, the planner's check) again as an
+# AVX2 CPU runs them, whatever this CPU has (docs/core.md, "CPU instruction
+# sets"); .ci/run runs it after `make test`.
+test-avx2: build
+	MESHTRAIN_CPU_ISA=avx2 ctest --preset release -L isa
 
 asan: deps
 	cmake --preset asan && cmake --build build/asan -j $(JOBS) && ctest --preset asan -LE mpi

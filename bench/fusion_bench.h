@@ -18,6 +18,8 @@
 // A fused GELU writes only the activation: a training step also needs the
 // pre-activation for GELU's backward, which the fused form does not keep.
 // Needs a build with oneDNN (run_fusion_bench throws Unsupported otherwise).
+// A GEMM row oneDNN has no kernel for on this CPU (bf16 below AVX-512 in
+// oneDNN 2.x) is skipped, with the reason, instead of failing the run.
 // Thread-safety: call from one thread.
 #pragma once
 
@@ -41,6 +43,7 @@ struct FusionBenchRow {
   std::string dtype;  // GEMM operand dtype: "f32", "bf16"; "f32" for the rest
   double ours_ms = 0, onednn_ms = 0;
   double max_abs_diff = 0;
+  std::string skipped = {};  // why the row was not timed ("oneDNN has no bf16 kernel ..."); "" when it was
 };
 
 std::vector<FusionBenchRow> run_fusion_bench(const FusionBenchOptions& options);

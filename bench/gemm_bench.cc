@@ -8,6 +8,7 @@
 #include <map>
 #include <thread>
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
@@ -89,14 +90,15 @@ double loop_gflops(float (*loop)(int64_t), double flops_per_iter, int threads) {
   return best;
 }
 
+// The loop of the widest FMA the kernels may use (cpu_isa(): MESHTRAIN_CPU_ISA
+// caps it, so the peak is the one an AVX2 machine would reach).
 void measure_peak(GemmBenchResult& r, int threads) {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) {
+  const CpuIsa isa = cpu_isa();
+  if (isa >= CpuIsa::avx512) {
     r.peak_isa = "avx512f";
     r.f32_peak_gflops = loop_gflops(fma512_loop, kChains * 16 * 2.0, threads);
-    if (__builtin_cpu_supports("avx512bf16"))
-      r.bf16_peak_gflops = loop_gflops(dpbf16_loop, kChains * 32 * 2.0, threads);
-  } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    if (isa >= CpuIsa::avx512_bf16) r.bf16_peak_gflops = loop_gflops(dpbf16_loop, kChains * 32 * 2.0, threads);
+  } else if (isa >= CpuIsa::avx2) {
     r.peak_isa = "avx2+fma";
     r.f32_peak_gflops = loop_gflops(fma256_loop, kChains * 8 * 2.0, threads);
   } else {
@@ -209,7 +211,7 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
 }
 
 std::string format_gemm_bench(const GemmBenchResult& r, const GemmBenchOptions& o) {
-  std::string s;
+  std::string s = fmt::format("CPU ISA {}\n", cpu_isa_summary());
   s += fmt::format("peak ({} thread{}, {} loop, best of 15): f32 FMA {:.1f} GFLOP/s", o.threads,
                    o.threads == 1 ? "" : "s", r.peak_isa, r.f32_peak_gflops);
   s += r.bf16_peak_gflops > 0 ? fmt::format(", bf16 dot product {:.1f} GFLOP/s\n", r.bf16_peak_gflops)

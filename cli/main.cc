@@ -19,11 +19,20 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/version.h"
 
 int main(int argc, char** argv) {
   using namespace meshtrain::cli;
+  try {
+    meshtrain::apply_cpu_isa_limit(argv);  // MESHTRAIN_CPU_ISA reaches OpenBLAS (a restart) and oneDNN
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "meshtrain: error: {}\n", e.what());
+    return 1;
+  }
   CLI::App app{"meshtrain: distributed training on a device mesh"};
+  app.footer("Environment: MESHTRAIN_CPU_ISA=sse41|avx2|avx512|avx512_bf16|amx|native runs kernels, oneDNN and "
+             "OpenBLAS as on a CPU with at most that instruction set (docs/core.md).");
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("meshtrain ") + meshtrain::version_string);
   std::vector<Command> commands = add_comm_commands(app);

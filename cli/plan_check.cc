@@ -174,12 +174,23 @@ std::pair<double, double> fit_line(const std::vector<std::pair<double, double>>&
   return {slope, (sy - slope * sx) / n};
 }
 
-double gemm_seconds(int64_t m, int64_t k, int64_t n) {
-  Tensor a = Tensor::empty({m, k}, DType::f32), b = Tensor::empty({k, n}, DType::f32),
-         c = Tensor::empty({m, n}, DType::f32);
-  fill_normal(a, 1, 1, 0.0, 1.0);
-  fill_normal(b, 1, 2, 0.0, 1.0);
-  return time_median(9, [&] { matmul(a, b, c); });
+// The three products of a linear layer of m rows, k -> n, as a training
+// step runs them (x W, dy W^T, x^T dy: each on the library matmul routes it
+// to, whose rates differ by layout and CPU: OpenBLAS's x^T dy ran at half
+// oneDNN's x W rate on one machine and at the same rate on another), timed
+// together: 3 calls of 2 m k n flops.
+double linear_gemms_seconds(int64_t m, int64_t k, int64_t n) {
+  Tensor x = Tensor::empty({m, k}, DType::f32), w = Tensor::empty({k, n}, DType::f32),
+         y = Tensor::empty({m, n}, DType::f32), dx = Tensor::empty({m, k}, DType::f32),
+         dw = Tensor::empty({k, n}, DType::f32);
+  fill_normal(x, 1, 1, 0.0, 1.0);
+  fill_normal(w, 1, 2, 0.0, 1.0);
+  fill_normal(y, 1, 3, 0.0, 1.0);
+  return time_median(9, [&] {
+    matmul(x, w, y);
+    matmul(y, w, dx, false, true);
+    matmul(x, y, dw, true, false);
+  });
 }
 
 }  // namespace
@@ -246,15 +257,15 @@ plan::Hardware calibrate_this_machine(const CheckOptions& o) {
   std::vector<std::pair<double, double>> xy;
   for (int64_t rows : {int64_t{64}, o.batch * o.shape.seq / 4, o.batch * o.shape.seq})
     for (auto [k, n] : {std::pair{C, C}, std::pair{C, 4 * C}, std::pair{4 * C, C}, std::pair{C, o.shape.vocab}})
-      xy.emplace_back(2.0 * static_cast<double>(rows * k * n), gemm_seconds(rows, k, n));
+      xy.emplace_back(3 * 2.0 * static_cast<double>(rows * k * n), linear_gemms_seconds(rows, k, n));
   const auto [slope, intercept] = fit_line(xy);
   h.gemm_flops = 1 / slope;
-  h.gemm_overhead_flops = std::max(0.0, intercept / slope);
+  h.gemm_overhead_flops = std::max(0.0, intercept / slope / 3);  // per call
   const int64_t rows = o.batch * o.shape.seq;
   if (h.cores > 1) {
     set_blas_threads(h.cores);
-    const double f = 2.0 * static_cast<double>(rows * C * 4 * C);
-    const double all = (f + h.gemm_overhead_flops) / gemm_seconds(rows, C, 4 * C);
+    const double f = 3 * 2.0 * static_cast<double>(rows * C * 4 * C);
+    const double all = (f + 3 * h.gemm_overhead_flops) / linear_gemms_seconds(rows, C, 4 * C);
     h.thread_efficiency = all / (h.cores * h.gemm_flops);
     set_blas_threads(1);
   }
@@ -293,8 +304,12 @@ plan::Hardware calibrate_this_machine(const CheckOptions& o) {
   const plan::DeviceTime d = plan::predict_time(o.shape, one.layout, single).devices.at(0);
   const double rest = one.step - d.gemm - d.attention;
   if (rest <= 0)
-    throw Error(kOp, fmt::format("the one-device step ({:.1f} ms) is shorter than its GEMMs and attention alone "
-                                 "({:.1f} ms)", one.step * 1e3, (d.gemm + d.attention) * 1e3),
+    throw Error(kOp,
+                fmt::format("the one-device step ({:.1f} ms) is shorter than its GEMMs and attention alone "
+                            "({:.1f} ms: GEMMs {:.1f} ms at {:.1f} GFLOP/s and {:.2f} MFLOP per call, attention "
+                            "{:.1f} ms at {:.0f}% of that rate)",
+                            one.step * 1e3, (d.gemm + d.attention) * 1e3, d.gemm * 1e3, h.gemm_flops / 1e9,
+                            h.gemm_overhead_flops / 1e6, d.attention * 1e3, 100 * h.attention_efficiency),
                 "run again on a quiet machine");
   h.elementwise_bandwidth = d.bytes / rest;
   double all_cores_step = one.step;

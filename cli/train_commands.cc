@@ -21,7 +21,9 @@
 #include "meshtrain/comm/engine_registry.h"
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/config/distributed_config.h"
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/matmul.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
@@ -196,6 +198,7 @@ int run_train(TrainFlags& f) {
     train::RunDirectory::check(tc.run_dir, tc.overwrite, train::find_model_recipe(tc.model).artifacts);
   if (main) {
     fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", engine, dc.world_size, dc.mesh().to_spec());
+    fmt::print("# CPU ISA {}; GEMMs on {}\n", cpu_isa_summary(), matmul_backend_description(matmul_backend()));
     fmt::print("{}", resolved.config.to_toml());
     for (const auto& note : resolved.notes) fmt::print("# {}\n", note);
     fmt::print("\n[distributed]\n# (resolved)\n{}\n\n", dc.to_string());

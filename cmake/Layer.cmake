@@ -18,11 +18,12 @@ function(meshtrain_layer name)
   set_target_properties(${name} PROPERTIES EXPORT_NAME ${export_name})
 endfunction()
 
-# meshtrain_test(NAME SOURCES ... DEPS ... [TIMEOUT s] [LABELS ...])
+# meshtrain_test(NAME SOURCES ... DEPS ... [TIMEOUT s] [LABELS ...]): a GoogleTest
+# binary with meshtrain's test main (meshtrain/testing/test_main.cc).
 function(meshtrain_test name)
   cmake_parse_arguments(T "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE ${T_DEPS} GTest::gtest GTest::gtest_main)
+  target_link_libraries(${name} PRIVATE ${T_DEPS} GTest::gtest meshtrain_test_main)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()

@@ -9,13 +9,15 @@
 #include <cmath>
 #include <filesystem>
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/trainer.h"
 
 using namespace meshtrain;
 
-int main() {
+int main(int, char** argv) {
+  meshtrain::apply_cpu_isa_limit(argv);  // MESHTRAIN_CPU_ISA reaches OpenBLAS too
   const auto env = config::read_launcher_env();
   config::DistributedConfig dc = config::DistributedConfig{}.with_env(env);
   // mpi under mpirun, gloo under meshtrain launch (or torchrun).

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/train/trainer.h"
 
@@ -115,7 +116,8 @@ train::TrainConfig epoch_config(const std::string& tag) {
 
 }  // namespace
 
-int main() {
+int main(int, char** argv) {
+  meshtrain::apply_cpu_isa_limit(argv);  // MESHTRAIN_CPU_ISA reaches OpenBLAS too
   const auto env = config::read_launcher_env();
   config::DistributedConfig dc = config::DistributedConfig{}.with_env(env);
   // mpi under mpirun, gloo under meshtrain launch (or torchrun).

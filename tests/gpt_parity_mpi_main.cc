@@ -13,6 +13,7 @@
 //   meshtrain launch --nproc-per-node 2 -- gpt_parity_mpi_test
 #include <fmt/format.h>
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/testing/parity.h"
 #include "meshtrain/train/trainer.h"
@@ -20,7 +21,8 @@
 
 using namespace meshtrain;
 
-int main() {
+int main(int, char** argv) {
+  meshtrain::apply_cpu_isa_limit(argv);  // MESHTRAIN_CPU_ISA reaches OpenBLAS too
   const config::DistributedConfig dc =
       config::DistributedConfig{}.with_env(config::read_launcher_env());
   // mpi under mpirun, gloo under meshtrain launch (or torchrun).

@@ -6,10 +6,12 @@
 
 #include <cstdio>
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/testing/redistribute.h"
 
-int main() {
+int main(int, char** argv) {
+  meshtrain::apply_cpu_isa_limit(argv);  // MESHTRAIN_CPU_ISA reaches OpenBLAS too
   using namespace meshtrain;
   int status = 0;
   comm::launch({.engine = comm::Engine::mpi, .ranks = 0, .timeout = std::chrono::seconds(120)},

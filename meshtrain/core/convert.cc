@@ -1,9 +1,9 @@
 #include "meshtrain/core/internal/convert.h"
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/half.h"
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -84,8 +84,6 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* in, f
 #pragma GCC diagnostic pop
 #endif
 
-const bool kAvx512 = __builtin_cpu_supports("avx512f");
-
 __attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* in, uint16_t* out, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -102,44 +100,45 @@ __attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* in, flo
   f16_to_f32_portable(in + i, out + i, n - i);
 }
 
-// AVX usable (the builtin also checks the OS saves YMM state) and F16C:
-// CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports knows no
-// "f16c").
-bool cpu_has_f16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (!__builtin_cpu_supports("avx") || __get_cpuid(1, &a, &b, &c, &d) == 0) return false;
-  return (c & (1u << 29)) != 0;
+// The vector paths follow cpu_isa() (MESHTRAIN_CPU_ISA caps them): AVX2
+// implies F16C there.
+bool use_avx512() {
+  static const bool b = cpu_isa() >= CpuIsa::avx512;
+  return b;
 }
-const bool kF16c = cpu_has_f16c();
+bool use_f16c() {
+  static const bool b = cpu_isa() >= CpuIsa::avx2;
+  return b;
+}
 
 }  // namespace
 
-bool have_f16c() { return kF16c; }
+bool have_f16c() { return use_f16c(); }
 
 void f32_to_f16(const float* in, uint16_t* out, size_t n) {
-  if (kF16c) f32_to_f16_f16c(in, out, n);
+  if (use_f16c()) f32_to_f16_f16c(in, out, n);
   else f32_to_f16_portable(in, out, n);
 }
 
 void f16_to_f32(const uint16_t* in, float* out, size_t n) {
-  if (kF16c) f16_to_f32_f16c(in, out, n);
+  if (use_f16c()) f16_to_f32_f16c(in, out, n);
   else f16_to_f32_portable(in, out, n);
 }
 
-bool have_avx512_bf16_rounding() { return kAvx512; }
+bool have_avx512_bf16_rounding() { return use_avx512(); }
 
 void f32_to_bf16(const float* in, uint16_t* out, size_t n) {
-  if (kAvx512) f32_to_bf16_avx512(in, out, n);
+  if (use_avx512()) f32_to_bf16_avx512(in, out, n);
   else f32_to_bf16_portable(in, out, n);
 }
 
 void round_f32_to_bf16(float* p, size_t n) {
-  if (kAvx512) round_f32_to_bf16_avx512(p, n);
+  if (use_avx512()) round_f32_to_bf16_avx512(p, n);
   else round_f32_to_bf16_portable(p, n);
 }
 
 void bf16_to_f32(const uint16_t* in, float* out, size_t n) {
-  if (kAvx512) bf16_to_f32_avx512(in, out, n);
+  if (use_avx512()) bf16_to_f32_avx512(in, out, n);
   else bf16_to_f32_portable(in, out, n);
 }
 

@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/internal/convert.h"
 #include "meshtrain/core/internal/onednn_gemm.h"
 #include "meshtrain/core/internal/operands.h"
 #include "meshtrain/core/ops.h"
+#include "meshtrain/core/parallel_for.h"
 
 namespace meshtrain {
 namespace {
@@ -103,6 +106,79 @@ void blas_gemm(const GemmOperand& pa, const GemmOperand& pb, const Tensor& c, in
 }
 
 void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
+               double alpha, double beta);
+
+// The workspace of widened_gemm: per thread, reused, outside every
+// MemoryTracker (like oneDNN's scratchpad and OpenBLAS's packing buffers),
+// so a CPU without half-precision kernels charges what one with them does.
+struct WidenWorkspace {
+  std::vector<float> a, b, c;
+};
+thread_local WidenWorkspace t_widen;
+
+// Widens rows [r0, r0 + rows) x columns [c0, c0 + cols) of a row-major half
+// matrix (leading dim ld) into dst (rows, cols) f32, row-major (exact).
+void widen_block(DType t, const void* src, int64_t ld, int64_t r0, int64_t c0, int64_t rows, int64_t cols,
+                 float* dst) {
+  const auto* p = static_cast<const uint16_t*>(src);
+  parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const uint16_t* row = p + (r0 + r) * ld + c0;
+      if (t == DType::bf16) internal::bf16_to_f32(row, dst + r * cols, static_cast<size_t>(cols));
+      else internal::f16_to_f32(row, dst + r * cols, static_cast<size_t>(cols));
+    }
+  });
+}
+
+// Half-precision operands where no library has a half kernel for this CPU
+// (bf16 below AVX-512 in oneDNN 2.x, f16 below AVX512-FP16): the operands
+// widened to f32 (exact) in blocks and the f32 GEMM run on each block, so the
+// products and the f32 accumulation are a half kernel's and the extra memory
+// is bounded: at most kWidenBlockRows rows of op(a) and kWidenBlockCols
+// columns of op(b) (each with all of k) and, for a half out, one f32 block of
+// out. Every output element is still one GEMM's full sum over k.
+constexpr int64_t kWidenBlockCols = 512;
+constexpr int64_t kWidenBlockBytes = int64_t{4} << 20;  // of widened op(a) rows
+
+void widened_gemm(const GemmOperand& pa, const GemmOperand& pb, const Tensor& c, int64_t m, int64_t n, int64_t k,
+                  double alpha, double beta) {
+  const DType t = pa.t.dtype();
+  const int64_t mb = std::min(m, std::max<int64_t>(64, kWidenBlockBytes / (4 * k)));
+  const int64_t nb = std::min(kWidenBlockCols, n);
+  WidenWorkspace& w = t_widen;
+  w.a.resize(static_cast<size_t>(mb * k));
+  w.b.resize(static_cast<size_t>(k * nb));
+  const bool half_out = c.dtype() != DType::f32;
+  if (half_out) w.c.resize(static_cast<size_t>(mb * nb));
+  for (int64_t j0 = 0; j0 < n; j0 += nb) {
+    const int64_t cols = std::min(nb, n - j0);
+    // op(b)[:, j0:j0+cols]: stored (k, n) rows, or (n, k) when transposed.
+    if (pb.trans) widen_block(t, pb.t.data_ptr(), pb.ld, j0, 0, cols, k, w.b.data());
+    else widen_block(t, pb.t.data_ptr(), pb.ld, 0, j0, k, cols, w.b.data());
+    const Tensor b32 = pb.trans ? Tensor::from_blob(w.b.data(), {cols, k}, DType::f32)
+                                : Tensor::from_blob(w.b.data(), {k, cols}, DType::f32);
+    for (int64_t i0 = 0; i0 < m; i0 += mb) {
+      const int64_t rows = std::min(mb, m - i0);
+      // op(a)[i0:i0+rows, :]: stored (m, k) rows, or (k, m) when transposed.
+      if (pa.trans) widen_block(t, pa.t.data_ptr(), pa.ld, 0, i0, k, rows, w.a.data());
+      else widen_block(t, pa.t.data_ptr(), pa.ld, i0, 0, rows, k, w.a.data());
+      const Tensor a32 = pa.trans ? Tensor::from_blob(w.a.data(), {k, rows}, DType::f32)
+                                  : Tensor::from_blob(w.a.data(), {rows, k}, DType::f32);
+      const Tensor out = c.narrow(0, i0, rows).narrow(1, j0, cols);
+      if (!half_out) {
+        matmul_2d(a32, b32, out, pa.trans, pb.trans, alpha, beta);
+        continue;
+      }
+      // A half out: accumulate in f32, round once.
+      const Tensor c32 = Tensor::from_blob(w.c.data(), {rows, cols}, DType::f32);
+      if (beta != 0.0) c32.copy_from(out);
+      matmul_2d(a32, b32, c32, pa.trans, pb.trans, alpha, beta);
+      out.copy_from(c32);
+    }
+  }
+}
+
+void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
                double alpha, double beta) {
   const int64_t m = out.size(0), n = out.size(1);
   const int64_t k = trans_a ? a.size(0) : a.size(1);
@@ -113,13 +189,16 @@ void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a
     return;
   }
   const DType in = a.dtype();
-  // The default routing (no MatmulBackendScope): f32 weight gradients
-  // (op(a) = a^T, op(b) = b) on OpenBLAS, measured 5-10% faster there.
-  const bool weight_gradient_on_blas = t_backend < 0 && in == DType::f32 && trans_a && !trans_b;
-  const bool use_onednn =
-      in != DType::f64 && matmul_backend() == MatmulBackend::onednn && !weight_gradient_on_blas;
   GemmOperand pa = as_gemm(a, trans_a);
   GemmOperand pb = as_gemm(b, trans_b);
+  // The default routing (no MatmulBackendScope): f32 weight gradients
+  // (op(a) = a^T, op(b) = b, as the memory lies: a transpose() view counts
+  // as what it is) on OpenBLAS, measured 5-10% faster there. By the layout,
+  // not the flags, so a product reaches the same library however the caller
+  // spells it (widened_gemm's blocks and a caller's f32 reference too).
+  const bool weight_gradient_on_blas = t_backend < 0 && in == DType::f32 && pa.trans && !pb.trans;
+  const bool use_onednn =
+      in != DType::f64 && matmul_backend() == MatmulBackend::onednn && !weight_gradient_on_blas;
   const bool out_direct = out.stride(1) == 1 && (m <= 1 || out.stride(0) >= n);
   Tensor c = out_direct ? out : (beta == 0.0 ? Tensor::empty(out.shape(), out.dtype()) : out.contiguous());
   const int64_t ldc = m <= 1 ? n : c.stride(0);
@@ -134,16 +213,8 @@ void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a
       return;
     }
   }
-  if (!is_half(in)) {
-    blas_gemm(pa, pb, c, m, n, k, ldc, alpha, beta);
-  } else {
-    // No half-precision kernel: widen the operands (exact) and run the f32
-    // GEMM into an f32 result, rounded once into a half-precision out.
-    const Tensor a32 = a.to(DType::f32), b32 = b.to(DType::f32);
-    const Tensor c32 = c.dtype() == DType::f32 ? c : (beta == 0.0 ? Tensor::empty(c.shape(), DType::f32) : c.to(DType::f32));
-    matmul_2d(a32, b32, c32, trans_a, trans_b, alpha, beta);
-    if (c32.storage() != c.storage()) c.copy_from(c32);
-  }
+  if (!is_half(in)) blas_gemm(pa, pb, c, m, n, k, ldc, alpha, beta);
+  else widened_gemm(pa, pb, c, m, n, k, alpha, beta);
   if (!out_direct) out.copy_from(c);
 }
 

@@ -13,11 +13,15 @@
 // dtypes: a and b have one dtype; f32 and f64 products write an out of that
 // dtype; bf16 and f16 operands write an f32 out (f32 accumulation, like a
 // tensor core or AVX512-BF16's dot product) or one of their own dtype
-// (accumulated in f32, rounded once). f16 runs on oneDNN only where it has an
-// f16 kernel (AVX512-FP16); elsewhere, and for bf16 without oneDNN, operands
-// are widened to f32 (exact) and the f32 GEMM runs: the same products and f32
-// accumulation, at f32 speed. Which backend a build uses: matmul_backend()
-// and CMake's configure summary. One exception to oneDNN, measured
+// (accumulated in f32, rounded once). oneDNN has bf16 kernels from AVX-512 on
+// and f16 ones with AVX512-FP16 (cpu_isa.h); elsewhere, and without oneDNN,
+// the operands are widened to f32 (exact) block by block and the f32 GEMM
+// runs on each block: the same products and f32 accumulation, at f32 speed,
+// in a bounded per-thread workspace (at most 4 MiB of widened rows of op(a),
+// 512 widened columns of op(b) and one f32 block of a half out) that, like
+// oneDNN's scratchpad and OpenBLAS's packing buffers, no MemoryTracker is
+// charged for: what a product charges is the same on every CPU. Which
+// backend a build uses: matmul_backend() and CMake's configure summary. One exception to oneDNN, measured
 // (`meshtrain bench gemm`, docs/benchmarks.md): f32 products whose first
 // operand is transposed and second is not (weight gradients x^T dy) run on
 // OpenBLAS, which reaches 83-89% of the FMA peak there against oneDNN's

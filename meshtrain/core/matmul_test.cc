@@ -17,6 +17,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/internal/onednn_gemm.h"
+#include "meshtrain/core/memory.h"
 #include "meshtrain/core/random.h"
 
 namespace meshtrain {
@@ -186,6 +187,49 @@ TEST(MatmulHalfTest, Bf16MatchesF32GemmOfRoundedOperands) {
   for (size_t i = 0; i < w.size(); ++i) worst = std::max(worst, std::fabs(w[i] - g[i]));
   EXPECT_LT(worst, 1e-4);  // |terms| sum to ~200: f32 accumulation differences only
   EXPECT_EQ(matmul(ab, bb).dtype(), DType::f32);
+}
+
+// Half operands no library has a kernel for here (f16 below AVX512-FP16,
+// bf16 below AVX-512: MESHTRAIN_CPU_ISA=avx2) are widened block by block:
+// two row blocks of op(a) (k = 9000: 116 rows each) and two column blocks of
+// op(b) (512), every transpose, an f32 out with beta and a half out. The
+// operands are small integers, so every partial sum is exact in f32 and the
+// result must equal the exact product: an element taken from a wrong row,
+// column or block cannot hide in a rounding tolerance. And no byte is
+// charged beyond the operands and the outs.
+TEST(MatmulHalfTest, WidenedBlocksCoverEveryTransposeAndChargeNothing) {
+  const int64_t m = 150, k = 9000, n = 600;
+  auto integers = [](int64_t r, int64_t c, uint64_t key) {  // in [-4, 4]
+    std::vector<double> v = random_matrix(r, c, DType::f32, key).to_vector();
+    for (double& e : v) e = std::round(4 * e);
+    return Tensor::from_vector(v, {r, c}, DType::f32);
+  };
+  const Tensor a32 = integers(m, k, 21), b32 = integers(k, n, 22);
+  std::vector<double> want = matmul(a32.to(DType::f64), b32.to(DType::f64)).to_vector();
+  for (double& w : want) w += 0.5 * 0.25;  // beta 0.5 onto 0.25
+  for (DType half : {DType::f16, DType::bf16}) {
+    const std::vector<double> want_half = Tensor::from_vector(want, {m, n}, DType::f32).to(half).to_vector();
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const std::string what = fmt::format("{} trans_a {} trans_b {}", dtype_name(half), ta, tb);
+      MemoryTracker tracker;
+      auto tracked = [&](const Tensor& v, bool trans) {
+        const Tensor stored = trans ? v.transpose(0, 1) : v;
+        Tensor out = Tensor::empty(stored.shape(), half, Device{}, &tracker, MemoryCategory::activations);
+        out.copy_from(stored);
+        return out;
+      };
+      const Tensor a = tracked(a32, ta), b = tracked(b32, tb);
+      Tensor out = Tensor::full({m, n}, 0.25, DType::f32, Device{}, &tracker, MemoryCategory::activations);
+      Tensor out_half = Tensor::full({m, n}, 0.25, half, Device{}, &tracker, MemoryCategory::activations);
+      const uint64_t charged = tracker.total_in_use();
+      matmul(ta ? a.transpose(0, 1) : a, tb ? b.transpose(0, 1) : b, out, false, false, 1.0, 0.5);  // views
+      matmul(a, b, out_half, ta, tb, 1.0, 0.5);                                                   // flags
+      EXPECT_EQ(tracker.total_peak(), charged) << what;
+      EXPECT_EQ(out.to_vector(), want) << what;
+      EXPECT_EQ(out_half.to_vector(), want_half) << what << ", half out";
+    }
+  }
 }
 
 TEST(MatmulHalfTest, RejectsMixedOperandsAndWrongOut) {

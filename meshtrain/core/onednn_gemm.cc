@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
 
 #if MESHTRAIN_HAVE_ONEDNN
@@ -68,8 +69,15 @@ struct Entry {
   std::string impl;
 };
 
+// cpu_isa() first: it caps oneDNN's ISA (MESHTRAIN_CPU_ISA) before oneDNN
+// can have chosen one.
+dnnl::engine make_engine() {
+  (void)cpu_isa();
+  return dnnl::engine(dnnl::engine::kind::cpu, 0);
+}
+
 dnnl::engine& cpu_engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine e = make_engine();
   return e;
 }
 
@@ -240,12 +248,15 @@ std::string onednn_description() {
   const dnnl_version_t* v = dnnl_version();
   const char* runtime = DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP ? "OpenMP" : "sequential";
   const char* isa = "unknown";
+  (void)cpu_isa();  // the limit first (MESHTRAIN_CPU_ISA)
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
     case dnnl::cpu_isa::avx512_core_bf16: isa = "avx512_core_bf16"; break;
     case dnnl::cpu_isa::avx512_core_vnni: isa = "avx512_core_vnni"; break;
     case dnnl::cpu_isa::avx512_core: isa = "avx512_core"; break;
+    case dnnl::cpu_isa::avx2_vnni: isa = "avx2_vnni"; break;
     case dnnl::cpu_isa::avx2: isa = "avx2"; break;
+    case dnnl::cpu_isa::sse41: isa = "sse41"; break;
     default: break;
   }
   return fmt::format("oneDNN {}.{}.{} ({} runtime, CPU ISA {})", v->major, v->minor, v->patch, runtime, isa);

@@ -191,7 +191,15 @@ TEST(MLP, HalvesOfABatchMatchTheWholeBatch) {
     loss_sum += ce.forward(half.forward(x.narrow(0, first, 4)), y.narrow(0, first, 4), /*normalizer=*/8.0);
     half.backward(ce.backward());  // gradients of both halves accumulate
   }
-  EXPECT_EQ(concat(outs), out);  // same masks, same rows
+  // Same masks, same rows: equal to f32 rounding. Not bit for bit: the GEMM
+  // library may pick another kernel (another order of additions) for 4 rows
+  // than for 8 (oneDNN does on AVX2: MESHTRAIN_CPU_ISA=avx2), and a row's
+  // bits independent of its batch are the deterministic mode's promise
+  // (batch-invariant kernels), not the default's. A dropout mask keyed by
+  // anything but the global row would differ by far more.
+  const std::vector<double> halves = concat(outs);
+  ASSERT_EQ(halves.size(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(halves[i], out[i], 1e-6 * (1 + std::abs(out[i]))) << i;
   EXPECT_NEAR(loss_sum, loss, 1e-6);
   for (size_t i = 0; i < whole.parameters().size(); ++i) {
     Parameter* a = whole.parameters()[i];

@@ -1,0 +1,70 @@
+// The CPU's instruction-set level as meshtrain's kernels and its libraries
+// (oneDNN, OpenBLAS) use it, and the one switch that makes a machine behave as
+// a lesser one: MESHTRAIN_CPU_ISA=avx2 on an AVX-512 machine runs the kernels,
+// the oneDNN primitives and the OpenBLAS core that an AVX2 machine runs, so a
+// suite green under the switch is green there (docs/core.md, "CPU instruction
+// sets").
+//
+//   if (cpu_isa() >= CpuIsa::avx512) { ... }   // levels are ordered
+//   fmt::print("{}\n", cpu_isa_summary());     // "avx2 (MESHTRAIN_CPU_ISA=avx2; the CPU has avx512_bf16)"
+//   int main(int argc, char** argv) { apply_cpu_isa_limit(argv); ... }
+//
+// Levels, each including the ones before it:
+//   sse41        x86-64 with SSE4.1, no AVX2
+//   avx2         AVX2, FMA and F16C (Haswell, AMD Zen 1-3)
+//   avx512       AVX-512 F/BW/VL/DQ (Skylake-SP, Ice Lake)
+//   avx512_bf16  AVX-512 with bf16 dot products (Cooper Lake, AMD Zen 4/5)
+//   amx          AMX tiles with bf16 (Sapphire Rapids)
+//
+// The limit is read from MESHTRAIN_CPU_ISA once, at the first call of any
+// function here: every kernel asks before it picks a path, so it holds from
+// the first product on. "native" or a level at or above the CPU's own changes
+// nothing. oneDNN is capped in-process (dnnl::set_max_cpu_isa, before its
+// first primitive). OpenBLAS picks its core while it loads, before main, from
+// OPENBLAS_CORETYPE: apply_cpu_isa_limit() sets that variable and starts the
+// program again; the CLI, the test mains and the benchmarks call it first.
+// Thread-safe: the values are computed once and never change.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace meshtrain {
+
+enum class CpuIsa : uint8_t { sse41, avx2, avx512, avx512_bf16, amx };
+
+// "sse41", "avx2", "avx512", "avx512_bf16", "amx".
+std::string_view cpu_isa_name(CpuIsa isa);
+// A level by its name; "native" is nullopt (no limit). InvalidArgument
+// naming `source` (the variable or flag it came from) and the choices
+// otherwise.
+std::optional<CpuIsa> parse_cpu_isa(std::string_view text, std::string_view source);
+
+// The level this CPU (and its operating system's saved register state) has.
+CpuIsa cpu_isa_detected();
+// The limit MESHTRAIN_CPU_ISA sets, or nullopt when unset or "native".
+// Throws InvalidArgument when the variable holds no level's name.
+std::optional<CpuIsa> cpu_isa_limit();
+// The level kernels use: the detected one, capped by the limit.
+CpuIsa cpu_isa();
+// One line for start-up dumps and benchmark headers:
+// "avx512_bf16 (this CPU's own)" or
+// "avx2 (MESHTRAIN_CPU_ISA=avx2; the CPU has avx512_bf16)".
+std::string cpu_isa_summary();
+
+// The OpenBLAS core that matches cpu_isa() when the limit lowers it
+// ("Haswell", "Zen" on AMD, "SkylakeX", "Cooperlake", "Nehalem"), "" when
+// OpenBLAS keeps the core it chose itself.
+std::string cpu_isa_openblas_core();
+
+// Applies the limit to the libraries loaded before main: when cpu_isa_limit()
+// lowers the level and OPENBLAS_CORETYPE does not already name
+// cpu_isa_openblas_core(), sets it and re-executes /proc/self/exe with the
+// same argv (same process id; it does not return then). Call it first in
+// main, before threads start. Throws InvalidArgument on a bad
+// MESHTRAIN_CPU_ISA and Error when the re-execution fails.
+void apply_cpu_isa_limit(char** argv);
+
+}  // namespace meshtrain
