@@ -45,6 +45,8 @@ int run_mesh(const MeshFlags& f) {
     return 0;
   }
   if (!f.model_size.empty()) {
+    (void)plan::parse_model_size(f.model_size, "--model-size");  // errors name the flags
+    (void)plan::parse_memory_size(f.device_memory, "--device-memory");
     const plan::MeshPlan p =
         plan::optimize_for_transformer(f.devices, f.model_size, f.seq, f.device_memory, f.devices_per_node);
     fmt::print("suggested mesh for a {} model, sequence {}, on {} devices of {}: {}{}\n", f.model_size, f.seq,

@@ -237,7 +237,7 @@ int run_plan(PlanFlags f) {
       throw InvalidArgument("meshtrain plan", fmt::format("--devices {} without --hardware", f.devices),
                             "say what the devices are: --hardware H100 (or A100, or a --calibrate file)");
     const plan::SearchOptions o{.devices = f.devices, .batch = f.batch,
-                                .device_memory = plan::parse_memory_size(f.device_memory),
+                                .device_memory = plan::parse_memory_size(f.device_memory, "--device-memory"),
                                 .reserve = f.memory_reserve,
                                 .precision = f.precision == "fp32" ? DType::f32 : DType::bf16, .keep = f.keep,
                                 .cp_comm = f.cp_comm};

@@ -68,7 +68,7 @@ std::optional<std::vector<int>> balanced(int m, int k, int cap, const std::vecto
 }
 
 // "<number><suffix>" -> (number, suffix). The number is a plain decimal.
-std::pair<double, std::string> split_number(std::string_view text, const char* op, const char* example) {
+std::pair<double, std::string> split_number(std::string_view text, const std::string& op, const char* example) {
   const std::string_view s = trim(text);
   if (s.empty()) throw InvalidArgument(op, "empty size", fmt::format("write a size like {}", example));
   if (s.front() == '-')
@@ -249,8 +249,8 @@ std::vector<int> get_optimal_mesh_shape(int n, int dims) {
   return *best;
 }
 
-double parse_model_size(std::string_view text) {
-  const char* op = "parse_model_size";
+double parse_model_size(std::string_view text, std::string_view what) {
+  const std::string op(what);
   const char* example = "7B, 7b, 350M, 1.5T or 125K";
   auto [value, suffix] = split_number(text, op, example);
   const std::string s = to_lower(suffix);
@@ -267,8 +267,8 @@ double parse_model_size(std::string_view text) {
   return value * scale;
 }
 
-double parse_memory_size(std::string_view text) {
-  const char* op = "parse_memory_size";
+double parse_memory_size(std::string_view text, std::string_view what) {
+  const std::string op(what);
   const char* example = "80GB, 80G, 24GiB or 512MB";
   auto [value, unit] = split_number(text, op, example);
   std::string u = to_lower(unit);
@@ -309,8 +309,8 @@ MeshPlan optimize_for_transformer(int n_devices, std::string_view model_size, in
   w.n = n_devices;
   w.per_node = devices_per_node;
   w.seq = sequence_length;
-  w.params = parse_model_size(model_size);
-  w.memory = parse_memory_size(device_memory);
+  w.params = parse_model_size(model_size, "model_size");
+  w.memory = parse_memory_size(device_memory, "device_memory");
   w.usable = kUsableMemoryFraction * w.memory;
   w.hidden = std::max(1.0, std::cbrt(128.0 * w.params / 12.0));
   w.layers = std::max(1, static_cast<int>(std::lround(w.hidden / 128.0)));

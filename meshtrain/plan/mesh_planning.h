@@ -69,14 +69,16 @@ std::vector<int> get_optimal_mesh_shape(int n, int dims = 2);
 // Parameter count of a model-size string: a decimal number with an optional
 // suffix K (1e3), M (1e6), B or G (1e9), T (1e12), any case:
 // "7B", "7b", "350M", "1.5T", "125k", "1000". Throws InvalidArgument otherwise
-// (empty, negative, zero, unknown suffix, trailing text).
-double parse_model_size(std::string_view text);
+// (empty, negative, zero, not finite, unknown suffix, trailing text), its
+// op `what`: the flag or field the text came from ("--size").
+double parse_model_size(std::string_view text, std::string_view what = "model size");
 
 // Bytes of a memory-size string. Decimal units K, M, G, T (with or without
 // "B": "80GB" = "80G" = 80e9 bytes) and binary units KiB, MiB, GiB, TiB
 // ("24GiB" = 24 * 2^30); no unit means bytes; any case. Throws
-// InvalidArgument for anything else, zero or negative.
-double parse_memory_size(std::string_view text);
+// InvalidArgument for anything else, zero, negative or not finite, its op
+// `what` ("--device-memory: '-80GB' is negative").
+double parse_memory_size(std::string_view text, std::string_view what = "memory size");
 
 // A mesh chosen for a transformer workload. Axis sizes are named; their
 // product is always the device count.

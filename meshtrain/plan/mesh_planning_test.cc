@@ -136,6 +136,12 @@ TEST(ParseMemorySize, RejectsWithMessages) {
   EXPECT_THAT(error_of([] { parse_memory_size("80XB"); }), HasSubstr("KiB/MiB/GiB/TiB"));
   EXPECT_THAT(error_of([] { parse_memory_size("0GB"); }), HasSubstr("'0GB' is zero"));
   EXPECT_THAT(error_of([] { parse_memory_size(""); }), HasSubstr("empty size"));
+  // Errors name the flag or field the text came from.
+  EXPECT_THAT(error_of([] { parse_memory_size("-80GB", "--device-memory"); }),
+              HasSubstr("--device-memory: '-80GB' is negative"));
+  EXPECT_THAT(error_of([] { parse_memory_size("nanGB", "--device-memory"); }),
+              HasSubstr("--device-memory: 'nanGB' does not start with a number"));
+  EXPECT_THAT(error_of([] { parse_model_size("-7B", "--model-size"); }), HasSubstr("--model-size: '-7B' is negative"));
 }
 
 // ---- optimize_for_transformer ---------------------------------------------------

@@ -1,17 +1,22 @@
 #include "meshtrain/train/run_dir.h"
 
 #include <fcntl.h>
+#include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <stdio.h>  // renameat2 (glibc >= 2.28)
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/core/atomic_file.h"
@@ -95,10 +100,102 @@ bool check_path(const std::string& path, bool overwrite, std::span<const std::st
   throw IoError(kOp, fmt::format("{}: {}", what, std::strerror(err)), hint);
 }
 
+std::string lock_path_of(const std::string& run_path) { return run_path + ".lock"; }
+
+// What a held lock file says of its owner ("process 123 on host h since ...").
+[[noreturn]] void throw_in_use(const std::string& run_path, int fd) {
+  std::string owner(256, '\0');
+  const ssize_t n = ::pread(fd, owner.data(), owner.size(), 0);
+  owner.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  while (!owner.empty() && (owner.back() == '\n' || owner.back() == '\0')) owner.pop_back();
+  throw InvalidArgument(kOp,
+                        fmt::format("run directory '{}' is in use by {} (it holds the lock '{}')", run_path,
+                                    owner.empty() ? std::string("another process") : owner,
+                                    lock_path_of(run_path)),
+                        "wait for that run to end or stop it (a killed run's lock goes with it), or give "
+                        "another --run-dir");
+}
+
+// The lock on a run directory: an flock on "<run>.lock" beside it, held
+// while a RunDirectory lives and released by the kernel when its process
+// dies, so a killed run never blocks the next. The file is unlinked before
+// it is unlocked; a process that opened the old file checks, once it holds
+// the lock, that the path still names what it locked, and tries again.
+class LockFile {
+ public:
+  explicit LockFile(const std::string& run_path) : path_(lock_path_of(run_path)) {
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd_ < 0) throw_io(fmt::format("cannot open the lock '{}'", path_), errno, "check the permissions of the run directory's parent");
+      if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        if (err == EWOULDBLOCK) {
+          const int fd = std::exchange(fd_, -1);
+          try {
+            throw_in_use(run_path, fd);
+          } catch (...) {
+            ::close(fd);
+            throw;
+          }
+        }
+        ::close(std::exchange(fd_, -1));
+        throw_io(fmt::format("cannot lock '{}'", path_), err, "check that the file system supports flock");
+      }
+      struct stat held{}, named{};
+      if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+          held.st_ino == named.st_ino)
+        break;
+      ::close(std::exchange(fd_, -1));  // unlinked by its last owner: lock the new one
+    }
+    if (fd_ < 0) throw IoError(kOp, fmt::format("could not lock '{}'", path_), "try again");
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    const std::string owner = fmt::format("process {} on host {} since {:%Y-%m-%d %H:%M:%S} UTC\n", ::getpid(), host,
+                                          std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now()));
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, owner.data(), owner.size(), 0) < 0) {
+      // The owner's line is for messages only; the lock holds without it.
+    }
+  }
+  LockFile(const LockFile&) = delete;
+  LockFile& operator=(const LockFile&) = delete;
+  ~LockFile() { unlock(path_, std::exchange(fd_, -1)); }
+  // Hands the descriptor over (unlock() releases it).
+  int release() { return std::exchange(fd_, -1); }
+  const std::string& path() const { return path_; }
+
+  static void unlock(const std::string& path, int fd) {
+    if (fd < 0) return;
+    ::unlink(path.c_str());
+    ::close(fd);
+  }
+  // Throws as the constructor would when another process holds the lock;
+  // takes nothing.
+  static void probe(const std::string& run_path) {
+    const std::string path = lock_path_of(run_path);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      try {
+        throw_in_use(run_path, fd);
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+    }
+    ::close(fd);
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 }  // namespace
 
-void RunDirectory::check(const std::string& path, bool overwrite, std::span<const std::string> more_artifacts) {
-  (void)check_path(normalized(path), overwrite, more_artifacts);
+void RunDirectory::check(const std::string& path_in, bool overwrite, std::span<const std::string> more_artifacts) {
+  const std::string path = normalized(path_in);
+  LockFile::probe(path);
+  (void)check_path(path, overwrite, more_artifacts);
 }
 
 RunDirectory RunDirectory::create(const std::string& path_in, bool overwrite,
@@ -149,6 +246,7 @@ RunDirectory RunDirectory::create_versioned(const std::string& parent_in) {
 
 RunDirectory RunDirectory::resume(const std::string& path_in) {
   const std::string path = normalized(path_in);
+  LockFile::probe(path);  // a live run's checkpoints are not ours to judge
   const std::string staging = path + kIncomplete;
   if (!newest_checkpoint(staging).empty()) return RunDirectory(path, false, Staging::adopt);
   if (newest_checkpoint(path).empty())
@@ -178,40 +276,56 @@ RunDirectory RunDirectory::resume(const std::string& path_in) {
 
 RunDirectory::RunDirectory(std::string path, bool reserved, Staging staging)
     : path_(std::move(path)), staging_(path_ + kIncomplete), reserved_(reserved) {
+  // The lock first: a staging directory is only ever touched by its owner.
+  std::optional<LockFile> lock;
+  try {
+    lock.emplace(path_);
+  } catch (...) {
+    if (reserved_) ::rmdir(path_.c_str());
+    throw;
+  }
   std::error_code ec;
   if (staging == Staging::adopt) {
     adopted_ = true;
-    return;
+  } else {
+    if (const std::string newest = newest_checkpoint(staging_); !newest.empty() && staging == Staging::fresh) {
+      if (reserved_) ::rmdir(path_.c_str());
+      throw InvalidArgument(kOp,
+                            fmt::format("'{}' holds the checkpoints of an interrupted run (the newest: {})",
+                                        staging_, newest),
+                            fmt::format("continue it with --resume {}, or pass --overwrite to discard them", path_));
+    }
+    fs::remove_all(staging_, ec);  // left by a killed run (its lock died with it)
+    if (ec || ::mkdir(staging_.c_str(), 0777) != 0) {
+      const int err = ec ? ec.value() : errno;
+      if (reserved_) ::rmdir(path_.c_str());
+      throw_io(fmt::format("cannot create the staging directory '{}'", staging_), err,
+               "check the permissions of the run directory's parent");
+    }
   }
-  if (const std::string newest = newest_checkpoint(staging_); !newest.empty() && staging == Staging::fresh) {
-    if (reserved_) ::rmdir(path_.c_str());
-    throw InvalidArgument(kOp,
-                          fmt::format("'{}' holds the checkpoints of an interrupted run (the newest: {})", staging_,
-                                      newest),
-                          fmt::format("continue it with --resume {}, or pass --overwrite to discard them", path_));
-  }
-  fs::remove_all(staging_, ec);  // left by a killed run
-  if (ec || ::mkdir(staging_.c_str(), 0777) != 0) {
-    const int err = ec ? ec.value() : errno;
-    if (reserved_) ::rmdir(path_.c_str());
-    throw_io(fmt::format("cannot create the staging directory '{}'", staging_), err,
-             "check the permissions of the run directory's parent");
-  }
+  lock_path_ = lock->path();
+  lock_fd_ = lock->release();
 }
 
 RunDirectory::RunDirectory(RunDirectory&& other) noexcept
     : path_(std::move(other.path_)),
       staging_(std::move(other.staging_)),
+      lock_path_(std::move(other.lock_path_)),
+      lock_fd_(std::exchange(other.lock_fd_, -1)),
       reserved_(other.reserved_),
-      committed_(other.committed_) {
+      committed_(other.committed_),
+      adopted_(other.adopted_) {
   other.moved_from_ = true;
 }
 
 RunDirectory::~RunDirectory() {
-  if (moved_from_ || committed_) return;
-  std::error_code ec;
-  if (newest_checkpoint(staging_).empty()) fs::remove_all(staging_, ec);  // else kept for --resume
-  if (reserved_) ::rmdir(path_.c_str());  // only while empty
+  if (moved_from_) return;
+  if (!committed_) {
+    std::error_code ec;
+    if (newest_checkpoint(staging_).empty()) fs::remove_all(staging_, ec);  // else kept for --resume
+    if (reserved_) ::rmdir(path_.c_str());  // only while empty
+  }
+  LockFile::unlock(lock_path_, std::exchange(lock_fd_, -1));
 }
 
 std::string RunDirectory::file(std::string_view name) const { return (fs::path(staging_) / name).string(); }

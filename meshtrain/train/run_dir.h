@@ -33,6 +33,15 @@
 //   that holds checkpoints (its checkpoint files hard-linked, not copied),
 //   so the continued run is committed over it like any other.
 //
+// - One owner at a time: a RunDirectory holds an OS file lock (flock) on
+//   "<path>.lock" beside the directory from its creation to its
+//   destruction, so a second run or resume of the same path, in this
+//   process or any other on a file system with locks, is refused at once
+//   naming the owner's process and host; the staging directory is touched
+//   only under the lock. The kernel drops the lock when its process dies:
+//   a killed run never blocks the next, and its staging directory is then
+//   cleaned up (or resumed) as above. check() refuses a locked path too.
+//
 // Thread-safety: one object per run, used by one thread (rank 0's).
 #pragma once
 
@@ -51,7 +60,8 @@ inline constexpr std::array<std::string_view, 10> kRunArtifacts = {
 class RunDirectory {
  public:
   // See above. Throws InvalidArgument (the path holds a run or other files,
-  // is a file, or names no directory) or IoError.
+  // is a file, names no directory, or another live RunDirectory holds it)
+  // or IoError.
   static RunDirectory create(const std::string& path, bool overwrite,
                              std::span<const std::string> more_artifacts = {});
   // The next free "<parent>/version_<N>" (N = 1 + the largest existing N,
@@ -86,6 +96,8 @@ class RunDirectory {
 
   std::string path_;
   std::string staging_;
+  std::string lock_path_;   // "<path>.lock", flock'ed while this object lives
+  int lock_fd_ = -1;
   bool reserved_ = false;   // path_ was created (empty) by this object
   bool committed_ = false;
   bool adopted_ = false;    // resume() took over an interrupted run's staging directory

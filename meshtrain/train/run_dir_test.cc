@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -31,7 +34,7 @@ TEST(RunDirectory, AFreshRunIsStagedAndCommitted) {
     RunDirectory dir = RunDirectory::create(path + "/", false);  // a trailing slash names the same directory
     EXPECT_EQ(dir.path(), path);
     EXPECT_EQ(dir.staging(), path + ".incomplete");
-    EXPECT_EQ(entries(parent), (Names{"run", "run.incomplete"}));
+    EXPECT_EQ(entries(parent), (Names{"run", "run.incomplete", "run.lock"}));  // the lock: while the run lives
     EXPECT_TRUE(fs::is_empty(path));  // reserved, empty until commit
     write_file_atomic(dir.file("config.toml"), "new config");
     write_file_atomic(dir.file("model.safetensors"), "new model");
@@ -124,6 +127,59 @@ TEST(RunDirectory, AStaleStagingDirectoryIsReplaced) {
   }
   EXPECT_EQ(entries(parent), Names{"run"});
   EXPECT_EQ(testing::read_file(parent / "run" / "metrics.jsonl"), "this run");
+}
+
+// Two runs into one directory: the second is refused at once, naming the
+// first's process, and touches nothing of it (the first's staging survives
+// and it commits); check() refuses too; so does a resume of it. Once the
+// first is done the path is free again.
+TEST(RunDirectory, ASecondOwnerIsRefusedNamingTheFirst) {
+  const fs::path parent = fresh_parent("owner");
+  const std::string path = (parent / "run").string();
+  {
+    RunDirectory first = RunDirectory::create(path, false);
+    write_file_atomic(first.file("config.toml"), "first");
+    const std::string owner = fmt::format("is in use by process {} on host ", ::getpid());
+    for (const auto& second : std::vector<std::function<void()>>{
+             [&] { (void)RunDirectory::create(path, false); },
+             [&] { (void)RunDirectory::create(path, true); },
+             [&] { RunDirectory::check(path, false); },
+             [&] { (void)RunDirectory::resume(path); }}) {
+      const std::string error = testing::error_of<InvalidArgument>(second);
+      EXPECT_THAT(error, HasSubstr(fmt::format("run directory '{}' {}", path, owner)));
+      EXPECT_THAT(error, HasSubstr(fmt::format("(it holds the lock '{}.lock')", path)));
+      EXPECT_THAT(error, HasSubstr("give another --run-dir"));
+    }
+    EXPECT_EQ(testing::read_file(fs::path(first.file("config.toml"))), "first");  // untouched
+    first.commit();
+  }
+  EXPECT_EQ(entries(parent), Names{"run"});  // the lock is gone with its owner
+  EXPECT_EQ(testing::read_file(parent / "run" / "config.toml"), "first");
+  RunDirectory again = RunDirectory::create(path, true);  // free again
+}
+
+// The kernel drops a killed owner's lock: the next run is not blocked, and
+// the killed run's staging (no checkpoint) is cleaned up.
+TEST(RunDirectory, AKilledOwnerDoesNotBlockTheNextRun) {
+  const fs::path parent = fresh_parent("killed");
+  const std::string path = (parent / "run").string();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    RunDirectory dir = RunDirectory::create(path, false);
+    write_file_atomic(dir.file("config.toml"), "killed");
+    ::raise(SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(entries(parent), (Names{"run", "run.incomplete", "run.lock"}));  // what the kill left
+  {
+    RunDirectory next = RunDirectory::create(path, false);
+    EXPECT_TRUE(entries(next.staging()).empty());
+    next.commit();
+  }
+  EXPECT_EQ(entries(parent), Names{"run"});
 }
 
 TEST(RunDirectory, VersionedDirectoriesCountUp) {
