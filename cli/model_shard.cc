@@ -18,6 +18,8 @@ namespace {
 
 // Fashion-MNIST's images and classes, what the mlp and vae recipes train on.
 constexpr int64_t kPixels = 784, kClasses = 10;
+// The most ranks shard --model adds up (about a second for the GPT).
+constexpr int64_t kMaxModelRanks = 65536;
 
 std::vector<int64_t> parse_hidden(const std::string& text) {
   return parse_int_list(text, "--hidden", 1, 65536, "512,512,256");
@@ -87,6 +89,14 @@ void ModelShardFlags::add(CLI::App* app) {
 
 int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int width, const std::string& svg) {
   const plan::NamedShape mesh = plan::parse_mesh_spec(mesh_spec);
+  // What every rank holds is added up rank by rank (a vector and a pass per
+  // parameter over the ranks): bounded before anything is built.
+  int64_t num_ranks = 1;
+  for (int s : mesh.shape) num_ranks *= s;
+  if (num_ranks > kMaxModelRanks)
+    throw InvalidArgument("--mesh", fmt::format("{} has {} ranks, more than shard --model lists ({})", mesh_spec,
+                                                num_ranks, kMaxModelRanks),
+                          "give a smaller mesh, or place one tensor on a mesh of any size with shard --shape");
   print_config("shard", {{"model", f.model}, {"mesh", mesh_spec},
                          {"fsdp_min_weight_size", std::to_string(f.fsdp_min_weight_size)},
                          {"param", f.param.empty() ? "-" : f.param}});
@@ -94,8 +104,6 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
   const sharding::MultiDimensionalStrategy md = strategies(mesh, f.fsdp_min_weight_size);
   fmt::print("{} on mesh {}: {}\n", f.model, mesh_spec, md.name());
   std::vector<std::pair<std::string, std::string>> rows;  // (name, the table's other columns)
-  int num_ranks = 1;
-  for (int s : mesh.shape) num_ranks *= s;
   double total = 0, held = 0;  // f32 bytes: the model, the most any rank holds
   std::vector<double> per_rank(static_cast<size_t>(num_ranks), 0.0);
   for (const nn::Parameter* p : model->parameters()) {
@@ -107,7 +115,8 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
       print_layout(layout, mesh, width, svg);
       return 0;
     }
-    for (int r = 0; r < num_ranks; ++r) per_rank[static_cast<size_t>(r)] += 4.0 * layout.local_box(r).numel();
+    for (int r = 0; r < static_cast<int>(num_ranks); ++r)
+      per_rank[static_cast<size_t>(r)] += 4.0 * layout.local_box(r).numel();
     total += 4.0 * static_cast<double>(p->info.numel());
     rows.emplace_back(p->name, fmt::format("{:<16} {:<22} {:<26} {}", sharding::shape_to_string(view.shape),
                                            sharding::to_string(p->info.kind), spec.to_string(),

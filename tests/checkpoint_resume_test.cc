@@ -16,9 +16,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/testing/parity.h"
+#include "meshtrain/testing/testing.h"
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/trainer.h"
@@ -172,6 +174,15 @@ TEST(CheckpointResume, ExportAndInitFromRoundTrip) {
   const std::string run = saved_run({.mesh = "data=2,tensor=2"}, "export");
   const std::string file = (fs::temp_directory_path() / "meshtrain_export_gpt.safetensors").string();
   EXPECT_THAT(train::export_model(run, file), HasSubstr("model gpt, "));
+  // Into the run's own files: refused, however the path is spelled; the
+  // run's model stays as it was.
+  const std::string model_before = testing::read_file(fs::path(run) / "model.safetensors");
+  for (const std::string& inside : {run + "/model.safetensors", run + "/../" + fs::path(run).filename().string() +
+                                                                  "/checkpoints/x.safetensors"})
+    EXPECT_THAT([&] { (void)train::export_model(run, inside); },
+                ::testing::ThrowsMessage<InvalidArgument>(HasSubstr("is inside the run directory")))
+        << inside;
+  EXPECT_EQ(testing::read_file(fs::path(run) / "model.safetensors"), model_before);
   const train::NamedTensors exported = train::load_safetensors(file);
   const train::NamedTensors back = train::load_model_file(file, "gpt");
   EXPECT_EQ(exported.size(), back.size());
@@ -198,6 +209,19 @@ TEST(CheckpointResume, ExportAndInitFromRoundTrip) {
   EXPECT_THAT([&] { (void)train({}, tc); },
               ::testing::ThrowsMessage<IoError>(HasSubstr(file + " holds 'wte.weight' as [512, 32], this model needs "
                                                           "[512, 64]")));
+  // A file with a NaN or an inf is refused at load, naming the tensor (it
+  // used to surface as "the update of step 0 overflowed").
+  for (const float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    train::NamedTensors copy = exported;
+    Tensor& t = copy.back().second;
+    t = t.clone();
+    t.data<float>()[t.numel() - 1] = bad;
+    const std::string bad_file = (fs::temp_directory_path() / "meshtrain_export_nan.safetensors").string();
+    train::save_safetensors(bad_file, copy, {{"format", "pt"}});
+    EXPECT_THAT([&] { (void)train::load_model_file(bad_file, "gpt"); },
+                ::testing::ThrowsMessage<IoError>(HasSubstr(fmt::format(
+                    "--init-from: {}: tensor '{}' holds NaN or infinite values", bad_file, copy.back().first))));
+  }
 }
 
 // The MLP's Linear weights leave in nn.Linear's (out, in), the biases as they are.

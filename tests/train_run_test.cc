@@ -118,6 +118,35 @@ TEST(TrainRun, NonFiniteLossStopsAndKeepsThePreviousRun) {
   EXPECT_FALSE(fs::exists(dir.string() + ".incomplete"));
 }
 
+// A loss that explodes without becoming NaN or inf (SGD at lr 1e6, judged
+// against the step before: --loss-spike-window 1) stops the run before its
+// update, on both ranks, keeping the first run; --loss-spike 0 turns the
+// guard off (the run then goes on until the loss is NaN).
+TEST(TrainRun, ALossSpikeStopsAndKeepsThePreviousRun) {
+  const fs::path dir = fresh("loss_spike");
+  train::TrainConfig good = small(dir);
+  good.max_steps = 3;
+  (void)train_on(good);
+  std::map<std::string, std::string> before;
+  for (const auto& name : kMlpRun) before[name] = testing::read_file(dir / name);
+
+  train::TrainConfig bad = small(dir);
+  bad.optimizer = "sgd";
+  bad.lr = 1e6;
+  bad.max_steps = 30;
+  bad.overwrite = true;
+  bad.loss_spike_window = 1;
+  const std::string error = error_of(bad, 2);
+  EXPECT_THAT(error, ::testing::MatchesRegex("TrainingDiverged: meshtrain train: step 2 of 30: the loss is [0-9.e+]+, "
+                                             "more than 10 times the mean of the last 1 steps \\(2\\.[0-9]+; "
+                                             "--loss-spike, the mean over a global batch of 128\\); training "
+                                             "stopped and saved nothing.*lower the learning rate.*"));
+  EXPECT_EQ(testing::entries(dir), kMlpRun);
+  for (const auto& name : kMlpRun) EXPECT_EQ(testing::read_file(dir / name), before[name]) << name;
+  bad.loss_spike = 0;
+  EXPECT_THAT(error_of(bad, 2), HasSubstr("step 3 of 30: the loss is nan"));
+}
+
 // One SGD update of lr 1e300 (inf in f32) makes the weights non-finite with
 // a finite loss: caught before the next step, or before the evaluation and
 // the save when it was the last one.

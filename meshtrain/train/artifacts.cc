@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -121,8 +122,18 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
 }
 
 std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& path) {
+  // A directory, FIFO or device is refused before it is opened (a FIFO's
+  // open waits for a writer).
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw IoError("load_safetensors", fmt::format("cannot open '{}': {}", path, std::strerror(errno)), "check the path");
+  if (!S_ISREG(st.st_mode))
+    throw IoError("load_safetensors",
+                  fmt::format("'{}' is {}, not a file", path,
+                              S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "not a regular file"),
+                  "give the path of a .safetensors file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError("load_safetensors", fmt::format("cannot open '{}'", path), "check the path");
+  if (!in) throw IoError("load_safetensors", fmt::format("cannot open '{}': {}", path, std::strerror(errno)), "check the path");
   std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (file.size() < 8) throw IoError("load_safetensors", fmt::format("{}: {} bytes, no header", path, file.size()), "");
   uint64_t n = 0;

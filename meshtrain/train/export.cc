@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/ops.h"
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/checkpoint.h"
 #include "meshtrain/train/train_config.h"
@@ -70,6 +72,19 @@ NamedTensors from_torch_layout(const std::string& model, NamedTensors tensors) {
 
 std::string export_model(const std::string& run_dir, const std::string& out, std::optional<int64_t> step) {
   const char* op = "meshtrain export";
+  // The run's files are the run's: an export into them would replace its
+  // model with another layout (and the next export would transpose that).
+  {
+    std::error_code ec;
+    const fs::path run = fs::weakly_canonical(fs::absolute(run_dir), ec);
+    const fs::path to = fs::weakly_canonical(fs::absolute(out), ec);
+    for (const fs::path& owned : {run, fs::path(run.string() + ".incomplete")}) {
+      const auto [end, _] = std::mismatch(owned.begin(), owned.end(), to.begin(), to.end());
+      if (!owned.empty() && end == owned.end())
+        throw InvalidArgument(op, fmt::format("--out '{}' is inside the run directory '{}'", out, owned.string()),
+                              "write the export outside the run, e.g. --out model_torch.safetensors");
+    }
+  }
   NamedTensors tensors;
   std::string model, source;
   if (const auto dir = checkpoint_of(run_dir, step)) {
@@ -122,6 +137,12 @@ NamedTensors load_model_file(const std::string& path, const std::string& model) 
     f.copy_from(t);
     t = f;
   }
+  // A model with NaN or inf values is no model to start from: refused here,
+  // naming the tensor, not found at step 0 as an overflowing update.
+  for (const auto& [name, t] : tensors)
+    if (!all_finite(t))
+      throw IoError("--init-from", fmt::format("{}: tensor '{}' holds NaN or infinite values", path, name),
+                    "give a model file of finite values (an earlier checkpoint's export, say)");
   return from_torch_layout(model, std::move(tensors));
 }
 

@@ -20,6 +20,8 @@ namespace {
 
 constexpr int kMinVocab = 258;  // <unk>, 256 bytes, one more piece
 constexpr int kMaxVocab = 1 << 20;
+// The longest line SentencePiece trains on (its max_sentence_length).
+constexpr size_t kMaxSentenceBytes = size_t{1} << 20;
 constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 
 // Length of the valid UTF-8 sequence at text[i] (1..4), or 0 when the bytes
@@ -114,6 +116,24 @@ Tokenizer Tokenizer::train(std::string_view text, const TokenizerOptions& option
   if (!(options.character_coverage > 0 && options.character_coverage <= 1))
     throw InvalidArgument(op, fmt::format("character coverage {} is outside (0, 1]", options.character_coverage),
                           "use e.g. 0.9995");
+  // SentencePiece skips a line longer than max_sentence_length without a
+  // word, and a text of only such lines ends in "no sentences": say so.
+  {
+    size_t longest = 0, longest_line = 0, line = 0;
+    for (size_t begin = 0; begin < text.size(); ++line) {
+      size_t end = text.find('\n', begin);
+      if (end == std::string_view::npos) end = text.size();
+      if (end - begin > longest) longest = end - begin, longest_line = line;
+      begin = end + 1;
+    }
+    if (longest > kMaxSentenceBytes)
+      throw InvalidArgument(op,
+                            fmt::format("line {} of the text is {} bytes, longer than the {} bytes SentencePiece "
+                                        "trains on (it would skip the line)",
+                                        longest_line + 1, longest, kMaxSentenceBytes),
+                            "split long lines first, e.g. `fold -s -w 4096 corpus.txt > corpus_lines.txt`, and "
+                            "tokenize that");
+  }
   const std::unordered_map<std::string, std::string> args = {
       {"model_type", "bpe"},
       {"vocab_size", std::to_string(options.vocab_size)},
@@ -130,7 +150,7 @@ Tokenizer Tokenizer::train(std::string_view text, const TokenizerOptions& option
       {"num_threads", "1"},
       {"input_sentence_size", "0"},
       {"shuffle_input_sentence", "false"},
-      {"max_sentence_length", "1048576"},
+      {"max_sentence_length", std::to_string(kMaxSentenceBytes)},
       {"minloglevel", "2"},
   };
   std::string model;

@@ -191,6 +191,13 @@ TEST_F(TokenizerTest, Errors) {
   EXPECT_THAT(testing::error_of([] { Tokenizer::train("hello world\n", {.vocab_size = 5000}); }),
               AllOf(HasSubstr("SentencePiece cannot train a BPE vocabulary of 5000 on 12 bytes"),
                     HasSubstr("smaller vocabulary or more text")));
+  // A line longer than SentencePiece takes is named, not mistaken for too
+  // large a vocabulary (it used to end in "no sentences").
+  const std::string long_text = "a short line\n" + std::string(size_t{1} << 21, 'x') + "\nanother\n";
+  EXPECT_THAT(testing::error_of([&] { Tokenizer::train(long_text, {.vocab_size = 300}); }),
+              AllOf(HasSubstr("line 2 of the text is 2097152 bytes, longer than the 1048576 bytes SentencePiece "
+                              "trains on"),
+                    HasSubstr("fold -s -w 4096")));
   const fs::path dir = testing::fresh_dir("meshtrain_tokenizer_errors");
   EXPECT_THAT(testing::error_of<IoError>([&] { Tokenizer::load((dir / "missing.model").string()); }),
               AllOf(HasSubstr("missing.model"), HasSubstr("meshtrain tokenize")));

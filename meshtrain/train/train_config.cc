@@ -195,6 +195,12 @@ const TrainField kFields[] = {
     {"max_consecutive_skips", "--max-consecutive-skips",
      "stop after this many skipped steps in a row (non-finite steps with skip, fp16 loss-scale overflows), >= 1",
      MT_INT(max_consecutive_skips, 1, kIntMax)},
+    {"loss_spike", "--loss-spike",
+     "stop the run when a step's loss exceeds this multiple of the mean of the last --loss-spike-window steps' "
+     "(0 = off, else > 1)",
+     MT_DBL(loss_spike, {.min = 0})},
+    {"loss_spike_window", "--loss-spike-window", "steps the loss-spike guard averages over (>= 1)",
+     MT_INT(loss_spike_window, 1, kIntMax)},
     {"seed", "--seed", "seed of initialization, shuffling, dropout and noise (0 to 2^63-1)", MT_INT(seed, 0, kInt64Max)},
     {"max_steps", "--max-steps", "stop after this many optimizer steps, >= 0 (0 = all epochs)", MT_INT(max_steps, 0, kInt64Max)},
     {"log_every", "--log-every", "steps between metrics lines (>= 1)", MT_INT(log_every, 1, kIntMax)},
@@ -393,6 +399,9 @@ void TrainConfig::validate() const {
           "0 decays over all epochs' steps, or give the schedule's length in steps");
   require(max_consecutive_skips >= 1, fmt::format("max_consecutive_skips {}", max_consecutive_skips),
           "give at least 1 (the default is 25)");
+  require((loss_spike == 0 || loss_spike > 1) && std::isfinite(loss_spike) && loss_spike_window >= 1,
+          fmt::format("loss_spike {}, loss_spike_window {}", loss_spike, loss_spike_window),
+          "loss_spike 0 (off) or a factor above 1 (the default is 10), loss_spike_window >= 1");
   require(log_every > 0 && bucket_mb > 0 && threads_per_rank >= 0 && max_steps >= 0,
           fmt::format("log_every {}, bucket_mb {}, threads_per_rank {}, max_steps {}", log_every, bucket_mb,
                       threads_per_rank, max_steps),

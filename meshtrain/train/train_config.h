@@ -95,6 +95,15 @@ struct TrainConfig {
   // which the run stops with an error. 25: the loss scaler halves its scale
   // from its ceiling 2^24 to its floor 1 in 24 steps.
   int max_consecutive_skips = 25;
+  // The loss-spike guard: a step whose (finite) loss is more than
+  // `loss_spike` times the mean of the last `loss_spike_window` steps'
+  // losses stops the run before its update, as a non-finite loss does
+  // (non-zero exit, nothing committed, an earlier run and the checkpoints
+  // kept for --resume). Checked once 10 steps (or the whole window, if
+  // shorter) are known. 0 turns it off; else > 1. A loss that explodes
+  // without reaching inf (SGD at a far too large lr) is caught too.
+  double loss_spike = 10.0;
+  int loss_spike_window = 50;
   uint64_t seed = 42;
   int64_t max_steps = 0;       // stop after this many optimizer steps; 0 = all epochs (the schedule keeps its length)
   int log_every = 50;          // steps between metrics.jsonl lines

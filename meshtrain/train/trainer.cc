@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,9 @@ using internal::record_training_figures;
 using internal::reset_traffic;
 using internal::tensor_parallel_summary;
 using Clock = std::chrono::steady_clock;
+// Steps of history before the loss-spike guard judges (or the whole
+// window, if shorter).
+constexpr size_t kLossSpikeMinHistory = 10;
 
 // An untracked f32 copy (a clone would stay charged to the rank's tracker,
 // which dies with the rank).
@@ -403,6 +407,7 @@ class Run {
         out.why_skipped = fmt::format("the gradients are not finite (the loss is {})", number(out.loss));
       }
     }
+    if (std::isfinite(out.loss)) check_loss_spike(step, out.loss, batch.global_size);
     if (out.applied) apply_update(s);
     if (scaler_ && std::isfinite(out.loss)) {  // a non-finite loss is no overflow of the scaled gradients
       scaler_->update(overflow);
@@ -410,6 +415,28 @@ class Run {
     }
     parallel_->zero_grad();
     return out;
+  }
+
+  // The loss-spike guard (TrainConfig::loss_spike): a finite loss far above
+  // the recent ones stops the run before its update, as a non-finite one
+  // does. The loss is the same on every rank (reduced above), so every rank
+  // stops at the same step.
+  void check_loss_spike(int64_t step, double loss, int64_t global_batch) {
+    if (tc_.loss_spike <= 0) return;
+    const size_t window = static_cast<size_t>(tc_.loss_spike_window);
+    if (recent_losses_.size() >= std::min<size_t>(window, kLossSpikeMinHistory)) {
+      double sum = 0;
+      for (double l : recent_losses_) sum += l;
+      const double mean = sum / static_cast<double>(recent_losses_.size());
+      if (loss > tc_.loss_spike * mean && loss - mean > 1e-6)
+        throw diverged(step,
+                       fmt::format("the loss is {:.6g}, more than {:g} times the mean of the last {} steps ({:.6g}; "
+                                   "--loss-spike, the mean over a global batch of {})",
+                                   loss, tc_.loss_spike, recent_losses_.size(), mean, global_batch),
+                       false);
+    }
+    recent_losses_.push_back(loss);
+    if (recent_losses_.size() > window) recent_losses_.pop_front();
   }
 
   // The optimizer step on finite gradients scaled by s.
@@ -709,6 +736,7 @@ class Run {
   int64_t schedule_steps_ = 0;  // the learning-rate schedule's length
   int64_t skipped_ = 0;         // optimizer steps skipped, any reason
   int64_t consecutive_skips_ = 0;
+  std::deque<double> recent_losses_;  // the loss-spike guard's window
   int64_t updates_ = 0;  // optimizer updates applied (skipped steps excluded)
   comm::Communicator* world_;
   std::string checkpoints_;  // <staging>/checkpoints, on every rank

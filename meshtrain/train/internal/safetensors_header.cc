@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
@@ -39,11 +40,22 @@ std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header, 
   if (header.size() > kMaxSafetensorsHeaderBytes)
     corrupt(path, "", fmt::format("header of {} bytes, more than {}", header.size(), kMaxSafetensorsHeaderBytes));
   nlohmann::ordered_json doc;
+  // JSON lets a key repeat (the parser keeps the last); a tensor named twice
+  // is refused, not read as whichever came last.
+  std::set<std::string> names;
+  std::string twice;
+  const auto on_key = [&](int depth, nlohmann::ordered_json::parse_event_t event, nlohmann::ordered_json& parsed) {
+    if (event == nlohmann::ordered_json::parse_event_t::key && depth == 1 && twice.empty() &&
+        !names.insert(parsed.get<std::string>()).second)
+      twice = parsed.get<std::string>();
+    return true;
+  };
   try {
-    doc = nlohmann::ordered_json::parse(header.begin(), header.end());
+    doc = nlohmann::ordered_json::parse(header.begin(), header.end(), on_key);
   } catch (const nlohmann::json::exception& e) {
     corrupt(path, "", fmt::format("header is not JSON: {}", e.what()));
   }
+  if (!twice.empty()) corrupt(path, twice, "named twice in the header");
   if (!doc.is_object()) corrupt(path, "", "header is not a JSON object");
   std::vector<SafetensorsEntry> out;
   for (const auto& [name, v] : doc.items()) {

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -72,6 +74,34 @@ TEST(SafetensorsHeader, RefusesCraftedHeaders) {
   EXPECT_THAT(error_of("[1, 2]", 0), HasSubstr("header is not a JSON object"));
   EXPECT_THAT(error_of(R"({"__metadata__":{"k":1}})", 0), HasSubstr("__metadata__ key 'k' is not a string"));
   EXPECT_THAT(error_of(R"({"a":3})", 0), HasSubstr("tensor 'a': entry is not an object"));
+  // A name twice (JSON parsers keep the last one): refused, naming it.
+  EXPECT_THAT(error_of(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                       R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+              HasSubstr("m.safetensors: tensor 'w': named twice in the header"));
+  // Keys repeated below the top level are the tensors' own fields, not names.
+  EXPECT_THAT(error_of(R"({"w":{"dtype":"F32","shape":[1],"shape":[1],"data_offsets":[0,4]}})", 4), "no error");
+}
+
+// A directory or a FIFO where a file was meant: refused before it is opened
+// (a FIFO's open waited for a writer forever), naming the path.
+TEST(SafetensorsHeader, LoadRefusesWhatIsNotAFile) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "meshtrain_not_a_file";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "model.safetensors");
+  const std::string fifo = (dir / "fifo.safetensors").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const auto& [path, what] : {std::pair{(dir / "model.safetensors").string(), "a directory"},
+                                   std::pair{fifo, "a FIFO"},
+                                   std::pair{(dir / "missing.safetensors").string(), "No such file"}}) {
+    try {
+      load_safetensors(path);
+      ADD_FAILURE() << "no error for " << path;
+    } catch (const IoError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("'" + path + "'"));
+      EXPECT_THAT(e.what(), HasSubstr(what));
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(SafetensorsHeader, LoadRefusesACraftedFileBeforeAllocating) {
