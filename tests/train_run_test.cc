@@ -93,20 +93,30 @@ const Names kMlpRun = {"config.toml", "loss.svg", "metrics.jsonl", "model.safete
 // A good run, then the same directory with --overwrite and a learning rate
 // that makes the loss NaN: the run stops with the step and the value, on
 // both ranks, and the first run's files are untouched.
-TEST(TrainRun, NonFiniteLossStopsAndKeepsThePreviousRun) {
-  const fs::path dir = fresh("nan_loss");
+// A good run of 3 steps into `dir`, its files' contents; then the config of
+// a run over it (--overwrite) whose SGD at lr 1e6 diverges.
+std::map<std::string, std::string> good_run(const fs::path& dir) {
   train::TrainConfig good = small(dir);
   good.max_steps = 3;
   (void)train_on(good);
-  ASSERT_EQ(testing::entries(dir), kMlpRun);
-  std::map<std::string, std::string> before;
-  for (const auto& name : kMlpRun) before[name] = testing::read_file(dir / name);
-
+  EXPECT_EQ(testing::entries(dir), kMlpRun);
+  std::map<std::string, std::string> files;
+  for (const auto& name : kMlpRun) files[name] = testing::read_file(dir / name);
+  return files;
+}
+train::TrainConfig diverging_over(const fs::path& dir) {
   train::TrainConfig bad = small(dir);
   bad.optimizer = "sgd";
   bad.lr = 1e6;
   bad.max_steps = 30;
   bad.overwrite = true;
+  return bad;
+}
+
+TEST(TrainRun, NonFiniteLossStopsAndKeepsThePreviousRun) {
+  const fs::path dir = fresh("nan_loss");
+  const std::map<std::string, std::string> before = good_run(dir);
+  const train::TrainConfig bad = diverging_over(dir);
   const std::string error = error_of(bad, 2);
   EXPECT_THAT(error, HasSubstr("TrainingDiverged: meshtrain train: step 3 of 30: the loss is nan (the mean over a "
                                "global batch of 128); training stopped and saved nothing"));
@@ -114,7 +124,7 @@ TEST(TrainRun, NonFiniteLossStopsAndKeepsThePreviousRun) {
   EXPECT_THAT(error, HasSubstr("--clip-norm"));
   EXPECT_THAT(error, HasSubstr("--on-nonfinite skip"));
   EXPECT_EQ(testing::entries(dir), kMlpRun);
-  for (const auto& name : kMlpRun) EXPECT_EQ(testing::read_file(dir / name), before[name]) << name;
+  for (const auto& name : kMlpRun) EXPECT_EQ(testing::read_file(dir / name), before.at(name)) << name;
   EXPECT_FALSE(fs::exists(dir.string() + ".incomplete"));
 }
 
@@ -124,17 +134,8 @@ TEST(TrainRun, NonFiniteLossStopsAndKeepsThePreviousRun) {
 // guard off (the run then goes on until the loss is NaN).
 TEST(TrainRun, ALossSpikeStopsAndKeepsThePreviousRun) {
   const fs::path dir = fresh("loss_spike");
-  train::TrainConfig good = small(dir);
-  good.max_steps = 3;
-  (void)train_on(good);
-  std::map<std::string, std::string> before;
-  for (const auto& name : kMlpRun) before[name] = testing::read_file(dir / name);
-
-  train::TrainConfig bad = small(dir);
-  bad.optimizer = "sgd";
-  bad.lr = 1e6;
-  bad.max_steps = 30;
-  bad.overwrite = true;
+  const std::map<std::string, std::string> before = good_run(dir);
+  train::TrainConfig bad = diverging_over(dir);
   bad.loss_spike_window = 1;
   const std::string error = error_of(bad, 2);
   EXPECT_THAT(error, ::testing::MatchesRegex("TrainingDiverged: meshtrain train: step 2 of 30: the loss is [0-9.e+]+, "
@@ -142,7 +143,7 @@ TEST(TrainRun, ALossSpikeStopsAndKeepsThePreviousRun) {
                                              "--loss-spike, the mean over a global batch of 128\\); training "
                                              "stopped and saved nothing.*lower the learning rate.*"));
   EXPECT_EQ(testing::entries(dir), kMlpRun);
-  for (const auto& name : kMlpRun) EXPECT_EQ(testing::read_file(dir / name), before[name]) << name;
+  for (const auto& name : kMlpRun) EXPECT_EQ(testing::read_file(dir / name), before.at(name)) << name;
   bad.loss_spike = 0;
   EXPECT_THAT(error_of(bad, 2), HasSubstr("step 3 of 30: the loss is nan"));
 }
