@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdio>
 #include <exception>
+#include <limits>
 #include <map>
 
 #include <nlohmann/json.hpp>
@@ -195,13 +197,22 @@ void on_every_rank(comm::Communicator& world, const std::string& what, std::vect
   std::exception_ptr error;
   try {
     load();
-  } catch (const std::exception&) {
+  } catch (const std::exception& e) {
     error = std::current_exception();
+    // Printed here, before the verdict: whichever rank's error the job
+    // ends with, the cause (the file, the tensor) is on stderr.
+    fmt::print(stderr, "meshtrain: rank {}: {}\n", world.rank(), e.what());
+    std::fflush(stderr);
   }
+  // flags (max) and, last, the lowest rank that failed (min).
   flags.push_back(error ? 1 : 0);
   world.all_reduce(flags.data(), flags.data(), flags.size(), DType::i32, comm::ReduceOp::max);
+  int32_t first_failed = error ? world.rank() : std::numeric_limits<int32_t>::max();
+  world.all_reduce(&first_failed, &first_failed, 1, DType::i32, comm::ReduceOp::min);
   if (error) std::rethrow_exception(error);
-  if (flags.back() != 0) throw IoError(what, "another rank could not load its part", "see that rank's error above");
+  if (flags.back() != 0)
+    throw IoError(what, fmt::format("rank {} could not load its part", first_failed),
+                  fmt::format("see rank {}'s error above (\"meshtrain: rank {}: ...\")", first_failed, first_failed));
   flags.pop_back();
 }
 

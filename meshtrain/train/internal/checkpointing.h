@@ -82,9 +82,11 @@ class TrainingCheckpoint {
 };
 
 // Collective over `world`: runs `load` on every rank; when it fails
-// anywhere, every rank throws (the failing one its own error, the others
-// IoError naming `what`) before any other collective, so no rank is left
-// waiting. `flags` comes back max-reduced over the ranks.
+// anywhere, every rank throws before any other collective, so no rank is
+// left waiting: a failing one prints its error to stderr first ("meshtrain:
+// rank 1: <the file, the tensor>", on every engine, whichever error the job
+// then ends with) and throws it, the others throw IoError naming `what` and
+// the lowest failing rank. `flags` comes back max-reduced over the ranks.
 void on_every_rank(comm::Communicator& world, const std::string& what, std::vector<int32_t>& flags,
                    const std::function<void()>& load);
 
