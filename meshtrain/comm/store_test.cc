@@ -8,11 +8,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -334,6 +336,98 @@ TEST(TcpStoreToken, WrongOrMissingTokenIsRefusedAndGoodClientsGoOn) {
   later.set("after", "2");
   EXPECT_EQ(good.get("after"), "2");
   EXPECT_FALSE(good.check({"k"}));  // the refused set did nothing
+}
+
+// ---- Hostile peers on the store's port (tcp_store_server.h) ----
+
+int raw_connect(uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The resident memory of this process (the server runs in it), in bytes.
+int64_t resident_bytes() {
+  const std::string status = testing::read_file("/proc/self/status");
+  const size_t at = status.find("VmRSS:");
+  return at == std::string::npos ? 0 : std::stoll(status.substr(at + 6)) * 1024;
+}
+
+// A first frame announcing 64 MiB is refused before its body is read (the
+// server used to buffer it all before it checked the token).
+TEST(TcpStoreHostile, ALongFirstFrameIsRefusedUnread) {
+  TcpStore server({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 5s, .token = "t0ken"});
+  ::testing::internal::CaptureStderr();
+  const int fd = raw_connect(server.port());
+  ASSERT_GE(fd, 0);
+  std::string frame(4 + 4096, 'x');
+  const uint32_t n = 64u << 20;
+  for (int i = 0; i < 4; ++i) frame[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  int err = 0;
+  const auto deadline = Clock::now() + 2s;
+  ASSERT_EQ(internal::send_all(fd, frame, deadline, &err), internal::IoResult::ok);
+  std::string body;
+  ASSERT_EQ(internal::recv_frame(fd, body, deadline, &err), internal::IoResult::ok);
+  EXPECT_THAT(body, HasSubstr("refused: wrong or missing job token"));
+  char byte;
+  EXPECT_EQ(internal::recv_exact(fd, &byte, 1, deadline, &err), internal::IoResult::closed);
+  ::close(fd);
+  std::this_thread::sleep_for(50ms);
+  (void)::testing::internal::GetCapturedStderr();
+}
+
+// 10,000 connections that never authenticate (5,000 idle, 5,000 that send
+// half of a long first frame): the server holds at most 1024 of them (the
+// oldest are closed for new ones), stays small, and the job's own clients
+// connect and work all along; after 10 s the rest are closed, in one log line.
+TEST(TcpStoreHostile, TenThousandIdleConnectionsNeverKeepTheJobOut) {
+  rlimit rl{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &rl), 0);
+  rl.rlim_cur = rl.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &rl);
+  if (rl.rlim_max < 12000) GTEST_SKIP() << "the descriptor limit " << rl.rlim_max << " is below 12000";
+  TcpStore server({.host = "127.0.0.1", .port = 0, .is_server = true, .timeout = 5s, .token = "t0ken"});
+  TcpStore before(client_options(server.port(), "t0ken"));
+  before.set("k", "1");
+  ::testing::internal::CaptureStderr();
+  const int64_t rss_before = resident_bytes();
+  std::vector<int> hostile;
+  std::string half(4 + 512, 'y');
+  const uint32_t n = 1000;  // a hello-sized frame, never finished
+  for (int i = 0; i < 4; ++i) half[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  for (int i = 0; i < 10000; ++i) {
+    const int fd = raw_connect(server.port());
+    ASSERT_GE(fd, 0) << "connection " << i << ": " << std::strerror(errno);
+    if (i % 2 == 1) (void)::send(fd, half.data(), half.size(), MSG_NOSIGNAL);
+    hostile.push_back(fd);
+    if (i % 2500 == 2499) {  // the job goes on meanwhile: a new client, and the old one
+      TcpStore during(client_options(server.port(), "t0ken"));
+      during.set(fmt::format("during{}", i), "x");
+      EXPECT_EQ(before.get(fmt::format("during{}", i)), "x");
+    }
+  }
+  // A "restart": a fresh client after the flood.
+  TcpStore after(client_options(server.port(), "t0ken"));
+  EXPECT_EQ(after.get("k"), "1");
+  const int64_t grown = resident_bytes() - rss_before;
+  std::printf("10000 hostile connections: this process grew by %.1f MiB\n", static_cast<double>(grown) / (1 << 20));
+  EXPECT_LT(grown, int64_t{64} << 20) << "the process grew by " << grown << " bytes";
+  // Past the hello deadline the pending connections still held are closed.
+  std::this_thread::sleep_for(10500ms);
+  after.set("k2", "2");
+  EXPECT_EQ(before.get("k2"), "2");
+  for (int fd : hostile) ::close(fd);
+  std::this_thread::sleep_for(50ms);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_THAT(log, ::testing::ContainsRegex("closed [0-9]+ connection\\(s\\) \\(the first from 127\\.0\\.0\\.1:[0-9]+\\) "
+                                            "that sent no job token within 10 s"));
 }
 
 TEST(TcpStoreToken, AServerWithoutTokenAcceptsClientsWithOne) {

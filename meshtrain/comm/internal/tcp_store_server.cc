@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,6 +33,16 @@ using Clock = std::chrono::steady_clock;
 // client per process, and each costs a pollfd and buffers.
 constexpr size_t kMaxClients = 16384;
 constexpr size_t kReadChunk = 64 * 1024;
+// Connections that have not yet shown themselves (with a token: sent their
+// hello; without one: a first request) are held at most this long and at
+// most this many in all and per peer address; past a limit the oldest such
+// connection is closed for the new one, so idle or slow connections never
+// keep a job's own clients (which send their hello at once) out.
+constexpr auto kHelloTimeout = std::chrono::seconds(10);
+constexpr size_t kMaxPending = 1024;
+constexpr size_t kMaxPendingPerAddress = 128;
+// What a connection may send before its hello is checked: one hello frame.
+constexpr size_t kMaxHelloFrameBytes = 1 + 4 + kMaxTokenBytes;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
@@ -51,7 +62,9 @@ std::string peer_name(const sockaddr_storage& addr) {
 struct Client {
   int fd = -1;
   std::string peer;        // "ip:port", for the refusal's log line
-  bool greeted = false;    // sent a hello with the server's token (or the server has none)
+  std::string address;     // the peer's address without the port
+  Clock::time_point accepted;
+  bool greeted = false;    // sent a hello with the server's token (no token: any first request)
   std::string in;          // bytes received, not yet handled
   std::string out;         // answers not yet sent
   bool parked = false;     // a get/wait of this client waits for keys
@@ -72,6 +85,7 @@ class Loop {
       : listen_fd_(listen_fd), wake_fd_(wake_fd), token_(std::move(token)) {}
   ~Loop() {
     for (auto& [id, c] : clients_) ::close(c.fd);
+    if (spare_fd_ >= 0) ::close(spare_fd_);
   }
 
   void run() {
@@ -86,7 +100,7 @@ class Loop {
         // A client with a parked request (or a full buffer) is still polled
         // for input, so that its hang-up is seen at once; handle() leaves
         // its later requests in the buffer.
-        short ev = c.in.size() < kMaxFrameBytes + 4 ? POLLIN : 0;
+        short ev = c.in.size() < read_limit(c) ? POLLIN : 0;
         if (!c.out.empty()) ev |= POLLOUT;
         fds.push_back({c.fd, ev, 0});
         ids.push_back(id);
@@ -109,15 +123,72 @@ class Loop {
         resume();
       }
       expire_waiters();
+      expire_pending();
       resume();
     }
   }
 
  private:
+  // Whether the connection has shown itself (see kHelloTimeout).
+  bool pending(const Client& c) const { return !c.greeted; }
+  // The most bytes buffered from a connection before they are handled.
+  size_t read_limit(const Client& c) const {
+    return pending(c) && !token_.empty() ? 4 + kMaxHelloFrameBytes : kMaxFrameBytes + 4;
+  }
+
+  // Closes pending connections older than kHelloTimeout (logged once per
+  // sweep, not per connection: a scan of the port should not flood stderr).
+  void expire_pending() {
+    const auto now = Clock::now();
+    size_t closed = 0;
+    std::string some;
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      auto next = std::next(it);
+      if (pending(it->second) && now - it->second.accepted >= kHelloTimeout) {
+        if (some.empty()) some = it->second.peer;
+        ++closed;
+        drop(it->first);
+      }
+      it = next;
+    }
+    if (closed > 0) {
+      fmt::print(stderr, "meshtrain store: closed {} connection(s) (the first from {}) that sent no {} within {} s\n",
+                 closed, some, token_.empty() ? "request" : "job token", kHelloTimeout.count());
+      std::fflush(stderr);
+    }
+  }
+
+  // Closes the oldest pending connection (of `address`, if given); false
+  // when there is none.
+  bool evict_pending(const std::string* address) {
+    auto oldest = clients_.end();
+    for (auto it = clients_.begin(); it != clients_.end(); ++it)
+      if (pending(it->second) && (!address || it->second.address == *address) &&
+          (oldest == clients_.end() || it->second.accepted < oldest->second.accepted))
+        oldest = it;
+    if (oldest == clients_.end()) return false;
+    drop(oldest->first);
+    return true;
+  }
+
+  // The connection has shown itself: no longer pending.
+  void mark_shown(Client& c) {
+    if (c.greeted) return;
+    c.greeted = true;
+    forget_pending(c.address);
+  }
+  void forget_pending(const std::string& address) {
+    --pending_;
+    auto it = pending_at_.find(address);
+    if (it != pending_at_.end() && --it->second == 0) pending_at_.erase(it);
+  }
+
   int poll_timeout_ms() const {
-    if (waiters_.empty()) return -1;
-    auto next = waiters_.front().deadline;
+    auto next = Clock::time_point::max();
     for (const auto& w : waiters_) next = std::min(next, w.deadline);
+    for (const auto& [id, c] : clients_)
+      if (pending(c)) next = std::min(next, c.accepted + kHelloTimeout);
+    if (next == Clock::time_point::max()) return -1;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
     return static_cast<int>(std::clamp<int64_t>(left + 1, 0, 60'000));
   }
@@ -127,29 +198,60 @@ class Loop {
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
       const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN: no more; other errors: the client retries
-      if (clients_.size() >= kMaxClients) {
-        ::close(fd);
+      if (fd < 0) {
+        // Out of descriptors: a pending connection makes room, else the
+        // spare descriptor lets this one in to be closed (the listening
+        // socket would stay readable and poll() spin otherwise).
+        const int err = errno;
+        if (err != EMFILE && err != ENFILE) return;  // EAGAIN: no more; other errors: the client retries
+        if (!evict_pending(nullptr) && !shed_one()) return;
         continue;
       }
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       Client c;
       c.fd = fd;
       c.peer = peer_name(addr);
+      c.address = c.peer.substr(0, c.peer.rfind(':'));
+      c.accepted = Clock::now();
+      if (clients_.size() >= kMaxClients && !evict_pending(nullptr)) {
+        ::close(fd);
+        continue;
+      }
+      const auto here = pending_at_.find(c.address);
+      if (here != pending_at_.end() && here->second >= kMaxPendingPerAddress) evict_pending(&c.address);
+      else if (pending_ >= kMaxPending) evict_pending(nullptr);
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      ++pending_;
+      ++pending_at_[c.address];
       clients_[next_id_++] = std::move(c);
     }
   }
 
-  // Returns false when the client is gone (closed, reset, or error).
+  // Takes one connection off the backlog and closes it, with the spare
+  // descriptor kept for the purpose.
+  // False when nothing was taken.
+  bool shed_one() {
+    if (spare_fd_ < 0) return false;
+    ::close(spare_fd_);
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) ::close(fd);
+    spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return fd >= 0;
+  }
+
+  // Returns false when the client is gone (closed, reset, or error). Reads
+  // through one buffer of the loop's: a connection's own buffer holds only
+  // what it sent (a pending one at most a hello).
   bool read_from(Client& c) {
     for (;;) {
-      if (c.in.size() >= kMaxFrameBytes + 4) return true;  // handle() first
-      const size_t old = c.in.size();
-      c.in.resize(old + kReadChunk);
-      const ssize_t n = ::recv(c.fd, c.in.data() + old, kReadChunk, MSG_DONTWAIT);
-      c.in.resize(old + static_cast<size_t>(std::max<ssize_t>(n, 0)));
-      if (n > 0) continue;
+      const size_t limit = read_limit(c);
+      if (c.in.size() >= limit) return true;  // handle() first
+      const size_t want = std::min(chunk_.size(), limit - c.in.size());
+      const ssize_t n = ::recv(c.fd, chunk_.data(), want, MSG_DONTWAIT);
+      if (n > 0) {
+        c.in.append(chunk_.data(), static_cast<size_t>(n));
+        continue;
+      }
       if (n == 0) return false;
       if (errno == EINTR) continue;
       return errno == EAGAIN || errno == EWOULDBLOCK;
@@ -174,6 +276,7 @@ class Loop {
   void drop(uint64_t id) {
     auto it = clients_.find(id);
     if (it == clients_.end()) return;
+    if (pending(it->second)) forget_pending(it->second.address);
     ::close(it->second.fd);
     clients_.erase(it);
     waiters_.remove_if([&](const Waiter& w) { return w.client == id; });
@@ -190,6 +293,8 @@ class Loop {
         refuse(c, fmt::format("message of {} bytes (at most {})", n, kMaxFrameBytes));
         return;
       }
+      // Before its hello is checked a connection sends nothing larger.
+      if (pending(c) && !token_.empty() && n > kMaxHelloFrameBytes) return refuse_token(c);
       if (c.in.size() < 4 + size_t{n}) return;  // wait for the rest
       const std::string body = c.in.substr(4, n);
       c.in.erase(0, 4 + size_t{n});
@@ -242,11 +347,12 @@ class Loop {
       r.expect_end();
       // A server without a token takes any: one client option works with both.
       if (!token_.empty() && !tokens_equal(token, token_)) return refuse_token(c);
-      c.greeted = true;
+      mark_shown(c);
       answer_ok(c);
       return;
     }
     if (!token_.empty() && !c.greeted) return refuse_token(c);
+    mark_shown(c);  // without a token: a first request shows the client
     switch (static_cast<StoreOp>(op)) {
       case StoreOp::hello: break;  // handled above
       case StoreOp::set: {
@@ -386,6 +492,10 @@ class Loop {
   }
 
   int listen_fd_, wake_fd_;
+  int spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // see shed_one()
+  size_t pending_ = 0;  // connections that have not shown themselves, in all and per address
+  std::map<std::string, size_t, std::less<>> pending_at_;
+  std::string chunk_ = std::string(kReadChunk, '\0');  // read_from's buffer
   const std::string token_;  // empty: no token needed
   std::map<uint64_t, Client> clients_;
   uint64_t next_id_ = 1;
@@ -398,6 +508,13 @@ class Loop {
 
 TcpStoreServer::TcpStoreServer(const std::string& host, uint16_t port, std::string token)
     : token_(std::move(token)) {
+  // Room for kMaxClients connections: the soft descriptor limit (often 1024)
+  // raised toward the hard one, as far as this process may.
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < kMaxClients + 256 &&
+                   rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, kMaxClients + 256);
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
   const std::string where = fmt::format("{}:{}", host.empty() ? "*" : host, port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;

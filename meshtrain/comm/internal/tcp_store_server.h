@@ -7,6 +7,13 @@
 // first send a hello with that token (tcp_store_wire.h); other connections
 // are refused, closed and logged to stderr ("meshtrain store: refused a
 // connection from ip:port: wrong or missing job token").
+// Hostile peers: before its hello is checked a connection may send one
+// hello frame (a longer one is refused unread) and has 10 s to send it (no
+// token: any first request); at most 1024 such pending connections are held
+// (128 per peer address), and a new one closes the oldest pending one, so
+// idle connections never keep the job's own clients out. At most 16384
+// connections in all (pending ones are closed first to make room); the
+// server raises the process's soft descriptor limit toward that.
 // Internal to comm (see comm/tcp_store.h for the contracts).
 #pragma once
 
