@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "meshtrain/comm/internal/tcp_store_wire.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/token_file.h"
@@ -210,6 +212,37 @@ void idx_files() {
   put(t, "bad_magic.idx", with_mode(0, std::string("\x00\x00\x0d\x01", 4) + be32(1) + "x"));
 }
 
+// ---- the store's wire protocol ----
+
+namespace wire = meshtrain::comm::internal;
+
+std::string frame(const std::function<void(wire::FrameWriter&)>& fill) {
+  wire::FrameWriter w;
+  fill(w);
+  return w.finish("make_corpus");
+}
+
+void store_wire() {
+  const std::string t = "store_wire_fuzzer";
+  auto u8 = [](wire::StoreOp o) { return static_cast<uint8_t>(o); };
+  const std::string hello = frame([&](auto& w) { w.u8(u8(wire::StoreOp::hello)).str("fuzz-token"); });
+  const std::string requests =
+      frame([&](auto& w) { w.u8(u8(wire::StoreOp::set)).str("key").str("value"); }) +
+      frame([&](auto& w) { w.u8(u8(wire::StoreOp::get)).str("key").u64(1000); }) +
+      frame([&](auto& w) { w.u8(u8(wire::StoreOp::add)).str("n").u64(static_cast<uint64_t>(-3)); }) +
+      frame([&](auto& w) { w.u8(u8(wire::StoreOp::check)).u32(2).str("key").str("n"); }) +
+      frame([&](auto& w) { w.u8(u8(wire::StoreOp::wait)).u32(1).str("missing").u64(10); }) +
+      frame([&](auto& w) { w.u8(u8(wire::StoreOp::delete_key)).str("key"); });
+  put(t, "token_session.bin", with_mode(1, hello + requests));
+  put(t, "no_token_session.bin", with_mode(0, requests));
+  put(t, "wrong_token.bin",
+      with_mode(1, frame([&](auto& w) { w.u8(u8(wire::StoreOp::hello)).str("wrong"); }) + requests));
+  put(t, "no_hello.bin", with_mode(1, requests));
+  put(t, "long_first_frame.bin", with_mode(1, std::string("\x00\x00\x00\x04", 4) + std::string(64, 'x')));
+  put(t, "parked_get.bin",
+      with_mode(0, frame([&](auto& w) { w.u8(u8(wire::StoreOp::get)).str("never").u64(100000); })));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -222,5 +255,6 @@ int main(int argc, char** argv) {
   safetensors();
   token_file();
   idx_files();
+  store_wire();
   return 0;
 }

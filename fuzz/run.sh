@@ -9,14 +9,14 @@
 #   fuzz/run.sh --build                        # build only
 #
 # Options: --smoke S / --time S (-max_total_time=S), --runs N (-runs=N),
-# --build (no run). Targets default to all four. Environment: FUZZ_MAX_LEN
+# --build (no run). Targets default to all five. Environment: FUZZ_MAX_LEN
 # (-max_len, default 4096), JOBS (build jobs, default nproc), FUZZ_ARGS
 # (more libFuzzer flags). New inputs go to build/fuzz/corpus/<target> (a
 # scratch directory); fuzz/corpus/<target> (the seeds) is only read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-all_targets=(checkpoint_index_fuzzer safetensors_fuzzer token_file_fuzzer idx_fuzzer)
+all_targets=(checkpoint_index_fuzzer safetensors_fuzzer token_file_fuzzer idx_fuzzer store_wire_fuzzer)
 mode=time
 amount=60
 targets=()
@@ -103,6 +103,16 @@ cat >"$build/dict/token_file_fuzzer.dict" <<'DICT'
 "\x01\x00\x01\x00\x00\x00\x00\x00"
 "\x00\x00\x00\x80\x00\x00\x00\x00"
 "\xff\xff\xff\xff\xff\xff\xff\xff"
+DICT
+cat >"$build/dict/store_wire_fuzzer.dict" <<'DICT'
+"\x07"
+"\x01"
+"\x02"
+"\x05"
+"\x0a\x00\x00\x00fuzz-token"
+"\x00\x00\x00\x00"
+"\xff\xff\xff\xff"
+"\xe8\x03\x00\x00\x00\x00\x00\x00"
 DICT
 cat >"$build/dict/idx_fuzzer.dict" <<'DICT'
 "\x00\x00\x08\x01"
