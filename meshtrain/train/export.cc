@@ -127,7 +127,12 @@ std::string export_model(const std::string& run_dir, const std::string& out, std
 }
 
 NamedTensors load_model_file(const std::string& path, const std::string& model) {
-  NamedTensors tensors = load_safetensors(path);
+  NamedTensors tensors;
+  try {
+    tensors = load_safetensors(path);
+  } catch (const IoError& e) {  // the reader's words, under the flag's name
+    throw IoError("--init-from", e.detail(), e.hint());
+  }
   for (auto& [name, t] : tensors) {
     if (t.dtype() == DType::f32) continue;
     if (t.dtype() != DType::bf16 && t.dtype() != DType::f16)
