@@ -10,6 +10,8 @@
 #   output     --output rank0 shows rank 0's lines only
 #   restart    --max-restarts 1, a worker that fails only on the first run:
 #              exit 0, the restart line, MESHTRAIN_RESTART_COUNT=1 after it
+#   restart_flooded  the restart, while 10,000 connections that never say
+#              hello are held on the launcher's store port: it still succeeds
 #   two_nodes  two launchers (--nnodes 2, one token, loopback): RANK 0..3;
 #              then a failure on node 1 stops node 0's workers
 #   tests/launch_test.sh path/to/meshtrain scenario
@@ -127,6 +129,41 @@ restart)
     grep -qx "\[rank $r\] run 1" "$tmp/launch.out" || fail "rank $r did not run with MESHTRAIN_RESTART_COUNT=1"
   done
   no_leftovers
+  ;;
+restart_flooded)
+  # First run: rank 1 fails once the flood is in place, rank 0 waits; the
+  # restarted group exits 0. The flood: a process of the test's own (in no
+  # group of the job) opens 10,000 connections to the store and holds them.
+  "$MT" launch --nproc-per-node 2 --master-port 0 --max-restarts 1 -- sh -c '
+    if [ "$MESHTRAIN_RESTART_COUNT" = 0 ]; then
+      [ "$RANK" = 1 ] || exec $SLEEP 120
+      while [ ! -e "'"$tmp"'/flooded" ]; do $SLEEP 0.1; done
+      exit 1
+    fi
+    echo "run $MESHTRAIN_RESTART_COUNT"' > "$tmp/launch.out" 2>&1 &
+  launcher=$!
+  launchers+=("$launcher")
+  wait_for_lines "$tmp/launch.out" 1 "; store 127.0.0.1:[0-9]*"
+  port=$(sed -n 's/.*; store 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$tmp/launch.out" | head -1)
+  [ -n "$port" ] || fail "no store port in the launcher's first line"
+  bash -c '
+    ulimit -n "$(ulimit -Hn)"
+    for i in $(seq 10000); do exec {fd}<>"/dev/tcp/127.0.0.1/$1" || exit 1; done
+    touch "$2/flooded"
+    exec "$3" 120' flood "$port" "$tmp" "$SLEEP" 2> "$tmp/flood.err" &
+  flood=$!
+  launchers+=("$flood")
+  wait "$launcher" || fail "the launcher exited $? with 10,000 idle connections on its store"
+  [ -e "$tmp/flooded" ] || fail "the flood did not open its connections: $(cat "$tmp/flood.err")"
+  grep -qx "meshtrain launch: restarting the group (restart 1 of 1)" "$tmp/launch.out" || fail "no restart line"
+  for r in 0 1; do
+    grep -qx "\[rank $r\] run 1" "$tmp/launch.out" || fail "rank $r did not run after the restart"
+  done
+  kill -0 "$flood" 2> /dev/null || fail "the flood ended before the restart"
+  held=$(ls /proc/"$flood"/fd 2> /dev/null | wc -l)
+  ((held >= 10000)) || fail "the flood holds $held descriptors, not 10,000"
+  echo "the flood held $held descriptors through the restart"
+  kill -KILL "$flood" 2> /dev/null
   ;;
 two_nodes)
   export MESHTRAIN_JOB_TOKEN=launch-test-$RANDOM$RANDOM
