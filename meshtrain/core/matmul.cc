@@ -134,9 +134,10 @@ void widen_block(DType t, const void* src, int64_t ld, int64_t r0, int64_t c0, i
 // (bf16 below AVX-512 in oneDNN 2.x, f16 below AVX512-FP16): the operands
 // widened to f32 (exact) in blocks and the f32 GEMM run on each block, so the
 // products and the f32 accumulation are a half kernel's and the extra memory
-// is bounded: at most kWidenBlockRows rows of op(a) and kWidenBlockCols
-// columns of op(b) (each with all of k) and, for a half out, one f32 block of
-// out. Every output element is still one GEMM's full sum over k.
+// is bounded: kWidenBlockBytes of widened op(a) rows (at least 64 rows),
+// kWidenBlockCols columns of op(b) (each with all of k) and, for a half
+// out, one f32 block of out. Every output element is still one GEMM's full
+// sum over k.
 constexpr int64_t kWidenBlockCols = 512;
 constexpr int64_t kWidenBlockBytes = int64_t{4} << 20;  // of widened op(a) rows
 
