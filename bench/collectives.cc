@@ -13,6 +13,7 @@
 
 #include "meshtrain/comm/internal/reduce.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/memory.h"
 #include "meshtrain/core/strings.h"
 
 namespace meshtrain::bench {
@@ -144,15 +145,14 @@ void validate_collective_options(const CollectiveOptions& o, int ranks_in_proces
   check_int_in_range(static_cast<int64_t>(std::min<size_t>(o.step, INT64_MAX)), "--step", 2, kMaxCollectiveStep, op);
   check_double_in_range(o.seconds_per_size, "--seconds", {.min = 0, .max = kMaxSecondsPerSize, .min_open = true}, op);
   // Four buffers of max_bytes per rank (send, receive and the memcpy pair).
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const double have = static_cast<double>(physical_memory_bytes());
   const double need = 4.0 * static_cast<double>(o.max_bytes) * std::max(ranks_in_process, 1);
-  if (pages > 0 && page > 0 && need > static_cast<double>(pages) * static_cast<double>(page))
+  if (have > 0 && need > have)
     throw InvalidArgument(op,
                           fmt::format("{} rank{} x 4 buffers of --max {} need {:.1f} GiB, more than this machine's "
                                       "{:.1f} GiB",
                                       ranks_in_process, ranks_in_process == 1 ? "" : "s", format_size(o.max_bytes),
-                                      need / (1 << 30),
-                                      static_cast<double>(pages) * static_cast<double>(page) / (1 << 30)),
+                                      need / (1 << 30), have / (1 << 30)),
                           "lower --max or --ranks");
 }
 

@@ -10,6 +10,7 @@
 
 #include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/memory.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 
@@ -178,6 +179,17 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
   if (onednn) variants.insert(variants.end(), {Variant::onednn_f32, Variant::onednn_bf16});
 
   const std::vector<GemmShape> shapes = gemm_bench_shapes(o);
+  // Every shape's operands live at once (f32 a and b, their bf16 copies, f32 c):
+  // refused before anything is allocated when the machine cannot hold them.
+  double need = 0;
+  for (const GemmShape& s : shapes)
+    need += 6.0 * static_cast<double>(s.m * s.k + s.k * s.n) + 4.0 * static_cast<double>(s.m * s.n);
+  if (const double have = static_cast<double>(physical_memory_bytes()); have > 0 && need > have)
+    throw InvalidArgument("bench gemm",
+                          fmt::format("--m {} and --vocab {}: the operands of every GEMM need {:.1f} GiB, more than "
+                                      "this machine's {:.1f} GiB",
+                                      o.m, o.vocab, need / (1 << 30), have / (1 << 30)),
+                          "lower --m or --vocab, or pick one --sets");
   std::vector<Operands> ops;
   for (size_t i = 0; i < shapes.size(); ++i) {
     const GemmShape& s = shapes[i];

@@ -1,6 +1,7 @@
 #include "meshtrain/core/memory.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "meshtrain/core/error.h"
 
@@ -31,6 +32,11 @@ std::string_view memory_category_name(MemoryCategory c) {
     case MemoryCategory::other: return "other";
   }
   return "?";
+}
+
+uint64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0;
 }
 
 std::string format_bytes(uint64_t bytes) {

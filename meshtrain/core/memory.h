@@ -47,6 +47,10 @@ std::string_view memory_category_name(MemoryCategory c);
 // Human-readable byte count with binary units: 512 -> "512 B", 1536 -> "1.50 KiB".
 std::string format_bytes(uint64_t bytes);
 
+// This machine's physical memory in bytes (sysconf), 0 when unknown: what a
+// command checks a size against before it allocates from it.
+uint64_t physical_memory_bytes();
+
 class MemoryTracker {
  public:
   MemoryTracker() = default;
