@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "meshtrain/comm/gloo/internal/channel.h"
+#include "meshtrain/comm/gloo/internal/peer_listener.h"
 #include "meshtrain/comm/gloo/internal/world.h"
 #include "meshtrain/core/error.h"
 
@@ -37,6 +38,7 @@ namespace meshtrain::comm::gloo {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::Fd;
 using GlooAlgorithm = ::gloo::AllreduceOptions::Algorithm;
 
 constexpr const char* kOp = "gloo::native";
@@ -183,29 +185,6 @@ class LegacyPeer final : public GlooPeer {
 
 // --- the raw TCP rate --------------------------------------------------------
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
 [[noreturn]] void throw_errno(const std::string& what) {
   throw EngineError(kOp, fmt::format("tcp peer: {}: {}", what, std::strerror(errno)),
                     "check that the ranks can reach each other on the address Gloo uses");
@@ -292,9 +271,10 @@ void read_all(int fd, void* p, size_t n, int peer, std::chrono::milliseconds tim
 
 class TcpPeer final : public PeerCollectives {
  public:
-  // Collective over the `size` ranks: listens on `address` (port 0),
-  // publishes the port under `prefix` in the store, connects to the lower
-  // ranks and accepts the higher ones.
+  // Collective over the `size` ranks: listens on Gloo's address (port 0),
+  // publishes the address and a secret under `prefix` in the store,
+  // connects to the lower ranks and accepts the higher ones, taking only
+  // connections that show the secret (internal/peer_listener.h).
   TcpPeer(internal::World& world, const std::string& prefix, int rank, int size, std::chrono::milliseconds timeout)
       : rank_(rank), timeout_(timeout), fds_(static_cast<size_t>(size)) {
     const WorldConfig& c = world.config();
@@ -312,38 +292,33 @@ class TcpPeer final : public PeerCollectives {
     if (addr.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
     if (addr.ss_family == AF_INET6) reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = 0;
     if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) throw_errno("bind");
-    if (::listen(listener.get(), size) != 0) throw_errno("listen");
+    if (::listen(listener.get(), SOMAXCONN) != 0) throw_errno("listen");
     if (::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) throw_errno("getsockname");
+
+    // What a connecting rank must show: its rank and this rank's secret,
+    // which only the job's (authenticated) store hands out. Anything else
+    // on the port is closed and does not count.
+    const internal::PeerSecret mine = internal::random_peer_secret();
 
     auto store = world.connect_store();
     auto key = [&](int r) { return fmt::format("{}/{}", prefix, r); };
-    store->set(key(rank), to_hex(&addr, len));
+    store->set(key(rank), to_hex(mine.data(), mine.size()) + to_hex(&addr, len));
     for (int p = 0; p < rank; ++p) {  // connect to the lower ranks
-      const std::string theirs = from_hex(store->get(key(p), timeout));
+      const std::string value = from_hex(store->get(key(p), timeout));
+      if (value.size() <= sizeof(internal::PeerSecret))
+        throw EngineError(kOp, fmt::format("tcp peer: rank {}'s address in the store is malformed", p), "");
+      internal::PeerHello hello{.rank = rank, .secret = {}};
+      std::memcpy(hello.secret.data(), value.data(), hello.secret.size());
       Fd fd(::socket(a.ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
       if (fd.get() < 0) throw_errno("socket");
-      if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(theirs.data()),
-                    static_cast<socklen_t>(theirs.size())) != 0)
+      if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(value.data() + hello.secret.size()),
+                    static_cast<socklen_t>(value.size() - hello.secret.size())) != 0)
         throw_errno(fmt::format("connecting to rank {}", p));
-      const int32_t me = rank;
-      if (::send(fd.get(), &me, sizeof(me), MSG_NOSIGNAL) != sizeof(me)) throw_errno("handshake");
+      write_all(fd.get(), &hello, sizeof(hello), p, timeout);
       fds_[static_cast<size_t>(p)] = std::move(fd);
     }
-    for (int k = rank + 1; k < size; ++k) {  // accept the higher ones
-      pollfd pfd{.fd = listener.get(), .events = POLLIN, .revents = 0};
-      const int r = ::poll(&pfd, 1, static_cast<int>(std::min<int64_t>(timeout.count(), INT_MAX)));
-      if (r <= 0)
-        throw TimeoutError(kOp, fmt::format("tcp peer: rank {} waited {} ms for its peers to connect", rank,
-                                            timeout.count()),
-                           "every rank must create the peers");
-      Fd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-      if (fd.get() < 0) throw_errno("accept");
-      int32_t from = -1;
-      read_all(fd.get(), &from, sizeof(from), -1, timeout);
-      if (from <= rank || from >= size || fds_[static_cast<size_t>(from)].get() >= 0)
-        throw EngineError(kOp, fmt::format("tcp peer: unexpected handshake from rank {}", from), "");
-      fds_[static_cast<size_t>(from)] = std::move(fd);
-    }
+    std::vector<Fd> higher = internal::accept_peers(listener.get(), mine, rank, size, timeout);
+    for (int k = rank + 1; k < size; ++k) fds_[static_cast<size_t>(k)] = std::move(higher[static_cast<size_t>(k)]);
     for (int p = 0; p < size; ++p) {
       const int fd = fds_[static_cast<size_t>(p)].get();
       if (p == rank) continue;
