@@ -135,10 +135,10 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
   if (world != nullptr) {
     grid.emplace(*world, std::vector<int>{m.data, m.context, m.tensor},
                  std::vector<std::string>{"data", "context", "tensor"});
-    if (m.tensor > 1) tp.comm = &grid->comm("tensor");
-    if (m.context > 1) cp.comm = &grid->comm("context");
-    if (m.data * m.context > 1) dp_comm = &grid->comm(std::vector<std::string>{"data", "context"});
-    data_rank = grid->comm("data").rank();
+    if (m.tensor > 1) tp.comm = &grid->comm(mesh::kTensor);
+    if (m.context > 1) cp.comm = &grid->comm(mesh::kContext);
+    if (m.data * m.context > 1) dp_comm = &grid->comm({mesh::kData, mesh::kContext});
+    data_rank = grid->comm(mesh::kData).rank();
   }
   nn::GPT gpt(nn::GPTConfig{.vocab = o.vocab, .block_size = o.context, .layers = o.layers, .heads = o.heads,
                             .width = o.width, .seed = 1, .tensor = tp, .context = cp});
@@ -156,7 +156,7 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
   units.push_back(&gpt);                          // the root: embeddings, the tied head, ln_f
   if (precision == "bf16")
     wrapper = std::make_unique<parallel::FullyShardedDataParallel>(
-        gpt, dp_comm != nullptr ? *dp_comm : grid->comm("data"), nullptr,
+        gpt, dp_comm != nullptr ? *dp_comm : grid->comm(mesh::kData), nullptr,
         parallel::FullyShardedOptions{.stage = parallel::ZeroStage::no_shard,
                                       .param_dtype = DType::bf16,
                                       .reduce_dtype = DType::f32,
@@ -309,16 +309,16 @@ GptBenchMesh parse_gpt_bench_mesh(const std::string& spec) {
     if (m.sequence_parallel) throw InvalidArgument(op, fmt::format("'{}': one rank has no tensor axis", spec), hint);
     return m;
   }
-  const plan::NamedShape shape = plan::parse_mesh_spec(axes);
+  const mesh::NamedShape shape = mesh::parse_mesh_spec(axes);
   std::vector<std::string> seen;
   for (size_t i = 0; i < shape.shape.size(); ++i) {
     const std::string& name = shape.axis_names[i];
-    if (name != "data" && name != "context" && name != "tensor")
+    if (name != mesh::kData && name != mesh::kContext && name != mesh::kTensor)
       throw InvalidArgument(op, fmt::format("'{}': axis '{}'", spec, name), hint);
     if (std::find(seen.begin(), seen.end(), name) != seen.end())
       throw InvalidArgument(op, fmt::format("'{}': axis '{}' twice", spec, name), hint);
     seen.push_back(name);
-    (name == "data" ? m.data : name == "context" ? m.context : m.tensor) = shape.shape[i];
+    (name == mesh::kData ? m.data : name == mesh::kContext ? m.context : m.tensor) = shape.shape[i];
   }
   if (m.sequence_parallel && m.tensor == 1)
     throw InvalidArgument(op, fmt::format("'{}': sequence parallelism without a tensor axis", spec), hint);

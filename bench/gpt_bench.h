@@ -58,7 +58,7 @@ struct GptBenchMesh {
   std::string name() const;
 };
 // The --mesh syntax: "none" (one rank), or data, context and/or tensor axes
-// in plan::parse_mesh_spec's syntax ("tensor=2", "data=2,context=2"),
+// in mesh::parse_mesh_spec's syntax ("tensor=2", "data=2,context=2"),
 // optionally followed by "+sp" (sequence parallelism) or "+a2a" (all_to_all
 // context attention). InvalidArgument naming the spec for other axes, sizes
 // below 1, "+sp" without a tensor axis or "+a2a" without a context axis.

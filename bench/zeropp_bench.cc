@@ -39,9 +39,9 @@ ZeroppBenchRow run_config(const ZeroppBenchOptions& o, const Config& cfg, int64_
   comm::launch({.engine = comm::Engine::threads, .ranks = n, .timeout = std::chrono::seconds(300)},
                [&](comm::Communicator& world) {
                  mesh::DeviceMesh grid(world, {k, l}, {"node", "fsdp"});
-                 comm::Communicator& shard = grid.comm(std::vector<std::string>{"node", "fsdp"});
-                 comm::Communicator& local = grid.comm("fsdp");
-                 comm::Communicator& cross = grid.comm("node");
+                 comm::Communicator& shard = grid.comm({mesh::kNode, mesh::kFsdp});
+                 comm::Communicator& local = grid.comm(mesh::kFsdp);
+                 comm::Communicator& cross = grid.comm(mesh::kNode);
                  std::vector<int64_t> sizes = {784};
                  sizes.insert(sizes.end(), o.hidden.begin(), o.hidden.end());
                  sizes.push_back(10);

@@ -39,8 +39,8 @@ int run_mesh(const MeshFlags& f) {
                         {"device_memory", f.device_memory},
                         {"devices_per_node", std::to_string(f.devices_per_node)}});
   if (!f.mesh.empty()) {
-    const plan::NamedShape named = plan::parse_mesh_spec(f.mesh);
-    plan::validate_mesh_config(named, f.devices);
+    const mesh::NamedShape named = mesh::parse_mesh_spec(f.mesh);
+    mesh::validate_mesh_config(named, f.devices);
     fmt::print("{}", mesh::render_mesh(named.shape, named.axis_names));
     return 0;
   }
@@ -56,7 +56,7 @@ int run_mesh(const MeshFlags& f) {
     if (!p.shape.empty()) fmt::print("\n{}", mesh::render_mesh(p.shape, p.axis_names));
     return 0;
   }
-  const std::vector<int> shape = plan::get_optimal_mesh_shape(f.devices, f.dims);
+  const std::vector<int> shape = mesh::get_optimal_mesh_shape(f.devices, f.dims);
   std::vector<std::string> names;
   for (int d = 0; d < f.dims; ++d) names.push_back(fmt::format("axis{}", d));
   fmt::print("most balanced {}-axis shape using all {} devices: ({})\n", f.dims, f.devices, fmt::join(shape, ", "));
@@ -86,7 +86,7 @@ std::vector<int64_t> parse_shape(const std::string& text) {
 
 // The rank table and (for 1-D and 2-D layouts of at most kMaxPictureRanks
 // ranks) the picture of `layout`, also as SVG to `svg` unless empty.
-void print_layout(const sharding::Layout& layout, const plan::NamedShape& named, int width, const std::string& svg) {
+void print_layout(const sharding::Layout& layout, const mesh::NamedShape& named, int width, const std::string& svg) {
   fmt::print("{}\n\n", layout.to_string());
   fmt::print("{:>5}  {:<16} {:<24} {}\n", "rank", "coords", "global block", "local shape");
   const int listed = std::min(layout.num_ranks(), kMaxTableRanks);
@@ -123,7 +123,7 @@ int run_shard(const ShardFlags& f) {
                           "pass --shape and --spec for one tensor, or --model gpt|mlp|vae for a model's parameters");
   print_config("shard", {{"shape", f.shape}, {"spec", f.spec}, {"mesh", f.mesh},
                          {"partial", f.partial.empty() ? "-" : f.partial}, {"strict", f.strict ? "on" : "off"}});
-  const plan::NamedShape named = plan::parse_mesh_spec(f.mesh);
+  const mesh::NamedShape named = mesh::parse_mesh_spec(f.mesh);
   sharding::LayoutOptions options;
   options.strict = f.strict;
   if (!f.partial.empty()) options.partial[f.partial] = comm::ReduceOp::sum;

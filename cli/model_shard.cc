@@ -49,16 +49,16 @@ std::unique_ptr<nn::Module> build(const ModelShardFlags& f) {
 }
 
 // One strategy per mesh axis of size > 1 (the trainer's axes).
-sharding::MultiDimensionalStrategy strategies(const plan::NamedShape& mesh, int64_t min_weight_size) {
+sharding::MultiDimensionalStrategy strategies(const mesh::NamedShape& mesh, int64_t min_weight_size) {
   std::vector<std::shared_ptr<const sharding::Strategy>> out;
   for (size_t i = 0; i < mesh.shape.size(); ++i) {
     const std::string& a = mesh.axis_names[i];
     const int n = mesh.shape[i];
-    if (a == "data")
+    if (a == mesh::kData)
       out.push_back(std::make_shared<sharding::DataParallelStrategy>(a));
-    else if (a == "fsdp")
+    else if (a == mesh::kFsdp)
       out.push_back(std::make_shared<sharding::FSDPStrategy>(a, n, min_weight_size));
-    else if (a == "tensor")
+    else if (a == mesh::kTensor)
       out.push_back(std::make_shared<sharding::TensorParallelStrategy>(a, n, /*uneven=*/true));
     else if (n > 1)
       throw InvalidArgument("meshtrain shard --model", fmt::format("mesh axis {}={}", a, n),
@@ -88,7 +88,7 @@ void ModelShardFlags::add(CLI::App* app) {
 }
 
 int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int width, const std::string& svg) {
-  const plan::NamedShape mesh = plan::parse_mesh_spec(mesh_spec);
+  const mesh::NamedShape mesh = mesh::parse_mesh_spec(mesh_spec);
   // What every rank holds is added up rank by rank (a vector and a pass per
   // parameter over the ranks): bounded before anything is built.
   int64_t num_ranks = 1;
@@ -130,7 +130,7 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
   held = *std::max_element(per_rank.begin(), per_rank.end());
   fmt::print("\nf32 parameters: {} in all, at most {} on a rank ({:.1f}%)\n", mib(total), mib(held),
              100.0 * held / std::max(total, 1.0));
-  if (std::find(mesh.axis_names.begin(), mesh.axis_names.end(), "fsdp") != mesh.axis_names.end())
+  if (std::find(mesh.axis_names.begin(), mesh.axis_names.end(), mesh::kFsdp) != mesh.axis_names.end())
     fmt::print("(the fsdp runtime shards each unit's parameters as one flat vector; the spec is the per-dimension "
                "picture of the same split)\n");
   return 0;

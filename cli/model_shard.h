@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/sharding/layout.h"
 
 namespace meshtrain::cli {
@@ -32,6 +32,6 @@ struct ModelShardFlags {
 int run_shard_model(const ModelShardFlags& f, const std::string& mesh, int width, const std::string& svg);
 
 // The rank table and picture of one layout (layout_commands.cc).
-void print_layout(const sharding::Layout& layout, const plan::NamedShape& named, int width, const std::string& svg);
+void print_layout(const sharding::Layout& layout, const mesh::NamedShape& named, int width, const std::string& svg);
 
 }  // namespace meshtrain::cli

@@ -132,15 +132,15 @@ Measured train_layout(const CheckOptions& o, const Layout& x, int threads_per_ra
   tc.overwrite = true;
   tc.set("fsdp", x.fsdp, "the check's layout");
   config::DistributedConfig dc;
-  const plan::NamedShape mesh = x.mesh.empty() ? plan::NamedShape{{1}, {"data"}} : plan::parse_mesh_spec(x.mesh);
+  const mesh::NamedShape mesh = x.mesh.empty() ? mesh::NamedShape{{1}, {std::string(mesh::kData)}} : mesh::parse_mesh_spec(x.mesh);
   dc.world_size = 1;
   for (int s : mesh.shape) dc.world_size *= s;
   dc.num_processes_per_node = dc.world_size;
   dc.mesh_shape = mesh.shape;
   dc.mesh_axis_names = mesh.axis_names;
-  dc.tensor_parallel_size = mesh.size_of("tensor");
-  dc.pipeline_parallel_size = mesh.size_of("pipeline");
-  dc.context_parallel_size = mesh.size_of("context");
+  dc.tensor_parallel_size = mesh.size_of(mesh::kTensor);
+  dc.pipeline_parallel_size = mesh.size_of(mesh::kPipeline);
+  dc.context_parallel_size = mesh.size_of(mesh::kContext);
   train::TrainResult r;
   {
     Quiet quiet;

@@ -221,7 +221,7 @@ int run_plan(PlanFlags f) {
                          .recompute = f.recompute,
                          .min_weight_size = f.min_weight_size,
                          .batch = f.batch};
-  l.set_mesh(plan::parse_mesh_spec(f.mesh));
+  l.set_mesh(mesh::parse_mesh_spec(f.mesh));
   // As the trainer resolves them: an fsdp axis shards fully unless told;
   // mixed precision without a strategy runs as no_shard.
   std::string fsdp = f.fsdp;

@@ -53,7 +53,7 @@ struct Mesh {
 };
 
 bool known(std::string_view name) {
-  return std::find(plan::kMeshAxisOrder.begin(), plan::kMeshAxisOrder.end(), name) != plan::kMeshAxisOrder.end();
+  return std::find(mesh::kMeshAxisOrder.begin(), mesh::kMeshAxisOrder.end(), name) != mesh::kMeshAxisOrder.end();
 }
 
 Mesh mesh_of(const plan::TrainingLayout& l, const MeshPictureOptions& o) {
@@ -70,7 +70,7 @@ Mesh mesh_of(const plan::TrainingLayout& l, const MeshPictureOptions& o) {
       throw InvalidArgument(kOp, fmt::format("axis '{}' appears twice in the order", a), "give each axis once");
     names.push_back(a);
   }
-  for (std::string_view a : plan::kMeshAxisOrder) {
+  for (std::string_view a : mesh::kMeshAxisOrder) {
     if (std::find(names.begin(), names.end(), a) != names.end()) continue;
     if (!order.empty() && l.axis_size(a) > 1)
       throw InvalidArgument(kOp, fmt::format("the order leaves out axis {} of size {}", a, l.axis_size(a)),
@@ -128,14 +128,14 @@ Placement placement(const Mesh& m, const Axis& a) {
 
 // What the axis's groups exchange (plan/mesh_planning.h's order by traffic).
 std::string role(const plan::TrainingLayout& l, std::string_view axis) {
-  if (axis == "pipeline")
+  if (axis == mesh::kPipeline)
     return l.virtual_stages > 1
                ? fmt::format("activations to the next stage every micro-batch ({} model chunks per rank)",
                              l.virtual_stages)
                : "activations to the next stage every micro-batch";
-  if (axis == "data") return "gradients reduced once a step";
-  if (axis == "fsdp") return "weights gathered and gradients reduced every layer";
-  if (axis == "context") return "keys and values passed on every attention layer";
+  if (axis == mesh::kData) return "gradients reduced once a step";
+  if (axis == mesh::kFsdp) return "weights gathered and gradients reduced every layer";
+  if (axis == mesh::kContext) return "keys and values passed on every attention layer";
   return "activations all-reduced in every layer";
 }
 
@@ -189,14 +189,14 @@ std::vector<std::string> mesh_axis_captions(const plan::TrainingLayout& layout, 
 
 int tensor_groups_split_over_nodes(const plan::TrainingLayout& layout, const MeshPictureOptions& options) {
   const Mesh m = mesh_of(layout, options);
-  const Axis& tp = m.axis("tensor");
+  const Axis& tp = m.axis(mesh::kTensor);
   return tp.size > 1 ? static_cast<int>(placement(m, tp).split) : 0;
 }
 
 std::string mesh_svg(const plan::TrainingLayout& layout, const MeshPictureOptions& options) {
   const Mesh m = mesh_of(layout, options);
-  const Axis& tp = m.axis("tensor");
-  const Axis& pp = m.axis("pipeline");
+  const Axis& tp = m.axis(mesh::kTensor);
+  const Axis& pp = m.axis(mesh::kPipeline);
   const Placement tensor = tp.size > 1 ? placement(m, tp) : Placement{};
   const int64_t split = tensor.split;
 
@@ -220,7 +220,7 @@ std::string mesh_svg(const plan::TrainingLayout& layout, const MeshPictureOption
                                m.per_node == 1 ? "a node holds one rank"
                                                : fmt::format("a node holds {} consecutive ranks", m.per_node))});
   for (const Axis& a : m.axes)
-    if (a.size > 1) lines.push_back({caption(layout, m, a), a.name == "tensor" && split > 0});
+    if (a.size > 1) lines.push_back({caption(layout, m, a), a.name == mesh::kTensor && split > 0});
   if (split > 0)
     lines.push_back({fmt::format("{} tensor-parallel groups are split over nodes (red): their all-reduces "
                                  "leave the node in every layer",

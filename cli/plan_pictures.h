@@ -8,7 +8,7 @@
 // World ranks are numbered as the runtime's DeviceMesh numbers them: row-major
 // over the mesh axes in the order --mesh lists them (the last axis varies
 // fastest), and a node holds devices_per_node consecutive ranks. The search's
-// layouts list their axes in plan::kMeshAxisOrder (pipeline, data, fsdp,
+// layouts list their axes in mesh::kMeshAxisOrder (pipeline, data, fsdp,
 // context, tensor), so tensor groups are consecutive ranks.
 //
 // The picture: one rounded box per node with its devices as squares labelled
@@ -35,7 +35,7 @@ struct MeshPictureOptions {
   std::string title = {};
   // The axes, slowest first, as --mesh lists them; axes left out have size 1
   // (or are placed after the listed ones). Empty: the layout's axis_order
-  // (TrainingLayout::set_mesh keeps --mesh's), else plan::kMeshAxisOrder.
+  // (TrainingLayout::set_mesh keeps --mesh's), else mesh::kMeshAxisOrder.
   std::vector<std::string> order = {};
   std::string note = {};  // one more caption line (e.g. where devices_per_node comes from)
   int max_nodes = 32;     // nodes drawn in full

@@ -65,14 +65,14 @@ void set_distributed(config::DistributedConfig& dc, std::string_view key, const 
 void require_trainable_mesh(const config::DistributedConfig& dc, std::string_view source) {
   for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i) {
     const std::string& a = dc.mesh_axis_names[i];
-    if (a != "data" && a != "node" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" &&
-        dc.mesh_shape[i] != 1)
+    if (!mesh::is_known_axis(a) && dc.mesh_shape[i] != 1)
       throw Unsupported("meshtrain train",
                         fmt::format("{}: mesh {} has a {} axis of size {}, which training cannot use", source,
-                                    plan::NamedShape{dc.mesh_shape, dc.mesh_axis_names}.to_spec(), a,
+                                    mesh::NamedShape{dc.mesh_shape, dc.mesh_axis_names}.to_spec(), a,
                                     dc.mesh_shape[i]),
-                        "training uses data, node, fsdp, context, tensor and pipeline axes (e.g. --mesh data=4, "
-                        "data=2,fsdp=2, node=2,fsdp=2, data=2,tensor=2, context=2 or data=2,pipeline=2)");
+                        fmt::format("training uses {} axes (e.g. --mesh data=4, data=2,fsdp=2, node=2,fsdp=2, "
+                                    "data=2,tensor=2, context=2 or data=2,pipeline=2)",
+                                    mesh::known_axes_list()));
   }
 }
 
@@ -151,8 +151,8 @@ int run_train(TrainFlags& f) {
   }
   if (!f.mesh.empty()) {
     // A new mesh replaces the configuration's, its parallel sizes included (set below from its axes).
-    for (const char* axis : {"tensor", "pipeline", "context"})
-      set_distributed(dc, std::string(axis) + "_parallel_size", "1", "--mesh");
+    for (const std::string_view axis : {mesh::kTensor, mesh::kPipeline, mesh::kContext})
+      set_distributed(dc, fmt::format("{}_parallel_size", axis), "1", "--mesh");
     set_distributed(dc, "mesh", f.mesh, "--mesh");
     // Threads engine without --devices: one simulated device per mesh position.
     if (engine == "threads" && f.devices.empty()) {
@@ -166,9 +166,9 @@ int run_train(TrainFlags& f) {
   require_trainable_mesh(dc, !f.mesh.empty() ? "--mesh" : f.config.empty() ? "configuration" : f.config);
   // A tensor (pipeline, context) axis in the mesh is that parallel size.
   for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i)
-    for (const char* axis : {"tensor", "pipeline", "context"})
+    for (const std::string_view axis : {mesh::kTensor, mesh::kPipeline, mesh::kContext})
       if (dc.mesh_axis_names[i] == axis)
-        set_distributed(dc, std::string(axis) + "_parallel_size", std::to_string(dc.mesh_shape[i]), "--mesh");
+        set_distributed(dc, fmt::format("{}_parallel_size", axis), std::to_string(dc.mesh_shape[i]), "--mesh");
   if (dc.backend == comm::Engine::threads && dc.world_size > comm::kMaxThreadsRanks)
     throw InvalidArgument("meshtrain train",
                           fmt::format("{}: {} devices, more than the threads engine's {}",
@@ -202,7 +202,7 @@ int run_train(TrainFlags& f) {
     fmt::print("{}", resolved.config.to_toml());
     for (const auto& note : resolved.notes) fmt::print("# {}\n", note);
     fmt::print("\n[distributed]\n# (resolved)\n{}\n\n", dc.to_string());
-    const plan::NamedShape m = dc.mesh();
+    const mesh::NamedShape m = dc.mesh();
     fmt::print("{}\n", mesh::render_mesh(m.shape, m.axis_names));
     std::fflush(stdout);
   }

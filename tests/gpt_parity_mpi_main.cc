@@ -69,7 +69,7 @@ int main(int, char** argv) {
 
   std::vector<train::TrainResult> results;
   for (const Case& c : cases) {
-    const plan::NamedShape shape{c.shape, c.axes};
+    const mesh::NamedShape shape{c.shape, c.axes};
     train::TrainConfig tc = gpt_parity_config("mpi_" + (c.fsdp.empty() ? std::string("dp") : c.fsdp) + "_" +
                                               shape.to_spec() + (c.sequence_parallel ? "_sp" : "") +
                                               c.pipeline_schedule + (c.cp_comm == "ring" ? "" : c.cp_comm));
@@ -95,7 +95,7 @@ int main(int, char** argv) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string what = fmt::format(
         "gpt {} on mesh {}{}{}{} ({} processes)", cases[i].fsdp.empty() ? "data parallel" : cases[i].fsdp,
-        plan::NamedShape{cases[i].shape, cases[i].axes}.to_spec(),
+        mesh::NamedShape{cases[i].shape, cases[i].axes}.to_spec(),
         cases[i].sequence_parallel ? " with sequence parallelism" : "",
         cases[i].pipeline_schedule.empty() ? "" : ", schedule " + cases[i].pipeline_schedule,
         cases[i].cp_comm == "ring" ? "" : ", " + cases[i].cp_comm, n);

@@ -67,7 +67,7 @@ struct PlanRun {
   train::TrainResult result;
   plan::TrainingLayout layout;
   plan::GptShape shape;
-  plan::NamedShape mesh;
+  mesh::NamedShape mesh;
 };
 
 // Trains the case (every wait's deadline 120 s) and describes it.
@@ -96,7 +96,7 @@ inline PlanRun run_plan_case(const PlanCase& c) {
   run.result = train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
                                             .timeout = std::chrono::seconds(120)});
   std::filesystem::remove_all(tc.run_dir);  // named by the process: nothing reuses it
-  run.mesh = c.mesh.empty() ? plan::NamedShape{{1}, {"data"}} : plan::parse_mesh_spec(c.mesh);
+  run.mesh = c.mesh.empty() ? mesh::NamedShape{{1}, {"data"}} : mesh::parse_mesh_spec(c.mesh);
   run.layout = {.sequence_parallel = c.sequence_parallel,
                 .schedule = c.schedule,
                 .virtual_stages = c.virtual_stages,

@@ -27,7 +27,7 @@ using Case = PlanCase;
 
 // Measured group names as the model names them: the communicator's axes of
 // size > 1 in mesh order; "" for one rank.
-std::string canonical(const std::string& group, const plan::NamedShape& mesh) {
+std::string canonical(const std::string& group, const mesh::NamedShape& mesh) {
   if (group == "tied") return group;
   std::vector<std::string> axes;
   if (group == "world") axes = mesh.axis_names;
@@ -39,7 +39,7 @@ std::string canonical(const std::string& group, const plan::NamedShape& mesh) {
       at = plus + 1;
     }
   std::string out;
-  for (std::string_view a : plan::kMeshAxisOrder)
+  for (std::string_view a : mesh::kMeshAxisOrder)
     if (std::find(axes.begin(), axes.end(), a) != axes.end() && mesh.size_of(a) > 1)
       out.append(out.empty() ? "" : "+").append(a);
   return out;
@@ -52,7 +52,7 @@ void check(const Case& c) {
   const train::TrainResult& r = run.result;
   const plan::TrainingLayout& l = run.layout;
   const plan::GptShape& g = run.shape;
-  const plan::NamedShape& mesh = run.mesh;
+  const mesh::NamedShape& mesh = run.mesh;
   const std::vector<plan::DeviceTraffic> want = plan::predict_traffic(g, l);
   ASSERT_EQ(static_cast<int>(r.traffic_by_rank.size()), l.devices());
   ASSERT_EQ(r.traffic_steps, 2);

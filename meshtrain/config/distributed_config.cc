@@ -89,14 +89,14 @@ constexpr ConfigField kFields[] = {
          return;
        }
        try {
-         plan::NamedShape m = plan::parse_mesh_spec(t);
+         mesh::NamedShape m = mesh::parse_mesh_spec(t);
          c.mesh_shape = std::move(m.shape);
          c.mesh_axis_names = std::move(m.axis_names);
        } catch (const InvalidArgument& e) {
          throw InvalidArgument(kOp, fmt::format("{}: {}", s, e.detail()), e.hint());
        }
      },
-     [](const DistributedConfig& c) { return plan::NamedShape{c.mesh_shape, c.mesh_axis_names}.to_spec(); }},
+     [](const DistributedConfig& c) { return mesh::NamedShape{c.mesh_shape, c.mesh_axis_names}.to_spec(); }},
     {"mixed_precision", "--mixed-precision", "precision", "no, fp16 or bf16",
      [](DistributedConfig& c, std::string_view t, std::string_view s) {
        try {
@@ -275,16 +275,16 @@ void DistributedConfig::validate() const {
     throw InvalidArgument(kOp, fmt::format("mesh_axis_names ({}) given without mesh_shape",
                                            fmt::join(mesh_axis_names, ", ")),
                           "give mesh_shape too, or write the mesh as mesh = \"data=2,tensor=2\"");
-  const plan::NamedShape m{mesh_shape, mesh_axis_names};
-  plan::validate_mesh_config(m, world_size, kOp);
+  const mesh::NamedShape m{mesh_shape, mesh_axis_names};
+  mesh::validate_mesh_config(m, world_size, kOp);
   struct Axis {
-    const char* name;
+    std::string_view name;
     const char* key;
     int size;
   };
-  for (const Axis& a : {Axis{"tensor", "tensor_parallel_size", tensor_parallel_size},
-                        Axis{"pipeline", "pipeline_parallel_size", pipeline_parallel_size},
-                        Axis{"context", "context_parallel_size", context_parallel_size}}) {
+  for (const Axis& a : {Axis{mesh::kTensor, "tensor_parallel_size", tensor_parallel_size},
+                        Axis{mesh::kPipeline, "pipeline_parallel_size", pipeline_parallel_size},
+                        Axis{mesh::kContext, "context_parallel_size", context_parallel_size}}) {
     const int got = m.size_of(a.name);
     if (got == a.size) continue;
     if (std::find(mesh_axis_names.begin(), mesh_axis_names.end(), a.name) == mesh_axis_names.end())
@@ -311,30 +311,30 @@ int DistributedConfig::data_parallel_size() const {
   return static_cast<int>(world_size / model);
 }
 
-plan::NamedShape DistributedConfig::mesh() const {
+mesh::NamedShape DistributedConfig::mesh() const {
   if (!mesh_shape.empty() || !mesh_axis_names.empty()) return {mesh_shape, mesh_axis_names};
-  plan::NamedShape m;
+  mesh::NamedShape m;
   const int sizes[] = {pipeline_parallel_size, data_parallel_size(), 1, context_parallel_size, tensor_parallel_size};
-  static_assert(std::size(sizes) == plan::kMeshAxisOrder.size());
-  for (size_t i = 0; i < plan::kMeshAxisOrder.size(); ++i)
+  static_assert(std::size(sizes) == mesh::kMeshAxisOrder.size());
+  for (size_t i = 0; i < mesh::kMeshAxisOrder.size(); ++i)
     if (sizes[i] > 1) {
       m.shape.push_back(sizes[i]);
-      m.axis_names.emplace_back(plan::kMeshAxisOrder[i]);
+      m.axis_names.emplace_back(mesh::kMeshAxisOrder[i]);
     }
-  if (m.shape.empty()) m = {{1}, {"data"}};
+  if (m.shape.empty()) m = {{1}, {std::string(mesh::kData)}};
   return m;
 }
 
 ParallelismConfig DistributedConfig::parallelism_config() const {
   ParallelismConfig p;
-  const plan::NamedShape m = mesh();
+  const mesh::NamedShape m = mesh();
   p.mesh_shape = m.shape;
   p.mesh_axis_names = m.axis_names;
   p.sharding.data_parallel_size = data_parallel_size();
   p.sharding.tensor_parallel_size = tensor_parallel_size;
   p.sharding.pipeline_parallel_size = pipeline_parallel_size;
   p.sharding.context_parallel_size = context_parallel_size;
-  p.sharding.fsdp_enabled = m.size_of("fsdp") > 1;
+  p.sharding.fsdp_enabled = m.size_of(mesh::kFsdp) > 1;
   return p;
 }
 

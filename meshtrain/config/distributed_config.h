@@ -42,7 +42,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/config/sharding_config.h"
-#include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/mesh/mesh_shape.h"
 
 namespace meshtrain::config {
 
@@ -143,7 +143,7 @@ struct DistributedConfig {
   // The mesh to build: mesh_shape/mesh_axis_names when given, else derived
   // from the sizes: (pipeline, data, context, tensor), size-1 axes left out,
   // (data=1) for one rank. A pipeline-only config keeps its pipeline axis.
-  plan::NamedShape mesh() const;
+  mesh::NamedShape mesh() const;
   // mesh() with the matching ShardingConfig (fsdp_enabled when the mesh has
   // an fsdp axis > 1).
   ParallelismConfig parallelism_config() const;

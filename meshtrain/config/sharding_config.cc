@@ -79,15 +79,15 @@ ParallelismConfig ParallelismConfig::from_sharding_config(const ShardingConfig& 
   const int data = c.fsdp_enabled ? 1 : c.data_parallel_size;
   const int fsdp = c.fsdp_enabled ? c.data_parallel_size : 1;
   const int sizes[] = {c.pipeline_parallel_size, data, fsdp, c.context_parallel_size, c.tensor_parallel_size};
-  static_assert(std::size(sizes) == plan::kMeshAxisOrder.size());
-  for (size_t i = 0; i < plan::kMeshAxisOrder.size(); ++i)
+  static_assert(std::size(sizes) == mesh::kMeshAxisOrder.size());
+  for (size_t i = 0; i < mesh::kMeshAxisOrder.size(); ++i)
     if (sizes[i] > 1) {
       p.mesh_shape.push_back(sizes[i]);
-      p.mesh_axis_names.emplace_back(plan::kMeshAxisOrder[i]);
+      p.mesh_axis_names.emplace_back(mesh::kMeshAxisOrder[i]);
     }
   if (p.mesh_shape.empty()) {
     p.mesh_shape = {1};
-    p.mesh_axis_names = {"data"};
+    p.mesh_axis_names = {std::string(mesh::kData)};
   }
   return p;
 }
@@ -109,15 +109,15 @@ int ParallelismConfig::axis_size(std::string_view name) const { return named_sha
 void ParallelismConfig::validate() const {
   sharding.validate();
   const ShardingConfig& s = sharding;
-  plan::validate_mesh_config(named_shape(), static_cast<int>(s.total_device_count()), kParallelism);
+  mesh::validate_mesh_config(named_shape(), static_cast<int>(s.total_device_count()), kParallelism);
   struct Axis {
-    const char* name;
+    std::string_view name;
     const char* field;
     int size;
   };
-  for (const Axis& a : {Axis{"tensor", "tensor_parallel_size", s.tensor_parallel_size},
-                        Axis{"pipeline", "pipeline_parallel_size", s.pipeline_parallel_size},
-                        Axis{"context", "context_parallel_size", s.context_parallel_size}}) {
+  for (const Axis& a : {Axis{mesh::kTensor, "tensor_parallel_size", s.tensor_parallel_size},
+                        Axis{mesh::kPipeline, "pipeline_parallel_size", s.pipeline_parallel_size},
+                        Axis{mesh::kContext, "context_parallel_size", s.context_parallel_size}}) {
     const int got = axis_size(a.name);
     if (got == a.size) continue;
     const bool present =
@@ -132,7 +132,7 @@ void ParallelismConfig::validate() const {
                                       a.size));
   }
   // The product check above and the three axes make data x fsdp == data_parallel_size.
-  const int fsdp = axis_size("fsdp");
+  const int fsdp = axis_size(mesh::kFsdp);
   if (fsdp > 1 && !s.fsdp_enabled)
     throw InvalidArgument(kParallelism, fmt::format("mesh {} has fsdp={} but fsdp_enabled is false", to_string(), fsdp),
                           "set fsdp_enabled = true, or rename the axis to data");

@@ -9,7 +9,7 @@
 //   p.mesh_axis_names;  // {"fsdp", "tensor"}  (FSDP shards over the data-parallel devices)
 //   ShardingConfig::from_device_count(32);                   // data 8 x tensor 4: all 32 used
 //
-// Axis names and order are plan::kMeshAxisOrder: pipeline, data, fsdp,
+// Axis names and order are mesh::kMeshAxisOrder: pipeline, data, fsdp,
 // context, tensor; size-1 axes are left out, so a pipeline-only config keeps
 // its pipeline axis (the reference dropped it).
 // Thread-safety: plain values; const methods may be called concurrently.
@@ -76,7 +76,7 @@ struct ParallelismConfig {
 
   // Size of the axis called `name`, 1 if the mesh has none.
   int axis_size(std::string_view name) const;
-  plan::NamedShape named_shape() const { return {mesh_shape, mesh_axis_names}; }
+  mesh::NamedShape named_shape() const { return {mesh_shape, mesh_axis_names}; }
   // "data=2,tensor=2"
   std::string to_string() const { return named_shape().to_spec(); }
   bool operator==(const ParallelismConfig&) const = default;

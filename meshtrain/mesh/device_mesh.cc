@@ -385,7 +385,7 @@ DeviceMesh& DeviceMesh::operator=(DeviceMesh&&) noexcept = default;
 int DeviceMesh::size() const { return world_->size(); }
 int DeviceMesh::rank() const { return world_->rank(); }
 
-int DeviceMesh::axis_index(const std::string& name) const {
+int DeviceMesh::axis_index(std::string_view name) const {
   for (size_t i = 0; i < axis_names_.size(); ++i)
     if (axis_names_[i] == name) return static_cast<int>(i);
   throw InvalidArgument("DeviceMesh::axis_index",
@@ -406,7 +406,7 @@ std::vector<int> DeviceMesh::axis_indices(const std::vector<std::string>& axes, 
   return idx;
 }
 
-comm::Communicator& DeviceMesh::comm(const std::string& axis) const { return *axis_comms_[axis_index(axis)]; }
+comm::Communicator& DeviceMesh::comm(std::string_view axis) const { return *axis_comms_[axis_index(axis)]; }
 
 comm::Communicator& DeviceMesh::comm(const std::vector<std::string>& axes) {
   const std::vector<int> idx = axis_indices(axes, "DeviceMesh::comm");

@@ -48,6 +48,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -143,10 +144,10 @@ class DeviceMesh {
 
   // Position of `name` in axis_names(). Throws InvalidArgument listing the
   // valid names when there is no such axis.
-  int axis_index(const std::string& name) const;
-  int axis_size(const std::string& name) const { return shape_[axis_index(name)]; }
+  int axis_index(std::string_view name) const;
+  int axis_size(std::string_view name) const { return shape_[axis_index(name)]; }
   // This rank's coordinate along `name` (== comm(name).rank()).
-  int axis_rank(const std::string& name) const { return coords_[axis_index(name)]; }
+  int axis_rank(std::string_view name) const { return coords_[axis_index(name)]; }
 
   // The world communicator this mesh was built over.
   comm::Communicator& world() const { return *world_; }
@@ -155,7 +156,7 @@ class DeviceMesh {
   // except along `axis`; its rank is axis_rank(axis), its size axis_size(axis).
   // Created in the constructor: calling this does not communicate. The mesh's
   // constness covers its shape, not the communicators' state.
-  comm::Communicator& comm(const std::string& axis) const;
+  comm::Communicator& comm(std::string_view axis) const;
 
   // The communicator spanning several axes (distinct, any order): its ranks
   // are group_ranks(axes), ranked row-major over `axes` in the order given.
@@ -165,10 +166,11 @@ class DeviceMesh {
   // it, in the same order relative to the other collectives on world(). The
   // result is cached; later calls do not communicate.
   comm::Communicator& comm(const std::vector<std::string>& axes);
-  // Makes `mesh.comm({"data", "tensor"})` unambiguous (std::string has a
-  // two-pointer constructor too).
-  comm::Communicator& comm(std::initializer_list<std::string> axes) {
-    return comm(std::vector<std::string>(axes));
+  // Makes `mesh.comm({"data", "tensor"})` and `mesh.comm({mesh::kData,
+  // mesh::kTensor})` unambiguous (std::string has a two-pointer constructor
+  // too).
+  comm::Communicator& comm(std::initializer_list<std::string_view> axes) {
+    return comm(std::vector<std::string>(axes.begin(), axes.end()));
   }
 
   // World ranks of this rank's group along `axes`, in that communicator's rank

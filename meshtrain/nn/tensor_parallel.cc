@@ -25,7 +25,7 @@ ShardRange shard_range(int64_t n, int rank, int ranks) {
 }
 
 sharding::Box tensor_parallel_block(const sharding::ParamInfo& info, const TensorParallelGroup& g) {
-  return sharding::TensorParallelStrategy("tensor", g.size(), /*uneven=*/true).block(info, g.rank());
+  return sharding::TensorParallelStrategy(mesh::kTensor, g.size(), /*uneven=*/true).block(info, g.rank());
 }
 
 namespace {

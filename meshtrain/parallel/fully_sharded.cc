@@ -223,7 +223,7 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
   // Which parameters are sharded is the strategy's decision (one rule for
   // the runtime, the planner and pictures); how is the runtime's: flat and
   // padded per unit.
-  const sharding::FSDPStrategy rule("fsdp", d_, options_.min_weight_size);
+  const sharding::FSDPStrategy rule(mesh::kFsdp, d_, options_.min_weight_size);
   int64_t replicated = 0;
   for (auto& [module, ps] : groups) {
     const std::string name = unit_name(ps);

@@ -22,7 +22,7 @@ std::vector<int> divisors(int n) {
 
 std::string mesh_of(const TrainingLayout& l) {
   std::string out;
-  for (std::string_view a : kMeshAxisOrder) {
+  for (std::string_view a : mesh::kMeshAxisOrder) {
     const int n = l.axis_size(a);
     if (n > 1) out += fmt::format("{}{}={}", out.empty() ? "" : ",", a, n);
   }
@@ -63,7 +63,7 @@ std::vector<std::string> explain(const GptShape& g, const Candidate& c, const Se
                             "{}'s sustained GEMM rate); {:.1f} of {:.1f} usable GiB on the fullest device",
                             c.step, c.tokens_per_second_per_device, c.model_flops_per_device / 1e12,
                             100 * c.model_flops_per_device / peak, hw.name, c.memory / kGiB, o.usable() / kGiB));
-  auto group_ms = [&](const std::string& group) {
+  auto group_ms = [&](std::string_view group) {
     for (const auto& [name, sec] : s.comm_by_group)
       if (name == group) return sec * 1e3;
     return 0.0;
@@ -73,7 +73,7 @@ std::vector<std::string> explain(const GptShape& g, const Candidate& c, const Se
                               "all-reduces{} cost {:.1f} ms per step on the critical path, on the node's link",
                               l.tensor, hw.devices_per_node, l.tensor,
                               l.sequence_parallel ? " (as all-gathers and reduce-scatters: sequence parallel)" : "",
-                              group_ms("tensor")));
+                              group_ms(mesh::kTensor)));
   else
     why.push_back("no tensor split: the layers fit whole, and its per-layer collectives would be on the critical path");
   if (l.pipeline > 1)
@@ -87,12 +87,12 @@ std::vector<std::string> explain(const GptShape& g, const Candidate& c, const Se
                               l.context, l.context,
                               l.cp_comm == "ring" ? "ring exchanges (under attention)"
                                                   : "all_to_alls (Ulysses, on the critical path)",
-                              group_ms("context")));
+                              group_ms(mesh::kContext)));
   const int dp = l.data * l.fsdp;
   if (dp > 1) {
     // The model, pipeline and context axes' calls are always exposed (or
     // hidden under attention); the rest is the data-parallel strategy's.
-    const double other_ms = group_ms("tensor") + group_ms("context") + group_ms("pipeline");
+    const double other_ms = group_ms(mesh::kTensor) + group_ms(mesh::kContext) + group_ms(mesh::kPipeline);
     const char* stage = l.sharding == Sharding::zero3   ? "zero3 (parameters, gradients and optimizer sharded)"
                         : l.sharding == Sharding::zero2 ? "zero2 (gradients and optimizer sharded)"
                         : l.sharding == Sharding::zero1 ? "zero1 (optimizer sharded)"

@@ -504,33 +504,33 @@ const DeviceMemory& MemoryPrediction::worst() const {
 }
 
 int TrainingLayout::axis_size(std::string_view name) const {
-  if (name == "data") return data;
-  if (name == "fsdp") return fsdp;
-  if (name == "tensor") return tensor;
-  if (name == "pipeline") return pipeline;
-  if (name == "context") return context;
+  if (name == mesh::kData) return data;
+  if (name == mesh::kFsdp) return fsdp;
+  if (name == mesh::kTensor) return tensor;
+  if (name == mesh::kPipeline) return pipeline;
+  if (name == mesh::kContext) return context;
   throw InvalidArgument("TrainingLayout::axis_size", fmt::format("axis '{}'", name),
                         "use data, fsdp, tensor, pipeline or context");
 }
 
 std::vector<std::string> TrainingLayout::rank_order() const {
   std::vector<std::string> out = axis_order;
-  for (std::string_view a : kMeshAxisOrder)
+  for (std::string_view a : mesh::kMeshAxisOrder)
     if (std::find(out.begin(), out.end(), a) == out.end()) out.emplace_back(a);
   return out;
 }
 
-void TrainingLayout::set_mesh(const NamedShape& mesh) {
+void TrainingLayout::set_mesh(const mesh::NamedShape& mesh) {
   for (const std::string& a : mesh.axis_names)
-    if (a != "data" && a != "fsdp" && a != "tensor" && a != "pipeline" && a != "context")
+    if (a != mesh::kData && a != mesh::kFsdp && a != mesh::kTensor && a != mesh::kPipeline && a != mesh::kContext)
       throw InvalidArgument("plan::TrainingLayout::set_mesh", fmt::format("mesh {}: axis '{}'", mesh.to_spec(), a),
                             "use data, fsdp, tensor, pipeline and context axes");
   axis_order = mesh.axis_names;
-  data = mesh.size_of("data");
-  fsdp = mesh.size_of("fsdp");
-  tensor = mesh.size_of("tensor");
-  pipeline = mesh.size_of("pipeline");
-  context = mesh.size_of("context");
+  data = mesh.size_of(mesh::kData);
+  fsdp = mesh.size_of(mesh::kFsdp);
+  tensor = mesh.size_of(mesh::kTensor);
+  pipeline = mesh.size_of(mesh::kPipeline);
+  context = mesh.size_of(mesh::kContext);
 }
 
 void parse_sharding(const std::string& name, TrainingLayout& l) {

@@ -158,7 +158,7 @@ struct TrainingLayout {
   // Sets the axis sizes and order from a mesh (absent axes: 1);
   // InvalidArgument for an axis other than data, fsdp, tensor, pipeline and
   // context.
-  void set_mesh(const NamedShape& mesh);
+  void set_mesh(const mesh::NamedShape& mesh);
   // Every axis, slowest first: axis_order, then the others in kMeshAxisOrder.
   std::vector<std::string> rank_order() const;
   // The size of mesh axis `name` (data, fsdp, tensor, pipeline, context);

@@ -25,48 +25,6 @@ std::string join_ints(const std::vector<int>& v, std::string_view sep) {
   return out;
 }
 
-// Divisors of n >= 1, ascending.
-std::vector<int> divisors(int n) {
-  std::vector<int> small, large;
-  for (int d = 1; static_cast<int64_t>(d) * d <= n; ++d) {
-    if (n % d != 0) continue;
-    small.push_back(d);
-    if (d != n / d) large.push_back(n / d);
-  }
-  small.insert(small.end(), large.rbegin(), large.rend());
-  return small;
-}
-
-// f^k >= m, without overflow.
-bool pow_at_least(int64_t f, int k, int64_t m) {
-  int64_t p = 1;
-  for (int i = 0; i < k; ++i) {
-    if (p >= m) return true;
-    p *= f;
-  }
-  return p >= m;
-}
-
-// Lexicographically smallest non-increasing factorization of m into k factors,
-// each <= cap (largest first), or nullopt. `divs` holds the divisors of the
-// original n (a superset of m's). Greedy is exact: the first feasible largest
-// factor is the smallest possible one, and the rest is solved the same way.
-std::optional<std::vector<int>> balanced(int m, int k, int cap, const std::vector<int>& divs) {
-  if (k == 1) {
-    if (m > cap) return std::nullopt;
-    return std::vector<int>{m};
-  }
-  for (int f : divs) {
-    if (f > cap || f > m) break;
-    if (m % f != 0 || !pow_at_least(f, k, m)) continue;
-    if (auto rest = balanced(m / f, k - 1, f, divs)) {
-      rest->insert(rest->begin(), f);
-      return rest;
-    }
-  }
-  return std::nullopt;
-}
-
 // "<number><suffix>" -> (number, suffix). The number is a plain decimal.
 std::pair<double, std::string> split_number(std::string_view text, const std::string& op, const char* example) {
   const std::string_view s = trim(text);
@@ -125,7 +83,7 @@ struct Workload {
 // allowed size, the freed factor moved to data.
 std::optional<Candidate> smaller(const Workload& w, const Candidate& best, int Candidate::*axis) {
   const int v = best.*axis;
-  const std::vector<int> dv = divisors(v);
+  const std::vector<int> dv = mesh::divisors(v);
   for (auto it = dv.rbegin(); it != dv.rend(); ++it) {
     const int u = *it;
     if (u == v) continue;
@@ -196,59 +154,6 @@ void explain(const Workload& w, const Candidate& b, bool fits, std::vector<std::
 
 }  // namespace
 
-bool is_known_axis(std::string_view name) {
-  return name == "node" || std::find(kMeshAxisOrder.begin(), kMeshAxisOrder.end(), name) != kMeshAxisOrder.end();
-}
-
-int NamedShape::size_of(std::string_view name) const {
-  for (size_t i = 0; i < axis_names.size() && i < shape.size(); ++i)
-    if (axis_names[i] == name) return shape[i];
-  return 1;
-}
-
-std::string NamedShape::to_spec() const {
-  std::string out;
-  for (size_t i = 0; i < shape.size() && i < axis_names.size(); ++i)
-    out += fmt::format("{}{}={}", i ? "," : "", axis_names[i], shape[i]);
-  return out;
-}
-
-NamedShape parse_mesh_spec(std::string_view spec) {
-  const char* op = "parse_mesh_spec";
-  const char* hint = "write the mesh as name=size pairs separated by commas, e.g. data=2,tensor=2";
-  NamedShape out;
-  if (trim(spec).empty()) throw InvalidArgument(op, "empty mesh", hint);
-  for (const std::string_view piece : split(spec)) {
-    const std::string_view token = trim(piece);
-    const size_t eq = token.find('=');
-    if (eq == std::string_view::npos)
-      throw InvalidArgument(op, fmt::format("'{}' in mesh '{}' has no '='", token, spec), hint);
-    const std::string_view name = trim(token.substr(0, eq));
-    const std::string_view size = trim(token.substr(eq + 1));
-    if (name.empty()) throw InvalidArgument(op, fmt::format("'{}' in mesh '{}' has no axis name", token, spec), hint);
-    int value = 0;
-    auto [end, ec] = std::from_chars(size.data(), size.data() + size.size(), value);
-    if (size.empty() || ec != std::errc() || end != size.data() + size.size() || value < 1)
-      throw InvalidArgument(op, fmt::format("axis '{}' in mesh '{}' has size '{}'", name, spec, size),
-                            "axis sizes are integers from 1 to 2147483647, e.g. data=2,tensor=2");
-    out.axis_names.emplace_back(name);
-    out.shape.push_back(value);
-  }
-  return out;
-}
-
-std::vector<int> get_optimal_mesh_shape(int n, int dims) {
-  if (n < 1)
-    throw InvalidArgument("get_optimal_mesh_shape", fmt::format("device count {} < 1", n),
-                          "pass the number of devices, at least 1");
-  if (dims < 1)
-    throw InvalidArgument("get_optimal_mesh_shape", fmt::format("dims {} < 1", dims),
-                          "ask for at least one mesh axis");
-  auto best = balanced(n, dims, n, divisors(n));  // always exists: (n, 1, ..., 1)
-  std::reverse(best->begin(), best->end());
-  return *best;
-}
-
 double parse_model_size(std::string_view text, std::string_view what) {
   const std::string op(what);
   const char* example = "7B, 7b, 350M, 1.5T or 125K";
@@ -318,7 +223,7 @@ MeshPlan optimize_for_transformer(int n_devices, std::string_view model_size, in
   w.act_total = kActivationBytesPerToken * static_cast<double>(w.seq) * w.hidden * w.layers;
 
   std::optional<Candidate> best_fit, least;
-  const std::vector<int> divs = divisors(n_devices);
+  const std::vector<int> divs = mesh::divisors(n_devices);
   // Pipeline stays 1: in this memory model it divides the model state exactly
   // like fsdp but adds a bubble (see the pipeline reason below).
   for (int t : divs) {
@@ -347,14 +252,14 @@ MeshPlan optimize_for_transformer(int n_devices, std::string_view model_size, in
   plan.bytes_per_device = b.bytes();
   plan.usable_bytes = w.usable;
   const int sizes[] = {b.pipeline, b.data, b.fsdp, b.context, b.tensor};
-  for (size_t i = 0; i < kMeshAxisOrder.size(); ++i)
+  for (size_t i = 0; i < mesh::kMeshAxisOrder.size(); ++i)
     if (sizes[i] > 1) {
       plan.shape.push_back(sizes[i]);
-      plan.axis_names.emplace_back(kMeshAxisOrder[i]);
+      plan.axis_names.emplace_back(mesh::kMeshAxisOrder[i]);
     }
   if (plan.shape.empty()) {
     plan.shape = {1};
-    plan.axis_names = {"data"};
+    plan.axis_names = {std::string(mesh::kData)};
   }
 
   auto& r = plan.reasons;
@@ -371,56 +276,6 @@ MeshPlan optimize_for_transformer(int n_devices, std::string_view model_size, in
                           gb(w.memory), gb(w.usable)));
   explain(w, b, fits, r);
   return plan;
-}
-
-void validate_mesh_config(const std::vector<int>& shape, int n_devices) {
-  const char* op = "validate_mesh_config";
-  if (n_devices < 1)
-    throw InvalidArgument(op, fmt::format("device count {} < 1", n_devices), "pass the number of devices, at least 1");
-  if (shape.empty())
-    throw InvalidArgument(op, "the mesh shape has no axes",
-                          fmt::format("use at least one axis, e.g. ({})", n_devices));
-  for (size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] < 1)
-      throw InvalidArgument(op, fmt::format("axis {} of shape ({}) has size {}", i, join_ints(shape, ", "), shape[i]),
-                            "every axis size must be >= 1 (use 1 for an unused axis)");
-  int64_t product = 1;
-  for (int s : shape) product = std::min<int64_t>(product * s, int64_t{1} << 40);
-  if (product != n_devices) {
-    const std::vector<int> fix = get_optimal_mesh_shape(n_devices, static_cast<int>(shape.size()));
-    const std::string what =
-        product < n_devices ? fmt::format("uses {} of {} devices, leaving {} idle", product, n_devices,
-                                          n_devices - product)
-                            : fmt::format("needs {} devices but there are {}", product, n_devices);
-    throw InvalidArgument(op, fmt::format("shape ({}) {}", join_ints(shape, ", "), what),
-                          fmt::format("use sizes whose product is exactly {}, e.g. ({})", n_devices,
-                                      join_ints(fix, ", ")));
-  }
-}
-
-void validate_mesh_config(const NamedShape& mesh, int n_devices, std::string_view op_name) {
-  const std::string op(op_name);
-  const std::string known = "pipeline, data, node, fsdp, context, tensor";
-  if (mesh.shape.size() != mesh.axis_names.size())
-    throw InvalidArgument(op,
-                          fmt::format("the mesh has {} sizes ({}) but {} axis names", mesh.shape.size(),
-                                      join_ints(mesh.shape, ", "), mesh.axis_names.size()),
-                          "give one name per axis, e.g. --mesh data=2,tensor=2");
-  for (size_t i = 0; i < mesh.axis_names.size(); ++i) {
-    const std::string& name = mesh.axis_names[i];
-    if (!is_known_axis(name))
-      throw InvalidArgument(op, fmt::format("mesh axis '{}' is not one of {}", name, known),
-                            "rename the axis to one of those, e.g. --mesh data=2,tensor=2");
-    for (size_t j = 0; j < i; ++j)
-      if (mesh.axis_names[j] == name)
-        throw InvalidArgument(op, fmt::format("mesh axis '{}' appears twice ({})", name, mesh.to_spec()),
-                              "give each axis once and multiply the sizes into it");
-  }
-  try {
-    validate_mesh_config(mesh.shape, n_devices);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(op, fmt::format("mesh {}: {}", mesh.to_spec(), e.detail()), e.hint());
-  }
 }
 
 std::string mesh_planning_table(int max_devices) {
@@ -442,8 +297,8 @@ std::string mesh_planning_table(int max_devices) {
   }
   out += "\n" + rule + "\n";
   for (int n = 1; n <= max_devices; ++n) {
-    out += fmt::format("| {} | {} | {} | {} |", n, x(get_optimal_mesh_shape(n, 2)), x(get_optimal_mesh_shape(n, 3)),
-                       x(get_optimal_mesh_shape(n, 4)));
+    out += fmt::format("| {} | {} | {} | {} |", n, x(mesh::get_optimal_mesh_shape(n, 2)), x(mesh::get_optimal_mesh_shape(n, 3)),
+                       x(mesh::get_optimal_mesh_shape(n, 4)));
     for (const auto& l : loads) {
       const MeshPlan p = optimize_for_transformer(n, l.model, l.seq);
       out += fmt::format(" {}{} |", p.to_spec(), p.fits ? "" : " *");

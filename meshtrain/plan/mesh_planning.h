@@ -2,12 +2,10 @@
 // transformer of a given size and sequence length. Pure functions of their
 // arguments; no communication, no devices touched.
 //
-//   get_optimal_mesh_shape(16, 2);                 // {4, 4}
 //   auto p = optimize_for_transformer(8, "7B", 4096);
 //   p.axis_names;                                  // {"data", "fsdp"}
 //   p.shape;                                       // {2, 4}
 //   for (auto& r : p.reasons) fmt::print("{}\n", r);  // why, with numbers
-//   validate_mesh_config({2, 2}, 5);               // throws: uses 4 of 5 devices
 //
 // Every plan uses every device: the product of a returned shape always equals
 // the device count (the Python reference idled devices: 5 -> 2x2, 32 -> 6x5).
@@ -24,47 +22,9 @@
 #include <string_view>
 #include <vector>
 
+#include "meshtrain/mesh/mesh_shape.h"
+
 namespace meshtrain::plan {
-
-// The mesh axes meshtrain's strategies understand, in mesh order (outermost
-// first; the last axis varies fastest, so its groups are consecutive ranks,
-// i.e. on one node). Order follows traffic: pipeline sends activations between
-// neighbours once per micro-batch, data all-reduces gradients once per step,
-// fsdp all-gathers weights every layer, context rotates K/V every attention
-// layer, tensor all-reduces activations in every layer.
-inline constexpr std::array<std::string_view, 5> kMeshAxisOrder = {"pipeline", "data", "fsdp",
-                                                                    "context", "tensor"};
-
-// True if `name` is one of kMeshAxisOrder, or "node": a split of the
-// data-parallel ranks into nodes (ZeRO++'s hierarchy: --mesh node=2,fsdp=2),
-// outside fsdp in mesh order.
-bool is_known_axis(std::string_view name);
-
-// A shape with one name per axis, e.g. {{2, 2}, {"data", "tensor"}}.
-struct NamedShape {
-  std::vector<int> shape;
-  std::vector<std::string> axis_names;
-
-  // Size of the axis called `name`, 1 if there is none.
-  int size_of(std::string_view name) const;
-  // "data=2,tensor=2" (the --mesh syntax); "" when empty.
-  std::string to_spec() const;
-  bool operator==(const NamedShape&) const = default;
-};
-
-// Parses the --mesh syntax "data=2,tensor=2" (spaces around tokens allowed).
-// Checks the syntax only (names non-empty, sizes positive integers); use
-// validate_mesh_config for the rest. Throws InvalidArgument naming the bad token.
-NamedShape parse_mesh_spec(std::string_view spec);
-
-// The most balanced factorization of n into `dims` factors, ascending:
-// among all (f_1 <= ... <= f_dims) with product n it minimizes the largest
-// factor, then the second largest, and so on (lexicographically smallest when
-// read from the largest down). Uses every device: the product is exactly n.
-//   (16, 2) -> {4, 4}   (36, 2) -> {6, 6}   (12, 2) -> {3, 4}
-//   (8, 3)  -> {2, 2, 2} (16, 4) -> {2, 2, 2, 2}   (7, 3) -> {1, 1, 7}
-// Preconditions: n >= 1, dims >= 1; else throws InvalidArgument.
-std::vector<int> get_optimal_mesh_shape(int n, int dims = 2);
 
 // Parameter count of a model-size string: a decimal number with an optional
 // suffix K (1e3), M (1e6), B or G (1e9), T (1e12), any case:
@@ -89,7 +49,7 @@ struct MeshPlan {
   int context = 1;
   int tensor = 1;
 
-  // The axes with size > 1, in kMeshAxisOrder; {1} named "data" when every
+  // The axes with size > 1, in mesh::kMeshAxisOrder; {1} named "data" when every
   // axis is 1 (one device).
   std::vector<int> shape;
   std::vector<std::string> axis_names;
@@ -100,7 +60,7 @@ struct MeshPlan {
   std::vector<std::string> reasons;  // one line per assumption and per axis, with numbers
 
   int device_count() const { return pipeline * data * fsdp * context * tensor; }
-  NamedShape named_shape() const { return {shape, axis_names}; }
+  mesh::NamedShape named_shape() const { return {shape, axis_names}; }
   // "data=2,fsdp=4" (mesh order, size-1 axes left out; "data=1" for one device)
   std::string to_spec() const;
 };
@@ -134,17 +94,6 @@ inline constexpr int64_t kLongSequence = 32768;         // context parallelism f
 // valid size strings; else throws InvalidArgument.
 MeshPlan optimize_for_transformer(int n_devices, std::string_view model_size, int64_t sequence_length,
                                   std::string_view device_memory = "80GB", int devices_per_node = 8);
-
-// Throws InvalidArgument unless `shape` is non-empty, every size >= 1 and the
-// product is exactly n_devices (n_devices >= 1): a mesh that leaves devices
-// idle is rejected, and the hint proposes a shape with the same number of
-// axes that uses them all.
-void validate_mesh_config(const std::vector<int>& shape, int n_devices);
-
-// Same, plus the names: one per axis, each in kMeshAxisOrder, no repeats.
-// `op` names the caller in the error (e.g. "DistributedConfig").
-void validate_mesh_config(const NamedShape& mesh, int n_devices,
-                          std::string_view op = "validate_mesh_config");
 
 // The Markdown table of docs/mesh-planning.md: for n = 1..max_devices, the
 // balanced 2-, 3- and 4-axis shapes and transformer plans for a few model

@@ -32,7 +32,7 @@ int ranks_per_node(const TrainingLayout& l, const std::string& group, int per_no
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const std::string_view a = *it;
     const int n = l.axis_size(a);
-    const bool in = group == "tied" ? a == "pipeline" : has_axis(group, a);
+    const bool in = group == "tied" ? a == mesh::kPipeline : has_axis(group, a);
     if (in) together *= std::clamp(per_node / stride, 1, group == "tied" ? 2 : n);
     stride *= n;
   }

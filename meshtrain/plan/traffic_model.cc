@@ -20,7 +20,7 @@ struct Group {
 // pipeline), named by its axes of size > 1 in mesh order.
 Group group_of(const TrainingLayout& l, std::initializer_list<std::string_view> axes) {
   Group g;
-  for (std::string_view a : kMeshAxisOrder) {
+  for (std::string_view a : mesh::kMeshAxisOrder) {
     if (std::find(axes.begin(), axes.end(), a) == axes.end()) continue;
     const int n = l.axis_size(a);
     if (n == 1) continue;
@@ -87,11 +87,11 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
   const int p = l.pipeline, k = l.tensor, v = l.virtual_stages, n = l.context, m = l.micro_batches;
   const int stages = p * v;
   const bool sharded = l.sharding != Sharding::none;
-  const Group grad = group_of(l, {"data", "fsdp", "context"});
-  const Group shard = l.hybrid ? group_of(l, {"fsdp"}) : grad;
-  const Group replicate = l.hybrid ? group_of(l, {"data"}) : Group{};
-  const Group tensor = group_of(l, {"tensor"}), context = group_of(l, {"context"});
-  const Group pipeline = group_of(l, {"pipeline"});
+  const Group grad = group_of(l, {mesh::kData, mesh::kFsdp, mesh::kContext});
+  const Group shard = l.hybrid ? group_of(l, {mesh::kFsdp}) : grad;
+  const Group replicate = l.hybrid ? group_of(l, {mesh::kData}) : Group{};
+  const Group tensor = group_of(l, {mesh::kTensor}), context = group_of(l, {mesh::kContext});
+  const Group pipeline = group_of(l, {mesh::kPipeline});
   const int d = l.sharding == Sharding::no_shard ? 1 : shard.ranks;
   const double micro = static_cast<double>(l.batch / l.data_ranks() / m);
   const int64_t t = g.seq / n;

@@ -78,8 +78,8 @@ class Splitter {
 
 }  // namespace
 
-PipelineParallelStrategy::PipelineParallelStrategy(std::string axis, int num_stages)
-    : axis_(std::move(axis)), num_stages_(num_stages) {
+PipelineParallelStrategy::PipelineParallelStrategy(std::string_view axis, int num_stages)
+    : axis_(axis), num_stages_(num_stages) {
   internal::check_axis_name("PipelineParallelStrategy", axis_);
   if (num_stages_ <= 0)
     throw InvalidArgument("PipelineParallelStrategy", fmt::format("num_stages {} on axis '{}'", num_stages_, axis_),

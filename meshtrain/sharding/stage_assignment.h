@@ -42,7 +42,7 @@ namespace meshtrain::sharding {
 class PipelineParallelStrategy final : public Strategy {
  public:
   // num_stages >= 1.
-  explicit PipelineParallelStrategy(std::string axis = "pipeline", int num_stages = 1);
+  explicit PipelineParallelStrategy(std::string_view axis = mesh::kPipeline, int num_stages = 1);
 
   std::string name() const override;
   StrategyKind kind() const override { return StrategyKind::pipeline_parallel; }

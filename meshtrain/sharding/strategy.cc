@@ -100,7 +100,7 @@ std::string Strategy::explain(const ParamInfo& p) const {
 
 // ---------------------------------------------------------------- DataParallel
 
-DataParallelStrategy::DataParallelStrategy(std::string axis) : axis_(std::move(axis)) {
+DataParallelStrategy::DataParallelStrategy(std::string_view axis) : axis_(axis) {
   internal::check_axis_name("DataParallelStrategy", axis_);
 }
 
@@ -126,8 +126,8 @@ std::string DataParallelStrategy::explain(const ParamInfo& p) const {
 
 // ---------------------------------------------------------------- FSDP
 
-FSDPStrategy::FSDPStrategy(std::string axis, int64_t axis_size, int64_t min_weight_size)
-    : axis_(std::move(axis)), axis_size_(axis_size), min_weight_size_(min_weight_size) {
+FSDPStrategy::FSDPStrategy(std::string_view axis, int64_t axis_size, int64_t min_weight_size)
+    : axis_(axis), axis_size_(axis_size), min_weight_size_(min_weight_size) {
   internal::check_axis_name("FSDPStrategy", axis_);
   if (axis_size_ < 1)
     throw InvalidArgument("FSDPStrategy", fmt::format("axis_size {} for axis '{}'", axis_size_, axis_),
@@ -191,8 +191,8 @@ std::string FSDPStrategy::explain(const ParamInfo& fused) const {
 
 // ---------------------------------------------------------------- TensorParallel
 
-TensorParallelStrategy::TensorParallelStrategy(std::string axis, int64_t axis_size, bool uneven)
-    : axis_(std::move(axis)), axis_size_(axis_size), uneven_(uneven) {
+TensorParallelStrategy::TensorParallelStrategy(std::string_view axis, int64_t axis_size, bool uneven)
+    : axis_(axis), axis_size_(axis_size), uneven_(uneven) {
   internal::check_axis_name("TensorParallelStrategy", axis_);
   if (axis_size_ < 1)
     throw InvalidArgument("TensorParallelStrategy", fmt::format("axis_size {} for axis '{}'", axis_size_, axis_),

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/sharding/partition_spec.h"
 #include "meshtrain/sharding/layout.h"
 
@@ -122,7 +123,7 @@ class Strategy {
 // over `axis`.
 class DataParallelStrategy final : public Strategy {
  public:
-  explicit DataParallelStrategy(std::string axis = "data");
+  explicit DataParallelStrategy(std::string_view axis = mesh::kData);
 
   std::string name() const override;
   StrategyKind kind() const override { return StrategyKind::data_parallel; }
@@ -155,7 +156,7 @@ class DataParallelStrategy final : public Strategy {
 class FSDPStrategy final : public Strategy {
  public:
   // axis_size >= 1, min_weight_size >= 0.
-  explicit FSDPStrategy(std::string axis = "fsdp", int64_t axis_size = 1, int64_t min_weight_size = 1024);
+  explicit FSDPStrategy(std::string_view axis = mesh::kFsdp, int64_t axis_size = 1, int64_t min_weight_size = 1024);
 
   std::string name() const override;
   StrategyKind kind() const override { return StrategyKind::fully_sharded; }
@@ -196,7 +197,7 @@ class FSDPStrategy final : public Strategy {
 class TensorParallelStrategy final : public Strategy {
  public:
   // axis_size >= 1.
-  explicit TensorParallelStrategy(std::string axis = "tensor", int64_t axis_size = 1, bool uneven = false);
+  explicit TensorParallelStrategy(std::string_view axis = mesh::kTensor, int64_t axis_size = 1, bool uneven = false);
 
   // The block of p.layout() that rank `rank` of the axis holds: the whole
   // view but for the split dimension, whose part follows the torch.chunk

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "meshtrain/config/distributed_config.h"
-#include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain::testing {
@@ -26,22 +26,22 @@ namespace meshtrain::testing {
 // context_parallel_size), as `meshtrain train --mesh` does.
 // Sets dc's mesh to m and the parallel sizes its tensor, pipeline and
 // context axes imply (any engine).
-inline void set_mesh(config::DistributedConfig& dc, const plan::NamedShape& m) {
+inline void set_mesh(config::DistributedConfig& dc, const mesh::NamedShape& m) {
   dc.mesh_shape = m.shape;
   dc.mesh_axis_names = m.axis_names;
   for (size_t i = 0; i < m.axis_names.size(); ++i)
-    if (m.axis_names[i] == "tensor")
+    if (m.axis_names[i] == mesh::kTensor)
       dc.tensor_parallel_size = m.shape[i];
-    else if (m.axis_names[i] == "pipeline")
+    else if (m.axis_names[i] == mesh::kPipeline)
       dc.pipeline_parallel_size = m.shape[i];
-    else if (m.axis_names[i] == "context")
+    else if (m.axis_names[i] == mesh::kContext)
       dc.context_parallel_size = m.shape[i];
 }
 
 inline config::DistributedConfig threads_mesh_config(const std::string& mesh) {
   config::DistributedConfig dc;
   if (mesh.empty()) return dc;
-  const plan::NamedShape m = plan::parse_mesh_spec(mesh);
+  const mesh::NamedShape m = mesh::parse_mesh_spec(mesh);
   int ranks = 1;
   for (int s : m.shape) ranks *= s;
   dc.world_size = ranks;

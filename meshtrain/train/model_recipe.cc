@@ -68,7 +68,7 @@ std::vector<std::pair<int, int>> pipeline_cut(const std::vector<double>& costs, 
                                       model, costs.size(), stages),
                           "use a pipeline axis of at most that many stages (with --virtual-stages: ranks x chunks), "
                           "or a deeper model");
-  const sharding::PipelineParallelStrategy pp("pipeline", stages);
+  const sharding::PipelineParallelStrategy pp(mesh::kPipeline, stages);
   const std::vector<int> counts = pp.assign_layers_to_stages(costs);
   std::vector<std::pair<int, int>> out;
   for (int s = 0; s < stages; ++s) out.push_back(pp.layer_range(s, counts));

@@ -14,9 +14,9 @@ using internal::data_parallel_axes;
 ResolvedTraining resolve_training(const TrainConfig& tc, const config::DistributedConfig& dc) {
   ResolvedTraining out{tc, {}};
   TrainConfig& c = out.config;
-  const plan::NamedShape mesh = dc.mesh();
+  const mesh::NamedShape mesh = dc.mesh();
   (void)data_parallel_axes(mesh);  // throws for axes training has no use for
-  const int fsdp_axis = axis_size(mesh, "fsdp"), data_axis = axis_size(mesh, "data");
+  const int fsdp_axis = axis_size(mesh, mesh::kFsdp), data_axis = axis_size(mesh, mesh::kData);
   const std::string precision(config::mixed_precision_name(dc.mixed_precision));
   if (!c.fsdp.enabled() && fsdp_axis > 1) {
     c.fsdp = {"full", parallel::parse_fsdp_mode("full")};
@@ -27,13 +27,13 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
         "fsdp = \"no_shard\": mixed_precision {} needs the fully sharded path (plain data parallelism is f32 only)",
         precision));
   }
-  const int pipeline_axis = axis_size(mesh, "pipeline");
+  const int pipeline_axis = axis_size(mesh, mesh::kPipeline);
   if (pipeline_axis > 1 && c.pipeline_schedule == "interleaved" && c.virtual_stages == 1) {
     c.virtual_stages = 2;
     out.notes.push_back("virtual_stages = 2: the interleaved schedule runs at least 2 model chunks per pipeline rank");
   }
   c.validate();
-  if (const int context_axis = axis_size(mesh, "context"); context_axis > 1) {
+  if (const int context_axis = axis_size(mesh, mesh::kContext); context_axis > 1) {
     if (pipeline_axis > 1 || c.sequence_parallel)
       throw Unsupported("meshtrain train",
                         fmt::format("a context axis of {} with {}", context_axis,
@@ -54,7 +54,7 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
            "ZeRO++ quantizes zero2/zero3's collectives: use --fsdp zero3 (or zero2 with qgz)");
     if (parts.find("hpz") != std::string::npos && c.fsdp.mode->stage != parallel::ZeroStage::zero3)
       fail(fmt::format("hpz with fsdp '{}'", c.fsdp.name), "hpZ shards zero3's gathered parameters: use --fsdp zero3");
-    if (parts.find("hpz") != std::string::npos && axis_size(mesh, "node") == 0)
+    if (parts.find("hpz") != std::string::npos && axis_size(mesh, mesh::kNode) == 0)
       fail(fmt::format("hpz on mesh {} without a node axis", mesh.to_spec()),
            "hpZ keeps a copy of the parameters sharded within each node: use --mesh node=K,fsdp=L");
     if (parts.find("qwz") != std::string::npos &&
@@ -65,11 +65,11 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
     if (parts.find("qgz") != std::string::npos && dc.mixed_precision != config::MixedPrecision::no &&
         !c.reduce_precision)
       fail("qgz with half-precision gradients", "add --reduce-precision fp32");
-    for (const char* other : {"data", "context", "tensor", "pipeline"})
+    for (const std::string_view other : {mesh::kData, mesh::kContext, mesh::kTensor, mesh::kPipeline})
       if (axis_size(mesh, other) > 1)
         fail(fmt::format("mesh {} has a {} axis", mesh.to_spec(), other),
              "ZeRO++ shards over node x fsdp alone here: use --mesh node=K,fsdp=L");
-    if (axis_size(mesh, "node") > 0 && axis_size(mesh, "fsdp") == 0)
+    if (axis_size(mesh, mesh::kNode) > 0 && axis_size(mesh, mesh::kFsdp) == 0)
       fail(fmt::format("mesh {} has a node axis but no fsdp axis", mesh.to_spec()), "use --mesh node=K,fsdp=L");
   }
   if (pipeline_axis > 1 && c.fsdp.enabled() && c.fsdp.mode->stage > parallel::ZeroStage::zero2)
@@ -83,7 +83,7 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
       throw InvalidArgument("meshtrain train",
                             fmt::format("fsdp '{}' shards over the fsdp axis and replicates over the data axis, but "
                                         "mesh {} lacks {}",
-                                        c.fsdp.name, mesh.to_spec(), fsdp_axis == 0 ? "fsdp" : "data"),
+                                        c.fsdp.name, mesh.to_spec(), fsdp_axis == 0 ? mesh::kFsdp : mesh::kData),
                             "use a mesh with both axes (e.g. --mesh data=2,fsdp=2), or a non-hybrid strategy "
                             "such as --fsdp full");
     if (dc.mixed_precision == config::MixedPrecision::fp16)

@@ -159,11 +159,23 @@ Tokenizer Tokenizer::train(std::string_view text, const TokenizerOptions& option
     sentencepiece::SetRandomGeneratorSeed(options.seed);
     LineIterator lines(text);
     const sentencepiece::util::Status st = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
-    if (!st.ok())
+    if (!st.ok()) {
+      // SentencePiece needs a piece for each distinct character it keeps
+      // ("... smaller than required_chars. 300 vs 344."): too small a
+      // vocabulary fails too, and the fix is the opposite one.
+      const std::string why = st.ToString();
+      std::string hint = "use a smaller vocabulary or more text";
+      if (const size_t at = why.find("required_chars"); at != std::string::npos) {
+        const size_t vs = why.find(" vs ", at);
+        const std::string need =
+            vs == std::string::npos ? "more" : why.substr(vs + 4, why.find_first_not_of("0123456789", vs + 4) - (vs + 4));
+        hint = fmt::format("use a larger vocabulary: the text's characters need at least {} pieces", need);
+      }
       throw InvalidArgument(op,
                             fmt::format("SentencePiece cannot train a BPE vocabulary of {} on {} bytes of text: {}",
-                                        options.vocab_size, text.size(), st.ToString()),
-                            "use a smaller vocabulary or more text");
+                                        options.vocab_size, text.size(), why),
+                            hint);
+    }
   }
   return from_serialized(model, "the model just trained");
 }

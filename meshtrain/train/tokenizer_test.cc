@@ -191,6 +191,17 @@ TEST_F(TokenizerTest, Errors) {
   EXPECT_THAT(testing::error_of([] { Tokenizer::train("hello world\n", {.vocab_size = 5000}); }),
               AllOf(HasSubstr("SentencePiece cannot train a BPE vocabulary of 5000 on 12 bytes"),
                     HasSubstr("smaller vocabulary or more text")));
+  // Too many distinct characters for the vocabulary: the fix is a larger
+  // one, and the hint says so (it used to say "smaller").
+  std::string many_chars;
+  for (char32_t c = 0x4e00; c < 0x4e00 + 200; ++c)  // 200 CJK characters, 3 bytes each in UTF-8
+    many_chars += {static_cast<char>(0xe0 | (c >> 12)), static_cast<char>(0x80 | ((c >> 6) & 0x3f)),
+                   static_cast<char>(0x80 | (c & 0x3f)), ' '};
+  std::string text;
+  for (int i = 0; i < 20; ++i) text += many_chars + "\n";
+  EXPECT_THAT(testing::error_of([&] { Tokenizer::train(text, {.vocab_size = 300}); }),
+              AllOf(HasSubstr("SentencePiece cannot train a BPE vocabulary of 300"),
+                    HasSubstr("use a larger vocabulary: the text's characters need at least")));
   // A line longer than SentencePiece takes is named, not mistaken for too
   // large a vocabulary (it used to end in "no sentences").
   const std::string long_text = "a short line\n" + std::string(size_t{1} << 21, 'x') + "\nanother\n";

@@ -79,7 +79,7 @@ struct StepOutcome {
 class Run {
  public:
   Run(const TrainConfig& tc, const config::DistributedConfig& dc, const ModelRecipe& recipe,
-      comm::Communicator& world, const plan::NamedShape& mesh_shape, Shared& shared, std::string checkpoints)
+      comm::Communicator& world, const mesh::NamedShape& mesh_shape, Shared& shared, std::string checkpoints)
       : tc_(tc), recipe_(recipe), train_(recipe.train_data()), test_(recipe.test_data()),
         metrics_(recipe.metrics()), shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names),
         main_(world.rank() == 0), world_(&world), checkpoints_(std::move(checkpoints)) {
@@ -94,10 +94,10 @@ class Run {
                                         tc.batch_size / batch_comm_->size()),
                             "use at most as many micro-batches as samples per data-parallel rank, or a larger "
                             "--batch-size");
-    if (axis_size(mesh_shape, "tensor") > 1) tp_.comm = &mesh_.comm("tensor");
+    if (axis_size(mesh_shape, mesh::kTensor) > 1) tp_.comm = &mesh_.comm(mesh::kTensor);
     tp_.sequence_parallel = tc.sequence_parallel;
-    if (axis_size(mesh_shape, "context") > 1)
-      cp_ = {&mesh_.comm("context"), nn::parse_context_comm(tc.cp_comm), tc.cp_load_balance};
+    if (axis_size(mesh_shape, mesh::kContext) > 1)
+      cp_ = {&mesh_.comm(mesh::kContext), nn::parse_context_comm(tc.cp_comm), tc.cp_load_balance};
     const bool sharded = tc.fsdp.enabled();
     ModelOptions options{.seed = tc.seed,
                          .defer_init = sharded,  // the wrapper builds each rank's part alone
@@ -106,8 +106,8 @@ class Run {
                          .tensor = tp_,
                          .context = cp_};
     std::optional<parallel::Schedule> schedule;
-    if (axis_size(mesh_shape, "pipeline") > 1) {
-      pp_ = &mesh_.comm("pipeline");
+    if (axis_size(mesh_shape, mesh::kPipeline) > 1) {
+      pp_ = &mesh_.comm(mesh::kPipeline);
       schedule = parallel::make_schedule(parallel::parse_schedule_kind(tc.pipeline_schedule), pp_->size(),
                                          tc.micro_batches, tc.virtual_stages);
       options.pipeline_stages = schedule->num_stages();
@@ -501,7 +501,7 @@ class Run {
                             .scaler = std::nullopt,
                             .model = tc_.model,
                             .saved_from = fmt::format("mesh {} ({})",
-                                                      plan::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
+                                                      mesh::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
                                                       parallel_->describe()),
                             .dir = ""};
     if (scaler_) p.scaler = scaler_->state();
@@ -785,7 +785,7 @@ TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConf
                          const comm::LaunchOptions& launch) {
   const ResolvedTraining resolved = resolve_training(tc_in, dc);
   const TrainConfig& tc = resolved.config;
-  const plan::NamedShape mesh_shape = dc.mesh();
+  const mesh::NamedShape mesh_shape = dc.mesh();
   const int ranks_here = launch.engine == comm::Engine::threads ? launch.ranks : 1;
   set_blas_threads(tc.threads_per_rank > 0 ? tc.threads_per_rank : std::max(1, available_cores() / ranks_here));
   // The recipe and its data, once per process; the threads engine's ranks

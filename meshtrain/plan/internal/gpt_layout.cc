@@ -15,7 +15,7 @@ std::vector<std::pair<int, int>> stage_blocks(const GptShape& g, int stages) {
   const double c = static_cast<double>(g.width), t = static_cast<double>(g.seq);
   std::vector<double> costs(static_cast<size_t>(g.layers), 24 * c * c + 2 * t * c);
   costs.back() += 2 * c * static_cast<double>(g.vocab);
-  const sharding::PipelineParallelStrategy pp("pipeline", stages);
+  const sharding::PipelineParallelStrategy pp(mesh::kPipeline, stages);
   const std::vector<int> counts = pp.assign_layers_to_stages(costs);
   std::vector<std::pair<int, int>> out;
   for (int s = 0; s < stages; ++s) out.push_back(pp.layer_range(s, counts));

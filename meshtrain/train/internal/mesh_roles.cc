@@ -14,26 +14,24 @@
 
 namespace meshtrain::train::internal {
 
-std::vector<std::string> mesh_axes(const plan::NamedShape& m, std::initializer_list<const char*> names) {
+std::vector<std::string> mesh_axes(const mesh::NamedShape& m, std::initializer_list<std::string_view> names) {
   std::vector<std::string> axes;
-  for (const char* name : names)
+  for (const std::string_view name : names)
     for (const auto& a : m.axis_names)
       if (a == name) axes.push_back(a);
   for (size_t i = 0; i < m.shape.size(); ++i) {
     const std::string& a = m.axis_names[i];
-    if (a != "data" && a != "node" && a != "fsdp" && a != "context" && a != "tensor" && a != "pipeline" &&
-        m.shape[i] != 1)
+    if (!mesh::is_known_axis(a) && m.shape[i] != 1)
       throw Unsupported("meshtrain train", fmt::format("mesh {} has axis '{}' of size {}", m.to_spec(), a, m.shape[i]),
-                        "training supports data, node, fsdp, context, tensor and pipeline axes (--mesh "
-                        "data=2,pipeline=2)");
+                        fmt::format("training uses {} axes (--mesh data=2,pipeline=2)", mesh::known_axes_list()));
   }
   return axes;
 }
-std::vector<std::string> data_parallel_axes(const plan::NamedShape& m) {
-  return mesh_axes(m, {"data", "node", "fsdp"});
+std::vector<std::string> data_parallel_axes(const mesh::NamedShape& m) {
+  return mesh_axes(m, {mesh::kData, mesh::kNode, mesh::kFsdp});
 }
-std::vector<std::string> gradient_axes(const plan::NamedShape& m) {
-  return mesh_axes(m, {"data", "node", "fsdp", "context"});
+std::vector<std::string> gradient_axes(const mesh::NamedShape& m) {
+  return mesh_axes(m, {mesh::kData, mesh::kNode, mesh::kFsdp, mesh::kContext});
 }
 
 NamedComms training_communicators(const mesh::DeviceMesh& mesh, const parallel::Parallelism& strategy) {
@@ -94,7 +92,7 @@ std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, c
   return out;
 }
 
-int axis_size(const plan::NamedShape& m, const std::string& name) {
+int axis_size(const mesh::NamedShape& m, std::string_view name) {
   for (size_t i = 0; i < m.shape.size(); ++i)
     if (m.axis_names[i] == name) return m.shape[i];
   return 0;  // absent
@@ -131,10 +129,10 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                                        MemoryTracker* memory) {
   if (tc.fsdp.enabled()) {
     const parallel::FsdpMode mode = *tc.fsdp.mode;
-    comm::Communicator& shard = mode.hybrid ? mesh.comm("fsdp") : dp_comm;
-    comm::Communicator* replicate = mode.hybrid ? &mesh.comm("data") : nullptr;
+    comm::Communicator& shard = mode.hybrid ? mesh.comm(mesh::kFsdp) : dp_comm;
+    comm::Communicator* replicate = mode.hybrid ? &mesh.comm(mesh::kData) : nullptr;
     // ZeRO++ (resolve_training checked the mesh: node x fsdp is the shard group).
-    const bool nodes = std::find(mesh.axis_names().begin(), mesh.axis_names().end(), "node") != mesh.axis_names().end();
+    const bool nodes = std::find(mesh.axis_names().begin(), mesh.axis_names().end(), mesh::kNode) != mesh.axis_names().end();
     const bool qwz = tc.zeropp.find("qwz") != std::string::npos, qgz = tc.zeropp.find("qgz") != std::string::npos,
                hpz = tc.zeropp.find("hpz") != std::string::npos;
     return std::make_unique<parallel::FullyShardedDataParallel>(
@@ -156,8 +154,8 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                       .grad_quant = {.bits = tc.zeropp_grad_bits != 0 ? tc.zeropp_grad_bits
                                                                                       : tc.zeropp_bits,
                                                      .block = tc.zeropp_block},
-                                      .node_local = nodes ? &mesh.comm("fsdp") : nullptr,
-                                      .cross_node = nodes ? &mesh.comm("node") : nullptr});
+                                      .node_local = nodes ? &mesh.comm(mesh::kFsdp) : nullptr,
+                                      .cross_node = nodes ? &mesh.comm(mesh::kNode) : nullptr});
   }
   // The model builds its f32 values and gradients untracked (fully sharded
   // data parallelism moves them into tracked storage of its own). Here the

@@ -17,7 +17,7 @@
 #include "meshtrain/nn/module.h"
 #include "meshtrain/nn/tensor_parallel.h"
 #include "meshtrain/parallel/parallelism.h"
-#include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/train/train_config.h"
 #include "meshtrain/train/trainer.h"
 
@@ -26,14 +26,14 @@ namespace meshtrain::train::internal {
 // The axes the mesh has of `names`, in that order; Unsupported for an axis
 // of size > 1 training has no use for (data, fsdp, context, tensor and
 // pipeline are used).
-std::vector<std::string> mesh_axes(const plan::NamedShape& m, std::initializer_list<const char*> names);
+std::vector<std::string> mesh_axes(const mesh::NamedShape& m, std::initializer_list<std::string_view> names);
 // The batch is split over data and fsdp; gradients and losses are summed
 // over those and context (each context rank sees its own tokens of the
 // same samples).
-std::vector<std::string> data_parallel_axes(const plan::NamedShape& m);
-std::vector<std::string> gradient_axes(const plan::NamedShape& m);
+std::vector<std::string> data_parallel_axes(const mesh::NamedShape& m);
+std::vector<std::string> gradient_axes(const mesh::NamedShape& m);
 // The size of axis `name`; 0 when absent.
-int axis_size(const plan::NamedShape& m, const std::string& name);
+int axis_size(const mesh::NamedShape& m, std::string_view name);
 DType param_dtype_of(config::MixedPrecision p);
 
 // The strategy tc asks for over the data-parallel ranks dp_comm: fully
