@@ -12,6 +12,7 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/optim/adamw.h"
@@ -23,8 +24,6 @@ using Clock = std::chrono::steady_clock;
 constexpr double kAdamWStateBytes = 8;  // exp_avg + exp_avg_sq, f32
 
 std::string mib(double bytes) { return fmt::format("{:.2f}", bytes / (1 << 20)); }
-
-std::string precision_name(DType t) { return t == DType::f32 ? "fp32" : t == DType::bf16 ? "bf16" : "fp16"; }
 
 MemoryBenchRow run_one(const MemoryBenchOptions& o, const std::string& strategy_name, int ranks, DType precision) {
   const parallel::FsdpMode strategy = parallel::parse_fsdp_mode(strategy_name);
@@ -140,7 +139,7 @@ std::string format_memory_bench(const std::vector<MemoryBenchRow>& rows, const M
   while (i < rows.size()) {
     const DType p = rows[i].precision;
     const int d = rows[i].ranks;
-    out += fmt::format("\n{} ranks, {}\n", d, precision_name(p));
+    out += fmt::format("\n{} ranks, {}\n", d, layout::precision_name(p));
     out += "| strategy | parameters | gradients | optimizer (state + master) | model state | measured / predicted | "
            "working (warm-up) | Np x (use + prefetch + reducing) (**) | working / predicted |\n";
     out += "|---|---|---|---|---|---|---|---|---|\n";

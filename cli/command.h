@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -40,6 +41,14 @@ struct EngineFlags {
 // INT64_MIN ms and blame a healthy rank).
 std::chrono::milliseconds parse_timeout(std::string_view text, std::string_view flag = "--timeout");
 inline constexpr std::string_view kTimeoutHelp = "deadline of every wait, seconds (0.001 to 604800)";
+
+// CLI11's check that a flag takes one of `names` (the vocabulary's lists,
+// layout/vocabulary.h), so --help and the refusal list the same names the
+// parsers take.
+template <size_t N>
+CLI::IsMember one_of(const std::array<std::string_view, N>& names) {
+  return CLI::IsMember(std::vector<std::string>(names.begin(), names.end()));
+}
 
 // "meshtrain <command>: key=value ..." on one line, printed at start-up.
 void print_config(const std::string& command, const std::vector<std::pair<std::string, std::string>>& kv);

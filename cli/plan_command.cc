@@ -25,6 +25,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/strings.h"
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/plan/mesh_planning.h"
 
@@ -213,11 +214,13 @@ int run_plan(PlanFlags f) {
     f.width = p->width;
     f.vocab = p->vocab;
   }
+  const DType precision = layout::parse_precision(f.precision, "--precision");
+  const layout::ContextComm cp_comm = layout::parse_context_comm(f.cp_comm, "--cp-comm");
   plan::TrainingLayout l{.sequence_parallel = f.sequence_parallel,
-                         .schedule = f.schedule,
+                         .schedule = layout::parse_schedule_kind(f.schedule),
                          .virtual_stages = f.virtual_stages,
                          .micro_batches = f.micro_batches,
-                         .cp_comm = f.cp_comm,
+                         .cp_comm = cp_comm,
                          .recompute = f.recompute,
                          .min_weight_size = f.min_weight_size,
                          .batch = f.batch};
@@ -226,10 +229,13 @@ int run_plan(PlanFlags f) {
   // mixed precision without a strategy runs as no_shard.
   std::string fsdp = f.fsdp;
   if (fsdp.empty() && l.fsdp > 1) fsdp = "full";
-  if (fsdp.empty() && f.precision != "fp32") fsdp = "no_shard";
-  plan::parse_sharding(fsdp, l);
-  if (f.precision == "bf16") l.param_dtype = l.reduce_dtype = DType::bf16;
-  if (f.precision == "fp16") l.param_dtype = l.reduce_dtype = DType::f16;
+  if (fsdp.empty() && precision != DType::f32) fsdp = "no_shard";
+  try {
+    plan::parse_sharding(fsdp, l);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("--fsdp", e.detail(), e.hint());
+  }
+  l.param_dtype = l.reduce_dtype = precision;
   const plan::GptShape g{.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .width = f.width};
   if (f.published) return run_published_runs();
   if (f.devices > 0) {
@@ -239,8 +245,8 @@ int run_plan(PlanFlags f) {
     const plan::SearchOptions o{.devices = f.devices, .batch = f.batch,
                                 .device_memory = plan::parse_memory_size(f.device_memory, "--device-memory"),
                                 .reserve = f.memory_reserve,
-                                .precision = f.precision == "fp32" ? DType::f32 : DType::bf16, .keep = f.keep,
-                                .cp_comm = f.cp_comm};
+                                .precision = precision == DType::f32 ? DType::f32 : DType::bf16, .keep = f.keep,
+                                .cp_comm = cp_comm};
     std::vector<PictureFile> pictures;
     if (!f.svg.empty()) pictures.push_back({.flag = "--svg", .path = f.svg});
     if (!f.mesh_svg.empty()) pictures.push_back({.flag = "--mesh-svg", .path = f.mesh_svg});
@@ -362,19 +368,19 @@ std::vector<Command> add_plan_commands(CLI::App& app) {
                                      "hybrid_shard_grad_op (\"\": plain data parallelism)");
   cmd->add_option("--precision", f->precision, "fp32 | bf16 | fp16")
       ->capture_default_str()
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+      ->check(one_of(layout::kPrecisionNames));
   cmd->add_option("--micro-batches", f->micro_batches, "micro-batches per step")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--pipeline-schedule", f->schedule, "gpipe | 1f1b | interleaved | zb")
       ->capture_default_str()
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
+      ->check(one_of(layout::kScheduleNames));
   cmd->add_option("--virtual-stages", f->virtual_stages, "model chunks per pipeline rank")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--cp-comm", f->cp_comm, "ring | all_to_all")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ring", "all_to_all"}));
+      ->check(one_of(layout::kContextCommNames));
   cmd->add_option("--fsdp-min-weight-size", f->min_weight_size, "smaller parameters stay replicated")
       ->capture_default_str();
   cmd->add_flag("--sequence-parallel", f->sequence_parallel, "sequence parallelism with the tensor axis");

@@ -71,28 +71,28 @@ int run_plan_search(const plan::GptShape& g, const plan::SearchOptions& o, const
 }
 
 int run_published_runs() {
-  using plan::Sharding;
+  using enum layout::ZeroStage;
   // Sources and numbers: docs/planner.md, "Beside published runs".
   const std::array<Published, 4> runs = {{
       {"GPT-3 175B, Megatron-LM", "Narayanan et al. 2021; Megatron-LM README (138 TFLOP/s per GPU)",
        {.vocab = 51200, .seq = 2048, .layers = 96, .heads = 96, .width = 12288}, "A100", 80e9,
-       {.data = 8, .tensor = 8, .pipeline = 16, .sharding = Sharding::zero1, .micro_batches = 192, .recompute = true,
+       {.data = 8, .tensor = 8, .pipeline = 16, .sharding = zero1, .micro_batches = 192, .recompute = true,
         .param_dtype = DType::bf16, .reduce_dtype = DType::bf16, .batch = 1536},
        96, "fp16; full recompute; 32 s per step"},
       {"Llama-2 70B dims, NeMo 24.07", "NVIDIA NeMo performance summary (FP8)",
        {.vocab = 32000, .seq = 4096, .layers = 80, .heads = 64, .width = 8192}, "H100", 80e9,
-       {.data = 4, .tensor = 4, .pipeline = 4, .sharding = Sharding::zero1, .sequence_parallel = true,
-        .schedule = "interleaved", .virtual_stages = 20, .micro_batches = 32, .param_dtype = DType::bf16,
+       {.data = 4, .tensor = 4, .pipeline = 4, .sharding = zero1, .sequence_parallel = true,
+        .schedule = layout::ScheduleKind::interleaved_1f1b, .virtual_stages = 20, .micro_batches = 32, .param_dtype = DType::bf16,
         .reduce_dtype = DType::bf16, .batch = 128},
        1728, "FP8 GEMMs (bf16 predicted here); GQA and SwiGLU (meshtrain's block: MHA, 4C MLP)"},
       {"MPT-70B, llm-foundry", "MosaicML llm-foundry benchmarks (BF16)",
        {.vocab = 50432, .seq = 2048, .layers = 80, .heads = 64, .width = 8192}, "H100", 80e9,
-       {.fsdp = 64, .sharding = Sharding::zero3, .micro_batches = 4, .recompute = true, .param_dtype = DType::bf16,
+       {.fsdp = 64, .sharding = zero3, .micro_batches = 4, .recompute = true, .param_dtype = DType::bf16,
         .reduce_dtype = DType::bf16, .batch = 2048},
        1039, "FSDP full shard, micro-batch 8 x 4 accumulation, activation checkpointing"},
       {"MPT-7B, llm-foundry", "MosaicML llm-foundry benchmarks (BF16)",
        {.vocab = 50432, .seq = 4096, .layers = 32, .heads = 32, .width = 4096}, "H100", 80e9,
-       {.fsdp = 8, .sharding = Sharding::zero3, .micro_batches = 2, .recompute = true, .param_dtype = DType::bf16,
+       {.fsdp = 8, .sharding = zero3, .micro_batches = 2, .recompute = true, .param_dtype = DType::bf16,
         .reduce_dtype = DType::bf16, .batch = 256},
        8611, "FSDP full shard, micro-batch 16 x 2 accumulation, activation checkpointing"},
   }};

@@ -26,6 +26,7 @@
 #include "meshtrain/core/matmul.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/strings.h"
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/train/generate.h"
@@ -176,14 +177,14 @@ int run_train(TrainFlags& f) {
                                       comm::kMaxThreadsRanks),
                           "simulate at most 1024 devices, or run with mpirun --engine mpi");
   if (!f.mixed_precision.empty() && !f.precision.empty() &&
-      f.mixed_precision != (f.precision == "fp32" ? "no" : f.precision))
+      layout::parse_precision(f.mixed_precision, "--mixed-precision") !=
+          layout::parse_precision(f.precision, "--precision"))
     throw InvalidArgument("meshtrain train",
                           fmt::format("--mixed-precision {} and --precision {} disagree", f.mixed_precision,
                                       f.precision),
                           "give one of them");
   if (!f.mixed_precision.empty()) set_distributed(dc, "mixed_precision", f.mixed_precision, "--mixed-precision");
-  if (!f.precision.empty())
-    set_distributed(dc, "mixed_precision", f.precision == "fp32" ? "no" : f.precision, "--precision");
+  if (!f.precision.empty()) set_distributed(dc, "mixed_precision", f.precision, "--precision");
   dc.validate();
   const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
 
@@ -218,8 +219,7 @@ int run_train(TrainFlags& f) {
                  rate, 100 * r.hidden_fraction);
     else
       fmt::print("done: {} steps in {:.1f} s ({}), fsdp {}, {}\n", r.steps, r.seconds, rate, r.fsdp,
-                 dc.mixed_precision == config::MixedPrecision::no ? std::string_view("fp32")
-                                                                  : config::mixed_precision_name(dc.mixed_precision));
+                 layout::precision_name(dc.mixed_precision));
     if (r.loss_scale > 0)
       fmt::print("loss scale {} at the end, {} of {} steps skipped (fp16 overflows{})\n", r.loss_scale,
                  r.skipped_steps, r.steps,
@@ -263,13 +263,7 @@ int run_bench_memory(const MemoryBenchFlags& f) {
   o.ranks.clear();
   for (int64_t r : parse_int_list(f.ranks, "--ranks", 1, 4096, "1,2,4,8")) o.ranks.push_back(static_cast<int>(r));
   o.precisions.clear();
-  for (const auto& p : split(f.precisions)) {
-    if (p == "fp32") o.precisions.push_back(DType::f32);
-    else if (p == "bf16") o.precisions.push_back(DType::bf16);
-    else if (p == "fp16") o.precisions.push_back(DType::f16);
-    else
-      throw InvalidArgument("meshtrain bench memory", fmt::format("--precision: '{}'", p), "use bf16, fp32 or fp16");
-  }
+  for (const auto& p : split(f.precisions)) o.precisions.push_back(layout::parse_precision(trim(p), "--precision"));
   o.steps = f.steps;
   o.batch = f.batch;
   o.min_weight_size = f.min_weight_size;
@@ -681,9 +675,9 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   cmd->add_option("--mixed-precision", f->mixed_precision,
                   "no | bf16 | fp16: parameters gathered and computed from that dtype, gradients reduced in it "
                   "(fp16 adds dynamic loss scaling); without --fsdp it runs as --fsdp no_shard")
-      ->check(CLI::IsMember({"no", "bf16", "fp16"}));
+      ->check(one_of(layout::kMixedPrecisionNames));
   cmd->add_option("--precision", f->precision, "fp32 | bf16 | fp16: the same as --mixed-precision (fp32 = no)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+      ->check(one_of(layout::kPrecisionNames));
   cmd->add_option("--timeout", f->timeout, std::string(kTimeoutHelp))->capture_default_str();
   const train::TrainConfig defaults;
   for (const auto& field : train::train_config_fields()) {

@@ -27,7 +27,7 @@ endif()
 set(meshtrain_libraries
   meshtrain_train meshtrain_train_config meshtrain_train_checkpoint meshtrain_train_models meshtrain_text
   meshtrain_data meshtrain_train_io meshtrain_parallel meshtrain_optim meshtrain_nn meshtrain_config
-  meshtrain_plan meshtrain_sharding meshtrain_mesh meshtrain_agent meshtrain_launch)
+  meshtrain_plan meshtrain_layout meshtrain_sharding meshtrain_mesh meshtrain_agent meshtrain_launch)
 foreach(engine ${MESHTRAIN_INSTALLED_ENGINES})
   list(APPEND meshtrain_libraries meshtrain_comm_${engine})
 endforeach()

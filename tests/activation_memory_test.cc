@@ -200,7 +200,7 @@ std::vector<Measured> run(const Case& cs) {
                  }
                  if (n > 1) {
                    ccomm = world.split(r % k, r / k);
-                   cp = {ccomm.get(), nn::parse_context_comm(cs.layout.cp_comm), cs.layout.cp_load_balance};
+                   cp = {ccomm.get(), cs.layout.cp_comm, cs.layout.cp_load_balance};
                  }
                  const Measured m = run_rank(cs, tp, cp);
                  std::lock_guard lock(mu);
@@ -247,7 +247,7 @@ std::vector<Case> cases() {
       {"B2 T9 C32 H4 V64 L1 tensor=2 sp (padded to 10)", s5,
        L{.micro_batch = 2, .tensor = 2, .sequence_parallel = true}},
       {"B2 T16 C32 H4 V64 L2 context=2 ring", s1, L{.micro_batch = 2, .context = 2}},
-      {"  all_to_all", s1, L{.micro_batch = 2, .context = 2, .cp_comm = "all_to_all"}},
+      {"  all_to_all", s1, L{.micro_batch = 2, .context = 2, .cp_comm = layout::ContextComm::all_to_all}},
       {"  ring, in order, recompute + dropout", s1,
        L{.micro_batch = 2, .context = 2, .cp_load_balance = false, .recompute = true, .dropout = 0.1}},
       {"  tensor=2 x context=2 ring", s1, L{.micro_batch = 2, .tensor = 2, .context = 2}},
@@ -354,7 +354,6 @@ TEST(ActivationMemory, RefusesWhatTheGptRefuses) {
                                           {.context = 2}),
                InvalidArgument);
   EXPECT_THROW(plan::estimate_activations(s, {.tensor = 2, .sequence_parallel = true, .context = 2}), InvalidArgument);
-  EXPECT_THROW(plan::estimate_activations(s, {.context = 2, .cp_comm = "ulysses?"}), InvalidArgument);
   EXPECT_THROW(plan::estimate_activations(s, {.first_block = 2, .last_block = 1}), InvalidArgument);
   EXPECT_THROW(plan::estimate_activations(s, {.compute = DType::f64}), InvalidArgument);
   // Sequence parallelism pads T = 9 over 2 ranks, but not for dropout nor in a pipeline part.

@@ -38,7 +38,7 @@ struct Layout {
   std::string mesh;  // "" = one device
   std::string fsdp = "";
   std::string optimizer = "sgd";
-  config::MixedPrecision precision = config::MixedPrecision::no;
+  DType precision = DType::f32;
 };
 
 train::TrainConfig config_of(const Layout& r, const std::string& tag) {
@@ -113,7 +113,7 @@ TEST(CheckpointResume, EveryMeshLoadsEveryOthersCheckpoint) {
 TEST(CheckpointResume, AdamWAndBf16Zero3ResumeBitForBit) {
   for (const Layout& r : {Layout{.mesh = "data=2", .optimizer = "adamw"},
                        Layout{.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw",
-                           .precision = config::MixedPrecision::bf16}}) {
+                           .precision = DType::bf16}}) {
     const train::TrainResult whole = tail_of(train(r, config_of(r, "adam_whole_" + r.mesh)));
     const train::TrainResult got = resumed(r, copy_of(saved_run(r, "adam_" + r.mesh), "adam_" + r.mesh));
     expect_bitwise(got, whole, r.mesh + " " + r.optimizer);

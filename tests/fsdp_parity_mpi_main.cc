@@ -153,7 +153,7 @@ int main(int, char** argv) {
     config::DistributedConfig d = dc;
     d.mesh_shape = {n};
     d.mesh_axis_names = {"fsdp"};
-    d.mixed_precision = config::MixedPrecision::bf16;
+    d.mixed_precision = DType::bf16;
     bf16 = train::run_training(tc, d, {.engine = engine, .ranks = 0, .timeout = std::chrono::seconds(120)});
   }
   if (dc.rank != 0) return 0;

@@ -42,7 +42,7 @@ struct RunSpec {
   // AdamW itself is checked against PyTorch (golden_test) and across ranks
   // over a few steps (parallel_test).
   std::string optimizer = "sgd";
-  config::MixedPrecision precision = config::MixedPrecision::no;
+  DType precision = DType::f32;
   int64_t max_steps = 50;
   std::vector<int> hidden = {64, 32};
   int batch_size = 64;
@@ -175,7 +175,7 @@ TEST(FullyShardedParity, Bf16Zero3FollowsFp32) {
   RunSpec bf16 = base;
   bf16.mesh = "fsdp=2";
   bf16.fsdp = "zero3";
-  bf16.precision = config::MixedPrecision::bf16;
+  bf16.precision = DType::bf16;
   const auto ref = train_on(base, "fp32_epoch");
   const auto got = train_on(bf16, "bf16_epoch");
   ASSERT_EQ(ref.step_losses.size(), got.step_losses.size());
@@ -195,7 +195,7 @@ TEST(FullyShardedParity, Bf16Zero3FollowsFp32) {
 
 TEST(FullyShardedParity, Fp16WithLossScalingFinishes) {
   const auto r = train_on({.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw",
-                           .precision = config::MixedPrecision::fp16, .max_steps = 100},
+                           .precision = DType::f16, .max_steps = 100},
                           "fp16");
   ASSERT_EQ(r.step_losses.size(), 100u);
   for (double l : r.step_losses) EXPECT_TRUE(std::isfinite(l));
@@ -210,7 +210,7 @@ TEST(FullyShardedParity, Fp16WithLossScalingFinishes) {
 // gradients at the loss scale while the loss stays finite; every rank skips
 // those steps (nothing else halves the scale) and the scale backs off.
 TEST(FullyShardedParity, Fp16OverflowSkipsStepsAndBacksOff) {
-  RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw", .precision = config::MixedPrecision::fp16,
+  RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw", .precision = DType::f16,
             .max_steps = 20};
   r.hidden = {256, 128};
   r.lr = 0.1;
@@ -234,7 +234,7 @@ TEST(FullyShardedParity, Fp16OverflowSkipsStepsAndBacksOff) {
 // can help, so the run stops on every rank at the same step, naming the
 // value and suggesting bf16, instead of skipping every step to the end.
 TEST(FullyShardedParity, Fp16NonFiniteLossStopsTheRun) {
-  RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw", .precision = config::MixedPrecision::fp16,
+  RunSpec r{.mesh = "fsdp=2", .fsdp = "zero3", .optimizer = "adamw", .precision = DType::f16,
             .max_steps = 20};
   r.hidden = {256, 128};
   r.lr = 0.5;

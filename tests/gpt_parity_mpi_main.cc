@@ -75,11 +75,11 @@ int main(int, char** argv) {
                                               c.pipeline_schedule + (c.cp_comm == "ring" ? "" : c.cp_comm));
     if (!c.pipeline_schedule.empty()) {
       tc = deep(tc);
-      tc.pipeline_schedule = c.pipeline_schedule;
+      tc.set("pipeline_schedule", c.pipeline_schedule, "case.pipeline_schedule");
     }
     tc.set("fsdp", c.fsdp, "case");
     tc.sequence_parallel = c.sequence_parallel;
-    tc.cp_comm = c.cp_comm;
+    tc.set("cp_comm", c.cp_comm, "case.cp_comm");
     config::DistributedConfig d = dc;
     d.backend = engine;
     testing::set_mesh(d, shape);

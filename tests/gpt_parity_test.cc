@@ -37,7 +37,7 @@ struct GptRun {
   std::string fsdp = "";  // "" = plain data parallelism
   bool recompute = false;
   bool sequence_parallel = false;
-  config::MixedPrecision precision = config::MixedPrecision::no;
+  DType precision = DType::f32;
   std::string optimizer = "sgd";
   double clip_norm = 0;
   std::string cp_comm = "ring";
@@ -53,9 +53,9 @@ train::TrainResult train_gpt(const GptRun& run, const std::string& tag) {
   tc.recompute = run.recompute;
   tc.sequence_parallel = run.sequence_parallel;
   tc.clip_norm = run.clip_norm;
-  tc.cp_comm = run.cp_comm;
+  tc.set("cp_comm", run.cp_comm, "GptRun.cp_comm");
   tc.cp_load_balance = run.cp_load_balance;
-  tc.zeropp = run.zeropp;
+  tc.set("zeropp", run.zeropp, "GptRun.zeropp");
   tc.micro_batches = run.micro_batches;
   tc.set("fsdp", run.fsdp, "GptRun.fsdp");
   config::DistributedConfig dc = testing::threads_mesh_config(run.mesh);
@@ -203,15 +203,15 @@ TEST(GptParity, HalfPrecisionZero3FollowsFp32) {
   const auto fp32 = train_gpt({.optimizer = "adamw"}, "fp32_adamw");
   EXPECT_LT(fp32.step_losses.back(), fp32.step_losses.front() - 0.3);
   EXPECT_FALSE(testing::run_differences(fp32, one_device(), 1e-5).empty());  // the comparison can fail
-  for (auto precision : {config::MixedPrecision::bf16, config::MixedPrecision::fp16}) {
+  for (auto precision : {DType::bf16, DType::f16}) {
     const auto half = train_gpt({.mesh = "fsdp=2", .fsdp = "zero3", .precision = precision, .optimizer = "adamw"},
-                                precision == config::MixedPrecision::bf16 ? "bf16" : "fp16");
+                                precision == DType::bf16 ? "bf16" : "fp16");
     const double worst = worst_step(fp32, half);
     fmt::print("GPT {} zero3 vs fp32 one device: worst step {:.2e} relative, {} skipped steps\n",
                config::mixed_precision_name(precision), worst, half.skipped_steps);
     EXPECT_LT(worst, 1e-2) << config::mixed_precision_name(precision);
     EXPECT_GT(worst, 0) << config::mixed_precision_name(precision);  // half precision really is in use
-    if (precision == config::MixedPrecision::fp16) {
+    if (precision == DType::f16) {
       EXPECT_GT(half.loss_scale, 0);  // the scaler is on
     }
   }
@@ -219,7 +219,7 @@ TEST(GptParity, HalfPrecisionZero3FollowsFp32) {
   // sequence parallelism.
   for (bool sp : {false, true}) {
     const auto tp = train_gpt({.mesh = "fsdp=2,tensor=2", .fsdp = "zero3", .sequence_parallel = sp,
-                               .precision = config::MixedPrecision::bf16, .optimizer = "adamw"},
+                               .precision = DType::bf16, .optimizer = "adamw"},
                               sp ? "bf16_sp" : "bf16_tp");
     const double worst = worst_step(fp32, tp);
     fmt::print("GPT bf16 zero3 on fsdp=2 x tensor=2{} vs fp32 one device: worst step {:.2e} relative\n",
@@ -230,7 +230,7 @@ TEST(GptParity, HalfPrecisionZero3FollowsFp32) {
   // fp16 over data=2 x tensor=2: the loss scaler's overflow flag is reduced
   // over the data and tensor axes (every rank skips alike or none does).
   const auto fp16 = train_gpt({.mesh = "data=2,tensor=2", .fsdp = "zero3", .sequence_parallel = true,
-                               .precision = config::MixedPrecision::fp16, .optimizer = "adamw"},
+                               .precision = DType::f16, .optimizer = "adamw"},
                               "fp16_tp");
   fmt::print("GPT fp16 zero3 on data=2 x tensor=2 (sequence parallel) vs fp32 one device: worst step {:.2e} "
              "relative, loss scale {}\n",

@@ -80,21 +80,21 @@ TEST(MemoryModel, OneDevice) { check({}); }
 TEST(MemoryModel, DataParallel) { check({.mesh = "data=2"}); }
 TEST(MemoryModel, Zero1) { check({.mesh = "data=2", .fsdp = "zero1"}); }
 TEST(MemoryModel, Zero2) { check({.mesh = "data=2", .fsdp = "zero2"}); }
-TEST(MemoryModel, Zero2Bf16) { check({.mesh = "data=2", .fsdp = "zero2", .precision = config::MixedPrecision::bf16}); }
+TEST(MemoryModel, Zero2Bf16) { check({.mesh = "data=2", .fsdp = "zero2", .precision = DType::bf16}); }
 TEST(MemoryModel, Zero3) { check({.mesh = "fsdp=2", .fsdp = "zero3"}); }
-TEST(MemoryModel, Zero3Bf16) { check({.mesh = "fsdp=2", .fsdp = "zero3", .precision = config::MixedPrecision::bf16}); }
+TEST(MemoryModel, Zero3Bf16) { check({.mesh = "fsdp=2", .fsdp = "zero3", .precision = DType::bf16}); }
 TEST(MemoryModel, HybridFull) { check({.mesh = "data=2,fsdp=2", .fsdp = "hybrid_full"}); }
 // FSDP's other schedules, where the peak does not depend on thread timing.
 TEST(MemoryModel, Zero3Schedules) {
   check({.mesh = "fsdp=2", .fsdp = "zero3", .reshard_after_forward = false});
   check({.mesh = "fsdp=2", .fsdp = "zero3", .micro_batches = 2});
-  check({.mesh = "fsdp=2", .fsdp = "zero3", .micro_batches = 4, .precision = config::MixedPrecision::bf16});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .micro_batches = 4, .precision = DType::bf16});
 }
 // Peaks while a unit's reduce-scatter may still be in flight: the GPT's
 // backward reduces each block as soon as its backward ends, so the next
 // block's gathers and gradient may meet it.
 TEST(MemoryModel, ReductionsInFlight) {
-  using P = parallel::BackwardPrefetch;
+  using P = layout::BackwardPrefetch;
   check({.mesh = "data=2", .fsdp = "zero2", .micro_batches = 2, .timing_dependent = true});
   check({.mesh = "fsdp=2", .fsdp = "zero3", .backward_prefetch = P::post, .tag = "backward_prefetch post",
          .timing_dependent = true});
@@ -127,8 +127,8 @@ TEST(MemoryModel, PipelineSchedules) {
          .timing_dependent = true});
 }
 TEST(MemoryModel, PipelineFullySharded) {
-  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero1", .micro_batches = 4, .precision = config::MixedPrecision::bf16});
-  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 4, .precision = config::MixedPrecision::bf16,
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero1", .micro_batches = 4, .precision = DType::bf16});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 4, .precision = DType::bf16,
          .timing_dependent = true});
   check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 2, .recompute = true,
          .timing_dependent = true});

@@ -30,9 +30,9 @@ struct PlanCase {
   int virtual_stages = 1;
   bool recompute = false;
   std::string cp_comm = "ring";  // context parallelism: ring or all_to_all
-  config::MixedPrecision precision = config::MixedPrecision::no;
+  DType precision = DType::f32;
   // Fully sharded scheduling (the trainer's defaults).
-  parallel::BackwardPrefetch backward_prefetch = parallel::BackwardPrefetch::pre;
+  layout::BackwardPrefetch backward_prefetch = layout::BackwardPrefetch::pre;
   bool forward_prefetch = false;
   bool reshard_after_forward = true;
   double bucket_mb = 25;
@@ -47,7 +47,7 @@ struct PlanCase {
   // "pipeline=2,fsdp=2 zero2 bf16 m=4 ..." (one device: "one device").
   std::string name() const {
     std::string s = (mesh.empty() ? "one device" : mesh) + (fsdp.empty() ? "" : " " + fsdp);
-    if (precision == config::MixedPrecision::bf16) s += " bf16";
+    if (precision == DType::bf16) s += " bf16";
     if (sequence_parallel) s += " sp";
     if (micro_batches > 1) s += fmt::format(" m={}", micro_batches);
     if (mesh.find("pipeline") != std::string::npos) s += " " + schedule;
@@ -60,8 +60,6 @@ struct PlanCase {
     return s + (tag.empty() ? "" : " " + tag);
   }
 };
-
-static_assert(static_cast<int>(parallel::BackwardPrefetch::post) == static_cast<int>(plan::BackwardPrefetch::post));
 
 struct PlanRun {
   train::TrainResult result;
@@ -81,10 +79,10 @@ inline PlanRun run_plan_case(const PlanCase& c) {
   tc.layers = static_cast<int>(c.layers);
   tc.sequence_parallel = c.sequence_parallel;
   tc.micro_batches = c.micro_batches;
-  tc.pipeline_schedule = c.schedule;
+  tc.set("pipeline_schedule", c.schedule, "PlanCase.schedule");
   tc.virtual_stages = c.virtual_stages;
   tc.recompute = c.recompute;
-  tc.cp_comm = c.cp_comm;
+  tc.set("cp_comm", c.cp_comm, "PlanCase.cp_comm");
   tc.backward_prefetch = c.backward_prefetch;
   tc.forward_prefetch = c.forward_prefetch;
   tc.reshard_after_forward = c.reshard_after_forward;
@@ -98,20 +96,20 @@ inline PlanRun run_plan_case(const PlanCase& c) {
   std::filesystem::remove_all(tc.run_dir);  // named by the process: nothing reuses it
   run.mesh = c.mesh.empty() ? mesh::NamedShape{{1}, {"data"}} : mesh::parse_mesh_spec(c.mesh);
   run.layout = {.sequence_parallel = c.sequence_parallel,
-                .schedule = c.schedule,
+                .schedule = layout::parse_schedule_kind(c.schedule),
                 .virtual_stages = c.virtual_stages,
                 .micro_batches = c.micro_batches,
-                .cp_comm = c.cp_comm,
+                .cp_comm = layout::parse_context_comm(c.cp_comm),
                 .recompute = c.recompute,
                 .min_weight_size = tc.fsdp_min_weight_size,
                 .forward_prefetch = c.forward_prefetch,
-                .backward_prefetch = static_cast<plan::BackwardPrefetch>(c.backward_prefetch),
+                .backward_prefetch = c.backward_prefetch,
                 .reshard_after_forward = c.reshard_after_forward,
                 .batch = tc.batch_size,
                 .bucket_bytes = c.bucket_mb * (1 << 20)};
   run.layout.set_mesh(run.mesh);
   plan::parse_sharding(run.result.fsdp, run.layout);
-  if (c.precision == config::MixedPrecision::bf16) run.layout.param_dtype = run.layout.reduce_dtype = DType::bf16;
+  if (c.precision == DType::bf16) run.layout.param_dtype = run.layout.reduce_dtype = DType::bf16;
   run.shape = {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width};
   return run;
 }

@@ -34,18 +34,18 @@ struct Run {
   std::string fsdp = {};
   bool sequence_parallel = false;
   double clip_norm = 0;
-  config::MixedPrecision precision = config::MixedPrecision::no;
+  DType precision = DType::f32;
 };
 
 train::TrainResult train_gpt(const Run& r) {
   const std::string tag = "pp_" + r.mesh + "_" + r.schedule + "_" + std::to_string(r.micro_batches) + r.fsdp +
                           (r.sequence_parallel ? "_sp" : "") + (r.clip_norm > 0 ? "_clip" : "") +
-                          (r.precision == config::MixedPrecision::no ? "" : "_half");
+                          (r.precision == DType::f32 ? "" : "_half");
   train::TrainConfig tc = gpt_parity_config(tag);
   tc.layers = 8;
   tc.batch_size = 16;  // 8 rows per data-parallel rank: one per micro-batch at m = 8
   tc.micro_batches = r.micro_batches;
-  tc.pipeline_schedule = r.schedule;
+  tc.set("pipeline_schedule", r.schedule, "run.schedule");
   tc.sequence_parallel = r.sequence_parallel;
   tc.clip_norm = r.clip_norm;
   tc.set("fsdp", r.fsdp, "test");
@@ -90,7 +90,7 @@ TEST(PipelineParity, ComposesWithDataTensorAndFullySharded) {
   // and given a gradient around the head (GPT::head_use).
   expect_same(train_gpt({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero2"}), one_device(), "zero2 on fsdp=2 x pipeline=2");
   const train::TrainResult half =
-      train_gpt({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero1", .precision = config::MixedPrecision::bf16});
+      train_gpt({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero1", .precision = DType::bf16});
   ASSERT_EQ(half.step_losses.size(), one_device().step_losses.size());
   for (size_t i = 0; i < half.step_losses.size(); ++i)
     EXPECT_NEAR(half.step_losses[i], one_device().step_losses[i], 1e-2 * std::abs(one_device().step_losses[i]))

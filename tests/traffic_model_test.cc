@@ -102,7 +102,7 @@ TEST(TrafficModel, FullySharded) {
   check({.mesh = "data=2", .fsdp = "zero2", .micro_batches = 2});
   check({.mesh = "fsdp=2", .fsdp = "zero3", .micro_batches = 2});
   check({.mesh = "fsdp=2", .fsdp = "zero3", .reshard_after_forward = false});
-  check({.mesh = "fsdp=2", .fsdp = "zero3", .precision = config::MixedPrecision::bf16});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .precision = DType::bf16});
   check({.mesh = "data=2", .fsdp = "no_shard"});
   check({.mesh = "data=2,fsdp=2", .fsdp = "hybrid_full"});
 }

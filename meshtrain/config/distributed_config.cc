@@ -10,6 +10,7 @@
 #include <set>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/core/strings.h"
 
 namespace meshtrain::config {
@@ -97,10 +98,10 @@ constexpr ConfigField kFields[] = {
        }
      },
      [](const DistributedConfig& c) { return mesh::NamedShape{c.mesh_shape, c.mesh_axis_names}.to_spec(); }},
-    {"mixed_precision", "--mixed-precision", "precision", "no, fp16 or bf16",
+    {"mixed_precision", "--mixed-precision", "precision", "no (or fp32), fp16 or bf16",
      [](DistributedConfig& c, std::string_view t, std::string_view s) {
        try {
-         c.mixed_precision = parse_mixed_precision(trim(t));
+         c.mixed_precision = layout::parse_precision(trim(t), "mixed_precision");
        } catch (const InvalidArgument& e) {
          throw InvalidArgument(kOp, fmt::format("{}: {}", s, e.detail()), e.hint());
        }
@@ -154,20 +155,8 @@ void check_positive(const char* key, int v, const char* hint) {
 
 }  // namespace
 
-std::string_view mixed_precision_name(MixedPrecision p) {
-  switch (p) {
-    case MixedPrecision::no: return "no";
-    case MixedPrecision::fp16: return "fp16";
-    case MixedPrecision::bf16: return "bf16";
-  }
-  return "?";
-}
-
-MixedPrecision parse_mixed_precision(std::string_view name) {
-  for (MixedPrecision p : {MixedPrecision::no, MixedPrecision::fp16, MixedPrecision::bf16})
-    if (mixed_precision_name(p) == name) return p;
-  throw InvalidArgument("parse_mixed_precision", fmt::format("unknown mixed precision '{}'", name),
-                        "use one of no, fp16, bf16");
+std::string_view mixed_precision_name(DType precision) {
+  return precision == DType::f32 ? "no" : layout::precision_name(precision);
 }
 
 std::string_view launcher_name(Launcher l) {

@@ -42,13 +42,14 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/config/sharding_config.h"
+#include "meshtrain/core/dtype.h"
 #include "meshtrain/mesh/mesh_shape.h"
 
 namespace meshtrain::config {
 
-enum class MixedPrecision : uint8_t { no, fp16, bf16 };
-std::string_view mixed_precision_name(MixedPrecision p);
-MixedPrecision parse_mixed_precision(std::string_view name);  // throws InvalidArgument
+// mixed_precision as the seeds spell it: "no" (f32), "bf16", "fp16". The
+// names parse with layout::parse_precision (which also takes "fp32").
+std::string_view mixed_precision_name(DType precision);
 
 // The sections a meshtrain TOML file may hold: [distributed] (this config)
 // and [train] (train::TrainConfig). Every TOML loader accepts a file with any
@@ -112,7 +113,7 @@ struct DistributedConfig {
   int context_parallel_size = 1;
   std::vector<int> mesh_shape;     // empty: derived from the sizes (see mesh())
   std::vector<std::string> mesh_axis_names;
-  MixedPrecision mixed_precision = MixedPrecision::no;
+  DType mixed_precision = DType::f32;  // the compute precision; f32: no mixed precision
 
   // "NAME=value" for each launcher variable with_env used, echoed by to_toml().
   // Not a config key.

@@ -192,13 +192,6 @@ void check_heads(const char* op, const ContextParallelGroup& g, const Dims& d) {
 
 }  // namespace
 
-std::string_view context_comm_name(ContextComm c) { return c == ContextComm::ring ? "ring" : "all_to_all"; }
-
-ContextComm parse_context_comm(std::string_view text, std::string_view flag) {
-  if (text == "ring") return ContextComm::ring;
-  if (text == "all_to_all" || text == "all-to-all" || text == "ulysses") return ContextComm::all_to_all;
-  throw InvalidArgument(std::string(flag), fmt::format("'{}'", text), "use ring or all_to_all");
-}
 
 std::vector<int64_t> ContextParallelGroup::chunk_ids(int r) const {
   if (!load_balance) return {r};

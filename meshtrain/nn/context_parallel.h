@@ -58,14 +58,14 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/layout/vocabulary.h"
 
 namespace meshtrain::nn {
 
-enum class ContextComm : uint8_t { ring, all_to_all };
-// "ring", "all_to_all".
-std::string_view context_comm_name(ContextComm c);
-// Parses "ring" / "all_to_all"; InvalidArgument naming `flag` otherwise.
-ContextComm parse_context_comm(std::string_view text, std::string_view flag = "--cp-comm");
+// The exchange's names are the layout vocabulary's (layout/vocabulary.h).
+using layout::context_comm_name;
+using layout::ContextComm;
+using layout::parse_context_comm;
 
 // The ranks the sequence is split over (the mesh's context axis).
 struct ContextParallelGroup {

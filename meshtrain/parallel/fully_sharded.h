@@ -109,41 +109,20 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/quantize.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/parallelism.h"
 
 namespace meshtrain::parallel {
 
-// What is sharded: optimizer state (zero1), plus gradients (zero2), plus
-// parameters (zero3). no_shard replicates everything (data parallelism).
-enum class ZeroStage : uint8_t { no_shard = 0, zero1 = 1, zero2 = 2, zero3 = 3 };
-
-// The seeds' FSDP2Config strategy names (plus zero1..3 aliases), mapped to a
-// stage and whether the mesh's replicate axis is kept separate (hybrid):
-//   full / zero3                 -> zero3         shard over every DP rank
-//   shard_grad_op / zero2        -> zero2
-//   zero1                        -> zero1
-//   no_shard                     -> no_shard
-//   hybrid_full                  -> zero3, hybrid shard within the shard axis,
-//   hybrid_shard_grad_op         -> zero2, hybrid  all-reduce across replicas
-struct FsdpMode {
-  ZeroStage stage = ZeroStage::zero3;
-  bool hybrid = false;
-  // "full", "shard_grad_op", "no_shard", "zero1", "hybrid_full",
-  // "hybrid_shard_grad_op": the canonical name.
-  std::string name() const;
-  bool operator==(const FsdpMode&) const = default;
-};
-// Throws InvalidArgument "Unknown sharding strategy: X" listing the names.
-FsdpMode parse_fsdp_mode(std::string_view name);
-
-// When stage 3 starts gathering the next unit in backward.
-enum class BackwardPrefetch : uint8_t { none, pre, post };
-// "none", "pre" (backward_pre), "post" (backward_post); InvalidArgument
-// "Unknown backward prefetch: X" otherwise.
-BackwardPrefetch parse_backward_prefetch(std::string_view name);
-std::string_view to_string(BackwardPrefetch p);
+// The stages, modes and prefetch policies are the layout vocabulary's
+// (layout/vocabulary.h: the one definition and parser of each name).
+using layout::BackwardPrefetch;
+using layout::FsdpMode;
+using layout::parse_backward_prefetch;
+using layout::parse_fsdp_mode;
+using layout::ZeroStage;
 
 struct FullyShardedOptions {
   ZeroStage stage = ZeroStage::zero3;

@@ -12,44 +12,6 @@
 
 namespace meshtrain::parallel {
 
-std::string FsdpMode::name() const {
-  switch (stage) {
-    case ZeroStage::no_shard: return "no_shard";
-    case ZeroStage::zero1: return "zero1";
-    case ZeroStage::zero2: return hybrid ? "hybrid_shard_grad_op" : "shard_grad_op";
-    case ZeroStage::zero3: return hybrid ? "hybrid_full" : "full";
-  }
-  return "?";
-}
-
-FsdpMode parse_fsdp_mode(std::string_view name) {
-  if (name == "full" || name == "zero3") return {ZeroStage::zero3, false};
-  if (name == "shard_grad_op" || name == "zero2") return {ZeroStage::zero2, false};
-  if (name == "zero1") return {ZeroStage::zero1, false};
-  if (name == "no_shard") return {ZeroStage::no_shard, false};
-  if (name == "hybrid_full") return {ZeroStage::zero3, true};
-  if (name == "hybrid_shard_grad_op") return {ZeroStage::zero2, true};
-  throw InvalidArgument("parse_fsdp_mode", fmt::format("Unknown sharding strategy: {}", name),
-                        "use full (zero3), shard_grad_op (zero2), zero1, no_shard, hybrid_full or "
-                        "hybrid_shard_grad_op");
-}
-
-BackwardPrefetch parse_backward_prefetch(std::string_view name) {
-  if (name == "none") return BackwardPrefetch::none;
-  if (name == "pre" || name == "backward_pre") return BackwardPrefetch::pre;
-  if (name == "post" || name == "backward_post") return BackwardPrefetch::post;
-  throw InvalidArgument("parse_backward_prefetch", fmt::format("Unknown backward prefetch: {}", name),
-                        "use none, pre or post");
-}
-
-std::string_view to_string(BackwardPrefetch p) {
-  switch (p) {
-    case BackwardPrefetch::none: return "none";
-    case BackwardPrefetch::pre: return "pre";
-    case BackwardPrefetch::post: return "post";
-  }
-  return "?";
-}
 
 ModelStateBytes predicted_model_state(ZeroStage stage, int64_t elements, int d, DType param_dtype,
                                       DType reduce_dtype, double state_bytes_per_element) {

@@ -430,23 +430,6 @@ std::string Action::to_string() const {
   }
 }
 
-ScheduleKind parse_schedule_kind(std::string_view name) {
-  for (ScheduleKind k : {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved_1f1b,
-                         ScheduleKind::zero_bubble})
-    if (name == to_string(k)) return k;
-  throw InvalidArgument("parse_schedule_kind", fmt::format("unknown pipeline schedule '{}'", name),
-                        "use gpipe, 1f1b, interleaved or zb");
-}
-
-std::string_view to_string(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::gpipe: return "gpipe";
-    case ScheduleKind::one_f_one_b: return "1f1b";
-    case ScheduleKind::interleaved_1f1b: return "interleaved";
-    case ScheduleKind::zero_bubble: return "zb";
-  }
-  return "?";
-}
 
 int Schedule::stage_rank(int stage) const {
   if (ranks < 1 || stage < 0 || stage >= num_stages())
@@ -500,7 +483,7 @@ double simulated_bubble(const Schedule& schedule, const StepCosts& costs) {
 
 double theoretical_bubble(ScheduleKind kind, int p, int m, int v) {
   check_kind_shape("theoretical_bubble", kind, p, m, v);
-  return plan::pipeline_bubble(to_string(kind), p, m, v);
+  return plan::pipeline_bubble(kind, p, m, v);
 }
 
 int peak_in_flight(const Schedule& schedule, int rank) {

@@ -72,6 +72,8 @@
 #include <string_view>
 #include <vector>
 
+#include "meshtrain/layout/vocabulary.h"
+
 namespace meshtrain::parallel {
 
 enum class ActionKind : uint8_t {
@@ -101,12 +103,10 @@ struct Action {
   bool operator==(const Action&) const = default;
 };
 
-enum class ScheduleKind : uint8_t { gpipe, one_f_one_b, interleaved_1f1b, zero_bubble /* ZB-H1 */ };
-
-// "gpipe", "1f1b", "interleaved", "zb"; InvalidArgument listing them otherwise.
-ScheduleKind parse_schedule_kind(std::string_view name);
-// The name parse_schedule_kind takes.
-std::string_view to_string(ScheduleKind kind);
+// The schedules' names are the layout vocabulary's (layout/vocabulary.h).
+using layout::parse_schedule_kind;
+using layout::ScheduleKind;
+using layout::to_string;
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::gpipe;

@@ -612,8 +612,6 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
         fmt::format("{} heads over tensor {} (rank {})", g.heads, l.tensor, l.tensor_rank),
         "use a tensor axis that divides the heads, and 0 <= tensor_rank < tensor");
   check(l.context >= 1, fmt::format("context {}", l.context), "need context >= 1");
-  check(l.cp_comm == "ring" || l.cp_comm == "all_to_all", fmt::format("cp_comm '{}'", l.cp_comm),
-        "use ring or all_to_all");
   check(l.compute == DType::f32 || l.compute == DType::bf16 || l.compute == DType::f16,
         fmt::format("compute dtype {}", dtype_name(l.compute)), "use f32, bf16 or f16");
   check(l.dropout >= 0.0 && l.dropout < 1.0, fmt::format("dropout {}", l.dropout), "use 0 <= dropout < 1");
@@ -629,7 +627,7 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
         fmt::format("context {} with seq {}{}", l.context, g.seq,
                     sp ? ", sequence parallelism" : (!l.embed || !l.head) ? ", a pipeline part" : ""),
         fmt::format("context parallelism needs seq divisible by {}, no sequence parallelism, the whole model", chunks));
-  check(!cp || l.cp_comm == "ring" || (g.heads / l.tensor) % l.context == 0,
+  check(!cp || l.cp_comm == layout::ContextComm::ring || (g.heads / l.tensor) % l.context == 0,
         fmt::format("all_to_all over {} context ranks with {} heads per tensor rank", l.context, g.heads / l.tensor),
         "use ring, or heads divisible by tensor x context");
   // Sequence parallelism pads a sequence the tensor axis does not divide,
@@ -654,7 +652,7 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
   d.vl = std::max<int64_t>(0, std::min(g.vocab, (l.tensor_rank + 1) * chunk) - l.tensor_rank * chunk);
   d.sp = sp;
   d.cp = cp;
-  d.ring = l.cp_comm == "ring";
+  d.ring = l.cp_comm == layout::ContextComm::ring;
   d.half = l.compute != DType::f32;
   d.cd = static_cast<int64_t>(dtype_size(l.compute));
   d.drop = l.training && l.dropout > 0.0;

@@ -126,6 +126,7 @@
 #include <vector>
 
 #include "meshtrain/core/dtype.h"
+#include "meshtrain/layout/vocabulary.h"
 
 namespace meshtrain::plan {
 
@@ -145,7 +146,7 @@ struct ActivationLayout {
   int tensor_rank = 0;       // which vocabulary shard (uneven V / k)
   bool sequence_parallel = false;
   int context = 1;           // n: ranks of the context axis
-  std::string cp_comm = "ring";  // or "all_to_all"
+  layout::ContextComm cp_comm = layout::ContextComm::ring;
   bool cp_load_balance = true;   // no effect on bytes (chunks of equal length)
   bool recompute = false;    // every block in recompute mode
   // The backward as backward_input then backward_weight (a zero-bubble

@@ -13,13 +13,6 @@ namespace {
 constexpr const char* kOp = "plan::search_layouts";
 constexpr double kGiB = double(uint64_t{1} << 30);
 
-std::vector<int> divisors(int n) {
-  std::vector<int> out;
-  for (int d = 1; d <= n; ++d)
-    if (n % d == 0) out.push_back(d);
-  return out;
-}
-
 std::string mesh_of(const TrainingLayout& l) {
   std::string out;
   for (std::string_view a : mesh::kMeshAxisOrder) {
@@ -36,12 +29,12 @@ double state_bound(const GptShape& g, const TrainingLayout& l) {
   const double per = params / (l.tensor * l.pipeline);
   const double pb = dtype_size(l.param_dtype), d = l.shard_ranks();
   const double master = l.param_dtype == DType::f32 ? 0 : 4;
-  switch (l.sharding) {
-    case Sharding::none: return per * 16;
-    case Sharding::no_shard: return per * (2 * pb + master + 8);
-    case Sharding::zero1: return per * (2 * pb + (master + 8) / d);
-    case Sharding::zero2: return per * (pb + (pb + master + 8) / d);
-    case Sharding::zero3: return per * (2 * pb + master + 8) / d;
+  if (!l.sharding) return per * 16;  // plain data parallelism
+  switch (*l.sharding) {
+    case layout::ZeroStage::no_shard: return per * (2 * pb + master + 8);
+    case layout::ZeroStage::zero1: return per * (2 * pb + (master + 8) / d);
+    case layout::ZeroStage::zero2: return per * (pb + (pb + master + 8) / d);
+    case layout::ZeroStage::zero3: return per * (2 * pb + master + 8) / d;
   }
   return 0;
 }
@@ -79,13 +72,13 @@ std::vector<std::string> explain(const GptShape& g, const Candidate& c, const Se
   if (l.pipeline > 1)
     why.push_back(fmt::format("pipeline={} ({} with {} micro-batches{}): {:.1f} ms of the step idle in fill and drain "
                               "({:.1f}%)",
-                              l.pipeline, l.schedule, l.micro_batches,
+                              l.pipeline, layout::to_string(l.schedule), l.micro_batches,
                               l.virtual_stages > 1 ? fmt::format(", {} chunks per rank", l.virtual_stages) : "",
                               s.bubble * 1e3, 100 * s.bubble / c.step));
   if (l.context > 1)
     why.push_back(fmt::format("context={}: each rank attends over 1/{} of the sequence; {} {:.1f} ms per step",
                               l.context, l.context,
-                              l.cp_comm == "ring" ? "ring exchanges (under attention)"
+                              l.cp_comm == layout::ContextComm::ring ? "ring exchanges (under attention)"
                                                   : "all_to_alls (Ulysses, on the critical path)",
                               group_ms(mesh::kContext)));
   const int dp = l.data * l.fsdp;
@@ -93,9 +86,9 @@ std::vector<std::string> explain(const GptShape& g, const Candidate& c, const Se
     // The model, pipeline and context axes' calls are always exposed (or
     // hidden under attention); the rest is the data-parallel strategy's.
     const double other_ms = group_ms(mesh::kTensor) + group_ms(mesh::kContext) + group_ms(mesh::kPipeline);
-    const char* stage = l.sharding == Sharding::zero3   ? "zero3 (parameters, gradients and optimizer sharded)"
-                        : l.sharding == Sharding::zero2 ? "zero2 (gradients and optimizer sharded)"
-                        : l.sharding == Sharding::zero1 ? "zero1 (optimizer sharded)"
+    const char* stage = l.sharding == layout::ZeroStage::zero3   ? "zero3 (parameters, gradients and optimizer sharded)"
+                        : l.sharding == layout::ZeroStage::zero2 ? "zero2 (gradients and optimizer sharded)"
+                        : l.sharding == layout::ZeroStage::zero1 ? "zero1 (optimizer sharded)"
                                                         : "plain data parallelism";
     why.push_back(fmt::format("data-parallel {} with {}: {:.1f} ms of communication per step, {:.1f} ms of it exposed "
                               "after the overlap with compute",
@@ -118,11 +111,10 @@ std::vector<std::string> explain(const GptShape& g, const Candidate& c, const Se
 
 std::string describe_layout(const TrainingLayout& l) {
   std::string s = mesh_of(l);
-  const char* names[] = {"", "no_shard", "zero1", "zero2", "zero3"};
-  if (l.sharding != Sharding::none) s += fmt::format(" {}", names[static_cast<int>(l.sharding)]);
+  if (l.sharding) s += fmt::format(" {}", layout::zero_stage_name(*l.sharding));
   if (l.param_dtype != DType::f32) s += fmt::format(" {}", dtype_name(l.param_dtype));
   if (l.pipeline > 1)
-    s += fmt::format(", {}{} m={}", l.schedule, l.virtual_stages > 1 ? fmt::format(" v={}", l.virtual_stages) : "",
+    s += fmt::format(", {}{} m={}", layout::to_string(l.schedule), l.virtual_stages > 1 ? fmt::format(" v={}", l.virtual_stages) : "",
                      l.micro_batches);
   else if (l.micro_batches > 1)
     s += fmt::format(", m={}", l.micro_batches);
@@ -147,36 +139,36 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
                                       o.device_memory, o.reserve, o.keep),
                           "give at least one device, a positive batch and device memory, and 0 <= reserve < 1");
   std::vector<Candidate> all;
-  const std::vector<Sharding> stages = o.precision == DType::f32
-                                           ? std::vector<Sharding>{Sharding::none, Sharding::zero1, Sharding::zero2,
-                                                                   Sharding::zero3}
-                                           : std::vector<Sharding>{Sharding::zero1, Sharding::zero2, Sharding::zero3};
-  for (int t : divisors(o.devices)) {
+  using Stage = std::optional<layout::ZeroStage>;  // nullopt: plain data parallelism
+  using enum layout::ZeroStage;
+  const std::vector<Stage> stages = o.precision == DType::f32 ? std::vector<Stage>{std::nullopt, zero1, zero2, zero3}
+                                                              : std::vector<Stage>{zero1, zero2, zero3};
+  for (int t : mesh::divisors(o.devices)) {
     if (t > hw.devices_per_node || g.heads % t != 0 || g.width % t != 0) continue;
-    for (int p : divisors(o.devices / t)) {
+    for (int p : mesh::divisors(o.devices / t)) {
       if (p > g.layers) continue;
-      for (int c : divisors(o.devices / t / p)) {
+      for (int c : mesh::divisors(o.devices / t / p)) {
         // Context parallelism for long sequences only: at least 1024 tokens per rank.
         if (c > 1 && (g.seq % (2 * c) != 0 || g.seq / c < 1024 || p > 1)) continue;  // the trainer's rules
         const int d = o.devices / t / p / c;
         if (o.batch % d != 0) continue;
         const int64_t per_rank = o.batch / d;
-        for (Sharding z : stages) {
-          if (z == Sharding::zero3 && p > 1) continue;
-          if (z != Sharding::none && d * c == 1 && z != Sharding::zero1) continue;  // nothing to shard over
+        for (const Stage z : stages) {
+          if (z == layout::ZeroStage::zero3 && p > 1) continue;
+          if (z != std::nullopt && d * c == 1 && z != layout::ZeroStage::zero1) continue;  // nothing to shard over
           for (int64_t m = 1; m <= per_rank; m *= 2) {
             if (per_rank % m != 0) continue;
             for (int v : {1, 2, 4}) {
               if (v > 1 && (p == 1 || m % p != 0 || g.layers % (p * v) != 0)) continue;
               for (bool sp : {t > 1 && c == 1}) {
                 for (bool recompute : {false, true}) {
-                  TrainingLayout l{.data = z == Sharding::zero3 ? 1 : d, .fsdp = z == Sharding::zero3 ? d : 1,
+                  TrainingLayout l{.data = z == layout::ZeroStage::zero3 ? 1 : d, .fsdp = z == layout::ZeroStage::zero3 ? d : 1,
                                    .tensor = t, .pipeline = p, .context = c, .sharding = z,
-                                   .sequence_parallel = sp, .schedule = v > 1 ? "interleaved" : "1f1b",
+                                   .sequence_parallel = sp, .schedule = v > 1 ? layout::ScheduleKind::interleaved_1f1b : layout::ScheduleKind::one_f_one_b,
                                    .virtual_stages = v, .micro_batches = static_cast<int>(m), .cp_comm = o.cp_comm,
                                    .recompute = recompute,
-                                   .param_dtype = z == Sharding::none ? DType::f32 : o.precision,
-                                   .reduce_dtype = z == Sharding::none ? DType::f32 : o.precision,
+                                   .param_dtype = z == std::nullopt ? DType::f32 : o.precision,
+                                   .reduce_dtype = z == std::nullopt ? DType::f32 : o.precision,
                                    .batch = o.batch};
                   Candidate cand{.layout = l, .mesh = mesh_of(l), .label = describe_layout(l)};
                   try {

@@ -52,7 +52,7 @@ struct SearchOptions {
   double usable() const { return device_memory * (1 - reserve); }
   DType precision = DType::bf16;   // param and reduce dtype (f32 allows plain data parallelism)
   int keep = 5;                    // fitting candidates to return
-  std::string cp_comm = "ring";
+  layout::ContextComm cp_comm = layout::ContextComm::ring;
 };
 
 struct Candidate {

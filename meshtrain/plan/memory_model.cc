@@ -25,7 +25,7 @@ using internal::StageParam;
 // a pipeline axis (the whole model), at least 2 for the interleaved schedule.
 int chunks_per_rank(const TrainingLayout& l) {
   if (l.pipeline == 1) return 1;
-  return l.schedule == "interleaved" ? std::max(l.virtual_stages, 2) : l.virtual_stages;
+  return l.schedule == layout::ScheduleKind::interleaved_1f1b ? std::max(l.virtual_stages, 2) : l.virtual_stages;
 }
 
 // One compute action of a pipeline rank: F (forward), B (fused backward),
@@ -41,12 +41,12 @@ struct Work {
 std::vector<Work> rank_program(const TrainingLayout& l, int r) {
   const int p = l.pipeline, m = l.micro_batches, v = chunks_per_rank(l);
   std::vector<Work> out;
-  if (l.schedule == "gpipe") {
+  if (l.schedule == layout::ScheduleKind::gpipe) {
     for (int i = 0; i < m; ++i) out.push_back({'F', 0, i});
     for (int i = 0; i < m; ++i) out.push_back({'B', 0, i});
-  } else if (l.schedule == "1f1b" || l.schedule == "zb") {
+  } else if (l.schedule == layout::ScheduleKind::one_f_one_b || l.schedule == layout::ScheduleKind::zero_bubble) {
     // zb (ZB-H1): 1F1B's order, the backward split, rank r's first r W's deferred.
-    const bool split = l.schedule == "zb";
+    const bool split = l.schedule == layout::ScheduleKind::zero_bubble;
     const int warmup = std::min(p - r - 1, m);
     std::deque<int> pending;
     int inputs = 0;
@@ -69,7 +69,7 @@ std::vector<Work> rank_program(const TrainingLayout& l, int r) {
     }
     for (int i = m - warmup; i < m; ++i) backward(i);
     for (int i : pending) out.push_back({'W', 0, i});
-  } else if (l.schedule == "interleaved") {
+  } else if (l.schedule == layout::ScheduleKind::interleaved_1f1b) {
     const int total = v * m;
     const int warmup = std::min((v - 1) * p + 2 * (p - r - 1), total);
     const auto mb = [&](int k) { return (k / (p * v)) * p + k % p; };
@@ -81,8 +81,6 @@ std::vector<Work> rank_program(const TrainingLayout& l, int r) {
       backward(k);
     }
     for (int k = total - warmup; k < total; ++k) backward(k);
-  } else {
-    throw InvalidArgument(kOp, fmt::format("pipeline schedule '{}'", l.schedule), "use gpipe, 1f1b, interleaved or zb");
   }
   return out;
 }
@@ -114,9 +112,9 @@ class FsdpWorking {
  public:
   FsdpWorking(const TrainingLayout& l, const std::vector<int64_t>& padded)
       : l_(l),
-        zero3_(l.sharding == Sharding::zero3),
+        zero3_(l.sharding == layout::ZeroStage::zero3),
         values_persistent_(l.param_dtype == DType::f32 && !zero3_),
-        grads_persistent_(l.reduce_dtype == DType::f32 && l.sharding <= Sharding::zero1),
+        grads_persistent_(l.reduce_dtype == DType::f32 && l.sharding <= layout::ZeroStage::zero1),
         pb_(static_cast<double>(dtype_size(l.param_dtype))),
         gb_(static_cast<double>(dtype_size(l.reduce_dtype))) {
     for (int64_t n : padded) units_.push_back({.np = static_cast<double>(n)});
@@ -132,7 +130,7 @@ class FsdpWorking {
     poll();
     const bool uses_values = pass != ScopePass::backward_weight;
     const bool uses_grads = pass == ScopePass::backward || pass == ScopePass::backward_weight;
-    if (pass != ScopePass::forward && uses_values && zero3_ && l_.backward_prefetch == BackwardPrefetch::pre) {
+    if (pass != ScopePass::forward && uses_values && zero3_ && l_.backward_prefetch == layout::BackwardPrefetch::pre) {
       if (!x.materialized) start_gather(u);
       start_gather(neighbour(u, -1));
     }
@@ -154,7 +152,7 @@ class FsdpWorking {
     }
     if (pass != ScopePass::backward_weight) {
       release_values(u);
-      if (zero3_ && l_.backward_prefetch == BackwardPrefetch::post) start_gather(neighbour(u, -1));
+      if (zero3_ && l_.backward_prefetch == layout::BackwardPrefetch::post) start_gather(neighbour(u, -1));
     }
     if (pass == ScopePass::backward_input) return;
     reduce(u);
@@ -163,7 +161,7 @@ class FsdpWorking {
   // finish() (every reduction completes) and after_step()'s reshard()
   // (prefetched units never used are freed).
   void end_step() {
-    if (l_.sharding <= Sharding::zero1)
+    if (l_.sharding <= layout::ZeroStage::zero1)
       for (size_t u = 0; u < units_.size(); ++u)
         if (units_[u].np > 0) launch_full(static_cast<int>(u));
     while (!in_flight_.empty()) complete_oldest();
@@ -230,7 +228,7 @@ class FsdpWorking {
   }
   void reduce(int u) {
     Unit& x = units_[static_cast<size_t>(u)];
-    if (l_.sharding <= Sharding::zero1) {  // accumulated into the persistent gradient
+    if (l_.sharding <= layout::ZeroStage::zero1) {  // accumulated into the persistent gradient
       free(x.grad);
       x.grad = 0;
       if (index_ == count_ - 1) launch_full(u);
@@ -533,21 +531,15 @@ void TrainingLayout::set_mesh(const mesh::NamedShape& mesh) {
   context = mesh.size_of(mesh::kContext);
 }
 
-void parse_sharding(const std::string& name, TrainingLayout& l) {
-  static const std::pair<const char*, std::pair<Sharding, bool>> kNames[] = {
-      {"", {Sharding::none, false}},          {"no_shard", {Sharding::no_shard, false}},
-      {"zero1", {Sharding::zero1, false}},    {"zero2", {Sharding::zero2, false}},
-      {"shard_grad_op", {Sharding::zero2, false}}, {"zero3", {Sharding::zero3, false}},
-      {"full", {Sharding::zero3, false}},     {"hybrid_full", {Sharding::zero3, true}},
-      {"hybrid_shard_grad_op", {Sharding::zero2, true}}};
-  for (const auto& [n, v] : kNames)
-    if (name == n) {
-      l.sharding = v.first;
-      l.hybrid = v.second;
-      return;
-    }
-  throw InvalidArgument("plan::parse_sharding", fmt::format("unknown fsdp strategy '{}'", name),
-                        "use full, shard_grad_op, no_shard, zero1, zero2, zero3, hybrid_full or hybrid_shard_grad_op");
+void parse_sharding(std::string_view name, TrainingLayout& l) {
+  if (name.empty()) {
+    l.sharding = std::nullopt;
+    l.hybrid = false;
+    return;
+  }
+  const layout::FsdpMode mode = layout::parse_fsdp_mode(name);
+  l.sharding = mode.stage;
+  l.hybrid = mode.hybrid;
 }
 
 void check_layout(const GptShape& g, const TrainingLayout& l) {
@@ -578,11 +570,10 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
                                            l.context, g.seq, l.context),
                           "use a sequence length divisible by twice the context axis");
   if (l.pipeline > 1) {  // as parallel::make_schedule checks the schedule
-    rank_program(l, 0);  // the schedule's name
-    if (l.schedule != "interleaved" && l.virtual_stages != 1)
-      throw InvalidArgument(kOp, fmt::format("{} virtual stages with the {} schedule", l.virtual_stages, l.schedule),
+    if (l.schedule != layout::ScheduleKind::interleaved_1f1b && l.virtual_stages != 1)
+      throw InvalidArgument(kOp, fmt::format("{} virtual stages with the {} schedule", l.virtual_stages, layout::to_string(l.schedule)),
                             "only the interleaved schedule runs several chunks per rank: use 1, or interleaved");
-    if (l.schedule == "interleaved" && l.micro_batches % l.pipeline != 0)
+    if (l.schedule == layout::ScheduleKind::interleaved_1f1b && l.micro_batches % l.pipeline != 0)
       throw InvalidArgument(kOp,
                             fmt::format("the interleaved schedule with {} micro-batches over pipeline = {}",
                                         l.micro_batches, l.pipeline),
@@ -591,7 +582,7 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
   if (l.max_reductions_in_flight < 1)
     throw InvalidArgument(kOp, fmt::format("max_reductions_in_flight = {}", l.max_reductions_in_flight),
                           "allow at least one gradient reduction in flight");
-  if (l.sharding == Sharding::none && l.param_dtype != DType::f32)
+  if (l.sharding == std::nullopt && l.param_dtype != DType::f32)
     throw InvalidArgument(kOp, "mixed precision without fully sharded data parallelism",
                           "plain data parallelism is f32 (the trainer runs it as no_shard)");
 }
@@ -600,8 +591,8 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
   check_layout(g, l);
   // Without a pipeline axis the trainer runs the whole model: no chunks.
   const int p = l.pipeline, k = l.tensor, v = chunks_per_rank(l);
-  const bool sharded = l.sharding != Sharding::none;
-  const int d = l.sharding == Sharding::no_shard ? 1 : l.shard_ranks();
+  const bool sharded = l.sharding != std::nullopt;
+  const int d = l.sharding == layout::ZeroStage::no_shard ? 1 : l.shard_ranks();
   const int64_t per_rank = l.batch / l.data_ranks();  // samples per data-parallel rank per step
   const int64_t micro = per_rank / l.micro_batches;   // the trainer's micro-batch (the last may be larger)
   const double pb = static_cast<double>(dtype_size(l.param_dtype));
@@ -650,8 +641,8 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
             const int64_t np = (unit_n[static_cast<size_t>(u)] + d - 1) / d * d;
             const double P = static_cast<double>(np), dd = static_cast<double>(d);
             const double master = l.param_dtype == DType::f32 ? 0.0 : 4.0;
-            dev.parameters += l.sharding == Sharding::zero3 ? pb * P / dd : pb * P;
-            dev.gradients += l.sharding >= Sharding::zero2 ? gb * P / dd : gb * P;
+            dev.parameters += l.sharding == layout::ZeroStage::zero3 ? pb * P / dd : pb * P;
+            dev.gradients += l.sharding >= layout::ZeroStage::zero2 ? gb * P / dd : gb * P;
             dev.optimizer += (master + state) * P / dd;
             const int at = u < blocks ? kUnitBlocks + u : u == blocks ? kUnitWte : kUnitRoot;
             padded[static_cast<size_t>(at)] = np;
@@ -669,7 +660,7 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
                             .context = l.context,
                             .cp_comm = l.cp_comm,
                             .recompute = l.recompute,
-                            .split_backward = p > 1 && l.schedule == "zb",
+                            .split_backward = p > 1 && l.schedule == layout::ScheduleKind::zero_bubble,
                             .compute = sharded ? l.param_dtype : DType::f32,
                             .dropout = l.dropout,
                             .first_block = first,

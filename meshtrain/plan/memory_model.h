@@ -104,33 +104,30 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "meshtrain/core/dtype.h"
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/plan/activation_memory.h"
 #include "meshtrain/plan/mesh_planning.h"
 
 namespace meshtrain::plan {
 
-// Fully sharded data parallelism's stages, as the trainer's --fsdp names
-// them (full = zero3, shard_grad_op = zero2; hybrid_*: the same over the
-// fsdp axis, replicated over data).
-enum class Sharding : uint8_t { none, no_shard, zero1, zero2, zero3 };
-
-// When zero3 gathers the next unit in backward (parallel::BackwardPrefetch).
-enum class BackwardPrefetch : uint8_t { none, pre, post };
-
 struct TrainingLayout {
   int data = 1, fsdp = 1, tensor = 1, pipeline = 1, context = 1;
-  Sharding sharding = Sharding::none;  // none: plain data parallelism
+  // The stage fully sharded data parallelism runs at (layout::FsdpMode's;
+  // the optional's order, nullopt < no_shard < zero1 < zero2 < zero3, is
+  // how much is sharded); nullopt: plain data parallelism.
+  std::optional<layout::ZeroStage> sharding = std::nullopt;
   bool hybrid = false;                 // shard over fsdp only, replicate over data
   bool sequence_parallel = false;
-  std::string schedule = "1f1b";       // pipeline: gpipe | 1f1b | interleaved | zb
+  layout::ScheduleKind schedule = layout::ScheduleKind::one_f_one_b;
   int virtual_stages = 1;
   int micro_batches = 1;
-  std::string cp_comm = "ring";
+  layout::ContextComm cp_comm = layout::ContextComm::ring;
   bool recompute = false;
   DType param_dtype = DType::f32;      // mixed precision (fully sharded only)
   DType reduce_dtype = DType::f32;     // gradient reductions (defaults to param_dtype in the trainer)
@@ -139,7 +136,7 @@ struct TrainingLayout {
   // defaults): what is gathered when, and how many gradient reductions may
   // be in flight.
   bool forward_prefetch = false;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::pre;
+  layout::BackwardPrefetch backward_prefetch = layout::BackwardPrefetch::pre;
   bool reshard_after_forward = true;
   int max_reductions_in_flight = 2;
   // When a gradient reduction's buffer is freed. false (the default): only
@@ -200,8 +197,8 @@ void check_layout(const GptShape& shape, const TrainingLayout& layout);
 
 MemoryPrediction predict_memory(const GptShape& shape, const TrainingLayout& layout);
 
-// Parses --fsdp's names: "" (none), full, shard_grad_op, no_shard, zero1,
-// zero2, zero3, hybrid_full, hybrid_shard_grad_op (sets hybrid).
-void parse_sharding(const std::string& name, TrainingLayout& layout);
+// Sets sharding and hybrid from --fsdp's names: "" (plain data
+// parallelism) or one of layout::parse_fsdp_mode's.
+void parse_sharding(std::string_view name, TrainingLayout& layout);
 
 }  // namespace meshtrain::plan

@@ -56,13 +56,15 @@ double call_seconds(const CommCall& c, const TrainingLayout& l, const Hardware& 
 
 }  // namespace
 
-double pipeline_bubble(std::string_view schedule, int p, int m, int v) {
+double pipeline_bubble(layout::ScheduleKind schedule, int p, int m, int v) {
   const double dp = p, dm = m, dv = v;
-  if (schedule == "gpipe" || schedule == "1f1b") return (dp - 1) / (dm + dp - 1);
-  if (schedule == "interleaved") return (dp - 1) / (dv * dm + dp - 1);
-  if (schedule == "zb") return 1 - 3 * dm / (2 * dm + dp - 1 + std::max(dm, dp));
-  throw InvalidArgument("plan::pipeline_bubble", fmt::format("schedule '{}'", schedule),
-                        "use gpipe, 1f1b, interleaved or zb");
+  switch (schedule) {
+    case layout::ScheduleKind::gpipe:
+    case layout::ScheduleKind::one_f_one_b: return (dp - 1) / (dm + dp - 1);
+    case layout::ScheduleKind::interleaved_1f1b: return (dp - 1) / (dv * dm + dp - 1);
+    case layout::ScheduleKind::zero_bubble: return 1 - 3 * dm / (2 * dm + dp - 1 + std::max(dm, dp));
+  }
+  return 0;
 }
 
 const DeviceTime& TimePrediction::slowest() const {
@@ -114,7 +116,7 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
                           "give gemm_flops, elementwise_bandwidth and both links' bandwidth");
   const std::vector<DeviceTraffic> traffic = predict_traffic(g, l);  // checks the layout
   const int p = l.pipeline, k = l.tensor, v = l.virtual_stages, m = l.micro_batches, stages = p * v;
-  const bool sharded = l.sharding != Sharding::none;
+  const bool sharded = l.sharding != std::nullopt;
   const bool half = sharded && l.param_dtype != DType::f32;
   const double compute_bytes = half ? 2.0 : 4.0;
   double rate = half && hw.gemm_flops_bf16 > 0 ? hw.gemm_flops_bf16 : hw.gemm_flops;
@@ -131,7 +133,7 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
   const double B = static_cast<double>(l.batch / l.data_ranks() / m);
   const double T = static_cast<double>(g.seq), t = T / l.context, C = static_cast<double>(g.width);
   const double V = static_cast<double>(g.vocab), K = k;
-  const int d = l.sharding == Sharding::no_shard ? 1 : l.shard_ranks();
+  const int d = l.sharding == layout::ZeroStage::no_shard ? 1 : l.shard_ranks();
   const auto gemm = [&](double flops) { return (flops + hw.gemm_overhead_flops) / rate; };
   const auto cut = internal::stage_blocks(g, stages);
 
@@ -186,7 +188,7 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
       dt.elementwise += bytes / bw;
       for (const internal::StageParam& q :
            internal::stage_params(g, first, last, embed, head, tr.tensor_rank, k, p > 1))
-        elements += sharded && l.sharding != Sharding::no_shard && q.numel >= l.min_weight_size
+        elements += sharded && l.sharding != layout::ZeroStage::no_shard && q.numel >= l.min_weight_size
                         ? (q.numel + d - 1) / d
                         : q.numel;
     }

@@ -72,6 +72,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/plan/memory_model.h"
 
 namespace meshtrain::plan {
@@ -133,7 +134,7 @@ struct TimePrediction {
 // derivations): (p - 1) / (m + p - 1) for gpipe and 1f1b, (p - 1) /
 // (v m + p - 1) interleaved, 1 - 3 m / (2 m + p - 1 + max(m, p)) for zb.
 // InvalidArgument for another schedule.
-double pipeline_bubble(std::string_view schedule, int p, int m, int v = 1);
+double pipeline_bubble(layout::ScheduleKind schedule, int p, int m, int v = 1);
 
 TimePrediction predict_time(const GptShape& shape, const TrainingLayout& layout, const Hardware& hardware);
 

@@ -86,13 +86,13 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
   check_layout(g, l);
   const int p = l.pipeline, k = l.tensor, v = l.virtual_stages, n = l.context, m = l.micro_batches;
   const int stages = p * v;
-  const bool sharded = l.sharding != Sharding::none;
+  const bool sharded = l.sharding != std::nullopt;
   const Group grad = group_of(l, {mesh::kData, mesh::kFsdp, mesh::kContext});
   const Group shard = l.hybrid ? group_of(l, {mesh::kFsdp}) : grad;
   const Group replicate = l.hybrid ? group_of(l, {mesh::kData}) : Group{};
   const Group tensor = group_of(l, {mesh::kTensor}), context = group_of(l, {mesh::kContext});
   const Group pipeline = group_of(l, {mesh::kPipeline});
-  const int d = l.sharding == Sharding::no_shard ? 1 : shard.ranks;
+  const int d = l.sharding == layout::ZeroStage::no_shard ? 1 : shard.ranks;
   const double micro = static_cast<double>(l.batch / l.data_ranks() / m);
   const int64_t t = g.seq / n;
   const int64_t t_pad = l.sequence_parallel ? (t + k - 1) / k * k : t;
@@ -147,14 +147,14 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
             const int64_t np = (unit_n[static_cast<size_t>(u)] + d - 1) / d * d;
             if (np == 0) continue;
             const double part = static_cast<double>(np / d);
-            if (l.sharding == Sharding::no_shard) {
+            if (l.sharding == layout::ZeroStage::no_shard) {
               calls.add(shard, CommKind::all_reduce, gb * static_cast<double>(np), 1, "unit gradients",
                         CommOverlap::backward);
               continue;
             }
-            const int64_t reductions = l.sharding == Sharding::zero1 ? 1 : m;
+            const int64_t reductions = l.sharding == layout::ZeroStage::zero1 ? 1 : m;
             calls.add(shard, CommKind::reduce_scatter, gb * part, reductions, "unit gradients", CommOverlap::backward);
-            if (l.sharding == Sharding::zero3)
+            if (l.sharding == layout::ZeroStage::zero3)
               calls.add(shard, CommKind::all_gather, pb * part, m * (l.reshard_after_forward ? 2 : 1),
                         "unit parameters", CommOverlap::forward);
             else
@@ -208,7 +208,7 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         const int64_t boundaries = (s < stages - 1 ? 1 : 0) + (s > 0 ? 1 : 0);
         per_micro(pipeline, CommKind::send, boundary, m * boundaries, "stage boundary activations");
         per_micro(pipeline, CommKind::recv, boundary, m * boundaries, "stage boundary activations");
-        if (l.cp_comm == "ring") {  // ring attention
+        if (l.cp_comm == layout::ContextComm::ring) {  // ring attention
           const double kv = 2 * micro * static_cast<double>(t) * C / k * 4;
           const int64_t hops = (3 * n - 2) + (l.recompute ? n - 1 : 0);
           per_micro(context, CommKind::send, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);

@@ -19,16 +19,16 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
   const int fsdp_axis = axis_size(mesh, mesh::kFsdp), data_axis = axis_size(mesh, mesh::kData);
   const std::string precision(config::mixed_precision_name(dc.mixed_precision));
   if (!c.fsdp.enabled() && fsdp_axis > 1) {
-    c.fsdp = {"full", parallel::parse_fsdp_mode("full")};
+    c.fsdp = {"full", layout::FsdpMode{layout::ZeroStage::zero3, false}};
     out.notes.push_back(fmt::format("fsdp = \"full\": the mesh has fsdp={} and no strategy was given", fsdp_axis));
-  } else if (!c.fsdp.enabled() && dc.mixed_precision != config::MixedPrecision::no) {
-    c.fsdp = {"no_shard", parallel::parse_fsdp_mode("no_shard")};
+  } else if (!c.fsdp.enabled() && dc.mixed_precision != DType::f32) {
+    c.fsdp = {"no_shard", layout::FsdpMode{layout::ZeroStage::no_shard, false}};
     out.notes.push_back(fmt::format(
         "fsdp = \"no_shard\": mixed_precision {} needs the fully sharded path (plain data parallelism is f32 only)",
         precision));
   }
   const int pipeline_axis = axis_size(mesh, mesh::kPipeline);
-  if (pipeline_axis > 1 && c.pipeline_schedule == "interleaved" && c.virtual_stages == 1) {
+  if (pipeline_axis > 1 && c.pipeline_schedule == layout::ScheduleKind::interleaved_1f1b && c.virtual_stages == 1) {
     c.virtual_stages = 2;
     out.notes.push_back("virtual_stages = 2: the interleaved schedule runs at least 2 model chunks per pipeline rank");
   }
@@ -44,25 +44,25 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
     // The sequence length against the chunks: the recipe checks it
     // (nn::ContextParallelGroup::check_length) as it builds the model.
   }
-  if (!c.zeropp.empty()) {
-    const std::string parts = c.zeropp;
+  if (c.zeropp.any()) {
+    const std::string parts = c.zeropp.to_string();
     auto fail = [&](const std::string& what, const std::string& hint) {
       throw Unsupported("--zeropp " + parts, what, hint);
     };
     if (!c.fsdp.enabled() || c.fsdp.mode->hybrid || c.fsdp.mode->stage < parallel::ZeroStage::zero2)
       fail(fmt::format("fsdp '{}'", c.fsdp.enabled() ? c.fsdp.name : "none"),
            "ZeRO++ quantizes zero2/zero3's collectives: use --fsdp zero3 (or zero2 with qgz)");
-    if (parts.find("hpz") != std::string::npos && c.fsdp.mode->stage != parallel::ZeroStage::zero3)
+    if (c.zeropp.hpz && c.fsdp.mode->stage != parallel::ZeroStage::zero3)
       fail(fmt::format("hpz with fsdp '{}'", c.fsdp.name), "hpZ shards zero3's gathered parameters: use --fsdp zero3");
-    if (parts.find("hpz") != std::string::npos && axis_size(mesh, mesh::kNode) == 0)
+    if (c.zeropp.hpz && axis_size(mesh, mesh::kNode) == 0)
       fail(fmt::format("hpz on mesh {} without a node axis", mesh.to_spec()),
            "hpZ keeps a copy of the parameters sharded within each node: use --mesh node=K,fsdp=L");
-    if (parts.find("qwz") != std::string::npos &&
-        (c.fsdp.mode->stage != parallel::ZeroStage::zero3 || dc.mixed_precision != config::MixedPrecision::no))
+    if (c.zeropp.qwz &&
+        (c.fsdp.mode->stage != parallel::ZeroStage::zero3 || dc.mixed_precision != DType::f32))
       fail("qwz needs zero3 with fp32 parameters", "use --fsdp zero3 without --precision, or drop qwz");
-    if (parts.find("qgz") != std::string::npos && c.reduce_precision.value_or(DType::f32) != DType::f32)
+    if (c.zeropp.qgz && c.reduce_precision.value_or(DType::f32) != DType::f32)
       fail("qgz needs fp32 gradients (it sums dequantized values in f32)", "drop --reduce-precision, or drop qgz");
-    if (parts.find("qgz") != std::string::npos && dc.mixed_precision != config::MixedPrecision::no &&
+    if (c.zeropp.qgz && dc.mixed_precision != DType::f32 &&
         !c.reduce_precision)
       fail("qgz with half-precision gradients", "add --reduce-precision fp32");
     for (const std::string_view other : {mesh::kData, mesh::kContext, mesh::kTensor, mesh::kPipeline})
@@ -86,7 +86,7 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
                                         c.fsdp.name, mesh.to_spec(), fsdp_axis == 0 ? mesh::kFsdp : mesh::kData),
                             "use a mesh with both axes (e.g. --mesh data=2,fsdp=2), or a non-hybrid strategy "
                             "such as --fsdp full");
-    if (dc.mixed_precision == config::MixedPrecision::fp16)
+    if (dc.mixed_precision == DType::f16)
       out.notes.push_back("fp16: dynamic loss scaling (initial scale 2^15, x2 after 2000 good steps, x0.5 and "
                           "the step skipped on inf/NaN gradients)");
   }

@@ -15,7 +15,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/parallel/fully_sharded.h"
-#include "meshtrain/parallel/pipeline_schedule.h"
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/train/model_recipe.h"
 
 namespace meshtrain::train {
@@ -66,7 +66,7 @@ std::string num(double v) { return fmt::format("{}", v); }
 FsdpSetting to_fsdp(std::string_view t, std::string_view src) {
   if (t.empty()) return {};
   try {
-    return {std::string(t), parallel::parse_fsdp_mode(t)};
+    return {std::string(t), layout::parse_fsdp_mode(t)};
   } catch (const InvalidArgument&) {
     bad_choice(src, "fsdp", t,
                "use full, shard_grad_op, no_shard, zero1, zero2, zero3, hybrid_full or hybrid_shard_grad_op, or \"\" "
@@ -78,27 +78,39 @@ NonFinitePolicy to_policy(std::string_view t, std::string_view src) {
   if (t == "skip") return NonFinitePolicy::skip;
   bad_choice(src, "on_nonfinite", t, "use error (stop the run) or skip (skip the step and count it)");
 }
-parallel::BackwardPrefetch to_prefetch(std::string_view t, std::string_view src) {
+layout::BackwardPrefetch to_prefetch(std::string_view t, std::string_view src) {
   try {
-    return parallel::parse_backward_prefetch(t);
+    return layout::parse_backward_prefetch(t);
   } catch (const InvalidArgument&) {
     bad_choice(src, "backward_prefetch", t, "use none, pre or post");
   }
 }
 std::optional<DType> to_reduce_dtype(std::string_view t, std::string_view src) {
   if (t.empty()) return std::nullopt;
-  if (t == "fp32") return DType::f32;
-  if (t == "bf16") return DType::bf16;
-  if (t == "fp16") return DType::f16;
-  bad_choice(src, "reduce_precision", t, "use \"\" (the compute precision), fp32, bf16 or fp16");
+  if (std::find(layout::kPrecisionNames.begin(), layout::kPrecisionNames.end(), t) == layout::kPrecisionNames.end())
+    bad_choice(src, "reduce_precision", t, "use \"\" (the compute precision), fp32, bf16 or fp16");
+  return layout::parse_precision(t);
 }
-std::string reduce_dtype_name(std::optional<DType> d) {
-  if (!d) return "";
-  switch (*d) {
-    case DType::f32: return "fp32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "fp16";
-    default: return std::string(dtype_name(*d));
+std::string reduce_dtype_name(std::optional<DType> d) { return d ? std::string(layout::precision_name(*d)) : ""; }
+layout::ScheduleKind to_schedule(std::string_view t, std::string_view src) {
+  try {
+    return layout::parse_schedule_kind(t);
+  } catch (const InvalidArgument&) {
+    bad_choice(src, "pipeline_schedule", t, "use gpipe, 1f1b, interleaved or zb");
+  }
+}
+layout::ContextComm to_cp_comm(std::string_view t, std::string_view src) {
+  try {
+    return layout::parse_context_comm(t);
+  } catch (const InvalidArgument&) {
+    bad_choice(src, "cp_comm", t, "use ring or all_to_all");
+  }
+}
+layout::ZeroPPParts to_zeropp(std::string_view t, std::string_view src) {
+  try {
+    return layout::parse_zeropp(t);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(kOp, fmt::format("{}: {}", src, e.detail()), e.hint());
   }
 }
 
@@ -166,14 +178,18 @@ const TrainField kFields[] = {
     {"batch_size", "--batch-size", "global batch size (all data-parallel ranks), 1 to 16777216", MT_INT(batch_size, 1, 1 << 24)},
     {"micro_batches", "--micro-batches", "gradient accumulation steps per optimizer step (1 to 16777216)", MT_INT(micro_batches, 1, 1 << 24)},
     {"pipeline_schedule", "--pipeline-schedule",
-     "with a pipeline axis: gpipe | 1f1b | interleaved | zb (zero-bubble ZB-H1)", MT_STR(pipeline_schedule)},
+     "with a pipeline axis: gpipe | 1f1b | interleaved | zb (zero-bubble ZB-H1)",
+     [](TrainConfig& c, std::string_view t, std::string_view s) { c.pipeline_schedule = to_schedule(t, s); },
+     [](const TrainConfig& c) { return std::string(layout::to_string(c.pipeline_schedule)); },
+     TrainFieldKind::string},
     {"virtual_stages", "--virtual-stages",
      "with a pipeline axis: model chunks per pipeline rank (interleaved: 2 or more), 1 to 1024",
      MT_INT(virtual_stages, 1, 1024)},
     {"cp_comm", "--cp-comm",
      "GPT with a context axis: ring (K/V blocks passed around the ring) | all_to_all (DeepSpeed Ulysses: heads "
      "scattered, the sequence gathered)",
-     MT_STR(cp_comm)},
+     [](TrainConfig& c, std::string_view t, std::string_view s) { c.cp_comm = to_cp_comm(t, s); },
+     [](const TrainConfig& c) { return std::string(layout::context_comm_name(c.cp_comm)); }, TrainFieldKind::string},
     {"cp_load_balance", "--cp-load-balance",
      "GPT with a context axis: each rank holds sequence chunks i and 2n-1-i (zig-zag), evening out causal attention",
      MT_BOOL(cp_load_balance)},
@@ -218,7 +234,8 @@ const TrainField kFields[] = {
      "fsdp zero2/zero3 with ZeRO++ over the mesh's node x fsdp axes: comma list of qwz (quantized weight "
      "all-gathers), qgz (hierarchical quantized gradient reduce-scatter), hpz (node-local secondary parameter "
      "shards: backward's gathers stay within the node); \"\" = off",
-     MT_STR(zeropp)},
+     [](TrainConfig& c, std::string_view t, std::string_view s) { c.zeropp = to_zeropp(t, s); },
+     [](const TrainConfig& c) { return c.zeropp.to_string(); }, TrainFieldKind::string},
     {"zeropp_bits", "--zeropp-bits", "ZeRO++ code width: 8 or 4", MT_INT(zeropp_bits, 4, 8)},
     {"zeropp_grad_bits", "--zeropp-grad-bits", "qgz's code width when not --zeropp-bits: 8 or 4 (0 = the same)",
      MT_INT(zeropp_grad_bits, 0, 8)},
@@ -228,7 +245,7 @@ const TrainField kFields[] = {
      MT_BOOL(forward_prefetch)},
     {"backward_prefetch", "--backward-prefetch", "fsdp: none | pre | post (when backward gathers the next unit)",
      [](TrainConfig& c, std::string_view t, std::string_view s) { c.backward_prefetch = to_prefetch(t, s); },
-     [](const TrainConfig& c) { return std::string(parallel::to_string(c.backward_prefetch)); },
+     [](const TrainConfig& c) { return std::string(layout::to_string(c.backward_prefetch)); },
      TrainFieldKind::string},
     {"reshard_after_forward", "--reshard-after-forward",
      "fsdp: free gathered parameters after forward and gather again for backward", MT_BOOL(reshard_after_forward)},
@@ -363,30 +380,21 @@ void TrainConfig::validate() const {
   require(optimizer == "adamw" || optimizer == "sgd", fmt::format("optimizer '{}'", optimizer),
           "use adamw or sgd");
   require(lr > 0, fmt::format("lr {}", lr), "lr must be positive");
-  const bool pipeline_name = schedule == "gpipe" || schedule == "1f1b" || schedule == "interleaved" || schedule == "zb";
+  const bool pipeline_name =
+      std::find(layout::kScheduleNames.begin(), layout::kScheduleNames.end(), schedule) != layout::kScheduleNames.end();
   require(schedule == "constant" || schedule == "cosine", fmt::format("schedule '{}'", schedule),
           pipeline_name ? fmt::format("schedule is the learning-rate schedule (constant or cosine); the pipeline "
                                       "schedule is pipeline_schedule (--pipeline-schedule {})",
                                       schedule)
                         : std::string("use constant or cosine"));
-  try {
-    (void)parallel::parse_schedule_kind(pipeline_schedule);
-  } catch (const InvalidArgument&) {
-    require(false, fmt::format("pipeline_schedule '{}'", pipeline_schedule), "use gpipe, 1f1b, interleaved or zb");
-  }
-  require(cp_comm == "ring" || cp_comm == "all_to_all", fmt::format("cp_comm '{}'", cp_comm),
-          "use ring or all_to_all");
-  if (!zeropp.empty())
-    for (std::string_view part : split(zeropp))
-      require(part == "qwz" || part == "qgz" || part == "hpz",
-              fmt::format("zeropp '{}': unknown part '{}'", zeropp, part), "list qwz, qgz and/or hpz, e.g. --zeropp qwz,qgz,hpz");
   require(zeropp_bits == 8 || zeropp_bits == 4, fmt::format("zeropp_bits {}", zeropp_bits), "use 8 or 4");
   require(zeropp_grad_bits == 0 || zeropp_grad_bits == 8 || zeropp_grad_bits == 4,
           fmt::format("zeropp_grad_bits {}", zeropp_grad_bits), "use 8 or 4 (or 0: zeropp_bits)");
   require((zeropp_bits == 8 && zeropp_grad_bits != 4) || zeropp_block % 2 == 0,
           fmt::format("zeropp_block {} with 4 bits", zeropp_block), "4-bit codes pack two per byte: use an even block");
-  require(virtual_stages >= 1 && (virtual_stages == 1 || pipeline_schedule == "interleaved"),
-          fmt::format("virtual_stages {} with pipeline_schedule '{}'", virtual_stages, pipeline_schedule),
+  require(virtual_stages >= 1 && (virtual_stages == 1 || pipeline_schedule == layout::ScheduleKind::interleaved_1f1b),
+          fmt::format("virtual_stages {} with pipeline_schedule '{}'", virtual_stages,
+                      layout::to_string(pipeline_schedule)),
           "more than one model chunk per rank needs pipeline_schedule = \"interleaved\"");
   require(warmup_steps >= 0 && min_lr_ratio >= 0 && min_lr_ratio <= 1,
           fmt::format("warmup_steps {}, min_lr_ratio {}", warmup_steps, min_lr_ratio),

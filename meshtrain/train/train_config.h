@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "meshtrain/core/dtype.h"
-#include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/layout/vocabulary.h"
 
 namespace meshtrain::train {
 
@@ -28,15 +28,15 @@ namespace meshtrain::train {
 enum class NonFinitePolicy : uint8_t { error, skip };
 std::string_view to_string(NonFinitePolicy p);
 
-// The fsdp setting as set: the mode parallel::parse_fsdp_mode made of the
+// The fsdp setting as set: the mode layout::parse_fsdp_mode made of the
 // name (once, when the config is read) and the name as written, for the
 // dump and TOML ("zero3" and "full" are one mode; the dump keeps the word
 // the user chose). No mode: plain data parallelism, name "".
 struct FsdpSetting {
   FsdpSetting() = default;
-  FsdpSetting(std::string n, parallel::FsdpMode m) : name(std::move(n)), mode(m) {}
+  FsdpSetting(std::string n, layout::FsdpMode m) : name(std::move(n)), mode(m) {}
   std::string name;
-  std::optional<parallel::FsdpMode> mode;
+  std::optional<layout::FsdpMode> mode;
   bool enabled() const { return mode.has_value(); }
 };
 
@@ -65,14 +65,14 @@ struct TrainConfig {
   int batch_size = 256;    // global batch (all data-parallel ranks together)
   int micro_batches = 1;   // gradient accumulation steps per optimizer step
   // With a pipeline axis: the schedule that runs the micro-batches through
-  // the stages (gpipe | 1f1b | interleaved | zb, parallel::parse_schedule_kind)
+  // the stages (gpipe | 1f1b | interleaved | zb, layout::parse_schedule_kind)
   // and the model chunks per pipeline rank (interleaved: >= 2).
-  std::string pipeline_schedule = "1f1b";
+  layout::ScheduleKind pipeline_schedule = layout::ScheduleKind::one_f_one_b;
   int virtual_stages = 1;
   // With a context axis (the GPT): how attention spans the split sequence
-  // (ring | all_to_all, nn::parse_context_comm) and whether each rank holds
-  // two zig-zag chunks so causal attention's work is even.
-  std::string cp_comm = "ring";
+  // (ring | all_to_all, layout::parse_context_comm) and whether each rank
+  // holds two zig-zag chunks so causal attention's work is even.
+  layout::ContextComm cp_comm = layout::ContextComm::ring;
   bool cp_load_balance = true;
   std::string optimizer = "adamw";  // adamw | sgd
   double lr = 1e-3;
@@ -112,14 +112,14 @@ struct TrainConfig {
   bool drop_last = true;       // drop the last partial batch of an epoch
   // Fully sharded data parallelism (parallel/fully_sharded.h): "" = plain
   // data parallelism (DataParallel, f32), else a strategy name of
-  // parallel::parse_fsdp_mode: full | shard_grad_op | no_shard |
+  // layout::parse_fsdp_mode: full | shard_grad_op | no_shard |
   // zero1 | zero2 | zero3 | hybrid_full | hybrid_shard_grad_op. Resolved by
   // resolve_training (trainer.h): an fsdp mesh axis > 1 defaults it to
   // "full", mixed precision without it to "no_shard".
   FsdpSetting fsdp;
   int64_t fsdp_min_weight_size = 1024;  // smaller parameters stay replicated (f32)
   bool forward_prefetch = false;        // gather the next unit during forward
-  parallel::BackwardPrefetch backward_prefetch = parallel::BackwardPrefetch::pre;  // none | pre | post
+  layout::BackwardPrefetch backward_prefetch = layout::BackwardPrefetch::pre;  // none | pre | post
   bool reshard_after_forward = true;    // free gathered units after forward (zero3)
   // Dtype gradients are stored and reduced in under fsdp: "" (nullopt) =
   // the compute precision (mixed_precision), or fp32 | bf16 | fp16 (the
@@ -131,7 +131,7 @@ struct TrainConfig {
   // shards, zero3); "" = off. Nodes are the mesh's `node` axis
   // (node=K,fsdp=L). Codes of zeropp_bits (8 or 4; qgz's
   // zeropp_grad_bits when not 0) with an f32 scale per zeropp_block values.
-  std::string zeropp;
+  layout::ZeroPPParts zeropp;
   int zeropp_bits = 8;
   int zeropp_grad_bits = 0;
   int zeropp_block = 256;

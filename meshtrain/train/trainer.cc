@@ -43,7 +43,6 @@ using internal::axis_size;
 using internal::data_parallel_axes;
 using internal::gradient_axes;
 using internal::make_parallelism;
-using internal::param_dtype_of;
 using internal::record_training_figures;
 using internal::reset_traffic;
 using internal::tensor_parallel_summary;
@@ -97,18 +96,18 @@ class Run {
     if (axis_size(mesh_shape, mesh::kTensor) > 1) tp_.comm = &mesh_.comm(mesh::kTensor);
     tp_.sequence_parallel = tc.sequence_parallel;
     if (axis_size(mesh_shape, mesh::kContext) > 1)
-      cp_ = {&mesh_.comm(mesh::kContext), nn::parse_context_comm(tc.cp_comm), tc.cp_load_balance};
+      cp_ = {&mesh_.comm(mesh::kContext), tc.cp_comm, tc.cp_load_balance};
     const bool sharded = tc.fsdp.enabled();
     ModelOptions options{.seed = tc.seed,
                          .defer_init = sharded,  // the wrapper builds each rank's part alone
-                         .compute_dtype = sharded ? param_dtype_of(dc.mixed_precision) : DType::f32,
+                         .compute_dtype = sharded ? dc.mixed_precision : DType::f32,
                          .tracker = &memory_,  // activation buffers
                          .tensor = tp_,
                          .context = cp_};
     std::optional<parallel::Schedule> schedule;
     if (axis_size(mesh_shape, mesh::kPipeline) > 1) {
       pp_ = &mesh_.comm(mesh::kPipeline);
-      schedule = parallel::make_schedule(parallel::parse_schedule_kind(tc.pipeline_schedule), pp_->size(),
+      schedule = parallel::make_schedule(tc.pipeline_schedule, pp_->size(),
                                          tc.micro_batches, tc.virtual_stages);
       options.pipeline_stages = schedule->num_stages();
       for (int s = 0; s < schedule->num_stages(); ++s)
@@ -212,7 +211,7 @@ class Run {
       if (!tensor_split_.empty()) fmt::print("{}", tensor_split_);
       if (!stage_cut_.empty())
         fmt::print("pipeline {} over {} ranks, {} micro-batches (stages cut by cost; global sizes):\n{}",
-                   tc_.pipeline_schedule, pp_->size(), tc_.micro_batches, stage_cut_);
+                   layout::to_string(tc_.pipeline_schedule), pp_->size(), tc_.micro_batches, stage_cut_);
       fmt::print("run directory: {} (written to {} until the run succeeds)\n", shared_.dir->path(),
                  shared_.dir->staging());
       std::fflush(stdout);

@@ -16,7 +16,7 @@ using ::testing::HasSubstr;
 // One simulated device per position of `mesh` ("data=2,tensor=2"), the
 // tensor/pipeline/context sizes it implies set (as --mesh does).
 config::DistributedConfig on_mesh(const std::string& mesh,
-                                  config::MixedPrecision precision = config::MixedPrecision::no) {
+                                  DType precision = DType::f32) {
   config::DistributedConfig dc = testing::threads_mesh_config(mesh);
   dc.mixed_precision = precision;
   return dc;
@@ -48,10 +48,10 @@ TEST(ResolveTraining, AnFsdpAxisDefaultsToFull) {
 }
 
 TEST(ResolveTraining, MixedPrecisionWithoutFsdpIsNoShard) {
-  const auto r = resolve_training(TrainConfig{}, on_mesh("data=2", config::MixedPrecision::bf16));
+  const auto r = resolve_training(TrainConfig{}, on_mesh("data=2", DType::bf16));
   EXPECT_EQ(r.config.fsdp.name, "no_shard");
   EXPECT_THAT(r.notes.at(0), HasSubstr("f32 only"));
-  const auto h = resolve_training(TrainConfig{}, on_mesh("data=2", config::MixedPrecision::fp16));
+  const auto h = resolve_training(TrainConfig{}, on_mesh("data=2", DType::f16));
   ASSERT_EQ(h.notes.size(), 2u);
   EXPECT_THAT(h.notes[1], HasSubstr("loss scaling"));
 }
@@ -109,7 +109,7 @@ reshard_after_forward = false
   EXPECT_EQ(c.fsdp.name, "hybrid_shard_grad_op");
   EXPECT_EQ(c.fsdp_min_weight_size, 64);
   EXPECT_TRUE(c.forward_prefetch);
-  EXPECT_EQ(c.backward_prefetch, parallel::BackwardPrefetch::post);
+  EXPECT_EQ(c.backward_prefetch, layout::BackwardPrefetch::post);
   EXPECT_FALSE(c.reshard_after_forward);
   c.validate();
   EXPECT_EQ(TrainConfig::from_toml(c.to_toml()).to_toml(), c.to_toml());

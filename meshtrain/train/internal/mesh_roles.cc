@@ -98,15 +98,6 @@ int axis_size(const mesh::NamedShape& m, std::string_view name) {
   return 0;  // absent
 }
 
-DType param_dtype_of(config::MixedPrecision p) {
-  switch (p) {
-    case config::MixedPrecision::bf16: return DType::bf16;
-    case config::MixedPrecision::fp16: return DType::f16;
-    case config::MixedPrecision::no: break;
-  }
-  return DType::f32;
-}
-
 namespace {
 
 // Moves each parameter's untracked value (or gradient) to a tracked copy.
@@ -133,13 +124,12 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
     comm::Communicator* replicate = mode.hybrid ? &mesh.comm(mesh::kData) : nullptr;
     // ZeRO++ (resolve_training checked the mesh: node x fsdp is the shard group).
     const bool nodes = std::find(mesh.axis_names().begin(), mesh.axis_names().end(), mesh::kNode) != mesh.axis_names().end();
-    const bool qwz = tc.zeropp.find("qwz") != std::string::npos, qgz = tc.zeropp.find("qgz") != std::string::npos,
-               hpz = tc.zeropp.find("hpz") != std::string::npos;
+    const auto [qwz, qgz, hpz] = tc.zeropp;
     return std::make_unique<parallel::FullyShardedDataParallel>(
         model, shard, replicate,
         parallel::FullyShardedOptions{.stage = mode.stage,
                                       .min_weight_size = tc.fsdp_min_weight_size,
-                                      .param_dtype = param_dtype_of(dc.mixed_precision),
+                                      .param_dtype = dc.mixed_precision,
                                       .reduce_dtype = tc.reduce_precision,
                                       .reduce = parallel::GradReduce::sum,
                                       .forward_prefetch = tc.forward_prefetch,

@@ -34,7 +34,6 @@ std::vector<std::string> data_parallel_axes(const mesh::NamedShape& m);
 std::vector<std::string> gradient_axes(const mesh::NamedShape& m);
 // The size of axis `name`; 0 when absent.
 int axis_size(const mesh::NamedShape& m, std::string_view name);
-DType param_dtype_of(config::MixedPrecision p);
 
 // The strategy tc asks for over the data-parallel ranks dp_comm: fully
 // sharded (tc.fsdp; hybrid: shard over fsdp, replicate over data) or plain
