@@ -80,9 +80,6 @@ TEST(ResolveTraining, ErrorsSayWhatToChange) {
   EXPECT_THAT(error_of(sp, context_tensor), HasSubstr("a context axis of 2 with --sequence-parallel"));
   auto context_pipeline = on_mesh("pipeline=2,context=2");
   EXPECT_THAT(error_of(TrainConfig{}, context_pipeline), HasSubstr("a context axis of 2 with a pipeline axis of 2"));
-  TrainConfig tree;
-  tree.set("cp_comm", "tree", "test");
-  EXPECT_THAT(error_of(tree, context), HasSubstr("cp_comm 'tree'"));
   // Strategy names are parsed once, when set: a bad one never reaches resolve_training.
   const auto set_error = [](const char* key, const char* value) {
     try {
@@ -95,6 +92,10 @@ TEST(ResolveTraining, ErrorsSayWhatToChange) {
   };
   EXPECT_THAT(set_error("fsdp", "zero4"), HasSubstr("fsdp 'zero4'"));
   EXPECT_THAT(set_error("backward_prefetch", "later"), HasSubstr("use none, pre or post"));
+  EXPECT_THAT(set_error("cp_comm", "tree"), HasSubstr("test: cp_comm 'tree' is not one of its choices"));
+  EXPECT_THAT(set_error("pipeline_schedule", "dualpipe"), HasSubstr("use gpipe, 1f1b, interleaved or zb"));
+  EXPECT_THAT(set_error("zeropp", "qwz,zpp"), HasSubstr("test: zeropp 'qwz,zpp': unknown part 'zpp'"));
+  EXPECT_THAT(set_error("reduce_precision", "no"), HasSubstr("reduce_precision 'no' is not one of its choices"));
 }
 
 TEST(TrainConfigFsdp, FieldsRoundTripThroughToml) {
