@@ -21,6 +21,7 @@
 #include "meshtrain/comm/engine_registry.h"
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/config/distributed_config.h"
+#include "meshtrain/config/job_overrides.h"
 #include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/matmul.h"
@@ -50,32 +51,6 @@ struct TrainFlags {
   std::map<std::string, std::string> values;  // train key -> flag text
   CLI::App* app = nullptr;
 };
-
-void set_distributed(config::DistributedConfig& dc, std::string_view key, const std::string& text,
-                     std::string_view source) {
-  for (const auto& f : config::distributed_config_fields())
-    if (f.key == key) return f.parse(dc, text, source);
-  throw Error("meshtrain train", fmt::format("no distributed field '{}'", key), "");
-}
-
-// Training runs data parallelism over data and fsdp axes, context
-// parallelism over a context axis, tensor parallelism over a tensor axis
-// and pipelines over a pipeline axis; other axes are refused first, before
-// DistributedConfig::validate would suggest a size setting that only leads
-// to the same refusal.
-void require_trainable_mesh(const config::DistributedConfig& dc, std::string_view source) {
-  for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i) {
-    const std::string& a = dc.mesh_axis_names[i];
-    if (!mesh::is_known_axis(a) && dc.mesh_shape[i] != 1)
-      throw Unsupported("meshtrain train",
-                        fmt::format("{}: mesh {} has a {} axis of size {}, which training cannot use", source,
-                                    mesh::NamedShape{dc.mesh_shape, dc.mesh_axis_names}.to_spec(), a,
-                                    dc.mesh_shape[i]),
-                        fmt::format("training uses {} axes (e.g. --mesh data=4, data=2,fsdp=2, node=2,fsdp=2, "
-                                    "data=2,tensor=2, context=2 or data=2,pipeline=2)",
-                                    mesh::known_axes_list()));
-  }
-}
 
 // --resume RUN without --config: the run's own config.toml (an interrupted
 // run's staging directory first), so only what changes needs a flag.
@@ -133,59 +108,13 @@ int run_train(TrainFlags& f) {
   config::DistributedConfig dc =
       f.config.empty() ? config::DistributedConfig{} : config::DistributedConfig::from_toml_file(f.config);
   dc = dc.with_env(config::read_launcher_env());
-  // Without --engine: mpi under mpirun; gloo under torchrun or `meshtrain
-  // launch` (when built in, as torch picks gloo for CPU tensors); else the
-  // configuration's backend.
-  const bool mpirun = dc.launcher == config::Launcher::mpirun;
-  const bool torchrun = dc.launcher == config::Launcher::torchrun && comm::engines().find("gloo") != nullptr;
-  const std::string engine = !f.engine.empty() ? f.engine
-                             : mpirun         ? "mpi"
-                             : torchrun       ? "gloo"
-                                              : std::string(comm::engine_name(dc.backend));
-  set_distributed(dc, "backend", engine, f.engine.empty() ? "environment" : "--engine");
-  if (!f.devices.empty()) {
-    if (engine != "threads")
-      throw InvalidArgument("--devices", fmt::format("the {} engine takes its ranks from its launcher", engine),
-                            "start N processes instead (mpirun -np N, or meshtrain launch --nproc-per-node N)");
-    set_distributed(dc, "world_size", f.devices, "--devices");
-    set_distributed(dc, "num_processes_per_node", f.devices, "--devices");
-  }
-  if (!f.mesh.empty()) {
-    // A new mesh replaces the configuration's, its parallel sizes included (set below from its axes).
-    for (const std::string_view axis : {mesh::kTensor, mesh::kPipeline, mesh::kContext})
-      set_distributed(dc, fmt::format("{}_parallel_size", axis), "1", "--mesh");
-    set_distributed(dc, "mesh", f.mesh, "--mesh");
-    // Threads engine without --devices: one simulated device per mesh position.
-    if (engine == "threads" && f.devices.empty()) {
-      int64_t devices = 1;  // saturates: world_size's range check then names --mesh
-      for (int size : dc.mesh().shape) devices = checked_mul(devices, size).value_or(INT64_MAX);
-      const std::string n = std::to_string(devices);
-      set_distributed(dc, "world_size", n, "--mesh");
-      set_distributed(dc, "num_processes_per_node", n, "--mesh");
-    }
-  }
-  require_trainable_mesh(dc, !f.mesh.empty() ? "--mesh" : f.config.empty() ? "configuration" : f.config);
-  // A tensor (pipeline, context) axis in the mesh is that parallel size.
-  for (size_t i = 0; i < dc.mesh_axis_names.size() && i < dc.mesh_shape.size(); ++i)
-    for (const std::string_view axis : {mesh::kTensor, mesh::kPipeline, mesh::kContext})
-      if (dc.mesh_axis_names[i] == axis)
-        set_distributed(dc, fmt::format("{}_parallel_size", axis), std::to_string(dc.mesh_shape[i]), "--mesh");
-  if (dc.backend == comm::Engine::threads && dc.world_size > comm::kMaxThreadsRanks)
-    throw InvalidArgument("meshtrain train",
-                          fmt::format("{}: {} devices, more than the threads engine's {}",
-                                      !f.devices.empty() ? "--devices" : "--mesh", dc.world_size,
-                                      comm::kMaxThreadsRanks),
-                          "simulate at most 1024 devices, or run with mpirun --engine mpi");
-  if (!f.mixed_precision.empty() && !f.precision.empty() &&
-      layout::parse_precision(f.mixed_precision, "--mixed-precision") !=
-          layout::parse_precision(f.precision, "--precision"))
-    throw InvalidArgument("meshtrain train",
-                          fmt::format("--mixed-precision {} and --precision {} disagree", f.mixed_precision,
-                                      f.precision),
-                          "give one of them");
-  if (!f.mixed_precision.empty()) set_distributed(dc, "mixed_precision", f.mixed_precision, "--mixed-precision");
-  if (!f.precision.empty()) set_distributed(dc, "mixed_precision", f.precision, "--precision");
-  dc.validate();
+  dc = config::apply_job_overrides(dc, {.engine = f.engine,
+                                        .devices = f.devices,
+                                        .mesh = f.mesh,
+                                        .mixed_precision = f.mixed_precision,
+                                        .precision = f.precision,
+                                        .config_source = f.config,
+                                        .gloo_available = comm::engines().find("gloo") != nullptr});
   const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
 
   const comm::LaunchOptions launch{.engine = dc.backend,
@@ -198,7 +127,8 @@ int run_train(TrainFlags& f) {
   if (dc.backend == comm::Engine::threads && !tc.run_dir.empty() && tc.resume.empty())
     train::RunDirectory::check(tc.run_dir, tc.overwrite, train::find_model_recipe(tc.model).artifacts);
   if (main) {
-    fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", engine, dc.world_size, dc.mesh().to_spec());
+    fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", comm::engine_name(dc.backend), dc.world_size,
+               dc.mesh().to_spec());
     fmt::print("# CPU ISA {}; GEMMs on {}\n", cpu_isa_summary(), matmul_backend_description(matmul_backend()));
     fmt::print("{}", resolved.config.to_toml());
     for (const auto& note : resolved.notes) fmt::print("# {}\n", note);
@@ -257,7 +187,7 @@ int run_bench_memory(const MemoryBenchFlags& f) {
   for (int64_t h : parse_int_list(f.hidden, "--hidden", 1, 1 << 20, "1024,1024")) o.hidden.push_back(static_cast<int>(h));
   o.strategies.clear();
   for (const std::string_view s : split(f.strategies)) {
-    (void)parallel::parse_fsdp_mode(s);  // fail before running
+    (void)layout::parse_fsdp_mode(s);  // fail before running
     o.strategies.emplace_back(s);
   }
   o.ranks.clear();

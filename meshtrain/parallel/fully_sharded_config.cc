@@ -1,6 +1,7 @@
-// FullyShardedDataParallel's strategy names, the memory formula of its
-// header's table, and the checks and synchronization its constructor runs
-// before building units (the runtime is fully_sharded.cc).
+// FullyShardedDataParallel's memory formula of its header's table, and the
+// checks and synchronization its constructor runs before building units
+// (the runtime is fully_sharded.cc; the strategy names are
+// layout/vocabulary.h's).
 #include "meshtrain/parallel/fully_sharded.h"
 
 #include <fmt/format.h>
@@ -11,7 +12,6 @@
 #include "meshtrain/core/random.h"
 
 namespace meshtrain::parallel {
-
 
 ModelStateBytes predicted_model_state(ZeroStage stage, int64_t elements, int d, DType param_dtype,
                                       DType reduce_dtype, double state_bytes_per_element) {
