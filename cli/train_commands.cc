@@ -137,7 +137,7 @@ int run_train(TrainFlags& f) {
     fmt::print("{}\n", mesh::render_mesh(m.shape, m.axis_names));
     std::fflush(stdout);
   }
-  const train::TrainResult r = train::run_training(tc, dc, launch);
+  const train::TrainResult r = train::run_training(resolved, dc, launch);
   if (main) {
     // "1234 samples/s", or with the recipe's unit "56789 tokens/s, 1234 samples/s".
     const std::string rate =

@@ -31,6 +31,7 @@
 #include "meshtrain/train/internal/checkpointing.h"
 #include "meshtrain/train/internal/mesh_roles.h"
 #include "meshtrain/train/internal/pipeline_run.h"
+#include "meshtrain/train/internal/run_setup.h"
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/run_dir.h"
@@ -741,48 +742,15 @@ class Run {
   std::string checkpoints_;  // <staging>/checkpoints, on every rank
 };
 
-// World rank 0 prepares the run directory and writes config.toml into it;
-// every rank learns whether that worked (under mpirun a refusal seen by rank
-// 0 alone would leave the others waiting in their first collective).
-// Returns false on the ranks that must stop quietly because rank 0 failed;
-// rank 0 rethrows its error.
-bool prepare_run_directory(comm::Communicator& world, const ResolvedTraining& resolved,
-                           const config::DistributedConfig& dc, const ModelRecipe& recipe, Shared& shared,
-                           std::string& checkpoints) {
-  const TrainConfig& tc = resolved.config;
-  std::exception_ptr error;
-  if (world.rank() == 0) {
-    try {
-      if (!tc.resume.empty())
-        shared.dir.emplace(RunDirectory::resume(tc.resume));
-      else
-        shared.dir.emplace(tc.run_dir.empty() ? RunDirectory::create_versioned("runs/" + tc.model)
-                                              : RunDirectory::create(tc.run_dir, tc.overwrite, recipe.artifacts()));
-      checkpoints = shared.dir->checkpoints();
-      std::string notes;
-      for (const auto& n : resolved.notes) notes += "# " + n + "\n";
-      write_file_atomic(shared.dir->file("config.toml"), tc.to_toml() + notes + "\n" + dc.to_toml());
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  uint8_t failed = error ? 1 : 0;
-  world.broadcast(&failed, 1, DType::u8, 0);
-  if (error) std::rethrow_exception(error);
-  if (failed != 0) return false;
-  // Every rank writes its checkpoint pieces there (one file system).
-  int64_t len = static_cast<int64_t>(checkpoints.size());
-  world.broadcast(&len, 1, DType::i64, 0);
-  checkpoints.resize(static_cast<size_t>(len));
-  world.broadcast(checkpoints.data(), static_cast<size_t>(len), DType::u8, 0);
-  return true;
-}
-
 }  // namespace
 
-TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConfig& dc,
+TrainResult run_training(const TrainConfig& tc, const config::DistributedConfig& dc,
                          const comm::LaunchOptions& launch) {
-  const ResolvedTraining resolved = resolve_training(tc_in, dc);
+  return run_training(resolve_training(tc, dc), dc, launch);
+}
+
+TrainResult run_training(const ResolvedTraining& resolved, const config::DistributedConfig& dc,
+                         const comm::LaunchOptions& launch) {
   const TrainConfig& tc = resolved.config;
   const mesh::NamedShape mesh_shape = dc.mesh();
   const int ranks_here = launch.engine == comm::Engine::threads ? launch.ranks : 1;
@@ -793,7 +761,7 @@ TrainResult run_training(const TrainConfig& tc_in, const config::DistributedConf
   Shared shared;
   comm::launch(launch, [&](comm::Communicator& world) {
     std::string checkpoints;
-    if (!prepare_run_directory(world, resolved, dc, *recipe, shared, checkpoints)) return;
+    if (!internal::prepare_run_directory(world, resolved, dc, recipe->artifacts(), shared.dir, checkpoints)) return;
     Run run(tc, dc, *recipe, world, mesh_shape, shared, checkpoints);
     run.run();
   });

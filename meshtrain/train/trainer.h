@@ -164,5 +164,10 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
 // run_dir is left as it was.
 TrainResult run_training(const TrainConfig& tc, const config::DistributedConfig& dc,
                          const comm::LaunchOptions& launch);
+// The same for a configuration resolve_training already resolved (as
+// `meshtrain train` does, to print it before the run): it is not resolved
+// again.
+TrainResult run_training(const ResolvedTraining& resolved, const config::DistributedConfig& dc,
+                         const comm::LaunchOptions& launch);
 
 }  // namespace meshtrain::train
