@@ -132,7 +132,8 @@ Measured train_layout(const CheckOptions& o, const Layout& x, int threads_per_ra
   tc.overwrite = true;
   tc.set("fsdp", x.fsdp, "the check's layout");
   config::DistributedConfig dc;
-  const mesh::NamedShape mesh = x.mesh.empty() ? mesh::NamedShape{{1}, {std::string(mesh::kData)}} : mesh::parse_mesh_spec(x.mesh);
+  const mesh::NamedShape mesh =
+      x.mesh.empty() ? mesh::NamedShape{{1}, {std::string(mesh::kData)}} : mesh::parse_mesh_spec(x.mesh);
   dc.world_size = 1;
   for (int s : mesh.shape) dc.world_size *= s;
   dc.num_processes_per_node = dc.world_size;

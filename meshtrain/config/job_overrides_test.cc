@@ -56,7 +56,9 @@ TEST(JobOverrides, PrecisionIsOneSettingUnderTwoNames) {
   EXPECT_EQ(apply_job_overrides(DistributedConfig{}, {.precision = "fp32"}).mixed_precision, DType::f32);
   EXPECT_EQ(apply_job_overrides(DistributedConfig{}, {.mixed_precision = "no", .precision = "fp32"}).mixed_precision,
             DType::f32);
-  EXPECT_THAT(error_of([] { apply_job_overrides(DistributedConfig{}, {.mixed_precision = "fp16", .precision = "bf16"}); }),
+  EXPECT_THAT(error_of([] {
+                apply_job_overrides(DistributedConfig{}, {.mixed_precision = "fp16", .precision = "bf16"});
+              }),
               HasSubstr("--mixed-precision fp16 and --precision bf16 disagree"));
   EXPECT_THAT(error_of([] { apply_job_overrides(DistributedConfig{}, {.precision = "fp8"}); }),
               HasSubstr("--precision"));

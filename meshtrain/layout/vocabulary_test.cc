@@ -46,7 +46,8 @@ TEST(Vocabulary, PipelineSchedules) {
 TEST(Vocabulary, ContextComm) {
   for (auto c : {ContextComm::ring, ContextComm::all_to_all}) EXPECT_EQ(parse_context_comm(context_comm_name(c)), c);
   EXPECT_EQ(parse_context_comm("ulysses"), ContextComm::all_to_all);
-  EXPECT_THAT(error_of([] { parse_context_comm("star"); }), HasSubstr("--cp-comm: 'star' (hint: use ring or all_to_all)"));
+  EXPECT_THAT(error_of([] { parse_context_comm("star"); }),
+              HasSubstr("--cp-comm: 'star' (hint: use ring or all_to_all)"));
 }
 
 TEST(Vocabulary, ZeroPP) {

@@ -114,7 +114,8 @@ std::string describe_layout(const TrainingLayout& l) {
   if (l.sharding) s += fmt::format(" {}", layout::zero_stage_name(*l.sharding));
   if (l.param_dtype != DType::f32) s += fmt::format(" {}", dtype_name(l.param_dtype));
   if (l.pipeline > 1)
-    s += fmt::format(", {}{} m={}", layout::to_string(l.schedule), l.virtual_stages > 1 ? fmt::format(" v={}", l.virtual_stages) : "",
+    s += fmt::format(", {}{} m={}", layout::to_string(l.schedule),
+                     l.virtual_stages > 1 ? fmt::format(" v={}", l.virtual_stages) : "",
                      l.micro_batches);
   else if (l.micro_batches > 1)
     s += fmt::format(", m={}", l.micro_batches);
@@ -162,9 +163,11 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
               if (v > 1 && (p == 1 || m % p != 0 || g.layers % (p * v) != 0)) continue;
               for (bool sp : {t > 1 && c == 1}) {
                 for (bool recompute : {false, true}) {
-                  TrainingLayout l{.data = z == layout::ZeroStage::zero3 ? 1 : d, .fsdp = z == layout::ZeroStage::zero3 ? d : 1,
+                  TrainingLayout l{.data = z == zero3 ? 1 : d, .fsdp = z == zero3 ? d : 1,
                                    .tensor = t, .pipeline = p, .context = c, .sharding = z,
-                                   .sequence_parallel = sp, .schedule = v > 1 ? layout::ScheduleKind::interleaved_1f1b : layout::ScheduleKind::one_f_one_b,
+                                   .sequence_parallel = sp,
+                                   .schedule = v > 1 ? layout::ScheduleKind::interleaved_1f1b
+                                                     : layout::ScheduleKind::one_f_one_b,
                                    .virtual_stages = v, .micro_batches = static_cast<int>(m), .cp_comm = o.cp_comm,
                                    .recompute = recompute,
                                    .param_dtype = z == std::nullopt ? DType::f32 : o.precision,

@@ -571,7 +571,9 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
                           "use a sequence length divisible by twice the context axis");
   if (l.pipeline > 1) {  // as parallel::make_schedule checks the schedule
     if (l.schedule != layout::ScheduleKind::interleaved_1f1b && l.virtual_stages != 1)
-      throw InvalidArgument(kOp, fmt::format("{} virtual stages with the {} schedule", l.virtual_stages, layout::to_string(l.schedule)),
+      throw InvalidArgument(kOp,
+                            fmt::format("{} virtual stages with the {} schedule", l.virtual_stages,
+                                        layout::to_string(l.schedule)),
                             "only the interleaved schedule runs several chunks per rank: use 1, or interleaved");
     if (l.schedule == layout::ScheduleKind::interleaved_1f1b && l.micro_batches % l.pipeline != 0)
       throw InvalidArgument(kOp,

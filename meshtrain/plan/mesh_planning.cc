@@ -297,8 +297,8 @@ std::string mesh_planning_table(int max_devices) {
   }
   out += "\n" + rule + "\n";
   for (int n = 1; n <= max_devices; ++n) {
-    out += fmt::format("| {} | {} | {} | {} |", n, x(mesh::get_optimal_mesh_shape(n, 2)), x(mesh::get_optimal_mesh_shape(n, 3)),
-                       x(mesh::get_optimal_mesh_shape(n, 4)));
+    out += fmt::format("| {} | {} | {} | {} |", n, x(mesh::get_optimal_mesh_shape(n, 2)),
+                       x(mesh::get_optimal_mesh_shape(n, 3)), x(mesh::get_optimal_mesh_shape(n, 4)));
     for (const auto& l : loads) {
       const MeshPlan p = optimize_for_transformer(n, l.model, l.seq);
       out += fmt::format(" {}{} |", p.to_spec(), p.fits ? "" : " *");

@@ -133,7 +133,8 @@ TEST(TimeModel, PipelineBubbleClosedForms) {
   EXPECT_DOUBLE_EQ(pipeline_bubble(layout::parse_schedule_kind("1f1b"), 2, 4), 1.0 / 5);
   EXPECT_DOUBLE_EQ(pipeline_bubble(layout::parse_schedule_kind("interleaved"), 4, 8, 2), 3.0 / 19);  // (p-1)/(vm+p-1)
   EXPECT_DOUBLE_EQ(pipeline_bubble(layout::parse_schedule_kind("interleaved"), 2, 4, 3), 1.0 / 13);
-  EXPECT_DOUBLE_EQ(pipeline_bubble(layout::parse_schedule_kind("zb"), 4, 8), 1 - 24.0 / 27);  // 1 - 3m/(2m+p-1+max(m,p))
+  // 1 - 3m/(2m+p-1+max(m,p))
+  EXPECT_DOUBLE_EQ(pipeline_bubble(layout::parse_schedule_kind("zb"), 4, 8), 1 - 24.0 / 27);
   EXPECT_DOUBLE_EQ(pipeline_bubble(layout::parse_schedule_kind("zb"), 4, 2), 1 - 6.0 / 11);
   EXPECT_DOUBLE_EQ(pipeline_bubble(layout::parse_schedule_kind("gpipe"), 1, 4), 0);
 }

@@ -167,8 +167,8 @@ Tokenizer Tokenizer::train(std::string_view text, const TokenizerOptions& option
       std::string hint = "use a smaller vocabulary or more text";
       if (const size_t at = why.find("required_chars"); at != std::string::npos) {
         const size_t vs = why.find(" vs ", at);
-        const std::string need =
-            vs == std::string::npos ? "more" : why.substr(vs + 4, why.find_first_not_of("0123456789", vs + 4) - (vs + 4));
+        const size_t digits = vs == std::string::npos ? vs : why.find_first_not_of("0123456789", vs + 4);
+        const std::string need = vs == std::string::npos ? "more" : why.substr(vs + 4, digits - (vs + 4));
         hint = fmt::format("use a larger vocabulary: the text's characters need at least {} pieces", need);
       }
       throw InvalidArgument(op,

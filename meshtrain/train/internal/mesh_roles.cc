@@ -123,7 +123,8 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
     comm::Communicator& shard = mode.hybrid ? mesh.comm(mesh::kFsdp) : dp_comm;
     comm::Communicator* replicate = mode.hybrid ? &mesh.comm(mesh::kData) : nullptr;
     // ZeRO++ (resolve_training checked the mesh: node x fsdp is the shard group).
-    const bool nodes = std::find(mesh.axis_names().begin(), mesh.axis_names().end(), mesh::kNode) != mesh.axis_names().end();
+    const auto& names = mesh.axis_names();
+    const bool nodes = std::find(names.begin(), names.end(), mesh::kNode) != names.end();
     const auto [qwz, qgz, hpz] = tc.zeropp;
     return std::make_unique<parallel::FullyShardedDataParallel>(
         model, shard, replicate,

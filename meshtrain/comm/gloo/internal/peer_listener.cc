@@ -90,7 +90,8 @@ std::vector<Fd> accept_peers(int listener, const PeerSecret& secret, int rank, i
     for (size_t i = pending.size(); i-- > 0;) {  // back to front: erasing keeps the earlier indices
       if (!(pfds[i + 1].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       Pending& c = pending[i];
-      const ssize_t k = ::recv(c.fd.get(), reinterpret_cast<std::byte*>(&c.hello) + c.got, sizeof(PeerHello) - c.got, 0);
+      const ssize_t k =
+          ::recv(c.fd.get(), reinterpret_cast<std::byte*>(&c.hello) + c.got, sizeof(PeerHello) - c.got, 0);
       if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
       if (k > 0) c.got += static_cast<size_t>(k);
       if (k > 0 && c.got < sizeof(PeerHello)) continue;
