@@ -11,6 +11,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/internal/gpt_layout.h"
+#include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::plan {
 namespace {
@@ -626,7 +627,8 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
         int64_t replicated = 0;
         for (const StageParam& q : ps) {
           dev.elements += q.numel;
-          if (sharded && q.numel >= l.min_weight_size) unit_n[static_cast<size_t>(q.unit)] += q.numel;
+          if (sharded && sharding::FSDPStrategy::large_enough(q.numel, l.min_weight_size))
+            unit_n[static_cast<size_t>(q.unit)] += q.numel;
           else replicated += q.numel;
         }
         // FSDP's units in its order (FsdpWorking): the root (the rest of

@@ -7,6 +7,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/internal/gpt_layout.h"
 #include "meshtrain/plan/traffic_model.h"
+#include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::plan {
 namespace {
@@ -188,7 +189,8 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
       dt.elementwise += bytes / bw;
       for (const internal::StageParam& q :
            internal::stage_params(g, first, last, embed, head, tr.tensor_rank, k, p > 1))
-        elements += sharded && l.sharding != layout::ZeroStage::no_shard && q.numel >= l.min_weight_size
+        elements += sharded && l.sharding != layout::ZeroStage::no_shard &&
+                            sharding::FSDPStrategy::large_enough(q.numel, l.min_weight_size)
                         ? (q.numel + d - 1) / d
                         : q.numel;
     }

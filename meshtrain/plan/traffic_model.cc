@@ -7,6 +7,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/plan/internal/gpt_layout.h"
+#include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::plan {
 namespace {
@@ -140,7 +141,8 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
           std::vector<int64_t> unit_n(static_cast<size_t>(units), 0);
           int64_t replicated = 0;
           for (const auto& q : ps) {
-            if (q.numel >= l.min_weight_size) unit_n[static_cast<size_t>(q.unit)] += q.numel;
+            if (sharding::FSDPStrategy::large_enough(q.numel, l.min_weight_size))
+              unit_n[static_cast<size_t>(q.unit)] += q.numel;
             else replicated += q.numel;
           }
           for (int u = 0; u < units; ++u) {
@@ -172,7 +174,7 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         // optimizer part: the shard of its own unit when fully sharded).
         if (stages > 1 && (embed || head)) {
           const int64_t wte = internal::chunk_size(g.vocab, tr, k) * g.width;
-          const bool unit = sharded && wte >= l.min_weight_size;
+          const bool unit = sharded && sharding::FSDPStrategy::large_enough(wte, l.min_weight_size);
           const double bytes = unit ? gb * static_cast<double>((wte + d - 1) / d) : 4.0 * static_cast<double>(wte);
           calls.add({"tied", 2}, CommKind::all_reduce, bytes, 1, "tied embedding gradient");
         }

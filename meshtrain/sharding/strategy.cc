@@ -146,7 +146,7 @@ int64_t FSDPStrategy::axis_size(const std::string& axis) const { return axis == 
 int FSDPStrategy::shard_dim(const ParamInfo& fused) const {
   internal::check_param("FSDPStrategy::param_spec", fused);
   const ParamInfo p = fused.layout();
-  if (p.numel() < min_weight_size_ || p.numel() == 0 || p.shape.empty()) return -1;
+  if (!large_enough(p.numel(), min_weight_size_) || p.shape.empty()) return -1;
   // The largest dimension divisible by the axis size; failing that, the
   // largest one, split unevenly (strict >: ties keep the first, outermost).
   int divisible = -1, largest = -1;

@@ -166,6 +166,13 @@ class FSDPStrategy final : public Strategy {
   PartitionSpec batch_spec(int ndim, int batch_dim) const override;
   std::string explain(const ParamInfo& p) const override;
 
+  // The size half of the rule: a parameter of `numel` elements is large
+  // enough to shard (numel >= min_weight_size, and not empty). The planner
+  // (plan/memory_model, traffic_model, time_model) asks it with the
+  // element counts it predicts.
+  static bool large_enough(int64_t numel, int64_t min_weight_size) {
+    return numel > 0 && numel >= min_weight_size;
+  }
   // The dimension param_spec splits, or -1 when it replicates.
   int shard_dim(const ParamInfo& p) const;
   bool should_shard(const ParamInfo& p) const { return shard_dim(p) >= 0; }
