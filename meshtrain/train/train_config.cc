@@ -63,27 +63,27 @@ std::string num(double v) { return fmt::format("{}", v); }
 [[noreturn]] void bad_choice(std::string_view src, std::string_view key, std::string_view t, std::string_view hint) {
   throw InvalidArgument(kOp, fmt::format("{}: {} '{}' is not one of its choices", src, key, t), std::string(hint));
 }
+// `parse` (a layout vocabulary parser) on t, its refusal restated as
+// bad_choice's, naming the source and the key.
+template <typename Parse>
+auto choice(Parse parse, std::string_view t, std::string_view src, std::string_view key, std::string_view hint) {
+  try {
+    return parse(t);
+  } catch (const InvalidArgument&) {
+    bad_choice(src, key, t, hint);
+  }
+}
 FsdpSetting to_fsdp(std::string_view t, std::string_view src) {
   if (t.empty()) return {};
-  try {
-    return {std::string(t), layout::parse_fsdp_mode(t)};
-  } catch (const InvalidArgument&) {
-    bad_choice(src, "fsdp", t,
-               "use full, shard_grad_op, no_shard, zero1, zero2, zero3, hybrid_full or hybrid_shard_grad_op, or \"\" "
-               "for plain data parallelism");
-  }
+  return {std::string(t),
+          choice(layout::parse_fsdp_mode, t, src, "fsdp",
+                 "use full, shard_grad_op, no_shard, zero1, zero2, zero3, hybrid_full or hybrid_shard_grad_op, or "
+                 "\"\" for plain data parallelism")};
 }
 NonFinitePolicy to_policy(std::string_view t, std::string_view src) {
   if (t == "error") return NonFinitePolicy::error;
   if (t == "skip") return NonFinitePolicy::skip;
   bad_choice(src, "on_nonfinite", t, "use error (stop the run) or skip (skip the step and count it)");
-}
-layout::BackwardPrefetch to_prefetch(std::string_view t, std::string_view src) {
-  try {
-    return layout::parse_backward_prefetch(t);
-  } catch (const InvalidArgument&) {
-    bad_choice(src, "backward_prefetch", t, "use none, pre or post");
-  }
 }
 std::optional<DType> to_reduce_dtype(std::string_view t, std::string_view src) {
   if (t.empty()) return std::nullopt;
@@ -92,20 +92,6 @@ std::optional<DType> to_reduce_dtype(std::string_view t, std::string_view src) {
   return layout::parse_precision(t);
 }
 std::string reduce_dtype_name(std::optional<DType> d) { return d ? std::string(layout::precision_name(*d)) : ""; }
-layout::ScheduleKind to_schedule(std::string_view t, std::string_view src) {
-  try {
-    return layout::parse_schedule_kind(t);
-  } catch (const InvalidArgument&) {
-    bad_choice(src, "pipeline_schedule", t, "use gpipe, 1f1b, interleaved or zb");
-  }
-}
-layout::ContextComm to_cp_comm(std::string_view t, std::string_view src) {
-  try {
-    return layout::parse_context_comm(t);
-  } catch (const InvalidArgument&) {
-    bad_choice(src, "cp_comm", t, "use ring or all_to_all");
-  }
-}
 layout::ZeroPPParts to_zeropp(std::string_view t, std::string_view src) {
   try {
     return layout::parse_zeropp(t);
@@ -179,7 +165,10 @@ const TrainField kFields[] = {
     {"micro_batches", "--micro-batches", "gradient accumulation steps per optimizer step (1 to 16777216)", MT_INT(micro_batches, 1, 1 << 24)},
     {"pipeline_schedule", "--pipeline-schedule",
      "with a pipeline axis: gpipe | 1f1b | interleaved | zb (zero-bubble ZB-H1)",
-     [](TrainConfig& c, std::string_view t, std::string_view s) { c.pipeline_schedule = to_schedule(t, s); },
+     [](TrainConfig& c, std::string_view t, std::string_view s) {
+       c.pipeline_schedule =
+           choice(layout::parse_schedule_kind, t, s, "pipeline_schedule", "use gpipe, 1f1b, interleaved or zb");
+     },
      [](const TrainConfig& c) { return std::string(layout::to_string(c.pipeline_schedule)); },
      TrainFieldKind::string},
     {"virtual_stages", "--virtual-stages",
@@ -188,7 +177,10 @@ const TrainField kFields[] = {
     {"cp_comm", "--cp-comm",
      "GPT with a context axis: ring (K/V blocks passed around the ring) | all_to_all (DeepSpeed Ulysses: heads "
      "scattered, the sequence gathered)",
-     [](TrainConfig& c, std::string_view t, std::string_view s) { c.cp_comm = to_cp_comm(t, s); },
+     [](TrainConfig& c, std::string_view t, std::string_view s) {
+       const auto parse = [](std::string_view x) { return layout::parse_context_comm(x); };  // default `what`
+       c.cp_comm = choice(parse, t, s, "cp_comm", "use ring or all_to_all");
+     },
      [](const TrainConfig& c) { return std::string(layout::context_comm_name(c.cp_comm)); }, TrainFieldKind::string},
     {"cp_load_balance", "--cp-load-balance",
      "GPT with a context axis: each rank holds sequence chunks i and 2n-1-i (zig-zag), evening out causal attention",
@@ -244,7 +236,10 @@ const TrainField kFields[] = {
     {"forward_prefetch", "--forward-prefetch", "fsdp: start the next unit's all-gather during forward",
      MT_BOOL(forward_prefetch)},
     {"backward_prefetch", "--backward-prefetch", "fsdp: none | pre | post (when backward gathers the next unit)",
-     [](TrainConfig& c, std::string_view t, std::string_view s) { c.backward_prefetch = to_prefetch(t, s); },
+     [](TrainConfig& c, std::string_view t, std::string_view s) {
+       c.backward_prefetch =
+           choice(layout::parse_backward_prefetch, t, s, "backward_prefetch", "use none, pre or post");
+     },
      [](const TrainConfig& c) { return std::string(layout::to_string(c.backward_prefetch)); },
      TrainFieldKind::string},
     {"reshard_after_forward", "--reshard-after-forward",
