@@ -84,7 +84,7 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchOptions& o) {
                  parallel::FullyShardedDataParallel fsdp(
                      gpt, world, nullptr, {.stage = parallel::ZeroStage::zero3, .unit_modules = units});
                  optim::AdamW opt(fsdp.optimizer_parameters(), 1e-3);
-                 train::internal::TrainingCheckpoint ckpt({&gpt}, fsdp.optimizer_parameters(), opt);
+                 train::internal::TrainingCheckpoint ckpt(fsdp.optimizer_parameters(), opt);
                  int64_t params = fsdp.sharded_elements() + fsdp.replicated_elements();
                  std::vector<double> saves, loads;
                  train::CheckpointSaveStats stats;

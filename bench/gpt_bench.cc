@@ -108,7 +108,7 @@ std::pair<int64_t, double> parameter_sizes(const std::vector<nn::Parameter*>& pa
   double bytes = 0;
   for (const nn::Parameter* p : params) {
     int64_t n = 1;
-    for (int64_t d : p->placement.kind == nn::Placement::Kind::box ? p->placement.global : p->info.shape) n *= d;
+    for (int64_t d : p->placement.shape) n *= d;
     count += n;
     bytes += static_cast<double>(p->value.numel()) * static_cast<double>(dtype_size(p->value.dtype()));
   }

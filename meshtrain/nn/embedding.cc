@@ -22,6 +22,7 @@ Embedding::Embedding(int64_t num, int64_t dim, const std::string& prefix, uint64
   weight_.name = name;
   weight_.weight_decay = true;  // a matrix
   weight_.info = sharding::ParamInfo{.name = name, .shape = {num, dim}, .kind = options.kind};
+  weight_.placement = Placement::whole({num, dim});
   const uint64_t key = key_from_name(name);
   const float std = static_cast<float>(options.init_std);
   weight_.init = [seed, key, std](int64_t start, int64_t count, float* out) {

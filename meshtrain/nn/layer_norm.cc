@@ -18,6 +18,7 @@ Parameter norm_param(const std::string& name, int64_t dim, float value, bool def
   p.name = name;
   p.weight_decay = false;
   p.info = sharding::ParamInfo{.name = name, .shape = {dim}, .kind = sharding::ParamKind::norm};
+  p.placement = Placement::whole({dim});
   p.init = [value](int64_t, int64_t count, float* out) { std::fill(out, out + count, value); };
   if (!defer) materialize(p);
   return p;

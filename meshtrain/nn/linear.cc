@@ -22,6 +22,7 @@ Parameter make_param(const std::string& name, std::vector<int64_t> shape, shardi
   Parameter p;
   p.name = name;
   p.weight_decay = weight_decay;
+  p.placement = Placement::whole(shape);
   p.info = sharding::ParamInfo{.name = name, .shape = std::move(shape), .kind = kind, .role = role};
   const uint64_t key = key_from_name(name);
   p.init = [seed, key, bound](int64_t start, int64_t count, float* out) {

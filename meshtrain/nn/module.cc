@@ -175,15 +175,6 @@ void Module::backward_weight(Saved& saved) {
   end_call(saved);
 }
 
-std::string Placement::to_string() const {
-  switch (kind) {
-    case Kind::whole: return "whole";
-    case Kind::box: return fmt::format("{} of {}", box.to_string(), shape_to_string(shape));
-    case Kind::flat: return fmt::format("flat[{}:{}]", start, start + count);
-  }
-  return "?";
-}
-
 void fill_box(const Parameter& p, const std::vector<int64_t>& offset, const std::vector<int64_t>& size, float* out) {
   const std::vector<int64_t>& shape = p.info.shape;
   const size_t nd = shape.size();

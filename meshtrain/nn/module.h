@@ -79,6 +79,7 @@
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/nn/saved.h"
 #include "meshtrain/sharding/layout.h"
+#include "meshtrain/sharding/placement.h"
 #include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::nn {
@@ -89,35 +90,11 @@ namespace meshtrain::nn {
 // fill_box (below) builds any rectangular block from it.
 using ParamInit = std::function<void(int64_t start, int64_t count, float* out)>;
 
-// Which block of a parameter's global tensor (Parameter::info.shape) its
-// value holds on this rank: one description for every layout, so that
-// checkpoints, the planner and tensor parallelism can read it.
-//   whole  the entire tensor (replicated, or one device)
-//   box    a rectangular block (offset and size per dim) of the global
-//          tensor viewed as `shape` (the global shape, or a reshape of it:
-//          a fused q|k|v weight (in, 3 C) split by heads is the box
-//          [0:in, 0:3, c0:c1] of its (in, 3, C) view): a tensor-parallel
-//          shard, built with box_init
-//   flat   elements [start, start + count) of the row-major flattening: a
-//          fully sharded flat shard (value is 1-D of count elements)
-struct Placement {
-  enum class Kind : uint8_t { whole, box, flat };
-  Kind kind = Kind::whole;
-  sharding::Box box;          // kind box
-  int64_t start = 0;          // kind flat
-  int64_t count = 0;          // kind flat
-  std::vector<int64_t> shape;   // kind box: the (viewed) global shape the box lies in
-  std::vector<int64_t> global;  // kind box: the global tensor's own shape (shape's numel)
-  static Placement flat(int64_t start, int64_t count) { return {Kind::flat, {}, start, count, {}, {}}; }
-  // global: the tensor's shape when `view` is a reshape of it (default: view).
-  static Placement block(sharding::Box b, std::vector<int64_t> view, std::vector<int64_t> global = {}) {
-    if (global.empty()) global = view;
-    return {Kind::box, std::move(b), 0, 0, std::move(view), std::move(global)};
-  }
-  // "whole", "[0:4, 3:6]", "flat[10:42]"
-  std::string to_string() const;
-  bool operator==(const Placement&) const = default;
-};
+// What a parameter's value holds of its global tensor on this rank (whole,
+// a tensor-parallel block, or a fully sharded range of it): the one
+// description the runtime, checkpoints, the planner and the pictures share
+// (sharding/placement.h). placement.shape is the global tensor's shape.
+using sharding::Placement;
 
 struct Parameter {
   std::string name;           // path in the module tree, e.g. "encoder.0.weight"
@@ -126,7 +103,7 @@ struct Parameter {
   bool weight_decay = true;   // AdamW decays it (false for biases and norms)
   sharding::ParamInfo info;   // global shape, kind and linear role, for the strategies
   ParamInit init;             // the initial value, sliceable
-  Placement placement;        // the block of the global tensor value holds
+  Placement placement;        // what value holds of the global tensor (its modules set it)
   int users = 1;              // modules that accumulate into grad per backward (tied: > 1)
   // Sequence parallelism (tensor_parallel.h): replicated over the tensor
   // axis but fed this rank's tokens only, so grad holds a partial sum that

@@ -207,9 +207,9 @@ uint64_t sequence_parallel_layout_key(const std::vector<Parameter*>& params, con
 }
 
 Tensor gather_parameter(const Parameter& p, const TensorParallelGroup& g) {
-  if (p.placement.kind != Placement::Kind::box || g.size() == 1) return p.value;
+  if (!p.placement.is_block() || g.size() == 1) return p.value;
   const Placement& pl = p.placement;
-  const size_t nd = pl.shape.size();
+  const size_t nd = pl.view_shape().size();
   // Each rank sends [offsets..., sizes..., block values padded to the largest block].
   int64_t largest = p.value.numel();
   g.comm->all_reduce(&largest, &largest, 1, DType::i64, comm::ReduceOp::max);
@@ -222,7 +222,7 @@ Tensor gather_parameter(const Parameter& p, const TensorParallelGroup& g) {
   const std::vector<double> values = p.value.to_vector();
   std::copy(values.begin(), values.end(), send.begin() + static_cast<std::ptrdiff_t>(2 * nd));
   g.comm->all_gather(send.data(), all.data(), record, DType::f64);
-  Tensor whole = Tensor::zeros(pl.shape, DType::f32);
+  Tensor whole = Tensor::zeros(pl.view_shape(), DType::f32);
   for (int r = 0; r < g.size(); ++r) {
     const double* rec = all.data() + static_cast<size_t>(r) * record;
     Tensor view = whole;
@@ -235,7 +235,7 @@ Tensor gather_parameter(const Parameter& p, const TensorParallelGroup& g) {
     std::vector<double> block(rec + 2 * nd, rec + 2 * nd + n);
     view.copy_from(Tensor::from_vector(block, view.shape()));
   }
-  return whole.view(pl.global);
+  return whole.view(pl.shape);
 }
 
 // ---- ColumnParallelLinear ----

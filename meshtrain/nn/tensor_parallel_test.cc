@@ -51,10 +51,11 @@ Tensor randn(std::vector<int64_t> shape, const char* key) {
 
 // Elements of the block `box` of t viewed as `view`, row-major (all of t
 // when view is empty: a whole placement).
-std::vector<double> block_of(const Tensor& t, const std::vector<int64_t>& view, const sharding::Box& box) {
-  if (view.empty()) return t.contiguous().to_vector();
-  Tensor v = t.contiguous().view(view);
-  for (size_t d = 0; d < view.size(); ++d) v = v.narrow(static_cast<int64_t>(d), box.offsets[d], box.sizes[d]);
+// The elements of t that placement pl holds (its block, row-major).
+std::vector<double> block_of(const Tensor& t, const Placement& pl) {
+  const sharding::Box box = pl.block_box();
+  Tensor v = t.contiguous().view(pl.view_shape());
+  for (size_t d = 0; d < box.sizes.size(); ++d) v = v.narrow(static_cast<int64_t>(d), box.offsets[d], box.sizes[d]);
   return v.contiguous().to_vector();
 }
 
@@ -99,14 +100,14 @@ TEST(TensorParallelLinear, ColumnThenRowEqualsTheUnshardedLayers) {
                        const Tensor wt = Tensor::from_vector(std::vector<double>(whole.begin(), whole.end()),
                                                              rp[i]->info.shape);
                        const std::vector<double> mine = ps[i]->value.to_vector();
-                       if (pl.kind == Placement::Kind::box)
-                         EXPECT_EQ(mine, block_of(wt, pl.shape, pl.box)) << ps[i]->name;
+                       if (pl.is_block())
+                         EXPECT_EQ(mine, block_of(wt, pl)) << ps[i]->name;
                        else
                          EXPECT_EQ(mine, wt.to_vector()) << ps[i]->name;
                        // Then the reference's values, so biases match too.
                        const Tensor ref_value = rp[i]->value;
-                       const std::vector<double> v = pl.kind == Placement::Kind::box
-                                                         ? block_of(ref_value, pl.shape, pl.box)
+                       const std::vector<double> v = pl.is_block()
+                                                         ? block_of(ref_value, pl)
                                                          : ref_value.to_vector();
                        ps[i]->value.copy_from(Tensor::from_vector(v, ps[i]->value.shape()));
                      }
@@ -116,7 +117,7 @@ TEST(TensorParallelLinear, ColumnThenRowEqualsTheUnshardedLayers) {
                      for (size_t i = 0; i < ps.size(); ++i) {
                        const Placement& pl = ps[i]->placement;
                        expect_near(ps[i]->grad.to_vector(),
-                                   pl.kind == Placement::Kind::box ? block_of(rp[i]->grad, pl.shape, pl.box)
+                                   pl.is_block() ? block_of(rp[i]->grad, pl)
                                                                     : rp[i]->grad.to_vector(),
                                    1e-5, what + " " + ps[i]->name + " grad");
                      }
@@ -170,7 +171,7 @@ TEST(TensorParallelChain, MlpEqualsTheUnshardedModel) {
                      ASSERT_EQ(ps.size(), rp.size());
                      for (size_t i = 0; i < ps.size(); ++i) {
                        const Placement& pl = ps[i]->placement;
-                       expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, pl.shape, pl.box), 1e-5,
+                       expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, pl), 1e-5,
                                    what + " " + ps[i]->name + " grad");
                      }
                    });
@@ -196,7 +197,7 @@ TEST(TensorParallelLinear, FusedProjectionTakesItsColumnsOfEachPart) {
                    Parameter& b = *tp.parameters()[1];
                    EXPECT_EQ(w.placement.to_string(),
                              k == 1 ? "whole" : fmt::format("[0:6, 0:3, {}:{}] of [6, 3, 6]", s.begin, s.end));
-                   b.value.copy_from(Tensor::from_vector(block_of(ref.bias().value, b.placement.shape, b.placement.box),
+                   b.value.copy_from(Tensor::from_vector(block_of(ref.bias().value, b.placement),
                                                          b.value.shape()));
                    // Columns p * block + [s.begin, s.end) of the reference, p = q, k, v.
                    const Tensor y = tp.forward(x);
@@ -208,7 +209,7 @@ TEST(TensorParallelLinear, FusedProjectionTakesItsColumnsOfEachPart) {
                      expect_near(got, want.contiguous().to_vector(), 1e-5, fmt::format("k {} part {} y", k, p));
                    }
                    expect_near(tp.backward(dyl).to_vector(), want_dx, 1e-5, fmt::format("k {} dx", k));
-                   expect_near(w.grad.to_vector(), block_of(ref.weight().grad, w.placement.shape, w.placement.box),
+                   expect_near(w.grad.to_vector(), block_of(ref.weight().grad, w.placement),
                                1e-5, fmt::format("k {} weight grad", k));
                  });
   }
@@ -287,7 +288,7 @@ TEST(ContextParallelGpt, EqualsTheUnshardedModel) {
                      cpc.all_reduce(g.data<float>(), g.data<float>(), static_cast<size_t>(g.numel()), DType::f32,
                                     comm::ReduceOp::sum);
                      const Placement& pl = ps[i]->placement;
-                     expect_near(g.to_vector(), block_of(rp[i]->grad, pl.shape, pl.box), 1e-5,
+                     expect_near(g.to_vector(), block_of(rp[i]->grad, pl), 1e-5,
                                  fmt::format("{}: {} grad", what, ps[i]->name));
                    }
                  });
@@ -331,8 +332,8 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
                        std::vector<float> init(static_cast<size_t>(rp[i]->value.numel()));
                        rp[i]->init(0, static_cast<int64_t>(init.size()), init.data());
                        const Tensor whole = Tensor::from_vector(std::vector<double>(init.begin(), init.end()), rp[i]->info.shape);
-                       ASSERT_EQ(ps[i]->value.to_vector(), block_of(whole, pl.shape, pl.box)) << ps[i]->name << " k " << k;
-                       expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, pl.shape, pl.box), 1e-5,
+                       ASSERT_EQ(ps[i]->value.to_vector(), block_of(whole, pl)) << ps[i]->name << " k " << k;
+                       expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, pl), 1e-5,
                                    fmt::format("k {} sp {} {} grad", k, sp, ps[i]->name));
                      }
                    });
@@ -426,12 +427,12 @@ TEST(TensorParallelGpt, StrategyLayoutsAreWhatTheRanksHold) {
                      const sharding::Layout layout({k}, {"tensor"}, md.combined_spec(wp[i]->info), info.shape);
                      const sharding::Box want = layout.local_box(world.rank());
                      const Placement& pl = ps[i]->placement;
-                     if (pl.kind == Placement::Kind::whole) {
+                     if (!pl.is_block()) {
                        EXPECT_EQ(want.sizes, info.shape) << ps[i]->name;  // replicated: the whole view
                      } else {
                        ++split;
                        EXPECT_EQ(pl.box.to_string(), want.to_string()) << ps[i]->name << " rank " << world.rank();
-                       EXPECT_EQ(pl.shape, info.shape) << ps[i]->name;
+                       EXPECT_EQ(pl.view_shape(), info.shape) << ps[i]->name;
                      }
                    }
                    EXPECT_EQ(split, 7);  // wte; c_attn, mlp.c_fc (weights, biases); both c_proj weights

@@ -233,13 +233,13 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
     unit_of_module_[module] = u.get();
     UnitInfo info;
     info.name = name;
+    std::vector<int64_t> numels;
     for (nn::Parameter* p : ps) {
       const int64_t n = p->info.numel();
       shapes_[p] = p->info.shape;
       if (rule.should_shard(p->info)) {
-        u->offsets.push_back(u->numel);
         u->params.push_back(p);
-        u->numel += n;
+        numels.push_back(n);
         info.sharded.push_back(p->name);
       } else {
         replicated_.push_back(p);
@@ -247,8 +247,11 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
         info.replicated.push_back(p->name);
       }
     }
-    u->padded = (u->numel + d_ - 1) / d_ * d_;
-    u->shard = u->padded / d_;
+    const sharding::FlatShards flat(std::move(numels), d_);
+    u->offsets = flat.offsets;
+    u->numel = flat.numel;
+    u->padded = flat.padded;
+    u->shard = flat.shard;
     u->lo = static_cast<int64_t>(rank_) * u->shard;
     info.numel = u->numel;
     info.padded = u->padded;
@@ -287,20 +290,21 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
         const int64_t n = p->info.numel();
         p->value = values_persistent() ? u->full_param.narrow(0, u->offsets[i], n).view(shape) : Tensor();
         p->grad = grads_persistent() ? u->full_grad.narrow(0, u->offsets[i], n).view(shape) : Tensor();
-        // The part of p this rank owns: flat [a, b) within [lo, lo + shard).
-        const int64_t a = std::max(u->offsets[i], u->lo);
-        const int64_t b = std::min(u->offsets[i] + n, u->lo + u->shard);
-        if (a >= b) continue;
+        // The part of p this rank owns: its elements [start, start + count),
+        // at flat a within [lo, lo + shard).
+        const auto [start, count] = flat.owned(i, rank_);
+        if (count == 0) continue;
+        const int64_t a = u->offsets[i] + start;
         auto sp = std::make_unique<nn::Parameter>();
         sp->name = p->name;
-        sp->value = u->master.narrow(0, a - u->lo, b - a);
-        sp->grad = owned_grad(*u).narrow(0, a - u->lo, b - a);
+        sp->value = u->master.narrow(0, a - u->lo, count);
+        sp->grad = owned_grad(*u).narrow(0, a - u->lo, count);
         sp->weight_decay = p->weight_decay;
         sp->info = p->info;
-        sp->placement = nn::Placement::flat(a - u->offsets[i], b - a);
+        sp->placement = p->placement.flat(start, count);
         if (pd != DType::f32) {  // the optimizer writes the param_dtype copy as it updates the master
           const Tensor copy = stage == ZeroStage::zero3 ? u->shard_param : u->full_param.narrow(0, u->lo, u->shard);
-          sp->rounded = copy.narrow(0, a - u->lo, b - a);
+          sp->rounded = copy.narrow(0, a - u->lo, count);
         }
         u->shards.push_back(sp.get());
         shard_params_.push_back(std::move(sp));

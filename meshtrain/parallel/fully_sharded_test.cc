@@ -80,13 +80,13 @@ TEST(FullySharded, ShardPlacementsTileEveryParameterExactlyOnce) {
     for (nn::Parameter* p : fsdp.optimizer_parameters()) {
       std::vector<int>& c = covered[p->name];
       c.resize(static_cast<size_t>(p->info.numel()));
-      const nn::Placement& pl = p->placement;
-      if (pl.kind == nn::Placement::Kind::whole) {
+      const sharding::Placement& pl = p->placement;
+      EXPECT_EQ(pl.shape, p->info.shape) << p->name;
+      if (!pl.is_flat()) {
         EXPECT_EQ(p->value.to_vector(), want.at(p->name)) << p->name;
         for (int& n : c) ++n;  // this rank holds all of it
         continue;
       }
-      ASSERT_EQ(pl.kind, nn::Placement::Kind::flat) << p->name;
       ASSERT_EQ(p->value.numel(), pl.count) << p->name << " " << pl.to_string();
       const std::vector<double> v = p->value.to_vector();
       for (int64_t i = 0; i < pl.count; ++i) {

@@ -54,7 +54,7 @@ std::optional<double> DataParallel::hidden_fraction() const { return stats_.hidd
 
 std::vector<ParamShard> DataParallel::parameter_shards() const {
   std::vector<ParamShard> out;
-  for (const nn::Parameter* p : params_) out.push_back({p->name, p->value.shape(), p->placement, true});
+  for (const nn::Parameter* p : params_) out.push_back({p->name, p->placement, true});
   return out;
 }
 
@@ -93,11 +93,11 @@ std::vector<ParamShard> FullyShardedDataParallel::parameter_shards() const {
   std::vector<ParamShard> out;
   for (nn::Parameter* p : model_->parameters()) {
     if (replicated.count(p)) {
-      out.push_back({p->name, p->info.shape, nn::Placement{}, true});
+      out.push_back({p->name, p->placement, true});
       continue;
     }
     const auto it = held.find(p->name);
-    out.push_back({p->name, p->info.shape, it != held.end() ? it->second->placement : nn::Placement::flat(0, 0),
+    out.push_back({p->name, it != held.end() ? it->second->placement : p->placement.flat(0, 0),
                    options_.stage == ZeroStage::no_shard});
   }
   return out;

@@ -67,16 +67,15 @@
 namespace meshtrain::parallel {
 
 // What this rank holds of one model parameter, in the one description every
-// layout uses (nn::Placement: whole, a box, or a flat range of the row-major
-// elements; a flat range of count 0 means nothing). replicated: every rank
+// layout uses (sharding::Placement: whole, a block, and under fsdp a range
+// of the block's elements; a range of count 0 means nothing). replicated: every rank
 // of the strategy's group holds the same block (data parallelism, small
 // parameters FSDP keeps replicated, no_shard); otherwise the ranks of the
 // shard group hold disjoint blocks that cover the tensor (hybrid sharding
 // repeats them on every replica).
 struct ParamShard {
   std::string name;
-  std::vector<int64_t> shape;  // the full parameter's shape
-  nn::Placement placement;
+  sharding::Placement placement;  // placement.shape: the full parameter's shape
   bool replicated = true;
   bool operator==(const ParamShard&) const = default;
 };

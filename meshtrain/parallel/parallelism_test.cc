@@ -166,12 +166,12 @@ TEST(Parallelism, ParameterShardsCoverEveryParameterOnce) {
   ASSERT_EQ(fsdp[0].shards.size(), params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t n = params[i]->value.numel();
-    const ParamShard whole{params[i]->name, params[i]->value.shape(), nn::Placement{}, true};
+    const ParamShard whole{params[i]->name, sharding::Placement::whole(params[i]->value.shape()), true};
     EXPECT_EQ(ddp[0].shards[i], whole);
     EXPECT_EQ(ddp[1].shards[i], whole);
     const ParamShard &a = fsdp[0].shards[i], &b = fsdp[1].shards[i];
     EXPECT_EQ(a.name, params[i]->name);
-    EXPECT_EQ(a.shape, params[i]->value.shape());
+    EXPECT_EQ(a.placement.shape, params[i]->value.shape());
     if (n < 64) {  // biases: replicated
       EXPECT_EQ(a, whole);
       EXPECT_EQ(b, whole);
@@ -179,7 +179,7 @@ TEST(Parallelism, ParameterShardsCoverEveryParameterOnce) {
     }
     EXPECT_FALSE(a.replicated);
     // Rank 0 holds a prefix, rank 1 the rest (the unit's flat order).
-    ASSERT_EQ(a.placement.kind, nn::Placement::Kind::flat) << a.name;
+    ASSERT_TRUE(a.placement.is_flat()) << a.name;
     EXPECT_EQ(a.placement.count + b.placement.count, n) << a.name;
     if (a.placement.count > 0 && b.placement.count > 0) {
       EXPECT_EQ(a.placement.start + a.placement.count, b.placement.start) << a.name;

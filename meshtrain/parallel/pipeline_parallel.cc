@@ -42,7 +42,7 @@ PipelineParallel::PipelineParallel(std::vector<Stage> stages, comm::Communicator
   std::vector<int64_t> mine;
   for (const nn::Parameter* p : tied_params_) {
     mine.push_back(p->value.numel());
-    mine.push_back(p->placement.kind == nn::Placement::Kind::flat ? p->placement.start : 0);
+    mine.push_back(p->placement.is_flat() ? p->placement.start : 0);
   }
   int64_t n = static_cast<int64_t>(mine.size()), n_lo = n;
   tied_comm_->all_reduce(&n_lo, &n_lo, 1, DType::i64, comm::ReduceOp::min);

@@ -88,7 +88,7 @@ Layout::Layout(mesh::DeviceMesh& mesh, PartitionSpec spec, std::vector<int64_t> 
   mesh_ = &mesh;
 }
 
-Layout Layout::from_placements(mesh::DeviceMesh& mesh, const std::vector<Placement>& placements,
+Layout Layout::from_placements(mesh::DeviceMesh& mesh, const std::vector<AxisPlacement>& placements,
                                std::vector<int64_t> global_shape, bool strict) {
   const int ndim = static_cast<int>(global_shape.size());
   PartitionSpec spec = sharding::from_placements(placements, mesh.axis_names(), ndim);
@@ -219,11 +219,11 @@ Box Layout::local_box(int rank) const {
 std::vector<int64_t> Layout::local_shape(int rank) const { return local_box(rank).sizes; }
 std::vector<int64_t> Layout::local_offsets(int rank) const { return local_box(rank).offsets; }
 
-std::vector<Placement> Layout::placements() const {
-  std::vector<Placement> out = to_placements(spec_, axis_names_);
+std::vector<AxisPlacement> Layout::placements() const {
+  std::vector<AxisPlacement> out = to_placements(spec_, axis_names_);
   for (size_t i = 0; i < axis_names_.size(); ++i) {
     const auto it = partial_.find(axis_names_[i]);
-    if (it != partial_.end()) out[i] = Placement::Partial(it->second);
+    if (it != partial_.end()) out[i] = AxisPlacement::Partial(it->second);
   }
   return out;
 }

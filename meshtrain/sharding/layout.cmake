@@ -2,6 +2,7 @@
 # of the sharding issue). Included by CMakeLists.txt in this folder.
 target_sources(meshtrain_sharding PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/layout.cc
+  ${CMAKE_CURRENT_LIST_DIR}/placement.cc
   ${CMAKE_CURRENT_LIST_DIR}/sharded_tensor.cc)
 target_sources(meshtrain_sharding PRIVATE ${CMAKE_CURRENT_LIST_DIR}/visualize.cc)
 
@@ -10,6 +11,11 @@ meshtrain_test(layout_test
   DEPS meshtrain_sharding
   TIMEOUT 60 LABELS sharding)
 target_link_libraries(layout_test PRIVATE GTest::gmock)
+
+meshtrain_test(placement_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/placement_test.cc
+  DEPS meshtrain_sharding
+  TIMEOUT 60 LABELS sharding)
 
 meshtrain_test(sharded_tensor_property_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/sharded_tensor_property_test.cc

@@ -92,7 +92,7 @@ class Layout {
          LayoutOptions options = {});
   // The layout of `placements` (one per mesh axis; see from_placements for the
   // order of several axes on one dim, and Partial placements become partial).
-  static Layout from_placements(mesh::DeviceMesh& mesh, const std::vector<Placement>& placements,
+  static Layout from_placements(mesh::DeviceMesh& mesh, const std::vector<AxisPlacement>& placements,
                                 std::vector<int64_t> global_shape, bool strict = false);
 
   // nullptr for a pure layout.
@@ -124,7 +124,7 @@ class Layout {
   Box local_box(int rank) const;
   int64_t local_numel(int rank) const { return local_box(rank).numel(); }
   // One placement per mesh axis: Shard(d), Replicate or Partial(op).
-  std::vector<Placement> placements() const;
+  std::vector<AxisPlacement> placements() const;
   // Same mesh (and borrowed DeviceMesh) and global shape; another spec.
   Layout with_spec(PartitionSpec spec, LayoutOptions options = {}) const;
   // Same mesh shape and axis names (the DeviceMesh pointers may differ).

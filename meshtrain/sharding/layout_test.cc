@@ -20,7 +20,7 @@ using comm::ReduceOp;
 using sharding::Box;
 using sharding::Layout;
 using sharding::PartitionSpec;
-using sharding::Placement;
+using sharding::AxisPlacement;
 using sharding::StepKind;
 using ::testing::HasSubstr;
 using I64 = std::vector<int64_t>;
@@ -172,15 +172,15 @@ TEST(Layout, PartialAxesAreCheckedAgainstTheSpecAndEachOther) {
 
 TEST(Layout, PlacementsListShardReplicateAndPartialPerAxis) {
   const Layout l = dt("None,data", {8, 6}, {.partial = {{"tensor", ReduceOp::avg}}});
-  const std::vector<Placement> p = l.placements();
+  const std::vector<AxisPlacement> p = l.placements();
   ASSERT_EQ(p.size(), 2u);
-  EXPECT_EQ(p[0], Placement::Shard(1));
-  EXPECT_EQ(p[1], Placement::Partial(ReduceOp::avg));
+  EXPECT_EQ(p[0], AxisPlacement::Shard(1));
+  EXPECT_EQ(p[1], AxisPlacement::Partial(ReduceOp::avg));
   EXPECT_EQ(l.to_string(), "Layout(P(None, data), shape [8, 6], mesh (data=2, tensor=2), partial {tensor: avg})");
   EXPECT_EQ(dt("None,(data,tensor)", {8, 7}, {.partial = {}, .strict = false}).to_string(),
             "Layout(P(None, (data, tensor)), shape [8, 7], mesh (data=2, tensor=2), uneven)");
   EXPECT_EQ(sharding::to_placements(PartitionSpec::parse("(data,tensor),None"), kDT),
-            (std::vector<Placement>{Placement::Shard(0), Placement::Shard(0)}));
+            (std::vector<AxisPlacement>{AxisPlacement::Shard(0), AxisPlacement::Shard(0)}));
 }
 
 TEST(Layout, ParseAcceptsItsOwnToString) {

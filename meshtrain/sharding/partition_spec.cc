@@ -121,7 +121,7 @@ std::string PartitionSpec::to_string() const {
   return fmt::format("P({})", fmt::join(parts, ", "));
 }
 
-std::string Placement::to_string() const {
+std::string AxisPlacement::to_string() const {
   switch (kind) {
     case Kind::replicate: return "R";
     case Kind::shard: return fmt::format("S({})", dim);
@@ -130,17 +130,17 @@ std::string Placement::to_string() const {
   return "?";
 }
 
-std::vector<Placement> to_placements(const PartitionSpec& spec, const std::vector<std::string>& mesh_axes) {
+std::vector<AxisPlacement> to_placements(const PartitionSpec& spec, const std::vector<std::string>& mesh_axes) {
   spec.validate(mesh_axes, spec.ndim());
-  std::vector<Placement> out;
+  std::vector<AxisPlacement> out;
   for (const auto& a : mesh_axes) {
     const int d = spec.dim_of(a);
-    out.push_back(d < 0 ? Placement::Replicate() : Placement::Shard(d));
+    out.push_back(d < 0 ? AxisPlacement::Replicate() : AxisPlacement::Shard(d));
   }
   return out;
 }
 
-PartitionSpec from_placements(const std::vector<Placement>& placements, const std::vector<std::string>& mesh_axes,
+PartitionSpec from_placements(const std::vector<AxisPlacement>& placements, const std::vector<std::string>& mesh_axes,
                               int tensor_ndim) {
   if (placements.size() != mesh_axes.size())
     throw InvalidArgument("from_placements",

@@ -1,4 +1,4 @@
-// PartitionSpec and Placement: how a tensor's dimensions map onto mesh axes.
+// PartitionSpec and AxisPlacement: how a tensor's dimensions map onto mesh axes.
 //
 //   // A (batch, hidden) activation on a (data=4, tensor=2) mesh: batch split
 //   // over data, hidden over tensor.
@@ -12,8 +12,10 @@
 // row-major over them in the order listed (the first is the most
 // significant), as in JAX. A mesh axis may appear at most once in a spec.
 //
-// Placements are the per-mesh-axis view (PyTorch DTensor): for every mesh
-// axis, Shard(d), Replicate, or Partial(op) (each rank holds a partial value
+// Axis placements are the per-mesh-axis view (PyTorch DTensor's Placement;
+// here AxisPlacement, since sharding::Placement (placement.h) is what one
+// rank holds of a parameter): for every mesh axis, Shard(d), Replicate, or
+// Partial(op) (each rank holds a partial value
 // still to be reduced with op over that axis). A spec cannot say Partial; a
 // Layout adds it. to_placements/from_placements convert between the two; when
 // several axes shard one dimension, placements alone lose their order, so
@@ -65,29 +67,29 @@ class PartitionSpec {
   std::vector<std::vector<std::string>> dims_;
 };
 
-struct Placement {
+struct AxisPlacement {
   enum class Kind : uint8_t { replicate, shard, partial };
   Kind kind = Kind::replicate;
   int dim = -1;                             // shard
   comm::ReduceOp reduce = comm::ReduceOp::sum;  // partial
 
-  static Placement Replicate() { return {}; }
-  static Placement Shard(int d) { return {Kind::shard, d, comm::ReduceOp::sum}; }
-  static Placement Partial(comm::ReduceOp op = comm::ReduceOp::sum) { return {Kind::partial, -1, op}; }
+  static AxisPlacement Replicate() { return {}; }
+  static AxisPlacement Shard(int d) { return {Kind::shard, d, comm::ReduceOp::sum}; }
+  static AxisPlacement Partial(comm::ReduceOp op = comm::ReduceOp::sum) { return {Kind::partial, -1, op}; }
   bool is_shard() const { return kind == Kind::shard; }
   bool is_replicate() const { return kind == Kind::replicate; }
   bool is_partial() const { return kind == Kind::partial; }
   // "S(0)", "R", "P(sum)"
   std::string to_string() const;
-  bool operator==(const Placement&) const = default;
+  bool operator==(const AxisPlacement&) const = default;
 };
 
 // One placement per mesh axis (Shard(d) where the spec splits d over the axis,
 // else Replicate).
-std::vector<Placement> to_placements(const PartitionSpec& spec, const std::vector<std::string>& mesh_axes);
+std::vector<AxisPlacement> to_placements(const PartitionSpec& spec, const std::vector<std::string>& mesh_axes);
 // The spec of placements (Partial entries are dropped: see Layout); a
 // dimension sharded by several axes lists them in mesh order.
-PartitionSpec from_placements(const std::vector<Placement>& placements, const std::vector<std::string>& mesh_axes,
+PartitionSpec from_placements(const std::vector<AxisPlacement>& placements, const std::vector<std::string>& mesh_axes,
                               int tensor_ndim);
 
 }  // namespace meshtrain::sharding

@@ -160,11 +160,11 @@ TEST(ShardedTensor, RedistributeWithoutMovesSharesStorage) {
 
 TEST(ShardedTensor, FromPlacementsBuildsTheSpecAndPartialAxes) {
   on_mesh({2, 2}, {"data", "tensor"}, [&](DeviceMesh& mesh) {
-    using sharding::Placement;
-    const Layout l = Layout::from_placements(mesh, {Placement::Shard(1), Placement::Partial(ReduceOp::avg)}, {4, 6});
+    using sharding::AxisPlacement;
+    const Layout l = Layout::from_placements(mesh, {AxisPlacement::Shard(1), AxisPlacement::Partial(ReduceOp::avg)}, {4, 6});
     EXPECT_EQ(l.spec(), PartitionSpec::parse("None,data"));
     EXPECT_EQ(l.partial(), (sharding::PartialAxes{{"tensor", ReduceOp::avg}}));
-    EXPECT_EQ(l.placements(), (std::vector<Placement>{Placement::Shard(1), Placement::Partial(ReduceOp::avg)}));
+    EXPECT_EQ(l.placements(), (std::vector<AxisPlacement>{AxisPlacement::Shard(1), AxisPlacement::Partial(ReduceOp::avg)}));
   });
 }
 

@@ -55,12 +55,6 @@ uint32_t crc_of(const void* data, uint64_t bytes) {
 
 // A piece's region with its defaults filled in; InvalidArgument (save) or
 // IoError (load) naming `what` when it does not lie in its tensor.
-struct Region {
-  std::vector<int64_t> view;
-  sharding::Box box;
-  int64_t start = 0, count = 0;
-};
-
 // Box::to_string for a box read from a file, not checked yet (to_string
 // indexes offsets by sizes and adds the two: out of bounds or overflowing here).
 std::string box_string(const sharding::Box& box) {
@@ -72,10 +66,18 @@ std::string box_string(const sharding::Box& box) {
   return fmt::format("[{}]", fmt::join(parts, ", "));
 }
 
+// The placement checked against its tensor, with view, box and count
+// written out (a region read from a file is checked before anything indexes
+// with it, so the messages format raw values).
 template <typename Err>
-Region check_region(const std::vector<int64_t>& shape, std::vector<int64_t> view, sharding::Box box, int64_t start,
-                    int64_t count, const char* op, const std::string& what, const std::string& hint) {
+sharding::Placement check_region(const sharding::Placement& where, const char* op, const std::string& what,
+                                 const std::string& hint) {
   auto fail = [&](const std::string& why) { throw Err(op, fmt::format("{}: {}", what, why), hint); };
+  const std::vector<int64_t>& shape = where.shape;
+  std::vector<int64_t> view = where.view;
+  sharding::Box box = where.box;
+  const int64_t start = where.start;
+  int64_t count = where.count;
   constexpr int64_t kMaxElements = int64_t{1} << 48;
   int64_t n = 1;
   for (int64_t d : shape) {
@@ -102,7 +104,7 @@ Region check_region(const std::vector<int64_t>& shape, std::vector<int64_t> view
   if (start < 0 || start > bn || count > bn - start)
     fail(fmt::format("elements [{}, {}) are not inside box {} ({} elements)", start,
                      static_cast<__int128>(start) + count, box.to_string(), bn));
-  return {std::move(view), std::move(box), start, count};
+  return {shape, std::move(view), std::move(box), start, count};
 }
 
 // A JSON integer as T; nullopt for anything else: get<T> converts a float
@@ -124,7 +126,7 @@ struct Run {
 };
 
 // The runs of a region, in increasing global (and local) order.
-std::vector<Run> runs_of(const Region& r) {
+std::vector<Run> runs_of(const sharding::Placement& r) {
   std::vector<Run> out;
   if (r.count == 0) return out;
   const size_t dims = r.view.size();
@@ -156,8 +158,8 @@ std::vector<Run> runs_of(const Region& r) {
   return out;
 }
 
-json describe(const CheckpointPiece& p, const Region& r) {
-  return json{{"name", p.name}, {"shape", p.shape},     {"view", r.view},       {"offsets", r.box.offsets},
+json describe(const CheckpointPiece& p, const sharding::Placement& r) {
+  return json{{"name", p.name}, {"shape", r.shape},     {"view", r.view},       {"offsets", r.box.offsets},
               {"sizes", r.box.sizes}, {"start", r.start}, {"count", r.count}};
 }
 
@@ -237,7 +239,7 @@ void read_all(const char* op, int fd, void* data, uint64_t bytes, uint64_t offse
 // This rank's file: its pieces at aligned offsets. Returns, per piece, its
 // offset, bytes and CRC-32 (as JSON), after reading the file back.
 json write_rank_file(const std::string& path, const std::vector<const CheckpointPiece*>& pieces,
-                     const std::vector<Region>& regions, CheckpointSaveStats& stats) {
+                     const std::vector<sharding::Placement>& regions, CheckpointSaveStats& stats) {
   auto t = Clock::now();
   auto lap = [&t](double& into) {
     const auto now = Clock::now();
@@ -320,7 +322,7 @@ CheckpointSaveStats save_checkpoint(comm::Communicator& world, const std::string
   auto t = Clock::now();
   Failure failure;
   json meta;
-  std::vector<Region> regions;
+  std::vector<sharding::Placement> regions;
   json mine = json::array();
   try {
     try {
@@ -330,8 +332,7 @@ CheckpointSaveStats save_checkpoint(comm::Communicator& world, const std::string
     }
     if (!meta.is_object()) throw InvalidArgument(kSave, "metadata is not a JSON object", "pass a JSON object");
     for (const CheckpointPiece& p : pieces) {
-      regions.push_back(check_region<InvalidArgument>(p.shape, p.view, p.box, p.start, p.count, kSave,
-                                                      fmt::format("piece of '{}'", p.name),
+      regions.push_back(check_region<InvalidArgument>(p.placement, kSave, fmt::format("piece of '{}'", p.name),
                                                       "describe the block this rank holds"));
       if (!p.data.defined() || p.data.dtype() != DType::f32 || !p.data.is_contiguous() ||
           p.data.numel() != regions.back().count)
@@ -353,7 +354,7 @@ CheckpointSaveStats save_checkpoint(comm::Communicator& world, const std::string
     for (const json& d : described.back()) writer.emplace(d.dump(), r);
   }
   std::vector<const CheckpointPiece*> writes;
-  std::vector<Region> write_regions;
+  std::vector<sharding::Placement> write_regions;
   std::map<std::string, bool> seen;  // a piece held twice by this rank (tied copies) is written once
   for (size_t i = 0; i < pieces.size(); ++i) {
     const std::string key = mine[i].dump();
@@ -515,19 +516,16 @@ CheckpointIndex parse_checkpoint_index(std::string_view text, const std::string&
         piece.bytes = integer(p.at("bytes"), uint64_t{}, "bytes");
         piece.crc32 = integer(p.at("crc32"), uint32_t{}, "crc32");
         const std::string what = fmt::format("a piece of tensor '{}'", e.name);
-        const Region r = check_region<IoError>(e.shape, integers(p.at("view"), "view"),
-                                               {integers(p.at("offsets"), "offsets"), integers(p.at("sizes"), "sizes")},
-                                               integer(p.at("start"), int64_t{}, "start"),
-                                               integer(p.at("count"), int64_t{}, "count"), kLoad,
-                                               fmt::format("{}: {}", path, what), hint);
-        piece.view = r.view;
-        piece.box = r.box;
-        piece.start = r.start;
-        piece.count = r.count;
+        piece.placement = check_region<IoError>(
+            {e.shape, integers(p.at("view"), "view"),
+             {integers(p.at("offsets"), "offsets"), integers(p.at("sizes"), "sizes")},
+             integer(p.at("start"), int64_t{}, "start"), integer(p.at("count"), int64_t{}, "count")},
+            kLoad, fmt::format("{}: {}", path, what), hint);
+        const int64_t count = piece.placement.count;
         if (piece.file < 0 || static_cast<size_t>(piece.file) >= out.files.size())
           throw fail(fmt::format("{} names file #{} of {}", what, piece.file, out.files.size()));
-        if (piece.bytes != static_cast<uint64_t>(piece.count) * sizeof(float))
-          throw fail(fmt::format("{} has {} bytes for {} f32 values", what, piece.bytes, piece.count));
+        if (piece.bytes != static_cast<uint64_t>(count) * sizeof(float))
+          throw fail(fmt::format("{} has {} bytes for {} f32 values", what, piece.bytes, count));
         const uint64_t size = out.file_bytes[static_cast<size_t>(piece.file)];
         if (piece.offset > size || piece.bytes > size - piece.offset)
           throw fail(fmt::format("{} lies at bytes [{}, {}) past the end of '{}' ({} bytes)", what, piece.offset,
@@ -584,19 +582,18 @@ void load_checkpoint_pieces(const CheckpointIndex& index, std::vector<Checkpoint
   std::vector<float> buf;
   try {
     for (CheckpointPiece& w : wanted) {
-      const Region need = check_region<InvalidArgument>(w.shape, w.view, w.box, w.start, w.count, kLoad,
-                                                        fmt::format("wanted piece of '{}'", w.name),
-                                                        "describe the block this rank needs");
+      const sharding::Placement need = check_region<InvalidArgument>(
+          w.placement, kLoad, fmt::format("wanted piece of '{}'", w.name), "describe the block this rank needs");
       const CheckpointIndex::Entry* e = index.find(w.name);
       if (e == nullptr)
         throw IoError(kLoad,
                       fmt::format("checkpoint {} (step {}) has no tensor '{}' ({} tensors)", index.dir, index.step,
                                   w.name, index.tensors.size()),
                       "resume with the model the checkpoint was saved from (same --model and sizes)");
-      if (e->shape != w.shape)
+      if (e->shape != need.shape)
         throw IoError(kLoad,
                       fmt::format("checkpoint {} holds '{}' as [{}], this model needs [{}]", index.dir, w.name,
-                                  fmt::join(e->shape, ", "), fmt::join(w.shape, ", ")),
+                                  fmt::join(e->shape, ", "), fmt::join(need.shape, ", ")),
                       "resume with the model the checkpoint was saved from (same --model and sizes)");
       if (!w.data.defined()) w.data = Tensor::empty({need.count}, DType::f32);
       if (w.data.dtype() != DType::f32 || !w.data.is_contiguous() || w.data.numel() != need.count)
@@ -607,7 +604,7 @@ void load_checkpoint_pieces(const CheckpointIndex& index, std::vector<Checkpoint
       const std::vector<Run> want = runs_of(need);
       int64_t found = 0;
       for (const CheckpointIndex::Piece& p : e->pieces) {
-        const std::vector<Run> have = runs_of({p.view, p.box, p.start, p.count});
+        const std::vector<Run> have = runs_of(p.placement);
         // The overlap of two increasing run lists.
         bool loaded = false;
         size_t a = 0, b = 0;
@@ -617,7 +614,7 @@ void load_checkpoint_pieces(const CheckpointIndex& index, std::vector<Checkpoint
           if (lo < hi) {
             if (!loaded) {  // read and check the whole piece once
               const std::string path = (fs::path(index.dir) / index.files[static_cast<size_t>(p.file)]).string();
-              buf.resize(static_cast<size_t>(p.count));
+              buf.resize(static_cast<size_t>(p.placement.count));
               read_all(kLoad, fd_of(p.file), buf.data(), p.bytes, p.offset, path,
                        fmt::format("a piece of '{}'", w.name));
               if (crc_of(buf.data(), p.bytes) != p.crc32)
@@ -651,10 +648,10 @@ void load_checkpoint_pieces(const CheckpointIndex& index, std::vector<Checkpoint
 }
 
 void copy_region(const Tensor& whole, CheckpointPiece& piece) {
-  const Region r = check_region<InvalidArgument>(piece.shape, piece.view, piece.box, piece.start, piece.count,
-                                                 "copy_region", fmt::format("piece of '{}'", piece.name), "");
+  const sharding::Placement r =
+      check_region<InvalidArgument>(piece.placement, "copy_region", fmt::format("piece of '{}'", piece.name), "");
   int64_t n = 1;
-  for (int64_t d : piece.shape) n *= d;
+  for (int64_t d : r.shape) n *= d;
   if (!whole.defined() || whole.dtype() != DType::f32 || !whole.is_contiguous() || whole.numel() != n)
     throw InvalidArgument("copy_region",
                           fmt::format("'{}': the whole tensor is not {} contiguous f32 values", piece.name, n),

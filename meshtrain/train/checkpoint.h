@@ -19,13 +19,14 @@
 //                                  next save removes it, loads never read it)
 //   latest                         "step_00000100": the newest complete one
 //
-// A piece is elements of one global tensor (f32, `shape`): the box `box` of
-// the tensor viewed as `view` (a reshape of `shape`: a fused q|k|v weight
-// split by heads is a box of its (in, 3, C) view), and of the box's
-// row-major elements the range [start, start + count). That covers every
-// placement meshtrain makes: whole (the full box, all elements), a
-// tensor-parallel block (a box), a fully sharded flat shard (a range of the
-// whole box) and a flat shard of a tensor-parallel block (a range of a box).
+// A piece is elements of one global tensor (f32), where a sharding::Placement
+// says (sharding/placement.h): the box `box` of the tensor viewed as `view`
+// (a reshape of `shape`: a fused q|k|v weight split by heads is a box of its
+// (in, 3, C) view), and of the box's row-major elements the range
+// [start, start + count). That covers every placement meshtrain makes:
+// whole, a tensor-parallel block, a fully sharded flat shard and a flat
+// shard of a tensor-parallel block. The index stores each piece's placement
+// with its view, box and range written out.
 //
 // Saving (collective over `world`, every rank with its own pieces, the same
 // step and options):
@@ -60,18 +61,14 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/tensor.h"
-#include "meshtrain/sharding/layout.h"
+#include "meshtrain/sharding/placement.h"
 
 namespace meshtrain::train {
 
 struct CheckpointPiece {
-  std::string name;             // the global tensor's name, e.g. "model/h.0.attn.c_attn.weight"
-  std::vector<int64_t> shape;   // the global tensor's shape
-  std::vector<int64_t> view;    // the shape `box` lies in (same numel); empty: `shape`
-  sharding::Box box;            // empty offsets and sizes: the whole view
-  int64_t start = 0;            // row-major elements [start, start + count) of the box
-  int64_t count = -1;           // -1: the whole box
-  Tensor data;                  // f32, contiguous, `count` elements (saved from, or loaded into)
+  std::string name;               // the global tensor's name, e.g. "model/h.0.attn.c_attn.weight"
+  sharding::Placement placement;  // which of its elements (placement.shape: the tensor's shape)
+  Tensor data;                    // f32, contiguous, placement.numel() elements (saved from, or loaded into)
 };
 
 struct CheckpointOptions {
@@ -102,9 +99,7 @@ struct CheckpointIndex {
     int file = 0;  // into files
     uint64_t offset = 0, bytes = 0;
     uint32_t crc32 = 0;
-    std::vector<int64_t> view;
-    sharding::Box box;
-    int64_t start = 0, count = 0;
+    sharding::Placement placement;  // with view, box and count written out
   };
   struct Entry {
     std::string name;

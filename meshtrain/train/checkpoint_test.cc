@@ -29,7 +29,7 @@ float value_at(const std::string& name, int64_t g) {
 // The piece with its data: element k of the region is value_at(global index).
 CheckpointPiece piece(const std::string& name, std::vector<int64_t> shape, std::vector<int64_t> view,
                       sharding::Box box, int64_t start = 0, int64_t count = -1) {
-  CheckpointPiece p{name, shape, view, box, start, count, Tensor()};
+  CheckpointPiece p{name, {shape, view, box, start, count}, Tensor()};
   if (view.empty()) view = shape;
   if (box.offsets.empty()) box = {std::vector<int64_t>(view.size(), 0), view};
   if (count < 0) count = box.numel() - start;
@@ -83,7 +83,8 @@ void save_four(const std::string& root, int64_t step, int keep_last = 0) {
 }
 
 void expect_values(const CheckpointPiece& got) {
-  const CheckpointPiece want = piece(got.name, got.shape, got.view, got.box, got.start, got.count);
+  const sharding::Placement& w = got.placement;
+  const CheckpointPiece want = piece(got.name, w.shape, w.view, w.box, w.start, w.count);
   EXPECT_EQ(got.data.to_vector(), want.data.to_vector()) << got.name;
 }
 
@@ -144,7 +145,7 @@ TEST(Checkpoint, AFailedSaveFailsEveryRankAndKeepsThePreviousOne) {
   comm::launch({.engine = comm::Engine::threads, .ranks = 4, .timeout = std::chrono::seconds(30)},
                [&](comm::Communicator& world) {
                  std::vector<CheckpointPiece> mine = four_rank_pieces(world.rank());
-                 if (world.rank() == 2) mine[0].start = 50;  // [50, 65) of A's 60
+                 if (world.rank() == 2) mine[0].placement.start = 50;  // [50, 65) of A's 60
                  try {
                    save_checkpoint(world, root, 2, mine, "{}");
                  } catch (const Error& e) {

@@ -96,9 +96,9 @@ std::string export_model(const std::string& run_dir, const std::string& out, std
     }
     std::vector<CheckpointPiece> wanted;
     for (const CheckpointIndex::Entry& e : index.tensors)
-      if (e.name.rfind("model/", 0) == 0) wanted.push_back({e.name, e.shape, {}, {}, 0, -1, Tensor()});
+      if (e.name.rfind("model/", 0) == 0) wanted.push_back({e.name, sharding::Placement::whole(e.shape), Tensor()});
     load_checkpoint_pieces(index, wanted);
-    for (CheckpointPiece& p : wanted) tensors.emplace_back(p.name.substr(6), p.data.view(p.shape));
+    for (CheckpointPiece& p : wanted) tensors.emplace_back(p.name.substr(6), p.data.view(p.placement.shape));
     source = fmt::format("{} (step {})", *dir, index.step);
   } else if (step) {
     throw InvalidArgument(op, fmt::format("'{}' has no checkpoint of step {}", run_dir, *step),

@@ -139,7 +139,7 @@ class Run {
         params.push_back(p);
         if (tied_copy(k, p->name)) continue;
         int64_t n = 1;
-        for (int64_t d : p->placement.kind == nn::Placement::Kind::box ? p->placement.global : p->info.shape) n *= d;
+        for (int64_t d : p->placement.shape) n *= d;
         num_parameters_ += n;
       }
     }
@@ -452,7 +452,7 @@ class Run {
       double norm = 0;
       if (tp_.size() > 1) {
         auto [blocks, replicated] = parallel_->grad_sq_split(
-            [](const nn::Parameter& p) { return p.placement.kind == nn::Placement::Kind::box; });
+            [](const nn::Parameter& p) { return p.placement.is_block(); });
         tp_.comm->all_reduce(&blocks, &blocks, 1, DType::f64, comm::ReduceOp::sum);
         norm = std::sqrt(blocks + replicated);
       } else {
@@ -508,7 +508,7 @@ class Run {
     return p;
   }
 
-  internal::TrainingCheckpoint checkpoint() { return internal::TrainingCheckpoint(modules_, opt_params_, *opt_); }
+  internal::TrainingCheckpoint checkpoint() { return internal::TrainingCheckpoint(opt_params_, *opt_); }
 
   // Collective: a sharded checkpoint of this step (checkpoint.h).
   void save(int64_t step, ProgressBar& bar) {

@@ -66,37 +66,8 @@ ResumePoint ResumePoint::from_json(const std::string& text, const std::string& s
   return p;
 }
 
-TrainingCheckpoint::TrainingCheckpoint(std::vector<nn::Module*> modules, std::vector<nn::Parameter*> params,
-                                       optim::Optimizer& opt)
-    : modules_(std::move(modules)), params_(std::move(params)), opt_(&opt) {}
-
-CheckpointPiece TrainingCheckpoint::region_of(const nn::Parameter& op) const {
-  const nn::Parameter* model = nullptr;
-  for (nn::Module* m : modules_) {
-    for (nn::Parameter* p : m->parameters())
-      if (p->name == op.name) {
-        model = p;
-        break;
-      }
-    if (model != nullptr) break;
-  }
-  if (model == nullptr)
-    throw InvalidArgument(kOp, fmt::format("optimizer parameter '{}' is no parameter of the model", op.name),
-                          "pass the wrapped model's modules");
-  CheckpointPiece piece;
-  if (model->placement.kind == nn::Placement::Kind::box) {  // a tensor-parallel block
-    piece.shape = model->placement.global;
-    piece.view = model->placement.shape;
-    piece.box = model->placement.box;
-  } else {
-    piece.shape = model->info.shape;
-  }
-  if (op.placement.kind == nn::Placement::Kind::flat) {  // a fully sharded part of it
-    piece.start = op.placement.start;
-    piece.count = op.placement.count;
-  }
-  return piece;
-}
+TrainingCheckpoint::TrainingCheckpoint(std::vector<nn::Parameter*> params, optim::Optimizer& opt)
+    : params_(std::move(params)), opt_(&opt) {}
 
 std::vector<CheckpointPiece> TrainingCheckpoint::pieces(const ResumePoint& point) const {
   const optim::OptimizerState state = opt_->export_state();  // params() order = params_
@@ -108,17 +79,9 @@ std::vector<CheckpointPiece> TrainingCheckpoint::pieces(const ResumePoint& point
                             fmt::format("parameter '{}' was updated {} times, the run {} times", p.name,
                                         state[i].step, point.optimizer_steps),
                             "every parameter must take part in every step");
-    const CheckpointPiece where = region_of(p);
-    CheckpointPiece m = where;
-    m.name = "model/" + p.name;
-    m.data = flat(p.value);
-    out.push_back(std::move(m));
-    for (const auto& [field, t] : state[i].tensors) {
-      CheckpointPiece s = where;
-      s.name = fmt::format("optim/{}/{}", p.name, field);
-      s.data = flat(t);
-      out.push_back(std::move(s));
-    }
+    out.push_back({"model/" + p.name, p.placement, flat(p.value)});
+    for (const auto& [field, t] : state[i].tensors)
+      out.push_back({fmt::format("optim/{}/{}", p.name, field), p.placement, flat(t)});
   }
   return out;
 }
@@ -128,17 +91,9 @@ void TrainingCheckpoint::load(const CheckpointIndex& index, const ResumePoint& p
   std::vector<CheckpointPiece> wanted;
   for (size_t i = 0; i < params_.size(); ++i) {
     const nn::Parameter& p = *params_[i];
-    const CheckpointPiece where = region_of(p);
-    CheckpointPiece m = where;
-    m.name = "model/" + p.name;
-    m.data = flat(p.value);  // the master itself: loaded in place
-    wanted.push_back(std::move(m));
-    for (auto& [field, t] : state[i].tensors) {
-      CheckpointPiece s = where;
-      s.name = fmt::format("optim/{}/{}", p.name, field);
-      s.data = flat(t);  // the exported copy: filled, then imported
-      wanted.push_back(std::move(s));
-    }
+    wanted.push_back({"model/" + p.name, p.placement, flat(p.value)});  // the master itself: loaded in place
+    for (auto& [field, t] : state[i].tensors)  // the exported copy: filled, then imported
+      wanted.push_back({fmt::format("optim/{}/{}", p.name, field), p.placement, flat(t)});
     state[i].step = point.optimizer_steps;
   }
   load_checkpoint_pieces(index, wanted);
@@ -152,18 +107,16 @@ std::vector<int32_t> TrainingCheckpoint::load_model(const std::vector<std::pair<
   std::vector<int32_t> used(tensors.size(), 0);
   for (nn::Parameter* p : params_) {
     auto it = by_name.find(p->name);
-    CheckpointPiece piece = region_of(*p);
+    CheckpointPiece piece{p->name, p->placement, flat(p->value)};
     if (it == by_name.end())
       throw IoError("--init-from", fmt::format("{} has no tensor '{}' ({} tensors)", source, p->name, tensors.size()),
                     "give a model file of the same model (meshtrain export writes one)");
     const Tensor& whole = tensors[it->second].second;
-    if (whole.shape() != piece.shape)
+    if (whole.shape() != piece.placement.shape)
       throw IoError("--init-from",
                     fmt::format("{} holds '{}' as [{}], this model needs [{}]", source, p->name,
-                                fmt::join(whole.shape(), ", "), fmt::join(piece.shape, ", ")),
+                                fmt::join(whole.shape(), ", "), fmt::join(piece.placement.shape, ", ")),
                     "give a model file of the same model and sizes");
-    piece.name = p->name;
-    piece.data = flat(p->value);
     copy_region(whole.contiguous(), piece);
     used[it->second] = 1;
   }

@@ -6,9 +6,9 @@
 // whole parameter, a tensor-parallel block, a fully sharded flat shard, or
 // a flat shard of a block), "model/<name>" (its f32 master) and
 // "optim/<name>/<field>" (AdamW's exp_avg and exp_avg_sq, SGD's
-// momentum_buffer), each piece placed where it lies in the global tensor.
-// The region comes from the model's parameter (whole or a box: its
-// Placement) and the optimizer's (flat within it, under fsdp). Optimizer
+// momentum_buffer), each piece placed where the optimizer's parameter's
+// Placement says (under fsdp: the model parameter's, narrowed to the flat
+// range this rank owns). Optimizer
 // step counts are one number (every parameter is updated on every applied
 // step), kept in the metadata. Gradients are not saved: a checkpoint is
 // taken between steps, when they are zero.
@@ -45,9 +45,8 @@ struct ResumePoint {
 
 class TrainingCheckpoint {
  public:
-  // `modules`: the model (or this rank's pipeline stages); `params`: what
-  // the optimizer updates (Parallelism::optimizer_parameters()).
-  TrainingCheckpoint(std::vector<nn::Module*> modules, std::vector<nn::Parameter*> params, optim::Optimizer& opt);
+  // `params`: what the optimizer updates (Parallelism::optimizer_parameters()).
+  TrainingCheckpoint(std::vector<nn::Parameter*> params, optim::Optimizer& opt);
 
   // This rank's pieces, their data viewing the live tensors (valid until the
   // next optimizer step). Throws InvalidArgument when the parameters' step
@@ -74,9 +73,6 @@ class TrainingCheckpoint {
                                   const std::string& source);
 
  private:
-  CheckpointPiece region_of(const nn::Parameter& p) const;  // without name or data
-
-  std::vector<nn::Module*> modules_;
   std::vector<nn::Parameter*> params_;
   optim::Optimizer* opt_;
 };

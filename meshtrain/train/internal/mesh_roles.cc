@@ -81,9 +81,7 @@ void record_training_figures(const MemoryTracker& memory, const NamedComms& comm
 std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, const nn::TensorParallelGroup& tp) {
   std::vector<std::pair<std::string, std::string>> rows;
   for (const nn::Parameter* p : params)
-    rows.emplace_back(p->name, p->placement.kind == nn::Placement::Kind::box
-                                   ? fmt::format("{} of {}", p->placement.box.to_string(),
-                                                 shape_to_string(p->placement.shape))
+    rows.emplace_back(p->name, p->placement.is_block() ? p->placement.to_string()
                                : p->sequence_parallel ? std::string("replicated, sequence-parallel gradient")
                                                       : std::string("replicated"));
   std::string out = fmt::format("tensor parallel over {} ranks{} (rank 0's blocks):\n", tp.size(),
