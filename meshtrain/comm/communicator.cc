@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "meshtrain/core/error.h"
 
 namespace meshtrain::comm {
@@ -294,6 +296,21 @@ Work Communicator::start_group(const std::vector<Op>& ops) {
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   return do_split(color, key, ++seq_);
+}
+
+std::vector<std::string> all_gather_bytes(Communicator& c, std::string_view mine) {
+  const auto n = static_cast<size_t>(c.size());
+  int64_t len = static_cast<int64_t>(mine.size());
+  std::vector<int64_t> lens(n);
+  c.all_gather(&len, lens.data(), 1, DType::i64);
+  const auto most = static_cast<size_t>(std::max<int64_t>(1, *std::max_element(lens.begin(), lens.end())));
+  std::string padded(mine);
+  padded.resize(most);
+  std::string all(most * n, '\0');
+  c.all_gather(padded.data(), all.data(), most, DType::u8);
+  std::vector<std::string> out;
+  for (size_t r = 0; r < n; ++r) out.push_back(all.substr(r * most, static_cast<size_t>(lens[r])));
+  return out;
 }
 
 }  // namespace meshtrain::comm

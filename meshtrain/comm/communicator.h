@@ -253,4 +253,8 @@ class Communicator {
   std::array<TrafficCounter, kNumCollectiveOps> traffic_{};
 };
 
+// Collective: every rank's `mine` (any bytes, any length), in rank order:
+// the lengths, then the bytes padded to the longest (two all-gathers).
+std::vector<std::string> all_gather_bytes(Communicator& c, std::string_view mine);
+
 }  // namespace meshtrain::comm

@@ -39,8 +39,6 @@ std::string unit_name(const std::vector<nn::Parameter*>& params) {
   return prefix;
 }
 
-using UnitList = std::vector<std::pair<nn::Module*, std::vector<nn::Parameter*>>>;
-
 bool is_listed(const std::vector<nn::Module*>& listed, const nn::Module* m) {
   return std::find(listed.begin(), listed.end(), m) != listed.end();
 }
@@ -71,9 +69,6 @@ void collect_listed_below(nn::Module& m, const std::vector<nn::Module*>& listed,
   }
 }
 
-// The units of `m`'s subtree, in definition order: each listed module is one
-// unit (its subtree, less nested listed modules); elsewhere every module
-// that owns parameters.
 void collect_units(nn::Module& m, const std::vector<nn::Module*>& listed, UnitList& out) {
   if (is_listed(listed, &m)) {
     add_listed_unit(m, listed, out);
@@ -87,6 +82,23 @@ void collect_units(nn::Module& m, const std::vector<nn::Module*>& listed, UnitLi
 }
 
 }  // namespace
+
+UnitList fsdp_units(nn::Module& model, const std::vector<nn::Module*>& unit_modules) {
+  UnitList out;
+  collect_units(model, unit_modules, out);
+  return out;
+}
+
+std::vector<layout::ModelParameter> model_parameters(nn::Module& model, const std::vector<nn::Module*>& unit_modules,
+                                                     int stage) {
+  std::unordered_map<const nn::Parameter*, int> unit_of;
+  const UnitList units = fsdp_units(model, unit_modules);
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const nn::Parameter* p : units[u].second) unit_of[p] = static_cast<int>(u);
+  std::vector<layout::ModelParameter> out;
+  for (const nn::Parameter* p : model.parameters()) out.push_back({p->info, unit_of.at(p), stage});
+  return out;
+}
 
 // ---- state ----
 
@@ -198,8 +210,7 @@ Tensor FullyShardedDataParallel::alloc(int64_t n, DType dtype, MemoryCategory ca
 }
 
 void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<nn::Parameter*>& params) {
-  UnitList groups;
-  collect_units(model, options_.unit_modules, groups);
+  UnitList groups = fsdp_units(model, options_.unit_modules);
   // Every parameter in exactly one unit.
   std::unordered_map<const nn::Parameter*, nn::Module*> owner;
   for (auto& [m, ps] : groups)

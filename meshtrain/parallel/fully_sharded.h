@@ -109,6 +109,7 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/quantize.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/layout/placement_rule.h"
 #include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -123,6 +124,20 @@ using layout::FsdpMode;
 using layout::parse_backward_prefetch;
 using layout::parse_fsdp_mode;
 using layout::ZeroStage;
+
+// The units of `model`'s subtree, in definition order, each with its
+// parameters: each module of unit_modules is one unit (its subtree, less
+// the listed modules nested in it, which are units of their own); elsewhere
+// every module that owns parameters. What FullyShardedDataParallel gathers
+// and frees together.
+using UnitList = std::vector<std::pair<nn::Module*, std::vector<nn::Parameter*>>>;
+UnitList fsdp_units(nn::Module& model, const std::vector<nn::Module*>& unit_modules);
+
+// The model's parameters as the placement rule (layout/placement_rule.h)
+// sees them, in parameters() order: global descriptions (build the model
+// whole, e.g. deferred), fsdp_units' unit index, and `stage`.
+std::vector<layout::ModelParameter> model_parameters(nn::Module& model, const std::vector<nn::Module*>& unit_modules,
+                                                     int stage = 0);
 
 struct FullyShardedOptions {
   ZeroStage stage = ZeroStage::zero3;

@@ -161,8 +161,7 @@ std::optional<double> PipelineParallel::hidden_fraction() const {
 std::vector<ParamShard> PipelineParallel::parameter_shards() const {
   std::vector<ParamShard> out;
   for (const Stage& s : stages_)
-    for (ParamShard& p : s.strategy->parameter_shards())
-      if (!counted_elsewhere(s, p.name)) out.push_back(std::move(p));
+    for (ParamShard& p : s.strategy->parameter_shards()) out.push_back(std::move(p));
   return out;
 }
 

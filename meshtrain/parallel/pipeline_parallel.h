@@ -25,7 +25,8 @@
 //   stages, checked at construction) over a communicator of their own, so
 //   both copies take the same update. In norms and finiteness checks the
 //   copy on the lowest stage counts, the others not; parameter_shards()
-//   lists it once.
+//   lists every copy a rank holds (the placement rule's view: each stage
+//   holds its own).
 // - Collective calls (construction, finish, grads_finite, grad_norm,
 //   grad_sq_split, after_step, gather_full_parameters) are collective over
 //   the pipeline communicator and every stage strategy's group; every rank

@@ -163,22 +163,6 @@ json describe(const CheckpointPiece& p, const sharding::Placement& r) {
               {"sizes", r.box.sizes}, {"start", r.start}, {"count", r.count}};
 }
 
-// Every rank's `mine`, in rank order (collective).
-std::vector<std::string> all_gather_text(comm::Communicator& c, const std::string& mine) {
-  const int n = c.size();
-  int64_t len = static_cast<int64_t>(mine.size());
-  std::vector<int64_t> lens(static_cast<size_t>(n));
-  c.all_gather(&len, lens.data(), 1, DType::i64);
-  const int64_t most = std::max<int64_t>(1, *std::max_element(lens.begin(), lens.end()));
-  std::string padded = mine;
-  padded.resize(static_cast<size_t>(most));
-  std::string all(static_cast<size_t>(most * n), '\0');
-  c.all_gather(padded.data(), all.data(), static_cast<size_t>(most), DType::u8);
-  std::vector<std::string> out;
-  for (int r = 0; r < n; ++r) out.push_back(all.substr(static_cast<size_t>(r * most), static_cast<size_t>(lens[r])));
-  return out;
-}
-
 // What failed on this rank, if anything.
 struct Failure {
   std::string text;
@@ -193,7 +177,7 @@ struct Failure {
 // Collective: when any rank failed, the rank that failed rethrows its error
 // and every other rank throws IoError naming the first that failed.
 void agree(comm::Communicator& c, const Failure& mine) {
-  const std::vector<std::string> all = all_gather_text(c, mine.text);
+  const std::vector<std::string> all = comm::all_gather_bytes(c, mine.text);
   if (mine.error) std::rethrow_exception(mine.error);
   for (size_t r = 0; r < all.size(); ++r)
     if (!all[r].empty())
@@ -346,7 +330,7 @@ CheckpointSaveStats save_checkpoint(comm::Communicator& world, const std::string
     failure.set(e);
   }
   agree(world, failure);
-  const std::vector<std::string> all = all_gather_text(world, mine.dump());
+  const std::vector<std::string> all = comm::all_gather_bytes(world, mine.dump());
   std::map<std::string, int> writer;  // description -> the lowest rank holding it
   std::vector<json> described;
   for (int r = 0; r < world.size(); ++r) {
@@ -388,7 +372,7 @@ CheckpointSaveStats save_checkpoint(comm::Communicator& world, const std::string
   agree(world, failure);
   // 3. The index, by rank 0, from every rank's placements and checksums.
   t = Clock::now();
-  const std::vector<std::string> sums = all_gather_text(world, written.is_null() ? std::string("[]") : written.dump());
+  const std::vector<std::string> sums = comm::all_gather_bytes(world, written.is_null() ? std::string("[]") : written.dump());
   for (const std::string& placed : sums)
     for (const json& at : json::parse(placed)) stats.bytes += at["bytes"].get<uint64_t>();
   if (world.rank() == 0) {

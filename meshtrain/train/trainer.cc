@@ -226,6 +226,7 @@ class Run {
     int64_t last_saved = resumed.value_or(-1);
     double window_loss = 0, hidden_sum = 0;
     int window_n = 0;
+    internal::gather_placements(*parallel_, *world_, main_ ? &shared_.result : nullptr);
     const internal::NamedComms comms = internal::training_communicators(mesh_, *parallel_);
     reset_traffic(comms);
     const auto t0 = Clock::now();

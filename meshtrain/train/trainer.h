@@ -65,6 +65,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/train/train_config.h"
 #include "meshtrain/train/trainer_state.h"
 
@@ -127,6 +128,10 @@ struct TrainResult {
   // traffic model is checked against.
   std::vector<std::vector<TrafficRecord>> traffic_by_rank;
   int64_t traffic_steps = 0;
+  // Every rank's holdings at the start of training, by world rank:
+  // Parallelism::parameter_shards() (the placement rule,
+  // layout/placement_rule.h, must give the same).
+  std::vector<std::vector<parallel::ParamShard>> placements_by_rank;
   // A pipeline axis: the schedule's name, the idle share of the last step
   // measured from every pipeline rank's timeline (pipeline.svg) beside the
   // schedule's theory, and the most micro-batches whose activations rank 0

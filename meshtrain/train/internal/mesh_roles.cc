@@ -1,6 +1,7 @@
 #include "meshtrain/train/internal/mesh_roles.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -76,6 +77,22 @@ void record_training_figures(const MemoryTracker& memory, const NamedComms& comm
         if (v[0] > 0) result->traffic_by_rank[r].push_back({comms[c].first, static_cast<comm::CollectiveOp>(op), v[0], v[1]});
       }
   result->traffic_steps = static_cast<int64_t>(result->step_seconds.size());
+}
+
+void gather_placements(const parallel::Parallelism& strategy, comm::Communicator& world, TrainResult* result) {
+  nlohmann::json mine = nlohmann::json::array();
+  for (const parallel::ParamShard& s : strategy.parameter_shards()) {
+    const sharding::Placement& p = s.placement;
+    mine.push_back({s.name, s.replicated, p.shape, p.view, p.box.offsets, p.box.sizes, p.start, p.count});
+  }
+  const std::vector<std::string> all = comm::all_gather_bytes(world, mine.dump());
+  if (!result) return;
+  result->placements_by_rank.clear();
+  for (const std::string& text : all) {
+    std::vector<parallel::ParamShard>& rank = result->placements_by_rank.emplace_back();
+    for (const nlohmann::json& e : nlohmann::json::parse(text))
+      rank.push_back({e[0], {e[2], e[3], {e[4], e[5]}, e[6], e[7]}, e[1]});
+  }
 }
 
 std::string tensor_parallel_summary(const std::vector<nn::Parameter*>& params, const nn::TensorParallelGroup& tp) {

@@ -59,6 +59,10 @@ void reset_traffic(const NamedComms& comms);
 void record_training_figures(const MemoryTracker& memory, const NamedComms& comms, comm::Communicator& world,
                              TrainResult* result);
 
+// Collective over `world`: every rank's strategy->parameter_shards() into
+// result->placements_by_rank (rank 0's; null on the others).
+void gather_placements(const parallel::Parallelism& strategy, comm::Communicator& world, TrainResult* result);
+
 // How a tensor axis splits the model, as rank 0 holds it: one line per
 // parameter (layers placed alike folded: nn::fold_layer_rows), its block and
 // the global shape it lies in, or "replicated" ("replicated,

@@ -136,15 +136,10 @@ std::string PipelineRun::describe_stages() {
     mine += fmt::format("  stage {} on pipeline rank {}: {} .. {}, {} tensors, {} values\n", indices_[k], pp_.rank(),
                         ps.empty() ? "-" : ps.front()->name, ps.empty() ? "-" : ps.back()->name, ps.size(), values);
   }
-  int64_t len = static_cast<int64_t>(mine.size()), longest = len;
-  pp_.all_reduce(&longest, &longest, 1, DType::i64, comm::ReduceOp::max);
-  mine.resize(static_cast<size_t>(longest), '\0');
-  std::string all(static_cast<size_t>(longest) * static_cast<size_t>(pp_.size()), '\0');
-  pp_.all_gather(mine.data(), all.data(), static_cast<size_t>(longest), DType::u8);
+  const std::vector<std::string> all = comm::all_gather_bytes(pp_, mine);
   if (pp_.rank() != 0) return "";
   std::vector<std::string> lines;
-  for (int r = 0; r < pp_.size(); ++r) {
-    const std::string part = all.substr(static_cast<size_t>(r * longest), static_cast<size_t>(longest));
+  for (const std::string& part : all) {
     size_t at = 0;
     for (size_t nl; (nl = part.find('\n', at)) != std::string::npos; at = nl + 1) lines.push_back(part.substr(at, nl + 1 - at));
   }

@@ -1,0 +1,96 @@
+#include "meshtrain/layout/placement_rule.h"
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::layout {
+
+namespace {
+
+// Coordinate of `rank` on each axis of the mesh (row-major, the last axis
+// fastest: DeviceMesh's numbering).
+std::vector<int> coordinates(const mesh::NamedShape& m, int rank) {
+  int64_t n = 1;
+  for (int s : m.shape) n *= s;
+  if (rank < 0 || rank >= n)
+    throw InvalidArgument("held_parameters", fmt::format("rank {} of mesh {} ({} ranks)", rank, m.to_spec(), n),
+                          "pass a rank of the mesh");
+  std::vector<int> c(m.shape.size());
+  for (size_t i = m.shape.size(); i-- > 0;) {
+    c[i] = rank % m.shape[i];
+    rank /= m.shape[i];
+  }
+  return c;
+}
+
+int coordinate(const mesh::NamedShape& m, const std::vector<int>& c, std::string_view axis) {
+  for (size_t i = 0; i < m.axis_names.size(); ++i)
+    if (m.axis_names[i] == axis) return c[i];
+  return 0;
+}
+
+}  // namespace
+
+std::vector<HeldParameter> held_parameters(const ParameterLayout& layout, const std::vector<ModelParameter>& params,
+                                           int rank) {
+  const mesh::NamedShape& m = layout.mesh;
+  const std::vector<int> c = coordinates(m, rank);
+  const int pipeline = m.size_of(mesh::kPipeline), tensor = m.size_of(mesh::kTensor);
+  const sharding::TensorParallelStrategy tp(mesh::kTensor, tensor, /*uneven=*/true);
+  // The fully sharded group: its size and this rank's index in it.
+  int64_t d = 1, shard_rank = 0;
+  if (layout.fsdp && !layout.no_shard) {
+    const std::vector<std::string_view> axes =
+        layout.hybrid ? std::vector<std::string_view>{mesh::kFsdp}
+                      : std::vector<std::string_view>{mesh::kData, mesh::kNode, mesh::kFsdp, mesh::kContext};
+    for (std::string_view a : axes) {
+      shard_rank = shard_rank * m.size_of(a) + coordinate(m, c, a);
+      d *= m.size_of(a);
+    }
+  }
+  const sharding::FSDPStrategy fsdp(mesh::kFsdp, d, layout.fsdp_min_weight_size);
+
+  // 1-2: the stages this rank runs, each parameter's block.
+  std::vector<HeldParameter> out;
+  std::vector<int64_t> block_numel;
+  std::vector<bool> shard;
+  for (const ModelParameter& p : params) {
+    if (p.stage % pipeline != coordinate(m, c, mesh::kPipeline)) continue;
+    sharding::Placement where = sharding::Placement::whole(p.info.shape);
+    const std::vector<int64_t> view = p.info.layout().shape;
+    if (tensor > 1) {
+      sharding::Box box = tp.block(p.info, coordinate(m, c, mesh::kTensor));
+      if (box.sizes != view) where = sharding::Placement::block(std::move(box), view, p.info.shape);
+    }
+    const int64_t n = where.block_numel();
+    block_numel.push_back(n);
+    // FSDP decides on the block a tensor-parallel rank holds.
+    shard.push_back(layout.fsdp && fsdp.should_shard({.name = p.info.name, .shape = where.block_box().sizes}));
+    out.push_back({p.info.name, p.stage, std::move(where)});
+  }
+  if (!layout.fsdp) return out;
+
+  // 3: each unit's sharded parameters packed flat, in order.
+  std::map<std::pair<int, int>, std::vector<size_t>> units;  // (stage, unit) -> indices into out
+  size_t k = 0;
+  for (const ModelParameter& p : params) {
+    if (p.stage % pipeline != coordinate(m, c, mesh::kPipeline)) continue;
+    if (shard[k]) units[{p.stage, p.unit}].push_back(k);
+    ++k;
+  }
+  for (const auto& [unit, members] : units) {
+    std::vector<int64_t> numels;
+    for (size_t i : members) numels.push_back(block_numel[i]);
+    const sharding::FlatShards flat(std::move(numels), d);
+    for (size_t j = 0; j < members.size(); ++j) {
+      const auto [start, count] = flat.owned(j, shard_rank);
+      out[members[j]].placement = out[members[j]].placement.flat(start, count);
+    }
+  }
+  return out;
+}
+
+}  // namespace meshtrain::layout

@@ -1,0 +1,77 @@
+// The placement rule: what every rank of a mesh holds of every parameter of
+// a model, from the parameters' global descriptions, their fully sharded
+// units and pipeline stages, and the layout's strategies. The runtime builds
+// exactly this (placement_property_test checks it rank by rank against what
+// the trainer holds), and `meshtrain shard --model` prints it.
+//
+//   ParameterLayout layout{.mesh = mesh::parse_mesh_spec("fsdp=2,tensor=2"), .fsdp = true};
+//   std::vector<ModelParameter> params = ...;   // parallel::model_parameters(recipe model)
+//   for (const HeldParameter& h : held_parameters(layout, params, /*rank=*/3))
+//     fmt::print("{} {}\n", h.name, h.placement.to_string());
+//
+// The rule, for world rank r with mesh coordinates c (row-major):
+//  1. pipeline axis of size P: r holds the parameters of the stages s with
+//     s % P == c[pipeline] (one stage each, or several virtual stages of an
+//     interleaved schedule); a parameter two stages share (a tied
+//     embedding) is listed once per stage.
+//  2. tensor axis of size k > 1: the block TensorParallelStrategy (uneven,
+//     torch.chunk) gives tensor rank c[tensor] of the parameter's layout()
+//     view; a parameter it does not split is whole.
+//  3. fully sharded: the shard group is the axes whose ranks sum their
+//     gradients, data, node, fsdp and context (row-major in that order: a
+//     context rank holds the same parameters as its peers, so fsdp shards
+//     over it too, as torchtitan shards over dp_shard x cp), or the fsdp
+//     axis alone when hybrid (HSDP replicates over data); no_shard is a
+//     group of one. Per unit, the
+//     parameters whose block FSDPStrategy::should_shard (min_weight_size
+//     counts the block's elements) are packed flat (sharding::FlatShards),
+//     and r holds its range of each, possibly empty.
+//  4. every other axis (data and context without fsdp) replicates.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshtrain/mesh/mesh_shape.h"
+#include "meshtrain/sharding/placement.h"
+#include "meshtrain/sharding/strategy.h"
+
+namespace meshtrain::layout {
+
+// The part of a training layout that decides who holds what.
+struct ParameterLayout {
+  mesh::NamedShape mesh;      // axes of size 1 may be listed
+  bool fsdp = false;          // fully sharded data parallelism (any stage)
+  bool no_shard = false;      // fsdp's no_shard: a shard group of one
+  bool hybrid = false;        // shard over fsdp only, replicate over data
+  int64_t fsdp_min_weight_size = 1024;
+};
+
+// One parameter of a model as the rule sees it: its global description,
+// its fully sharded unit (an index, the same for the parameters gathered
+// together) and its pipeline stage.
+struct ModelParameter {
+  sharding::ParamInfo info;
+  int unit = 0;
+  int stage = 0;
+};
+
+// What a rank holds of one parameter.
+struct HeldParameter {
+  std::string name;
+  int stage = 0;
+  sharding::Placement placement;
+  bool operator==(const HeldParameter&) const = default;
+};
+
+// What world rank `rank` holds, in the order of `params` (the parameters of
+// stages it does not run left out). InvalidArgument for a rank outside the
+// mesh or a split the strategies refuse (heads the tensor axis does not
+// divide), naming the parameter.
+std::vector<HeldParameter> held_parameters(const ParameterLayout& layout, const std::vector<ModelParameter>& params,
+                                           int rank);
+
+}  // namespace meshtrain::layout

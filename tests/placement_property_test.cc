@@ -1,0 +1,157 @@
+// The placement rule (layout/placement_rule.h) against what training really
+// holds: for the MLP, the VAE and the GPT on a matrix of meshes (each axis
+// alone, pairs, data x fsdp x tensor x pipeline, fsdp x tensor x context,
+// node x fsdp, hybrid, no_shard, zero1), one step through the trainer on
+// the threads engine; for every rank and parameter, the placement the
+// runtime holds (TrainResult::placements_by_rank, Parallelism::
+// parameter_shards) equals held_parameters' for the model the recipe
+// builds whole. Sizes are odd where they can be (uneven tensor chunks,
+// fsdp ranges that cross parameters and padding).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "meshtrain/layout/placement_rule.h"
+#include "meshtrain/layout/vocabulary.h"
+#include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/testing/parity.h"
+#include "meshtrain/train/model_recipe.h"
+#include "meshtrain/train/trainer.h"
+#include "tests/gpt_parity.h"
+
+namespace meshtrain {
+namespace {
+
+struct Case {
+  std::string model;  // mlp | vae | gpt
+  std::string mesh;
+  std::string fsdp = "";
+  std::string extra = "";  // "sp": sequence parallelism; "v2": two virtual stages per pipeline rank
+  std::string name() const { return fmt::format("{} {} {} {}", model, mesh, fsdp, extra); }
+};
+
+train::TrainConfig config_of(const Case& c) {
+  const std::string tag = fmt::format("placement_{}_{}", static_cast<long>(::getpid()),
+                                      std::hash<std::string>{}(c.name()));
+  train::TrainConfig tc;
+  if (c.model == "gpt") {
+    tc = gpt_parity_config(tag, "adamw");
+    tc.vocab = 509;   // odd: uneven vocabulary shards
+    tc.layers = 4;    // pipeline=2 with 2 virtual stages
+    tc.heads = 6;     // tensor=2 and 3
+    tc.width = 36;
+    tc.dropout = 0;
+  } else {
+    tc.model = c.model;
+    tc.hidden = c.model == "mlp" ? std::vector<int>{45, 31} : std::vector<int>{37};
+    tc.latent = 5;
+    tc.epochs = 1;
+    tc.threads_per_rank = 1;
+    tc.fsdp_min_weight_size = 100;  // biases stay replicated, matrices are sharded
+    tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_" + tag)).string();
+    tc.overwrite = true;
+  }
+  tc.max_steps = 1;
+  tc.batch_size = 48;  // over 2, 3 or 4 data-parallel ranks and 4 micro-batches
+  tc.sequence_parallel = c.extra == "sp";
+  if (c.mesh.find("pipeline") != std::string::npos) tc.micro_batches = 4;
+  if (c.extra == "v2") {
+    tc.set("pipeline_schedule", "interleaved", "Case.extra");
+    tc.virtual_stages = 2;
+  }
+  tc.set("fsdp", c.fsdp, "Case.fsdp");
+  return tc;
+}
+
+// Every parameter of the recipe's model, built whole (no tensor or context
+// group, values deferred), stage by stage under a pipeline.
+std::vector<layout::ModelParameter> rule_parameters(const train::TrainConfig& tc, int stages) {
+  const std::unique_ptr<train::ModelRecipe> recipe = train::make_model_recipe(tc);
+  train::ModelOptions o{.seed = tc.seed, .defer_init = true, .pipeline_stages = stages};
+  for (int s = 0; s < stages && stages > 1; ++s) o.stages.push_back(s);
+  const std::unique_ptr<train::RecipeModel> model = recipe->build(o);
+  if (stages == 1) return parallel::model_parameters(model->module(), model->fsdp_units());
+  std::vector<layout::ModelParameter> out;
+  int stage = 0;
+  for (train::RecipeStage* s : model->stages()) {
+    const auto part = parallel::model_parameters(s->module(), s->fsdp_units(), stage++);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+void check(const Case& c) {
+  SCOPED_TRACE(c.name());
+  const train::TrainConfig tc = config_of(c);
+  const config::DistributedConfig dc = testing::threads_mesh_config(c.mesh);
+  const train::TrainResult r = train::run_training(
+      tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size, .timeout = std::chrono::seconds(120)});
+  std::filesystem::remove_all(tc.run_dir);
+
+  layout::ParameterLayout pl{.mesh = mesh::parse_mesh_spec(c.mesh), .fsdp_min_weight_size = tc.fsdp_min_weight_size};
+  if (!r.fsdp.empty()) {
+    const layout::FsdpMode mode = layout::parse_fsdp_mode(r.fsdp);
+    pl.fsdp = true;
+    pl.no_shard = mode.stage == layout::ZeroStage::no_shard;
+    pl.hybrid = mode.hybrid;
+  }
+  const int stages = pl.mesh.size_of(mesh::kPipeline) * tc.virtual_stages;
+  const std::vector<layout::ModelParameter> params = rule_parameters(tc, stages);
+  ASSERT_EQ(static_cast<int>(r.placements_by_rank.size()), dc.world_size);
+  int checked = 0, flat = 0, blocks = 0;
+  for (int rank = 0; rank < dc.world_size; ++rank) {
+    const std::vector<layout::HeldParameter> want = layout::held_parameters(pl, params, rank);
+    const std::vector<parallel::ParamShard>& got = r.placements_by_rank[static_cast<size_t>(rank)];
+    ASSERT_EQ(got.size(), want.size()) << "rank " << rank;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i].name, want[i].name) << "rank " << rank << " #" << i;
+      EXPECT_EQ(got[i].placement, want[i].placement)
+          << "rank " << rank << " " << got[i].name << ": runtime " << got[i].placement.to_string() << ", rule "
+          << want[i].placement.to_string();
+      ++checked;
+      flat += got[i].placement.is_flat();
+      blocks += got[i].placement.is_block();
+    }
+  }
+  // The case exercises what its mesh asks for.
+  if (pl.fsdp) {
+    EXPECT_GT(flat, 0);
+  }
+  if (pl.mesh.size_of(mesh::kTensor) > 1) {
+    EXPECT_GT(blocks, 0);
+  }
+  fmt::print("{:<40} {} ranks, {} placements ({} flat ranges, {} blocks): equal\n", c.name(), dc.world_size, checked,
+             flat, blocks);
+}
+
+TEST(PlacementRule, Mlp) {
+  for (const Case& c : {Case{"mlp", "data=2"}, Case{"mlp", "fsdp=2", "full"}, Case{"mlp", "fsdp=3", "zero1"},
+                        Case{"mlp", "tensor=2"}, Case{"mlp", "pipeline=2"}, Case{"mlp", "data=2,fsdp=2", "hybrid_full"},
+                        Case{"mlp", "node=2,fsdp=2", "zero3"}, Case{"mlp", "fsdp=2,tensor=2", "full"},
+                        Case{"mlp", "fsdp=2", "no_shard"}})
+    check(c);
+}
+
+TEST(PlacementRule, Vae) {
+  for (const Case& c : {Case{"vae", "fsdp=2", "full"}, Case{"vae", "tensor=3"}, Case{"vae", "data=2,fsdp=2", "zero2"}})
+    check(c);
+}
+
+TEST(PlacementRule, Gpt) {
+  for (const Case& c :
+       {Case{"gpt", "tensor=3"}, Case{"gpt", "fsdp=3", "full"}, Case{"gpt", "context=2"},
+        Case{"gpt", "pipeline=2"}, Case{"gpt", "pipeline=2", "", "v2"}, Case{"gpt", "fsdp=2,tensor=2", "full", "sp"},
+        Case{"gpt", "pipeline=2,fsdp=2", "zero2"}, Case{"gpt", "data=2,fsdp=2,tensor=2", "full"},
+        Case{"gpt", "pipeline=2,data=2,fsdp=2,tensor=2", "zero2"}, Case{"gpt", "fsdp=2,context=2,tensor=2", "full"},
+        Case{"gpt", "node=2,fsdp=2", "zero3"}})
+    check(c);
+}
+
+}  // namespace
+}  // namespace meshtrain
