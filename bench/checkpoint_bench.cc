@@ -79,10 +79,8 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchOptions& o) {
                  nn::GPTConfig cfg{.vocab = o.vocab, .block_size = o.context, .layers = o.layers, .heads = o.heads,
                                    .width = o.width, .seed = 1, .defer_init = true};
                  nn::GPT gpt(cfg);
-                 std::vector<nn::Module*> units = gpt.blocks();
-                 units.push_back(&gpt);
                  parallel::FullyShardedDataParallel fsdp(
-                     gpt, world, nullptr, {.stage = parallel::ZeroStage::zero3, .unit_modules = units});
+                     gpt, world, nullptr, {.stage = parallel::ZeroStage::zero3, .unit_modules = gpt.fsdp_units()});
                  optim::AdamW opt(fsdp.optimizer_parameters(), 1e-3);
                  train::internal::TrainingCheckpoint ckpt(fsdp.optimizer_parameters(), opt);
                  int64_t params = fsdp.sharded_elements() + fsdp.replicated_elements();

@@ -152,8 +152,7 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
   // batch's tokens. bf16 is the trainer's mixed precision (run_meshtrain
   // gives it a mesh even on one rank): the wrapper sets the compute dtype.
   std::unique_ptr<parallel::Parallelism> wrapper;
-  std::vector<nn::Module*> units = gpt.blocks();  // the trainer's units (train/gpt_recipe.cc)
-  units.push_back(&gpt);                          // the root: embeddings, the tied head, ln_f
+  const std::vector<nn::Module*> units = gpt.fsdp_units();  // the trainer's units
   if (precision == "bf16")
     wrapper = std::make_unique<parallel::FullyShardedDataParallel>(
         gpt, dp_comm != nullptr ? *dp_comm : grid->comm(mesh::kData), nullptr,

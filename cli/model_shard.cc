@@ -1,6 +1,7 @@
 #include "cli/model_shard.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <memory>
@@ -8,9 +9,11 @@
 #include "cli/command.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
+#include "meshtrain/layout/placement_rule.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/nn/vae.h"
+#include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/sharding/multi_dimensional.h"
 
 namespace meshtrain::cli {
@@ -48,9 +51,18 @@ std::unique_ptr<nn::Module> build(const ModelShardFlags& f) {
   throw InvalidArgument("--model", fmt::format("'{}' is not a built-in model", f.model), "use gpt, mlp or vae");
 }
 
-// One strategy per mesh axis of size > 1 (the trainer's axes).
+// The FSDP units the trainer's recipes use: the GPT's blocks and root, one
+// per Linear elsewhere.
+std::vector<nn::Module*> units_of(nn::Module& model) {
+  if (auto* gpt = dynamic_cast<nn::GPT*>(&model)) return gpt->fsdp_units();
+  return {};
+}
+
+// One seeds' strategy per data, fsdp and tensor axis, for the spec column
+// (node and context replicate; a pipeline axis needs the trainer's cut).
 sharding::MultiDimensionalStrategy strategies(const mesh::NamedShape& mesh, int64_t min_weight_size) {
   std::vector<std::shared_ptr<const sharding::Strategy>> out;
+  std::vector<std::string> axes;
   for (size_t i = 0; i < mesh.shape.size(); ++i) {
     const std::string& a = mesh.axis_names[i];
     const int n = mesh.shape[i];
@@ -60,11 +72,31 @@ sharding::MultiDimensionalStrategy strategies(const mesh::NamedShape& mesh, int6
       out.push_back(std::make_shared<sharding::FSDPStrategy>(a, n, min_weight_size));
     else if (a == mesh::kTensor)
       out.push_back(std::make_shared<sharding::TensorParallelStrategy>(a, n, /*uneven=*/true));
-    else if (n > 1)
+    else if (n > 1 && a != mesh::kNode && a != mesh::kContext)
       throw InvalidArgument("meshtrain shard --model", fmt::format("mesh axis {}={}", a, n),
-                            "place a model over data, fsdp and tensor axes");
+                            "place a model over data, node, fsdp, context and tensor axes (a pipeline's stages are "
+                            "the trainer's cut: see the start-up dump of meshtrain train)");
   }
   return sharding::MultiDimensionalStrategy(std::move(out), mesh.axis_names);
+}
+
+// The placement rule's layout of the flags: the mesh, and the fsdp mode
+// (full by default when the fsdp axis is larger than 1, as training).
+layout::ParameterLayout parameter_layout(const ModelShardFlags& f, const mesh::NamedShape& mesh) {
+  layout::ParameterLayout out{.mesh = mesh, .fsdp_min_weight_size = f.fsdp_min_weight_size};
+  const std::string name = !f.fsdp.empty() ? f.fsdp : mesh.size_of(mesh::kFsdp) > 1 ? "full" : "";
+  if (!name.empty()) {
+    layout::FsdpMode mode;
+    try {
+      mode = layout::parse_fsdp_mode(name);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("--fsdp", e.detail(), e.hint());
+    }
+    out.fsdp = true;
+    out.no_shard = mode.stage == layout::ZeroStage::no_shard;
+    out.hybrid = mode.hybrid;
+  }
+  return out;
 }
 
 std::string mib(double bytes) { return fmt::format("{:.2f} MiB", bytes / (1 << 20)); }
@@ -84,55 +116,83 @@ void ModelShardFlags::add(CLI::App* app) {
                   "fsdp axis: parameters with fewer elements stay replicated")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--fsdp", fsdp,
+                  "with --model: full | shard_grad_op | no_shard | zero1 | zero2 | zero3 | hybrid_full | "
+                  "hybrid_shard_grad_op (default: full with an fsdp axis, as meshtrain train)");
+  app->add_option("--rank", rank, "with --model: list what this rank holds")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app->add_flag("--json", json, "with --model: the rank's holdings as JSON");
   app->add_option("--param", param, "with --model: that parameter's rank table and picture");
 }
 
 int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int width, const std::string& svg) {
   const mesh::NamedShape mesh = mesh::parse_mesh_spec(mesh_spec);
-  // What every rank holds is added up rank by rank (a vector and a pass per
-  // parameter over the ranks): bounded before anything is built.
+  // What every rank holds is added up rank by rank (a pass per rank over
+  // the parameters): bounded before anything is built.
   int64_t num_ranks = 1;
   for (int s : mesh.shape) num_ranks *= s;
   if (num_ranks > kMaxModelRanks)
     throw InvalidArgument("--mesh", fmt::format("{} has {} ranks, more than shard --model lists ({})", mesh_spec,
                                                 num_ranks, kMaxModelRanks),
                           "give a smaller mesh, or place one tensor on a mesh of any size with shard --shape");
-  print_config("shard", {{"model", f.model}, {"mesh", mesh_spec},
-                         {"fsdp_min_weight_size", std::to_string(f.fsdp_min_weight_size)},
-                         {"param", f.param.empty() ? "-" : f.param}});
+  if (f.rank >= num_ranks)
+    throw InvalidArgument("--rank", fmt::format("rank {} of mesh {} ({} ranks)", f.rank, mesh_spec, num_ranks),
+                          fmt::format("pick a rank from 0 to {}", num_ranks - 1));
+  const layout::ParameterLayout rule = parameter_layout(f, mesh);
   std::unique_ptr<nn::Module> model = build(f);
   const sharding::MultiDimensionalStrategy md = strategies(mesh, f.fsdp_min_weight_size);
+  const std::vector<layout::ModelParameter> params = parallel::model_parameters(*model, units_of(*model));
+  const std::vector<layout::HeldParameter> mine = layout::held_parameters(rule, params, f.rank);
+  if (f.json) {
+    nlohmann::json out{{"model", f.model}, {"mesh", mesh_spec}, {"rank", f.rank}, {"parameters", nlohmann::json::array()}};
+    for (const layout::HeldParameter& h : mine) {
+      const sharding::Placement& p = h.placement;
+      out["parameters"].push_back({{"name", h.name}, {"shape", p.shape}, {"view", p.view}, {"offsets", p.box.offsets},
+                                   {"sizes", p.box.sizes}, {"start", p.start}, {"count", p.count},
+                                   {"placement", p.to_string()}});
+    }
+    fmt::print("{}\n", out.dump(1));
+    return 0;
+  }
+  print_config("shard", {{"model", f.model}, {"mesh", mesh_spec},
+                         {"fsdp", rule.fsdp ? (f.fsdp.empty() ? std::string("full") : f.fsdp) : std::string("-")},
+                         {"fsdp_min_weight_size", std::to_string(f.fsdp_min_weight_size)},
+                         {"rank", std::to_string(f.rank)}, {"param", f.param.empty() ? "-" : f.param}});
   fmt::print("{} on mesh {}: {}\n", f.model, mesh_spec, md.name());
   std::vector<std::pair<std::string, std::string>> rows;  // (name, the table's other columns)
-  double total = 0, held = 0;  // f32 bytes: the model, the most any rank holds
-  std::vector<double> per_rank(static_cast<size_t>(num_ranks), 0.0);
-  for (const nn::Parameter* p : model->parameters()) {
+  double total = 0;  // f32 bytes of the model
+  const std::vector<nn::Parameter*> ps = model->parameters();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const nn::Parameter* p = ps[i];
     const sharding::ParamInfo view = p->info.layout();
     const sharding::PartitionSpec spec = md.combined_spec(p->info);
-    const sharding::Layout layout(mesh.shape, mesh.axis_names, spec, view.shape);
     if (p->name == f.param) {
       fmt::print("\n{} ({}):\n{}\n\n", p->name, sharding::to_string(p->info.kind), md.explain(p->info));
-      print_layout(layout, mesh, width, svg);
+      print_layout(sharding::Layout(mesh.shape, mesh.axis_names, spec, view.shape), mesh, width, svg);
       return 0;
     }
-    for (int r = 0; r < static_cast<int>(num_ranks); ++r)
-      per_rank[static_cast<size_t>(r)] += 4.0 * layout.local_box(r).numel();
     total += 4.0 * static_cast<double>(p->info.numel());
     rows.emplace_back(p->name, fmt::format("{:<16} {:<22} {:<26} {}", sharding::shape_to_string(view.shape),
                                            sharding::to_string(p->info.kind), spec.to_string(),
-                                           layout.local_box(0).to_string()));
+                                           mine[i].placement.to_string()));
   }
   if (!f.param.empty())
     throw InvalidArgument("--param", fmt::format("'{}' is not a parameter of {}", f.param, f.model),
                           fmt::format("pick one of the names below, e.g. '{}'", rows.empty() ? "" : rows.front().first));
-  fmt::print("\n{:<28} {:<16} {:<22} {:<26} {}\n", "parameter", "shape", "kind", "spec", "rank 0 holds");
+  fmt::print("\n{:<28} {:<16} {:<22} {:<26} {}\n", "parameter", "shape", "kind", "spec",
+             fmt::format("rank {} holds", f.rank));
   for (const auto& [name, columns] : nn::fold_layer_rows(rows)) fmt::print("{:<28} {}\n", name, columns);
-  held = *std::max_element(per_rank.begin(), per_rank.end());
+  double held = 0;  // the most f32 bytes a rank holds
+  for (int r = 0; r < static_cast<int>(num_ranks); ++r) {
+    double bytes = 0;
+    for (const layout::HeldParameter& h : layout::held_parameters(rule, params, r)) bytes += 4.0 * h.placement.numel();
+    held = std::max(held, bytes);
+  }
   fmt::print("\nf32 parameters: {} in all, at most {} on a rank ({:.1f}%)\n", mib(total), mib(held),
              100.0 * held / std::max(total, 1.0));
-  if (std::find(mesh.axis_names.begin(), mesh.axis_names.end(), mesh::kFsdp) != mesh.axis_names.end())
-    fmt::print("(the fsdp runtime shards each unit's parameters as one flat vector; the spec is the per-dimension "
-               "picture of the same split)\n");
+  if (rule.fsdp)
+    fmt::print("(fsdp holds each unit's sharded parameters as one flat vector cut into equal ranges: the spec is the "
+               "seeds' per-dimension picture of the split, the last column what the rank really holds)\n");
   return 0;
 }
 

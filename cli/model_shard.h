@@ -1,8 +1,10 @@
 // meshtrain shard --model: every parameter of a built-in model placed on a
-// mesh by the seeds' strategies (MultiDimensionalStrategy of DataParallel,
-// FSDP and TensorParallel over the mesh's data, fsdp and tensor axes). The
-// tensor axis's blocks are the ones the runtime holds: nn/tensor_parallel.h
-// takes them from the same TensorParallelStrategy (uneven mode).
+// mesh: the seeds' per-dimension spec (MultiDimensionalStrategy of
+// DataParallel, FSDP and TensorParallel over the data, fsdp and tensor
+// axes) and what a rank holds by the placement rule
+// (layout/placement_rule.h: tensor blocks and fsdp's flat ranges of each
+// unit, the units the trainer uses), which is what training holds
+// (tests/placement_property_test.cc compares the two rank by rank).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -21,6 +23,9 @@ struct ModelShardFlags {
   std::string hidden = "512,512,256";                                 // mlp, vae
   int latent = 20;                                                    // vae
   int64_t fsdp_min_weight_size = 1024;
+  std::string fsdp;   // fsdp mode (layout::parse_fsdp_mode); "" = full with an fsdp axis > 1
+  int rank = 0;       // whose holdings the table lists
+  bool json = false;  // the rank's holdings as JSON instead of the table
   std::string param;  // one parameter's rank table and picture
   void add(CLI::App* app);
 };

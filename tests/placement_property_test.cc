@@ -5,10 +5,14 @@
 // the threads engine; for every rank and parameter, the placement the
 // runtime holds (TrainResult::placements_by_rank, Parallelism::
 // parameter_shards) equals held_parameters' for the model the recipe
-// builds whole. Sizes are odd where they can be (uneven tensor chunks,
-// fsdp ranges that cross parameters and padding).
+// builds whole, and without a pipeline axis, to what `meshtrain shard
+// --model ... --rank R --json` prints. Sizes are odd where they can be
+// (uneven tensor chunks, fsdp ranges that cross parameters and padding).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
 
 #include <unistd.h>
 
@@ -86,6 +90,31 @@ std::vector<layout::ModelParameter> rule_parameters(const train::TrainConfig& tc
   return out;
 }
 
+// What `meshtrain shard --model` says `rank` holds, for the case's model and sizes.
+std::vector<parallel::ParamShard> shard_command(const Case& c, const train::TrainConfig& tc, const std::string& fsdp,
+                                                int rank) {
+  std::string cmd = fmt::format("{} shard --model {} --mesh {} --rank {} --json --fsdp-min-weight-size {}",
+                                MESHTRAIN_CLI, c.model, c.mesh, rank, tc.fsdp_min_weight_size);
+  if (!fsdp.empty()) cmd += " --fsdp " + fsdp;
+  if (c.model == "gpt")
+    cmd += fmt::format(" --vocab {} --context {} --layers {} --heads {} --width {}", tc.vocab, tc.context, tc.layers,
+                       tc.heads, tc.width);
+  else
+    cmd += fmt::format(" --hidden {} --latent {}", fmt::join(tc.hidden, ","), tc.latent);
+  std::string text;
+  FILE* out = ::popen(cmd.c_str(), "r");
+  if (out == nullptr) throw std::runtime_error("cannot run " + cmd);
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, out)) > 0;) text.append(buf, n);
+  if (::pclose(out) != 0) throw std::runtime_error(fmt::format("{} failed:\n{}", cmd, text));
+  std::vector<parallel::ParamShard> held;
+  const nlohmann::json printed = nlohmann::json::parse(text);
+  for (const nlohmann::json& p : printed.at("parameters"))
+    held.push_back({p.at("name"), {p.at("shape"), p.at("view"), {p.at("offsets"), p.at("sizes")}, p.at("start"),
+                                   p.at("count")}, false});
+  return held;
+}
+
 void check(const Case& c) {
   SCOPED_TRACE(c.name());
   const train::TrainConfig tc = config_of(c);
@@ -104,16 +133,28 @@ void check(const Case& c) {
   const int stages = pl.mesh.size_of(mesh::kPipeline) * tc.virtual_stages;
   const std::vector<layout::ModelParameter> params = rule_parameters(tc, stages);
   ASSERT_EQ(static_cast<int>(r.placements_by_rank.size()), dc.world_size);
+  const bool pipelined = stages > 1;  // shard --model places whole models only
   int checked = 0, flat = 0, blocks = 0;
   for (int rank = 0; rank < dc.world_size; ++rank) {
     const std::vector<layout::HeldParameter> want = layout::held_parameters(pl, params, rank);
     const std::vector<parallel::ParamShard>& got = r.placements_by_rank[static_cast<size_t>(rank)];
+    const std::vector<parallel::ParamShard> printed =
+        pipelined ? std::vector<parallel::ParamShard>{} : shard_command(c, tc, r.fsdp, rank);
     ASSERT_EQ(got.size(), want.size()) << "rank " << rank;
+    if (!pipelined) {
+      ASSERT_EQ(printed.size(), want.size()) << "rank " << rank;
+    }
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i].name, want[i].name) << "rank " << rank << " #" << i;
       EXPECT_EQ(got[i].placement, want[i].placement)
           << "rank " << rank << " " << got[i].name << ": runtime " << got[i].placement.to_string() << ", rule "
           << want[i].placement.to_string();
+      if (!pipelined) {
+        ASSERT_EQ(printed[i].name, want[i].name) << "rank " << rank << " #" << i;
+        EXPECT_EQ(printed[i].placement, got[i].placement)
+            << "rank " << rank << " " << got[i].name << ": shard --model " << printed[i].placement.to_string()
+            << ", runtime " << got[i].placement.to_string();
+      }
       ++checked;
       flat += got[i].placement.is_flat();
       blocks += got[i].placement.is_block();
@@ -126,8 +167,8 @@ void check(const Case& c) {
   if (pl.mesh.size_of(mesh::kTensor) > 1) {
     EXPECT_GT(blocks, 0);
   }
-  fmt::print("{:<40} {} ranks, {} placements ({} flat ranges, {} blocks): equal\n", c.name(), dc.world_size, checked,
-             flat, blocks);
+  fmt::print("{:<44} {} ranks, {} placements ({} flat ranges, {} blocks): runtime = rule{}\n", c.name(),
+             dc.world_size, checked, flat, blocks, pipelined ? "" : " = shard --model");
 }
 
 TEST(PlacementRule, Mlp) {

@@ -313,6 +313,12 @@ std::vector<Module*> GPT::children() {
 
 std::vector<Module*> GPT::blocks() { return h_.children(); }
 
+std::vector<Module*> GPT::fsdp_units() {
+  std::vector<Module*> units = blocks();
+  units.push_back(this);
+  return units;
+}
+
 void GPT::set_context_split(bool on) {
   split_context_ = on;
   for (Module* b : h_.children()) static_cast<GPTBlock*>(b)->attention().set_context_split(on);

@@ -177,6 +177,10 @@ class GPT final : public Module {
   const GPTConfig& config() const { return config_; }
   // The transformer blocks (for FSDP's unit_modules, recompute, pipelines).
   std::vector<Module*> blocks();
+  // Fully sharded data parallelism's units (FullyShardedOptions::
+  // unit_modules): one per block, then the root for the rest (embeddings,
+  // the final LayerNorm), as torchtitan wraps GPT-2.
+  std::vector<Module*> fsdp_units();
   // The vocabulary ids whose logits forward returns (all of them without
   // tensor parallelism); empty for a part without the head.
   ShardRange vocab_shard() const { return wte_ ? wte_->shard() : ShardRange{}; }

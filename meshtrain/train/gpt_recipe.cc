@@ -75,15 +75,14 @@ class GptStage final : public RecipeStage {
     gpt_.set_memory_tracker(tracker);
   }
   nn::Module& module() override { return gpt_; }
-  // One unit per block; wte, which the first and last stages both hold, a
-  // unit of its own (so both shard it alike); the root's for the rest.
+  // The GPT's units, with wte, which the first and last stages both hold,
+  // a unit of its own before the root's (so both shard it alike).
   std::vector<nn::Module*> fsdp_units() override {
-    std::vector<nn::Module*> units = gpt_.blocks();
+    std::vector<nn::Module*> units = gpt_.fsdp_units();
     for (nn::Module* c : gpt_.children()) {
       const auto ps = c->parameters();
-      if (ps.size() == 1 && ps[0]->name == "wte.weight") units.push_back(c);
+      if (ps.size() == 1 && ps[0]->name == "wte.weight") units.insert(units.end() - 1, c);
     }
-    units.push_back(&gpt_);
     return units;
   }
   Tensor forward(const Batch& micro, int64_t step, double norm, const Tensor& input, nn::Saved& saved,
@@ -137,13 +136,7 @@ class GptModel final : public RecipeModel {
     gpt_.set_memory_tracker(tracker);
   }
   nn::Module& module() override { return gpt_; }
-  // One FSDP unit per transformer block; the root's unit holds the rest
-  // (embeddings, the final LayerNorm), as FSDP wraps GPT-2 in torchtitan.
-  std::vector<nn::Module*> fsdp_units() override {
-    std::vector<nn::Module*> units = gpt_.blocks();
-    units.push_back(&gpt_);
-    return units;
-  }
+  std::vector<nn::Module*> fsdp_units() override { return gpt_.fsdp_units(); }
 
   double loss_step(const Batch& micro, int64_t step, double norm) override {
     gpt_.set_batch_context(static_cast<uint64_t>(step), micro.first_global_sample);
