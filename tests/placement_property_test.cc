@@ -6,7 +6,9 @@
 // runtime holds (TrainResult::placements_by_rank, Parallelism::
 // parameter_shards) equals held_parameters' for the model the recipe
 // builds whole, and without a pipeline axis, to what `meshtrain shard
-// --model ... --rank R --json` prints. Sizes are odd where they can be
+// --model ... --rank R --json` prints; for the GPT, the planner's
+// per-parameter element counts (plan::device_parameters, what its memory,
+// traffic and time models count) equal the blocks training holds. Sizes are odd where they can be
 // (uneven tensor chunks, fsdp ranges that cross parameters and padding).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -24,6 +26,7 @@
 #include "meshtrain/layout/placement_rule.h"
 #include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/plan/memory_model.h"
 #include "meshtrain/testing/parity.h"
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/trainer.h"
@@ -115,6 +118,36 @@ std::vector<parallel::ParamShard> shard_command(const Case& c, const train::Trai
   return held;
 }
 
+// The mesh coordinate of `rank` on `axis` (row-major, the last axis fastest).
+int coordinate(const mesh::NamedShape& m, int rank, std::string_view axis) {
+  for (size_t i = m.shape.size(); i-- > 0;) {
+    if (m.axis_names[i] == axis) return rank % m.shape[i];
+    rank /= m.shape[i];
+  }
+  return 0;
+}
+
+// The planner's view of each device against the runtime's blocks.
+void check_planner(const train::TrainConfig& tc, const layout::ParameterLayout& pl, const train::TrainResult& r) {
+  plan::TrainingLayout l;
+  l.set_mesh(pl.mesh);
+  l.schedule = tc.pipeline_schedule;
+  l.virtual_stages = tc.virtual_stages;
+  const plan::GptShape g{.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width};
+  for (int rank = 0; rank < static_cast<int>(r.placements_by_rank.size()); ++rank) {
+    const std::vector<plan::ParamElements> want = plan::device_parameters(
+        g, l, coordinate(pl.mesh, rank, mesh::kPipeline), coordinate(pl.mesh, rank, mesh::kTensor));
+    const std::vector<parallel::ParamShard>& got = r.placements_by_rank[static_cast<size_t>(rank)];
+    ASSERT_EQ(want.size(), got.size()) << "rank " << rank;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(want[i].numel, got[i].placement.block_numel()) << "rank " << rank << " " << got[i].name;
+      if (l.tensor > 1) {
+        EXPECT_EQ(want[i].replicated, !got[i].placement.is_block()) << "rank " << rank << " " << got[i].name;
+      }
+    }
+  }
+}
+
 void check(const Case& c) {
   SCOPED_TRACE(c.name());
   const train::TrainConfig tc = config_of(c);
@@ -160,6 +193,8 @@ void check(const Case& c) {
       blocks += got[i].placement.is_block();
     }
   }
+  const bool planned = c.model == "gpt" && !pl.mesh.has(mesh::kNode);  // the planner has no node axis
+  if (planned) check_planner(tc, pl, r);
   // The case exercises what its mesh asks for.
   if (pl.fsdp) {
     EXPECT_GT(flat, 0);
@@ -167,8 +202,9 @@ void check(const Case& c) {
   if (pl.mesh.size_of(mesh::kTensor) > 1) {
     EXPECT_GT(blocks, 0);
   }
-  fmt::print("{:<44} {} ranks, {} placements ({} flat ranges, {} blocks): runtime = rule{}\n", c.name(),
-             dc.world_size, checked, flat, blocks, pipelined ? "" : " = shard --model");
+  fmt::print("{:<44} {} ranks, {} placements ({} flat ranges, {} blocks): runtime = rule{}{}\n", c.name(),
+             dc.world_size, checked, flat, blocks, pipelined ? "" : " = shard --model",
+             planned ? ", planner's elements equal" : "");
 }
 
 TEST(PlacementRule, Mlp) {

@@ -42,12 +42,13 @@
 //   optimizer's state (optim::Optimizer::export_state over
 //   optimizer_parameters(), whose names match).
 //
-// Composition (what later strategies will do with this interface): tensor
-// parallelism changes what a Parameter is (a column or row block of the
-// global weight) and adds its own collectives inside the modules' forward
-// and backward; the data-parallel strategies here then wrap the
-// tensor-parallel model unchanged over the data axis, and parameter_shards
-// reports box placements. A pipeline holds one Parallelism per stage (its
+// Composition: tensor parallelism changes what a Parameter is (a column or
+// row block of the global weight) and adds its own collectives inside the
+// modules' forward and backward; the data-parallel strategies here then
+// wrap the tensor-parallel model unchanged over the data axis,
+// parameter_shards reports block placements, and TensorParallel
+// (tensor_parallel.h) wraps the result with the axis's once-per-step
+// reductions. A pipeline holds one Parallelism per stage (its
 // data-parallel strategy over that stage's model part), calls
 // begin_micro_batch on each as its schedule runs the micro-batches, and
 // combines grads_finite / grad_norm across stages (one more reduction over

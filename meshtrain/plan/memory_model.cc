@@ -590,6 +590,20 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
                           "plain data parallelism is f32 (the trainer runs it as no_shard)");
 }
 
+std::vector<ParamElements> device_parameters(const GptShape& g, const TrainingLayout& l, int pipeline_rank,
+                                             int tensor_rank) {
+  const int p = l.pipeline, v = chunks_per_rank(l);
+  const auto cut = stage_blocks(g, p * v);
+  std::vector<ParamElements> out;
+  for (int c = 0; c < v; ++c) {
+    const int s = pipeline_rank + c * p;
+    const auto [first, last] = cut.at(static_cast<size_t>(s));
+    for (const StageParam& q : stage_params(g, first, last, s == 0, s == p * v - 1, tensor_rank, l.tensor, p > 1))
+      out.push_back({q.numel, q.replicated});
+  }
+  return out;
+}
+
 MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
   check_layout(g, l);
   // Without a pipeline axis the trainer runs the whole model: no chunks.

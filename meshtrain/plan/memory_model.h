@@ -197,6 +197,18 @@ void check_layout(const GptShape& shape, const TrainingLayout& layout);
 
 MemoryPrediction predict_memory(const GptShape& shape, const TrainingLayout& layout);
 
+// What the models count a device (pipeline rank, tensor rank) holding of
+// the GPT, parameter by parameter in the model's order over its stages (r,
+// r + p, ...): the elements of its tensor-parallel block, and whether every
+// tensor rank holds the parameter whole. tests/placement_property_test.cc
+// checks it against what training holds.
+struct ParamElements {
+  int64_t numel = 0;
+  bool replicated = false;
+};
+std::vector<ParamElements> device_parameters(const GptShape& shape, const TrainingLayout& layout, int pipeline_rank,
+                                             int tensor_rank);
+
 // Sets sharding and hybrid from --fsdp's names: "" (plain data
 // parallelism) or one of layout::parse_fsdp_mode's.
 void parse_sharding(std::string_view name, TrainingLayout& layout);

@@ -26,6 +26,7 @@
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/parallel/pipeline_parallel.h"
+#include "meshtrain/parallel/tensor_parallel.h"
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/internal/checkpointing.h"
@@ -161,10 +162,12 @@ class Run {
       stage_cut_ = pipeline_->describe_stages();  // collective; "" off pipeline rank 0
       parallel_ = std::move(pipeline);
     }
+    // Tensor (and sequence) parallelism's once-per-step reductions wrap the
+    // strategy over the data-parallel ranks (collective over the tensor axis).
+    if (tp_.size() > 1) parallel_ = std::make_unique<parallel::TensorParallel>(std::move(parallel_), tp_, sequence_parallel_);
     // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
     if (parallel_->needs_loss_scaling()) scaler_ = std::make_unique<optim::DynamicLossScaler>();
     opt_params_ = parallel_->optimizer_parameters();
-    check_sequence_parallel_layout();
     if (tc.optimizer == "adamw")
       opt_ = std::make_unique<optim::AdamW>(opt_params_, tc.lr, std::pair{0.9, 0.999}, 1e-8, tc.weight_decay,
                                             &memory_);
@@ -368,8 +371,6 @@ class Run {
       }
     }
     parallel_->finish();
-    // Sequence parallelism: the replicated parameters' partial sums, once per step.
-    nn::reduce_sequence_parallel_grads(opt_params_, sequence_parallel_, tp_);
     // {loss, ranks whose parameters are not finite}: one reduction, so every
     // rank sees the same numbers. The parameters checked are the ones the
     // previous step produced (this rank's shards under fsdp); the gradients
@@ -378,9 +379,7 @@ class Run {
     dp_comm_->all_reduce(v, v, 2, DType::f64, comm::ReduceOp::sum);
     any_over_tensor(v[1]);  // tensor-parallel ranks hold different blocks; the loss is the same on each
     if (pp_ != nullptr) pp_->all_reduce(v, v, 2, DType::f64, comm::ReduceOp::sum);  // the last stage's loss
-    double grads_bad = parallel_->grads_finite() ? 0.0 : 1.0;
-    any_over_tensor(grads_bad);
-    const bool grads_finite = grads_bad == 0;
+    const bool grads_finite = parallel_->grads_finite();
     StepOutcome out;
     out.loss = v[0];
     bool overflow = false;  // fp16: the scaler's business
@@ -446,21 +445,7 @@ class Run {
   // gives, see optim/optimizer.h).
   void apply_update(double s) {
     double factor = 1.0 / s;
-    if (tc_.clip_norm > 0) {
-      // Under tensor parallelism (data-parallel replicas of a split model)
-      // the blocks' squares add over the tensor axis, replicated parameters
-      // count once.
-      double norm = 0;
-      if (tp_.size() > 1) {
-        auto [blocks, replicated] = parallel_->grad_sq_split(
-            [](const nn::Parameter& p) { return p.placement.is_block(); });
-        tp_.comm->all_reduce(&blocks, &blocks, 1, DType::f64, comm::ReduceOp::sum);
-        norm = std::sqrt(blocks + replicated);
-      } else {
-        norm = parallel_->grad_norm();
-      }
-      factor = optim::clip_factor(norm / s, tc_.clip_norm) / s;
-    }
+    if (tc_.clip_norm > 0) factor = optim::clip_factor(parallel_->grad_norm() / s, tc_.clip_norm) / s;
     opt_->set_grad_scale(factor);
     opt_->step();
     parallel_->after_step();
@@ -620,26 +605,6 @@ class Run {
       if (name == "reconstruction") r.test_reconstruction = value;
       if (name == "kl") r.test_kl = value;
     }
-  }
-
-  // Sequence-parallel gradients are summed over the tensor axis element by
-  // element: every tensor-parallel rank must hold the same elements of them,
-  // which unequal vocabulary blocks under fsdp (shifting the flat shards)
-  // would break.
-  void check_sequence_parallel_layout() {
-    if (tp_.size() == 1 || sequence_parallel_.empty()) return;
-    const auto key = static_cast<int64_t>(nn::sequence_parallel_layout_key(opt_params_, sequence_parallel_));
-    int64_t lo = key, hi = key;
-    tp_.comm->all_reduce(&lo, &lo, 1, DType::i64, comm::ReduceOp::min);
-    tp_.comm->all_reduce(&hi, &hi, 1, DType::i64, comm::ReduceOp::max);
-    if (lo != hi)
-      throw InvalidArgument("meshtrain train",
-                            fmt::format("--sequence-parallel: the tensor-parallel ranks' shards of the replicated "
-                                        "parameters differ (the tensor axis of {} splits some parameter unevenly, "
-                                        "which moves fsdp's flat shards)",
-                                        tp_.size()),
-                            "pick sizes the tensor axis divides (the vocabulary above all), or train without "
-                            "--sequence-parallel");
   }
 
   // x = the sum of x over the tensor axis (a count of ranks that saw a

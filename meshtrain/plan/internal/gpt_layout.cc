@@ -30,10 +30,10 @@ std::vector<StageParam> stage_params(const GptShape& g, int first, int last, boo
   const int rest = blocks + 1;
   std::vector<StageParam> ps;
   const int64_t wte = chunk_size(g.vocab, r, k) * C;
-  if (embed) {
-    ps.push_back({wte, own_wte ? blocks : rest, false});
-    ps.push_back({g.seq * C, rest, true});  // wpe: block_size rows (the run's sequence length)
-  }
+  // wte first (the model lists it first: the embedding, or the tied head's
+  // copy on a last stage without the embedding).
+  if (embed || head) ps.push_back({wte, own_wte ? blocks : rest, false});
+  if (embed) ps.push_back({g.seq * C, rest, true});  // wpe: block_size rows (the run's sequence length)
   for (int b = 0; b < blocks; ++b) {
     const std::pair<int64_t, bool> block[] = {
         {C, true},          {C, true},           // ln_1
@@ -47,7 +47,6 @@ std::vector<StageParam> stage_params(const GptShape& g, int first, int last, boo
   if (head) {
     ps.push_back({C, rest, true});  // ln_f
     ps.push_back({C, rest, true});
-    if (!embed) ps.push_back({wte, own_wte ? blocks : rest, false});  // the tied head's copy
   }
   return ps;
 }

@@ -12,6 +12,7 @@
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/parallel/pipeline_parallel.h"
+#include "meshtrain/parallel/tensor_parallel.h"
 
 namespace meshtrain::train::internal {
 
@@ -37,7 +38,9 @@ std::vector<std::string> gradient_axes(const mesh::NamedShape& m) {
 
 NamedComms training_communicators(const mesh::DeviceMesh& mesh, const parallel::Parallelism& strategy) {
   NamedComms out = mesh.communicators();
-  if (const auto* pp = dynamic_cast<const parallel::PipelineParallel*>(&strategy))
+  const parallel::Parallelism* inner = &strategy;
+  if (const auto* tp = dynamic_cast<const parallel::TensorParallel*>(inner)) inner = &tp->inner();
+  if (const auto* pp = dynamic_cast<const parallel::PipelineParallel*>(inner))
     out.emplace_back("tied", pp->tied_communicator());
   return out;
 }

@@ -1,0 +1,80 @@
+#include "meshtrain/parallel/tensor_parallel.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <utility>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::parallel {
+
+namespace {
+
+bool is_block(const nn::Parameter& p) { return p.placement.is_block(); }
+
+}  // namespace
+
+TensorParallel::TensorParallel(std::unique_ptr<Parallelism> inner, nn::TensorParallelGroup group,
+                               std::vector<std::string> sequence_parallel)
+    : inner_(std::move(inner)), group_(group), sequence_parallel_(std::move(sequence_parallel)) {
+  if (!inner_ || group_.size() < 2)
+    throw InvalidArgument("TensorParallel", "no inner strategy, or a tensor axis of one rank",
+                          "wrap a strategy over the data-parallel ranks, on a tensor axis of 2 or more");
+  if (sequence_parallel_.empty()) return;
+  // Sequence-parallel gradients are summed element by element: every rank of
+  // the axis must hold the same elements of them.
+  const auto key =
+      static_cast<int64_t>(nn::sequence_parallel_layout_key(inner_->optimizer_parameters(), sequence_parallel_));
+  int64_t lo = key, hi = key;
+  group_.comm->all_reduce(&lo, &lo, 1, DType::i64, comm::ReduceOp::min);
+  group_.comm->all_reduce(&hi, &hi, 1, DType::i64, comm::ReduceOp::max);
+  if (lo != hi)
+    throw InvalidArgument("meshtrain train",
+                          fmt::format("--sequence-parallel: the tensor-parallel ranks' shards of the replicated "
+                                      "parameters differ (the tensor axis of {} splits some parameter unevenly, "
+                                      "which moves fsdp's flat shards)",
+                                      group_.size()),
+                          "pick sizes the tensor axis divides (the vocabulary above all), or train without "
+                          "--sequence-parallel");
+}
+
+std::string TensorParallel::describe() const {
+  return fmt::format("{}, tensor parallel {}{}", inner_->describe(), group_.size(),
+                     group_.splits_sequence() ? " (sequence parallel)" : "");
+}
+
+void TensorParallel::sum_over_axis(double* x, size_t n) {
+  group_.comm->all_reduce(x, x, n, DType::f64, comm::ReduceOp::sum);
+}
+
+void TensorParallel::finish() {
+  inner_->finish();
+  // The replicated parameters' partial sums (each rank saw its tokens only), once per step.
+  nn::reduce_sequence_parallel_grads(inner_->optimizer_parameters(), sequence_parallel_, group_);
+}
+
+bool TensorParallel::grads_finite() {
+  double bad = inner_->grads_finite() ? 0.0 : 1.0;
+  sum_over_axis(&bad, 1);  // a count of ranks that saw a problem: every rank then decides alike
+  return bad == 0;
+}
+
+double TensorParallel::grad_norm() {
+  auto [blocks, replicated] = inner_->grad_sq_split(is_block);
+  sum_over_axis(&blocks, 1);
+  return std::sqrt(blocks + replicated);
+}
+
+std::pair<double, double> TensorParallel::grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) {
+  // Blocks add over the axis, replicated parameters count once: the blocks
+  // of each part, then each part whole.
+  double blocks[2] = {inner_->grad_sq_split([&](const nn::Parameter& p) { return first(p) && is_block(p); }).first,
+                      inner_->grad_sq_split([&](const nn::Parameter& p) { return !first(p) && is_block(p); }).first};
+  const auto [in_first, in_second] = inner_->grad_sq_split(first);
+  const double local[2] = {blocks[0], blocks[1]};
+  sum_over_axis(blocks, 2);
+  return {blocks[0] + (in_first - local[0]), blocks[1] + (in_second - local[1])};
+}
+
+}  // namespace meshtrain::parallel

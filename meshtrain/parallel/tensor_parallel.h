@@ -1,0 +1,76 @@
+// TensorParallel: tensor and sequence parallelism's part of the step
+// protocol (parallelism.h), around the strategy over the data-parallel
+// ranks (DataParallel, FullyShardedDataParallel, or a PipelineParallel of
+// them).
+//
+//   auto inner = std::make_unique<DataParallel>(tp_model, dp_comm, options);
+//   TensorParallel par(std::move(inner), {.comm = &mesh.comm("tensor"), .sequence_parallel = true},
+//                      sequence_parallel_names);        // collective over the tensor axis
+//   ... the step protocol, as with any Parallelism ...
+//
+// The model's blocks are split over the tensor axis by its own modules
+// (nn/tensor_parallel.h: column/row-parallel Linears, the
+// vocabulary-parallel embedding and loss communicate inside forward and
+// backward); what the axis needs once per step is here:
+//   finish()        the inner strategy's, then the sequence-parallel
+//                   parameters' partial gradients summed over the axis
+//                   (nn::reduce_sequence_parallel_grads);
+//   grads_finite()  true only when it holds on every rank of the axis;
+//   grad_norm()     the blocks' squares summed over the axis, the
+//                   replicated parameters' counted once (one reduction);
+//   grad_sq_split() the same per part, for an enclosing composition;
+//   describe()      the inner strategy's, then "tensor parallel k" (and
+//                   "sequence parallel").
+// Everything else is the inner strategy's. Construction checks, collective
+// over the axis, that every tensor rank holds the same elements of the
+// sequence-parallel parameters (unequal vocabulary blocks under fsdp would
+// shift the flat shards): InvalidArgument naming --sequence-parallel.
+//
+// Thread-safety: one rank's thread, like the strategy it wraps.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/parallel/parallelism.h"
+
+namespace meshtrain::parallel {
+
+class TensorParallel final : public Parallelism {
+ public:
+  // group: the tensor axis (size > 1); sequence_parallel: the names of the
+  // parameters whose gradients are partial over it (Parameter::
+  // sequence_parallel).
+  TensorParallel(std::unique_ptr<Parallelism> inner, nn::TensorParallelGroup group,
+                 std::vector<std::string> sequence_parallel);
+
+  std::string describe() const override;
+  std::vector<nn::Parameter*> optimizer_parameters() override { return inner_->optimizer_parameters(); }
+  void begin_micro_batch(int index, int count) override { inner_->begin_micro_batch(index, count); }
+  void finish() override;
+  bool grads_finite() override;
+  double grad_norm() override;
+  std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) override;
+  void after_step() override { inner_->after_step(); }
+  void zero_grad() override { inner_->zero_grad(); }
+  void gather_full_parameters() override { inner_->gather_full_parameters(); }
+  void reshard() override { inner_->reshard(); }
+  bool needs_loss_scaling() const override { return inner_->needs_loss_scaling(); }
+  std::optional<double> hidden_fraction() const override { return inner_->hidden_fraction(); }
+  std::vector<ParamShard> parameter_shards() const override { return inner_->parameter_shards(); }
+
+  // The strategy over the data-parallel ranks.
+  const Parallelism& inner() const { return *inner_; }
+
+ private:
+  // x summed over the tensor axis.
+  void sum_over_axis(double* x, size_t n);
+
+  std::unique_ptr<Parallelism> inner_;
+  nn::TensorParallelGroup group_;
+  std::vector<std::string> sequence_parallel_;
+};
+
+}  // namespace meshtrain::parallel
