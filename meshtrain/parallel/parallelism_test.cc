@@ -1,6 +1,7 @@
 // The Parallelism protocol: one training loop, written once against the
-// interface, drives DataParallel and FullyShardedDataParallel alike and
-// matches one device; parameter_shards() says what each rank holds.
+// interface, drives DataParallel, FullyShardedDataParallel and
+// TensorParallel around DataParallel alike and matches one device;
+// parameter_shards() says what each rank holds.
 #include "meshtrain/parallel/parallelism.h"
 
 #include <gmock/gmock.h>
@@ -20,6 +21,7 @@
 #include "meshtrain/optim/sgd.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/parallel/tensor_parallel.h"
 
 namespace meshtrain::parallel {
 namespace {
@@ -47,6 +49,12 @@ nn::MLPConfig mlp_config(bool defer) {
   c.sizes = kSizes;
   c.seed = 3;
   c.defer_init = defer;
+  return c;
+}
+
+nn::MLPConfig mlp_config(bool defer, comm::Communicator* tensor) {
+  nn::MLPConfig c = mlp_config(defer);
+  c.tensor = {.comm = tensor};
   return c;
 }
 
@@ -189,6 +197,76 @@ TEST(Parallelism, ParameterShardsCoverEveryParameterOnce) {
   // to 254 split 127 + 126.
   EXPECT_EQ(fsdp[0].shards[0].placement.count, 127);
   EXPECT_EQ(fsdp[1].shards[0].placement.start, 127);
+}
+
+// The elements of a whole parameter's values that `where` holds (row-major
+// over its block).
+std::vector<double> held_part(const std::vector<double>& whole, const sharding::Placement& where) {
+  const std::vector<int64_t>& view = where.view_shape();
+  const sharding::Box box = where.block_box();
+  std::vector<double> out;
+  std::vector<int64_t> idx(view.size(), 0);
+  for (int64_t k = 0; k < box.numel(); ++k) {
+    int64_t rem = k, flat = 0, stride = 1;
+    for (size_t d = view.size(); d-- > 0;) {
+      flat += (box.offsets[d] + rem % box.sizes[d]) * stride;
+      rem /= box.sizes[d];
+      stride *= view[d];
+    }
+    out.push_back(whole[static_cast<size_t>(flat)]);
+  }
+  return out;
+}
+
+// Tensor parallelism joins the protocol: DataParallel (over one rank here)
+// wrapped by TensorParallel on 2 tensor ranks trains like one device, with
+// the clipping norm summing the blocks over the axis, and grad_sq_split
+// gives one device's sums of squares for each part.
+TEST(Parallelism, TensorParallelWrapsTheDataParallelStrategy) {
+  const Params want = one_device();
+  double want_split[2] = {0, 0};  // one device's first gradients: layer 0 (split), the rest
+  {
+    nn::MLP model(mlp_config(false));
+    nn::CrossEntropyLoss ce;
+    auto [x, y] = batch(0);
+    ce.forward(model.forward(x), y, static_cast<double>(kBatch));
+    model.backward(ce.backward());
+    for (nn::Parameter* p : model.parameters())
+      for (double g : p->grad.to_vector()) want_split[p->name.starts_with("0.") ? 0 : 1] += g * g;
+  }
+  std::mutex mu;
+  comm::launch({.engine = comm::Engine::threads, .ranks = 2}, [&](comm::Communicator& c) {
+    const std::unique_ptr<comm::Communicator> alone = c.split(c.rank(), 0);
+    nn::MLP model(mlp_config(false, &c));
+    auto par = std::make_unique<TensorParallel>(
+        std::make_unique<DataParallel>(model, *alone, DataParallelOptions{.reduce = GradReduce::sum}),
+        nn::TensorParallelGroup{.comm = &c}, std::vector<std::string>{});
+    {  // the first step's gradients, split by part
+      nn::CrossEntropyLoss ce;
+      auto [x, y] = batch(0);
+      par->begin_micro_batch(0, 1);
+      ce.forward(model.forward(x), y, static_cast<double>(kBatch));
+      model.backward(ce.backward());
+      par->finish();
+      const auto [first, rest] = par->grad_sq_split([](const nn::Parameter& p) { return p.name.starts_with("0."); });
+      EXPECT_NEAR(first, want_split[0], 1e-6 * want_split[0]);  // f32 gradients, summed in another order
+      EXPECT_NEAR(rest, want_split[1], 1e-6 * want_split[1]);
+      EXPECT_NEAR(par->grad_norm(), std::sqrt(want_split[0] + want_split[1]), 1e-6);
+      par->zero_grad();
+    }
+    train(model, *par, 0, kBatch);  // every tensor rank sees the whole batch
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(par->describe(), "data parallel 1, tensor parallel 2");
+    int blocks = 0;
+    for (nn::Parameter* p : model.parameters()) {
+      blocks += p->placement.is_block();
+      const std::vector<double> got = p->value.to_vector(), mine = held_part(want.at(p->name), p->placement);
+      ASSERT_EQ(got.size(), mine.size()) << p->name;
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_NEAR(got[i], mine[i], 1e-5 * (1 + std::fabs(mine[i]))) << p->name << " rank " << c.rank();
+    }
+    EXPECT_GT(blocks, 0);
+  });
 }
 
 }  // namespace
