@@ -80,21 +80,17 @@ sharding::MultiDimensionalStrategy strategies(const mesh::NamedShape& mesh, int6
   return sharding::MultiDimensionalStrategy(std::move(out), mesh.axis_names);
 }
 
-// The placement rule's layout of the flags: the mesh, and the fsdp mode
-// (full by default when the fsdp axis is larger than 1, as training).
-layout::ParameterLayout parameter_layout(const ModelShardFlags& f, const mesh::NamedShape& mesh) {
-  layout::ParameterLayout out{.mesh = mesh, .fsdp_min_weight_size = f.fsdp_min_weight_size};
+// The training layout of the flags: the mesh, and the fsdp mode (full by
+// default when the fsdp axis is larger than 1, as training).
+layout::TrainingLayout training_layout(const ModelShardFlags& f, const mesh::NamedShape& mesh) {
+  layout::TrainingLayout out{.mesh = mesh, .fsdp_min_weight_size = f.fsdp_min_weight_size};
   const std::string name = !f.fsdp.empty() ? f.fsdp : mesh.size_of(mesh::kFsdp) > 1 ? "full" : "";
   if (!name.empty()) {
-    layout::FsdpMode mode;
     try {
-      mode = layout::parse_fsdp_mode(name);
+      out.fsdp = layout::parse_fsdp_mode(name);
     } catch (const InvalidArgument& e) {
       throw InvalidArgument("--fsdp", e.detail(), e.hint());
     }
-    out.fsdp = true;
-    out.no_shard = mode.stage == layout::ZeroStage::no_shard;
-    out.hybrid = mode.hybrid;
   }
   return out;
 }
@@ -138,7 +134,7 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
   if (f.rank >= num_ranks)
     throw InvalidArgument("--rank", fmt::format("rank {} of mesh {} ({} ranks)", f.rank, mesh_spec, num_ranks),
                           fmt::format("pick a rank from 0 to {}", num_ranks - 1));
-  const layout::ParameterLayout rule = parameter_layout(f, mesh);
+  const layout::TrainingLayout rule = training_layout(f, mesh);
   std::unique_ptr<nn::Module> model = build(f);
   const sharding::MultiDimensionalStrategy md = strategies(mesh, f.fsdp_min_weight_size);
   const std::vector<layout::ModelParameter> params = parallel::model_parameters(*model, units_of(*model));
@@ -155,10 +151,10 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
     return 0;
   }
   print_config("shard", {{"model", f.model}, {"mesh", mesh_spec},
-                         {"fsdp", rule.fsdp ? (f.fsdp.empty() ? std::string("full") : f.fsdp) : std::string("-")},
+                         {"fsdp", rule.fsdp ? rule.fsdp->name() : std::string("-")},
                          {"fsdp_min_weight_size", std::to_string(f.fsdp_min_weight_size)},
                          {"rank", std::to_string(f.rank)}, {"param", f.param.empty() ? "-" : f.param}});
-  fmt::print("{} on mesh {}: {}\n", f.model, mesh_spec, md.name());
+  fmt::print("{} on {}; spec: {}\n", f.model, rule.describe(), md.name());
   std::vector<std::pair<std::string, std::string>> rows;  // (name, the table's other columns)
   double total = 0;  // f32 bytes of the model
   const std::vector<nn::Parameter*> ps = model->parameters();

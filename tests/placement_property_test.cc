@@ -128,11 +128,9 @@ int coordinate(const mesh::NamedShape& m, int rank, std::string_view axis) {
 }
 
 // The planner's view of each device against the runtime's blocks.
-void check_planner(const train::TrainConfig& tc, const layout::ParameterLayout& pl, const train::TrainResult& r) {
+void check_planner(const train::TrainConfig& tc, const layout::TrainingLayout& pl, const train::TrainResult& r) {
   plan::TrainingLayout l;
-  l.set_mesh(pl.mesh);
-  l.schedule = tc.pipeline_schedule;
-  l.virtual_stages = tc.virtual_stages;
+  l.set_layout(pl);
   const plan::GptShape g{.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width};
   for (int rank = 0; rank < static_cast<int>(r.placements_by_rank.size()); ++rank) {
     const std::vector<plan::ParamElements> want = plan::device_parameters(
@@ -156,13 +154,9 @@ void check(const Case& c) {
       tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size, .timeout = std::chrono::seconds(120)});
   std::filesystem::remove_all(tc.run_dir);
 
-  layout::ParameterLayout pl{.mesh = mesh::parse_mesh_spec(c.mesh), .fsdp_min_weight_size = tc.fsdp_min_weight_size};
-  if (!r.fsdp.empty()) {
-    const layout::FsdpMode mode = layout::parse_fsdp_mode(r.fsdp);
-    pl.fsdp = true;
-    pl.no_shard = mode.stage == layout::ZeroStage::no_shard;
-    pl.hybrid = mode.hybrid;
-  }
+  // The layout as the trainer resolved it (its fsdp default, its mesh).
+  const layout::TrainingLayout pl = train::resolve_training(tc, dc).layout;
+  ASSERT_EQ(pl.fsdp.has_value(), !r.fsdp.empty());
   const int stages = pl.mesh.size_of(mesh::kPipeline) * tc.virtual_stages;
   const std::vector<layout::ModelParameter> params = rule_parameters(tc, stages);
   ASSERT_EQ(static_cast<int>(r.placements_by_rank.size()), dc.world_size);

@@ -91,25 +91,19 @@ inline PlanRun run_plan_case(const PlanCase& c) {
   config::DistributedConfig dc = testing::threads_mesh_config(c.mesh);
   dc.mixed_precision = c.precision;
   PlanRun run;
-  run.result = train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
-                                            .timeout = std::chrono::seconds(120)});
+  // Resolved once: the run and the planner read the same layout.
+  const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
+  run.result = train::run_training(resolved, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
+                                                  .timeout = std::chrono::seconds(120)});
   std::filesystem::remove_all(tc.run_dir);  // named by the process: nothing reuses it
-  run.mesh = c.mesh.empty() ? mesh::NamedShape{{1}, {"data"}} : mesh::parse_mesh_spec(c.mesh);
-  run.layout = {.sequence_parallel = c.sequence_parallel,
-                .schedule = layout::parse_schedule_kind(c.schedule),
-                .virtual_stages = c.virtual_stages,
-                .micro_batches = c.micro_batches,
-                .cp_comm = layout::parse_context_comm(c.cp_comm),
-                .recompute = c.recompute,
-                .min_weight_size = tc.fsdp_min_weight_size,
+  run.mesh = resolved.layout.mesh;
+  run.layout = {.recompute = c.recompute,
                 .forward_prefetch = c.forward_prefetch,
                 .backward_prefetch = c.backward_prefetch,
                 .reshard_after_forward = c.reshard_after_forward,
                 .batch = tc.batch_size,
                 .bucket_bytes = c.bucket_mb * (1 << 20)};
-  run.layout.set_mesh(run.mesh);
-  plan::parse_sharding(run.result.fsdp, run.layout);
-  if (c.precision == DType::bf16) run.layout.param_dtype = run.layout.reduce_dtype = DType::bf16;
+  run.layout.set_layout(resolved.layout);
   run.shape = {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width};
   return run;
 }

@@ -34,7 +34,7 @@ int coordinate(const mesh::NamedShape& m, const std::vector<int>& c, std::string
 
 }  // namespace
 
-std::vector<HeldParameter> held_parameters(const ParameterLayout& layout, const std::vector<ModelParameter>& params,
+std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, const std::vector<ModelParameter>& params,
                                            int rank) {
   const mesh::NamedShape& m = layout.mesh;
   const std::vector<int> c = coordinates(m, rank);
@@ -42,14 +42,9 @@ std::vector<HeldParameter> held_parameters(const ParameterLayout& layout, const 
   const sharding::TensorParallelStrategy tp(mesh::kTensor, tensor, /*uneven=*/true);
   // The fully sharded group: its size and this rank's index in it.
   int64_t d = 1, shard_rank = 0;
-  if (layout.fsdp && !layout.no_shard) {
-    const std::vector<std::string_view> axes =
-        layout.hybrid ? std::vector<std::string_view>{mesh::kFsdp}
-                      : std::vector<std::string_view>{mesh::kData, mesh::kNode, mesh::kFsdp, mesh::kContext};
-    for (std::string_view a : axes) {
-      shard_rank = shard_rank * m.size_of(a) + coordinate(m, c, a);
-      d *= m.size_of(a);
-    }
+  for (std::string_view a : layout.shard_axes()) {
+    shard_rank = shard_rank * m.size_of(a) + coordinate(m, c, a);
+    d *= m.size_of(a);
   }
   const sharding::FSDPStrategy fsdp(mesh::kFsdp, d, layout.fsdp_min_weight_size);
 
@@ -68,7 +63,7 @@ std::vector<HeldParameter> held_parameters(const ParameterLayout& layout, const 
     const int64_t n = where.block_numel();
     block_numel.push_back(n);
     // FSDP decides on the block a tensor-parallel rank holds.
-    shard.push_back(layout.fsdp && fsdp.should_shard({.name = p.info.name, .shape = where.block_box().sizes}));
+    shard.push_back(layout.fsdp.has_value() && fsdp.should_shard({.name = p.info.name, .shape = where.block_box().sizes}));
     out.push_back({p.info.name, p.stage, std::move(where)});
   }
   if (!layout.fsdp) return out;

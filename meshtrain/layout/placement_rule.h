@@ -4,7 +4,7 @@
 // exactly this (placement_property_test checks it rank by rank against what
 // the trainer holds), and `meshtrain shard --model` prints it.
 //
-//   ParameterLayout layout{.mesh = mesh::parse_mesh_spec("fsdp=2,tensor=2"), .fsdp = true};
+//   TrainingLayout layout{.mesh = mesh::parse_mesh_spec("fsdp=2,tensor=2"), .fsdp = parse_fsdp_mode("full")};
 //   std::vector<ModelParameter> params = ...;   // parallel::model_parameters(recipe model)
 //   for (const HeldParameter& h : held_parameters(layout, params, /*rank=*/3))
 //     fmt::print("{} {}\n", h.name, h.placement.to_string());
@@ -17,12 +17,12 @@
 //  2. tensor axis of size k > 1: the block TensorParallelStrategy (uneven,
 //     torch.chunk) gives tensor rank c[tensor] of the parameter's layout()
 //     view; a parameter it does not split is whole.
-//  3. fully sharded: the shard group is the axes whose ranks sum their
-//     gradients, data, node, fsdp and context (row-major in that order: a
-//     context rank holds the same parameters as its peers, so fsdp shards
-//     over it too, as torchtitan shards over dp_shard x cp), or the fsdp
-//     axis alone when hybrid (HSDP replicates over data); no_shard is a
-//     group of one. Per unit, the
+//  3. fully sharded: the shard group is TrainingLayout::shard_axes(), the
+//     axes whose ranks sum their gradients, data, node, fsdp and context
+//     (row-major in that order: a context rank holds the same parameters
+//     as its peers, so fsdp shards over it too, as torchtitan shards over
+//     dp_shard x cp), or the fsdp axis alone when hybrid (HSDP replicates
+//     over data); no_shard is a group of one. Per unit, the
 //     parameters whose block FSDPStrategy::should_shard (min_weight_size
 //     counts the block's elements) are packed flat (sharding::FlatShards),
 //     and r holds its range of each, possibly empty.
@@ -35,20 +35,12 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/layout/training_layout.h"
 #include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/sharding/placement.h"
 #include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::layout {
-
-// The part of a training layout that decides who holds what.
-struct ParameterLayout {
-  mesh::NamedShape mesh;      // axes of size 1 may be listed
-  bool fsdp = false;          // fully sharded data parallelism (any stage)
-  bool no_shard = false;      // fsdp's no_shard: a shard group of one
-  bool hybrid = false;        // shard over fsdp only, replicate over data
-  int64_t fsdp_min_weight_size = 1024;
-};
 
 // One parameter of a model as the rule sees it: its global description,
 // its fully sharded unit (an index, the same for the parameters gathered
@@ -71,7 +63,7 @@ struct HeldParameter {
 // stages it does not run left out). InvalidArgument for a rank outside the
 // mesh or a split the strategies refuse (heads the tensor axis does not
 // divide), naming the parameter.
-std::vector<HeldParameter> held_parameters(const ParameterLayout& layout, const std::vector<ModelParameter>& params,
+std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, const std::vector<ModelParameter>& params,
                                            int rank);
 
 }  // namespace meshtrain::layout

@@ -532,6 +532,20 @@ void TrainingLayout::set_mesh(const mesh::NamedShape& mesh) {
   context = mesh.size_of(mesh::kContext);
 }
 
+void TrainingLayout::set_layout(const layout::TrainingLayout& l) {
+  set_mesh(l.mesh);
+  sharding = l.fsdp ? std::optional(l.fsdp->stage) : std::nullopt;
+  hybrid = l.fsdp && l.fsdp->hybrid;
+  min_weight_size = l.fsdp_min_weight_size;
+  param_dtype = l.fsdp ? l.param_dtype : DType::f32;  // plain data parallelism is f32 only
+  reduce_dtype = l.reduce_dtype.value_or(param_dtype);
+  sequence_parallel = l.sequence_parallel;
+  schedule = l.schedule;
+  virtual_stages = l.virtual_stages;
+  micro_batches = l.micro_batches;
+  cp_comm = l.cp_comm;
+}
+
 void parse_sharding(std::string_view name, TrainingLayout& l) {
   if (name.empty()) {
     l.sharding = std::nullopt;

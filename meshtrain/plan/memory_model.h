@@ -110,6 +110,7 @@
 #include <vector>
 
 #include "meshtrain/core/dtype.h"
+#include "meshtrain/layout/training_layout.h"
 #include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/plan/activation_memory.h"
 #include "meshtrain/plan/mesh_planning.h"
@@ -156,6 +157,12 @@ struct TrainingLayout {
   // InvalidArgument for an axis other than data, fsdp, tensor, pipeline and
   // context.
   void set_mesh(const mesh::NamedShape& mesh);
+  // Sets the mesh (set_mesh) and every strategy choice from the run's
+  // layout (train::ResolvedTraining::layout): fsdp's stage and hybrid,
+  // min_weight_size, precisions, sequence parallelism, the pipeline's
+  // schedule, chunks and micro-batches, context parallelism's exchange.
+  // The batch, scheduling options and the model's own settings stay.
+  void set_layout(const layout::TrainingLayout& layout);
   // Every axis, slowest first: axis_order, then the others in kMeshAxisOrder.
   std::vector<std::string> rank_order() const;
   // The size of mesh axis `name` (data, fsdp, tensor, pipeline, context);

@@ -12,7 +12,7 @@ using internal::axis_size;
 using internal::data_parallel_axes;
 
 ResolvedTraining resolve_training(const TrainConfig& tc, const config::DistributedConfig& dc) {
-  ResolvedTraining out{tc, {}};
+  ResolvedTraining out{tc, {}, {}};
   TrainConfig& c = out.config;
   const mesh::NamedShape mesh = dc.mesh();
   (void)data_parallel_axes(mesh);  // throws for axes training has no use for
@@ -90,6 +90,17 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
       out.notes.push_back("fp16: dynamic loss scaling (initial scale 2^15, x2 after 2000 good steps, x0.5 and "
                           "the step skipped on inf/NaN gradients)");
   }
+  out.layout = {.mesh = mesh,
+                .fsdp = c.fsdp.mode,
+                .fsdp_min_weight_size = c.fsdp_min_weight_size,
+                .param_dtype = dc.mixed_precision,
+                .reduce_dtype = c.reduce_precision,
+                .zeropp = c.zeropp,
+                .sequence_parallel = c.sequence_parallel,
+                .schedule = c.pipeline_schedule,
+                .virtual_stages = c.virtual_stages,
+                .micro_batches = c.micro_batches,
+                .cp_comm = c.cp_comm};
   return out;
 }
 

@@ -79,7 +79,11 @@ struct StepOutcome {
 
 class Run {
  public:
-  Run(const TrainConfig& tc, const config::DistributedConfig& dc, const ModelRecipe& recipe,
+  Run(const ResolvedTraining& resolved, const ModelRecipe& recipe, comm::Communicator& world, Shared& shared,
+      std::string checkpoints)
+      : Run(resolved.config, resolved.layout, recipe, world, resolved.layout.mesh, shared, std::move(checkpoints)) {}
+
+  Run(const TrainConfig& tc, const layout::TrainingLayout& layout, const ModelRecipe& recipe,
       comm::Communicator& world, const mesh::NamedShape& mesh_shape, Shared& shared, std::string checkpoints)
       : tc_(tc), recipe_(recipe), train_(recipe.train_data()), test_(recipe.test_data()),
         metrics_(recipe.metrics()), shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names),
@@ -99,10 +103,10 @@ class Run {
     tp_.sequence_parallel = tc.sequence_parallel;
     if (axis_size(mesh_shape, mesh::kContext) > 1)
       cp_ = {&mesh_.comm(mesh::kContext), tc.cp_comm, tc.cp_load_balance};
-    const bool sharded = tc.fsdp.enabled();
+    const bool sharded = layout.fsdp.has_value();
     ModelOptions options{.seed = tc.seed,
                          .defer_init = sharded,  // the wrapper builds each rank's part alone
-                         .compute_dtype = sharded ? dc.mixed_precision : DType::f32,
+                         .compute_dtype = sharded ? layout.param_dtype : DType::f32,
                          .tracker = &memory_,  // activation buffers
                          .tensor = tp_,
                          .context = cp_};
@@ -149,12 +153,12 @@ class Run {
     for (const nn::Parameter* p : params)
       if (p->sequence_parallel) sequence_parallel_.push_back(p->name);
     if (pp_ == nullptr) {
-      parallel_ = make_parallelism(tc, dc, model_->module(), model_->fsdp_units(), mesh_, *dp_comm_, &memory_);
+      parallel_ = make_parallelism(tc, layout, model_->module(), model_->fsdp_units(), mesh_, *dp_comm_, &memory_);
     } else {
       std::vector<parallel::PipelineParallel::Stage> per_stage;
       for (size_t k = 0; k < stages.size(); ++k)
         per_stage.push_back({.index = options.stages[k],
-                             .strategy = make_parallelism(tc, dc, stages[k]->module(), stages[k]->fsdp_units(), mesh_,
+                             .strategy = make_parallelism(tc, layout, stages[k]->module(), stages[k]->fsdp_units(), mesh_,
                                                           *dp_comm_, &memory_),
                              .tied = stages[k]->tied_parameters()});
       auto pipeline = std::make_unique<parallel::PipelineParallel>(std::move(per_stage), *pp_);
@@ -718,7 +722,6 @@ TrainResult run_training(const TrainConfig& tc, const config::DistributedConfig&
 TrainResult run_training(const ResolvedTraining& resolved, const config::DistributedConfig& dc,
                          const comm::LaunchOptions& launch) {
   const TrainConfig& tc = resolved.config;
-  const mesh::NamedShape mesh_shape = dc.mesh();
   const int ranks_here = launch.engine == comm::Engine::threads ? launch.ranks : 1;
   set_blas_threads(tc.threads_per_rank > 0 ? tc.threads_per_rank : std::max(1, available_cores() / ranks_here));
   // The recipe and its data, once per process; the threads engine's ranks
@@ -728,7 +731,7 @@ TrainResult run_training(const ResolvedTraining& resolved, const config::Distrib
   comm::launch(launch, [&](comm::Communicator& world) {
     std::string checkpoints;
     if (!internal::prepare_run_directory(world, resolved, dc, recipe->artifacts(), shared.dir, checkpoints)) return;
-    Run run(tc, dc, *recipe, world, mesh_shape, shared, checkpoints);
+    Run run(resolved, *recipe, world, shared, checkpoints);
     run.run();
   });
   // Every rank finished: the run directory now holds this run. On any error

@@ -65,6 +65,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/layout/training_layout.h"
 #include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/train/train_config.h"
 #include "meshtrain/train/trainer_state.h"
@@ -157,6 +158,10 @@ struct TrainResult {
 struct ResolvedTraining {
   TrainConfig config;
   std::vector<std::string> notes;
+  // The training layout the run uses (the mesh and each axis's strategy),
+  // built here once from config and dc; the trainer, the placement rule
+  // and the planner read it.
+  layout::TrainingLayout layout;
 };
 ResolvedTraining resolve_training(const TrainConfig& tc, const config::DistributedConfig& dc);
 

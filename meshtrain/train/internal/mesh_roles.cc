@@ -132,24 +132,24 @@ void track(const std::vector<nn::Parameter*>& params, MemoryTracker* memory, Mem
 
 }  // namespace
 
-std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const config::DistributedConfig& dc,
+std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const layout::TrainingLayout& layout,
                                                        nn::Module& model, std::vector<nn::Module*> units,
                                                        mesh::DeviceMesh& mesh, comm::Communicator& dp_comm,
                                                        MemoryTracker* memory) {
-  if (tc.fsdp.enabled()) {
-    const parallel::FsdpMode mode = *tc.fsdp.mode;
+  if (layout.fsdp) {
+    const parallel::FsdpMode mode = *layout.fsdp;
     comm::Communicator& shard = mode.hybrid ? mesh.comm(mesh::kFsdp) : dp_comm;
     comm::Communicator* replicate = mode.hybrid ? &mesh.comm(mesh::kData) : nullptr;
     // ZeRO++ (resolve_training checked the mesh: node x fsdp is the shard group).
     const auto& names = mesh.axis_names();
     const bool nodes = std::find(names.begin(), names.end(), mesh::kNode) != names.end();
-    const auto [qwz, qgz, hpz] = tc.zeropp;
+    const auto [qwz, qgz, hpz] = layout.zeropp;
     return std::make_unique<parallel::FullyShardedDataParallel>(
         model, shard, replicate,
         parallel::FullyShardedOptions{.stage = mode.stage,
-                                      .min_weight_size = tc.fsdp_min_weight_size,
-                                      .param_dtype = dc.mixed_precision,
-                                      .reduce_dtype = tc.reduce_precision,
+                                      .min_weight_size = layout.fsdp_min_weight_size,
+                                      .param_dtype = layout.param_dtype,
+                                      .reduce_dtype = layout.reduce_dtype,
                                       .reduce = parallel::GradReduce::sum,
                                       .forward_prefetch = tc.forward_prefetch,
                                       .backward_prefetch = tc.backward_prefetch,

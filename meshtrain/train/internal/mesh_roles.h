@@ -11,6 +11,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/config/distributed_config.h"
+#include "meshtrain/layout/training_layout.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/mesh/device_mesh.h"
@@ -35,11 +36,12 @@ std::vector<std::string> gradient_axes(const mesh::NamedShape& m);
 // The size of axis `name`; 0 when absent.
 int axis_size(const mesh::NamedShape& m, std::string_view name);
 
-// The strategy tc asks for over the data-parallel ranks dp_comm: fully
-// sharded (tc.fsdp; hybrid: shard over fsdp, replicate over data) or plain
-// data parallelism. Collective (the wrappers broadcast and check the
-// parameters).
-std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const config::DistributedConfig& dc,
+// The strategy the layout asks for over the data-parallel ranks dp_comm:
+// fully sharded (layout.fsdp, its precision and ZeRO++ parts; hybrid: shard
+// over fsdp, replicate over data) or plain data parallelism; tc gives the
+// scheduling options (prefetch, buckets, quantization codes). Collective
+// (the wrappers broadcast and check the parameters).
+std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, const layout::TrainingLayout& layout,
                                                        nn::Module& model, std::vector<nn::Module*> units,
                                                        mesh::DeviceMesh& mesh, comm::Communicator& dp_comm,
                                                        MemoryTracker* memory);

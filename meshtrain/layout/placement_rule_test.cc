@@ -1,0 +1,69 @@
+// The training layout's derived facts and the placement rule on small,
+// hand-checked cases (tests/placement_property_test.cc checks the rule
+// against real runs).
+#include "meshtrain/layout/placement_rule.h"
+
+#include <gtest/gtest.h>
+
+#include "meshtrain/core/error.h"
+
+namespace meshtrain::layout {
+namespace {
+
+TrainingLayout on(std::string_view mesh, std::string_view fsdp = "") {
+  TrainingLayout l{.mesh = mesh::parse_mesh_spec(mesh), .fsdp_min_weight_size = 10};
+  if (!fsdp.empty()) l.fsdp = parse_fsdp_mode(fsdp);
+  return l;
+}
+
+TEST(TrainingLayout, FsdpShardsOverTheAxesThatSumGradients) {
+  EXPECT_EQ(on("data=2,fsdp=2,context=2", "full").shard_size(), 8);
+  EXPECT_EQ(on("data=2,fsdp=2,context=2", "hybrid_full").shard_size(), 2);
+  EXPECT_EQ(on("data=4", "no_shard").shard_size(), 1);
+  EXPECT_EQ(on("data=4").shard_size(), 1);
+  EXPECT_EQ(on("node=2,fsdp=4", "zero3").shard_size(), 8);
+  EXPECT_EQ(on("data=2,fsdp=2,tensor=2", "full").describe(),
+            "mesh data=2,fsdp=2,tensor=2: fsdp full over data x fsdp (4 ranks), tensor 2");
+  TrainingLayout p = on("pipeline=2,data=2");
+  p.micro_batches = 4;
+  EXPECT_EQ(p.describe(), "mesh pipeline=2,data=2: data parallel 2, pipeline 2 (1f1b, 4 micro-batches)");
+  EXPECT_EQ(p.devices(), 4);
+}
+
+// A unit of a (4, 6) weight and a (6,) bias, then a (5, 3) weight alone.
+std::vector<ModelParameter> small_model() {
+  using sharding::LinearRole;
+  using sharding::ParamKind;
+  return {{{.name = "a.weight", .shape = {4, 6}, .kind = ParamKind::linear_weight, .role = LinearRole::column}, 0},
+          {{.name = "a.bias", .shape = {6}, .kind = ParamKind::linear_bias, .role = LinearRole::column}, 0},
+          {{.name = "b.weight", .shape = {5, 3}, .kind = ParamKind::linear_weight, .role = LinearRole::none}, 1}};
+}
+
+TEST(PlacementRule, TensorBlocksThenFlatRangesOfEachUnit) {
+  // fsdp=2 x tensor=2: rank 3 is fsdp 1, tensor 1.
+  const std::vector<HeldParameter> h = held_parameters(on("fsdp=2,tensor=2", "full"), small_model(), 3);
+  ASSERT_EQ(h.size(), 3u);
+  // a.weight's block [0:4, 3:6] (12 elements) is sharded; a.bias's (3) stays
+  // whole (under min_weight_size 10): unit 0 packs 12 elements, 6 per rank.
+  EXPECT_EQ(h[0].placement.to_string(), "[0:4, 3:6] of [4, 6] flat[6:12]");
+  EXPECT_EQ(h[1].placement.to_string(), "[3:6] of [6]");
+  // b.weight is not split by the tensor axis: 15 elements padded to 16, 8 each.
+  EXPECT_EQ(h[2].placement.to_string(), "flat[8:15]");
+  EXPECT_EQ(h[2].placement.shape, (std::vector<int64_t>{5, 3}));
+}
+
+TEST(PlacementRule, PipelineStagesAndReplicatingAxes) {
+  std::vector<ModelParameter> ps = small_model();
+  ps[2].stage = 1;
+  const TrainingLayout l = on("pipeline=2,data=2");
+  EXPECT_EQ(held_parameters(l, ps, 1).size(), 2u);  // pipeline rank 0: stage 0
+  const std::vector<HeldParameter> last = held_parameters(l, ps, 3);
+  ASSERT_EQ(last.size(), 1u);
+  EXPECT_EQ(last[0].name, "b.weight");
+  EXPECT_EQ(last[0].stage, 1);
+  EXPECT_EQ(last[0].placement, sharding::Placement::whole({5, 3}));
+  EXPECT_THROW(held_parameters(l, ps, 4), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshtrain::layout
