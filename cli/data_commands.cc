@@ -1,5 +1,5 @@
 // meshtrain tokenize: prepares a text corpus for language models (the
-// SentencePiece tokenizer and the token file, cached; train/text_data.h) and
+// SentencePiece tokenizer and the token file, cached; data/text_data.h) and
 // prints what the model will see: characters, tokens, tokens per character,
 // the unigram entropy (the loss to beat) and the train/validation split.
 #include <fmt/format.h>
@@ -14,14 +14,14 @@
 
 #include "cli/command.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/text_data.h"
+#include "meshtrain/data/text_data.h"
 
 namespace meshtrain::cli {
 namespace {
 
 struct TokenizeFlags {
-  std::string corpus = std::string(train::kFortunesDir);
-  std::string out = std::string(train::kDefaultTextDataDir);
+  std::string corpus = std::string(data::kFortunesDir);
+  std::string out = std::string(data::kDefaultTextDataDir);
   int vocab = 8192;
   double coverage = 0.9995;
   uint32_t seed = 42;
@@ -43,17 +43,17 @@ int run_tokenize(const TokenizeFlags& f) {
   std::error_code ec;
   if (!std::filesystem::exists(f.corpus, ec))
     throw InvalidArgument("meshtrain tokenize", fmt::format("--corpus: '{}' does not exist", f.corpus),
-                          f.corpus == train::kFortunesDir ? std::string(train::kFortunesInstallHint)
+                          f.corpus == data::kFortunesDir ? std::string(data::kFortunesInstallHint)
                                                           : std::string("pass a text file or a directory of text files"));
   if (!(f.coverage > 0 && f.coverage <= 1))
     throw InvalidArgument("meshtrain tokenize", fmt::format("--coverage: {} is outside (0, 1]", f.coverage),
                           "use e.g. 0.9995");
-  train::TextDataOptions opt{.corpus = f.corpus, .out_dir = f.out, .tokenizer = {}};
+  data::TextDataOptions opt{.corpus = f.corpus, .out_dir = f.out, .tokenizer = {}};
   opt.tokenizer.vocab_size = f.vocab;
   opt.tokenizer.character_coverage = f.coverage;
   opt.tokenizer.seed = f.seed;
   const auto t0 = std::chrono::steady_clock::now();
-  const train::PreparedText p = train::prepare_text_data(opt);
+  const data::PreparedText p = data::prepare_text_data(opt);
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   fmt::print("corpus: {}: {} file(s), {} bytes, {} characters", p.corpus, p.files, p.bytes, p.characters);
@@ -63,23 +63,23 @@ int run_tokenize(const TokenizeFlags& f) {
   for (const std::string& n : p.notes) fmt::print("note: {}\n", n);
   fmt::print("tokenizer: {} (BPE, {} pieces, byte fallback; {})\n", p.tokenizer_path, p.vocab_size,
              p.trained ? "trained in " + seconds(p.train_seconds) : std::string("reused from the cache"));
-  const auto tokens = std::make_shared<const train::TokenFile>(train::TokenFile::open(p.tokens_path, p.vocab_size));
+  const auto tokens = std::make_shared<const data::TokenFile>(data::TokenFile::open(p.tokens_path, p.vocab_size));
   fmt::print("token file: {} ({} tokens, u{}; {})\n", p.tokens_path, p.tokens, 8 * tokens->token_bytes(),
              p.tokenized ? "encoded and written in " + seconds(p.encode_seconds) : std::string("reused from the cache"));
   fmt::print("characters {}, tokens {}: {:.4f} tokens per character ({:.3f} characters per token)\n", p.characters,
              p.tokens, static_cast<double>(p.tokens) / static_cast<double>(p.characters),
              static_cast<double>(p.characters) / static_cast<double>(p.tokens));
-  const double h = train::unigram_entropy(*tokens);
+  const double h = data::unigram_entropy(*tokens);
   fmt::print("unigram entropy: {:.4f} nats/token (a model that ignores context cannot do better; ln {} = {:.4f})\n",
              h, p.vocab_size, std::log(static_cast<double>(p.vocab_size)));
-  const train::WindowOptions w{.context = f.context, .val_every = f.val_every};
-  const train::TokenDataSource tr(tokens, train::TextSplit::train, w), va(tokens, train::TextSplit::validation, w);
+  const data::WindowOptions w{.context = f.context, .val_every = f.val_every};
+  const data::TokenDataSource tr(tokens, data::TextSplit::train, w), va(tokens, data::TextSplit::validation, w);
   fmt::print("split (context {}, every {}th window is validation): train {} windows ({} tokens), validation {} "
              "windows ({} tokens) of {} tokens\n",
              f.context, f.val_every, tr.size(), tr.size() * (f.context + 1), va.size(), va.size() * (f.context + 1),
              f.context + 1);
   if (f.show > 0) {
-    const train::Tokenizer tok = train::Tokenizer::load(p.tokenizer_path);
+    const data::Tokenizer tok = data::Tokenizer::load(p.tokenizer_path);
     const int64_t n = std::min<int64_t>(f.show, p.tokens);
     std::vector<int32_t> ids(static_cast<size_t>(n));
     tokens->read(0, n, ids.data());

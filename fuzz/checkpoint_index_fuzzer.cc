@@ -32,11 +32,14 @@ void check_accepted(const meshtrain::train::CheckpointIndex& index) {
       check(d >= 0);
       n *= d;  // bounded by the parser (2^48 elements)
     }
-    for (const auto& p : t.pieces) {
-      check(p.file >= 0 && static_cast<size_t>(p.file) < index.files.size());
-      const uint64_t size = index.file_bytes[static_cast<size_t>(p.file)];
-      check(p.offset <= size && p.bytes <= size - p.offset);
-      check(p.count >= 0 && p.bytes == static_cast<uint64_t>(p.count) * 4);
+    for (const auto& piece : t.pieces) {
+      check(piece.file >= 0 && static_cast<size_t>(piece.file) < index.files.size());
+      const uint64_t size = index.file_bytes[static_cast<size_t>(piece.file)];
+      check(piece.offset <= size && piece.bytes <= size - piece.offset);
+      // The placement comes out of the parser written out: view, box and count explicit.
+      const meshtrain::sharding::Placement& p = piece.placement;
+      check(p.shape == t.shape);
+      check(p.count >= 0 && piece.bytes == static_cast<uint64_t>(p.count) * 4);
       check(p.box.offsets.size() == p.view.size() && p.box.sizes.size() == p.view.size());
       int64_t vn = 1;
       for (size_t d = 0; d < p.view.size(); ++d) {

@@ -22,7 +22,7 @@
 
 #include "fuzz/fuzz_input.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/idx.h"
+#include "meshtrain/data/idx.h"
 
 namespace {
 
@@ -71,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   try {
-    const meshtrain::train::IdxArray a = meshtrain::train::read_idx(write_input(file.data(), file.size()));
+    const meshtrain::data::IdxArray a = meshtrain::data::read_idx(write_input(file.data(), file.size()));
     check(a.dims.size() >= 1 && a.dims.size() <= 4);
     check(a.data.dtype() == meshtrain::DType::u8 && a.data.shape() == a.dims && a.data.is_contiguous());
     int64_t elements = std::count(a.dims.begin(), a.dims.end(), 0) > 0 ? 0 : 1;

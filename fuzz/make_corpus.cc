@@ -20,7 +20,7 @@
 #include "meshtrain/comm/internal/tcp_store_wire.h"
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/train/artifacts.h"
-#include "meshtrain/train/token_file.h"
+#include "meshtrain/data/token_file.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -146,7 +146,7 @@ void token_file() {
   const std::string t = "token_file_fuzzer";
   const fs::path tmp = fs::temp_directory_path() / ("make_corpus_" + std::to_string(::getpid()) + ".tokens");
   auto file_of = [&](const std::vector<int32_t>& tokens, int64_t vocab) {
-    meshtrain::train::write_token_file(tmp.string(), tokens, vocab);
+    meshtrain::data::write_token_file(tmp.string(), tokens, vocab);
     return slurp(tmp);
   };
   const std::string u16 = file_of({1, 5, 99, 0, 42, 42, 7, 98, 3, 2, 11, 64}, 100);

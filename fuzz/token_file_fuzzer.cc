@@ -23,11 +23,11 @@
 
 #include "fuzz/fuzz_input.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/token_file.h"
+#include "meshtrain/data/token_file.h"
 
 namespace {
 
-using meshtrain::train::TokenFile;
+using meshtrain::data::TokenFile;
 
 using meshtrain::fuzz::check;
 using meshtrain::fuzz::write_input;
@@ -38,7 +38,7 @@ uint32_t crc(const unsigned char* p, size_t n) {
 }
 
 void fix_checksums(std::vector<unsigned char>& f) {
-  constexpr size_t H = meshtrain::train::kTokenFileHeaderBytes;
+  constexpr size_t H = meshtrain::data::kTokenFileHeaderBytes;
   if (f.size() < H) return;
   const uint32_t payload = crc(f.data() + H, f.size() - H);
   std::memcpy(f.data() + 32, &payload, 4);
@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const TokenFile t = TokenFile::open(write_input(file.data(), file.size()), expected);
     check(t.size() >= 1 && t.vocab_size() >= 1 && t.vocab_size() <= (int64_t{1} << 31));
     check(t.token_bytes() == (t.vocab_size() <= 65536 ? 2 : 4));
-    check(file.size() == meshtrain::train::kTokenFileHeaderBytes + static_cast<size_t>(t.size()) * t.token_bytes());
+    check(file.size() == meshtrain::data::kTokenFileHeaderBytes + static_cast<size_t>(t.size()) * t.token_bytes());
     if (expected) check(*expected == t.vocab_size());
     std::vector<int64_t> all(static_cast<size_t>(t.size()));
     t.read(0, t.size(), all.data());

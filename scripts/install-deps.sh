@@ -14,7 +14,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev libtomlplusplus-dev nlohmann-json3-dev libstb-dev
   zlib1g-dev
-  libsentencepiece-dev  # the BPE tokenizer (train/tokenizer.h)
+  libsentencepiece-dev  # the BPE tokenizer (data/tokenizer.h)
   dataset-fashion-mnist
   fortunes  # the default text corpus, /usr/share/games/fortunes
   procps  # pgrep, for tests/signal_test.sh and tests/checkpoint_crash_test.sh

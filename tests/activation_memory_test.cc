@@ -3,7 +3,7 @@
 // the trainer uses (CrossEntropyLoss; VocabParallelCrossEntropy under tensor
 // parallelism, with the tracker as train/gpt_recipe.cc gives it) and the
 // batch's tokens and targets charged as the data loader charges them
-// (train/text_data.cc). Two micro-batches through one Saved per case: the
+// (data/text_data.cc). Two micro-batches through one Saved per case: the
 // first "cold" (a fresh Saved, as a pipeline's), the second "warm" (the
 // trainer's reused one). Multi-rank cases run on the threads engine. A
 // hook on the GPT and its blocks (the scopes of fully sharded data

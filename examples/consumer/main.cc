@@ -48,7 +48,7 @@ constexpr int kHidden = 64;
 
 // Points on three spiral arms (one per class) with a little noise; a pure
 // function of (seed, n), made once per process and shared by its ranks.
-class SpiralData final : public train::DataSource {
+class SpiralData final : public data::DataSource {
  public:
   SpiralData(int64_t n, uint64_t seed) : points_(static_cast<size_t>(2 * n)), labels_(static_cast<size_t>(n)) {
     std::mt19937_64 rng(seed);
@@ -65,7 +65,7 @@ class SpiralData final : public train::DataSource {
   }
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
   std::string source() const override { return "three spirals (synthetic)"; }
-  void load(std::span<const int64_t> rows, train::Batch& batch, MemoryTracker* tracker) const override {
+  void load(std::span<const int64_t> rows, data::Batch& batch, MemoryTracker* tracker) const override {
     const auto n = static_cast<int64_t>(rows.size());
     Tensor x = Tensor::empty({n, 2}, DType::f32, Device::cpu(), tracker, MemoryCategory::activations);
     Tensor y = Tensor::empty({n}, DType::i64, Device::cpu(), tracker, MemoryCategory::activations);
@@ -101,14 +101,14 @@ class SpiralModel final : public train::RecipeModel {
     net_.add(linear(kHidden, kClasses, true));
   }
   nn::Module& module() override { return net_; }
-  double loss_step(const train::Batch& micro, int64_t, double norm) override {
+  double loss_step(const data::Batch& micro, int64_t, double norm) override {
     // The loss is divided by the global batch (norm): the data-parallel sum
     // of the ranks' gradients is the whole batch's.
     const double loss = loss_.forward(net_.forward(micro["points"]), micro["labels"], norm);
     net_.backward(loss_.backward());
     return loss;
   }
-  std::vector<double> evaluate(const train::Batch& chunk, int64_t n) override {
+  std::vector<double> evaluate(const data::Batch& chunk, int64_t n) override {
     const Tensor logits = net_.forward(chunk["points"]);
     const double loss = loss_.forward(logits, chunk["labels"], static_cast<double>(n));
     double correct = 0;
@@ -135,8 +135,8 @@ class SpiralModel final : public train::RecipeModel {
 class SpiralRecipe final : public train::ModelRecipe {
  public:
   explicit SpiralRecipe(const train::TrainConfig& tc) : train_(6144, tc.seed), test_(1536, tc.seed + 1) {}
-  const train::DataSource& train_data() const override { return train_; }
-  const train::DataSource& test_data() const override { return test_; }
+  const data::DataSource& train_data() const override { return train_; }
+  const data::DataSource& test_data() const override { return test_; }
   train::MetricsDescription metrics() const override { return {"loss", "test loss", "three spirals (consumer)"}; }
   std::unique_ptr<train::RecipeModel> build(const train::ModelOptions& o) const override {
     return std::make_unique<SpiralModel>(o);

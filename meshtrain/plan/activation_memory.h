@@ -215,7 +215,7 @@ struct ActivationEstimate {
   // the forward (the pipeline holds it until its send completes).
   double stage_output = 0;
   // One loaded batch's tokens and targets (batch_rows, T) in token_dtype,
-  // charged to activations by the data loader (train/text_data.cc); the
+  // charged to activations by the data loader (data/text_data.cc); the
   // trainer holds two (the batch in use and the next, prefetched).
   double batch_bytes = 0;
   // The micro-batch moment by moment (cold, then warm): the maximum of

@@ -14,9 +14,14 @@
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/nn/vae.h"
 #include "meshtrain/train/artifacts.h"
-#include "meshtrain/train/idx.h"
+#include "meshtrain/data/idx.h"
 
 namespace meshtrain::train::internal {
+
+using data::Dataset;
+using data::ImageDataSource;
+using data::Split;
+using data::load_fashion_mnist;
 namespace {
 
 // The Fashion-MNIST models split their Linear chains over a tensor axis;

@@ -13,6 +13,8 @@
 
 namespace meshtrain::train {
 
+using data::Tokenizer;
+
 namespace {
 
 void check(const SampleOptions& o) {

@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "meshtrain/nn/gpt.h"
-#include "meshtrain/train/tokenizer.h"
+#include "meshtrain/data/tokenizer.h"
 #include "meshtrain/train/train_config.h"
 
 namespace meshtrain::train {
@@ -45,14 +45,14 @@ struct SampleOptions {
 std::vector<int32_t> sample_tokens(nn::GPT& gpt, std::vector<int32_t> prompt_ids, const SampleOptions& options);
 
 // tokenizer.decode(sample_tokens(gpt, tokenizer.encode(options.prompt), options)).
-std::string generate_text(nn::GPT& gpt, const Tokenizer& tokenizer, const SampleOptions& options);
+std::string generate_text(nn::GPT& gpt, const data::Tokenizer& tokenizer, const SampleOptions& options);
 
 // A trained GPT and its tokenizer from a run directory: the model built from
 // tc (the run's config.toml) with model.safetensors's weights, and the
 // run's tokenizer.model.
 struct LoadedGpt {
   std::unique_ptr<nn::GPT> model;
-  Tokenizer tokenizer;
+  data::Tokenizer tokenizer;
 };
 LoadedGpt load_gpt_run(const std::string& run_dir, const TrainConfig& tc);
 

@@ -25,10 +25,20 @@
 #include "meshtrain/train/generate.h"
 #include "meshtrain/train/internal/builtin_recipes.h"
 #include "meshtrain/train/run_dir.h"
-#include "meshtrain/train/text_data.h"
-#include "meshtrain/train/tokenizer.h"
+#include "meshtrain/data/text_data.h"
+#include "meshtrain/data/tokenizer.h"
 
 namespace meshtrain::train::internal {
+
+using data::PreparedText;
+using data::TextDataOptions;
+using data::TextSplit;
+using data::TokenDataSource;
+using data::TokenFile;
+using data::Tokenizer;
+using data::WindowOptions;
+using data::prepare_text_data;
+using data::unigram_entropy;
 
 namespace {
 

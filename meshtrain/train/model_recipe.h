@@ -52,10 +52,14 @@
 #include "meshtrain/nn/context_parallel.h"
 #include "meshtrain/nn/tensor_parallel.h"
 #include "meshtrain/train/run_dir.h"
-#include "meshtrain/train/sampler.h"
+#include "meshtrain/data/sampler.h"
 #include "meshtrain/train/train_config.h"
 
 namespace meshtrain::train {
+
+// The data layer's batches and sources, as a recipe sees them (data/sampler.h).
+using data::Batch;
+using data::DataSource;
 
 // How a rank builds its model.
 struct ModelOptions {

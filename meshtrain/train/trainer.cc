@@ -36,9 +36,14 @@
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/progress.h"
 #include "meshtrain/train/run_dir.h"
-#include "meshtrain/train/sampler.h"
+#include "meshtrain/data/sampler.h"
 
 namespace meshtrain::train {
+
+using data::DataPosition;
+using data::DistributedSampler;
+using data::Prefetcher;
+using data::load_batch;
 namespace {
 
 using internal::axis_size;

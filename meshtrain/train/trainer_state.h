@@ -18,13 +18,13 @@
 #include <string>
 #include <string_view>
 
-#include "meshtrain/train/sampler.h"
+#include "meshtrain/data/sampler.h"
 
 namespace meshtrain::train {
 
 struct TrainerState {
   int64_t step = 0;           // optimizer steps taken (skipped ones count)
-  DataPosition data;          // the next step's global batch
+  data::DataPosition data;          // the next step's global batch
   uint64_t seed = 0;          // the run's seed (initialization, dropout, sampler)
   double loss_scale = 0;      // fp16's dynamic loss scale; 0 without a scaler
   int64_t skipped_steps = 0;  // steps whose update was skipped

@@ -43,7 +43,7 @@
 #include <string>
 #include <string_view>
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 
 inline constexpr std::string_view kTokenFileMagic = "MTTOKENS";
 inline constexpr uint32_t kTokenFileVersion = 1;
@@ -90,4 +90,4 @@ class TokenFile {
   int token_bytes_ = 0;
 };
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

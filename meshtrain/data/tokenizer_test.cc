@@ -1,7 +1,7 @@
 // The corpus reader and the SentencePiece tokenizer: directory rules, exact
 // round trips on real fortunes text and on arbitrary bytes, the vocabulary
 // size, determinism, save/load, errors.
-#include "meshtrain/train/tokenizer.h"
+#include "meshtrain/data/tokenizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,9 +14,9 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/testing/testing.h"
-#include "meshtrain/train/text_corpus.h"
+#include "meshtrain/data/text_corpus.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -220,4 +220,4 @@ TEST_F(TokenizerTest, Errors) {
 }
 
 }  // namespace
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

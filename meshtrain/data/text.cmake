@@ -1,6 +1,6 @@
 # Text data: corpus reading, the SentencePiece tokenizer, the token file and
 # the token DataSource (text_corpus.*, tokenizer.*, token_file.*,
-# text_data.*). Included by train/CMakeLists.txt, after data.cmake.
+# text_data.*). Included by data/CMakeLists.txt, after data.cmake.
 if(PKG_CONFIG_FOUND)
   pkg_check_modules(SENTENCEPIECE QUIET IMPORTED_TARGET sentencepiece)
 endif()

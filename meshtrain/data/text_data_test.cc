@@ -2,7 +2,7 @@
 // windows inside their split), data-parallel invariance of the global
 // batches, seeded determinism, resume from a saved DataPosition, the
 // tokenizer/token-file cache, the unigram entropy and the errors.
-#include "meshtrain/train/text_data.h"
+#include "meshtrain/data/text_data.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -20,7 +20,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/testing/testing.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -281,4 +281,4 @@ TEST(PrepareTextDataTest, EmptyAndTooShortCorporaNameTheFile) {
 }
 
 }  // namespace
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

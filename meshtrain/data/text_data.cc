@@ -1,4 +1,4 @@
-#include "meshtrain/train/text_data.h"
+#include "meshtrain/data/text_data.h"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/error.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -199,4 +199,4 @@ void TokenDataSource::load(std::span<const int64_t> rows, Batch& batch, MemoryTr
   batch.add("targets", std::move(targets));
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

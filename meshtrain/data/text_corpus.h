@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 
 // Where Debian's `fortunes` package installs the fortune files: about
 // 2.5 MB of English text in 43 files (the default corpus).
@@ -56,4 +56,4 @@ int64_t count_characters(std::string_view text);
 // 0x100000001b3): a content key for caches, not a cryptographic hash.
 uint64_t content_hash(std::string_view bytes);
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

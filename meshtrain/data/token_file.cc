@@ -1,4 +1,4 @@
-#include "meshtrain/train/token_file.h"
+#include "meshtrain/data/token_file.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -16,7 +16,7 @@
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/error.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "the token file is read in place as little-endian");
@@ -252,4 +252,4 @@ int32_t TokenFile::at(int64_t i) const {
 void TokenFile::read(int64_t begin, int64_t count, int32_t* out) const { read_as(begin, count, out); }
 void TokenFile::read(int64_t begin, int64_t count, int64_t* out) const { read_as(begin, count, out); }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

@@ -1,4 +1,4 @@
-#include "meshtrain/train/tokenizer.h"
+#include "meshtrain/data/tokenizer.h"
 
 #include <fmt/format.h>
 #include <sentencepiece_processor.h>
@@ -15,7 +15,7 @@
 
 #include "meshtrain/core/error.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 constexpr int kMinVocab = 258;  // <unk>, 256 bytes, one more piece
@@ -292,4 +292,4 @@ std::string Tokenizer::decode(std::span<const int32_t> ids) const {
   return out;
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

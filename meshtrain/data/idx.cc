@@ -1,4 +1,4 @@
-#include "meshtrain/train/idx.h"
+#include "meshtrain/data/idx.h"
 
 #include <fmt/format.h>
 #include <zlib.h>
@@ -14,7 +14,7 @@
 
 #include "meshtrain/core/error.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -360,4 +360,4 @@ Tensor normalize_pixels(const Tensor& pixels, MemoryTracker* tracker, MemoryCate
   return out;
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

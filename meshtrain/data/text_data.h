@@ -59,12 +59,12 @@
 
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/memory.h"
-#include "meshtrain/train/sampler.h"
-#include "meshtrain/train/text_corpus.h"
-#include "meshtrain/train/token_file.h"
-#include "meshtrain/train/tokenizer.h"
+#include "meshtrain/data/sampler.h"
+#include "meshtrain/data/text_corpus.h"
+#include "meshtrain/data/token_file.h"
+#include "meshtrain/data/tokenizer.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 
 // Where `meshtrain tokenize` puts its files when no --out is given.
 inline constexpr std::string_view kDefaultTextDataDir = "data/text";
@@ -156,4 +156,4 @@ class TokenDataSource final : public DataSource {
   DType dtype_;
 };
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

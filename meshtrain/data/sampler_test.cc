@@ -1,4 +1,4 @@
-#include "meshtrain/train/sampler.h"
+#include "meshtrain/data/sampler.h"
 
 #include <gtest/gtest.h>
 
@@ -17,7 +17,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/random.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 std::vector<int64_t> iota(int64_t n) {
@@ -407,4 +407,4 @@ TEST(RealFashionMnistTest, ShardedEpochOverTheTrainingSet) {
 }
 
 }  // namespace
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

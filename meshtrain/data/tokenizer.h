@@ -42,7 +42,7 @@
 #include <string_view>
 #include <vector>
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 
 struct TokenizerOptions {
   // Pieces, <unk> and the 256 byte pieces included: 258 .. 2^20, and at
@@ -86,4 +86,4 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

@@ -1,4 +1,4 @@
-#include "meshtrain/train/idx.h"
+#include "meshtrain/data/idx.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 
 #include "meshtrain/core/error.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -298,4 +298,4 @@ TEST(FashionMnistTest, RealDatasetIfInstalled) {
 }
 
 }  // namespace
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

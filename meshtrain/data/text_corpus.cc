@@ -1,4 +1,4 @@
-#include "meshtrain/train/text_corpus.h"
+#include "meshtrain/data/text_corpus.h"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 
 #include "meshtrain/core/error.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -137,4 +137,4 @@ uint64_t content_hash(std::string_view bytes) {
   return h;
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

@@ -59,9 +59,9 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/prefetch.h"
 #include "meshtrain/core/tensor.h"
-#include "meshtrain/train/idx.h"
+#include "meshtrain/data/idx.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 
 // Philox counter word 3 of the sampler's stream (its "name"); attempt k of a
 // draw adds k.
@@ -244,4 +244,4 @@ class Prefetcher {
   meshtrain::Prefetcher<Batch> queue_;
 };
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

@@ -1,4 +1,4 @@
-#include "meshtrain/train/sampler.h"
+#include "meshtrain/data/sampler.h"
 
 #include <fmt/format.h>
 
@@ -9,7 +9,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/random.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 void check_epoch(const char* op, int64_t epoch) {
@@ -279,4 +279,4 @@ meshtrain::Prefetcher<Batch>::Source batches(Prefetcher::LoadFn load, int64_t be
 Prefetcher::Prefetcher(LoadFn load, int64_t begin, int64_t end)
     : queue_(batches(std::move(load), begin, end), {.buffer_size = 1}) {}
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

@@ -1,5 +1,5 @@
 # Data: IDX/Fashion-MNIST reading, the distributed sampler and the batch
-# prefetcher (idx.*, sampler.*). Included by train/CMakeLists.txt.
+# prefetcher (idx.*, sampler.*). Included by data/CMakeLists.txt.
 if(NOT TARGET ZLIB::ZLIB)
   message(FATAL_ERROR "zlib not found: run scripts/install-deps.sh (package zlib1g-dev)")
 endif()

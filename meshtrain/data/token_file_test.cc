@@ -1,6 +1,6 @@
 // The token file: round trips in u16 and u32, the exact layout, atomic
 // writes, and every validation error naming the file.
-#include "meshtrain/train/token_file.h"
+#include "meshtrain/data/token_file.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -17,7 +17,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/testing/testing.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 namespace {
 
 namespace fs = std::filesystem;
@@ -167,4 +167,4 @@ TEST_F(TokenFileTest, ValidationErrorsNameTheFile) {
 }
 
 }  // namespace
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data

@@ -42,7 +42,7 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/tensor.h"
 
-namespace meshtrain::train {
+namespace meshtrain::data {
 
 // Where Debian's dataset-fashion-mnist package installs the files.
 inline constexpr std::string_view kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
@@ -103,4 +103,4 @@ Tensor normalize_pixels(const Tensor& pixels, MemoryTracker* tracker = nullptr,
 inline constexpr std::array<std::string_view, 10> kFashionMnistClasses = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::data
