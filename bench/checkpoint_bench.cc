@@ -85,7 +85,7 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchOptions& o) {
                  train::internal::TrainingCheckpoint ckpt(fsdp.optimizer_parameters(), opt);
                  int64_t params = fsdp.sharded_elements() + fsdp.replicated_elements();
                  std::vector<double> saves, loads;
-                 train::CheckpointSaveStats stats;
+                 checkpoint::CheckpointSaveStats stats;
                  for (int rep = 0; rep < o.reps; ++rep) {
                    world.barrier();
                    auto t0 = Clock::now();

@@ -1,4 +1,4 @@
-// Save and load throughput of a sharded checkpoint (train/checkpoint.h)
+// Save and load throughput of a sharded checkpoint (checkpoint/checkpoint.h)
 // beside the disk's own sequential rates, measured in the same run.
 //
 //   bench::CheckpointBenchOptions o;     // GPT-2 124M, zero3 over 4 ranks, AdamW

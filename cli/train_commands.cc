@@ -33,7 +33,7 @@
 #include "meshtrain/train/generate.h"
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/run_dir.h"
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/trainer.h"
 
@@ -76,7 +76,7 @@ void resume_after_restart(TrainFlags& f) {
   if (f.app->get_option("--resume")->count() > 0 || f.app->get_option("--run-dir")->count() == 0) return;
   const std::string run = f.values.at("run_dir");
   for (const std::string& dir : {run + ".incomplete", run})
-    if (train::latest_checkpoint((std::filesystem::path(dir) / "checkpoints").string())) {
+    if (checkpoint::latest_checkpoint((std::filesystem::path(dir) / "checkpoints").string())) {
       f.values["resume"] = run;
       f.app->get_option("--resume")->add_result(run);
       if (const std::string* rank = env.find("RANK"); !rank || *rank == "0")

@@ -25,9 +25,10 @@ endif()
 # Every installed library, in link order: each before the libraries it uses
 # (the order of the pkg-config file's -l flags; checked below).
 set(meshtrain_libraries
-  meshtrain_train meshtrain_train_config meshtrain_train_checkpoint meshtrain_train_models meshtrain_text
+  meshtrain_train meshtrain_train_config meshtrain_train_models meshtrain_text
   meshtrain_data meshtrain_train_io meshtrain_parallel meshtrain_optim meshtrain_nn meshtrain_config
-  meshtrain_plan meshtrain_layout meshtrain_sharding meshtrain_mesh meshtrain_agent meshtrain_launch)
+  meshtrain_plan meshtrain_layout meshtrain_checkpoint meshtrain_sharding meshtrain_mesh meshtrain_agent
+  meshtrain_launch)
 foreach(engine ${MESHTRAIN_INSTALLED_ENGINES})
   list(APPEND meshtrain_libraries meshtrain_comm_${engine})
 endforeach()

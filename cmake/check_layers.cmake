@@ -3,7 +3,7 @@
 # to its left (docs/design.md), and engine headers (mpi.h, gloo, nccl.h) only from
 # inside their engine folder and never from a public header.
 #   cmake -DROOT=<repo> -P cmake/check_layers.cmake
-set(order core data comm mesh sharding layout plan config nn optim parallel train)
+set(order core data comm mesh sharding checkpoint layout plan config nn optim parallel train)
 
 # What each folder may include, as path prefixes under meshtrain/.
 function(allowed_for folder out)
@@ -16,7 +16,7 @@ function(allowed_for folder out)
   endif()
   if(folder MATCHES "^testing")
     # Test support sees every layer (it is linked only into tests).
-    set(${out} "core/;data/;comm/;mesh/;sharding/;layout/;plan/;config/;nn/;optim/;parallel/;train/;testing/" PARENT_SCOPE)
+    set(${out} "core/;data/;comm/;mesh/;sharding/;checkpoint/;layout/;plan/;config/;nn/;optim/;parallel/;train/;testing/" PARENT_SCOPE)
     return()
   endif()
   string(REGEX MATCH "^[a-z]+" layer "${folder}")

@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 
 namespace {
 
@@ -20,7 +20,7 @@ void check(bool ok) {
   if (!ok) std::abort();  // a broken promise of the parser
 }
 
-void check_accepted(const meshtrain::train::CheckpointIndex& index) {
+void check_accepted(const meshtrain::checkpoint::CheckpointIndex& index) {
   check(index.step >= 0);
   check(index.files.size() == index.file_bytes.size());
   for (size_t i = 0; i < index.tensors.size(); ++i) {
@@ -58,7 +58,7 @@ void check_accepted(const meshtrain::train::CheckpointIndex& index) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   try {
-    check_accepted(meshtrain::train::parse_checkpoint_index(text, "fuzz/index.json"));
+    check_accepted(meshtrain::checkpoint::parse_checkpoint_index(text, "fuzz/index.json"));
   } catch (const meshtrain::IoError&) {
     // refused: the documented outcome for a bad index
   }

@@ -102,7 +102,7 @@ void safetensors() {
   const fs::path tmp = fs::temp_directory_path() / ("make_corpus_" + std::to_string(::getpid()) + ".safetensors");
   auto file_of = [&](const std::vector<std::pair<std::string, Tensor>>& tensors,
                      const std::map<std::string, std::string>& meta) {
-    meshtrain::train::save_safetensors(tmp.string(), tensors, meta);
+    meshtrain::checkpoint::save_safetensors(tmp.string(), tensors, meta);
     return slurp(tmp);
   };
   const std::string a = file_of({{"0.weight", Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3})},

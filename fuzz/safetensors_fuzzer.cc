@@ -24,7 +24,7 @@
 #include "fuzz/fuzz_input.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/train/artifacts.h"
-#include "meshtrain/train/internal/safetensors_header.h"
+#include "meshtrain/checkpoint/internal/safetensors_header.h"
 
 namespace {
 
@@ -34,7 +34,7 @@ using meshtrain::fuzz::write_input;
 
 void load(const std::string& file, uint64_t expect_data_bytes, bool known) {
   try {
-    const auto tensors = meshtrain::train::load_safetensors(write_input(file.data(), file.size()));
+    const auto tensors = meshtrain::checkpoint::load_safetensors(write_input(file.data(), file.size()));
     uint64_t total = 0;
     for (const auto& [name, t] : tensors) {
       check(t.is_contiguous());
@@ -61,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t data_bytes = (data[1] | (uint64_t{data[2]} << 8)) & 0x0fff;
   const std::string_view header(reinterpret_cast<const char*>(data + 3), size - 3);
   try {
-    const auto entries = meshtrain::train::internal::parse_safetensors_header(header, data_bytes, "fuzz.safetensors");
+    const auto entries = meshtrain::checkpoint::internal::parse_safetensors_header(header, data_bytes, "fuzz.safetensors");
     uint64_t at = 0, covered = 0;
     for (const auto& e : entries) {
       check(e.begin <= e.end && e.end <= data_bytes);

@@ -183,7 +183,7 @@ TEST(CheckpointResume, ExportAndInitFromRoundTrip) {
                 ::testing::ThrowsMessage<InvalidArgument>(HasSubstr("is inside the run directory")))
         << inside;
   EXPECT_EQ(testing::read_file(fs::path(run) / "model.safetensors"), model_before);
-  const train::NamedTensors exported = train::load_safetensors(file);
+  const train::NamedTensors exported = checkpoint::load_safetensors(file);
   const train::NamedTensors back = train::load_model_file(file, "gpt");
   EXPECT_EQ(exported.size(), back.size());
   bool has_attn = false;
@@ -217,7 +217,7 @@ TEST(CheckpointResume, ExportAndInitFromRoundTrip) {
     t = t.clone();
     t.data<float>()[t.numel() - 1] = bad;
     const std::string bad_file = (fs::temp_directory_path() / "meshtrain_export_nan.safetensors").string();
-    train::save_safetensors(bad_file, copy, {{"format", "pt"}});
+    checkpoint::save_safetensors(bad_file, copy, {{"format", "pt"}});
     EXPECT_THAT([&] { (void)train::load_model_file(bad_file, "gpt"); },
                 ::testing::ThrowsMessage<IoError>(HasSubstr(fmt::format(
                     "--init-from: {}: tensor '{}' holds NaN or infinite values", bad_file, copy.back().first))));
@@ -237,7 +237,7 @@ TEST(CheckpointResume, ExportTransposesTheMlpsLinears) {
   const train::TrainResult r = train({.mesh = "data=2"}, tc);
   const std::string file = (fs::temp_directory_path() / "meshtrain_export_mlp.safetensors").string();
   (void)train::export_model(tc.run_dir, file);
-  const train::NamedTensors exported = train::load_safetensors(file);
+  const train::NamedTensors exported = checkpoint::load_safetensors(file);
   ASSERT_EQ(exported.size(), r.final_parameters.size());
   for (const auto& [name, want] : r.final_parameters) {
     auto it = std::find_if(exported.begin(), exported.end(), [&](const auto& e) { return e.first == name; });

@@ -57,8 +57,8 @@ int main(int, char** argv) {
     const double r = std::fabs(mpi.step_losses[s] - ref.step_losses[s]) / std::fabs(ref.step_losses[s]);
     if (r > 1e-5) ++bad, fmt::print(stderr, "FAIL: step {} loss {} vs {}\n", s, mpi.step_losses[s], ref.step_losses[s]);
   }
-  const auto a = train::load_safetensors(tc.run_dir + "/model.safetensors");
-  const auto b = train::load_safetensors(one.run_dir + "/model.safetensors");
+  const auto a = checkpoint::load_safetensors(tc.run_dir + "/model.safetensors");
+  const auto b = checkpoint::load_safetensors(one.run_dir + "/model.safetensors");
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
     const auto va = a[i].second.to_vector(), vb = b[i].second.to_vector();
     double diff = 0, scale = 1e-30;

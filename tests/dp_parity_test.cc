@@ -47,7 +47,7 @@ Outcome train_on(int ranks, const std::string& model, int micro_batches, const s
   dc.mesh_axis_names = {"data"};
   const auto r = train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = ranks,
                                               .timeout = std::chrono::seconds(120)});
-  return {r.step_losses, train::load_safetensors(tc.run_dir + "/model.safetensors")};
+  return {r.step_losses, checkpoint::load_safetensors(tc.run_dir + "/model.safetensors")};
 }
 
 void expect_same(const Outcome& a, const Outcome& b, const std::string& what) {

@@ -115,7 +115,7 @@ TEST(FullyShardedParity, ZeroStagesOnTwoAndFourRanks) {
 
 TEST(FullyShardedParity, SafetensorsHoldTheGatheredParameters) {
   const auto r = train_on({.mesh = "fsdp=2", .fsdp = "zero3"}, "zero3_file");
-  const auto file = train::load_safetensors(r.run_dir + "/model.safetensors");
+  const auto file = checkpoint::load_safetensors(r.run_dir + "/model.safetensors");
   ASSERT_EQ(file.size(), r.final_parameters.size());
   for (size_t i = 0; i < file.size(); ++i) {
     EXPECT_EQ(file[i].first, r.final_parameters[i].first);

@@ -23,7 +23,7 @@ using Golden = std::map<std::string, Tensor>;
 
 Golden load(const std::string& file) {
   Golden g;
-  for (auto& [name, t] : train::load_safetensors(std::string(MESHTRAIN_GOLDEN_DIR) + "/" + file)) g[name] = t;
+  for (auto& [name, t] : checkpoint::load_safetensors(std::string(MESHTRAIN_GOLDEN_DIR) + "/" + file)) g[name] = t;
   return g;
 }
 

@@ -2,12 +2,12 @@
 //   config.toml     the resolved configuration (every key, defaults included)
 //   metrics.jsonl   one JSON object per logged step / evaluation
 //   model.safetensors  the final parameters (f32), loadable by PyTorch/HF
+//                   (checkpoint/safetensors.h)
 //   loss.svg        the loss curve(s)
 //   *.png           image grids (the VAE's reconstructions and samples)
 //
 //   MetricsLog log("runs/mlp/metrics.jsonl");
 //   log.write({{"step", 10}, {"loss", 0.53}}, {{"split", "train"}});
-//   save_safetensors("runs/mlp/model.safetensors", {{"0.weight", w}, ...});
 //
 // Files are written through write_file_atomic (core/atomic_file.h: a
 // temporary name in the same directory, fsync, rename, fsync of the
@@ -25,9 +25,14 @@
 #include <vector>
 
 #include "meshtrain/core/atomic_file.h"
+#include "meshtrain/checkpoint/safetensors.h"
 #include "meshtrain/core/tensor.h"
 
 namespace meshtrain::train {
+
+// model.safetensors is written and read by the checkpoint layer's functions.
+using checkpoint::load_safetensors;
+using checkpoint::save_safetensors;
 
 // JSON lines, one write(2) per line (a reader never sees half a line);
 // numbers as numbers (non-finite ones as null), strings as strings. The
@@ -50,15 +55,6 @@ class MetricsLog {
   std::string path_;
   int fd_ = -1;
 };
-
-// safetensors (https://github.com/huggingface/safetensors): an 8-byte
-// little-endian header length, a JSON header {name: {dtype, shape,
-// data_offsets}} and the raw little-endian data. Tensors are written
-// contiguously in the given order; any dtype of the core.
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                      const std::map<std::string, std::string>& metadata = {});
-// Reads every tensor back (for tests and resuming).
-std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& path);
 
 // One line per series over a shared x axis, with axes, ticks and a legend.
 struct Series {

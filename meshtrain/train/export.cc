@@ -9,10 +9,16 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/train/artifacts.h"
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/train/train_config.h"
 
 namespace meshtrain::train {
+
+using checkpoint::CheckpointIndex;
+using checkpoint::CheckpointPiece;
+using checkpoint::latest_checkpoint;
+using checkpoint::load_checkpoint_pieces;
+using checkpoint::read_checkpoint_index;
 
 namespace {
 

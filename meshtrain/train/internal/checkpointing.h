@@ -25,9 +25,19 @@
 #include "meshtrain/nn/module.h"
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/optimizer.h"
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 
 namespace meshtrain::train::internal {
+
+// The checkpoint layer's format and files (checkpoint/checkpoint.h).
+using checkpoint::CheckpointIndex;
+using checkpoint::CheckpointPiece;
+using checkpoint::CheckpointSaveStats;
+using checkpoint::copy_region;
+using checkpoint::latest_checkpoint;
+using checkpoint::load_checkpoint_pieces;
+using checkpoint::read_checkpoint_index;
+using checkpoint::save_checkpoint;
 
 // What the trainer keeps beside the tensors.
 struct ResumePoint {

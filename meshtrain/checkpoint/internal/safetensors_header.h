@@ -21,7 +21,7 @@
 
 #include "meshtrain/core/dtype.h"
 
-namespace meshtrain::train::internal {
+namespace meshtrain::checkpoint::internal {
 
 // The longest header accepted (the reference implementation's limit).
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
@@ -37,4 +37,4 @@ struct SafetensorsEntry {
 std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header, uint64_t data_bytes,
                                                        std::string_view path);
 
-}  // namespace meshtrain::train::internal
+}  // namespace meshtrain::checkpoint::internal

@@ -1,4 +1,4 @@
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,7 +15,7 @@
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/core/error.h"
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -240,4 +240,4 @@ TEST(Checkpoint, DamagedCheckpointsAreRefusedNamingFileAndTensor) {
 }
 
 }  // namespace
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

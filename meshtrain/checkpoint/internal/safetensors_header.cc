@@ -1,4 +1,4 @@
-#include "meshtrain/train/internal/safetensors_header.h"
+#include "meshtrain/checkpoint/internal/safetensors_header.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -10,7 +10,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 
-namespace meshtrain::train::internal {
+namespace meshtrain::checkpoint::internal {
 namespace {
 
 constexpr const char* kOp = "load_safetensors";
@@ -120,4 +120,4 @@ std::vector<SafetensorsEntry> parse_safetensors_header(std::string_view header, 
   return out;
 }
 
-}  // namespace meshtrain::train::internal
+}  // namespace meshtrain::checkpoint::internal

@@ -63,7 +63,7 @@
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/sharding/placement.h"
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 
 struct CheckpointPiece {
   std::string name;               // the global tensor's name, e.g. "model/h.0.attn.c_attn.weight"
@@ -132,4 +132,4 @@ void load_checkpoint_pieces(const CheckpointIndex& index, std::vector<Checkpoint
 // tensor read from one file (--init-from). InvalidArgument on a mismatch.
 void copy_region(const Tensor& whole, CheckpointPiece& piece);
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

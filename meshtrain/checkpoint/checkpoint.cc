@@ -1,4 +1,4 @@
-#include "meshtrain/train/checkpoint.h"
+#include "meshtrain/checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -25,7 +25,7 @@
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/error.h"
 
-namespace meshtrain::train {
+namespace meshtrain::checkpoint {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -650,4 +650,4 @@ void copy_region(const Tensor& whole, CheckpointPiece& piece) {
     std::memcpy(out + run.local, in + run.global, static_cast<size_t>(run.length) * sizeof(float));
 }
 
-}  // namespace meshtrain::train
+}  // namespace meshtrain::checkpoint

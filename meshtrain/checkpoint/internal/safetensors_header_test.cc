@@ -1,7 +1,7 @@
 // issue 9: the safetensors reader allocated from the header before checking
 // offsets, and base + offset could wrap past the bounds check. Crafted
 // headers are refused, naming the file and the tensor, before any allocation.
-#include "meshtrain/train/internal/safetensors_header.h"
+#include "meshtrain/checkpoint/internal/safetensors_header.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,9 +13,9 @@
 #include <fstream>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/artifacts.h"
+#include "meshtrain/checkpoint/safetensors.h"
 
-namespace meshtrain::train::internal {
+namespace meshtrain::checkpoint::internal {
 namespace {
 
 using ::testing::HasSubstr;
@@ -121,4 +121,4 @@ TEST(SafetensorsHeader, LoadRefusesACraftedFileBeforeAllocating) {
 }
 
 }  // namespace
-}  // namespace meshtrain::train::internal
+}  // namespace meshtrain::checkpoint::internal
