@@ -137,11 +137,7 @@ Measured train_layout(const CheckOptions& o, const Layout& x, int threads_per_ra
   dc.world_size = 1;
   for (int s : mesh.shape) dc.world_size *= s;
   dc.num_processes_per_node = dc.world_size;
-  dc.mesh_shape = mesh.shape;
-  dc.mesh_axis_names = mesh.axis_names;
-  dc.tensor_parallel_size = mesh.size_of(mesh::kTensor);
-  dc.pipeline_parallel_size = mesh.size_of(mesh::kPipeline);
-  dc.context_parallel_size = mesh.size_of(mesh::kContext);
+  dc.set_mesh(mesh);
   train::TrainResult r;
   {
     Quiet quiet;

@@ -82,7 +82,7 @@ int main(int, char** argv) {
     tc.set("cp_comm", c.cp_comm, "case.cp_comm");
     config::DistributedConfig d = dc;
     d.backend = engine;
-    testing::set_mesh(d, shape);
+    d.set_mesh(shape);
     results.push_back(
         train::run_training(tc, d, {.engine = engine, .ranks = 0, .timeout = std::chrono::seconds(120)}));
   }

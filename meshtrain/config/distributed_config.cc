@@ -314,6 +314,14 @@ mesh::NamedShape DistributedConfig::mesh() const {
   return m;
 }
 
+void DistributedConfig::set_mesh(const mesh::NamedShape& m) {
+  mesh_shape = m.shape;
+  mesh_axis_names = m.axis_names;
+  tensor_parallel_size = m.size_of(mesh::kTensor);
+  pipeline_parallel_size = m.size_of(mesh::kPipeline);
+  context_parallel_size = m.size_of(mesh::kContext);
+}
+
 ParallelismConfig DistributedConfig::parallelism_config() const {
   ParallelismConfig p;
   const mesh::NamedShape m = mesh();

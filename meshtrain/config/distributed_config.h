@@ -145,6 +145,11 @@ struct DistributedConfig {
   // from the sizes: (pipeline, data, context, tensor), size-1 axes left out,
   // (data=1) for one rank. A pipeline-only config keeps its pipeline axis.
   mesh::NamedShape mesh() const;
+  // The one way to give a mesh: sets mesh_shape and mesh_axis_names to m
+  // and the three parallel sizes to its tensor, pipeline and context axes
+  // (1 when absent), the seeds' keys being views of the mesh. world_size
+  // and the processes per node stay as they are.
+  void set_mesh(const mesh::NamedShape& m);
   // mesh() with the matching ShardingConfig (fsdp_enabled when the mesh has
   // an fsdp axis > 1).
   ParallelismConfig parallelism_config() const;

@@ -59,6 +59,19 @@ DistributedConfig everything_set() {
 
 // ---- validation -----------------------------------------------------------------
 
+TEST(DistributedConfig, SetMeshMakesTheParallelSizesViewsOfTheMesh) {
+  DistributedConfig c;
+  c.world_size = c.num_processes_per_node = 8;
+  c.tensor_parallel_size = 4;  // replaced: the mesh has no tensor axis of 4
+  c.set_mesh(mesh::parse_mesh_spec("pipeline=2,data=2,context=2"));
+  EXPECT_EQ(c.pipeline_parallel_size, 2);
+  EXPECT_EQ(c.context_parallel_size, 2);
+  EXPECT_EQ(c.tensor_parallel_size, 1);
+  EXPECT_EQ(c.data_parallel_size(), 2);
+  EXPECT_EQ(c.mesh().to_spec(), "pipeline=2,data=2,context=2");
+  EXPECT_TRUE(c.is_valid());
+}
+
 TEST(DistributedConfigValidate, DefaultsAndAFullConfigAreValid) {
   EXPECT_TRUE(DistributedConfig{}.is_valid());
   EXPECT_NO_THROW(everything_set().validate());

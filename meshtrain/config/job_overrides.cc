@@ -62,10 +62,9 @@ DistributedConfig apply_job_overrides(DistributedConfig dc, const JobOverrides& 
     set_field(dc, "num_processes_per_node", o.devices, "--devices");
   }
   if (!o.mesh.empty()) {
-    // A new mesh replaces the configuration's, its parallel sizes included (set below from its axes).
-    for (const std::string_view axis : {mesh::kTensor, mesh::kPipeline, mesh::kContext})
-      set_field(dc, fmt::format("{}_parallel_size", axis), "1", "--mesh");
+    // A new mesh replaces the configuration's, its parallel sizes included.
     set_field(dc, "mesh", o.mesh, "--mesh");
+    dc.set_mesh(dc.mesh());
     // Threads engine without --devices: one simulated device per mesh position.
     if (engine == "threads" && o.devices.empty()) {
       int64_t devices = 1;  // saturates: world_size's range check then names --mesh

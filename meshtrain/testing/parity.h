@@ -21,22 +21,8 @@
 namespace meshtrain::testing {
 
 // A threads-engine configuration with one simulated device per position of
-// `mesh` ("data=2,tensor=2"; "" = one device); a tensor (pipeline,
-// context) axis sets tensor_parallel_size (pipeline_parallel_size,
-// context_parallel_size), as `meshtrain train --mesh` does.
-// Sets dc's mesh to m and the parallel sizes its tensor, pipeline and
-// context axes imply (any engine).
-inline void set_mesh(config::DistributedConfig& dc, const mesh::NamedShape& m) {
-  dc.mesh_shape = m.shape;
-  dc.mesh_axis_names = m.axis_names;
-  for (size_t i = 0; i < m.axis_names.size(); ++i)
-    if (m.axis_names[i] == mesh::kTensor)
-      dc.tensor_parallel_size = m.shape[i];
-    else if (m.axis_names[i] == mesh::kPipeline)
-      dc.pipeline_parallel_size = m.shape[i];
-    else if (m.axis_names[i] == mesh::kContext)
-      dc.context_parallel_size = m.shape[i];
-}
+// `mesh` ("data=2,tensor=2"; "" = one device), its parallel sizes set from
+// the mesh (DistributedConfig::set_mesh), as `meshtrain train --mesh` does.
 
 inline config::DistributedConfig threads_mesh_config(const std::string& mesh) {
   config::DistributedConfig dc;
@@ -46,7 +32,7 @@ inline config::DistributedConfig threads_mesh_config(const std::string& mesh) {
   for (int s : m.shape) ranks *= s;
   dc.world_size = ranks;
   dc.num_processes_per_node = ranks;
-  set_mesh(dc, m);
+  dc.set_mesh(m);
   return dc;
 }
 
