@@ -15,11 +15,12 @@
 
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/core/error.h"
-#include "meshtrain/core/ops.h"
-#include "meshtrain/core/random.h"
-#include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/core/memory.h"
+#include "meshtrain/core/ops.h"
 #include "meshtrain/core/parallel_for.h"
+#include "meshtrain/core/random.h"
+#include "meshtrain/layout/vocabulary.h"
+#include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/nn/context_parallel.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/gpt.h"
@@ -98,7 +99,7 @@ void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
   }
   r.torch_step_ms = j["median_step_ms"].get<double>();
   r.torch_note = fmt::format("PyTorch {} (bench/torch_gpt.py, same shapes and step{})", j.value("torch", "?"),
-                             r.precision == "bf16" ? ", bf16 autocast" : "");
+                             layout::parse_precision(r.precision) == DType::bf16 ? ", bf16 autocast" : "");
 }
 
 // The model's parameter count (a tensor-parallel block counts its global
@@ -153,7 +154,7 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
   // gives it a mesh even on one rank): the wrapper sets the compute dtype.
   std::unique_ptr<parallel::Parallelism> wrapper;
   const std::vector<nn::Module*> units = gpt.fsdp_units();  // the trainer's units
-  if (precision == "bf16")
+  if (layout::parse_precision(precision) == DType::bf16)
     wrapper = std::make_unique<parallel::FullyShardedDataParallel>(
         gpt, dp_comm != nullptr ? *dp_comm : grid->comm(mesh::kData), nullptr,
         parallel::FullyShardedOptions{.stage = parallel::ZeroStage::no_shard,
@@ -253,7 +254,7 @@ GptBenchRun run_meshtrain(const GptBenchOptions& o, const GptBenchMesh& m, const
   r.precision = precision;
   r.threads_per_rank = std::max(1, o.threads / m.ranks());
   std::vector<RankTimes> ranks(static_cast<size_t>(m.ranks()));
-  if (m.ranks() == 1 && precision == "fp32") {
+  if (m.ranks() == 1 && layout::parse_precision(precision) == DType::f32) {
     ranks[0] = run_rank(o, m, precision, nullptr, parameters, &r.parameter_bytes);
   } else {
     set_blas_threads(r.threads_per_rank);

@@ -135,6 +135,7 @@ int run_train(TrainFlags& f) {
     fmt::print("\n[distributed]\n# (resolved)\n{}\n\n", dc.to_string());
     const mesh::NamedShape m = dc.mesh();
     fmt::print("{}\n", mesh::render_mesh(m.shape, m.axis_names));
+    fmt::print("layout: {}\n", resolved.layout.describe());
     std::fflush(stdout);
   }
   const train::TrainResult r = train::run_training(resolved, dc, launch);
