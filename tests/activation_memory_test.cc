@@ -27,10 +27,10 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/random.h"
-#include "meshtrain/nn/context_parallel.h"
+#include "meshtrain/nn/parallel/context_parallel.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 #include "meshtrain/plan/activation_memory.h"
 
 namespace meshtrain {

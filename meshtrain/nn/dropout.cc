@@ -9,7 +9,7 @@
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/buffers.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 
 namespace meshtrain::nn {
 

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "meshtrain/nn/module.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 
 namespace meshtrain::nn {
 

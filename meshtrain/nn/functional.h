@@ -71,7 +71,7 @@ void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tens
 // u >= p with u = uniform_at(seed, key, start + i, 0, 1) in f32.
 void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale);
 
-// ---- vocabulary-parallel cross-entropy (nn/tensor_parallel.h) ----
+// ---- vocabulary-parallel cross-entropy (nn/parallel/tensor_parallel.h) ----
 // A rank holds columns [begin, begin + C) of the logits (N, V); labels (N)
 // i64 are global ids in [0, V). Three steps around two all-reduces:
 // row_max (N) = each row's largest logit (of this shard).

@@ -44,14 +44,14 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/nn/context_parallel.h"
+#include "meshtrain/nn/parallel/context_parallel.h"
 #include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/embedding.h"
 #include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/nn/sequential.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 
 namespace meshtrain::nn {
 

@@ -9,7 +9,7 @@
 #include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/internal/buffers.h"
 #include "meshtrain/nn/linear.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 
 namespace meshtrain::nn {
 

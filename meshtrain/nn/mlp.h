@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "meshtrain/nn/sequential.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 
 namespace meshtrain::nn {
 

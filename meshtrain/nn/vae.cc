@@ -12,7 +12,7 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 
 namespace meshtrain::nn {
 

@@ -45,7 +45,7 @@
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/sequential.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 
 namespace meshtrain::nn {
 

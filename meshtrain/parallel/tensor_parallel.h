@@ -9,7 +9,7 @@
 //   ... the step protocol, as with any Parallelism ...
 //
 // The model's blocks are split over the tensor axis by its own modules
-// (nn/tensor_parallel.h: column/row-parallel Linears, the
+// (nn/parallel/tensor_parallel.h: column/row-parallel Linears, the
 // vocabulary-parallel embedding and loss communicate inside forward and
 // backward); what the axis needs once per step is here:
 //   finish()        the inner strategy's, then the sequence-parallel
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 #include "meshtrain/parallel/parallelism.h"
 
 namespace meshtrain::parallel {

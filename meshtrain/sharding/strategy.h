@@ -200,7 +200,7 @@ class FSDPStrategy final : public Strategy {
 // parts) is split on C, the bias (parts, C) likewise. With uneven = true a
 // dimension the axis does not divide is split by the torch.chunk rule
 // (Layout's; heads must still divide): what the runtime modules build
-// (nn/tensor_parallel.h), which take their blocks from block().
+// (nn/parallel/tensor_parallel.h), which take their blocks from block().
 class TensorParallelStrategy final : public Strategy {
  public:
   // axis_size >= 1.

@@ -21,7 +21,7 @@
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 #include "meshtrain/train/generate.h"
 #include "meshtrain/train/internal/builtin_recipes.h"
 #include "meshtrain/train/run_dir.h"

@@ -18,7 +18,7 @@
 #include "meshtrain/core/random.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/optim/loss_scaler.h"

@@ -16,7 +16,7 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/nn/module.h"
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 #include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/train/train_config.h"

@@ -41,7 +41,7 @@
 //   this rank's heads (the same size as the ring's).
 //
 // Numbers: both equal one device's attention over the whole sequence to
-// f32 rounding (nn/context_parallel_test.cc: within 1e-5 for n = 2, 4, 8,
+// f32 rounding (nn/parallel/context_parallel_test.cc: within 1e-5 for n = 2, 4, 8,
 // causal and full, load-balanced or not). The merge order differs from one
 // device's online softmax, so results are not bit-identical.
 //

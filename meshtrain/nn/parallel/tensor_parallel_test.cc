@@ -8,7 +8,7 @@
 // logits: loss and every rank's gradient slice within 1e-6, with each row's
 // maximum placed on a different rank, while each rank keeps 1/k of the
 // plain loss's probabilities (MemoryTracker).
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-#include "meshtrain/nn/context_parallel.h"
+#include "meshtrain/nn/parallel/context_parallel.h"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>

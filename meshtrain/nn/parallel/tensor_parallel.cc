@@ -1,4 +1,4 @@
-#include "meshtrain/nn/tensor_parallel.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 
 #include <fmt/format.h>
 
