@@ -12,7 +12,7 @@
 //   meshtrain launch ... -- CMD ...       start CMD's worker processes on this node, like torchrun (docs/launch.md)
 //   meshtrain devices ...                 the detected hardware, its batch-size advice, a batch-size check
 //   meshtrain plan ...                    memory per device of training the GPT under a mesh (docs/planner.md)
-//   meshtrain --version                   "meshtrain 0.1.0" (meshtrain/version.h)
+//   meshtrain --version                   "meshtrain 0.2.0" (meshtrain/version.h)
 // Library errors become exit code 1 with the message on stderr; bad flags exit 2.
 #include <fmt/format.h>
 

@@ -15,7 +15,7 @@
 #      threads-engine ranks, and the recipe registry) runs.
 #   4. find_package(meshtrain COMPONENTS <every engine of the build>) in a
 #      C and C++ project works; COMPONENTS nccl (an engine no build has
-#      yet) and a version 0.2 request (0.x: a minor version may break) fail,
+#      yet) and a version 0.3 request (0.x: a minor version may break) fail,
 #      saying why.
 #   tests/install_test.sh <source dir> <build dir>
 set -u
@@ -72,7 +72,7 @@ step "2. examples/consumer against $prefix"
 cp -r "$src/examples/consumer" "$tmp/consumer"
 cmake -S "$tmp/consumer" -B "$tmp/consumer-build" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" > "$tmp/configure.log" 2>&1 ||
   { cat "$tmp/configure.log"; fail "configuring the consumer"; }
-grep "meshtrain 0.1" "$tmp/configure.log"
+grep "meshtrain 0.2" "$tmp/configure.log"
 cmake --build "$tmp/consumer-build" > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "building the consumer"; }
 grep -i "warning" "$tmp/build.log" && fail "the consumer's build warns"
 refs=$(tree_refs "$tmp/consumer-build")
@@ -129,16 +129,16 @@ engines=$(pkg-config --variable=engines meshtrain | tr ' ' ';')
 configure() {
   cmake -S "$tmp/components" -B "$tmp/components-build" -DCMAKE_PREFIX_PATH="$prefix" "$@" > "$tmp/components.log" 2>&1
 }
-configure -DWANT_VERSION=0.1 "-DWANT_ENGINES=$engines" || { cat "$tmp/components.log"; fail "COMPONENTS $engines"; }
+configure -DWANT_VERSION=0.2 "-DWANT_ENGINES=$engines" || { cat "$tmp/components.log"; fail "COMPONENTS $engines"; }
 grep "found meshtrain" "$tmp/components.log"
-if configure -DWANT_VERSION=0.1 -DWANT_ENGINES=nccl; then
+if configure -DWANT_VERSION=0.2 -DWANT_ENGINES=nccl; then
   fail "COMPONENTS nccl was found"
 fi
 grep -q "no meshtrain has the nccl engine yet" "$tmp/components.log" || { cat "$tmp/components.log"; fail "no reason for nccl"; }
 grep -B2 -A1 "nccl engine" "$tmp/components.log"
-if configure -DWANT_VERSION=0.2 "-DWANT_ENGINES=threads"; then
-  fail "version 0.2 was found"
+if configure -DWANT_VERSION=0.3 "-DWANT_ENGINES=threads"; then
+  fail "version 0.3 was found"
 fi
-grep -q "compatible with requested version" "$tmp/components.log" || { cat "$tmp/components.log"; fail "no reason for version 0.2"; }
+grep -q "compatible with requested version" "$tmp/components.log" || { cat "$tmp/components.log"; fail "no reason for version 0.3"; }
 grep -A4 "compatible with requested version" "$tmp/components.log" | grep -v "^ *$"
 echo "PASS: install ($SECONDS s)"
