@@ -140,7 +140,8 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
   const std::vector<layout::ModelParameter> params = parallel::model_parameters(*model, units_of(*model));
   const std::vector<layout::HeldParameter> mine = layout::held_parameters(rule, params, f.rank);
   if (f.json) {
-    nlohmann::json out{{"model", f.model}, {"mesh", mesh_spec}, {"rank", f.rank}, {"parameters", nlohmann::json::array()}};
+    nlohmann::json out{
+        {"model", f.model}, {"mesh", mesh_spec}, {"rank", f.rank}, {"parameters", nlohmann::json::array()}};
     for (const layout::HeldParameter& h : mine) {
       const sharding::Placement& p = h.placement;
       out["parameters"].push_back({{"name", h.name}, {"shape", p.shape}, {"view", p.view}, {"offsets", p.box.offsets},

@@ -61,7 +61,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t data_bytes = (data[1] | (uint64_t{data[2]} << 8)) & 0x0fff;
   const std::string_view header(reinterpret_cast<const char*>(data + 3), size - 3);
   try {
-    const auto entries = meshtrain::checkpoint::internal::parse_safetensors_header(header, data_bytes, "fuzz.safetensors");
+    const auto entries =
+        meshtrain::checkpoint::internal::parse_safetensors_header(header, data_bytes, "fuzz.safetensors");
     uint64_t at = 0, covered = 0;
     for (const auto& e : entries) {
       check(e.begin <= e.end && e.end <= data_bytes);

@@ -372,7 +372,8 @@ CheckpointSaveStats save_checkpoint(comm::Communicator& world, const std::string
   agree(world, failure);
   // 3. The index, by rank 0, from every rank's placements and checksums.
   t = Clock::now();
-  const std::vector<std::string> sums = comm::all_gather_bytes(world, written.is_null() ? std::string("[]") : written.dump());
+  const std::vector<std::string> sums =
+      comm::all_gather_bytes(world, written.is_null() ? std::string("[]") : written.dump());
   for (const std::string& placed : sums)
     for (const json& at : json::parse(placed)) stats.bytes += at["bytes"].get<uint64_t>();
   if (world.rank() == 0) {

@@ -63,7 +63,8 @@ std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, const s
     const int64_t n = where.block_numel();
     block_numel.push_back(n);
     // FSDP decides on the block a tensor-parallel rank holds.
-    shard.push_back(layout.fsdp.has_value() && fsdp.should_shard({.name = p.info.name, .shape = where.block_box().sizes}));
+    shard.push_back(layout.fsdp.has_value() &&
+                    fsdp.should_shard({.name = p.info.name, .shape = where.block_box().sizes}));
     out.push_back({p.info.name, p.stage, std::move(where)});
   }
   if (!layout.fsdp) return out;

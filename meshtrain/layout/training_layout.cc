@@ -31,7 +31,9 @@ std::string TrainingLayout::describe() const {
     parts.push_back(fmt::format("fsdp {}{}{}", fsdp->name(),
                                 over.empty() ? "" : fmt::format(" over {} ({} ranks)", fmt::join(over, " x "),
                                                                 shard_size()),
-                                param_dtype == DType::f32 ? "" : fmt::format(", {} parameters", precision_name(param_dtype))));
+                                param_dtype == DType::f32
+                                    ? ""
+                                    : fmt::format(", {} parameters", precision_name(param_dtype))));
     if (zeropp.any()) parts.push_back("ZeRO++ " + zeropp.to_string());
   } else if (size(mesh::kData) > 1) {
     parts.push_back(fmt::format("data parallel {}", size(mesh::kData)));

@@ -40,7 +40,8 @@ int64_t Placement::block_numel() const {
 }
 
 std::string Placement::to_string() const {
-  std::string out = is_block() ? fmt::format("{} of {}", box.to_string(), meshtrain::shape_to_string(view_shape())) : "";
+  std::string out =
+      is_block() ? fmt::format("{} of {}", box.to_string(), meshtrain::shape_to_string(view_shape())) : "";
   if (is_flat()) out += fmt::format("{}flat[{}:{}]", out.empty() ? "" : " ", start, start + count);
   return out.empty() ? "whole" : out;
 }

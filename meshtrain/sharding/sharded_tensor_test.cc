@@ -161,10 +161,12 @@ TEST(ShardedTensor, RedistributeWithoutMovesSharesStorage) {
 TEST(ShardedTensor, FromPlacementsBuildsTheSpecAndPartialAxes) {
   on_mesh({2, 2}, {"data", "tensor"}, [&](DeviceMesh& mesh) {
     using sharding::AxisPlacement;
-    const Layout l = Layout::from_placements(mesh, {AxisPlacement::Shard(1), AxisPlacement::Partial(ReduceOp::avg)}, {4, 6});
+    const Layout l =
+        Layout::from_placements(mesh, {AxisPlacement::Shard(1), AxisPlacement::Partial(ReduceOp::avg)}, {4, 6});
     EXPECT_EQ(l.spec(), PartitionSpec::parse("None,data"));
     EXPECT_EQ(l.partial(), (sharding::PartialAxes{{"tensor", ReduceOp::avg}}));
-    EXPECT_EQ(l.placements(), (std::vector<AxisPlacement>{AxisPlacement::Shard(1), AxisPlacement::Partial(ReduceOp::avg)}));
+    EXPECT_EQ(l.placements(),
+              (std::vector<AxisPlacement>{AxisPlacement::Shard(1), AxisPlacement::Partial(ReduceOp::avg)}));
   });
 }
 

@@ -173,7 +173,8 @@ class Run {
     }
     // Tensor (and sequence) parallelism's once-per-step reductions wrap the
     // strategy over the data-parallel ranks (collective over the tensor axis).
-    if (tp_.size() > 1) parallel_ = std::make_unique<parallel::TensorParallel>(std::move(parallel_), tp_, sequence_parallel_);
+    if (tp_.size() > 1)
+      parallel_ = std::make_unique<parallel::TensorParallel>(std::move(parallel_), tp_, sequence_parallel_);
     // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
     if (parallel_->needs_loss_scaling()) scaler_ = std::make_unique<optim::DynamicLossScaler>();
     opt_params_ = parallel_->optimizer_parameters();
