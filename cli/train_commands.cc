@@ -56,13 +56,7 @@ struct TrainFlags {
 // run's staging directory first), so only what changes needs a flag.
 std::string resumed_config(const TrainFlags& f) {
   if (!f.config.empty() || f.app->get_option("--resume")->count() == 0) return f.config;
-  const std::string run = f.values.at("resume");
-  for (const std::string& dir : {run + ".incomplete", run}) {
-    const std::string path = (std::filesystem::path(dir) / "config.toml").string();
-    if (std::filesystem::exists(path)) return path;
-  }
-  throw InvalidArgument("--resume", fmt::format("'{}' holds no config.toml (nor does '{}.incomplete')", run, run),
-                        "give the run directory of a run that wrote checkpoints (--checkpoint-every N)");
+  return train::resume_config(f.values.at("resume"));
 }
 
 // A worker that `meshtrain launch --max-restarts` restarted
@@ -75,14 +69,11 @@ void resume_after_restart(TrainFlags& f) {
   if (!count || *count == "0" || count->empty()) return;
   if (f.app->get_option("--resume")->count() > 0 || f.app->get_option("--run-dir")->count() == 0) return;
   const std::string run = f.values.at("run_dir");
-  for (const std::string& dir : {run + ".incomplete", run})
-    if (checkpoint::latest_checkpoint((std::filesystem::path(dir) / "checkpoints").string())) {
-      f.values["resume"] = run;
-      f.app->get_option("--resume")->add_result(run);
-      if (const std::string* rank = env.find("RANK"); !rank || *rank == "0")
-        fmt::print("meshtrain train: restart {}: resuming {} from its latest checkpoint\n", *count, run);
-      return;
-    }
+  if (!train::holds_checkpoint(run)) return;
+  f.values["resume"] = run;
+  f.app->get_option("--resume")->add_result(run);
+  if (const std::string* rank = env.find("RANK"); !rank || *rank == "0")
+    fmt::print("meshtrain train: restart {}: resuming {} from its latest checkpoint\n", *count, run);
 }
 
 int run_train(TrainFlags& f) {

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/error.h"
 
@@ -362,6 +363,21 @@ void RunDirectory::commit() {
   }
   committed_ = true;
   fsync_directory(parent.empty() ? "." : parent);
+}
+
+std::string resume_config(const std::string& run) {
+  for (const std::string& dir : {run + kIncomplete, run}) {
+    const std::string path = (fs::path(dir) / "config.toml").string();
+    if (fs::exists(path)) return path;
+  }
+  throw InvalidArgument("--resume", fmt::format("'{}' holds no config.toml (nor does '{}{}')", run, run, kIncomplete),
+                        "give the run directory of a run that wrote checkpoints (--checkpoint-every N)");
+}
+
+bool holds_checkpoint(const std::string& run) {
+  for (const std::string& dir : {run + kIncomplete, run})
+    if (checkpoint::latest_checkpoint((fs::path(dir) / "checkpoints").string())) return true;
+  return false;
 }
 
 }  // namespace meshtrain::train

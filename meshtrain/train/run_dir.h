@@ -57,6 +57,14 @@ inline constexpr std::array<std::string_view, 10> kRunArtifacts = {
     "config.toml", "metrics.jsonl",       "model.safetensors", "trainer_state.json", "loss.svg",
     "checkpoints", "reconstructions.png", "samples.png",       "pipeline.trace.json", "pipeline.svg"};
 
+// The config.toml a resumed run continues with: its interrupted staging
+// directory's ("<run>.incomplete/config.toml") first, else the run's own.
+// InvalidArgument naming --resume when neither exists.
+std::string resume_config(const std::string& run);
+// True when `run` or its interrupted staging directory holds a checkpoint:
+// a worker that `meshtrain launch --max-restarts` restarted continues it.
+bool holds_checkpoint(const std::string& run);
+
 class RunDirectory {
  public:
   // See above. Throws InvalidArgument (the path holds a run or other files,

@@ -27,6 +27,23 @@ using testing::entries;
 
 using Names = std::vector<std::string>;
 
+TEST(RunDirectory, AResumedRunReadsItsStagingConfigFirstAndARestartNeedsACheckpoint) {
+  const fs::path parent = fresh_parent("resume_config");
+  const std::string run = (parent / "run").string();
+  EXPECT_THAT(testing::error_of([&] { resume_config(run); }),
+              ::testing::HasSubstr("--resume: '" + run + "' holds no config.toml (nor does '" + run + ".incomplete')"));
+  EXPECT_FALSE(holds_checkpoint(run));
+  fs::create_directories(run);
+  write_file_atomic(run + "/config.toml", "model = \"mlp\"\n");
+  EXPECT_EQ(resume_config(run), run + "/config.toml");
+  fs::create_directories(run + ".incomplete/checkpoints/step_00000003");
+  write_file_atomic(run + ".incomplete/config.toml", "model = \"mlp\"\n");
+  EXPECT_EQ(resume_config(run), run + ".incomplete/config.toml");  // the interrupted run's
+  EXPECT_FALSE(holds_checkpoint(run));                               // a step without an index is no checkpoint
+  write_file_atomic(run + ".incomplete/checkpoints/step_00000003/index.json", "{}");
+  EXPECT_TRUE(holds_checkpoint(run));
+}
+
 TEST(RunDirectory, AFreshRunIsStagedAndCommitted) {
   const fs::path parent = fresh_parent("fresh");
   const std::string path = (parent / "run").string();
