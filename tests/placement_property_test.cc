@@ -25,6 +25,7 @@
 
 #include "meshtrain/layout/placement_rule.h"
 #include "meshtrain/layout/vocabulary.h"
+#include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/testing/parity.h"
@@ -118,12 +119,11 @@ std::vector<parallel::ParamShard> shard_command(const Case& c, const train::Trai
   return held;
 }
 
-// The mesh coordinate of `rank` on `axis` (row-major, the last axis fastest).
+// The mesh coordinate of `rank` on `axis` (0 without that axis).
 int coordinate(const mesh::NamedShape& m, int rank, std::string_view axis) {
-  for (size_t i = m.shape.size(); i-- > 0;) {
-    if (m.axis_names[i] == axis) return rank % m.shape[i];
-    rank /= m.shape[i];
-  }
+  const std::vector<int> c = mesh::unravel(rank, m.shape);
+  for (size_t i = 0; i < m.axis_names.size(); ++i)
+    if (m.axis_names[i] == axis) return c[i];
   return 0;
 }
 

@@ -1,30 +1,12 @@
 #include "meshtrain/layout/placement_rule.h"
 
-#include <fmt/format.h>
-
 #include <map>
 
-#include "meshtrain/core/error.h"
+#include "meshtrain/mesh/device_mesh.h"
 
 namespace meshtrain::layout {
 
 namespace {
-
-// Coordinate of `rank` on each axis of the mesh (row-major, the last axis
-// fastest: DeviceMesh's numbering).
-std::vector<int> coordinates(const mesh::NamedShape& m, int rank) {
-  int64_t n = 1;
-  for (int s : m.shape) n *= s;
-  if (rank < 0 || rank >= n)
-    throw InvalidArgument("held_parameters", fmt::format("rank {} of mesh {} ({} ranks)", rank, m.to_spec(), n),
-                          "pass a rank of the mesh");
-  std::vector<int> c(m.shape.size());
-  for (size_t i = m.shape.size(); i-- > 0;) {
-    c[i] = rank % m.shape[i];
-    rank /= m.shape[i];
-  }
-  return c;
-}
 
 int coordinate(const mesh::NamedShape& m, const std::vector<int>& c, std::string_view axis) {
   for (size_t i = 0; i < m.axis_names.size(); ++i)
@@ -37,7 +19,7 @@ int coordinate(const mesh::NamedShape& m, const std::vector<int>& c, std::string
 std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, const std::vector<ModelParameter>& params,
                                            int rank) {
   const mesh::NamedShape& m = layout.mesh;
-  const std::vector<int> c = coordinates(m, rank);
+  const std::vector<int> c = mesh::unravel(rank, m.shape);  // InvalidArgument outside the mesh
   const int pipeline = m.size_of(mesh::kPipeline), tensor = m.size_of(mesh::kTensor);
   const sharding::TensorParallelStrategy tp(mesh::kTensor, tensor, /*uneven=*/true);
   // The fully sharded group: its size and this rank's index in it.
