@@ -130,6 +130,11 @@ class Parallelism {
   // For checkpoints: what this rank holds of every model parameter, in the
   // model's parameter order.
   virtual std::vector<ParamShard> parameter_shards() const = 0;
+
+  // Communicators the strategy owns beyond the mesh's, by name, for traffic
+  // figures (a pipeline's "tied"; an entry may be null on ranks that do not
+  // take part, but every rank lists the same names). Default: none.
+  virtual std::vector<std::pair<std::string, comm::Communicator*>> own_communicators() const { return {}; }
 };
 
 }  // namespace meshtrain::parallel

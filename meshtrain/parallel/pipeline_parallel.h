@@ -74,6 +74,10 @@ class PipelineParallel final : public Parallelism {
   bool needs_loss_scaling() const override;
   std::optional<double> hidden_fraction() const override;
   std::vector<ParamShard> parameter_shards() const override;
+  // {"tied", tied_communicator()}.
+  std::vector<std::pair<std::string, comm::Communicator*>> own_communicators() const override {
+    return {{"tied", tied_communicator()}};
+  }
 
   // The communicator of the ranks holding tied stages, which sums the tied
   // gradients in finish() (null on the others, and without tied parameters).

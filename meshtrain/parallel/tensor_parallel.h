@@ -60,9 +60,9 @@ class TensorParallel final : public Parallelism {
   bool needs_loss_scaling() const override { return inner_->needs_loss_scaling(); }
   std::optional<double> hidden_fraction() const override { return inner_->hidden_fraction(); }
   std::vector<ParamShard> parameter_shards() const override { return inner_->parameter_shards(); }
-
-  // The strategy over the data-parallel ranks.
-  const Parallelism& inner() const { return *inner_; }
+  std::vector<std::pair<std::string, comm::Communicator*>> own_communicators() const override {
+    return inner_->own_communicators();
+  }
 
  private:
   // x summed over the tensor axis.

@@ -11,8 +11,6 @@
 #include "meshtrain/core/strings.h"
 #include "meshtrain/parallel/data_parallel.h"
 #include "meshtrain/parallel/fully_sharded.h"
-#include "meshtrain/parallel/pipeline_parallel.h"
-#include "meshtrain/parallel/tensor_parallel.h"
 
 namespace meshtrain::train::internal {
 
@@ -38,10 +36,7 @@ std::vector<std::string> gradient_axes(const mesh::NamedShape& m) {
 
 NamedComms training_communicators(const mesh::DeviceMesh& mesh, const parallel::Parallelism& strategy) {
   NamedComms out = mesh.communicators();
-  const parallel::Parallelism* inner = &strategy;
-  if (const auto* tp = dynamic_cast<const parallel::TensorParallel*>(inner)) inner = &tp->inner();
-  if (const auto* pp = dynamic_cast<const parallel::PipelineParallel*>(inner))
-    out.emplace_back("tied", pp->tied_communicator());
+  for (const auto& named : strategy.own_communicators()) out.push_back(named);
   return out;
 }
 

@@ -47,9 +47,9 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                                        MemoryTracker* memory);
 
 // The communicators training uses, named for TrainResult::traffic_by_rank:
-// the mesh's (DeviceMesh::communicators), then "tied" where a pipeline sums
-// tied gradients (PipelineParallel::tied_communicator; every rank lists it,
-// null where it holds no tied stage).
+// the mesh's (DeviceMesh::communicators), then the strategy's own
+// (Parallelism::own_communicators: "tied" where a pipeline sums tied
+// gradients; every rank lists it, null where it holds no tied stage).
 using NamedComms = std::vector<std::pair<std::string, comm::Communicator*>>;
 NamedComms training_communicators(const mesh::DeviceMesh& mesh, const parallel::Parallelism& strategy);
 // Zeroes their traffic counters.
