@@ -28,6 +28,7 @@
 #include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/train/planner_model.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -236,7 +237,8 @@ int run_plan(PlanFlags f) {
     throw InvalidArgument("--fsdp", e.detail(), e.hint());
   }
   l.param_dtype = l.reduce_dtype = precision;
-  const plan::GptShape g{.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .width = f.width};
+  const plan::GptShape g = train::with_gpt_model(
+      {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .width = f.width});
   if (f.published) return run_published_runs();
   if (f.devices > 0) {
     if (f.hardware.empty())

@@ -5,6 +5,8 @@
 #include <array>
 #include <chrono>
 
+#include "meshtrain/train/planner_model.h"
+
 namespace meshtrain::cli {
 namespace {
 
@@ -103,8 +105,9 @@ int run_published_runs() {
     const int devices = p.layout.devices();
     const plan::SearchOptions o{.devices = devices, .batch = p.layout.batch, .device_memory = p.device_memory,
                                 .precision = DType::bf16, .keep = 3};
-    const plan::Candidate given = plan::evaluate_layout(p.shape, p.layout, o, hw);
-    const plan::SearchResult r = plan::search_layouts(p.shape, o, hw);
+    const plan::GptShape shape = train::with_gpt_model(p.shape);
+    const plan::Candidate given = plan::evaluate_layout(shape, p.layout, o, hw);
+    const plan::SearchResult r = plan::search_layouts(shape, o, hw);
     const std::string pick = r.fitting.empty() ? "none fits" : r.fitting[0].label;
     fmt::print("{:<30} {:>7} {:<52} {:>10.0f} {:>10.0f} {:>7}   {:<52} {:>10.0f}\n", p.name,
                fmt::format("{} {}", devices, p.hardware), given.label, p.tokens_per_second_per_device,

@@ -30,6 +30,7 @@
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/testing/parity.h"
 #include "meshtrain/train/model_recipe.h"
+#include "meshtrain/train/planner_model.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/gpt_parity.h"
 
@@ -131,8 +132,8 @@ int coordinate(const mesh::NamedShape& m, int rank, std::string_view axis) {
 void check_planner(const train::TrainConfig& tc, const layout::TrainingLayout& pl, const train::TrainResult& r) {
   plan::TrainingLayout l;
   l.set_layout(pl);
-  const plan::GptShape g{
-      .vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width};
+  const plan::GptShape g = train::with_gpt_model(
+      {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width});
   for (int rank = 0; rank < static_cast<int>(r.placements_by_rank.size()); ++rank) {
     const std::vector<plan::ParamElements> want = plan::device_parameters(
         g, l, coordinate(pl.mesh, rank, mesh::kPipeline), coordinate(pl.mesh, rank, mesh::kTensor));

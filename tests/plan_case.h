@@ -16,6 +16,7 @@
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/plan/mesh_planning.h"
 #include "meshtrain/testing/parity.h"
+#include "meshtrain/train/planner_model.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/gpt_parity.h"
 
@@ -104,7 +105,8 @@ inline PlanRun run_plan_case(const PlanCase& c) {
                 .batch = tc.batch_size,
                 .bucket_bytes = c.bucket_mb * (1 << 20)};
   run.layout.set_layout(resolved.layout);
-  run.shape = {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width};
+  run.shape = train::with_gpt_model(
+      {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width});
   return run;
 }
 

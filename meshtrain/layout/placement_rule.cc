@@ -16,7 +16,7 @@ int coordinate(const mesh::NamedShape& m, const std::vector<int>& c, std::string
 
 }  // namespace
 
-std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, const std::vector<ModelParameter>& params,
+std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, std::span<const ModelParameter> params,
                                            int rank) {
   const mesh::NamedShape& m = layout.mesh;
   const std::vector<int> c = mesh::unravel(rank, m.shape);  // InvalidArgument outside the mesh

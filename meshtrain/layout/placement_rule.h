@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -63,7 +64,7 @@ struct HeldParameter {
 // stages it does not run left out). InvalidArgument for a rank outside the
 // mesh or a split the strategies refuse (heads the tensor axis does not
 // divide), naming the parameter.
-std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, const std::vector<ModelParameter>& params,
+std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, std::span<const ModelParameter> params,
                                            int rank);
 
 }  // namespace meshtrain::layout

@@ -315,6 +315,7 @@ std::vector<Module*> GPT::blocks() { return h_.children(); }
 
 std::vector<Module*> GPT::fsdp_units() {
   std::vector<Module*> units = blocks();
+  if (wte_ && !(config_.embed && config_.head)) units.push_back(&*wte_);
   units.push_back(this);
   return units;
 }

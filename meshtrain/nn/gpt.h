@@ -179,7 +179,10 @@ class GPT final : public Module {
   std::vector<Module*> blocks();
   // Fully sharded data parallelism's units (FullyShardedOptions::
   // unit_modules): one per block, then the root for the rest (embeddings,
-  // the final LayerNorm), as torchtitan wraps GPT-2.
+  // the final LayerNorm), as torchtitan wraps GPT-2. A pipeline stage
+  // holding wte without the whole model (the first stage, or the last one's
+  // tied head) makes wte a unit of its own before the root, so both stages
+  // shard their copies alike.
   std::vector<Module*> fsdp_units();
   // The vocabulary ids whose logits forward returns (all of them without
   // tensor parallelism); empty for a part without the head.

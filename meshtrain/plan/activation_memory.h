@@ -127,14 +127,9 @@
 
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/layout/vocabulary.h"
+#include "meshtrain/plan/model_description.h"
 
 namespace meshtrain::plan {
-
-// The GPT's sizes (nn::GPTConfig): vocab V, the sequence length T the run
-// trains on (≤ block_size), layers, heads H, width C.
-struct GptShape {
-  int64_t vocab = 0, seq = 0, layers = 0, heads = 0, width = 0;
-};
 
 // How one rank runs the model.
 struct ActivationLayout {

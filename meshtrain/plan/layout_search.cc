@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/plan/internal/stage_params.h"
 
 namespace meshtrain::plan {
 namespace {
@@ -25,7 +26,9 @@ std::string mesh_of(const TrainingLayout& l) {
 // Bytes of model state per device at least (parameters, gradients,
 // optimizer), without activations: a quick bound to skip what cannot fit.
 double state_bound(const GptShape& g, const TrainingLayout& l) {
-  const double params = 12.0 * g.layers * g.width * g.width + static_cast<double>(g.vocab * g.width);
+  double params = 0;  // the model's elements
+  for (const layout::ModelParameter& p : internal::describe(g, 1)->params)
+    params += static_cast<double>(p.info.numel());
   const double per = params / (l.tensor * l.pipeline);
   const double pb = dtype_size(l.param_dtype), d = l.shard_ranks();
   const double master = l.param_dtype == DType::f32 ? 0 : 4;

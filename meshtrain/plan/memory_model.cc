@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/plan/internal/gpt_layout.h"
+#include "meshtrain/plan/internal/stage_params.h"
 #include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::plan {
@@ -18,8 +18,6 @@ namespace {
 
 constexpr const char* kOp = "plan::predict_memory";
 
-using internal::stage_blocks;
-using internal::stage_params;
 using internal::StageParam;
 
 // Model chunks per pipeline rank, as the trainer resolves them: 1 without
@@ -607,14 +605,12 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
 std::vector<ParamElements> device_parameters(const GptShape& g, const TrainingLayout& l, int pipeline_rank,
                                              int tensor_rank) {
   const int p = l.pipeline, v = chunks_per_rank(l);
-  const auto cut = stage_blocks(g, p * v);
+  const auto holdings = internal::holdings(g, p * v, l.tensor);
+  const internal::Holdings& held = *holdings;
   std::vector<ParamElements> out;
-  for (int c = 0; c < v; ++c) {
-    const int s = pipeline_rank + c * p;
-    const auto [first, last] = cut.at(static_cast<size_t>(s));
-    for (const StageParam& q : stage_params(g, first, last, s == 0, s == p * v - 1, tensor_rank, l.tensor, p > 1))
+  for (int c = 0; c < v; ++c)
+    for (const StageParam& q : held.at(pipeline_rank + c * p, tensor_rank))
       out.push_back({q.numel, q.replicated});
-  }
   return out;
 }
 
@@ -629,13 +625,16 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
   const double pb = static_cast<double>(dtype_size(l.param_dtype));
   const double gb = static_cast<double>(dtype_size(l.reduce_dtype));
   const double state = l.adamw ? 8.0 : 4.0;
-  const auto cut = stage_blocks(g, p * v);
+  const auto holdings = internal::holdings(g, p * v, k);
+  const internal::Holdings& held = *holdings;
   MemoryPrediction out;
   for (int r = 0; r < p; ++r) {
+    std::vector<int> chunk_stages;  // the stages this rank runs: r, r + p, ...
+    for (int c = 0; c < v; ++c) chunk_stages.push_back(r + c * p);
     for (int t = 0; t < k; ++t) {
-      // Tensor ranks differ only in their vocabulary shard: one with the
-      // same shard as the previous rank needs the same bytes.
-      if (t > 0 && internal::chunk_size(g.vocab, t, k) == internal::chunk_size(g.vocab, t - 1, k)) {
+      // Tensor ranks differ only in their vocabulary shard: one holding what
+      // the previous rank holds needs the same bytes.
+      if (held.same_as_previous(chunk_stages, t)) {
         out.devices.push_back(out.devices.back());
         out.devices.back().tensor_rank = t;
         continue;
@@ -645,11 +644,11 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
       dev.tensor_rank = t;
       double batch = 0;
       std::vector<StageReplay> chunks;
-      for (int c = 0; c < v; ++c) {  // the chunks this rank runs: stages r, r + p, ...
-        const int s = r + c * p;
-        const auto [first, last] = cut[static_cast<size_t>(s)];
-        const bool embed = s == 0, head = s == p * v - 1;
-        const std::vector<StageParam> ps = stage_params(g, first, last, embed, head, t, k, p > 1);
+      for (const int s : chunk_stages) {
+        const ModelDescription::Stage& stage = held.model().stages[static_cast<size_t>(s)];
+        const int first = stage.first_block, last = stage.last_block;
+        const bool embed = stage.embed, head = stage.head;
+        const std::vector<StageParam>& ps = held.at(s, t);
         const int blocks = last - first;
         std::vector<int64_t> unit_n(static_cast<size_t>(blocks + 2), 0);  // stage_params' unit numbers
         int64_t replicated = 0;

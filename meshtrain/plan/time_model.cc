@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/plan/internal/gpt_layout.h"
+#include "meshtrain/plan/internal/stage_params.h"
 #include "meshtrain/plan/traffic_model.h"
 #include "meshtrain/sharding/strategy.h"
 
@@ -136,7 +136,8 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
   const double V = static_cast<double>(g.vocab), K = k;
   const int d = l.sharding == layout::ZeroStage::no_shard ? 1 : l.shard_ranks();
   const auto gemm = [&](double flops) { return (flops + hw.gemm_overhead_flops) / rate; };
-  const auto cut = internal::stage_blocks(g, stages);
+  const auto holdings = internal::holdings(g, stages, k);
+  const internal::Holdings& held = *holdings;
 
   TimePrediction out;
   out.model_flops = 6.0 * (12.0 * g.layers * C * C + V * C) * static_cast<double>(l.batch) * T +
@@ -146,8 +147,10 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
   std::vector<double> per_micro_work(traffic.size()), step_work(traffic.size());
   for (size_t i = 0; i < traffic.size(); ++i) {
     const DeviceTraffic& tr = traffic[i];
+    std::vector<int> chunk_stages;  // the stages this rank runs: stage, stage + p, ...
+    for (int c = 0; c < v; ++c) chunk_stages.push_back(tr.stage + c * p);
     if (i > 0 && tr.stage == traffic[i - 1].stage &&
-        internal::chunk_size(g.vocab, tr.tensor_rank, k) == internal::chunk_size(g.vocab, tr.tensor_rank - 1, k)) {
+        held.same_as_previous(chunk_stages, tr.tensor_rank)) {
       out.devices.push_back(out.devices.back());  // the same shard: the same times
       out.devices.back().tensor_rank = tr.tensor_rank;
       per_micro_work[i] = per_micro_work[i - 1];
@@ -159,11 +162,10 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
     dt.tensor_rank = tr.tensor_rank;
     double backward = 0, attention = 0;  // compute that communication may hide under
     int64_t elements = 0;                // what the optimizer updates
-    for (int c = 0; c < v; ++c) {
-      const int s = tr.stage + c * p;
-      const auto [first, last] = cut[static_cast<size_t>(s)];
-      const double blocks = last - first;
-      const bool embed = s == 0, head = s == stages - 1;
+    for (const int s : chunk_stages) {
+      const ModelDescription::Stage& stage = held.model().stages[static_cast<size_t>(s)];
+      const double blocks = stage.last_block - stage.first_block;
+      const bool embed = stage.embed, head = stage.head;
       const double passes = l.recompute ? 2 : 1;  // forwards per micro-batch
       const double tokens = B * t;
       // GEMMs: 4 per block forward (6, 2, 8, 8 B t C^2 / k FLOPs), each twice backward.
@@ -187,8 +189,7 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
       if (head) bytes += m * tokens * 5 * V / K * 4;
       if (embed) bytes += m * tokens * 3 * C * 4;
       dt.elementwise += bytes / bw;
-      for (const internal::StageParam& q :
-           internal::stage_params(g, first, last, embed, head, tr.tensor_rank, k, p > 1))
+      for (const internal::StageParam& q : held.at(s, tr.tensor_rank))
         elements += sharded && l.sharding != layout::ZeroStage::no_shard &&
                             sharding::FSDPStrategy::large_enough(q.numel, l.min_weight_size)
                         ? (q.numel + d - 1) / d

@@ -6,7 +6,7 @@
 #include <initializer_list>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/plan/internal/gpt_layout.h"
+#include "meshtrain/plan/internal/stage_params.h"
 #include "meshtrain/sharding/strategy.h"
 
 namespace meshtrain::plan {
@@ -103,14 +103,17 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
   const double boundary = l.sequence_parallel ? act_sp : act;                  // what crosses a stage boundary
   const double pb = static_cast<double>(dtype_size(l.param_dtype));
   const double gb = static_cast<double>(dtype_size(l.reduce_dtype));
-  const auto cut = internal::stage_blocks(g, stages);
+  const auto holdings = internal::holdings(g, stages, k);
+  const internal::Holdings& held = *holdings;
 
   std::vector<DeviceTraffic> out;
   for (int r = 0; r < p; ++r)
     for (int tr = 0; tr < k; ++tr) {
-      // Tensor ranks differ only in their vocabulary shard: one with the
-      // same shard as the previous rank has the same calls.
-      if (tr > 0 && internal::chunk_size(g.vocab, tr, k) == internal::chunk_size(g.vocab, tr - 1, k)) {
+      std::vector<int> chunk_stages;  // the stages this rank runs: r, r + p, ...
+      for (int c = 0; c < v; ++c) chunk_stages.push_back(r + c * p);
+      // Tensor ranks differ only in their vocabulary shard: one holding what
+      // the previous rank holds has the same calls.
+      if (held.same_as_previous(chunk_stages, tr)) {
         DeviceTraffic same = out.back();
         same.tensor_rank = tr;
         out.push_back(std::move(same));
@@ -124,12 +127,11 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
       }
       if (k > 1) calls.add(tensor, CommKind::all_reduce, 8, 2, "parameter and gradient checks");
       double sp_replicated = 0;
-      for (int c = 0; c < v; ++c) {
-        const int s = r + c * p;
-        const auto [first, last] = cut[static_cast<size_t>(s)];
-        const bool embed = s == 0, head = s == stages - 1;
-        const int64_t blocks = last - first;
-        const std::vector<internal::StageParam> ps = internal::stage_params(g, first, last, embed, head, tr, k, p > 1);
+      for (const int s : chunk_stages) {
+        const ModelDescription::Stage& stage = held.model().stages[static_cast<size_t>(s)];
+        const bool embed = stage.embed, head = stage.head;
+        const int64_t blocks = stage.last_block - stage.first_block;
+        const std::vector<internal::StageParam>& ps = held.at(s, tr);
         for (const auto& q : ps)
           if (q.replicated) sp_replicated += static_cast<double>(q.numel);
         // Gradients: DataParallel's buckets, or fully sharded units.
@@ -173,7 +175,9 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         // The tied wte's gradient between the first and the last stage (its
         // optimizer part: the shard of its own unit when fully sharded).
         if (stages > 1 && (embed || head)) {
-          const int64_t wte = internal::chunk_size(g.vocab, tr, k) * g.width;
+          int64_t wte = 0;  // the elements of its own unit (stage_params numbers it `blocks`)
+          for (const auto& q : ps)
+            if (q.unit == blocks) wte += q.numel;
           const bool unit = sharded && sharding::FSDPStrategy::large_enough(wte, l.min_weight_size);
           const double bytes = unit ? gb * static_cast<double>((wte + d - 1) / d) : 4.0 * static_cast<double>(wte);
           calls.add({"tied", 2}, CommKind::all_reduce, bytes, 1, "tied embedding gradient");

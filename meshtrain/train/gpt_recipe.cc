@@ -85,16 +85,7 @@ class GptStage final : public RecipeStage {
     gpt_.set_memory_tracker(tracker);
   }
   nn::Module& module() override { return gpt_; }
-  // The GPT's units, with wte, which the first and last stages both hold,
-  // a unit of its own before the root's (so both shard it alike).
-  std::vector<nn::Module*> fsdp_units() override {
-    std::vector<nn::Module*> units = gpt_.fsdp_units();
-    for (nn::Module* c : gpt_.children()) {
-      const auto ps = c->parameters();
-      if (ps.size() == 1 && ps[0]->name == "wte.weight") units.insert(units.end() - 1, c);
-    }
-    return units;
-  }
+  std::vector<nn::Module*> fsdp_units() override { return gpt_.fsdp_units(); }
   Tensor forward(const Batch& micro, int64_t step, double norm, const Tensor& input, nn::Saved& saved,
                  double* loss) override {
     const Tensor& tokens = micro["tokens"];
@@ -234,21 +225,11 @@ class GptRecipe final : public ModelRecipe {
   }
 
  private:
-  // The blocks cut by forward FLOPs per token (GPT-2's 24 C^2 per block plus
-  // causal attention's 2 T C; the tied head's 2 C V on the last block).
   std::unique_ptr<RecipeModel> build_stages(const nn::GPTConfig& whole, const ModelOptions& o) const {
-    const double c = static_cast<double>(whole.width), t = static_cast<double>(whole.block_size);
-    std::vector<double> costs(static_cast<size_t>(whole.layers), 24 * c * c + 2 * t * c);
-    costs.back() += 2 * c * static_cast<double>(whole.vocab);
-    const auto cut = pipeline_cut(costs, o.pipeline_stages, "gpt");
+    const std::vector<nn::GPTConfig> parts = gpt_stage_configs(whole, o.pipeline_stages);
     std::vector<std::unique_ptr<RecipeStage>> stages;
     for (int s : o.stages) {
-      nn::GPTConfig part = whole;
-      part.first_block = cut.at(static_cast<size_t>(s)).first;
-      part.last_block = cut[static_cast<size_t>(s)].second;
-      part.embed = s == 0;
-      part.head = s == o.pipeline_stages - 1;
-      stages.push_back(std::make_unique<GptStage>(part, o.tracker));
+      stages.push_back(std::make_unique<GptStage>(parts.at(static_cast<size_t>(s)), o.tracker));
       stages.back()->module().set_compute_dtype(o.compute_dtype);
     }
     const double unigram = unigram_;
@@ -265,6 +246,25 @@ class GptRecipe final : public ModelRecipe {
 };
 
 }  // namespace
+
+// The blocks cut by forward FLOPs per token (GPT-2's 24 C^2 per block plus
+// causal attention's 2 T C; the tied head's 2 C V on the last block).
+std::vector<nn::GPTConfig> gpt_stage_configs(const nn::GPTConfig& whole, int stages) {
+  const double c = static_cast<double>(whole.width), t = static_cast<double>(whole.block_size);
+  std::vector<double> costs(static_cast<size_t>(whole.layers), 24 * c * c + 2 * t * c);
+  if (!costs.empty()) costs.back() += 2 * c * static_cast<double>(whole.vocab);
+  const auto cut = pipeline_cut(costs, stages, "gpt");
+  std::vector<nn::GPTConfig> out;
+  for (int s = 0; s < stages; ++s) {
+    nn::GPTConfig part = whole;
+    part.first_block = cut[static_cast<size_t>(s)].first;
+    part.last_block = cut[static_cast<size_t>(s)].second;
+    part.embed = s == 0;
+    part.head = s == stages - 1;
+    out.push_back(part);
+  }
+  return out;
+}
 
 RecipeRegistration gpt_recipe() {
   return {"gpt", "GPT-2 decoder on a text corpus (vocab, context, layers, heads, width, corpus)",

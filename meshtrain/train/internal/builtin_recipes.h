@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "meshtrain/nn/gpt.h"
 #include "meshtrain/train/model_recipe.h"
 
 namespace meshtrain::train::internal {
@@ -11,5 +12,9 @@ namespace meshtrain::train::internal {
 std::vector<RecipeRegistration> builtin_recipes();
 // "gpt" (gpt_recipe.cc).
 RecipeRegistration gpt_recipe();
+// The gpt recipe's pipeline stages of `whole` (stages > 1: the blocks cut
+// by forward FLOPs; each part with its embed and head flags), for the
+// recipe and the planner's model source (planner_model.h).
+std::vector<nn::GPTConfig> gpt_stage_configs(const nn::GPTConfig& whole, int stages);
 
 }  // namespace meshtrain::train::internal

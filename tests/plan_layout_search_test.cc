@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/train/planner_model.h"
 
 namespace meshtrain::plan {
 namespace {
 
-const GptShape kShape{.vocab = 50257, .seq = 2048, .layers = 24, .heads = 16, .width = 2048};  // 1.3B
+const GptShape kShape =  // 1.3B
+    train::with_gpt_model({.vocab = 50257, .seq = 2048, .layers = 24, .heads = 16, .width = 2048});
 
 TEST(LayoutSearch, FitsWithinTheDeviceLessTheReserve) {
   const Hardware hw = hardware_preset("H100");

@@ -15,6 +15,7 @@
 #include "meshtrain/plan/time_model.h"
 #include "meshtrain/plan/traffic_model.h"
 #include "meshtrain/testing/testing.h"
+#include "meshtrain/train/planner_model.h"
 
 namespace meshtrain::plan {
 namespace {
@@ -26,7 +27,8 @@ using ::testing::HasSubstr;
 #define EXPECT_REL(actual, expected) EXPECT_NEAR((actual), (expected), 1e-12 * std::abs(expected) + 1e-300)
 
 constexpr double V = 1000, T = 128, C = 256, L = 2;
-const GptShape kGpt{.vocab = 1000, .seq = 128, .layers = 2, .heads = 4, .width = 256};
+// The model from the gpt recipe itself (what the trainer builds).
+const GptShape kGpt = train::with_gpt_model({.vocab = 1000, .seq = 128, .layers = 2, .heads = 4, .width = 256});
 
 Hardware easy(bool overlap) {
   Hardware h;
