@@ -15,6 +15,7 @@
 #include "meshtrain/nn/vae.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/sharding/multi_dimensional.h"
+#include "meshtrain/train/planner_model.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -51,15 +52,26 @@ std::unique_ptr<nn::Module> build(const ModelShardFlags& f) {
   throw InvalidArgument("--model", fmt::format("'{}' is not a built-in model", f.model), "use gpt, mlp or vae");
 }
 
-// The FSDP units the trainer's recipes use: the GPT's blocks and root, one
-// per Linear elsewhere.
-std::vector<nn::Module*> units_of(nn::Module& model) {
-  if (auto* gpt = dynamic_cast<nn::GPT*>(&model)) return gpt->fsdp_units();
-  return {};
+// Every parameter as the placement rule sees it, with the trainer's FSDP
+// units: the gpt recipe's stages (the planner's source), or the mlp's and
+// vae's one unit per Linear.
+std::vector<layout::ModelParameter> model_parameters(const ModelShardFlags& f, nn::Module& model, int stages) {
+  if (f.model == "gpt")
+    return train::describe_gpt({.vocab = f.vocab, .seq = f.context, .layers = f.layers, .heads = f.heads,
+                                .width = f.width},
+                               stages)
+        ->params;
+  if (stages > 1)
+    throw InvalidArgument("--mesh",
+                          fmt::format("a pipeline of {} stages with --model {}", stages, f.model),
+                          "shard --model cuts only the gpt into stages (the mlp's and vae's cut depends on the tensor "
+                          "axis): see the start-up dump of meshtrain train, or drop the pipeline axis");
+  return parallel::model_parameters(model, {});
 }
 
 // One seeds' strategy per data, fsdp and tensor axis, for the spec column
-// (node and context replicate; a pipeline axis needs the trainer's cut).
+// (node and context replicate; the pipeline axis splits no tensor: the
+// stage column says which stage a parameter is on).
 sharding::MultiDimensionalStrategy strategies(const mesh::NamedShape& mesh, int64_t min_weight_size) {
   std::vector<std::shared_ptr<const sharding::Strategy>> out;
   std::vector<std::string> axes;
@@ -72,10 +84,9 @@ sharding::MultiDimensionalStrategy strategies(const mesh::NamedShape& mesh, int6
       out.push_back(std::make_shared<sharding::FSDPStrategy>(a, n, min_weight_size));
     else if (a == mesh::kTensor)
       out.push_back(std::make_shared<sharding::TensorParallelStrategy>(a, n, /*uneven=*/true));
-    else if (n > 1 && a != mesh::kNode && a != mesh::kContext)
+    else if (n > 1 && a != mesh::kNode && a != mesh::kContext && a != mesh::kPipeline)
       throw InvalidArgument("meshtrain shard --model", fmt::format("mesh axis {}={}", a, n),
-                            "place a model over data, node, fsdp, context and tensor axes (a pipeline's stages are "
-                            "the trainer's cut: see the start-up dump of meshtrain train)");
+                            "place a model over data, node, fsdp, context, tensor and pipeline axes");
   }
   return sharding::MultiDimensionalStrategy(std::move(out), mesh.axis_names);
 }
@@ -84,6 +95,14 @@ sharding::MultiDimensionalStrategy strategies(const mesh::NamedShape& mesh, int6
 // default when the fsdp axis is larger than 1, as training).
 layout::TrainingLayout training_layout(const ModelShardFlags& f, const mesh::NamedShape& mesh) {
   layout::TrainingLayout out{.mesh = mesh, .fsdp_min_weight_size = f.fsdp_min_weight_size};
+  if (f.virtual_stages > 1) {
+    if (mesh.size_of(mesh::kPipeline) == 1)
+      throw InvalidArgument("--virtual-stages", fmt::format("{} virtual stages without a pipeline axis",
+                                                            f.virtual_stages),
+                            "add a pipeline axis to --mesh, or drop --virtual-stages");
+    out.schedule = layout::ScheduleKind::interleaved_1f1b;
+    out.virtual_stages = f.virtual_stages;
+  }
   const std::string name = !f.fsdp.empty() ? f.fsdp : mesh.size_of(mesh::kFsdp) > 1 ? "full" : "";
   if (!name.empty()) {
     try {
@@ -108,6 +127,10 @@ void ModelShardFlags::add(CLI::App* app) {
   app->add_option("--width", width, "gpt: model width")->capture_default_str()->check(CLI::Range(1, 65536));
   app->add_option("--hidden", hidden, "mlp, vae: hidden widths")->capture_default_str();
   app->add_option("--latent", latent, "vae: latent size")->capture_default_str()->check(CLI::Range(1, 65536));
+  app->add_option("--virtual-stages", virtual_stages,
+                  "gpt with a pipeline axis: model chunks per pipeline rank (the interleaved schedule's)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
   app->add_option("--fsdp-min-weight-size", fsdp_min_weight_size,
                   "fsdp axis: parameters with fewer elements stay replicated")
       ->capture_default_str()
@@ -137,45 +160,54 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
   const layout::TrainingLayout rule = training_layout(f, mesh);
   std::unique_ptr<nn::Module> model = build(f);
   const sharding::MultiDimensionalStrategy md = strategies(mesh, f.fsdp_min_weight_size);
-  const std::vector<layout::ModelParameter> params = parallel::model_parameters(*model, units_of(*model));
+  const int stages = mesh.size_of(mesh::kPipeline) * rule.virtual_stages;
+  const std::vector<layout::ModelParameter> params = model_parameters(f, *model, stages);
   const std::vector<layout::HeldParameter> mine = layout::held_parameters(rule, params, f.rank);
   if (f.json) {
     nlohmann::json out{
         {"model", f.model}, {"mesh", mesh_spec}, {"rank", f.rank}, {"parameters", nlohmann::json::array()}};
     for (const layout::HeldParameter& h : mine) {
       const sharding::Placement& p = h.placement;
-      out["parameters"].push_back({{"name", h.name}, {"shape", p.shape}, {"view", p.view}, {"offsets", p.box.offsets},
+      out["parameters"].push_back({{"name", h.name}, {"stage", h.stage}, {"shape", p.shape}, {"view", p.view},
+                                 {"offsets", p.box.offsets},
                                    {"sizes", p.box.sizes}, {"start", p.start}, {"count", p.count},
                                    {"placement", p.to_string()}});
     }
     fmt::print("{}\n", out.dump(1));
     return 0;
   }
-  print_config("shard", {{"model", f.model}, {"mesh", mesh_spec},
+  print_config("shard", {{"model", f.model}, {"mesh", mesh_spec}, {"virtual_stages", std::to_string(f.virtual_stages)},
                          {"fsdp", rule.fsdp ? rule.fsdp->name() : std::string("-")},
                          {"fsdp_min_weight_size", std::to_string(f.fsdp_min_weight_size)},
                          {"rank", std::to_string(f.rank)}, {"param", f.param.empty() ? "-" : f.param}});
   fmt::print("{} on {}; spec: {}\n", f.model, rule.describe(), md.name());
-  std::vector<std::pair<std::string, std::string>> rows;  // (name, the table's other columns)
   double total = 0;  // f32 bytes of the model
   const std::vector<nn::Parameter*> ps = model->parameters();
-  for (size_t i = 0; i < ps.size(); ++i) {
-    const nn::Parameter* p = ps[i];
-    const sharding::ParamInfo view = p->info.layout();
-    const sharding::PartitionSpec spec = md.combined_spec(p->info);
+  for (const nn::Parameter* p : ps) {
     if (p->name == f.param) {
+      const sharding::PartitionSpec spec = md.combined_spec(p->info);
       fmt::print("\n{} ({}):\n{}\n\n", p->name, sharding::to_string(p->info.kind), md.explain(p->info));
-      print_layout(sharding::Layout(mesh.shape, mesh.axis_names, spec, view.shape), mesh, width, svg);
+      print_layout(sharding::Layout(mesh.shape, mesh.axis_names, spec, p->info.layout().shape), mesh, width, svg);
       return 0;
     }
     total += 4.0 * static_cast<double>(p->info.numel());
-    rows.emplace_back(p->name, fmt::format("{:<16} {:<22} {:<26} {}", sharding::shape_to_string(view.shape),
-                                           sharding::to_string(p->info.kind), spec.to_string(),
-                                           mine[i].placement.to_string()));
   }
   if (!f.param.empty())
     throw InvalidArgument("--param", fmt::format("'{}' is not a parameter of {}", f.param, f.model),
-                          fmt::format("pick one of the names below, e.g. '{}'", rows.empty() ? "" : rows.front().first));
+                          fmt::format("pick one of the names below, e.g. '{}'", ps.empty() ? "" : ps.front()->name));
+  // The rank's parameters (under a pipeline, those of its stages only).
+  std::vector<std::pair<std::string, std::string>> rows;  // (name, the table's other columns)
+  for (const layout::HeldParameter& h : mine) {
+    const auto p = std::find_if(ps.begin(), ps.end(), [&](const nn::Parameter* q) { return q->name == h.name; });
+    if (p == ps.end())  // the stages' names are the whole model's
+      throw Error("meshtrain shard --model", fmt::format("{} is not a parameter of the whole {}", h.name, f.model),
+                  "report this: the stage cut renamed a parameter");
+    const sharding::ParamInfo& info = (*p)->info;
+    rows.emplace_back(h.name, fmt::format("{:<16} {:<22} {:<26} {}{}", sharding::shape_to_string(info.layout().shape),
+                                          sharding::to_string(info.kind), md.combined_spec(info).to_string(),
+                                          stages > 1 ? fmt::format("stage {}: ", h.stage) : "",
+                                          h.placement.to_string()));
+  }
   fmt::print("\n{:<28} {:<16} {:<22} {:<26} {}\n", "parameter", "shape", "kind", "spec",
              fmt::format("rank {} holds", f.rank));
   for (const auto& [name, columns] : nn::fold_layer_rows(rows)) fmt::print("{:<28} {}\n", name, columns);

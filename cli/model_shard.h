@@ -2,9 +2,12 @@
 // mesh: the seeds' per-dimension spec (MultiDimensionalStrategy of
 // DataParallel, FSDP and TensorParallel over the data, fsdp and tensor
 // axes) and what a rank holds by the placement rule
-// (layout/placement_rule.h: tensor blocks and fsdp's flat ranges of each
-// unit, the units the trainer uses), which is what training holds
-// (tests/placement_property_test.cc compares the two rank by rank).
+// (layout/placement_rule.h: its pipeline stages, tensor blocks and fsdp's
+// flat ranges of each unit, the units the trainer uses), which is what
+// training holds (tests/placement_property_test.cc compares the two rank
+// by rank). The gpt comes from the planner's model source
+// (train/planner_model.h: the recipe's stage cut), so a pipeline axis
+// places it too.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -22,6 +25,7 @@ struct ModelShardFlags {
   int vocab = 8192, context = 64, layers = 4, heads = 4, width = 256;  // gpt
   std::string hidden = "512,512,256";                                 // mlp, vae
   int latent = 20;                                                    // vae
+  int virtual_stages = 1;  // gpt with a pipeline axis: model chunks per pipeline rank (interleaved)
   int64_t fsdp_min_weight_size = 1024;
   std::string fsdp;   // fsdp mode (layout::parse_fsdp_mode); "" = full with an fsdp axis > 1
   int rank = 0;       // whose holdings the table lists

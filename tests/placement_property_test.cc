@@ -5,11 +5,14 @@
 // the threads engine; for every rank and parameter, the placement the
 // runtime holds (TrainResult::placements_by_rank, Parallelism::
 // parameter_shards) equals held_parameters' for the model the recipe
-// builds whole, and without a pipeline axis, to what `meshtrain shard
-// --model ... --rank R --json` prints; for the GPT, the planner's
-// per-parameter element counts (plan::device_parameters, what its memory,
-// traffic and time models count) equal the blocks training holds. Sizes are odd where they can be
-// (uneven tensor chunks, fsdp ranges that cross parameters and padding).
+// builds whole, and what `meshtrain shard --model ... --rank R --json`
+// prints (for the MLP and VAE without a pipeline axis); for the GPT, the
+// planner's model source (train::describe_gpt) lists the recipe's
+// parameters, units and stages, and the planner's per-parameter element
+// counts (plan::device_parameters, what its memory, traffic and time
+// models count) equal the blocks training holds. Sizes are odd where they
+// can be (uneven tensor chunks, fsdp ranges that cross parameters and
+// padding).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -102,8 +105,8 @@ std::vector<parallel::ParamShard> shard_command(const Case& c, const train::Trai
                                 MESHTRAIN_CLI, c.model, c.mesh, rank, tc.fsdp_min_weight_size);
   if (!fsdp.empty()) cmd += " --fsdp " + fsdp;
   if (c.model == "gpt")
-    cmd += fmt::format(" --vocab {} --context {} --layers {} --heads {} --width {}", tc.vocab, tc.context, tc.layers,
-                       tc.heads, tc.width);
+    cmd += fmt::format(" --vocab {} --context {} --layers {} --heads {} --width {} --virtual-stages {}", tc.vocab,
+                       tc.context, tc.layers, tc.heads, tc.width, tc.virtual_stages);
   else
     cmd += fmt::format(" --hidden {} --latent {}", fmt::join(tc.hidden, ","), tc.latent);
   std::string text;
@@ -162,7 +165,20 @@ void check(const Case& c) {
   const int stages = pl.mesh.size_of(mesh::kPipeline) * tc.virtual_stages;
   const std::vector<layout::ModelParameter> params = rule_parameters(tc, stages);
   ASSERT_EQ(static_cast<int>(r.placements_by_rank.size()), dc.world_size);
-  const bool pipelined = stages > 1;  // shard --model places whole models only
+  if (c.model == "gpt") {  // the planner's and shard --model's source lists the recipe's parameters
+    const auto described = train::describe_gpt(
+        {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width}, stages);
+    ASSERT_EQ(described->params.size(), params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      const layout::ModelParameter &a = described->params[i], &b = params[i];
+      EXPECT_TRUE(a.info.name == b.info.name && a.info.shape == b.info.shape && a.unit == b.unit &&
+                  a.stage == b.stage)
+          << "#" << i << ": planner " << a.info.name << " unit " << a.unit << " stage " << a.stage << ", recipe "
+          << b.info.name << " unit " << b.unit << " stage " << b.stage;
+    }
+  }
+  // shard --model cuts only the gpt into pipeline stages.
+  const bool pipelined = stages > 1 && c.model != "gpt";
   int checked = 0, flat = 0, blocks = 0;
   for (int rank = 0; rank < dc.world_size; ++rank) {
     const std::vector<layout::HeldParameter> want = layout::held_parameters(pl, params, rank);

@@ -15,6 +15,7 @@ std::vector<std::pair<std::string, std::string>> fold_layer_rows(
     const std::vector<std::pair<std::string, std::string>>& rows) {
   std::vector<std::string> patterns;
   std::map<std::string, std::set<std::string>> descriptions;  // pattern -> those seen
+  std::map<std::string, int> count;                           // pattern -> rows
   for (const auto& [name, what] : rows) {
     std::string pattern;
     for (std::string_view part : split(name, '.')) {
@@ -25,12 +26,13 @@ std::vector<std::pair<std::string, std::string>> fold_layer_rows(
         pattern.append(part);
     }
     descriptions[pattern].insert(what);
+    ++count[pattern];
     patterns.push_back(std::move(pattern));
   }
   std::vector<std::pair<std::string, std::string>> out;
   std::set<std::string> done;
   for (size_t i = 0; i < rows.size(); ++i) {
-    const bool fold = descriptions[patterns[i]].size() == 1;
+    const bool fold = descriptions[patterns[i]].size() == 1 && count[patterns[i]] > 1;
     if (fold && !done.insert(patterns[i]).second) continue;
     out.emplace_back(fold ? patterns[i] : rows[i].first, rows[i].second);
   }

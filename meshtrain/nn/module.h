@@ -301,11 +301,12 @@ class Module {
 
 inline bool ParamHook::scopes(Module& m) { return m.owns_parameters(); }
 
-// Summary rows (parameter name, description), folded: the parameters whose
-// names differ only in layer indices ("h.3.attn.c_attn.weight") and whose
-// descriptions all agree share one row named by the pattern
-// ("h.*.attn.c_attn.weight"), at its first appearance; others keep their
-// own rows. For start-up dumps and `meshtrain shard --model`.
+// Summary rows (parameter name, description), folded: two or more
+// parameters whose names differ only in layer indices
+// ("h.3.attn.c_attn.weight") and whose descriptions all agree share one
+// row named by the pattern ("h.*.attn.c_attn.weight"), at its first
+// appearance; others (a layer alone, say a pipeline stage's one block)
+// keep their own rows. For start-up dumps and `meshtrain shard --model`.
 std::vector<std::pair<std::string, std::string>> fold_layer_rows(
     const std::vector<std::pair<std::string, std::string>>& rows);
 
