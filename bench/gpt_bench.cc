@@ -68,6 +68,9 @@ double sgemm_gflops(int64_t m, int64_t k, int64_t n) {
   return 2.0 * static_cast<double>(m * k * n) / (median(t) * 1e6);
 }
 
+// A run's precision as its flag spells it ("fp32", "bf16").
+std::string_view label(const GptBenchRun& r) { return layout::precision_name(r.precision); }
+
 // Runs the PyTorch peer at `precision`; fills torch_step_ms or says why not.
 void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
   if (o.torch_script.empty()) {
@@ -78,7 +81,7 @@ void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
       "/usr/bin/python3 '{}' --layers {} --heads {} --width {} --vocab {} --context {} --batch {} --steps {} "
       "--warmup {} --threads {} --dtype {} 2>&1",
       o.torch_script, o.layers, o.heads, o.width, o.vocab, o.context, o.batch, o.steps, o.warmup, o.threads,
-      r.precision);
+      layout::precision_name(r.precision));
   std::FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
     r.torch_note = "not run (popen failed)";
@@ -99,7 +102,7 @@ void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
   }
   r.torch_step_ms = j["median_step_ms"].get<double>();
   r.torch_note = fmt::format("PyTorch {} (bench/torch_gpt.py, same shapes and step{})", j.value("torch", "?"),
-                             layout::parse_precision(r.precision) == DType::bf16 ? ", bf16 autocast" : "");
+                             r.precision == DType::bf16 ? ", bf16 autocast" : "");
 }
 
 // The model's parameter count (a tensor-parallel block counts its global
@@ -126,7 +129,7 @@ struct RankTimes {
 // One rank's step at one precision (world null: one rank, no mesh): the
 // model split over the mesh's tensor axis, its batch rows by its data
 // coordinate; the step as the trainer runs it (parallel/parallelism.h).
-RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::string& precision,
+RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, DType precision,
                    comm::Communicator* world, int64_t* parameters, double* parameter_bytes) {
   std::optional<mesh::DeviceMesh> grid;
   nn::TensorParallelGroup tp{nullptr, m.sequence_parallel};
@@ -154,7 +157,7 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, const std::s
   // gives it a mesh even on one rank): the wrapper sets the compute dtype.
   std::unique_ptr<parallel::Parallelism> wrapper;
   const std::vector<nn::Module*> units = gpt.fsdp_units();  // the trainer's units
-  if (layout::parse_precision(precision) == DType::bf16)
+  if (precision == DType::bf16)
     wrapper = std::make_unique<parallel::FullyShardedDataParallel>(
         gpt, dp_comm != nullptr ? *dp_comm : grid->comm(mesh::kData), nullptr,
         parallel::FullyShardedOptions{.stage = parallel::ZeroStage::no_shard,
@@ -247,14 +250,14 @@ void summarize(const GptBenchOptions& o, const std::vector<RankTimes>& ranks, Gp
 
 // One mesh at one precision: in the calling thread for one rank, else on
 // that many threads-engine ranks sharing o.threads GEMM threads.
-GptBenchRun run_meshtrain(const GptBenchOptions& o, const GptBenchMesh& m, const std::string& precision,
+GptBenchRun run_meshtrain(const GptBenchOptions& o, const GptBenchMesh& m, DType precision,
                           int64_t* parameters) {
   GptBenchRun r;
   r.mesh = m;
   r.precision = precision;
   r.threads_per_rank = std::max(1, o.threads / m.ranks());
   std::vector<RankTimes> ranks(static_cast<size_t>(m.ranks()));
-  if (m.ranks() == 1 && layout::parse_precision(precision) == DType::f32) {
+  if (m.ranks() == 1 && precision == DType::f32) {
     ranks[0] = run_rank(o, m, precision, nullptr, parameters, &r.parameter_bytes);
   } else {
     set_blas_threads(r.threads_per_rank);
@@ -336,12 +339,16 @@ GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
   r.flops_per_step = 6 * matrix_params * tokens +
                      12.0 * static_cast<double>(o.layers * o.context) * static_cast<double>(o.width) * tokens;
   const std::vector<GptBenchMesh> meshes = o.meshes.empty() ? std::vector<GptBenchMesh>{GptBenchMesh{}} : o.meshes;
+  for (const DType p : o.precisions)  // before any run: what it cannot run fails at once
+    if (p != DType::f32 && p != DType::bf16)
+      throw InvalidArgument("--precision", fmt::format("{}", layout::precision_name(p)),
+                            "bench gpt runs fp32 and bf16 (the trainer's mixed precision): use fp32, bf16 or both");
   for (const GptBenchMesh& m : meshes)  // before any run: a bad mesh fails at once
     if (o.batch % m.data != 0)
       throw InvalidArgument("bench gpt", fmt::format("batch {} over mesh {}", o.batch, m.name()),
                             fmt::format("use a --batch divisible by the data axis ({})", m.data));
   for (const GptBenchMesh& m : meshes)
-    for (const std::string& precision : o.precisions) {
+    for (const DType precision : o.precisions) {
       GptBenchRun run = run_meshtrain(o, m, precision, &r.parameters);
       run.tokens_per_s = tokens / (run.step_ms / 1e3);
       run.gflops = r.flops_per_step / (run.step_ms * 1e6);
@@ -371,7 +378,7 @@ std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
     const bool tp = run.mesh.tensor > 1, dp = run.mesh.data * run.mesh.context > 1, cp = run.mesh.context > 1;
     most_ranks = std::max(most_ranks, run.mesh.ranks());
     s += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {} | {} | {} | {} | {:.2f} | {:.2f} |\n",
-                     run.mesh.name(), run.mesh.ranks(), run.threads_per_rank, run.precision, run.step_ms,
+                     run.mesh.name(), run.mesh.ranks(), run.threads_per_rank, label(run), run.step_ms,
                      run.tokens_per_s, run.gflops, tp ? fmt::format("{:.2f}", run.tp_ms) : "-",
                      share(tp, run.tp_ms, run.mean_step_ms), share(cp, run.cp_ms, run.mean_step_ms),
                      share(dp, run.dp_finish_ms, run.mean_step_ms), run.parameter_bytes / (1 << 20),
@@ -386,7 +393,7 @@ std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
       o.batch * o.context);
   for (const GptBenchRun& run : r.runs)
     if (run.mesh.tensor > 1)
-      s += fmt::format("tp comm ms per step by rank, {} {}: {:.2f}\n", run.mesh.name(), run.precision,
+      s += fmt::format("tp comm ms per step by rank, {} {}: {:.2f}\n", run.mesh.name(), label(run),
                        fmt::join(run.tp_ms_per_rank, " / "));
   if (most_ranks > 1)
     s += fmt::format(
@@ -413,11 +420,11 @@ std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) 
     s += "| | precision | step ms (median) | tokens/s | GFLOP/s | vs f32 sgemm rate |\n"
          "|---|---|---:|---:|---:|---:|\n";
     for (const GptBenchRun& run : r.runs) {
-      s += fmt::format("| meshtrain | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", run.precision, run.step_ms,
+      s += fmt::format("| meshtrain | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", label(run), run.step_ms,
                        run.tokens_per_s, run.gflops, 100 * run.gflops / r.sgemm_gflops);
       if (run.torch_step_ms > 0) {
         const double g = r.flops_per_step / (run.torch_step_ms * 1e6);
-        s += fmt::format("| PyTorch | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", run.precision,
+        s += fmt::format("| PyTorch | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", label(run),
                          run.torch_step_ms, tokens / (run.torch_step_ms / 1e3), g, 100 * g / r.sgemm_gflops);
       }
     }
@@ -427,18 +434,18 @@ std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) 
   for (const GptBenchRun& run : r.runs) {
     if (run.mesh.ranks() > 1) continue;  // PyTorch runs one rank
     if (run.torch_step_ms > 0)
-      s += fmt::format("{}: meshtrain / PyTorch step time {:.2f}x ({})\n", run.precision,
+      s += fmt::format("{}: meshtrain / PyTorch step time {:.2f}x ({})\n", label(run),
                        run.step_ms / run.torch_step_ms, run.torch_note);
     else
-      s += fmt::format("{}: PyTorch {}\n", run.precision, run.torch_note);
+      s += fmt::format("{}: PyTorch {}\n", label(run), run.torch_note);
   }
   if (o.meshes.empty() && r.runs.size() == 2)
-    s += fmt::format("{} / {} step time: {:.2f}x\n", r.runs[1].precision, r.runs[0].precision,
+    s += fmt::format("{} / {} step time: {:.2f}x\n", label(r.runs[1]), label(r.runs[0]),
                      r.runs[1].step_ms / r.runs[0].step_ms);
   for (const GptBenchRun& run : r.runs) {
     s += fmt::format("\nwhere a meshtrain {} step goes{} (per step, over the timed steps):\n\n"
                      "| op | calls | ms | share |\n|---|---:|---:|---:|\n",
-                     run.precision,
+                     label(run),
                      o.meshes.empty() ? "" : fmt::format(" on rank 0 of mesh {}", run.mesh.name()));
     double total = 0;
     for (const auto& op : run.profile) total += op.ms_per_step;

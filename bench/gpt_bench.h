@@ -44,6 +44,8 @@
 
 #include <cstdint>
 #include <string>
+
+#include "meshtrain/core/dtype.h"
 #include <vector>
 
 namespace meshtrain::bench {
@@ -69,7 +71,7 @@ struct GptBenchOptions {
   int steps = 10;
   int warmup = 2;
   int threads = 2;
-  std::vector<std::string> precisions = {"fp32"};  // "fp32", "bf16"
+  std::vector<DType> precisions = {DType::f32};  // f32 and/or bf16 (run_gpt_bench refuses others)
   // PyTorch peer: the script to run with /usr/bin/python3 ("" skips it;
   // run for one-rank meshes only).
   std::string torch_script;
@@ -88,7 +90,7 @@ struct GptBenchOp {
 struct GptBenchRun {
   GptBenchMesh mesh;
   int threads_per_rank = 0;
-  std::string precision;
+  DType precision = DType::f32;
   double step_ms = 0;               // median
   double mean_step_ms = 0;          // the profile's total per step
   double tokens_per_s = 0;          // the whole mesh's: batch x context per step

@@ -23,13 +23,15 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/layout/vocabulary.h"
+
 namespace meshtrain::bench {
 
 struct PipelineBenchOptions {
   int ranks = 2;
   int micro_batches = 8;
   int virtual_stages = 2;  // chunks per rank for "interleaved"
-  std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved", "zb"};
+  std::vector<std::string> schedules{layout::kScheduleNames.begin(), layout::kScheduleNames.end()};  // every one
   int64_t blocks_per_stage = 1;
   int64_t width = 256, heads = 4, context = 64, rows = 4;  // rows: sequences per micro-batch
   int steps = 5;

@@ -103,13 +103,10 @@ layout::TrainingLayout training_layout(const ModelShardFlags& f, const mesh::Nam
     out.schedule = layout::ScheduleKind::interleaved_1f1b;
     out.virtual_stages = f.virtual_stages;
   }
-  const std::string name = !f.fsdp.empty() ? f.fsdp : mesh.size_of(mesh::kFsdp) > 1 ? "full" : "";
-  if (!name.empty()) {
-    try {
-      out.fsdp = layout::parse_fsdp_mode(name);
-    } catch (const InvalidArgument& e) {
-      throw InvalidArgument("--fsdp", e.detail(), e.hint());
-    }
+  try {
+    out.fsdp = layout::resolve_fsdp_mode(f.fsdp, mesh, DType::f32);  // f32: what the rule places
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("--fsdp", e.detail(), e.hint());
   }
   return out;
 }

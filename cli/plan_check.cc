@@ -138,22 +138,19 @@ Measured train_layout(const CheckOptions& o, const Layout& x, int threads_per_ra
   for (int s : mesh.shape) dc.world_size *= s;
   dc.num_processes_per_node = dc.world_size;
   dc.set_mesh(mesh);
+  // Resolved once: the run and the planner read the same layout.
+  const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
   train::TrainResult r;
   {
     Quiet quiet;
-    r = train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size});
+    r = train::run_training(resolved, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size});
   }
   Measured m;
   std::vector<double> timed(r.step_seconds.begin() + std::min<size_t>(2, r.step_seconds.size()), r.step_seconds.end());
   m.step = median(timed);
   for (const auto& peaks : r.train_memory_by_rank) m.memory = std::max(m.memory, static_cast<double>(peaks.back()));
-  m.layout = {.sequence_parallel = x.sequence_parallel,
-              .micro_batches = x.micro_batches,
-              .min_weight_size = tc.fsdp_min_weight_size,
-              .batch = o.batch,
-              .bucket_bytes = tc.bucket_mb * (1 << 20)};
-  m.layout.set_mesh(mesh);
-  plan::parse_sharding(r.fsdp, m.layout);
+  m.layout = {.batch = o.batch, .bucket_bytes = tc.bucket_mb * (1 << 20)};
+  m.layout.set_layout(resolved.layout);
   return m;
 }
 

@@ -217,26 +217,25 @@ int run_plan(PlanFlags f) {
   }
   const DType precision = layout::parse_precision(f.precision, "--precision");
   const layout::ContextComm cp_comm = layout::parse_context_comm(f.cp_comm, "--cp-comm");
-  plan::TrainingLayout l{.sequence_parallel = f.sequence_parallel,
-                         .schedule = layout::parse_schedule_kind(f.schedule),
-                         .virtual_stages = f.virtual_stages,
-                         .micro_batches = f.micro_batches,
-                         .cp_comm = cp_comm,
-                         .recompute = f.recompute,
-                         .min_weight_size = f.min_weight_size,
-                         .batch = f.batch};
-  l.set_mesh(mesh::parse_mesh_spec(f.mesh));
-  // As the trainer resolves them: an fsdp axis shards fully unless told;
-  // mixed precision without a strategy runs as no_shard.
-  std::string fsdp = f.fsdp;
-  if (fsdp.empty() && l.fsdp > 1) fsdp = "full";
-  if (fsdp.empty() && precision != DType::f32) fsdp = "no_shard";
+  const mesh::NamedShape mesh = mesh::parse_mesh_spec(f.mesh);
+  // The one layout value, as the trainer resolves it (an fsdp axis shards
+  // fully unless told; mixed precision without a strategy runs as no_shard).
+  layout::TrainingLayout run{.mesh = mesh,
+                             .fsdp_min_weight_size = f.min_weight_size,
+                             .param_dtype = precision,
+                             .sequence_parallel = f.sequence_parallel,
+                             .schedule = layout::parse_schedule_kind(f.schedule),
+                             .virtual_stages = f.virtual_stages,
+                             .micro_batches = f.micro_batches,
+                             .cp_comm = cp_comm};
   try {
-    plan::parse_sharding(fsdp, l);
+    run.fsdp = layout::resolve_fsdp_mode(f.fsdp, mesh, precision);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument("--fsdp", e.detail(), e.hint());
   }
-  l.param_dtype = l.reduce_dtype = precision;
+  plan::TrainingLayout l{.recompute = f.recompute, .batch = f.batch};
+  l.set_layout(run);
+  const std::string fsdp = run.fsdp ? run.fsdp->name() : "";
   const plan::GptShape g = train::with_gpt_model(
       {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .width = f.width});
   if (f.published) return run_published_runs();

@@ -323,16 +323,8 @@ void DistributedConfig::set_mesh(const mesh::NamedShape& m) {
 }
 
 ParallelismConfig DistributedConfig::parallelism_config() const {
-  ParallelismConfig p;
   const mesh::NamedShape m = mesh();
-  p.mesh_shape = m.shape;
-  p.mesh_axis_names = m.axis_names;
-  p.sharding.data_parallel_size = data_parallel_size();
-  p.sharding.tensor_parallel_size = tensor_parallel_size;
-  p.sharding.pipeline_parallel_size = pipeline_parallel_size;
-  p.sharding.context_parallel_size = context_parallel_size;
-  p.sharding.fsdp_enabled = m.size_of(mesh::kFsdp) > 1;
-  return p;
+  return ParallelismConfig::from_layout({.mesh = m, .fsdp = layout::resolve_fsdp_mode("", m, DType::f32)});
 }
 
 DistributedConfig DistributedConfig::with_env(const LauncherEnv& env) const {

@@ -93,15 +93,28 @@ ParallelismConfig ParallelismConfig::from_sharding_config(const ShardingConfig& 
 }
 
 ParallelismConfig ParallelismConfig::from_mesh_plan(const plan::MeshPlan& plan) {
-  ParallelismConfig p;
-  p.mesh_shape = plan.shape;
-  p.mesh_axis_names = plan.axis_names;
-  p.sharding.data_parallel_size = plan.data * plan.fsdp;
-  p.sharding.tensor_parallel_size = plan.tensor;
-  p.sharding.pipeline_parallel_size = plan.pipeline;
-  p.sharding.context_parallel_size = plan.context;
-  p.sharding.fsdp_enabled = plan.fsdp > 1;
-  return p;
+  const mesh::NamedShape m{plan.shape, plan.axis_names};
+  return from_layout({.mesh = m, .fsdp = layout::resolve_fsdp_mode("", m, DType::f32)});
+}
+
+ShardingConfig ShardingConfig::from_layout(const layout::TrainingLayout& l) {
+  return {.data_parallel_size = l.size(mesh::kData) * l.size(mesh::kNode) * l.size(mesh::kFsdp),
+          .tensor_parallel_size = l.size(mesh::kTensor),
+          .pipeline_parallel_size = l.size(mesh::kPipeline),
+          .context_parallel_size = l.size(mesh::kContext),
+          .fsdp_enabled = l.fsdp.has_value(),
+          .fsdp_min_weight_size = l.fsdp_min_weight_size};
+}
+
+ParallelismConfig ParallelismConfig::from_layout(const layout::TrainingLayout& l) {
+  return {.mesh_shape = l.mesh.shape, .mesh_axis_names = l.mesh.axis_names, .sharding = ShardingConfig::from_layout(l)};
+}
+
+layout::TrainingLayout ParallelismConfig::layout() const {
+  validate();
+  return {.mesh = named_shape(),
+          .fsdp = sharding.fsdp_enabled ? std::optional(layout::parse_fsdp_mode("full")) : std::nullopt,
+          .fsdp_min_weight_size = sharding.fsdp_min_weight_size};
 }
 
 int ParallelismConfig::axis_size(std::string_view name) const { return named_shape().size_of(name); }

@@ -8,6 +8,8 @@
 //   p.mesh_shape;       // {2, 2}
 //   p.mesh_axis_names;  // {"fsdp", "tensor"}  (FSDP shards over the data-parallel devices)
 //   ShardingConfig::from_device_count(32);                   // data 8 x tensor 4: all 32 used
+//   layout::TrainingLayout l = p.layout();                   // the one layout value: fsdp full over fsdp=2
+//   ParallelismConfig::from_layout(l) == p;                  // and back: the configs are views of it
 //
 // Axis names and order are mesh::kMeshAxisOrder: pipeline, data, fsdp,
 // context, tensor; size-1 axes are left out, so a pipeline-only config keeps
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/layout/training_layout.h"
 #include "meshtrain/plan/mesh_planning.h"
 
 namespace meshtrain::config {
@@ -47,6 +50,11 @@ struct ShardingConfig {
   // plan::optimize_for_transformer and ParallelismConfig::from_mesh_plan.
   static ShardingConfig from_device_count(int n);
 
+  // A view of a training layout: its axes' sizes (data_parallel_size: data
+  // x node x fsdp, the ranks that split the batch), fsdp_enabled when it
+  // runs fully sharded data parallelism, its fsdp_min_weight_size.
+  static ShardingConfig from_layout(const layout::TrainingLayout& layout);
+
   // "data=4 tensor=2 pipeline=1 context=1 fsdp=on fsdp_min_weight_size=1024"
   std::string to_string() const;
   bool operator==(const ShardingConfig&) const = default;
@@ -65,6 +73,14 @@ struct ParallelismConfig {
   // The mesh of a plan; the sharding has data_parallel_size = data x fsdp
   // and fsdp_enabled = (fsdp > 1).
   static ParallelismConfig from_mesh_plan(const plan::MeshPlan& p);
+
+  // A view of a training layout: its mesh and ShardingConfig::from_layout.
+  static ParallelismConfig from_layout(const layout::TrainingLayout& layout);
+  // The training layout this config describes (the seeds' configs as a
+  // constructor of the one layout value): the mesh, fsdp "full" when
+  // fsdp_enabled (else plain data parallelism), fsdp_min_weight_size;
+  // every other option at its default. Validates first.
+  layout::TrainingLayout layout() const;
 
   // Throws InvalidArgument (op "ParallelismConfig") naming what to change
   // unless: the sharding is valid; one known, distinct name per axis; sizes

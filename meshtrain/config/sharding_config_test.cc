@@ -108,6 +108,36 @@ TEST(ParallelismConfig, FromMeshPlan) {
       }
 }
 
+// The seeds' configs are a constructor (layout()) and views (from_layout)
+// of the one training layout, not a copy of it: a round trip is exact.
+TEST(ParallelismConfig, IsAViewOfTheTrainingLayout) {
+  for (const ShardingConfig& s :
+       {ShardingConfig{}, ShardingConfig{.data_parallel_size = 2, .tensor_parallel_size = 2},
+        ShardingConfig{.data_parallel_size = 4, .pipeline_parallel_size = 2, .fsdp_enabled = true,
+                       .fsdp_min_weight_size = 7},
+        ShardingConfig{.data_parallel_size = 2, .tensor_parallel_size = 2, .context_parallel_size = 2,
+                       .fsdp_enabled = true}}) {
+    const ParallelismConfig p = ParallelismConfig::from_sharding_config(s);
+    const layout::TrainingLayout l = p.layout();
+    EXPECT_EQ(l.mesh, p.named_shape()) << s.to_string();
+    EXPECT_EQ(l.fsdp.has_value(), s.fsdp_enabled) << s.to_string();
+    EXPECT_EQ(l.fsdp_min_weight_size, s.fsdp_min_weight_size);
+    EXPECT_EQ(ParallelismConfig::from_layout(l), p) << s.to_string();
+    EXPECT_EQ(ShardingConfig::from_layout(l), s) << s.to_string();
+  }
+  // A layout the trainer runs (node x fsdp): the node axis splits the batch too.
+  const layout::TrainingLayout hsdp{.mesh = mesh::parse_mesh_spec("node=2,fsdp=2,tensor=2"),
+                                    .fsdp = layout::parse_fsdp_mode("zero3")};
+  const ParallelismConfig p = ParallelismConfig::from_layout(hsdp);
+  EXPECT_TRUE(p.is_valid());
+  EXPECT_EQ(p.sharding.data_parallel_size, 4);
+  EXPECT_EQ(p.sharding.tensor_parallel_size, 2);
+  EXPECT_TRUE(p.sharding.fsdp_enabled);
+  EXPECT_EQ(p.to_string(), "node=2,fsdp=2,tensor=2");
+  EXPECT_THAT(error_of([] { (void)ParallelismConfig{{2}, {"fsdp"}, {.data_parallel_size = 2}}.layout(); }),
+              HasSubstr("fsdp_enabled is false"));
+}
+
 TEST(ParallelismConfig, ValidationMessages) {
   const ShardingConfig dp2tp2{.data_parallel_size = 2, .tensor_parallel_size = 2};
   auto msg = [](Ints shape, Names names, ShardingConfig s) {

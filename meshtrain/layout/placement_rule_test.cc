@@ -30,6 +30,22 @@ TEST(TrainingLayout, FsdpShardsOverTheAxesThatSumGradients) {
   EXPECT_EQ(p.devices(), 4);
 }
 
+// The one default every entry point takes when no fsdp mode is given.
+TEST(TrainingLayout, FsdpModeDefaults) {
+  const auto mode = [](std::string_view given, std::string_view mesh, DType precision) {
+    const std::optional<FsdpMode> m = resolve_fsdp_mode(given, mesh::parse_mesh_spec(mesh), precision);
+    return m ? m->name() : std::string("none");
+  };
+  EXPECT_EQ(mode("", "data=4", DType::f32), "none");
+  EXPECT_EQ(mode("", "fsdp=2", DType::f32), "full");
+  EXPECT_EQ(mode("", "fsdp=1,data=2", DType::f32), "none");  // an fsdp axis of 1 shards nothing
+  EXPECT_EQ(mode("", "data=2", DType::bf16), "no_shard");    // plain data parallelism is f32 only
+  EXPECT_EQ(mode("", "fsdp=2", DType::bf16), "full");
+  EXPECT_EQ(mode("zero2", "fsdp=2", DType::f32), "shard_grad_op");
+  EXPECT_EQ(mode("hybrid_full", "data=2", DType::f16), "hybrid_full");
+  EXPECT_THROW(mode("zero4", "fsdp=2", DType::f32), InvalidArgument);
+}
+
 // A unit of a (4, 6) weight and a (6,) bias, then a (5, 3) weight alone.
 std::vector<ModelParameter> small_model() {
   using sharding::LinearRole;

@@ -50,4 +50,11 @@ std::string TrainingLayout::describe() const {
                      parts.empty() ? "one device's work on each rank" : fmt::format("{}", fmt::join(parts, ", ")));
 }
 
+std::optional<FsdpMode> resolve_fsdp_mode(std::string_view given, const mesh::NamedShape& mesh, DType precision) {
+  if (!given.empty()) return parse_fsdp_mode(given);
+  if (mesh.size_of(mesh::kFsdp) > 1) return FsdpMode{ZeroStage::zero3, false};
+  if (precision != DType::f32) return FsdpMode{ZeroStage::no_shard, false};
+  return std::nullopt;
+}
+
 }  // namespace meshtrain::layout

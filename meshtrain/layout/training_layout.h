@@ -54,4 +54,11 @@ struct TrainingLayout {
   bool operator==(const TrainingLayout&) const = default;
 };
 
+// The fully sharded mode of a run: parse_fsdp_mode(given), or when `given`
+// is empty the default that every entry point (the trainer, `meshtrain
+// plan`, `meshtrain shard --model`) takes: "full" with an fsdp axis > 1,
+// else "no_shard" when `precision` is not f32 (plain data parallelism is
+// f32 only), else none. InvalidArgument for an unknown name.
+std::optional<FsdpMode> resolve_fsdp_mode(std::string_view given, const mesh::NamedShape& mesh, DType precision);
+
 }  // namespace meshtrain::layout

@@ -544,17 +544,6 @@ void TrainingLayout::set_layout(const layout::TrainingLayout& l) {
   cp_comm = l.cp_comm;
 }
 
-void parse_sharding(std::string_view name, TrainingLayout& l) {
-  if (name.empty()) {
-    l.sharding = std::nullopt;
-    l.hybrid = false;
-    return;
-  }
-  const layout::FsdpMode mode = layout::parse_fsdp_mode(name);
-  l.sharding = mode.stage;
-  l.hybrid = mode.hybrid;
-}
-
 void check_layout(const GptShape& g, const TrainingLayout& l) {
   for (auto [v, flag] : {std::pair{l.data, "data"}, {l.fsdp, "fsdp"}, {l.tensor, "tensor"}, {l.pipeline, "pipeline"},
                          {l.context, "context"}, {l.micro_batches, "micro-batches"}, {l.virtual_stages, "virtual stages"}})

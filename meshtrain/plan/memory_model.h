@@ -216,8 +216,4 @@ struct ParamElements {
 std::vector<ParamElements> device_parameters(const GptShape& shape, const TrainingLayout& layout, int pipeline_rank,
                                              int tensor_rank);
 
-// Sets sharding and hybrid from --fsdp's names: "" (plain data
-// parallelism) or one of layout::parse_fsdp_mode's.
-void parse_sharding(std::string_view name, TrainingLayout& layout);
-
 }  // namespace meshtrain::plan

@@ -18,14 +18,16 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
   (void)data_parallel_axes(mesh);  // throws for axes training has no use for
   const int fsdp_axis = axis_size(mesh, mesh::kFsdp), data_axis = axis_size(mesh, mesh::kData);
   const std::string precision(config::mixed_precision_name(dc.mixed_precision));
-  if (!c.fsdp.enabled() && fsdp_axis > 1) {
-    c.fsdp = {"full", layout::FsdpMode{layout::ZeroStage::zero3, false}};
-    out.notes.push_back(fmt::format("fsdp = \"full\": the mesh has fsdp={} and no strategy was given", fsdp_axis));
-  } else if (!c.fsdp.enabled() && dc.mixed_precision != DType::f32) {
-    c.fsdp = {"no_shard", layout::FsdpMode{layout::ZeroStage::no_shard, false}};
-    out.notes.push_back(fmt::format(
-        "fsdp = \"no_shard\": mixed_precision {} needs the fully sharded path (plain data parallelism is f32 only)",
-        precision));
+  if (!c.fsdp.enabled()) {
+    if (const auto mode = layout::resolve_fsdp_mode("", mesh, dc.mixed_precision)) {
+      c.fsdp = {mode->name(), *mode};
+      out.notes.push_back(
+          fsdp_axis > 1
+              ? fmt::format("fsdp = \"full\": the mesh has fsdp={} and no strategy was given", fsdp_axis)
+              : fmt::format("fsdp = \"no_shard\": mixed_precision {} needs the fully sharded path (plain data "
+                            "parallelism is f32 only)",
+                            precision));
+    }
   }
   const int pipeline_axis = axis_size(mesh, mesh::kPipeline);
   if (pipeline_axis > 1 && c.pipeline_schedule == layout::ScheduleKind::interleaved_1f1b && c.virtual_stages == 1) {
