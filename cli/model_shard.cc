@@ -15,7 +15,7 @@
 #include "meshtrain/nn/vae.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/sharding/multi_dimensional.h"
-#include "meshtrain/train/planner_model.h"
+#include "meshtrain/train/model_parameters.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -53,19 +53,24 @@ std::unique_ptr<nn::Module> build(const ModelShardFlags& f) {
 }
 
 // Every parameter as the placement rule sees it, with the trainer's FSDP
-// units: the gpt recipe's stages (the planner's source), or the mlp's and
-// vae's one unit per Linear.
-std::vector<layout::ModelParameter> model_parameters(const ModelShardFlags& f, nn::Module& model, int stages) {
+// units and pipeline stages: the recipes' own cuts (train/model_parameters.h;
+// the mlp's depends on the tensor axis), the vae whole (it has no pipeline).
+std::vector<layout::ModelParameter> model_parameters(const ModelShardFlags& f, nn::Module& model,
+                                                     const mesh::NamedShape& mesh, int stages) {
   if (f.model == "gpt")
     return train::describe_gpt({.vocab = f.vocab, .seq = f.context, .layers = f.layers, .heads = f.heads,
                                 .width = f.width},
                                stages)
         ->params;
+  if (f.model == "mlp") {
+    std::vector<int64_t> sizes{kPixels};
+    for (int64_t h : parse_hidden(f.hidden)) sizes.push_back(h);
+    sizes.push_back(kClasses);
+    return train::mlp_parameters(sizes, mesh.size_of(mesh::kTensor), stages);
+  }
   if (stages > 1)
-    throw InvalidArgument("--mesh",
-                          fmt::format("a pipeline of {} stages with --model {}", stages, f.model),
-                          "shard --model cuts only the gpt into stages (the mlp's and vae's cut depends on the tensor "
-                          "axis): see the start-up dump of meshtrain train, or drop the pipeline axis");
+    throw InvalidArgument("--mesh", fmt::format("a pipeline of {} stages with --model {}", stages, f.model),
+                          "the vae trains without a pipeline axis (as meshtrain train): drop it");
   return parallel::model_parameters(model, {});
 }
 
@@ -125,7 +130,7 @@ void ModelShardFlags::add(CLI::App* app) {
   app->add_option("--hidden", hidden, "mlp, vae: hidden widths")->capture_default_str();
   app->add_option("--latent", latent, "vae: latent size")->capture_default_str()->check(CLI::Range(1, 65536));
   app->add_option("--virtual-stages", virtual_stages,
-                  "gpt with a pipeline axis: model chunks per pipeline rank (the interleaved schedule's)")
+                  "with a pipeline axis: model chunks per pipeline rank (the interleaved schedule's)")
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   app->add_option("--fsdp-min-weight-size", fsdp_min_weight_size,
@@ -158,7 +163,7 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
   std::unique_ptr<nn::Module> model = build(f);
   const sharding::MultiDimensionalStrategy md = strategies(mesh, f.fsdp_min_weight_size);
   const int stages = mesh.size_of(mesh::kPipeline) * rule.virtual_stages;
-  const std::vector<layout::ModelParameter> params = model_parameters(f, *model, stages);
+  const std::vector<layout::ModelParameter> params = model_parameters(f, *model, mesh, stages);
   const std::vector<layout::HeldParameter> mine = layout::held_parameters(rule, params, f.rank);
   if (f.json) {
     nlohmann::json out{

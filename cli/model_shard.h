@@ -5,9 +5,8 @@
 // (layout/placement_rule.h: its pipeline stages, tensor blocks and fsdp's
 // flat ranges of each unit, the units the trainer uses), which is what
 // training holds (tests/placement_property_test.cc compares the two rank
-// by rank). The gpt comes from the planner's model source
-// (train/planner_model.h: the recipe's stage cut), so a pipeline axis
-// places it too.
+// by rank). The models come from train/model_parameters.h (the recipes'
+// own stage cuts), so a pipeline axis places the gpt and the mlp too.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -25,7 +24,7 @@ struct ModelShardFlags {
   int vocab = 8192, context = 64, layers = 4, heads = 4, width = 256;  // gpt
   std::string hidden = "512,512,256";                                 // mlp, vae
   int latent = 20;                                                    // vae
-  int virtual_stages = 1;  // gpt with a pipeline axis: model chunks per pipeline rank (interleaved)
+  int virtual_stages = 1;  // with a pipeline axis: model chunks per pipeline rank (interleaved)
   int64_t fsdp_min_weight_size = 1024;
   std::string fsdp;   // fsdp mode (layout::parse_fsdp_mode); "" = full with an fsdp axis > 1
   int rank = 0;       // whose holdings the table lists

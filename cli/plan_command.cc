@@ -28,7 +28,7 @@
 #include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/plan/mesh_planning.h"
-#include "meshtrain/train/planner_model.h"
+#include "meshtrain/train/model_parameters.h"
 
 namespace meshtrain::cli {
 namespace {

@@ -5,7 +5,7 @@
 #include <array>
 #include <chrono>
 
-#include "meshtrain/train/planner_model.h"
+#include "meshtrain/train/model_parameters.h"
 
 namespace meshtrain::cli {
 namespace {

@@ -5,14 +5,12 @@
 // the threads engine; for every rank and parameter, the placement the
 // runtime holds (TrainResult::placements_by_rank, Parallelism::
 // parameter_shards) equals held_parameters' for the model the recipe
-// builds whole, and what `meshtrain shard --model ... --rank R --json`
-// prints (for the MLP and VAE without a pipeline axis); for the GPT, the
-// planner's model source (train::describe_gpt) lists the recipe's
-// parameters, units and stages, and the planner's per-parameter element
-// counts (plan::device_parameters, what its memory, traffic and time
-// models count) equal the blocks training holds. Sizes are odd where they
-// can be (uneven tensor chunks, fsdp ranges that cross parameters and
-// padding).
+// builds (train/model_parameters.h's lists, the recipes' own), and what
+// `meshtrain shard --model ... --rank R --json` prints; for the GPT, the
+// planner's per-parameter element counts (plan::device_parameters, what
+// its memory, traffic and time models count) equal the blocks training
+// holds. Sizes are odd where they can be (uneven tensor chunks, fsdp
+// ranges that cross parameters and padding).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -33,7 +31,7 @@
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/testing/parity.h"
 #include "meshtrain/train/model_recipe.h"
-#include "meshtrain/train/planner_model.h"
+#include "meshtrain/train/model_parameters.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/gpt_parity.h"
 
@@ -163,43 +161,48 @@ void check(const Case& c) {
   const layout::TrainingLayout pl = train::resolve_training(tc, dc).layout;
   ASSERT_EQ(pl.fsdp.has_value(), !r.fsdp.empty());
   const int stages = pl.mesh.size_of(mesh::kPipeline) * tc.virtual_stages;
-  const std::vector<layout::ModelParameter> params = rule_parameters(tc, stages);
-  ASSERT_EQ(static_cast<int>(r.placements_by_rank.size()), dc.world_size);
-  if (c.model == "gpt") {  // the planner's and shard --model's source lists the recipe's parameters
-    const auto described = train::describe_gpt(
-        {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width}, stages);
-    ASSERT_EQ(described->params.size(), params.size());
+  const int tensor = pl.mesh.size_of(mesh::kTensor);
+  // The parameters the rule places: train/model_parameters.h's lists (what
+  // the planner and shard --model place; the mlp's cut depends on the
+  // tensor axis), the vae's as its recipe builds it.
+  std::vector<layout::ModelParameter> params;
+  if (c.model == "gpt")
+    params = train::describe_gpt(
+                 {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width},
+                 stages)
+                 ->params;
+  else if (c.model == "mlp")
+    params = train::mlp_parameters({784, tc.hidden[0], tc.hidden[1], 10}, tensor, stages);
+  else
+    params = rule_parameters(tc, stages);
+  if (c.model == "gpt" || tensor == 1) {  // the lists are the recipe's own (built without a tensor group)
+    const std::vector<layout::ModelParameter> recipe = rule_parameters(tc, stages);
+    ASSERT_EQ(params.size(), recipe.size());
     for (size_t i = 0; i < params.size(); ++i) {
-      const layout::ModelParameter &a = described->params[i], &b = params[i];
+      const layout::ModelParameter &a = params[i], &b = recipe[i];
       EXPECT_TRUE(a.info.name == b.info.name && a.info.shape == b.info.shape && a.unit == b.unit &&
                   a.stage == b.stage)
-          << "#" << i << ": planner " << a.info.name << " unit " << a.unit << " stage " << a.stage << ", recipe "
+          << "#" << i << ": listed " << a.info.name << " unit " << a.unit << " stage " << a.stage << ", recipe "
           << b.info.name << " unit " << b.unit << " stage " << b.stage;
     }
   }
-  // shard --model cuts only the gpt into pipeline stages.
-  const bool pipelined = stages > 1 && c.model != "gpt";
+  ASSERT_EQ(static_cast<int>(r.placements_by_rank.size()), dc.world_size);
   int checked = 0, flat = 0, blocks = 0;
   for (int rank = 0; rank < dc.world_size; ++rank) {
     const std::vector<layout::HeldParameter> want = layout::held_parameters(pl, params, rank);
     const std::vector<parallel::ParamShard>& got = r.placements_by_rank[static_cast<size_t>(rank)];
-    const std::vector<parallel::ParamShard> printed =
-        pipelined ? std::vector<parallel::ParamShard>{} : shard_command(c, tc, r.fsdp, rank);
+    const std::vector<parallel::ParamShard> printed = shard_command(c, tc, r.fsdp, rank);
     ASSERT_EQ(got.size(), want.size()) << "rank " << rank;
-    if (!pipelined) {
-      ASSERT_EQ(printed.size(), want.size()) << "rank " << rank;
-    }
+    ASSERT_EQ(printed.size(), want.size()) << "rank " << rank;
     for (size_t i = 0; i < got.size(); ++i) {
       ASSERT_EQ(got[i].name, want[i].name) << "rank " << rank << " #" << i;
       EXPECT_EQ(got[i].placement, want[i].placement)
           << "rank " << rank << " " << got[i].name << ": runtime " << got[i].placement.to_string() << ", rule "
           << want[i].placement.to_string();
-      if (!pipelined) {
-        ASSERT_EQ(printed[i].name, want[i].name) << "rank " << rank << " #" << i;
-        EXPECT_EQ(printed[i].placement, got[i].placement)
-            << "rank " << rank << " " << got[i].name << ": shard --model " << printed[i].placement.to_string()
-            << ", runtime " << got[i].placement.to_string();
-      }
+      ASSERT_EQ(printed[i].name, want[i].name) << "rank " << rank << " #" << i;
+      EXPECT_EQ(printed[i].placement, got[i].placement)
+          << "rank " << rank << " " << got[i].name << ": shard --model " << printed[i].placement.to_string()
+          << ", runtime " << got[i].placement.to_string();
       ++checked;
       flat += got[i].placement.is_flat();
       blocks += got[i].placement.is_block();
@@ -214,14 +217,14 @@ void check(const Case& c) {
   if (pl.mesh.size_of(mesh::kTensor) > 1) {
     EXPECT_GT(blocks, 0);
   }
-  fmt::print("{:<44} {} ranks, {} placements ({} flat ranges, {} blocks): runtime = rule{}{}\n", c.name(),
-             dc.world_size, checked, flat, blocks, pipelined ? "" : " = shard --model",
-             planned ? ", planner's elements equal" : "");
+  fmt::print("{:<44} {} ranks, {} placements ({} flat ranges, {} blocks): runtime = rule = shard --model{}\n",
+             c.name(), dc.world_size, checked, flat, blocks, planned ? ", planner's elements equal" : "");
 }
 
 TEST(PlacementRule, Mlp) {
   for (const Case& c : {Case{"mlp", "data=2"}, Case{"mlp", "fsdp=2", "full"}, Case{"mlp", "fsdp=3", "zero1"},
-                        Case{"mlp", "tensor=2"}, Case{"mlp", "pipeline=2"}, Case{"mlp", "data=2,fsdp=2", "hybrid_full"},
+                        Case{"mlp", "tensor=2"}, Case{"mlp", "pipeline=2"}, Case{"mlp", "pipeline=2,tensor=2"},
+                        Case{"mlp", "data=2,fsdp=2", "hybrid_full"},
                         Case{"mlp", "node=2,fsdp=2", "zero3"}, Case{"mlp", "fsdp=2,tensor=2", "full"},
                         Case{"mlp", "fsdp=2", "no_shard"}})
     check(c);

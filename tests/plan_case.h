@@ -16,7 +16,7 @@
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/plan/mesh_planning.h"
 #include "meshtrain/testing/parity.h"
-#include "meshtrain/train/planner_model.h"
+#include "meshtrain/train/model_parameters.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/gpt_parity.h"
 

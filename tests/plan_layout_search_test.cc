@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "meshtrain/core/error.h"
-#include "meshtrain/train/planner_model.h"
+#include "meshtrain/train/model_parameters.h"
 
 namespace meshtrain::plan {
 namespace {

@@ -15,7 +15,7 @@
 #include "meshtrain/plan/time_model.h"
 #include "meshtrain/plan/traffic_model.h"
 #include "meshtrain/testing/testing.h"
-#include "meshtrain/train/planner_model.h"
+#include "meshtrain/train/model_parameters.h"
 
 namespace meshtrain::plan {
 namespace {

@@ -1,6 +1,6 @@
 // The model the planner prices: the GPT's sizes, and its parameters as the
 // model itself lists them. plan sits left of nn, so it cannot build a
-// model; the caller hands it a ModelSource that can (train/planner_model.h:
+// model; the caller hands it a ModelSource that can (train/model_parameters.h:
 // the GPT recipe's stages built without values, nothing allocated), and the
 // memory, traffic and time models place those parameters with the one
 // placement rule (layout/placement_rule.h) instead of a list of their own.

@@ -145,31 +145,6 @@ class MlpStage final : public RecipeStage {
   nn::Saved eval_saved_, eval_loss_saved_;
 };
 
-// The MLP's Linears cut by their weights (in x out); under tensor
-// parallelism a column/row pair is one unit (a stage may not cut it).
-std::vector<std::pair<int, int>> mlp_cut(const std::vector<int64_t>& sizes, const nn::TensorParallelGroup& tp,
-                                         int stages) {
-  const size_t layers = sizes.size() - 1;
-  const std::vector<nn::ChainRole> roles =
-      tp.size() > 1 ? nn::chain_roles(sizes) : std::vector<nn::ChainRole>(layers, nn::ChainRole::whole);
-  std::vector<int> unit_start;
-  std::vector<double> costs;
-  for (size_t i = 0; i < layers; ++i) {
-    const double cost = static_cast<double>(sizes[i]) * static_cast<double>(sizes[i + 1]);
-    if (i > 0 && roles[i] == nn::ChainRole::row) {
-      costs.back() += cost;
-      continue;
-    }
-    unit_start.push_back(static_cast<int>(i));
-    costs.push_back(cost);
-  }
-  unit_start.push_back(static_cast<int>(layers));
-  std::vector<std::pair<int, int>> out;
-  for (const auto& [a, b] : pipeline_cut(costs, stages, "mlp"))
-    out.emplace_back(unit_start[static_cast<size_t>(a)], unit_start[static_cast<size_t>(b)]);
-  return out;
-}
-
 class MlpRecipe final : public FashionMnistRecipe {
  public:
   using FashionMnistRecipe::FashionMnistRecipe;
@@ -187,13 +162,11 @@ class MlpRecipe final : public FashionMnistRecipe {
     mc.seed = o.seed;
     mc.defer_init = o.defer_init;
     if (o.pipeline_stages > 1) {
-      const auto cut = mlp_cut(mc.sizes, o.tensor, o.pipeline_stages);
+      const std::vector<nn::MLPConfig> parts = mlp_stage_configs(mc, o.tensor.size(), o.pipeline_stages);
       std::vector<std::unique_ptr<RecipeStage>> stages;
       for (int s : o.stages) {
-        nn::MLPConfig part = mc;
-        part.first_layer = cut.at(static_cast<size_t>(s)).first;
-        part.last_layer = cut[static_cast<size_t>(s)].second;
-        stages.push_back(std::make_unique<MlpStage>(part, s == o.pipeline_stages - 1, o.tracker));
+        stages.push_back(std::make_unique<MlpStage>(parts.at(static_cast<size_t>(s)), s == o.pipeline_stages - 1,
+                                                    o.tracker));
         stages.back()->module().set_compute_dtype(o.compute_dtype);
       }
       return std::make_unique<StagedModel>(std::move(stages), mlp_summary);
@@ -296,6 +269,35 @@ class VaeRecipe final : public FashionMnistRecipe {
 };
 
 }  // namespace
+
+// The MLP's Linears cut by their weights (in x out); under tensor
+// parallelism a column/row pair is one unit (a stage may not cut it).
+std::vector<nn::MLPConfig> mlp_stage_configs(const nn::MLPConfig& whole, int tensor, int stages) {
+  const std::vector<int64_t>& sizes = whole.sizes;
+  const size_t layers = sizes.size() - 1;
+  const std::vector<nn::ChainRole> roles =
+      tensor > 1 ? nn::chain_roles(sizes) : std::vector<nn::ChainRole>(layers, nn::ChainRole::whole);
+  std::vector<int> unit_start;
+  std::vector<double> costs;
+  for (size_t i = 0; i < layers; ++i) {
+    const double cost = static_cast<double>(sizes[i]) * static_cast<double>(sizes[i + 1]);
+    if (i > 0 && roles[i] == nn::ChainRole::row) {
+      costs.back() += cost;
+      continue;
+    }
+    unit_start.push_back(static_cast<int>(i));
+    costs.push_back(cost);
+  }
+  unit_start.push_back(static_cast<int>(layers));
+  std::vector<nn::MLPConfig> out;
+  for (const auto& [a, b] : pipeline_cut(costs, stages, "mlp")) {
+    nn::MLPConfig part = whole;
+    part.first_layer = unit_start[static_cast<size_t>(a)];
+    part.last_layer = unit_start[static_cast<size_t>(b)];
+    out.push_back(std::move(part));
+  }
+  return out;
+}
 
 std::vector<RecipeRegistration> builtin_recipes() {
   return {{"mlp", "MLP classifier on Fashion-MNIST (hidden, dropout)",

@@ -1,10 +1,11 @@
-#include "meshtrain/train/planner_model.h"
+#include "meshtrain/train/model_parameters.h"
 
 #include <algorithm>
 #include <map>
 #include <mutex>
 
 #include "meshtrain/nn/gpt.h"
+#include "meshtrain/nn/mlp.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/train/internal/builtin_recipes.h"
 
@@ -58,6 +59,21 @@ plan::ModelSource gpt_model_source(const plan::GptShape& shape) {
 plan::GptShape with_gpt_model(plan::GptShape shape) {
   shape.model = gpt_model_source(shape);
   return shape;
+}
+
+std::vector<layout::ModelParameter> mlp_parameters(const std::vector<int64_t>& sizes, int tensor, int stages) {
+  nn::MLPConfig whole;
+  whole.sizes = sizes;
+  whole.defer_init = true;
+  const std::vector<nn::MLPConfig> parts =
+      stages > 1 ? internal::mlp_stage_configs(whole, tensor, stages) : std::vector<nn::MLPConfig>{whole};
+  std::vector<layout::ModelParameter> out;
+  for (size_t s = 0; s < parts.size(); ++s) {
+    nn::MLP mlp(parts[s]);
+    for (layout::ModelParameter& p : parallel::model_parameters(mlp, {}, static_cast<int>(s)))
+      out.push_back(std::move(p));
+  }
+  return out;
 }
 
 }  // namespace meshtrain::train
