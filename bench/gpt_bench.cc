@@ -138,7 +138,8 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, DType precis
   int data_rank = 0;
   if (world != nullptr) {
     grid.emplace(*world, std::vector<int>{m.data, m.context, m.tensor},
-                 std::vector<std::string>{"data", "context", "tensor"});
+                 std::vector<std::string>{std::string(mesh::kData), std::string(mesh::kContext),
+                                          std::string(mesh::kTensor)});
     if (m.tensor > 1) tp.comm = &grid->comm(mesh::kTensor);
     if (m.context > 1) cp.comm = &grid->comm(mesh::kContext);
     if (m.data * m.context > 1) dp_comm = &grid->comm({mesh::kData, mesh::kContext});

@@ -38,7 +38,7 @@ ZeroppBenchRow run_config(const ZeroppBenchOptions& o, const Config& cfg, int64_
   std::mutex mu;
   comm::launch({.engine = comm::Engine::threads, .ranks = n, .timeout = std::chrono::seconds(300)},
                [&](comm::Communicator& world) {
-                 mesh::DeviceMesh grid(world, {k, l}, {"node", "fsdp"});
+                 mesh::DeviceMesh grid(world, {k, l}, {std::string(mesh::kNode), std::string(mesh::kFsdp)});
                  comm::Communicator& shard = grid.comm({mesh::kNode, mesh::kFsdp});
                  comm::Communicator& local = grid.comm(mesh::kFsdp);
                  comm::Communicator& cross = grid.comm(mesh::kNode);

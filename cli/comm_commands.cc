@@ -17,6 +17,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
+#include "meshtrain/mesh/mesh_shape.h"
 
 namespace meshtrain::cli {
 
@@ -230,7 +231,7 @@ int run_bench_collectives(const BenchFlags& f) {
 
 int run_demo(int ranks, const std::string& max) {
   const std::vector<int> shape = {ranks / 2, 2};
-  const std::vector<std::string> names = {"data", "tensor"};
+  const std::vector<std::string> names = {std::string(mesh::kData), std::string(mesh::kTensor)};
   fmt::print("meshtrain demo: {} simulated devices (threads engine), mesh data={},tensor=2\n\n", ranks, ranks / 2);
   std::mutex mu;
   std::vector<std::string> lines;

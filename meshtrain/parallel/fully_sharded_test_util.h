@@ -138,14 +138,16 @@ inline Outcome run(const RunSpec& setup) {
     comm::Communicator* shard = &world;
     comm::Communicator* replicate = nullptr;
     if (setup.zeropp_nodes > 0) {  // shard over every rank, split node-major for ZeRO++
-      mesh = std::make_unique<mesh::DeviceMesh>(world, std::vector<int>{setup.zeropp_nodes, setup.ranks / setup.zeropp_nodes},
-                                                std::vector<std::string>{"node", "fsdp"});
+      mesh = std::make_unique<mesh::DeviceMesh>(
+          world, std::vector<int>{setup.zeropp_nodes, setup.ranks / setup.zeropp_nodes},
+          std::vector<std::string>{std::string(mesh::kNode), std::string(mesh::kFsdp)});
     }
     if (setup.strategy.hybrid) {
-      mesh = std::make_unique<mesh::DeviceMesh>(world, std::vector<int>{2, setup.ranks / 2},
-                                                std::vector<std::string>{"data", "fsdp"});
-      shard = &mesh->comm("fsdp");
-      replicate = &mesh->comm("data");
+      mesh = std::make_unique<mesh::DeviceMesh>(
+          world, std::vector<int>{2, setup.ranks / 2},
+          std::vector<std::string>{std::string(mesh::kData), std::string(mesh::kFsdp)});
+      shard = &mesh->comm(mesh::kFsdp);
+      replicate = &mesh->comm(mesh::kData);
     }
     nn::MLP model(mlp_config(setup.defer_init));
     FullyShardedOptions o = setup.options;
@@ -153,7 +155,7 @@ inline Outcome run(const RunSpec& setup) {
     o.min_weight_size = kMinWeight;
     if (setup.whole_model_unit) o.unit_modules = {&model};
     if (setup.zeropp_nodes > 0) {
-      o.node_local = &mesh->comm("fsdp");
+      o.node_local = &mesh->comm(mesh::kFsdp);
       o.cross_node = setup.zeropp_nodes > 1 ? &mesh->comm("node") : nullptr;
     }
     FullyShardedDataParallel fsdp(model, *shard, replicate, o);
@@ -166,7 +168,7 @@ inline Outcome run(const RunSpec& setup) {
     std::vector<nn::Saved> saved(static_cast<size_t>(m));
     const int64_t local = kBatch / world.size(), first = local * world.rank();
     std::vector<double> losses;
-    comm::Communicator* node = setup.zeropp_nodes > 0 ? &mesh->comm("fsdp") : nullptr;
+    comm::Communicator* node = setup.zeropp_nodes > 0 ? &mesh->comm(mesh::kFsdp) : nullptr;
     for (comm::Communicator* c : {shard, node})
       if (c != nullptr) c->reset_traffic();  // construction's structure check is not training
     int64_t secondary_peak = 0, secondary_after_step = 0;

@@ -33,6 +33,7 @@
 
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/mesh/device_mesh.h"
+#include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/sharding/layout.h"
 #include "meshtrain/sharding/sharded_tensor.h"
 
@@ -41,19 +42,20 @@ namespace meshtrain::sharding {
 // The layout shard_batch_dim gives a tensor of `global_shape` (same rules
 // and errors).
 Layout batch_layout(mesh::DeviceMesh& mesh, const std::vector<int64_t>& global_shape, int batch_axis = 0,
-                    const std::string& mesh_axis = "data", bool allow_uneven = false);
+                    const std::string& mesh_axis = std::string(mesh::kData), bool allow_uneven = false);
 
 // This rank's rows of `batch` (a defined cpu tensor), as a ShardedTensor of
 // batch_layout(...). Throws InvalidArgument when batch_axis < 0 or >= ndim
 // (ndim >= 1), the mesh has no axis `mesh_axis` (listing its axes), or the
 // batch does not divide evenly and !allow_uneven.
 ShardedTensor shard_batch_dim(const Tensor& batch, mesh::DeviceMesh& mesh, int batch_axis = 0,
-                              const std::string& mesh_axis = "data", bool allow_uneven = false);
+                              const std::string& mesh_axis = std::string(mesh::kData), bool allow_uneven = false);
 
 // Every named tensor of a batch, by the same rules (the seeds' pytree); an
 // error names the entry.
 std::map<std::string, ShardedTensor> shard_batch_dim(const std::map<std::string, Tensor>& batch, mesh::DeviceMesh& mesh,
-                                                     int batch_axis = 0, const std::string& mesh_axis = "data",
+                                                     int batch_axis = 0,
+                                                     const std::string& mesh_axis = std::string(mesh::kData),
                                                      bool allow_uneven = false);
 
 }  // namespace meshtrain::sharding
