@@ -6,8 +6,8 @@
 // GPipe, ZB-H1; plain, zero1 and zero2, in f32 and bf16), context=2 and a
 // 3-D mesh; zero2 and zero3 also in bf16, hybrid_full, and zero3 under
 // FSDP's other schedules (prefetch, no reshard after forward, micro-batches,
-// recompute). Each rank's total within 2% of the prediction
-// for its (pipeline stage, tensor rank); where the peak comes while a
+// recompute). Each rank's parameters and optimizer state exactly, its
+// total within 2% of the prediction for its (pipeline stage, tensor rank); where the peak comes while a
 // gradient reduction may still be in flight (thread timing), between the
 // prediction with eager reductions and the bound. What each category held
 // at the peak is printed beside its prediction, with the moment the model
@@ -65,6 +65,13 @@ void check(const Case& c) {
                                            : fmt::format("; eager reductions {:.0f}, {:+.2f}%", eager_total,
                                                          100 * (eager_total / measured - 1)),
                cats, want.peak_at.empty() ? "" : "; predicted peak at " + want.peak_at);
+    // What the device holds for good, exactly: the parameters (the planner
+    // places the model's own parameters with the placement rule) and the
+    // optimizer state.
+    EXPECT_EQ(static_cast<double>(got[static_cast<size_t>(MemoryCategory::parameters)]), want.parameters)
+        << "rank " << w;
+    EXPECT_EQ(static_cast<double>(got[static_cast<size_t>(MemoryCategory::optimizer)]), want.optimizer)
+        << "rank " << w;
     if (c.timing_dependent) {
       EXPECT_LT(eager_total, want.total()) << "rank " << w << ": no longer timing-dependent";
       EXPECT_GE(measured / eager_total, 1.0 - kTolerance) << "rank " << w;
