@@ -14,7 +14,6 @@
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/nn/vae.h"
 #include "meshtrain/parallel/fully_sharded.h"
-#include "meshtrain/sharding/multi_dimensional.h"
 #include "meshtrain/train/model_parameters.h"
 
 namespace meshtrain::cli {
@@ -72,28 +71,6 @@ std::vector<layout::ModelParameter> model_parameters(const ModelShardFlags& f, n
     throw InvalidArgument("--mesh", fmt::format("a pipeline of {} stages with --model {}", stages, f.model),
                           "the vae trains without a pipeline axis (as meshtrain train): drop it");
   return parallel::model_parameters(model, {});
-}
-
-// One seeds' strategy per data, fsdp and tensor axis, for the spec column
-// (node and context replicate; the pipeline axis splits no tensor: the
-// stage column says which stage a parameter is on).
-sharding::MultiDimensionalStrategy strategies(const mesh::NamedShape& mesh, int64_t min_weight_size) {
-  std::vector<std::shared_ptr<const sharding::Strategy>> out;
-  std::vector<std::string> axes;
-  for (size_t i = 0; i < mesh.shape.size(); ++i) {
-    const std::string& a = mesh.axis_names[i];
-    const int n = mesh.shape[i];
-    if (a == mesh::kData)
-      out.push_back(std::make_shared<sharding::DataParallelStrategy>(a));
-    else if (a == mesh::kFsdp)
-      out.push_back(std::make_shared<sharding::FSDPStrategy>(a, n, min_weight_size));
-    else if (a == mesh::kTensor)
-      out.push_back(std::make_shared<sharding::TensorParallelStrategy>(a, n, /*uneven=*/true));
-    else if (n > 1 && a != mesh::kNode && a != mesh::kContext && a != mesh::kPipeline)
-      throw InvalidArgument("meshtrain shard --model", fmt::format("mesh axis {}={}", a, n),
-                            "place a model over data, node, fsdp, context, tensor and pipeline axes");
-  }
-  return sharding::MultiDimensionalStrategy(std::move(out), mesh.axis_names);
 }
 
 // The training layout of the flags: the mesh, and the fsdp mode (full by
@@ -159,9 +136,10 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
   if (f.rank >= num_ranks)
     throw InvalidArgument("--rank", fmt::format("rank {} of mesh {} ({} ranks)", f.rank, mesh_spec, num_ranks),
                           fmt::format("pick a rank from 0 to {}", num_ranks - 1));
+  mesh::validate_mesh_config(mesh, static_cast<int>(num_ranks), "--mesh");
   const layout::TrainingLayout rule = training_layout(f, mesh);
   std::unique_ptr<nn::Module> model = build(f);
-  const sharding::MultiDimensionalStrategy md = strategies(mesh, f.fsdp_min_weight_size);
+  const sharding::MultiDimensionalStrategy md = layout::seed_strategies(rule);
   const int stages = mesh.size_of(mesh::kPipeline) * rule.virtual_stages;
   const std::vector<layout::ModelParameter> params = model_parameters(f, *model, mesh, stages);
   const std::vector<layout::HeldParameter> mine = layout::held_parameters(rule, params, f.rank);

@@ -1,6 +1,7 @@
 #include "meshtrain/layout/placement_rule.h"
 
 #include <map>
+#include <memory>
 
 #include "meshtrain/mesh/device_mesh.h"
 
@@ -69,6 +70,21 @@ std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, std::sp
     }
   }
   return out;
+}
+
+sharding::MultiDimensionalStrategy seed_strategies(const TrainingLayout& layout) {
+  const mesh::NamedShape& m = layout.mesh;
+  std::vector<std::shared_ptr<const sharding::Strategy>> out;
+  for (size_t i = 0; i < m.shape.size(); ++i) {
+    const std::string& a = m.axis_names[i];
+    if (a == mesh::kData)
+      out.push_back(std::make_shared<sharding::DataParallelStrategy>(a));
+    else if (a == mesh::kFsdp)
+      out.push_back(std::make_shared<sharding::FSDPStrategy>(a, m.shape[i], layout.fsdp_min_weight_size));
+    else if (a == mesh::kTensor)
+      out.push_back(std::make_shared<sharding::TensorParallelStrategy>(a, m.shape[i], /*uneven=*/true));
+  }
+  return sharding::MultiDimensionalStrategy(std::move(out), m.axis_names);
 }
 
 }  // namespace meshtrain::layout

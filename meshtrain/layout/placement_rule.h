@@ -38,6 +38,7 @@
 
 #include "meshtrain/layout/training_layout.h"
 #include "meshtrain/mesh/mesh_shape.h"
+#include "meshtrain/sharding/multi_dimensional.h"
 #include "meshtrain/sharding/placement.h"
 #include "meshtrain/sharding/strategy.h"
 
@@ -66,5 +67,14 @@ struct HeldParameter {
 // divide), naming the parameter.
 std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, std::span<const ModelParameter> params,
                                            int rank);
+
+// The seeds' per-dimension picture of the layout (MultiDimensionalStrategy
+// over a DataParallelStrategy, FSDPStrategy and TensorParallelStrategy for
+// the data, fsdp and tensor axes; node and context replicate, a pipeline
+// splits no tensor): the PartitionSpec a parameter gets per mesh axis.
+// What a rank really holds is held_parameters' (fsdp's flat ranges, not the
+// spec's per-dimension split). The mesh's axes are known ones
+// (mesh::validate_mesh_config).
+sharding::MultiDimensionalStrategy seed_strategies(const TrainingLayout& layout);
 
 }  // namespace meshtrain::layout

@@ -55,6 +55,17 @@ std::vector<ModelParameter> small_model() {
           {{.name = "b.weight", .shape = {5, 3}, .kind = ParamKind::linear_weight, .role = LinearRole::none}, 1}};
 }
 
+// The seeds' per-dimension picture: a spec per parameter over the data,
+// fsdp and tensor axes (node, context and pipeline split no tensor).
+TEST(PlacementRule, SeedStrategiesGiveTheSpec) {
+  const std::vector<ModelParameter> ps = small_model();
+  const sharding::MultiDimensionalStrategy md = seed_strategies(on("pipeline=2,data=2,fsdp=2,tensor=2", "full"));
+  EXPECT_EQ(md.combined_spec(ps[0].info).to_string(), "P(fsdp, tensor)");  // column-parallel: out over tensor
+  EXPECT_EQ(md.combined_spec(ps[1].info).to_string(), "P(tensor)");        // 6 elements: under min_weight_size
+  EXPECT_EQ(md.combined_spec(ps[2].info).to_string(), "P(fsdp, None)");
+  EXPECT_EQ(seed_strategies(on("node=2,context=2")).combined_spec(ps[0].info).to_string(), "P(None, None)");
+}
+
 TEST(PlacementRule, TensorBlocksThenFlatRangesOfEachUnit) {
   // fsdp=2 x tensor=2: rank 3 is fsdp 1, tensor 1.
   const std::vector<HeldParameter> h = held_parameters(on("fsdp=2,tensor=2", "full"), small_model(), 3);
