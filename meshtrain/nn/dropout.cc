@@ -59,6 +59,19 @@ Tensor Dropout::do_forward(const Tensor& x, Saved& saved) {
                             "pass this rank's slice of the features");
     global = shard_.features;
     offset = s.begin;
+  } else if (shard_.ranks > 1 && shard_.pieces.empty() && ctx.sequence_length > 0) {
+    // A sequence split of (B, s, C) padded to ranks x s >= T steps: the
+    // one-device numbering counts T C features per sample, so a real
+    // step's mask does not depend on the padding (padded steps draw
+    // whatever their index gives; they never reach a real step).
+    const int64_t steps = xc.dim() >= 2 ? xc.size(1) : 0;
+    const int64_t padded = steps * shard_.ranks;
+    if (steps == 0 || ctx.sequence_length > padded || ctx.sequence_length <= padded - shard_.ranks)
+      throw InvalidArgument(op,
+                            fmt::format("'{}': input {} split over {} ranks for a sequence of {} steps", name_,
+                                        shape_to_string(xc.shape()), shard_.ranks, ctx.sequence_length),
+                            "pass this rank's ceil(T / ranks) steps of (batch, steps, features)");
+    global = ctx.sequence_length * (features / steps);
   }
   const uint64_t key = internal::step_key(name_, ctx.step);
   const auto first = static_cast<uint64_t>(ctx.first_global_sample);

@@ -22,7 +22,10 @@
 // G, and its element (i, f) draws u at (first_global_sample + i) * G + o + f.
 // With `features` = G > 0 the slice is shard_range(G, r, ranks) (a column
 // split of a hidden layer); with 0 the slices are equal, G = ranks * F and
-// o = r * F (a sequence-parallel split of (B, T, C) along T). With `pieces`
+// o = r * F (a sequence-parallel split of (B, T, C) along T; when the
+// batch context's sequence_length T is set, the input is (B, s, C) with
+// ranks x s >= T padded steps and G = T C, so the real steps draw one
+// device's masks). With `pieces`
 // (context parallelism's zig-zag chunks) each sample's F features are
 // |pieces| equal runs of L = F / |pieces|, run j being piece pieces[j] of
 // the sample's total_pieces: element (i, j L + f) draws at

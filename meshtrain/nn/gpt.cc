@@ -345,7 +345,16 @@ Tensor GPT::do_forward(const Tensor& input, Saved& saved) {
                             fmt::format("pass the previous stage's output (batch, T, {})", config_.width));
     x = input;
     st.b = input.size(0);
-    st.t = st.t_pad = input.size(1) * k;
+    st.t_pad = input.size(1) * k;
+    // The real length, when sequence parallelism padded it (the stage's
+    // caller knows it from the batch; 0: unpadded).
+    const int64_t given = saved.batch.sequence_length;
+    if (given > 0 && (given > st.t_pad || given <= st.t_pad - k))
+      throw InvalidArgument(op,
+                            fmt::format("input {} for a sequence of {} steps over {} tensor-parallel ranks",
+                                        shape_to_string(input.shape()), given, k),
+                            "pass the previous stage's ceil(T / k) steps and the batch context's sequence_length T");
+    st.t = given > 0 ? given : st.t_pad;
   }
   Tensor h = h_.forward(x, saved.child(kBlocks));
   if (!config_.head) return h;
@@ -385,19 +394,20 @@ Tensor GPT::embed(const Tensor& ids, Saved& saved) {
     return embed_sum(in, saved);
   }
   // Sequence parallelism splits the T steps over the k tensor ranks. A T
-  // that k does not divide (generation's growing prompts) is padded at the
-  // end: causal attention keeps the padding from reaching the real steps.
+  // that k does not divide is padded at the end: causal attention keeps
+  // the padding from reaching the real steps, and the head drops it.
   const TensorParallelGroup& tp = config_.tensor;
   const int64_t k = tp.splits_sequence() ? tp.size() : 1;
   st.t_pad = (st.t + k - 1) / k * k;
   Tensor in = ids;
+  if (k > 1) {
+    // The dropouts number their masks by the real length, so the padding
+    // changes no real step's mask (one device's masks, cut by steps).
+    BatchContext real = saved.batch;
+    real.sequence_length = st.t;
+    for (Module* m : children()) m->set_batch_context(real);
+  }
   if (st.t_pad != st.t) {
-    if ((training_ && config_.dropout > 0) || !config_.head)  // masks are numbered by the padded length
-      throw InvalidArgument(op,
-                            fmt::format("{} steps over {} tensor-parallel ranks with sequence parallelism{}", st.t,
-                                        k, config_.head ? fmt::format(" and dropout {}", config_.dropout)
-                                                        : std::string(" in a pipeline")),
-                            "use sequences whose length the tensor axis size divides");
     in = Tensor::zeros({st.b, st.t_pad}, DType::i64);
     in.narrow(1, 0, st.t).copy_from(ids.to(DType::i64));
   }

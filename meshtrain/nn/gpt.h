@@ -76,7 +76,10 @@ struct GPTConfig {
   // tensor.sequence_parallel: the embeddings' sum, dropouts, LayerNorms and
   // residual sums hold T/k time steps per rank (tensor_parallel.h); the head
   // gathers the steps back. A T that k does not divide is padded at the end
-  // (evaluation, generation, or training without dropout).
+  // to ceil(T / k) k steps (the dropouts number their masks by the real T,
+  // so every layout draws one device's masks); a pipeline part without the
+  // embeddings learns T from the batch context's sequence_length (its
+  // input holds ceil(T / k) steps per rank).
   TensorParallelGroup tensor = {};
   // Pipeline parallelism: a part of the model. Only blocks [first_block,
   // last_block) (last_block < 0: to the last) are built, with the

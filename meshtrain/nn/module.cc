@@ -127,13 +127,13 @@ Saved& Module::backward_target(Saved& saved, const char* op) {
   // Replay the forward under the batch context it ran with (dropout masks
   // and noise are keyed by it), then restore the current one.
   const BatchContext now = batch_context_;
-  set_batch_context(saved.batch.step, saved.batch.first_global_sample);
+  set_batch_context(saved.batch);
   saved.recomputed = std::make_unique<Saved>();
   saved.recomputed->batch = saved.batch;
   begin_scope(Pass::forward);
   do_forward(saved.input, *saved.recomputed);
   end_scope(Pass::forward);
-  set_batch_context(now.step, now.first_global_sample);
+  set_batch_context(now);
   return *saved.recomputed;
 }
 

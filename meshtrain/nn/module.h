@@ -236,9 +236,13 @@ class Module {
   DType compute_dtype() const { return compute_dtype_; }
 
   // Sets the batch context (see above); first_global_sample must be >= 0.
+  // The two-argument form leaves sequence_length 0.
   void set_batch_context(uint64_t step, int64_t first_global_sample) {
-    batch_context_ = BatchContext{step, first_global_sample};
-    for (Module* c : children()) c->set_batch_context(step, first_global_sample);
+    set_batch_context(BatchContext{step, first_global_sample});
+  }
+  void set_batch_context(const BatchContext& context) {
+    batch_context_ = context;
+    for (Module* c : children()) c->set_batch_context(context);
   }
   const BatchContext& batch_context() const { return batch_context_; }
 

@@ -38,6 +38,12 @@ namespace meshtrain::nn {
 struct BatchContext {
   uint64_t step = 0;                // advanced by the trainer once per optimizer step
   int64_t first_global_sample = 0;  // global index of local sample 0 (>= 0)
+  // The samples' real time steps T when a sequence-parallel split padded
+  // them to a multiple of the tensor axis (0: the input's own length). A
+  // sequence-split dropout numbers its mask by T, so padding leaves the
+  // real steps' masks those of one device; a pipeline stage without the
+  // embeddings learns T from it (nn::GPT).
+  int64_t sequence_length = 0;
 };
 
 class Saved {

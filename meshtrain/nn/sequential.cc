@@ -28,7 +28,7 @@ void Sequential::add_module(std::unique_ptr<Module> child) {
   for (ParamHook* h : hooks()) child->add_hook(h);
   child->set_memory_tracker(tracker_);
   child->set_compute_dtype(compute_dtype_);
-  child->set_batch_context(batch_context_.step, batch_context_.first_global_sample);
+  child->set_batch_context(batch_context_);
   children_.push_back(std::move(child));
 }
 

@@ -89,7 +89,10 @@ class GptStage final : public RecipeStage {
   Tensor forward(const Batch& micro, int64_t step, double norm, const Tensor& input, nn::Saved& saved,
                  double* loss) override {
     const Tensor& tokens = micro["tokens"];
-    gpt_.set_batch_context(static_cast<uint64_t>(step), micro.first_global_sample);
+    // The real length too: a later stage's input may be padded for sequence parallelism.
+    gpt_.set_batch_context(nn::BatchContext{.step = static_cast<uint64_t>(step),
+                                            .first_global_sample = micro.first_global_sample,
+                                            .sequence_length = tokens.size(1)});
     const Tensor out = gpt_.forward(gpt_.config().embed ? tokens : input, saved.child(0));
     if (!gpt_.config().head) return out;
     *loss = loss_.forward(out, micro["targets"], norm * static_cast<double>(tokens.size(1)), saved.child(1));
@@ -111,6 +114,9 @@ class GptStage final : public RecipeStage {
   }
   Tensor evaluate(const Batch& chunk, int64_t n, const Tensor& input, std::vector<double>* sums) override {
     const Tensor& tokens = chunk["tokens"];
+    nn::BatchContext context = gpt_.batch_context();
+    context.sequence_length = tokens.size(1);
+    gpt_.set_batch_context(context);
     const Tensor out = gpt_.forward(gpt_.config().embed ? tokens : input, eval_saved_);
     if (!gpt_.config().head) return out;
     sums->resize(1);
