@@ -225,7 +225,8 @@ TEST(PlacementRule, Mlp) {
   for (const Case& c : {Case{"mlp", "data=2"}, Case{"mlp", "fsdp=2", "full"}, Case{"mlp", "fsdp=3", "zero1"},
                         Case{"mlp", "tensor=2"}, Case{"mlp", "pipeline=2"}, Case{"mlp", "pipeline=2,tensor=2"},
                         Case{"mlp", "data=2,fsdp=2", "hybrid_full"},
-                        Case{"mlp", "node=2,fsdp=2", "zero3"}, Case{"mlp", "fsdp=2,tensor=2", "full"},
+                        Case{"mlp", "node=2,fsdp=2", "zero3"}, Case{"mlp", "node=2", "zero3"},
+                        Case{"mlp", "fsdp=2,tensor=2", "full"},
                         Case{"mlp", "fsdp=2", "no_shard"}})
     check(c);
 }

@@ -135,9 +135,12 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
     const parallel::FsdpMode mode = *layout.fsdp;
     comm::Communicator& shard = mode.hybrid ? mesh.comm(mesh::kFsdp) : dp_comm;
     comm::Communicator* replicate = mode.hybrid ? &mesh.comm(mesh::kData) : nullptr;
-    // ZeRO++ (resolve_training checked the mesh: node x fsdp is the shard group).
+    // Node-aware collectives (ZeRO++; resolve_training checked its mesh)
+    // need node x fsdp: the fsdp axis is a node's ranks. A node axis without
+    // an fsdp axis is one more data-parallel axis that fsdp shards over.
     const auto& names = mesh.axis_names();
-    const bool nodes = std::find(names.begin(), names.end(), mesh::kNode) != names.end();
+    const auto has = [&](std::string_view a) { return std::find(names.begin(), names.end(), a) != names.end(); };
+    const bool nodes = has(mesh::kNode) && has(mesh::kFsdp);
     const auto [qwz, qgz, hpz] = layout.zeropp;
     return std::make_unique<parallel::FullyShardedDataParallel>(
         model, shard, replicate,
