@@ -1,10 +1,14 @@
 // Combinations of mesh axes at odd sizes equal one device (issue 39's
-// matrix, as it lands): the GPT of tests/gpt_parity.h made awkward (3
-// blocks, which 2 stages do not split evenly; 6 heads of 8; 40-token
-// windows, which 3 tensor ranks do not divide; dropout 0.1), 20 steps of
-// fp32 training through the real trainer on the threads engine, against
-// one device with the same micro-batches: per-step losses and final
-// parameters within 1e-5 relative.
+// matrix, as it lands): the GPT of tests/gpt_parity.h made awkward (5
+// blocks, which 2 stages or 4 chunks do not split evenly; 6 heads of 8;
+// 40-token windows, which 3 tensor ranks do not divide; dropout 0.1), 20
+// steps of fp32 training through the real trainer on the threads engine,
+// against one device with the same 4 micro-batches: per-step losses and
+// final parameters within 1e-5 relative.
+// - ZeRO-3 under a pipeline: fsdp=2 x pipeline=2 at zero3 for gpipe, 1f1b,
+//   interleaved (2 chunks per rank) and zb, each stage's units gathered per
+//   micro-batch (and kept gathered across them with
+//   reshard_after_forward off); hybrid_full on data=2 x fsdp=2 x pipeline=2.
 // - Sequence parallelism where the tensor size does not divide the
 //   sequence: tensor=3 with dropout (the masks are numbered by the real
 //   length, so padding changes none), and pipeline=2 x tensor=3 (a later
@@ -25,23 +29,27 @@ namespace {
 constexpr int64_t kSteps = 20;
 
 struct Layout {
-  std::string mesh;  // "" = one device
+  std::string mesh = "";  // "" = one device
+  std::string fsdp = "";
   bool sequence_parallel = false;
   std::string schedule = "1f1b";
+  bool reshard_after_forward = true;
 };
 
 train::TrainResult train_gpt(const Layout& l, const std::string& tag) {
   train::TrainConfig tc = gpt_parity_config("axes_" + tag);
   tc.context = 40;
-  tc.layers = 3;
+  tc.layers = 5;
   tc.heads = 6;
   tc.width = 48;
-  tc.batch_size = 8;
   tc.micro_batches = 4;  // every layout, one device too: the same micro-batches
   tc.max_steps = kSteps;
   tc.lr_decay_steps = kSteps;
+  tc.batch_size = 16;  // 4 micro-batches on each of up to 4 data-parallel ranks
   tc.sequence_parallel = l.sequence_parallel;
+  tc.set("fsdp", l.fsdp, "Layout.fsdp");
   tc.set("pipeline_schedule", l.schedule, "Layout.schedule");
+  tc.reshard_after_forward = l.reshard_after_forward;
   const config::DistributedConfig dc = testing::threads_mesh_config(l.mesh);
   train::TrainResult r = train::run_training(
       tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size, .timeout = std::chrono::seconds(120)});
@@ -55,7 +63,11 @@ const train::TrainResult& one_device() {
 }
 
 void expect_one_device(const Layout& l, const std::string& tag) {
-  const std::string what = fmt::format("{}{}", l.mesh, l.sequence_parallel ? " +sp" : "");
+  const std::string what = fmt::format("{}{}{}{}{}", l.mesh, l.fsdp.empty() ? "" : " " + l.fsdp,
+                                       l.sequence_parallel ? " +sp" : "", l.mesh.find("pipeline") != std::string::npos
+                                                                              ? " " + l.schedule
+                                                                              : "",
+                                       l.reshard_after_forward ? "" : " no-reshard");
   const train::TrainResult r = train_gpt(l, tag);
   ASSERT_EQ(one_device().step_losses.size(), static_cast<size_t>(kSteps)) << what;
   for (const std::string& p : testing::run_differences(r, one_device(), 1e-5)) ADD_FAILURE() << what << ": " << p;
@@ -69,6 +81,15 @@ TEST(AxesParity, SequenceParallelPadsWithDropout) {
 
 TEST(AxesParity, SequenceParallelPadsInAPipeline) {
   expect_one_device({.mesh = "pipeline=2,tensor=3", .sequence_parallel = true}, "pipeline2_tensor3_sp");
+}
+
+TEST(AxesParity, Zero3UnderEverySchedule) {
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb"})
+    expect_one_device({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3", .schedule = schedule},
+                      std::string("zero3_pipeline_") + schedule);
+  expect_one_device({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3", .reshard_after_forward = false},
+                    "zero3_pipeline_keep");
+  expect_one_device({.mesh = "data=2,fsdp=2,pipeline=2", .fsdp = "hybrid_full"}, "hybrid_pipeline");
 }
 
 }  // namespace

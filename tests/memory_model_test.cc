@@ -115,6 +115,10 @@ TEST(MemoryModel, Context) { check({.mesh = "context=2"}); }
 // Fully sharded over the context axis too (the gradient axes).
 TEST(MemoryModel, ContextZero3) { check({.mesh = "fsdp=2,context=2", .fsdp = "zero3"}); }
 TEST(MemoryModel, PipelineZero1) { check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero1", .micro_batches = 4}); }
+// ZeRO-3 under a pipeline: each stage gathers its units per micro-batch.
+TEST(MemoryModel, PipelineZero3) {
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero3", .micro_batches = 4, .timing_dependent = true});
+}
 // zero2 leaves a weight pass's last reduce-scatters in flight (nothing waits
 // for them before the next weight pass's rate limit: zero2 gathers
 // nothing), and the peak comes in the next micro-batch's weight pass, its

@@ -158,7 +158,6 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
         if (o.batch % d != 0) continue;
         const int64_t per_rank = o.batch / d;
         for (const Stage z : stages) {
-          if (z == layout::ZeroStage::zero3 && p > 1) continue;
           if (z != std::nullopt && d * c == 1 && z != layout::ZeroStage::zero1) continue;  // nothing to shard over
           for (int64_t m = 1; m <= per_rank; m *= 2) {
             if (per_rank % m != 0) continue;

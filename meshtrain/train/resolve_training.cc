@@ -74,12 +74,6 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
     if (axis_size(mesh, mesh::kNode) > 0 && axis_size(mesh, mesh::kFsdp) == 0)
       fail(fmt::format("mesh {} has a node axis but no fsdp axis", mesh.to_spec()), "use --mesh node=K,fsdp=L");
   }
-  if (pipeline_axis > 1 && c.fsdp.enabled() && c.fsdp.mode->stage > parallel::ZeroStage::zero2)
-    throw Unsupported("meshtrain train",
-                      fmt::format("fsdp '{}' with a pipeline axis of {}", c.fsdp.name, pipeline_axis),
-                      "a pipeline runs each stage's forward and backward once per micro-batch, so zero3 would "
-                      "gather every parameter m times per step (DeepSpeed refuses it too); use --fsdp zero1 or "
-                      "zero2 with pipelines");
   if (c.fsdp.enabled()) {
     if (c.fsdp.mode->hybrid && (fsdp_axis == 0 || data_axis == 0))
       throw InvalidArgument("meshtrain train",
