@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,8 +96,10 @@ TEST(AxesMatrix, StartUpChecksAcceptExactlyWhatTrains) {
       continue;
     }
     try {
-      const train::TrainResult r = train::run_training(
-          *resolved, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size, .timeout = std::chrono::seconds(60)});
+      const train::TrainResult r =
+          train::run_training(*resolved, dc,
+                              {.engine = comm::Engine::threads, .ranks = dc.world_size,
+                               .timeout = std::chrono::seconds(60)});
       EXPECT_EQ(r.step_losses.size(), 1u) << v.name();
       ++trained;
       fmt::print("{:<48} trains\n", v.name());
