@@ -240,7 +240,8 @@ TEST(PlacementRule, Gpt) {
   for (const Case& c :
        {Case{"gpt", "tensor=3"}, Case{"gpt", "fsdp=3", "full"}, Case{"gpt", "context=2"},
         Case{"gpt", "pipeline=2"}, Case{"gpt", "pipeline=2", "", "v2"}, Case{"gpt", "fsdp=2,tensor=2", "full", "sp"},
-        Case{"gpt", "pipeline=2,fsdp=2", "zero2"}, Case{"gpt", "data=2,fsdp=2,tensor=2", "full"},
+        Case{"gpt", "pipeline=2,fsdp=2", "zero2"}, Case{"gpt", "pipeline=2,fsdp=2", "zero3"},
+        Case{"gpt", "data=2,fsdp=2,tensor=2", "full"},
         Case{"gpt", "pipeline=2,data=2,fsdp=2,tensor=2", "zero2"}, Case{"gpt", "fsdp=2,context=2,tensor=2", "full"},
         Case{"gpt", "node=2,fsdp=2", "zero3"}})
     check(c);
