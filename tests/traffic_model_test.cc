@@ -120,6 +120,9 @@ TEST(TrafficModel, Pipeline) {
          .layers = 4});
   check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero1", .micro_batches = 4});
   check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 2});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero3", .micro_batches = 4});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero3", .micro_batches = 2, .reshard_after_forward = false});
+  check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero3", .micro_batches = 4, .schedule = "zb"});
   check({.mesh = "pipeline=2,tensor=2", .sequence_parallel = true, .micro_batches = 2});
 }
 TEST(TrafficModel, Context) {

@@ -104,7 +104,7 @@ std::vector<layout::ModelParameter> model_parameters(nn::Module& model, const st
 
 struct FullyShardedDataParallel::Unit {
   std::string name;
-  int index = 0;
+  int use_position = -1;                // in use_order_ (-1: not used in a forward yet)
   std::vector<nn::Parameter*> params;   // sharded, flat order
   std::vector<int64_t> offsets;         // flat offset of each
   int64_t numel = 0, padded = 0, shard = 0;
@@ -240,7 +240,6 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
     const std::string name = unit_name(ps);
     auto u = std::make_unique<Unit>();
     u->name = name;
-    u->index = static_cast<int>(units_.size());
     unit_of_module_[module] = u.get();
     UnitInfo info;
     info.name = name;
@@ -473,9 +472,9 @@ void FullyShardedDataParallel::release_values(Unit& u) {
 }
 
 FullyShardedDataParallel::Unit* FullyShardedDataParallel::neighbour(const Unit& u, int step) {
-  for (int i = u.index + step; i >= 0 && i < static_cast<int>(units_.size()); i += step)
-    if (!units_[static_cast<size_t>(i)]->params.empty()) return units_[static_cast<size_t>(i)].get();
-  return nullptr;
+  if (u.use_position < 0) return nullptr;
+  const int i = u.use_position + step;
+  return i >= 0 && i < static_cast<int>(use_order_.size()) ? use_order_[static_cast<size_t>(i)] : nullptr;
 }
 
 void FullyShardedDataParallel::before_use(nn::Module& owner, nn::Pass pass) {
@@ -493,6 +492,10 @@ void FullyShardedDataParallel::before_use(nn::Module& owner, nn::Pass pass) {
   }
   if (uses_values) materialize(*u);
   if (pass == nn::Pass::forward) {
+    if (u->use_position < 0) {
+      u->use_position = static_cast<int>(use_order_.size());
+      use_order_.push_back(u);
+    }
     if (options_.forward_prefetch)
       if (Unit* next = neighbour(*u, +1)) start_gather(*next);
     return;

@@ -58,14 +58,18 @@
 //                        take it directly; small parameters such as biases
 //                        and norms are widened per use: nn never converts a
 //                        whole weight here). forward_prefetch starts the
-//                        next unit's all-gather (in the previous forward's
-//                        order).
+//                        next unit's all-gather in the order units were
+//                        first used in a forward (FSDP1's recorded execution
+//                        order: none before a unit's successor is known).
 //   after_use(forward)   reshard_after_forward: drop the views (stage 3:
 //                        free the gathered copy).
 //   before_use(backward) materialize again if freed; p.grad becomes a view of
 //                        a zeroed f32 working gradient (or, stage 0/1 with
 //                        f32 gradients, of the persistent full gradient).
-//                        backward_prefetch pre: start the next unit's gather.
+//                        backward_prefetch pre: start the gather of the unit
+//                        used before this one in the forward (the backward's
+//                        next: on a pipeline's last stage the tied head's
+//                        wte follows the blocks, though defined before).
 //   after_use(backward)  free the values; zero2/zero3: round the gradient to
 //                        reduce_dtype and start an async reduce-scatter whose
 //                        result is added to the owned gradient shard (every
@@ -321,7 +325,7 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   bool values_persistent() const;
   bool grads_persistent() const;
   Unit* unit_of(nn::Module& owner);  // null: not a unit, or nothing sharded in it
-  Unit* neighbour(const Unit& u, int step);  // next unit with sharded parameters
+  Unit* neighbour(const Unit& u, int step);  // +1: the unit used after u in the forward; -1: before
   void set_value_views(Unit& u, const Tensor& flat);
   void start_gather(Unit& u);
   void materialize(Unit& u);
@@ -341,6 +345,7 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   DType reduce_dtype_;
   int d_ = 1, rank_ = 0;  // shard degree and rank in it (1 and 0 for no_shard)
   std::vector<std::unique_ptr<Unit>> units_;    // definition order
+  std::vector<Unit*> use_order_;                // units with sharded parameters by first forward use
   std::vector<UnitInfo> unit_info_;
   std::unordered_map<const nn::Module*, Unit*> unit_of_module_;
   std::unordered_map<const nn::Parameter*, std::vector<int64_t>> shapes_;

@@ -135,6 +135,10 @@ class FsdpWorking {
     }
     if (uses_values) materialize(u);
     if (pass == ScopePass::forward) {
+      if (x.use_position < 0) {
+        x.use_position = static_cast<int>(use_order_.size());
+        use_order_.push_back(u);
+      }
       if (l_.forward_prefetch) start_gather(neighbour(u, +1));
       return;
     }
@@ -183,6 +187,7 @@ class FsdpWorking {
     bool gathering = false, materialized = false, reduced = false;
     double grad = 0;  // bytes of the working gradient held
     int64_t gather = 0;  // the issue number of its last gather
+    int use_position = -1;  // in use_order_
   };
   struct Reduction {
     double bytes = 0;  // the buffer it holds
@@ -195,10 +200,13 @@ class FsdpWorking {
     peak_ = std::max(peak_, now_);
   }
   void free(double b) { now_ -= b; }
+  // The unit used after (step +1) or before (-1) u in the forward, in the
+  // order units were first used in one (none before it is known).
   int neighbour(int u, int step) const {
-    for (int i = u + step; i >= 0 && i < static_cast<int>(units_.size()); i += step)
-      if (units_[static_cast<size_t>(i)].np > 0) return i;
-    return -1;
+    const int at = units_[static_cast<size_t>(u)].use_position;
+    if (at < 0) return -1;
+    const int i = at + step;
+    return i >= 0 && i < static_cast<int>(use_order_.size()) ? use_order_[static_cast<size_t>(i)] : -1;
   }
   void start_gather(int u) {
     if (u < 0) return;
@@ -266,6 +274,7 @@ class FsdpWorking {
   const bool zero3_, values_persistent_, grads_persistent_;
   const double pb_, gb_;
   std::vector<Unit> units_;
+  std::vector<int> use_order_;  // units by first forward use (parallel/fully_sharded.cc's order)
   std::deque<Reduction> in_flight_;  // oldest first
   int64_t issued_ = 0;               // collectives issued on the shard communicator
   int index_ = 0, count_ = 1;
