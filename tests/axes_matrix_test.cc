@@ -2,8 +2,9 @@
 // mesh axes (every subset of data, node, fsdp, context, tensor and
 // pipeline of up to three axes of size 2, and the strategies' options
 // that apply: fsdp modes, sequence parallelism, all_to_all context
-// attention, the pipeline's schedules) on the small GPT of
-// tests/gpt_parity.h. Each layout either is refused by the start-up checks
+// attention, the pipeline's schedules; then sizes of 3, 4 and 5 that the
+// model's blocks, heads, sequence or batch may not divide) on the small
+// GPT of tests/gpt_parity.h. Each layout either is refused by the start-up checks
 // (train::resolve_training: an error naming the flag and the fix) or
 // trains a step on the threads engine; none fails after start-up.
 #include <fmt/format.h>
@@ -28,12 +29,14 @@ struct Variant {
   bool sequence_parallel = false;
   std::string cp_comm = "ring";
   std::string schedule = "1f1b";
+  int micro_batches = 0;  // 0: 2 with a pipeline, else 1
   std::string name() const {
     std::string s = mesh;
     if (!fsdp.empty()) s += " fsdp " + fsdp;
     if (sequence_parallel) s += " sp";
     if (cp_comm != "ring") s += " " + cp_comm;
     if (schedule != "1f1b") s += " " + schedule;
+    if (micro_batches > 0) s += fmt::format(" m={}", micro_batches);
     return s;
   }
 };
@@ -70,6 +73,27 @@ std::vector<Variant> variants() {
       out.push_back({.mesh = m, .schedule = "interleaved"});
     }
   }
+  // Other sizes, against the model's (4 blocks, 4 heads, 16-token windows,
+  // batch 8), where some do not divide: the checks refuse those.
+  for (const Variant& v : std::vector<Variant>{
+           {.mesh = "tensor=3"},
+           {.mesh = "tensor=4", .sequence_parallel = true},
+           {.mesh = "tensor=3", .sequence_parallel = true},
+           {.mesh = "context=3"},
+           {.mesh = "context=4", .cp_comm = "all_to_all"},
+           {.mesh = "context=2,tensor=4", .cp_comm = "all_to_all"},
+           {.mesh = "context=2,tensor=3", .sequence_parallel = true},
+           {.mesh = "pipeline=3"},
+           {.mesh = "pipeline=5"},
+           {.mesh = "pipeline=4", .schedule = "interleaved"},
+           {.mesh = "pipeline=3,context=2", .schedule = "zb"},
+           {.mesh = "data=3"},
+           {.mesh = "fsdp=3", .fsdp = "zero3"},
+           {.mesh = "fsdp=4", .fsdp = "zero3"},
+           {.mesh = "data=2,pipeline=2", .micro_batches = 8},
+           {.mesh = "pipeline=2,fsdp=2", .fsdp = "zero3", .micro_batches = 3},
+       })
+    out.push_back(v);
   return out;
 }
 
@@ -80,7 +104,7 @@ TEST(AxesMatrix, StartUpChecksAcceptExactlyWhatTrains) {
     train::TrainConfig tc = gpt_parity_config("matrix");
     tc.max_steps = 1;
     tc.layers = 4;  // pipeline=2 with 2 chunks each (interleaved)
-    tc.micro_batches = v.mesh.find("pipeline") != std::string::npos ? 2 : 1;
+    tc.micro_batches = v.micro_batches > 0 ? v.micro_batches : v.mesh.find("pipeline") != std::string::npos ? 2 : 1;
     tc.sequence_parallel = v.sequence_parallel;
     tc.set("fsdp", v.fsdp, "Variant.fsdp");
     tc.set("cp_comm", v.cp_comm, "Variant.cp_comm");

@@ -34,6 +34,7 @@ struct Layout {
   bool sequence_parallel = false;
   std::string schedule = "1f1b";
   bool reshard_after_forward = true;
+  std::string cp_comm = "ring";
 };
 
 train::TrainResult train_gpt(const Layout& l, const std::string& tag) {
@@ -50,6 +51,7 @@ train::TrainResult train_gpt(const Layout& l, const std::string& tag) {
   tc.set("fsdp", l.fsdp, "Layout.fsdp");
   tc.set("pipeline_schedule", l.schedule, "Layout.schedule");
   tc.reshard_after_forward = l.reshard_after_forward;
+  tc.set("cp_comm", l.cp_comm, "Layout.cp_comm");
   const config::DistributedConfig dc = testing::threads_mesh_config(l.mesh);
   train::TrainResult r = train::run_training(
       tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size, .timeout = std::chrono::seconds(120)});
@@ -63,11 +65,11 @@ const train::TrainResult& one_device() {
 }
 
 void expect_one_device(const Layout& l, const std::string& tag) {
-  const std::string what = fmt::format("{}{}{}{}{}", l.mesh, l.fsdp.empty() ? "" : " " + l.fsdp,
-                                       l.sequence_parallel ? " +sp" : "", l.mesh.find("pipeline") != std::string::npos
-                                                                              ? " " + l.schedule
-                                                                              : "",
-                                       l.reshard_after_forward ? "" : " no-reshard");
+  const bool pipeline = l.mesh.find("pipeline") != std::string::npos;
+  const bool context = l.mesh.find("context") != std::string::npos;
+  const std::string what = fmt::format("{}{}{}{}{}{}", l.mesh, l.fsdp.empty() ? "" : " " + l.fsdp,
+                                       l.sequence_parallel ? " +sp" : "", pipeline ? " " + l.schedule : "",
+                                       context ? " " + l.cp_comm : "", l.reshard_after_forward ? "" : " no-reshard");
   const train::TrainResult r = train_gpt(l, tag);
   ASSERT_EQ(one_device().step_losses.size(), static_cast<size_t>(kSteps)) << what;
   for (const std::string& p : testing::run_differences(r, one_device(), 1e-5)) ADD_FAILURE() << what << ": " << p;
@@ -90,6 +92,24 @@ TEST(AxesParity, Zero3UnderEverySchedule) {
   expect_one_device({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3", .reshard_after_forward = false},
                     "zero3_pipeline_keep");
   expect_one_device({.mesh = "data=2,fsdp=2,pipeline=2", .fsdp = "hybrid_full"}, "hybrid_pipeline");
+}
+
+TEST(AxesParity, ContextInsideEverySchedule) {
+  for (const char* cp_comm : {"ring", "all_to_all"})
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb"})
+      expect_one_device({.mesh = "pipeline=2,context=2", .schedule = schedule, .cp_comm = cp_comm},
+                        fmt::format("context_pipeline_{}_{}", cp_comm, schedule));
+  expect_one_device({.mesh = "pipeline=2,data=2,context=2"}, "data_context_pipeline");
+}
+
+TEST(AxesParity, ContextWithSequenceParallel) {
+  // 40 steps: 20 per context rank, 10 per tensor rank; tensor=3 pads 20 to
+  // 21 (all_to_all: 2 heads per tensor rank, 1 per context rank).
+  expect_one_device({.mesh = "context=2,tensor=2", .sequence_parallel = true}, "context_tensor_sp");
+  expect_one_device({.mesh = "context=2,tensor=3", .sequence_parallel = true, .cp_comm = "all_to_all"},
+                    "context_tensor3_sp");
+  expect_one_device({.mesh = "pipeline=2,context=2,tensor=2", .sequence_parallel = true, .schedule = "zb"},
+                    "pipeline_context_tensor_sp");
 }
 
 }  // namespace

@@ -173,7 +173,7 @@ TEST(PipelineErrors, NameTheFix) {
               }),
               HasSubstr("model gpt has 2 layers to cut into 4 pipeline stages"));
   EXPECT_THAT(testing::error_of([] { train_gpt({.mesh = "data=4,pipeline=2", .micro_batches = 8}); }),
-              HasSubstr("--micro-batches 8 with a batch of 16 over 4 data-parallel ranks (4 samples per rank)"));
+              HasSubstr("--micro-batches: 8 micro-batches with a batch of 16 over 4 data-parallel ranks (4 samples per rank)"));
   EXPECT_THAT(testing::error_of([] {
                 train::TrainConfig tc;
                 tc.set("schedule", "1f1b", "--schedule");

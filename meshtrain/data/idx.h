@@ -99,6 +99,10 @@ inline float normalize_pixel(uint8_t value) { return static_cast<float>(value) /
 Tensor normalize_pixels(const Tensor& pixels, MemoryTracker* tracker = nullptr,
                         MemoryCategory category = MemoryCategory::activations);
 
+// Features per Fashion-MNIST image (28 x 28 pixels), known before loading
+// (the recipes' start-up checks size their models with it).
+inline constexpr int64_t kFashionMnistFeatures = 28 * 28;
+
 // Class names of Fashion-MNIST, indexed by label.
 inline constexpr std::array<std::string_view, 10> kFashionMnistClasses = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "meshtrain/core/error.h"
@@ -75,7 +76,36 @@ Tensor Dropout::do_forward(const Tensor& x, Saved& saved) {
   }
   const uint64_t key = internal::step_key(name_, ctx.step);
   const auto first = static_cast<uint64_t>(ctx.first_global_sample);
-  if (!shard_.pieces.empty()) {  // runs of equal length, each from its place in the sample
+  if (!shard_.pieces.empty() && shard_.ranks > 1) {
+    // The pieces' steps, concatenated, padded to ranks x s and split: this
+    // rank holds s of them; each real step draws at its place in the sample.
+    const int64_t whole = ctx.sequence_length, np = static_cast<int64_t>(shard_.pieces.size());
+    const int64_t steps = xc.dim() >= 2 ? xc.size(1) : 0, padded = steps * shard_.ranks;
+    const int64_t run = shard_.total_pieces > 0 ? whole / shard_.total_pieces : 0, real = np * run;
+    if (steps == 0 || whole <= 0 || whole % shard_.total_pieces != 0 || real > padded ||
+        real <= padded - shard_.ranks)
+      throw InvalidArgument(op,
+                            fmt::format("'{}': input {} split over {} ranks for {} of {} pieces of a sequence of {} "
+                                        "steps",
+                                        name_, shape_to_string(xc.shape()), shard_.ranks, np, shard_.total_pieces,
+                                        whole),
+                            "pass this rank's ceil(pieces' steps / ranks) steps and the batch context's "
+                            "sequence_length T");
+    const int64_t c = features / steps;
+    const auto g = static_cast<uint64_t>(whole * c);
+    for (int64_t i = 0; i < batch; ++i)
+      for (int64_t j = 0; j < steps; ++j) {
+        const int64_t l = shard_.rank * steps + j;  // in the pieces' concatenation
+        Tensor dst = scale.narrow(0, i * features + j * c, c);
+        if (l >= real) {  // padding: dropped (it reaches no real step)
+          std::fill_n(dst.data<float>(), c, 0.0f);
+          continue;
+        }
+        const int64_t at = shard_.pieces[static_cast<size_t>(l / run)] * run + l % run;  // the step in the sample
+        functional::dropout_mask(seed_, key, (first + static_cast<uint64_t>(i)) * g + static_cast<uint64_t>(at * c),
+                                 p_, dst);
+      }
+  } else if (!shard_.pieces.empty()) {  // runs of equal length, each from its place in the sample
     const auto np = static_cast<int64_t>(shard_.pieces.size());
     if (features % np != 0)
       throw InvalidArgument(op,

@@ -29,7 +29,13 @@
 // (context parallelism's zig-zag chunks) each sample's F features are
 // |pieces| equal runs of L = F / |pieces|, run j being piece pieces[j] of
 // the sample's total_pieces: element (i, j L + f) draws at
-// (first_global_sample + i) * total_pieces * L + pieces[j] * L + f.
+// (first_global_sample + i) * total_pieces * L + pieces[j] * L + f. With
+// pieces and ranks > 1 (context parallelism with sequence parallelism) the
+// input is (B, s, C): the pieces' steps (T / total_pieces each, T the batch
+// context's sequence_length), concatenated, padded at the end to ranks x s
+// and split over the ranks, this rank's s of them; a real step draws its C
+// features at its place in the sample (one device's mask), a padded step
+// is dropped.
 //
 // In evaluation mode, or with p = 0, forward returns x itself and backward
 // returns grad_out itself (no copy). p = 1 drops everything (output 0).
@@ -49,7 +55,7 @@ struct DropoutShard {
   int rank = 0;
   int ranks = 1;
   int64_t features = 0;  // G; 0: equal slices of the input's own size
-  std::vector<int64_t> pieces = {};  // non-empty: the runs this rank holds (rank/ranks unused)
+  std::vector<int64_t> pieces = {};  // non-empty: the runs this rank holds (then split by rank/ranks)
   int64_t total_pieces = 0;
 };
 

@@ -52,8 +52,10 @@ int64_t local_heads(int64_t width, int64_t heads, const TensorParallelGroup& tp,
 // Sequence (or context) parallelism: a dropout outside the tensor-parallel
 // regions sees this rank's time steps of each sample.
 DropoutShard sequence_shard(const TensorParallelGroup& tp, const ContextParallelGroup& cp) {
-  if (cp.active()) return DropoutShard{.pieces = cp.chunk_ids(cp.rank()), .total_pieces = cp.chunks()};
-  return tp.splits_sequence() ? DropoutShard{.rank = tp.rank(), .ranks = tp.size()} : DropoutShard{};
+  DropoutShard s;
+  if (tp.splits_sequence()) s.rank = tp.rank(), s.ranks = tp.size();
+  if (cp.active()) s.pieces = cp.chunk_ids(cp.rank()), s.total_pieces = cp.chunks();
+  return s;
 }
 
 // Sequence parallelism: a module replicated over the tensor axis that sees
@@ -105,10 +107,15 @@ Tensor CausalSelfAttention::do_forward(const Tensor& x, Saved& saved) {
   st.t = qkv.size(1);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   if (splits()) {  // this rank's chunks; attention over the whole sequence
-    const Tensor out = context_attention_forward(cp_, to_chunks(qkv, 0, st.b, st.t), to_chunks(qkv, 1, st.b, st.t),
-                                                 to_chunks(qkv, 2, st.b, st.t), /*causal=*/true, scale, st.cp);
-    Tensor merged = Tensor::empty({st.b, st.t, 1, heads_, head_dim_}, DType::f32);
-    from_chunks(out, merged, 0);
+    // Sequence parallelism's padding is cut off: only the chunks' real steps attend.
+    st.t_real = context_steps(saved.batch, st.t);
+    const Tensor real = st.t_real == st.t ? qkv : qkv.narrow(1, 0, st.t_real).contiguous();
+    const int64_t t = st.t_real;
+    const Tensor out = context_attention_forward(cp_, to_chunks(real, 0, st.b, t), to_chunks(real, 1, st.b, t),
+                                                 to_chunks(real, 2, st.b, t), /*causal=*/true, scale, st.cp);
+    const std::vector<int64_t> shape{st.b, st.t, 1, heads_, head_dim_};
+    Tensor merged = t == st.t ? Tensor::empty(shape, DType::f32) : Tensor::zeros(shape, DType::f32);  // padding: 0
+    from_chunks(out, merged.narrow(1, 0, t), 0);
     return resid_dropout_.forward(c_proj_.forward(merged.view({st.b, st.t, heads_ * head_dim_}), saved.child(1)),
                                   saved.child(2));
   }
@@ -126,14 +133,17 @@ Tensor CausalSelfAttention::do_backward_input(const Tensor& grad_out, Saved& sav
   const Tensor dmerged =
       c_proj_.backward_input(resid_dropout_.backward_input(grad_out, saved.child(2)), saved.child(1));  // (B, T, C)
   if (splits()) {
-    const Tensor g = to_chunks(dmerged.contiguous().view({st.b, st.t, 1, heads_ * head_dim_}), 0, st.b, st.t);
+    const int64_t t = st.t_real;
+    const Tensor g = to_chunks(dmerged.narrow(1, 0, t).contiguous().view({st.b, t, 1, heads_ * head_dim_}), 0,
+                               st.b, t);
     Tensor dq = Tensor::empty(g.shape(), DType::f32), dk = Tensor::empty(g.shape(), DType::f32),
            dv = Tensor::empty(g.shape(), DType::f32);
     context_attention_backward(cp_, g, true, 1.0 / std::sqrt(static_cast<double>(head_dim_)), st.cp, dq, dk, dv);
     st.cp = {};
-    Tensor dqkv = Tensor::empty({st.b, st.t, 3, heads_, head_dim_}, DType::f32);
+    const std::vector<int64_t> shape{st.b, st.t, 3, heads_, head_dim_};
+    Tensor dqkv = t == st.t ? Tensor::empty(shape, DType::f32) : Tensor::zeros(shape, DType::f32);
     int64_t which = 0;
-    for (const Tensor* part : {&dq, &dk, &dv}) from_chunks(*part, dqkv, which++);
+    for (const Tensor* part : {&dq, &dk, &dv}) from_chunks(*part, dqkv.narrow(1, 0, t), which++);
     return c_attn_.backward_input(dqkv.view({st.b, st.t, 3 * heads_ * head_dim_}), saved.child(0));
   }
   Tensor dq = Tensor::empty(st.q.shape(), DType::f32), dk = Tensor::empty(st.q.shape(), DType::f32),
@@ -162,11 +172,26 @@ Tensor CausalSelfAttention::to_chunks(const Tensor& qkv, int64_t which, int64_t 
   return out;
 }
 
-// The inverse into part `which` of dst (B, T, parts, H, D).
+// The inverse into part `which` of dst (B, T, parts, H, D) (T steps of
+// dst, which may be a narrowed view along them).
 void CausalSelfAttention::from_chunks(const Tensor& x, const Tensor& dst, int64_t which) const {
-  const int64_t p = x.size(0), b = x.size(1), c = x.size(3);
-  const Tensor d = dst.view({b, p, c, dst.size(2), heads_, head_dim_}).select(3, which);  // (B, P, c, H, D)
-  for (int64_t i = 0; i < p; ++i) d.select(1, i).copy_from(x.select(0, i).transpose(1, 2));
+  const int64_t p = x.size(0), c = x.size(3);
+  for (int64_t i = 0; i < p; ++i)
+    dst.narrow(1, i * c, c).select(2, which).copy_from(x.select(0, i).transpose(1, 2));  // (B, c, H, D)
+}
+
+// This rank's real steps of the t it holds: the whole length T (the batch
+// context's sequence_length; 0: t, unpadded) over the context ranks; t is
+// that rounded up to the sequence-parallel split.
+int64_t CausalSelfAttention::context_steps(const BatchContext& batch, int64_t t) const {
+  if (batch.sequence_length <= 0) return t;
+  const int64_t real = batch.sequence_length / cp_.size();
+  if (batch.sequence_length % cp_.size() != 0 || real > t || real % cp_.local_chunks() != 0)
+    throw InvalidArgument("CausalSelfAttention::forward",
+                          fmt::format("'{}': {} steps for a sequence of {} over {} context-parallel ranks", name_, t,
+                                      batch.sequence_length, cp_.size()),
+                          "pass this rank's chunks (padded to the sequence-parallel split)");
+  return real;
 }
 
 void CausalSelfAttention::do_backward_weight(Saved& saved) {
@@ -260,12 +285,6 @@ const GPTConfig& checked(const GPTConfig& c) {
   if (c.first_block < 0 || c.first_block > last || last > c.layers)
     throw InvalidArgument("GPT", fmt::format("blocks [{}, {}) of {}", c.first_block, c.last_block, c.layers),
                           "pick 0 <= first_block <= last_block <= layers (last_block < 0: all the rest)");
-  if (c.context.active() && (c.tensor.splits_sequence() || !c.embed || !c.head))
-    throw InvalidArgument("GPT",
-                          fmt::format("context parallelism over {} ranks with {}", c.context.size(),
-                                      c.tensor.splits_sequence() ? "sequence parallelism" : "a pipeline part"),
-                          "split the sequence over the context axis alone (tensor parallelism without "
-                          "--sequence-parallel composes; pipelines do not yet)");
   return c;
 }
 
@@ -345,16 +364,21 @@ Tensor GPT::do_forward(const Tensor& input, Saved& saved) {
                             fmt::format("pass the previous stage's output (batch, T, {})", config_.width));
     x = input;
     st.b = input.size(0);
-    st.t_pad = input.size(1) * k;
-    // The real length, when sequence parallelism padded it (the stage's
-    // caller knows it from the batch; 0: unpadded).
+    // The real length, when sequence parallelism padded it or context
+    // parallelism split it (the stage's caller knows T from the batch; 0:
+    // unsplit, unpadded): this rank's t = T / n real steps of the t_pad.
+    const ContextParallelGroup& cp = config_.context;
+    const int64_t n = cp.active() && split_context_ ? cp.size() : 1;
     const int64_t given = saved.batch.sequence_length;
-    if (given > 0 && (given > st.t_pad || given <= st.t_pad - k))
+    st.t_pad = input.size(1) * k;
+    st.t = given > 0 ? given / n : st.t_pad;
+    if (given > 0 && (given % n != 0 || st.t > st.t_pad || st.t <= st.t_pad - k))
       throw InvalidArgument(op,
-                            fmt::format("input {} for a sequence of {} steps over {} tensor-parallel ranks",
-                                        shape_to_string(input.shape()), given, k),
-                            "pass the previous stage's ceil(T / k) steps and the batch context's sequence_length T");
-    st.t = given > 0 ? given : st.t_pad;
+                            fmt::format("input {} for a sequence of {} steps over {} context x {} sequence-parallel "
+                                        "ranks",
+                                        shape_to_string(input.shape()), given, n, k),
+                            "pass the previous stage's ceil(T / context / k) steps and the batch context's "
+                            "sequence_length T");
   }
   Tensor h = h_.forward(x, saved.child(kBlocks));
   if (!config_.head) return h;
@@ -378,47 +402,52 @@ Tensor GPT::embed(const Tensor& ids, Saved& saved) {
                           "pass token ids (batch, T) with 1 <= T <= block_size");
   State& st = saved.state<State>();
   st.b = ids.size(0);
-  st.t = ids.size(1);
+  const int64_t whole = ids.size(1);
   const ContextParallelGroup& cp = config_.context;
   if (cp.active() && !split_context_ && training_)
     throw InvalidArgument(op, "context split off while training", "call set_context_split(false) for evaluation only");
-  if (cp.active() && split_context_) {  // this rank's chunks of every sample, at their global positions
-    cp.check_length(st.t, op);
-    const Tensor in = shard_sequence(ids, cp, 1);
-    const int64_t whole = st.t;
-    st.t = st.t_pad = in.size(1);
-    if (!st.positions.defined() || st.positions.size(0) != st.t || st.first_step != -1) {
-      st.positions = Tensor::from_vector(sequence_positions(cp, whole), {st.t});
-      st.first_step = -1;
-    }
-    return embed_sum(in, saved);
+  // Context parallelism keeps this rank's chunks of every sample, at their
+  // global positions; sequence parallelism then splits those t steps over
+  // the k tensor ranks. A t that k does not divide is padded at the end:
+  // causal attention (context parallel: attention on the real steps only)
+  // keeps the padding from reaching the real steps, and the head drops it.
+  const bool context = cp.active() && split_context_;
+  Tensor in = ids;
+  if (context) {
+    cp.check_length(whole, op);
+    in = shard_sequence(ids, cp, 1);
   }
-  // Sequence parallelism splits the T steps over the k tensor ranks. A T
-  // that k does not divide is padded at the end: causal attention keeps
-  // the padding from reaching the real steps, and the head drops it.
+  st.t = in.size(1);
   const TensorParallelGroup& tp = config_.tensor;
   const int64_t k = tp.splits_sequence() ? tp.size() : 1;
   st.t_pad = (st.t + k - 1) / k * k;
-  Tensor in = ids;
   if (k > 1) {
-    // The dropouts number their masks by the real length, so the padding
+    // The dropouts number their masks by the whole length, so the padding
     // changes no real step's mask (one device's masks, cut by steps).
     BatchContext real = saved.batch;
-    real.sequence_length = st.t;
+    real.sequence_length = whole;
     for (Module* m : children()) m->set_batch_context(real);
   }
   if (st.t_pad != st.t) {
-    in = Tensor::zeros({st.b, st.t_pad}, DType::i64);
-    in.narrow(1, 0, st.t).copy_from(ids.to(DType::i64));
+    Tensor padded = Tensor::zeros({st.b, st.t_pad}, DType::i64);
+    padded.narrow(1, 0, st.t).copy_from(in.to(DType::i64));
+    in = padded;
   }
-  const int64_t steps = st.t_pad / k, first = k > 1 ? tp.rank() * steps : 0;  // this rank's time steps
-  if (!st.positions.defined() || st.positions.size(0) != steps || st.first_step != first) {
+  const int64_t steps = st.t_pad / k, first = k > 1 ? tp.rank() * steps : 0;  // this rank's steps of the t_pad
+  if (!st.positions.defined() || st.positions.size(0) != steps || st.first_step != first ||
+      st.positions_of != (context ? whole : 0)) {
+    const std::vector<int64_t> global = context ? sequence_positions(cp, whole) : std::vector<int64_t>{};
     std::vector<int64_t> pos(static_cast<size_t>(steps));
-    for (int64_t i = 0; i < steps; ++i) pos[static_cast<size_t>(i)] = std::min(first + i, config_.block_size - 1);
+    for (int64_t i = 0; i < steps; ++i) {
+      const int64_t l = first + i;  // padding: any valid position (it reaches no real step)
+      pos[static_cast<size_t>(i)] = context && l < st.t ? global[static_cast<size_t>(l)]
+                                                        : std::min(l, config_.block_size - 1);
+    }
     st.positions = Tensor::from_vector(pos, {steps});
     st.first_step = first;
+    st.positions_of = context ? whole : 0;
   }
-  return embed_sum(in, saved);
+  return embed_sum(in, saved);  // wte reduce-scatters the steps over the tensor axis (sequence parallel)
 }
 
 // wte(ids) + wpe(positions) -> dropout, with the State's positions.

@@ -86,7 +86,8 @@ struct GPTConfig {
   // embeddings when `embed` (the first stage: forward takes ids) and ln_f
   // with the tied head when `head` (the last stage: forward returns
   // logits); otherwise forward takes, and returns, the residual stream
-  // (B, T, C) ((B, T/k, C) with sequence parallelism) and backward returns
+  // (B, T, C) ((B, T/k, C) with sequence parallelism, (B, T/n, C), this
+  // rank's chunks, with context parallelism) and backward returns
   // its gradient. Names are the whole model's ("h.5.attn..."), so a part
   // holds the same values as those blocks of the whole model. A part with
   // the head but not the embeddings still holds wte (users 1): the pipeline
@@ -99,7 +100,9 @@ struct GPTConfig {
   // in its local order (shard targets with shard_sequence). Attention spans
   // the whole sequence (ring or all_to_all); dropout masks are the
   // one-device masks' pieces. T must divide into context.chunks(). Not with
-  // sequence parallelism (InvalidArgument) nor in a pipeline part.
+  // sequence parallelism (InvalidArgument). A pipeline part without the
+  // embeddings takes this rank's chunks (B, T/n, C) and checks them against
+  // the batch context's sequence_length T when it is set.
   ContextParallelGroup context = {};
 };
 
@@ -123,12 +126,14 @@ class CausalSelfAttention final : public Module {
  private:
   struct State {
     int64_t b = 0, t = 0;
+    int64_t t_real = 0;        // context parallel: the real steps of t (the rest pads the sequence-parallel split)
     Tensor q, k, v, out, lse;  // (B H, T, D), lse (B H, T)
     ContextAttentionSaved cp;  // context parallel: instead of the above
   };
   // Context parallelism: (B, T, 3, H, D) q|k|v <-> chunk-major (P, B, H, c, D).
   Tensor to_chunks(const Tensor& qkv, int64_t which, int64_t b, int64_t t) const;
   void from_chunks(const Tensor& x, const Tensor& dst, int64_t which) const;
+  int64_t context_steps(const BatchContext& batch, int64_t t) const;
   std::string name_;
   int64_t width_, heads_, head_dim_;  // heads_: this rank's (all without tensor parallelism)
   ContextParallelGroup cp_;
@@ -213,7 +218,8 @@ class GPT final : public Module {
   struct State {
     int64_t b = 0, t = 0;
     int64_t t_pad = 0;       // t rounded up to the sequence-parallel split (t without it)
-    int64_t first_step = 0;  // this rank's first time step (sequence parallel; -1: context parallel)
+    int64_t first_step = 0;    // this rank's first step of the t_pad (sequence parallel)
+    int64_t positions_of = 0;  // context parallel: the whole T the positions are global in (0: not split)
     Tensor positions;  // (steps) i64: this rank's position ids
     Tensor h;          // (B T, C) ln_f output: the head's input (in the compute dtype)
     Tensor dlogits;    // (B T, V) kept for the head's weight pass (in the compute dtype)

@@ -25,17 +25,40 @@ using data::load_fashion_mnist;
 namespace {
 
 // The Fashion-MNIST models split their Linear chains over a tensor axis;
-// they have no sequence to split.
-void refuse_sequence_parallel(const ModelOptions& o, const char* model) {
-  if (o.context.active())
+// they have no sequence to split (their start-up checks).
+void refuse_sequence_parallel(const layout::TrainingLayout& l, const char* model) {
+  if (const int context = l.size(mesh::kContext); context > 1)
     throw Unsupported("meshtrain train",
-                      fmt::format("a context axis of {} with model {}: it has no sequence to split", o.context.size(),
-                                  model),
+                      fmt::format("a context axis of {} with model {}: it has no sequence to split", context, model),
                       "drop the context axis (it applies to model = \"gpt\")");
-  if (o.tensor.splits_sequence())
+  if (l.sequence_parallel && l.size(mesh::kTensor) > 1)
     throw InvalidArgument("meshtrain train",
                           fmt::format("--sequence-parallel with model {}: it has no sequence to split", model),
                           "drop --sequence-parallel (it applies to model = \"gpt\")");
+}
+
+// The mlp's layer sizes: Fashion-MNIST's features, the hidden layers, its classes.
+std::vector<int64_t> mlp_sizes(const TrainConfig& tc) {
+  std::vector<int64_t> sizes = {data::kFashionMnistFeatures};
+  for (int h : tc.hidden) sizes.push_back(h);
+  sizes.push_back(static_cast<int64_t>(data::kFashionMnistClasses.size()));
+  return sizes;
+}
+
+void check_mlp_layout(const TrainConfig& tc, const layout::TrainingLayout& l) {
+  refuse_sequence_parallel(l, "mlp");
+  if (const int stages = l.size(mesh::kPipeline) * l.virtual_stages; stages > 1) {
+    nn::MLPConfig whole;
+    whole.sizes = mlp_sizes(tc);
+    (void)mlp_stage_configs(whole, l.size(mesh::kTensor), stages);  // InvalidArgument when a stage would be empty
+  }
+}
+
+void check_vae_layout(const TrainConfig&, const layout::TrainingLayout& l) {
+  refuse_sequence_parallel(l, "vae");
+  if (l.size(mesh::kPipeline) > 1)
+    throw Unsupported("meshtrain train", "model vae with a pipeline axis",
+                      "train the VAE with data, fsdp and tensor axes; the mlp and gpt models cut into stages");
 }
 
 // Both recipes train on Fashion-MNIST: loaded once per process, shared
@@ -151,13 +174,11 @@ class MlpRecipe final : public FashionMnistRecipe {
   MetricsDescription metrics() const override {
     return {.test_loss = "loss", .test_curve = "test loss", .chart_title = "mlp on Fashion-MNIST"};
   }
+  // check_mlp_layout passed (the start-up checks).
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
-    refuse_sequence_parallel(o, "mlp");
     nn::MLPConfig mc;
     mc.tensor = o.tensor;
-    mc.sizes = {train_set_.features()};
-    for (int h : tc_.hidden) mc.sizes.push_back(h);
-    mc.sizes.push_back(train_set_.num_classes);
+    mc.sizes = mlp_sizes(tc_);
     mc.dropout = tc_.dropout;
     mc.seed = o.seed;
     mc.defer_init = o.defer_init;
@@ -250,11 +271,8 @@ class VaeRecipe final : public FashionMnistRecipe {
             .chart_title = "vae on Fashion-MNIST"};
   }
   std::vector<std::string> artifacts() const override { return {"reconstructions.png", "samples.png"}; }
+  // check_vae_layout passed (the start-up checks).
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
-    refuse_sequence_parallel(o, "vae");
-    if (o.pipeline_stages > 1)
-      throw Unsupported("meshtrain train", "model vae with a pipeline axis",
-                        "train the VAE with data, fsdp and tensor axes; the mlp and gpt models cut into stages");
     nn::VAEConfig vc;
     vc.tensor = o.tensor;
     vc.input = train_set_.features();
@@ -301,10 +319,10 @@ std::vector<nn::MLPConfig> mlp_stage_configs(const nn::MLPConfig& whole, int ten
 
 std::vector<RecipeRegistration> builtin_recipes() {
   return {{"mlp", "MLP classifier on Fashion-MNIST (hidden, dropout)",
-           [](const TrainConfig& tc) { return std::make_unique<MlpRecipe>(tc); }},
+           [](const TrainConfig& tc) { return std::make_unique<MlpRecipe>(tc); }, {}, check_mlp_layout},
           {"vae", "variational autoencoder on Fashion-MNIST (hidden, latent); writes reconstructions.png, samples.png",
            [](const TrainConfig& tc) { return std::make_unique<VaeRecipe>(tc); },
-           {"reconstructions.png", "samples.png"}},
+           {"reconstructions.png", "samples.png"}, check_vae_layout},
           gpt_recipe()};
 }
 

@@ -75,6 +75,33 @@ Evaluation summary(double loss, double unigram) {
                                     loss, ppl, unigram)};
 }
 
+// The model's sizes and options as the config gives them (one rank, unsplit).
+nn::GPTConfig gpt_config(const TrainConfig& tc) {
+  return {.vocab = tc.vocab, .block_size = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width,
+          .recompute = tc.recompute, .dropout = tc.dropout};
+}
+
+// The start-up check (RecipeRegistration::check): what the model's blocks,
+// heads and sequence must divide.
+void check_gpt_layout(const TrainConfig& tc, const layout::TrainingLayout& l) {
+  const int tensor = l.size(mesh::kTensor), context = l.size(mesh::kContext);
+  if (tc.heads % tensor != 0)
+    throw InvalidArgument("--heads", fmt::format("{} heads over a tensor axis of {}", tc.heads, tensor),
+                          "use a tensor axis size that divides the number of heads (each rank holds whole heads)");
+  if (context > 1) {
+    nn::check_context_length(tc.context, context, tc.cp_load_balance, "--seq-len (context)");
+    const int64_t local_heads = tc.heads / tensor;
+    if (l.cp_comm == nn::ContextComm::all_to_all && local_heads % context != 0)
+      throw InvalidArgument("--cp-comm all_to_all",
+                            fmt::format("{} heads over tensor {} x context {}: {} heads per tensor rank do not "
+                                        "split over the context axis",
+                                        tc.heads, tensor, context, local_heads),
+                            "use --cp-comm ring, or heads divisible by tensor x context");
+  }
+  if (const int stages = l.size(mesh::kPipeline) * l.virtual_stages; stages > 1)
+    (void)gpt_stage_configs(gpt_config(tc), stages);  // InvalidArgument when a stage would be empty
+}
+
 // One pipeline stage: blocks [first_block, last_block) with the embeddings
 // on the first stage and ln_f, the tied head and the loss on the last. A
 // micro-batch's Saved holds the part's state in child 0, the loss's in
@@ -105,11 +132,12 @@ class GptStage final : public RecipeStage {
   Tensor backward(const Tensor& grad, nn::Saved& saved) override {
     return gpt_.backward(gpt_.config().head ? loss_.backward(saved.child(1)) : grad, saved.child(0));
   }
-  // The residual stream (B, T, C); with sequence parallelism this rank's
-  // steps of T padded to the split.
+  // The residual stream (B, T, C); with context parallelism this rank's
+  // chunks (T / n steps), with sequence parallelism its steps of those
+  // padded to the split.
   std::vector<int64_t> input_shape(const Batch& micro) const override {
     const nn::GPTConfig& c = gpt_.config();
-    const int64_t t = micro["tokens"].size(1), k = c.tensor.splits_sequence() ? c.tensor.size() : 1;
+    const int64_t t = micro["tokens"].size(1) / c.context.size(), k = c.tensor.splits_sequence() ? c.tensor.size() : 1;
     return {micro.size(), (t + k - 1) / k, c.width};
   }
   Tensor evaluate(const Batch& chunk, int64_t n, const Tensor& input, std::vector<double>* sums) override {
@@ -210,20 +238,13 @@ class GptRecipe final : public ModelRecipe {
             .rate_unit = "tokens",
             .units_per_sample = static_cast<double>(tc_.context)};
   }
+  // check_gpt_layout passed (the start-up checks).
   std::unique_ptr<RecipeModel> build(const ModelOptions& o) const override {
-    nn::GPTConfig c{.vocab = tc_.vocab, .block_size = tc_.context, .layers = tc_.layers, .heads = tc_.heads,
-                    .width = tc_.width, .seed = o.seed, .recompute = tc_.recompute, .dropout = tc_.dropout,
-                    .defer_init = o.defer_init, .tensor = o.tensor, .context = o.context};
-    if (o.context.active()) {
-      o.context.check_length(tc_.context, "--seq-len (context)");
-      const int64_t local_heads = tc_.heads / o.tensor.size();
-      if (o.context.kind == nn::ContextComm::all_to_all && local_heads % o.context.size() != 0)
-        throw InvalidArgument("--cp-comm all_to_all",
-                              fmt::format("{} heads over tensor {} x context {}: {} heads per tensor rank do not "
-                                          "split over the context axis",
-                                          tc_.heads, o.tensor.size(), o.context.size(), local_heads),
-                              "use --cp-comm ring, or heads divisible by tensor x context");
-    }
+    nn::GPTConfig c = gpt_config(tc_);
+    c.seed = o.seed;
+    c.defer_init = o.defer_init;
+    c.tensor = o.tensor;
+    c.context = o.context;
     if (o.pipeline_stages > 1) return build_stages(c, o);
     auto m = std::make_unique<GptModel>(c, unigram_, tokenizer_, o.seed, o.tracker);
     m->module().set_compute_dtype(o.compute_dtype);
@@ -275,7 +296,7 @@ std::vector<nn::GPTConfig> gpt_stage_configs(const nn::GPTConfig& whole, int sta
 RecipeRegistration gpt_recipe() {
   return {"gpt", "GPT-2 decoder on a text corpus (vocab, context, layers, heads, width, corpus)",
           [](const TrainConfig& tc) { return std::make_unique<GptRecipe>(tc); },
-          {"sample.txt", "tokenizer.model"}};
+          {"sample.txt", "tokenizer.model"}, check_gpt_layout};
 }
 
 }  // namespace meshtrain::train::internal

@@ -48,6 +48,7 @@
 
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/memory.h"
+#include "meshtrain/layout/training_layout.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/nn/parallel/context_parallel.h"
 #include "meshtrain/nn/parallel/tensor_parallel.h"
@@ -226,6 +227,12 @@ struct RecipeRegistration {
   // The files its recipes write (ModelRecipe::artifacts()), known before
   // any data is loaded: the CLI's early run-directory check uses them.
   std::vector<std::string> artifacts = {};
+  // Part of the start-up checks (resolve_training calls it before any data
+  // is loaded or rank started): throws, naming the flag and the fix, for a
+  // layout the model cannot take (sizes its heads, sequence or layers do
+  // not divide; an axis it has no use for), so build() never refuses one
+  // after start-up. Empty: every layout.
+  std::function<void(const TrainConfig&, const layout::TrainingLayout&)> check = {};
 };
 
 // A pipeline's cut for recipes: `costs` holds one cost per layer (units

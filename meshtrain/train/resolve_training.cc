@@ -1,8 +1,13 @@
 // resolve_training (trainer.h): the configuration as the run will use it.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <string>
+
 #include "meshtrain/core/error.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/parallel/pipeline_schedule.h"
+#include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/internal/mesh_roles.h"
 #include "meshtrain/train/trainer.h"
 
@@ -10,6 +15,31 @@ namespace meshtrain::train {
 
 using internal::axis_size;
 using internal::data_parallel_axes;
+
+namespace {
+
+// The global batch over the data-parallel ranks (data x fsdp; context
+// ranks share samples), each rank's share over the micro-batches.
+void check_batch_split(const TrainConfig& c, const mesh::NamedShape& mesh) {
+  int64_t ranks = 1;
+  for (const std::string& axis : data_parallel_axes(mesh)) ranks *= mesh.size_of(axis);
+  if (c.batch_size % ranks != 0)
+    throw InvalidArgument("--batch-size",
+                          fmt::format("a global batch of {} over {} data-parallel ranks (mesh {})", c.batch_size,
+                                      ranks, mesh.to_spec()),
+                          fmt::format("use a multiple of {}, e.g. {} or {}", ranks,
+                                      std::max<int64_t>(c.batch_size / ranks, 1) * ranks,
+                                      (c.batch_size / ranks + 1) * ranks));
+  if (c.batch_size / ranks < c.micro_batches)
+    throw InvalidArgument("--micro-batches",
+                          fmt::format("{} micro-batches with a batch of {} over {} data-parallel ranks ({} samples per "
+                                      "rank): a micro-batch would be empty",
+                                      c.micro_batches, c.batch_size, ranks, c.batch_size / ranks),
+                          "use at most as many micro-batches as samples per data-parallel rank, or a larger "
+                          "--batch-size");
+}
+
+}  // namespace
 
 ResolvedTraining resolve_training(const TrainConfig& tc, const config::DistributedConfig& dc) {
   ResolvedTraining out{tc, {}, {}};
@@ -35,17 +65,6 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
     out.notes.push_back("virtual_stages = 2: the interleaved schedule runs at least 2 model chunks per pipeline rank");
   }
   c.validate();
-  if (const int context_axis = axis_size(mesh, mesh::kContext); context_axis > 1) {
-    if (pipeline_axis > 1 || c.sequence_parallel)
-      throw Unsupported("meshtrain train",
-                        fmt::format("a context axis of {} with {}", context_axis,
-                                    pipeline_axis > 1 ? fmt::format("a pipeline axis of {}", pipeline_axis)
-                                                      : std::string("--sequence-parallel")),
-                        "context parallelism composes with data, fsdp and tensor axes (without "
-                        "--sequence-parallel); drop the other split");
-    // The sequence length against the chunks: the recipe checks it
-    // (nn::ContextParallelGroup::check_length) as it builds the model.
-  }
   if (c.zeropp.any()) {
     const std::string parts = c.zeropp.to_string();
     auto fail = [&](const std::string& what, const std::string& hint) {
@@ -97,6 +116,10 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
                 .virtual_stages = c.virtual_stages,
                 .micro_batches = c.micro_batches,
                 .cp_comm = c.cp_comm};
+  check_batch_split(c, mesh);
+  if (pipeline_axis > 1)  // throws InvalidArgument for micro-batches the schedule cannot run
+    (void)parallel::make_schedule(c.pipeline_schedule, pipeline_axis, c.micro_batches, c.virtual_stages);
+  if (const RecipeRegistration& recipe = find_model_recipe(c.model); recipe.check) recipe.check(c, out.layout);
   return out;
 }
 

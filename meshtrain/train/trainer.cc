@@ -96,14 +96,6 @@ class Run {
     // Collective splits (all ranks, same order).
     batch_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));
     dp_comm_ = &mesh_.comm(gradient_axes(mesh_shape));
-    if (tc.batch_size / batch_comm_->size() < tc.micro_batches)
-      throw InvalidArgument("meshtrain train",
-                            fmt::format("--micro-batches {} with a batch of {} over {} data-parallel ranks ({} "
-                                        "samples per rank): a micro-batch would be empty",
-                                        tc.micro_batches, tc.batch_size, batch_comm_->size(),
-                                        tc.batch_size / batch_comm_->size()),
-                            "use at most as many micro-batches as samples per data-parallel rank, or a larger "
-                            "--batch-size");
     if (axis_size(mesh_shape, mesh::kTensor) > 1) tp_.comm = &mesh_.comm(mesh::kTensor);
     tp_.sequence_parallel = tc.sequence_parallel;
     if (axis_size(mesh_shape, mesh::kContext) > 1)

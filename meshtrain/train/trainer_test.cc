@@ -71,15 +71,22 @@ TEST(ResolveTraining, ErrorsSayWhatToChange) {
   auto pipeline = on_mesh("data=2,pipeline=2");
   EXPECT_EQ(error_of(TrainConfig{}, pipeline), "no error");  // data x pipeline
   EXPECT_EQ(error_of(full, pipeline), "no error");  // zero3 per stage, gathered per micro-batch
+  // The recipe's check decides what its model can split (the default, mlp, has no sequence).
   auto context = on_mesh("data=2,context=2");
-  EXPECT_EQ(error_of(TrainConfig{}, context), "no error");  // data x context: the recipe decides if it can split
-  TrainConfig sp;
+  EXPECT_THAT(error_of(TrainConfig{}, context), HasSubstr("a context axis of 2 with model mlp"));
+  TrainConfig gpt;
+  gpt.model = "gpt";
+  EXPECT_EQ(error_of(gpt, context), "no error");
+  TrainConfig sp = gpt;
   sp.set("sequence_parallel", "true", "test");
   auto context_tensor = on_mesh("context=2,tensor=2");
-  EXPECT_EQ(error_of(TrainConfig{}, context_tensor), "no error");
-  EXPECT_THAT(error_of(sp, context_tensor), HasSubstr("a context axis of 2 with --sequence-parallel"));
+  EXPECT_EQ(error_of(gpt, context_tensor), "no error");
+  EXPECT_EQ(error_of(sp, context_tensor), "no error");
   auto context_pipeline = on_mesh("pipeline=2,context=2");
-  EXPECT_THAT(error_of(TrainConfig{}, context_pipeline), HasSubstr("a context axis of 2 with a pipeline axis of 2"));
+  EXPECT_EQ(error_of(gpt, context_pipeline), "no error");
+  gpt.heads = 8;
+  EXPECT_THAT(error_of(gpt, on_mesh("tensor=3")), HasSubstr("--heads: 8 heads over a tensor axis of 3"));
+  EXPECT_THAT(error_of(gpt, on_mesh("data=3")), HasSubstr("--batch-size: a global batch of"));
   // Strategy names are parsed once, when set: a bad one never reaches resolve_training.
   const auto set_error = [](const char* key, const char* value) {
     try {

@@ -199,12 +199,17 @@ std::vector<int64_t> ContextParallelGroup::chunk_ids(int r) const {
 }
 
 void ContextParallelGroup::check_length(int64_t t, std::string_view what) const {
-  if (t % chunks() == 0) return;
+  check_context_length(t, size(), load_balance, what);
+}
+
+void check_context_length(int64_t t, int ranks, bool load_balance, std::string_view what) {
+  const int64_t chunks = load_balance ? 2 * int64_t{ranks} : ranks;
+  if (t % chunks == 0) return;
   throw InvalidArgument(std::string(what),
                         fmt::format("sequence length {} is not divisible by {} ({} chunks over the context axis of {} "
                                     "ranks{})",
-                                    t, chunks(), chunks(), size(), load_balance ? ", two per rank: zig-zag" : ""),
-                        fmt::format("use a length divisible by {}", chunks()));
+                                    t, chunks, chunks, ranks, load_balance ? ", two per rank: zig-zag" : ""),
+                        fmt::format("use a length divisible by {}", chunks));
 }
 
 Tensor shard_sequence(const Tensor& x, const ContextParallelGroup& g, int dim) {

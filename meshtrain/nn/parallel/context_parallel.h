@@ -86,6 +86,10 @@ struct ContextParallelGroup {
   void check_length(int64_t t, std::string_view what) const;
 };
 
+// ContextParallelGroup::check_length before the group exists: `ranks`
+// context ranks, zig-zag or not (the start-up checks).
+void check_context_length(int64_t t, int ranks, bool load_balance, std::string_view what);
+
 // This rank's chunks of x along `dim` (x holds the whole sequence there):
 // a new contiguous tensor with x.size(dim) / size() entries along dim.
 Tensor shard_sequence(const Tensor& x, const ContextParallelGroup& g, int dim = 1);
