@@ -114,6 +114,14 @@ TEST(MemoryModel, Pipeline1F1B) { check({.mesh = "pipeline=2", .micro_batches = 
 TEST(MemoryModel, Context) { check({.mesh = "context=2"}); }
 // Fully sharded over the context axis too (the gradient axes).
 TEST(MemoryModel, ContextZero3) { check({.mesh = "fsdp=2,context=2", .fsdp = "zero3"}); }
+// Context parallelism inside pipeline stages and with sequence parallelism.
+TEST(MemoryModel, ContextPipeline) {
+  check({.mesh = "pipeline=2,context=2", .micro_batches = 2});
+  check({.mesh = "pipeline=2,context=2", .micro_batches = 2, .schedule = "zb", .cp_comm = "all_to_all"});
+}
+TEST(MemoryModel, ContextSequenceParallel) {
+  check({.mesh = "context=2,tensor=2", .sequence_parallel = true});
+}
 TEST(MemoryModel, PipelineZero1) { check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero1", .micro_batches = 4}); }
 // ZeRO-3 under a pipeline: each stage gathers its units per micro-batch.
 TEST(MemoryModel, PipelineZero3) {

@@ -131,6 +131,9 @@ TEST(TrafficModel, Context) {
   check({.mesh = "context=2", .recompute = true});
   check({.mesh = "fsdp=2,context=2", .fsdp = "zero3"});
   check({.mesh = "context=2", .cp_comm = "all_to_all"});
+  check({.mesh = "pipeline=2,context=2", .micro_batches = 2});
+  check({.mesh = "pipeline=2,context=2", .micro_batches = 2, .schedule = "zb", .cp_comm = "all_to_all"});
+  check({.mesh = "context=2,tensor=2", .sequence_parallel = true});
   check({.mesh = "context=4", .recompute = true, .cp_comm = "all_to_all"});
 }
 TEST(TrafficModel, ThreeD) {

@@ -416,9 +416,9 @@ class Walk {
       l_.assign(s.out, l_.alloc("h.*.attn.out", part));
       l_.assign(s.lse, l_.alloc("h.*.attn.lse", 4 * d_.b * d_.hl * d_.tb));
       merged = transpose_is_view() ? l_.ref(s.out) : l_.alloc("h.*.attn.merged", part);
-    } else {  // to_chunks: q, k, v chunk-major; kept by the ring, not by all_to_all
+    } else {  // to_chunks: q, k, v chunk-major (the real steps); kept by the ring, not by all_to_all
       int ch[3];
-      for (int i = 0; i < 3; ++i) ch[i] = l_.alloc("h.*.attn.q|k|v (context chunks)", part);
+      for (int i = 0; i < 3; ++i) ch[i] = l_.alloc("h.*.attn.q|k|v (context chunks)", 4 * d_.b * d_.t * d_.cl);
       if (d_.ring) {
         l_.assign(s.q, l_.ref(ch[0]));
         l_.assign(s.k, l_.ref(ch[1]));
@@ -443,7 +443,7 @@ class Walk {
     if (!d_.cp)
       g = transpose_is_view() ? l_.ref(dmerged) : l_.alloc("h.*.attn dout (heads layout)", 4 * d_.rows() * d_.cl);
     else
-      g = l_.alloc("h.*.attn dout (context chunks)", 4 * d_.rows() * d_.cl);
+      g = l_.alloc("h.*.attn dout (context chunks)", 4 * d_.b * d_.t * d_.cl);
     for (int* id : {&s.q, &s.k, &s.v, &s.out, &s.lse}) l_.unref(*id);
     int dx = column_backward_input(s.c_attn, -1, 3 * d_.cl, "h.*.attn.c_attn");  // dqkv untracked
     l_.unref(g);
@@ -623,19 +623,13 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
         "pick 0 <= first_block <= last_block <= layers");
   const bool sp = l.sequence_parallel && l.tensor > 1, cp = l.context > 1;
   const int64_t chunks = l.cp_load_balance ? 2 * int64_t{l.context} : l.context;
-  check(!cp || (!sp && l.embed && l.head && g.seq % chunks == 0),
-        fmt::format("context {} with seq {}{}", l.context, g.seq,
-                    sp ? ", sequence parallelism" : (!l.embed || !l.head) ? ", a pipeline part" : ""),
-        fmt::format("context parallelism needs seq divisible by {}, no sequence parallelism, the whole model", chunks));
+  check(!cp || g.seq % chunks == 0, fmt::format("context {} with seq {}", l.context, g.seq),
+        fmt::format("context parallelism needs seq divisible by {}", chunks));
   check(!cp || l.cp_comm == layout::ContextComm::ring || (g.heads / l.tensor) % l.context == 0,
         fmt::format("all_to_all over {} context ranks with {} heads per tensor rank", l.context, g.heads / l.tensor),
         "use ring, or heads divisible by tensor x context");
-  // Sequence parallelism pads a sequence the tensor axis does not divide,
-  // but not for dropout masks nor between pipeline parts (GPT::embed).
-  check(!sp || g.seq % l.tensor == 0 || (l.embed && l.head && !(l.training && l.dropout > 0.0)),
-        fmt::format("seq {} over {} tensor ranks with sequence parallelism{}", g.seq, l.tensor,
-                    l.embed && l.head ? " and dropout" : " in a pipeline part"),
-        "use a sequence the tensor axis divides");
+  // Sequence parallelism pads this rank's t steps (T, or T / n with a
+  // context axis) that the tensor axis does not divide (GPT::embed).
 
   Dims d{};
   d.b = l.micro_batch;

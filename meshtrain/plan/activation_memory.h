@@ -39,7 +39,8 @@
 //                parallelism the all-gathered (R, C) f32
 //   q, k, v      (B H/k, t', D) f32 each: split_heads' copies (the blockwise
 //                kernel's operands; context parallelism, ring: the
-//                chunk-major copies instead; all_to_all: nothing charged)
+//                chunk-major copies of the t real steps instead;
+//                all_to_all: nothing charged)
 //   out, lse     (B H/k, t', D) f32 and (B H/k, t') f32: attention's output
 //                and log-sum-exp (no T x T matrix: the kernel rebuilds its
 //                64 x 64 probability tiles from lse); context parallelism:
@@ -224,8 +225,9 @@ struct ActivationEstimate {
 };
 
 // Throws InvalidArgument for sizes nn would refuse (heads not dividing the
-// width or over the tensor axis, a sequence the context axis does not
-// divide, context with sequence parallelism or a pipeline part, ...).
+// width or over the tensor axis, a sequence the context axis's chunks do
+// not divide, all_to_all with heads per tensor rank the context axis does
+// not divide, ...).
 ActivationEstimate estimate_activations(const GptShape& shape, const ActivationLayout& layout);
 
 // A table of the terms ("name  count  bytes"), for explanations.

@@ -153,7 +153,7 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
       if (p > g.layers) continue;
       for (int c : mesh::divisors(o.devices / t / p)) {
         // Context parallelism for long sequences only: at least 1024 tokens per rank.
-        if (c > 1 && (g.seq % (2 * c) != 0 || g.seq / c < 1024 || p > 1)) continue;  // the trainer's rules
+        if (c > 1 && (g.seq % (2 * c) != 0 || g.seq / c < 1024)) continue;  // the trainer's rule, long sequences
         const int d = o.devices / t / p / c;
         if (o.batch % d != 0) continue;
         const int64_t per_rank = o.batch / d;
@@ -163,7 +163,7 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
             if (per_rank % m != 0) continue;
             for (int v : {1, 2, 4}) {
               if (v > 1 && (p == 1 || m % p != 0 || g.layers % (p * v) != 0)) continue;
-              for (bool sp : {t > 1 && c == 1}) {
+              for (bool sp : {t > 1}) {
                 for (bool recompute : {false, true}) {
                   TrainingLayout l{.data = z == zero3 ? 1 : d, .fsdp = z == zero3 ? d : 1,
                                    .tensor = t, .pipeline = p, .context = c, .sharding = z,
