@@ -2,8 +2,9 @@
 // (threads engine, SGD with momentum, 30 steps) saved at step 15 and
 // resumed to step 30.
 // - The resharding matrix: saved under each of data=4, fsdp=4 (zero3),
-//   data=2 x tensor=2, data=2 x pipeline=2, data=2 x context=2 and
-//   fsdp=2 x pipeline=2 (zero3), resumed under each of them:
+//   data=2 x tensor=2, data=2 x pipeline=2, data=2 x context=2,
+//   fsdp=2 x pipeline=2 (zero3) and pipeline=2 x context=2, resumed under
+//   each of them (49 pairs):
 //   the losses of steps 16-30 and the final parameters within 1e-5 of the
 //   uninterrupted one-device run; on the mesh it was saved from, bit for
 //   bit the uninterrupted run on that mesh.
@@ -96,7 +97,8 @@ TEST(CheckpointResume, EveryMeshLoadsEveryOthersCheckpoint) {
                                    {.mesh = "data=2,tensor=2"},
                                    {.mesh = "data=2,pipeline=2"},
                                    {.mesh = "data=2,context=2"},
-                                   {.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3"}};
+                                   {.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3"},
+                                   {.mesh = "pipeline=2,context=2"}};
   const train::TrainResult one = tail_of(train({}, config_of({}, "resume_one")));
   for (const Layout& from : meshes) {
     const std::string saved = saved_run(from, from.mesh);

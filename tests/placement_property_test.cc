@@ -243,7 +243,8 @@ TEST(PlacementRule, Gpt) {
         Case{"gpt", "pipeline=2,fsdp=2", "zero2"}, Case{"gpt", "pipeline=2,fsdp=2", "zero3"},
         Case{"gpt", "data=2,fsdp=2,tensor=2", "full"},
         Case{"gpt", "pipeline=2,data=2,fsdp=2,tensor=2", "zero2"}, Case{"gpt", "fsdp=2,context=2,tensor=2", "full"},
-        Case{"gpt", "node=2,fsdp=2", "zero3"}})
+        Case{"gpt", "node=2,fsdp=2", "zero3"}, Case{"gpt", "pipeline=2,context=2"},
+        Case{"gpt", "context=2,tensor=2", "", "sp"}})
     check(c);
 }
 
