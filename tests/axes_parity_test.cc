@@ -1,10 +1,9 @@
 // Combinations of mesh axes at odd sizes equal one device (issue 39's
-// matrix, as it lands): the GPT of tests/gpt_parity.h made awkward (5
-// blocks, which 2 stages or 4 chunks do not split evenly; 6 heads of 8;
-// 40-token windows, which 3 tensor ranks do not divide; dropout 0.1), 20
-// steps of fp32 training through the real trainer on the threads engine,
-// against one device with the same 4 micro-batches: per-step losses and
-// final parameters within 1e-5 relative.
+// matrix): the run of tests/axes_parity.h (5 blocks, 6 heads, 40 tokens,
+// dropout 0.1, 20 steps, 4 micro-batches) through the real trainer on the
+// threads engine, against one device: per-step losses and final
+// parameters within 1e-5 relative. The 4- and 8-rank layouts run under
+// mpirun too (axes_parity_mpi_main.cc).
 // - ZeRO-3 under a pipeline: fsdp=2 x pipeline=2 at zero3 for gpipe, 1f1b,
 //   interleaved (2 chunks per rank) and zb, each stage's units gathered per
 //   micro-batch (and kept gathered across them with
@@ -13,6 +12,10 @@
 //   sequence: tensor=3 with dropout (the masks are numbered by the real
 //   length, so padding changes none), and pipeline=2 x tensor=3 (a later
 //   stage learns the real length from the batch context).
+// - Context parallelism inside every schedule (ring and all_to_all),
+//   data=2 x context=2 x pipeline=2, and with sequence parallelism
+//   (context=2 x tensor=2; context=2 x tensor=3, padding each context
+//   rank's 20 steps to 21; pipeline=2 x context=2 x tensor=2 under zb).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -21,37 +24,15 @@
 
 #include "meshtrain/testing/parity.h"
 #include "meshtrain/train/trainer.h"
-#include "tests/gpt_parity.h"
+#include "tests/axes_parity.h"
 
 namespace meshtrain {
 namespace {
 
-constexpr int64_t kSteps = 20;
-
-struct Layout {
-  std::string mesh = "";  // "" = one device
-  std::string fsdp = "";
-  bool sequence_parallel = false;
-  std::string schedule = "1f1b";
-  bool reshard_after_forward = true;
-  std::string cp_comm = "ring";
-};
+using Layout = AxesLayout;
 
 train::TrainResult train_gpt(const Layout& l, const std::string& tag) {
-  train::TrainConfig tc = gpt_parity_config("axes_" + tag);
-  tc.context = 40;
-  tc.layers = 5;
-  tc.heads = 6;
-  tc.width = 48;
-  tc.micro_batches = 4;  // every layout, one device too: the same micro-batches
-  tc.max_steps = kSteps;
-  tc.lr_decay_steps = kSteps;
-  tc.batch_size = 16;  // 4 micro-batches on each of up to 4 data-parallel ranks
-  tc.sequence_parallel = l.sequence_parallel;
-  tc.set("fsdp", l.fsdp, "Layout.fsdp");
-  tc.set("pipeline_schedule", l.schedule, "Layout.schedule");
-  tc.reshard_after_forward = l.reshard_after_forward;
-  tc.set("cp_comm", l.cp_comm, "Layout.cp_comm");
+  const train::TrainConfig tc = axes_config(l, tag);
   const config::DistributedConfig dc = testing::threads_mesh_config(l.mesh);
   train::TrainResult r = train::run_training(
       tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size, .timeout = std::chrono::seconds(120)});
@@ -65,13 +46,9 @@ const train::TrainResult& one_device() {
 }
 
 void expect_one_device(const Layout& l, const std::string& tag) {
-  const bool pipeline = l.mesh.find("pipeline") != std::string::npos;
-  const bool context = l.mesh.find("context") != std::string::npos;
-  const std::string what = fmt::format("{}{}{}{}{}{}", l.mesh, l.fsdp.empty() ? "" : " " + l.fsdp,
-                                       l.sequence_parallel ? " +sp" : "", pipeline ? " " + l.schedule : "",
-                                       context ? " " + l.cp_comm : "", l.reshard_after_forward ? "" : " no-reshard");
+  const std::string what = l.name();
   const train::TrainResult r = train_gpt(l, tag);
-  ASSERT_EQ(one_device().step_losses.size(), static_cast<size_t>(kSteps)) << what;
+  ASSERT_EQ(one_device().step_losses.size(), static_cast<size_t>(kAxesSteps)) << what;
   for (const std::string& p : testing::run_differences(r, one_device(), 1e-5)) ADD_FAILURE() << what << ": " << p;
   fmt::print("{:<32} {} steps, final loss {:.6f} (one device {:.6f})\n", what, r.step_losses.size(),
              r.step_losses.back(), one_device().step_losses.back());

@@ -1,0 +1,57 @@
+// The run of issue 39's parity matrix (tests/axes_parity_test.cc on the
+// threads engine, tests/axes_parity_mpi_main.cc under mpirun): the GPT of
+// tests/gpt_parity.h made awkward (5 blocks, which 2 stages or 4 chunks do
+// not split evenly; 6 heads of 8; 40-token windows, which 3 tensor ranks do
+// not divide; dropout 0.1), 20 steps of fp32 training, 4 micro-batches on
+// every layout and on one device, a batch of 16 (4 micro-batches on each
+// of up to 4 data-parallel ranks).
+#pragma once
+
+#include <fmt/format.h>
+
+#include <string>
+
+#include "tests/gpt_parity.h"
+
+namespace meshtrain {
+
+inline constexpr int64_t kAxesSteps = 20;
+
+struct AxesLayout {
+  std::string mesh = "";  // "" = one device
+  std::string fsdp = "";
+  bool sequence_parallel = false;
+  std::string schedule = "1f1b";
+  bool reshard_after_forward = true;
+  std::string cp_comm = "ring";
+
+  // "fsdp=2,pipeline=2 zero3 zb", ...
+  std::string name() const {
+    const bool pipeline = mesh.find("pipeline") != std::string::npos;
+    const bool context = mesh.find("context") != std::string::npos;
+    return fmt::format("{}{}{}{}{}{}", mesh.empty() ? "one device" : mesh, fsdp.empty() ? "" : " " + fsdp,
+                       sequence_parallel ? " +sp" : "", pipeline ? " " + schedule : "", context ? " " + cp_comm : "",
+                       reshard_after_forward ? "" : " no-reshard");
+  }
+};
+
+// The layout's TrainConfig; `tag` names its run directory.
+inline train::TrainConfig axes_config(const AxesLayout& l, const std::string& tag) {
+  train::TrainConfig tc = gpt_parity_config("axes_" + tag);
+  tc.context = 40;
+  tc.layers = 5;
+  tc.heads = 6;
+  tc.width = 48;
+  tc.micro_batches = 4;
+  tc.max_steps = kAxesSteps;
+  tc.lr_decay_steps = kAxesSteps;
+  tc.batch_size = 16;
+  tc.sequence_parallel = l.sequence_parallel;
+  tc.set("fsdp", l.fsdp, "AxesLayout.fsdp");
+  tc.set("pipeline_schedule", l.schedule, "AxesLayout.schedule");
+  tc.reshard_after_forward = l.reshard_after_forward;
+  tc.set("cp_comm", l.cp_comm, "AxesLayout.cp_comm");
+  return tc;
+}
+
+}  // namespace meshtrain
