@@ -24,14 +24,15 @@ struct AxesLayout {
   std::string schedule = "1f1b";
   bool reshard_after_forward = true;
   std::string cp_comm = "ring";
+  std::string zeropp = "";  // ZeRO++ parts ("qwz,qgz,hpz")
 
   // "fsdp=2,pipeline=2 zero3 zb", ...
   std::string name() const {
     const bool pipeline = mesh.find("pipeline") != std::string::npos;
     const bool context = mesh.find("context") != std::string::npos;
-    return fmt::format("{}{}{}{}{}{}", mesh.empty() ? "one device" : mesh, fsdp.empty() ? "" : " " + fsdp,
+    return fmt::format("{}{}{}{}{}{}{}", mesh.empty() ? "one device" : mesh, fsdp.empty() ? "" : " " + fsdp,
                        sequence_parallel ? " +sp" : "", pipeline ? " " + schedule : "", context ? " " + cp_comm : "",
-                       reshard_after_forward ? "" : " no-reshard");
+                       reshard_after_forward ? "" : " no-reshard", zeropp.empty() ? "" : " zeropp " + zeropp);
   }
 };
 
@@ -51,6 +52,7 @@ inline train::TrainConfig axes_config(const AxesLayout& l, const std::string& ta
   tc.set("pipeline_schedule", l.schedule, "AxesLayout.schedule");
   tc.reshard_after_forward = l.reshard_after_forward;
   tc.set("cp_comm", l.cp_comm, "AxesLayout.cp_comm");
+  tc.set("zeropp", l.zeropp, "AxesLayout.zeropp");
   return tc;
 }
 

@@ -86,10 +86,14 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
     if (c.zeropp.qgz && dc.mixed_precision != DType::f32 &&
         !c.reduce_precision)
       fail("qgz with half-precision gradients", "add --reduce-precision fp32");
-    for (const std::string_view other : {mesh::kData, mesh::kContext, mesh::kTensor, mesh::kPipeline})
+    // Each pipeline stage and tensor rank shards over its own node x fsdp
+    // ranks; data (HSDP) and context ranks would join the shard group
+    // beside the node hierarchy.
+    for (const std::string_view other : {mesh::kData, mesh::kContext})
       if (axis_size(mesh, other) > 1)
         fail(fmt::format("mesh {} has a {} axis", mesh.to_spec(), other),
-             "ZeRO++ shards over node x fsdp alone here: use --mesh node=K,fsdp=L");
+             "ZeRO++ shards over node x fsdp (per pipeline stage and tensor rank): use --mesh node=K,fsdp=L "
+             "(with pipeline and tensor axes if wanted)");
     if (axis_size(mesh, mesh::kNode) > 0 && axis_size(mesh, mesh::kFsdp) == 0)
       fail(fmt::format("mesh {} has a node axis but no fsdp axis", mesh.to_spec()), "use --mesh node=K,fsdp=L");
   }

@@ -87,6 +87,11 @@ TEST(ResolveTraining, ErrorsSayWhatToChange) {
   gpt.heads = 8;
   EXPECT_THAT(error_of(gpt, on_mesh("tensor=3")), HasSubstr("--heads: 8 heads over a tensor axis of 3"));
   EXPECT_THAT(error_of(gpt, on_mesh("data=3")), HasSubstr("--batch-size: a global batch of"));
+  TrainConfig zeropp = gpt;  // ZeRO++ over each stage's node x fsdp ranks, not beside data or context ranks
+  zeropp.set("fsdp", "zero3", "test");
+  zeropp.set("zeropp", "qwz,hpz", "test");
+  EXPECT_EQ(error_of(zeropp, on_mesh("pipeline=2,node=2,fsdp=2")), "no error");
+  EXPECT_THAT(error_of(zeropp, on_mesh("node=2,fsdp=2,context=2")), HasSubstr("has a context axis"));
   // Strategy names are parsed once, when set: a bad one never reaches resolve_training.
   const auto set_error = [](const char* key, const char* value) {
     try {
