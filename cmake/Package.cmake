@@ -57,6 +57,12 @@ endif()
 if(MESHTRAIN_HAVE_GLOO)
   list(APPEND deb_depends libgloo-dev)
 endif()
+if(MESHTRAIN_HAVE_PYTHON)
+  # The module (import meshtrain) is built for this interpreter's version.
+  math(EXPR next_minor "${Python_VERSION_MINOR} + 1")
+  list(APPEND deb_depends "python3 (>= ${Python_VERSION_MAJOR}.${Python_VERSION_MINOR})"
+       "python3 (<< ${Python_VERSION_MAJOR}.${next_minor})" python3-numpy)
+endif()
 list(JOIN deb_depends ", " CPACK_DEBIAN_PACKAGE_DEPENDS)
 list(JOIN deb_recommends ", " CPACK_DEBIAN_PACKAGE_RECOMMENDS)
 # The data of the built-in models (`meshtrain train`, docs/data.md).

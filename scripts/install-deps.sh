@@ -19,6 +19,7 @@ packages=(
   fortunes  # the default text corpus, /usr/share/games/fortunes
   procps  # pgrep, for tests/signal_test.sh and tests/checkpoint_crash_test.sh
   clang libclang-rt-14-dev  # libFuzzer and the sanitizers' runtimes for `make fuzz` (docs/fuzzing.md)
+  pybind11-dev python3-dev python3-numpy python3-pytest  # the Python module and its tests (docs/python.md)
 )
 
 missing=()

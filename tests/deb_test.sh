@@ -12,6 +12,9 @@
 #   3. The consumer the package carries (usr/share/doc/meshtrain/examples/
 #      consumer) builds against that directory and runs on 2 simulated
 #      devices; pkg-config finds the unpacked meshtrain.pc's own prefix.
+#   4. With the Python module (MESHTRAIN_PYTHON names the interpreter):
+#      `import meshtrain` from the unpacked package's dist-packages, in a
+#      directory outside the build tree, runs a 2-rank all_reduce.
 #   tests/deb_test.sh <build dir>
 set -u
 build=$(cd "$1" && pwd)
@@ -80,4 +83,16 @@ cmake --build "$tmp/consumer-build" > "$tmp/build.log" 2>&1 || { cat "$tmp/build
 grep "^result:" "$tmp/consumer.out"
 cflags=$(PKG_CONFIG_PATH=$root/usr/lib/pkgconfig pkg-config --cflags meshtrain) || fail "pkg-config"
 grep -q -- "-I$root/usr/lib/pkgconfig/../../include" <<< "$cflags" || fail "pkg-config's flags are not the unpacked prefix: $cflags"
+
+if [ -n "${MESHTRAIN_PYTHON:-}" ]; then
+  step "4. import meshtrain from the unpacked package, outside the build tree"
+  site=$(cd "$root" && ls -d usr/lib/python3*/*-packages 2> /dev/null | head -1)
+  [ -n "$site" ] && [ -f "$root/$site/meshtrain/__init__.py" ] || fail "the package lacks the Python module"
+  (cd "$tmp" && PYTHONPATH="$root/$site" "$MESHTRAIN_PYTHON" -c \
+    "import meshtrain, numpy; print('import meshtrain', meshtrain.__version__, 'from', meshtrain.__file__); \
+print(meshtrain.launch(lambda w: w.all_reduce(numpy.ones(2)) or w.rank, ranks=2))") > "$tmp/python.out" 2>&1 ||
+    { cat "$tmp/python.out"; fail "import meshtrain"; }
+  cat "$tmp/python.out"
+  grep -q "from $root/$site/meshtrain/__init__.py" "$tmp/python.out" || fail "meshtrain was not imported from the package"
+fi
 echo "PASS: deb ($SECONDS s)"

@@ -19,6 +19,13 @@ std::string_view reduce_op_name(ReduceOp op) {
   return "?";
 }
 
+ReduceOp parse_reduce_op(std::string_view name) {
+  for (ReduceOp op : kAllReduceOps)
+    if (reduce_op_name(op) == name) return op;
+  throw InvalidArgument("parse_reduce_op", fmt::format("unknown reduce op '{}'", name),
+                        "use one of sum, avg, max, min, prod");
+}
+
 std::string_view engine_name(Engine e) {
   switch (e) {
     case Engine::threads: return "threads";

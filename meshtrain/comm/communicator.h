@@ -49,6 +49,7 @@ enum class ReduceOp : uint8_t { sum, avg, max, min, prod };
 inline constexpr ReduceOp kAllReduceOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max,
                                              ReduceOp::min, ReduceOp::prod};
 std::string_view reduce_op_name(ReduceOp op);
+ReduceOp parse_reduce_op(std::string_view name);  // reduce_op_name's inverse; throws InvalidArgument
 
 enum class Engine : uint8_t { threads, mpi, gloo, nccl };
 std::string_view engine_name(Engine e);

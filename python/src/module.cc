@@ -1,0 +1,452 @@
+// meshtrain._meshtrain: the C++ core as Python sees it (pybind11). The
+// package meshtrain (python/meshtrain/__init__.py) re-exports it with the
+// seeds' names; docs/python.md is the user's guide.
+//
+// Arrays cross as numpy arrays through the buffer protocol, never copied:
+// a collective reads and writes the caller's array (it must be C-contiguous,
+// writable where written, of a dtype the engines move), else ValueError
+// names what it expected. Every wait releases the GIL, so the ranks of a
+// threads-engine launch (threads of this process) run their collectives
+// together. Errors are the C++ ones, mapped onto Python classes of the same
+// names (meshtrain.Error and its subclasses, also subclasses of the matching
+// builtins) with the same messages.
+#include <fmt/format.h>
+#include <pybind11/eval.h>
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/launch.h"
+#include "meshtrain/core/dtype.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/version.h"
+
+namespace py = pybind11;
+
+namespace meshtrain::python {
+namespace {
+
+// ---- arrays ----
+
+// numpy's name of a dtype ("float32").
+std::string dtype_name(const py::dtype& t) { return t.attr("name").cast<std::string>(); }
+
+// The engine dtype of a numpy array's dtype (numpy has no bfloat16).
+DType dtype_of(const py::array& a, const char* op) {
+  const py::dtype t = a.dtype();
+  const std::pair<py::dtype, DType> known[] = {
+      {py::dtype::of<float>(), DType::f32},   {py::dtype::of<double>(), DType::f64},
+      {py::dtype("float16"), DType::f16},     {py::dtype::of<int8_t>(), DType::i8},
+      {py::dtype::of<int32_t>(), DType::i32}, {py::dtype::of<int64_t>(), DType::i64},
+      {py::dtype::of<uint8_t>(), DType::u8}};
+  for (const auto& [d, m] : known)
+    if (t.equal(d)) return m;
+  throw InvalidArgument(op, fmt::format("an array of dtype {}", dtype_name(t)),
+                        "pass float32, float64, float16, int8, int32, int64 or uint8");
+}
+
+std::string shape_of(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) s += fmt::format("{}{}", i ? ", " : "", a.shape(i));
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+// The array as the engines take it: C-contiguous (and writable when `written`).
+void check_layout(const py::array& a, const char* op, const char* what, bool written) {
+  if (!(a.flags() & py::array::c_style))
+    throw InvalidArgument(op, fmt::format("{} {} is not C-contiguous", what, shape_of(a)),
+                          "pass numpy.ascontiguousarray(x) (a collective never copies)");
+  if (written && !a.writeable())
+    throw InvalidArgument(op, fmt::format("{} {} is read-only", what, shape_of(a)),
+                          "pass a writable array (the collective writes the result into it)");
+}
+
+// A new C-contiguous array of `shape` and a's dtype.
+py::array empty_like_shape(const py::array& a, const std::vector<py::ssize_t>& shape) {
+  return py::array(a.dtype(), shape);
+}
+
+void check_same(const py::array& a, const py::array& b, const char* op, const char* what) {
+  if (!a.dtype().equal(b.dtype()) || a.size() != b.size())
+    throw InvalidArgument(op,
+                          fmt::format("{} {} of {} for input {} of {}", what, shape_of(b),
+                                      dtype_name(b.dtype()), shape_of(a), dtype_name(a.dtype())),
+                          "pass an output of the input's dtype and the documented size");
+}
+
+// ---- communicators ----
+
+// A rank's communicator as Python holds it. The world communicator of a
+// launch belongs to the launch; `alive` turns false when it ends, and any
+// use after that raises instead of touching freed memory. Split
+// communicators are owned (and share their world's flag).
+class Comm {
+ public:
+  Comm(comm::Communicator* c, std::shared_ptr<std::atomic<bool>> alive) : c_(c), alive_(std::move(alive)) {}
+  Comm(std::unique_ptr<comm::Communicator> owned, std::shared_ptr<std::atomic<bool>> alive)
+      : owned_(std::move(owned)), c_(owned_.get()), alive_(std::move(alive)) {}
+
+  comm::Communicator& get(const char* op) const {
+    if (!alive_->load())
+      throw InvalidArgument(op, "a communicator used after its launch ended",
+                            "use a rank's communicator only inside the function launch() runs");
+    return *c_;
+  }
+  std::shared_ptr<std::atomic<bool>> alive() const { return alive_; }
+
+ private:
+  std::unique_ptr<comm::Communicator> owned_;
+  comm::Communicator* c_;
+  std::shared_ptr<std::atomic<bool>> alive_;
+};
+
+// An asynchronous operation: keeps its arrays alive until waited for.
+class PyWork {
+ public:
+  PyWork(comm::Work w, std::vector<py::object> keep, py::object result)
+      : work_(std::move(w)), keep_(std::move(keep)), result_(std::move(result)) {}
+  // Waits (GIL released), rethrows the engine's error; returns the result
+  // array of an all_gather/reduce_scatter/all_to_all, else None.
+  py::object wait() {
+    {
+      py::gil_scoped_release release;
+      work_.wait();
+    }
+    keep_.clear();
+    return result_;
+  }
+  bool is_completed() { return work_.is_completed(); }
+
+ private:
+  comm::Work work_;
+  std::vector<py::object> keep_;
+  py::object result_;
+};
+
+// Runs a started operation: returns a PyWork when async_op, else waits.
+py::object finish(comm::Work w, bool async_op, std::vector<py::object> keep, py::object result) {
+  if (async_op) return py::cast(PyWork(std::move(w), std::move(keep), std::move(result)));
+  {
+    py::gil_scoped_release release;
+    w.wait();
+  }
+  return result;
+}
+
+size_t count_of(const py::array& a) { return static_cast<size_t>(a.size()); }
+
+py::object all_reduce(const Comm& self, py::array a, const std::string& op, bool async_op) {
+  const char* name = "Communicator.all_reduce";
+  comm::Communicator& c = self.get(name);
+  check_layout(a, name, "array", true);
+  const DType t = dtype_of(a, name);
+  const comm::ReduceOp r = comm::parse_reduce_op(op);
+  comm::Work w = c.all_reduce_async(a.data(), a.mutable_data(), count_of(a), t, r);
+  return finish(std::move(w), async_op, {a}, py::none());
+}
+
+py::object broadcast(const Comm& self, py::array a, int root, bool async_op) {
+  const char* name = "Communicator.broadcast";
+  comm::Communicator& c = self.get(name);
+  check_layout(a, name, "array", true);
+  comm::Work w = c.broadcast_async(a.mutable_data(), count_of(a), dtype_of(a, name), root);
+  return finish(std::move(w), async_op, {a}, py::none());
+}
+
+// (size, *a.shape): every rank's array, rank r at [r].
+py::object all_gather(const Comm& self, py::array a, std::optional<py::array> out, bool async_op) {
+  const char* name = "Communicator.all_gather";
+  comm::Communicator& c = self.get(name);
+  check_layout(a, name, "array", false);
+  const DType t = dtype_of(a, name);
+  std::vector<py::ssize_t> shape{c.size()};
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) shape.push_back(a.shape(i));
+  py::array o = out ? *out : empty_like_shape(a, shape);
+  check_layout(o, name, "out", true);
+  if (!o.dtype().equal(a.dtype()) || o.size() != a.size() * c.size())
+    throw InvalidArgument(name,
+                          fmt::format("out {} of {} for {} ranks' arrays {} of {}", shape_of(o),
+                                      dtype_name(o.dtype()), c.size(), shape_of(a),
+                                      dtype_name(a.dtype())),
+                          "pass out with size() x the array's elements, of its dtype, or none");
+  comm::Work w = c.all_gather_async(a.data(), o.mutable_data(), count_of(a), t);
+  return finish(std::move(w), async_op, {a, o}, o);
+}
+
+// The input's leading dimension is the ranks: a[r] reduced over the ranks
+// lands on rank r (shape a.shape[1:]).
+std::vector<py::ssize_t> per_rank_shape(const py::array& a, int ranks, const char* name) {
+  if (a.ndim() < 1 || a.shape(0) != ranks)
+    throw InvalidArgument(name, fmt::format("an array {} for {} ranks", shape_of(a), ranks),
+                          fmt::format("pass an array whose first dimension is the {} ranks", ranks));
+  return std::vector<py::ssize_t>(a.shape() + 1, a.shape() + a.ndim());
+}
+
+py::object reduce_scatter(const Comm& self, py::array a, const std::string& op, std::optional<py::array> out,
+                          bool async_op) {
+  const char* name = "Communicator.reduce_scatter";
+  comm::Communicator& c = self.get(name);
+  check_layout(a, name, "array", false);
+  const DType t = dtype_of(a, name);
+  const comm::ReduceOp r = comm::parse_reduce_op(op);
+  py::array o = out ? *out : empty_like_shape(a, per_rank_shape(a, c.size(), name));
+  if (out) (void)per_rank_shape(a, c.size(), name);
+  check_layout(o, name, "out", true);
+  if (!o.dtype().equal(a.dtype()) || o.size() * c.size() != a.size())
+    check_same(a, o, name, "out");
+  comm::Work w = c.reduce_scatter_async(a.data(), o.mutable_data(), count_of(o), t, r);
+  return finish(std::move(w), async_op, {a, o}, o);
+}
+
+// a[p] goes to rank p; the result's [r] came from rank r.
+py::object all_to_all(const Comm& self, py::array a, std::optional<py::array> out, bool async_op) {
+  const char* name = "Communicator.all_to_all";
+  comm::Communicator& c = self.get(name);
+  check_layout(a, name, "array", false);
+  const DType t = dtype_of(a, name);
+  (void)per_rank_shape(a, c.size(), name);
+  std::vector<py::ssize_t> shape(a.shape(), a.shape() + a.ndim());
+  py::array o = out ? *out : empty_like_shape(a, shape);
+  check_layout(o, name, "out", true);
+  check_same(a, o, name, "out");
+  comm::Work w = c.all_to_all_async(a.data(), o.mutable_data(), count_of(a) / static_cast<size_t>(c.size()), t);
+  return finish(std::move(w), async_op, {a, o}, o);
+}
+
+py::object send(const Comm& self, py::array a, int dst, int tag, bool async_op) {
+  const char* name = "Communicator.send";
+  comm::Communicator& c = self.get(name);
+  check_layout(a, name, "array", false);
+  comm::Work w = c.send_async(a.data(), count_of(a), dtype_of(a, name), dst, tag);
+  return finish(std::move(w), async_op, {a}, py::none());
+}
+
+py::object recv(const Comm& self, py::array a, int src, int tag, bool async_op) {
+  const char* name = "Communicator.recv";
+  comm::Communicator& c = self.get(name);
+  check_layout(a, name, "array", true);
+  comm::Work w = c.recv_async(a.mutable_data(), count_of(a), dtype_of(a, name), src, tag);
+  return finish(std::move(w), async_op, {a}, py::none());
+}
+
+py::object barrier(const Comm& self, bool async_op) {
+  comm::Work w = self.get("Communicator.barrier").barrier_async();
+  return finish(std::move(w), async_op, {}, py::none());
+}
+
+std::optional<Comm> split(const Comm& self, int color, int key) {
+  comm::Communicator& c = self.get("Communicator.split");
+  std::unique_ptr<comm::Communicator> sub;
+  {
+    py::gil_scoped_release release;
+    sub = c.split(color, key);
+  }
+  if (!sub) return std::nullopt;
+  return Comm(std::move(sub), self.alive());
+}
+
+std::chrono::milliseconds to_ms(double seconds, const char* op) {
+  if (!(seconds > 0) || !std::isfinite(seconds))
+    throw InvalidArgument(op, fmt::format("timeout {} s", seconds), "pass a deadline in seconds > 0");
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+}
+
+// ---- launch ----
+
+// What launch() raises when a rank's function raised: the rank, and the
+// exception itself (raised `from` it).
+struct RankFailure {
+  int rank = -1;
+  std::string message;
+  py::object exception;
+};
+
+py::list launch(py::function fn, const std::string& engine, int ranks, double timeout, bool bind_to_cores) {
+  const char* op = "meshtrain.launch";
+  comm::LaunchOptions options{.engine = engine, .ranks = ranks, .timeout = to_ms(timeout, op),
+                              .bind_to_cores = bind_to_cores};
+  const auto alive = std::make_shared<std::atomic<bool>>(true);
+  std::vector<py::object> results(static_cast<size_t>(std::max(ranks, 1)));
+  std::mutex mu;
+  std::optional<RankFailure> first;  // the first rank whose function raised (its cause, not an echo)
+  bool first_is_echo = false;
+  std::exception_ptr error;
+  {
+    py::gil_scoped_release release;
+    try {
+      comm::launch(options, [&](comm::Communicator& world) {
+        py::gil_scoped_acquire gil;
+        try {
+          py::object r = fn(Comm(&world, alive));
+          results.at(static_cast<size_t>(world.rank())) = std::move(r);
+        } catch (py::error_already_set& e) {
+          const std::string message = fmt::format("rank {} raised {}", world.rank(), e.what());
+          // An AbortedError echoes another rank's failure: the cause is the
+          // first failure that is not one (launch() rethrows it likewise).
+          const bool echo = e.matches(py::module_::import("meshtrain._meshtrain").attr("AbortedError"));
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            if (!first || (first_is_echo && !echo)) {
+              first = RankFailure{world.rank(), message, e.value()};
+              first_is_echo = echo;
+            }
+          }
+          throw CommError(op, message, "the other ranks were stopped; see the rank's exception above");
+        }
+      });
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  alive->store(false);
+  if (first) {
+    // The rank's own exception, raised from a RankError that names it.
+    py::object cls = py::module_::import("meshtrain._meshtrain").attr("RankError");
+    py::object err = cls(first->message, first->rank);
+    err.attr("__cause__") = first->exception;
+    PyErr_SetObject(cls.ptr(), err.ptr());
+    throw py::error_already_set();
+  }
+  if (error) std::rethrow_exception(error);
+  py::list out;
+  for (py::object& r : results) out.append(r ? r : py::none());
+  return out;
+}
+
+}  // namespace
+}  // namespace meshtrain::python
+
+PYBIND11_MODULE(_meshtrain, m) {
+  using namespace meshtrain;
+  using namespace meshtrain::python;
+  m.doc() = "meshtrain's C++ core (import meshtrain for the package)";
+  m.attr("__version__") = MESHTRAIN_VERSION_STRING;
+
+  // Errors: the C++ hierarchy, each class also a subclass of the builtin a
+  // Python caller would catch (ValueError for a bad argument, TimeoutError
+  // for a deadline, ...).
+  py::object base = py::exception<Error>(m, "Error", PyExc_RuntimeError);
+  const auto sub = [&](const char* name, py::object builtin) {
+    py::object cls = py::reinterpret_steal<py::object>(
+        PyErr_NewException(fmt::format("meshtrain._meshtrain.{}", name).c_str(),
+                           py::make_tuple(base, builtin).ptr(), nullptr));
+    m.attr(name) = cls;
+    return cls;
+  };
+  py::object invalid = sub("InvalidArgument", py::reinterpret_borrow<py::object>(PyExc_ValueError));
+  py::object unsupported = sub("Unsupported", py::reinterpret_borrow<py::object>(PyExc_NotImplementedError));
+  py::object oom = sub("OutOfMemory", py::reinterpret_borrow<py::object>(PyExc_MemoryError));
+  py::object io = sub("IoError", py::reinterpret_borrow<py::object>(PyExc_OSError));
+  py::object comm_error = sub("CommError", py::reinterpret_borrow<py::object>(PyExc_RuntimeError));
+  py::object timeout = py::reinterpret_steal<py::object>(PyErr_NewException(
+      "meshtrain._meshtrain.TimeoutError", py::make_tuple(comm_error, py::reinterpret_borrow<py::object>(
+                                                                          PyExc_TimeoutError))
+                                                .ptr(),
+      nullptr));
+  m.attr("TimeoutError") = timeout;
+  py::object mismatch = py::reinterpret_steal<py::object>(
+      PyErr_NewException("meshtrain._meshtrain.MismatchError", py::make_tuple(comm_error).ptr(), nullptr));
+  m.attr("MismatchError") = mismatch;
+  py::object aborted = py::reinterpret_steal<py::object>(
+      PyErr_NewException("meshtrain._meshtrain.AbortedError", py::make_tuple(comm_error).ptr(), nullptr));
+  m.attr("AbortedError") = aborted;
+  py::object engine_error = py::reinterpret_steal<py::object>(
+      PyErr_NewException("meshtrain._meshtrain.EngineError", py::make_tuple(comm_error).ptr(), nullptr));
+  m.attr("EngineError") = engine_error;
+  py::exec(R"(
+class RankError(CommError):
+    """A rank's function raised: `rank` names it; the exception is its __cause__."""
+    def __init__(self, message, rank):
+        super().__init__(message)
+        self.rank = rank
+)", m.attr("__dict__"));
+  py::register_exception_translator([](std::exception_ptr p) {
+    if (!p) return;
+    py::module_ mod = py::module_::import("meshtrain._meshtrain");
+    const auto raise = [&](const char* cls, const std::exception& e) {
+      PyErr_SetString(mod.attr(cls).ptr(), e.what());
+    };
+    try {
+      std::rethrow_exception(p);
+    } catch (const TimeoutError& e) {
+      raise("TimeoutError", e);
+    } catch (const MismatchError& e) {
+      raise("MismatchError", e);
+    } catch (const AbortedError& e) {
+      raise("AbortedError", e);
+    } catch (const EngineError& e) {
+      raise("EngineError", e);
+    } catch (const CommError& e) {
+      raise("CommError", e);
+    } catch (const InvalidArgument& e) {
+      raise("InvalidArgument", e);
+    } catch (const Unsupported& e) {
+      raise("Unsupported", e);
+    } catch (const OutOfMemory& e) {
+      raise("OutOfMemory", e);
+    } catch (const IoError& e) {
+      raise("IoError", e);
+    } catch (const Error& e) {
+      raise("Error", e);
+    }
+  });
+
+  py::class_<PyWork>(m, "Work", "An asynchronous operation (async_op=True): wait() completes it.")
+      .def("wait", &PyWork::wait,
+           "Waits for the operation (the GIL released) and returns its result array (all_gather, "
+           "reduce_scatter, all_to_all) or None; raises the engine's error (TimeoutError naming the rank "
+           "that did not arrive, MismatchError, ...).")
+      .def("is_completed", &PyWork::is_completed, "True once the operation has finished (never blocks).");
+
+  py::class_<Comm>(m, "Communicator",
+                   "One rank's view of a group of ranks (meshtrain::comm::Communicator). Collectives take numpy "
+                   "arrays and never copy them: every rank calls them in the same order with the same shapes.")
+      .def_property_readonly("rank", [](const Comm& c) { return c.get("Communicator.rank").rank(); },
+                             "This rank's index in the group, 0 <= rank < size.")
+      .def_property_readonly("size", [](const Comm& c) { return c.get("Communicator.size").size(); },
+                             "The number of ranks in the group.")
+      .def_property(
+          "timeout",
+          [](const Comm& c) { return static_cast<double>(c.get("Communicator.timeout").timeout().count()) / 1000; },
+          [](const Comm& c, double s) { c.get("Communicator.timeout").set_timeout(to_ms(s, "Communicator.timeout")); },
+          "Every wait's deadline in seconds: a rank that does not arrive in time makes the others raise "
+          "TimeoutError naming it.")
+      .def("all_reduce", &all_reduce, py::arg("array"), py::arg("op") = "sum", py::arg("async_op") = false,
+           "Reduces `array` element-wise over the ranks, in place (op: sum, avg, max, min, prod). Returns None, "
+           "or a Work with async_op=True.")
+      .def("broadcast", &broadcast, py::arg("array"), py::arg("root") = 0, py::arg("async_op") = false,
+           "Copies root's `array` into every rank's `array`, in place.")
+      .def("all_gather", &all_gather, py::arg("array"), py::arg("out") = py::none(), py::arg("async_op") = false,
+           "Returns (size, *array.shape): rank r's array at [r] (written into `out` when given).")
+      .def("reduce_scatter", &reduce_scatter, py::arg("array"), py::arg("op") = "sum", py::arg("out") = py::none(),
+           py::arg("async_op") = false,
+           "`array` is (size, ...): returns array[rank] reduced over the ranks, of shape array.shape[1:].")
+      .def("all_to_all", &all_to_all, py::arg("array"), py::arg("out") = py::none(), py::arg("async_op") = false,
+           "`array` is (size, ...): array[p] goes to rank p; returns the same shape, [r] from rank r.")
+      .def("send", &send, py::arg("array"), py::arg("dst"), py::arg("tag") = 0, py::arg("async_op") = false,
+           "Sends `array` to rank dst (matched in order with dst's recv of the same tag).")
+      .def("recv", &recv, py::arg("array"), py::arg("src"), py::arg("tag") = 0, py::arg("async_op") = false,
+           "Receives into `array` from rank src (same size and dtype as the send).")
+      .def("barrier", &barrier, py::arg("async_op") = false, "Returns once every rank has entered the barrier.")
+      .def("split", &split, py::arg("color"), py::arg("key") = 0,
+           "Collective: ranks of the same color form a new Communicator, ordered by (key, rank); color < 0 "
+           "returns None.");
+
+  m.def("launch", &launch, py::arg("fn"), py::arg("engine") = "threads", py::arg("ranks") = 1,
+        py::arg("timeout") = static_cast<double>(comm::kDefaultTimeout.count()) / 1000,
+        py::arg("bind_to_cores") = false,
+        "Runs fn(world) on every rank of an engine (threads: `ranks` threads of this process; mpi: this process's "
+        "rank under mpirun) and returns the ranks' results in rank order. A rank that raises ends the job: the "
+        "others' waits fail at once, and launch raises RankError naming the rank, from its exception.");
+}
