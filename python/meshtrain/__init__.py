@@ -17,6 +17,19 @@ builtin a Python caller expects (``InvalidArgument`` is a ``ValueError``,
     meshtrain.launch(step, engine="threads", ranks=4)  # [10.0, 10.0, 10.0, 10.0]
 """
 
+import os as _os
+import sys as _sys
+
+# OpenMPI opens its components as plugins that look for libmpi's symbols
+# globally: load the module (and the libmpi it links) with RTLD_GLOBAL, as
+# mpi4py does, so the mpi engine works under mpirun.
+_flags = _sys.getdlopenflags()
+_sys.setdlopenflags(_flags | _os.RTLD_GLOBAL)
+try:
+    from . import _meshtrain  # noqa: F401
+finally:
+    _sys.setdlopenflags(_flags)
+
 from ._meshtrain import (
     AbortedError,
     CommError,
@@ -32,6 +45,7 @@ from ._meshtrain import (
     Unsupported,
     Work,
     __version__,
+    engine_from_environment,
     launch,
 )
 
@@ -50,5 +64,6 @@ __all__ = [
     "Unsupported",
     "Work",
     "__version__",
+    "engine_from_environment",
     "launch",
 ]

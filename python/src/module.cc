@@ -28,6 +28,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/comm/launch.h"
+#include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/version.h"
@@ -272,12 +273,29 @@ struct RankFailure {
   py::object exception;
 };
 
-py::list launch(py::function fn, const std::string& engine, int ranks, double timeout, bool bind_to_cores) {
+// The engine of the job this process belongs to: mpi under mpirun, gloo
+// under `meshtrain launch` or torchrun, else threads (the launcher's
+// environment, read by config::read_launcher_env as the CLI reads it).
+std::string engine_from_environment() {
+  switch (config::DistributedConfig{}.with_env(config::read_launcher_env()).launcher) {
+    case config::Launcher::mpirun: return "mpi";
+    case config::Launcher::torchrun: return "gloo";
+    case config::Launcher::none: break;
+  }
+  return "threads";
+}
+
+py::list launch(py::function fn, std::optional<std::string> engine_name, std::optional<int> ranks_given,
+                double timeout, bool bind_to_cores) {
   const char* op = "meshtrain.launch";
+  const std::string engine = engine_name ? *engine_name : engine_from_environment();
+  // threads: 1 rank unless told; a launcher's engine: the job's ranks (0: take them).
+  const int ranks = ranks_given ? *ranks_given : engine == "threads" ? 1 : 0;
   comm::LaunchOptions options{.engine = engine, .ranks = ranks, .timeout = to_ms(timeout, op),
                               .bind_to_cores = bind_to_cores};
   const auto alive = std::make_shared<std::atomic<bool>>(true);
-  std::vector<py::object> results(static_cast<size_t>(std::max(ranks, 1)));
+  std::vector<py::object> results;  // by rank (of this process's ranks: the others' stay None)
+  std::mutex results_mu;
   std::mutex mu;
   std::optional<RankFailure> first;  // the first rank whose function raised (its cause, not an echo)
   bool first_is_echo = false;
@@ -289,6 +307,8 @@ py::list launch(py::function fn, const std::string& engine, int ranks, double ti
         py::gil_scoped_acquire gil;
         try {
           py::object r = fn(Comm(&world, alive));
+          std::lock_guard<std::mutex> lock(results_mu);
+          if (results.size() < static_cast<size_t>(world.size())) results.resize(static_cast<size_t>(world.size()));
           results.at(static_cast<size_t>(world.rank())) = std::move(r);
         } catch (py::error_already_set& e) {
           const std::string message = fmt::format("rank {} raised {}", world.rank(), e.what());
@@ -321,6 +341,7 @@ py::list launch(py::function fn, const std::string& engine, int ranks, double ti
   if (error) std::rethrow_exception(error);
   py::list out;
   for (py::object& r : results) out.append(r ? r : py::none());
+  results.clear();  // with the GIL held
   return out;
 }
 
@@ -443,10 +464,15 @@ class RankError(CommError):
            "Collective: ranks of the same color form a new Communicator, ordered by (key, rank); color < 0 "
            "returns None.");
 
-  m.def("launch", &launch, py::arg("fn"), py::arg("engine") = "threads", py::arg("ranks") = 1,
+  m.def("launch", &launch, py::arg("fn"), py::arg("engine") = py::none(), py::arg("ranks") = py::none(),
         py::arg("timeout") = static_cast<double>(comm::kDefaultTimeout.count()) / 1000,
         py::arg("bind_to_cores") = false,
-        "Runs fn(world) on every rank of an engine (threads: `ranks` threads of this process; mpi: this process's "
-        "rank under mpirun) and returns the ranks' results in rank order. A rank that raises ends the job: the "
+        "Runs fn(world) on every rank of an engine and returns the ranks' results in rank order (None for ranks "
+        "of other processes). engine None: the job's (mpi under mpirun, gloo under `meshtrain launch` or "
+        "torchrun, else threads). threads: `ranks` threads of this process (default 1); mpi, gloo: this "
+        "process's rank of the job (ranks None or 0: the job's size). A rank that raises ends the job: the "
         "others' waits fail at once, and launch raises RankError naming the rank, from its exception.");
+  m.def("engine_from_environment", &engine_from_environment,
+        "The engine launch() uses when none is given: mpi under mpirun, gloo under `meshtrain launch` or "
+        "torchrun, else threads.");
 }
