@@ -18,12 +18,14 @@
 #include <pybind11/stl.h>
 
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
@@ -43,18 +45,25 @@ namespace {
 // numpy's name of a dtype ("float32").
 std::string dtype_name(const py::dtype& t) { return t.attr("name").cast<std::string>(); }
 
-// The engine dtype of a numpy array's dtype (numpy has no bfloat16).
+// The engine dtype of a numpy array's dtype (numpy has no bfloat16): by
+// kind and size, native byte order (a per-call lookup without Python calls).
 DType dtype_of(const py::array& a, const char* op) {
   const py::dtype t = a.dtype();
-  const std::pair<py::dtype, DType> known[] = {
-      {py::dtype::of<float>(), DType::f32},   {py::dtype::of<double>(), DType::f64},
-      {py::dtype("float16"), DType::f16},     {py::dtype::of<int8_t>(), DType::i8},
-      {py::dtype::of<int32_t>(), DType::i32}, {py::dtype::of<int64_t>(), DType::i64},
-      {py::dtype::of<uint8_t>(), DType::u8}};
-  for (const auto& [d, m] : known)
-    if (t.equal(d)) return m;
+  const char kind = t.kind();
+  const py::ssize_t size = t.itemsize();
+  const char order = t.byteorder();
+  const bool native = order == '=' || order == '|' || order == (std::endian::native == std::endian::little ? '<' : '>');
+  if (native) {
+    if (kind == 'f' && size == 4) return DType::f32;
+    if (kind == 'f' && size == 8) return DType::f64;
+    if (kind == 'f' && size == 2) return DType::f16;
+    if (kind == 'i' && size == 1) return DType::i8;
+    if (kind == 'i' && size == 4) return DType::i32;
+    if (kind == 'i' && size == 8) return DType::i64;
+    if (kind == 'u' && size == 1) return DType::u8;
+  }
   throw InvalidArgument(op, fmt::format("an array of dtype {}", dtype_name(t)),
-                        "pass float32, float64, float16, int8, int32, int64 or uint8");
+                        "pass float32, float64, float16, int8, int32, int64 or uint8 (native byte order)");
 }
 
 std::string shape_of(const py::array& a) {
@@ -85,6 +94,61 @@ void check_same(const py::array& a, const py::array& b, const char* op, const ch
                                       dtype_name(b.dtype()), shape_of(a), dtype_name(a.dtype())),
                           "pass an output of the input's dtype and the documented size");
 }
+
+// ---- the GIL among the ranks of a threads-engine launch ----
+//
+// Every collective hands the GIL from one rank thread to another: the rank
+// that arrives first releases it to wait, the other takes it to arrive.
+// CPython's GIL wakes a thread waiting for it through a condition variable,
+// which costs tens of microseconds when that thread's core is idle (18 us
+// per 4 KiB all_reduce here). So rank threads first take a turn, spinning
+// (bounded) rather than sleeping, and ask for the GIL only once they hold
+// it: the GIL is then free and taken at once. The turn is released right
+// after the GIL. A rank that spins past kTurnSpin (another rank computes
+// with the GIL released inside numpy, or sleeps) asks for the GIL as
+// before; with more ranks than cores nobody spins.
+constexpr std::chrono::microseconds kTurnSpin{200};
+std::atomic<bool> g_turn{false};      // a rank thread holds the GIL (or is taking it) by its turn
+std::atomic<bool> g_spin{false};      // this launch's ranks fit on the cores
+thread_local bool t_rank = false;     // this thread runs a rank of launch()
+thread_local bool t_turn = false;     // this thread holds the turn
+
+void take_turn() {
+  if (!t_rank || !g_spin.load(std::memory_order_relaxed)) return;
+  const auto until = std::chrono::steady_clock::now() + kTurnSpin;
+  for (int i = 0;; ++i) {
+    if (!g_turn.load(std::memory_order_relaxed) && !g_turn.exchange(true, std::memory_order_acquire)) {
+      t_turn = true;
+      return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+    if ((i & 63) == 63 && std::chrono::steady_clock::now() > until) return;
+  }
+}
+
+void give_turn() {
+  if (!t_turn) return;
+  t_turn = false;
+  g_turn.store(false, std::memory_order_release);
+}
+
+// py::gil_scoped_release for a wait: the GIL, then the turn; back in the
+// other order.
+class GilRelease {
+ public:
+  GilRelease() : state_(PyEval_SaveThread()) { give_turn(); }
+  ~GilRelease() {
+    take_turn();
+    PyEval_RestoreThread(state_);
+  }
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
 
 // ---- communicators ----
 
@@ -121,7 +185,7 @@ class PyWork {
   // array of an all_gather/reduce_scatter/all_to_all, else None.
   py::object wait() {
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       work_.wait();
     }
     keep_.clear();
@@ -135,12 +199,16 @@ class PyWork {
   py::object result_;
 };
 
-// Runs a started operation: returns a PyWork when async_op, else waits.
-py::object finish(comm::Work w, bool async_op, std::vector<py::object> keep, py::object result) {
-  if (async_op) return py::cast(PyWork(std::move(w), std::move(keep), std::move(result)));
+// Runs an operation: blocking (the engine's blocking form, inline on this
+// thread, the GIL released) or, with async_op, started and returned as a
+// PyWork (the engine's asynchronous form, completed by wait()) that keeps
+// the arrays `keep` names alive.
+template <typename Blocking, typename Async, typename Keep>
+py::object run(bool async_op, Keep keep, py::object result, Blocking blocking, Async start) {
+  if (async_op) return py::cast(PyWork(start(), keep(), std::move(result)));
   {
-    py::gil_scoped_release release;
-    w.wait();
+    GilRelease release;
+    blocking();
   }
   return result;
 }
@@ -153,16 +221,22 @@ py::object all_reduce(const Comm& self, py::array a, const std::string& op, bool
   check_layout(a, name, "array", true);
   const DType t = dtype_of(a, name);
   const comm::ReduceOp r = comm::parse_reduce_op(op);
-  comm::Work w = c.all_reduce_async(a.data(), a.mutable_data(), count_of(a), t, r);
-  return finish(std::move(w), async_op, {a}, py::none());
+  const void* in = a.data();
+  void* out = a.mutable_data();
+  const size_t n = count_of(a);
+  return run(async_op, [&] { return std::vector<py::object>{a}; }, py::none(), [&] { c.all_reduce(in, out, n, t, r); },
+             [&] { return c.all_reduce_async(in, out, n, t, r); });
 }
 
 py::object broadcast(const Comm& self, py::array a, int root, bool async_op) {
   const char* name = "Communicator.broadcast";
   comm::Communicator& c = self.get(name);
   check_layout(a, name, "array", true);
-  comm::Work w = c.broadcast_async(a.mutable_data(), count_of(a), dtype_of(a, name), root);
-  return finish(std::move(w), async_op, {a}, py::none());
+  void* buf = a.mutable_data();
+  const size_t n = count_of(a);
+  const DType t = dtype_of(a, name);
+  return run(async_op, [&] { return std::vector<py::object>{a}; }, py::none(), [&] { c.broadcast(buf, n, t, root); },
+             [&] { return c.broadcast_async(buf, n, t, root); });
 }
 
 // (size, *a.shape): every rank's array, rank r at [r].
@@ -181,8 +255,11 @@ py::object all_gather(const Comm& self, py::array a, std::optional<py::array> ou
                                       dtype_name(o.dtype()), c.size(), shape_of(a),
                                       dtype_name(a.dtype())),
                           "pass out with size() x the array's elements, of its dtype, or none");
-  comm::Work w = c.all_gather_async(a.data(), o.mutable_data(), count_of(a), t);
-  return finish(std::move(w), async_op, {a, o}, o);
+  const void* in = a.data();
+  void* res = o.mutable_data();
+  const size_t n = count_of(a);
+  return run(async_op, [&] { return std::vector<py::object>{a, o}; }, o, [&] { c.all_gather(in, res, n, t); },
+             [&] { return c.all_gather_async(in, res, n, t); });
 }
 
 // The input's leading dimension is the ranks: a[r] reduced over the ranks
@@ -206,8 +283,11 @@ py::object reduce_scatter(const Comm& self, py::array a, const std::string& op, 
   check_layout(o, name, "out", true);
   if (!o.dtype().equal(a.dtype()) || o.size() * c.size() != a.size())
     check_same(a, o, name, "out");
-  comm::Work w = c.reduce_scatter_async(a.data(), o.mutable_data(), count_of(o), t, r);
-  return finish(std::move(w), async_op, {a, o}, o);
+  const void* in = a.data();
+  void* res = o.mutable_data();
+  const size_t n = count_of(o);
+  return run(async_op, [&] { return std::vector<py::object>{a, o}; }, o, [&] { c.reduce_scatter(in, res, n, t, r); },
+             [&] { return c.reduce_scatter_async(in, res, n, t, r); });
 }
 
 // a[p] goes to rank p; the result's [r] came from rank r.
@@ -221,36 +301,46 @@ py::object all_to_all(const Comm& self, py::array a, std::optional<py::array> ou
   py::array o = out ? *out : empty_like_shape(a, shape);
   check_layout(o, name, "out", true);
   check_same(a, o, name, "out");
-  comm::Work w = c.all_to_all_async(a.data(), o.mutable_data(), count_of(a) / static_cast<size_t>(c.size()), t);
-  return finish(std::move(w), async_op, {a, o}, o);
+  const void* in = a.data();
+  void* res = o.mutable_data();
+  const size_t n = count_of(a) / static_cast<size_t>(c.size());
+  return run(async_op, [&] { return std::vector<py::object>{a, o}; }, o, [&] { c.all_to_all(in, res, n, t); },
+             [&] { return c.all_to_all_async(in, res, n, t); });
 }
 
 py::object send(const Comm& self, py::array a, int dst, int tag, bool async_op) {
   const char* name = "Communicator.send";
   comm::Communicator& c = self.get(name);
   check_layout(a, name, "array", false);
-  comm::Work w = c.send_async(a.data(), count_of(a), dtype_of(a, name), dst, tag);
-  return finish(std::move(w), async_op, {a}, py::none());
+  const void* buf = a.data();
+  const size_t n = count_of(a);
+  const DType t = dtype_of(a, name);
+  return run(async_op, [&] { return std::vector<py::object>{a}; }, py::none(), [&] { c.send(buf, n, t, dst, tag); },
+             [&] { return c.send_async(buf, n, t, dst, tag); });
 }
 
 py::object recv(const Comm& self, py::array a, int src, int tag, bool async_op) {
   const char* name = "Communicator.recv";
   comm::Communicator& c = self.get(name);
   check_layout(a, name, "array", true);
-  comm::Work w = c.recv_async(a.mutable_data(), count_of(a), dtype_of(a, name), src, tag);
-  return finish(std::move(w), async_op, {a}, py::none());
+  void* buf = a.mutable_data();
+  const size_t n = count_of(a);
+  const DType t = dtype_of(a, name);
+  return run(async_op, [&] { return std::vector<py::object>{a}; }, py::none(), [&] { c.recv(buf, n, t, src, tag); },
+             [&] { return c.recv_async(buf, n, t, src, tag); });
 }
 
 py::object barrier(const Comm& self, bool async_op) {
-  comm::Work w = self.get("Communicator.barrier").barrier_async();
-  return finish(std::move(w), async_op, {}, py::none());
+  comm::Communicator& c = self.get("Communicator.barrier");
+  return run(async_op, [] { return std::vector<py::object>{}; }, py::none(),
+             [&] { c.barrier(); }, [&] { return c.barrier_async(); });
 }
 
 std::optional<Comm> split(const Comm& self, int color, int key) {
   comm::Communicator& c = self.get("Communicator.split");
   std::unique_ptr<comm::Communicator> sub;
   {
-    py::gil_scoped_release release;
+    GilRelease release;
     sub = c.split(color, key);
   }
   if (!sub) return std::nullopt;
@@ -300,10 +390,17 @@ py::list launch(py::function fn, std::optional<std::string> engine_name, std::op
   std::optional<RankFailure> first;  // the first rank whose function raised (its cause, not an echo)
   bool first_is_echo = false;
   std::exception_ptr error;
+  const bool threads = engine == "threads";
+  g_spin.store(threads && ranks >= 2 && static_cast<unsigned>(ranks) <= std::thread::hardware_concurrency());
   {
     py::gil_scoped_release release;
     try {
       comm::launch(options, [&](comm::Communicator& world) {
+        t_rank = true;
+        struct TurnGuard {
+          TurnGuard() { take_turn(); }
+          ~TurnGuard() { give_turn(); }  // after the GIL (destroyed after `gil`)
+        } turn;
         py::gil_scoped_acquire gil;
         try {
           py::object r = fn(Comm(&world, alive));

@@ -6,6 +6,7 @@ mismatched collectives, and arrays the engines cannot take. No case may
 hang: every launch has a short deadline.
 """
 
+import resource
 import time
 
 import numpy as np
@@ -124,6 +125,32 @@ def test_split_makes_subgroups():
         return sub.rank, sub.size, int(x[0]), none
 
     assert run(fn) == [(0, 2, 2, None), (0, 2, 4, None), (1, 2, 2, None), (1, 2, 4, None)]
+
+
+def test_no_copy_an_all_reduce_of_256_mib_adds_no_peak_memory():
+    def fn(w):
+        x = np.ones(64 << 20, dtype=np.float32)  # 256 MiB on each rank, touched
+        w.barrier()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        w.barrier()
+        w.all_reduce(x)
+        w.barrier()
+        added_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        return added_mib, float(x[0]), float(x[-1])
+
+    for added_mib, first, last in run(fn, ranks=2):
+        assert (first, last) == (2.0, 2.0)
+        assert added_mib < 16, added_mib
+
+
+def test_out_is_written_and_returned():
+    def fn(w):
+        out = np.empty((w.size, 3), dtype=np.float64)
+        got = w.all_gather(np.full(3, float(w.rank)), out=out)
+        return got is out, out[:, 0].tolist()
+
+    for same, column in run(fn):
+        assert same and column == [0.0, 1.0, 2.0, 3.0]
 
 
 # ---- faults ----
