@@ -34,6 +34,7 @@ from ._meshtrain import (
     AbortedError,
     CommError,
     Communicator,
+    DeviceMesh,
     EngineError,
     Error,
     InvalidArgument,
@@ -47,12 +48,14 @@ from ._meshtrain import (
     __version__,
     engine_from_environment,
     launch,
+    render_mesh,
 )
 
 __all__ = [
     "AbortedError",
     "CommError",
     "Communicator",
+    "DeviceMesh",
     "EngineError",
     "Error",
     "InvalidArgument",
@@ -66,4 +69,5 @@ __all__ = [
     "__version__",
     "engine_from_environment",
     "launch",
+    "render_mesh",
 ]

@@ -31,6 +31,7 @@
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/config/distributed_config.h"
+#include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/version.h"
@@ -158,6 +159,8 @@ class GilRelease {
 // communicators are owned (and share their world's flag).
 class Comm {
  public:
+  Comm(comm::Communicator* c, std::shared_ptr<std::atomic<bool>> alive, std::shared_ptr<void> owner)
+      : owner_(std::move(owner)), c_(c), alive_(std::move(alive)) {}
   Comm(comm::Communicator* c, std::shared_ptr<std::atomic<bool>> alive) : c_(c), alive_(std::move(alive)) {}
   Comm(std::unique_ptr<comm::Communicator> owned, std::shared_ptr<std::atomic<bool>> alive)
       : owned_(std::move(owned)), c_(owned_.get()), alive_(std::move(alive)) {}
@@ -171,9 +174,41 @@ class Comm {
   std::shared_ptr<std::atomic<bool>> alive() const { return alive_; }
 
  private:
+  std::shared_ptr<void> owner_;  // what owns *c_ when not this (a DeviceMesh)
   std::unique_ptr<comm::Communicator> owned_;
   comm::Communicator* c_;
   std::shared_ptr<std::atomic<bool>> alive_;
+};
+
+// A rank's DeviceMesh (meshtrain::mesh::DeviceMesh) over a launch's
+// communicator; its communicators keep it alive.
+class Mesh {
+ public:
+  Mesh(const Comm& world, std::vector<int> shape, std::vector<std::string> names)
+      : alive_(world.alive()) {
+    comm::Communicator& w = world.get("DeviceMesh");
+    GilRelease release;  // collective: the other ranks need the GIL to arrive
+    mesh_ = std::make_shared<mesh::DeviceMesh>(w, std::move(shape), std::move(names));
+  }
+  const mesh::DeviceMesh& get(const char* op) const {
+    if (!alive_->load())
+      throw InvalidArgument(op, "a DeviceMesh used after its launch ended",
+                            "use a rank's mesh only inside the function launch() runs");
+    return *mesh_;
+  }
+  Comm comm(const std::vector<std::string>& axes) {
+    get("DeviceMesh.comm");
+    comm::Communicator* c = nullptr;
+    {
+      GilRelease release;  // a first multi-axis request splits the world (collective)
+      c = axes.size() == 1 ? &mesh_->comm(std::string_view(axes[0])) : &mesh_->comm(axes);
+    }
+    return Comm(c, alive_, mesh_);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> alive_;
+  std::shared_ptr<mesh::DeviceMesh> mesh_;
 };
 
 // An asynchronous operation: keeps its arrays alive until waited for.
@@ -560,6 +595,49 @@ class RankError(CommError):
       .def("split", &split, py::arg("color"), py::arg("key") = 0,
            "Collective: ranks of the same color form a new Communicator, ordered by (key, rank); color < 0 "
            "returns None.");
+
+  py::class_<Mesh>(m, "DeviceMesh",
+                   "Devices as a mesh with named axes (meshtrain::mesh::DeviceMesh): DeviceMesh(world, shape, "
+                   "axis_names) is collective over the launch's world communicator (every rank passes the same "
+                   "shape and names); comm(axis) is the communicator of the ranks that differ only along it.")
+      .def(py::init<const Comm&, std::vector<int>, std::vector<std::string>>(), py::arg("world"), py::arg("shape"),
+           py::arg("axis_names"))
+      .def_property_readonly("shape", [](const Mesh& m) { return m.get("DeviceMesh.shape").shape(); })
+      .def_property_readonly("axis_names", [](const Mesh& m) { return m.get("DeviceMesh.axis_names").axis_names(); })
+      .def_property_readonly("ndim", [](const Mesh& m) { return m.get("DeviceMesh.ndim").ndim(); })
+      .def_property_readonly("size", [](const Mesh& m) { return m.get("DeviceMesh.size").size(); },
+                             "The number of ranks (the product of the shape).")
+      .def_property_readonly("rank", [](const Mesh& m) { return m.get("DeviceMesh.rank").rank(); },
+                             "This rank's world rank.")
+      .def_property_readonly("coords", [](const Mesh& m) { return m.get("DeviceMesh.coords").coords(); },
+                             "This rank's coordinates (row-major: the last axis fastest).")
+      .def("coords_of", [](const Mesh& m, int rank) { return m.get("DeviceMesh.coords_of").coords_of(rank); },
+           py::arg("rank"))
+      .def("rank_of", [](const Mesh& m, std::vector<int> c) { return m.get("DeviceMesh.rank_of").rank_of(c); },
+           py::arg("coords"))
+      .def("axis_size", [](const Mesh& m, const std::string& a) { return m.get("DeviceMesh.axis_size").axis_size(a); },
+           py::arg("axis"))
+      .def("axis_rank", [](const Mesh& m, const std::string& a) { return m.get("DeviceMesh.axis_rank").axis_rank(a); },
+           py::arg("axis"), "This rank's coordinate along the axis.")
+      .def("comm", [](Mesh& m, const std::string& axis) { return m.comm({axis}); }, py::arg("axis"),
+           "The Communicator along one axis (no communication).")
+      .def("comm", [](Mesh& m, const std::vector<std::string>& axes) { return m.comm(axes); }, py::arg("axes"),
+           "The Communicator spanning several axes, ranked row-major over them in the order given (the first "
+           "request for a list is collective over the world).")
+      .def("group_ranks",
+           [](const Mesh& m, const std::vector<std::string>& axes) {
+             return m.get("DeviceMesh.group_ranks").group_ranks(axes);
+           },
+           py::arg("axes"), "World ranks of this rank's group along the axes.")
+      .def("all_groups",
+           [](const Mesh& m, const std::vector<std::string>& axes) {
+             return m.get("DeviceMesh.all_groups").all_groups(axes);
+           },
+           py::arg("axes"), "Every group along the axes.")
+      .def("__str__", [](const Mesh& m) { return m.get("DeviceMesh.__str__").to_string(); },
+           "The text picture of the mesh (render_mesh).");
+  m.def("render_mesh", &mesh::render_mesh, py::arg("shape"), py::arg("axis_names"),
+        "A text picture of a mesh: its grid of world ranks and every axis's groups (no communicator needed).");
 
   m.def("launch", &launch, py::arg("fn"), py::arg("engine") = py::none(), py::arg("ranks") = py::none(),
         py::arg("timeout") = static_cast<double>(comm::kDefaultTimeout.count()) / 1000,
