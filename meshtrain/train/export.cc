@@ -40,6 +40,38 @@ std::optional<std::string> checkpoint_of(const std::string& run, std::optional<i
 
 }  // namespace
 
+RunModel read_run_model(const std::string& run_dir, std::optional<int64_t> step, const char* op) {
+  RunModel r;
+  if (const auto dir = checkpoint_of(run_dir, step)) {
+    const CheckpointIndex index = read_checkpoint_index(*dir);
+    try {
+      r.model = nlohmann::json::parse(index.metadata).at("model").get<std::string>();
+    } catch (const nlohmann::json::exception&) {
+      throw IoError(op, fmt::format("{}: the index names no model", *dir), "give a training run's checkpoint");
+    }
+    std::vector<CheckpointPiece> wanted;
+    for (const CheckpointIndex::Entry& e : index.tensors)
+      if (e.name.rfind("model/", 0) == 0) wanted.push_back({e.name, sharding::Placement::whole(e.shape), Tensor()});
+    load_checkpoint_pieces(index, wanted);
+    for (CheckpointPiece& p : wanted) r.tensors.emplace_back(p.name.substr(6), p.data.view(p.placement.shape));
+    r.source = fmt::format("{} (step {})", *dir, index.step);
+  } else if (step) {
+    throw InvalidArgument(op, fmt::format("'{}' has no checkpoint of step {}", run_dir, *step),
+                          "list <run>/checkpoints for the steps it holds, or leave the step out");
+  } else {
+    const std::string file = (fs::path(run_dir) / "model.safetensors").string();
+    const std::string config = (fs::path(run_dir) / "config.toml").string();
+    if (!fs::exists(file) || !fs::exists(config))
+      throw IoError(op, fmt::format("'{}' holds neither checkpoints nor model.safetensors and config.toml", run_dir),
+                    "give the directory of a training run (--run-dir)");
+    r.model = TrainConfig::from_toml_file(config).model;
+    r.tensors = load_safetensors(file);
+    r.source = file;
+  }
+  if (r.tensors.empty()) throw IoError(op, fmt::format("{} holds no model tensors", r.source), "");
+  return r;
+}
+
 std::string export_model(const std::string& run_dir, const std::string& out, std::optional<int64_t> step) {
   const char* op = "meshtrain export";
   // The run's files are the run's: an export into them would replace its
@@ -55,36 +87,8 @@ std::string export_model(const std::string& run_dir, const std::string& out, std
                               "write the export outside the run, e.g. --out model_torch.safetensors");
     }
   }
-  NamedTensors tensors;
-  std::string model, source;
-  if (const auto dir = checkpoint_of(run_dir, step)) {
-    const CheckpointIndex index = read_checkpoint_index(*dir);
-    try {
-      model = nlohmann::json::parse(index.metadata).at("model").get<std::string>();
-    } catch (const nlohmann::json::exception&) {
-      throw IoError(op, fmt::format("{}: the index names no model", *dir), "export a training run's checkpoint");
-    }
-    std::vector<CheckpointPiece> wanted;
-    for (const CheckpointIndex::Entry& e : index.tensors)
-      if (e.name.rfind("model/", 0) == 0) wanted.push_back({e.name, sharding::Placement::whole(e.shape), Tensor()});
-    load_checkpoint_pieces(index, wanted);
-    for (CheckpointPiece& p : wanted) tensors.emplace_back(p.name.substr(6), p.data.view(p.placement.shape));
-    source = fmt::format("{} (step {})", *dir, index.step);
-  } else if (step) {
-    throw InvalidArgument(op, fmt::format("'{}' has no checkpoint of step {}", run_dir, *step),
-                          "list <run>/checkpoints for the steps it holds, or leave --step out");
-  } else {
-    const std::string file = (fs::path(run_dir) / "model.safetensors").string();
-    const std::string config = (fs::path(run_dir) / "config.toml").string();
-    if (!fs::exists(file) || !fs::exists(config))
-      throw IoError(op, fmt::format("'{}' holds neither checkpoints nor model.safetensors and config.toml", run_dir),
-                    "give the directory of a training run (--run-dir)");
-    model = TrainConfig::from_toml_file(config).model;
-    tensors = load_safetensors(file);
-    source = file;
-  }
-  if (tensors.empty()) throw IoError(op, fmt::format("{} holds no model tensors", source), "");
-  return checkpoint::write_model_file(out, model, std::move(tensors), source);
+  RunModel r = read_run_model(run_dir, step, op);
+  return checkpoint::write_model_file(out, r.model, std::move(r.tensors), r.source);
 }
 
 }  // namespace meshtrain::train

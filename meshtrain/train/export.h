@@ -26,4 +26,14 @@ using checkpoint::NamedTensors;
 // refuses an `out` inside the run directory.
 std::string export_model(const std::string& run_dir, const std::string& out, std::optional<int64_t> step = {});
 
+// The whole model of a run, in meshtrain's names and layout (what
+// export_model writes, before PyTorch's layout): from the same place.
+struct RunModel {
+  std::string model;     // the recipe: "gpt", "mlp", ...
+  NamedTensors tensors;  // every parameter, whole
+  std::string source;    // "<run>/checkpoints/step_00000020 (step 20)" or the model file
+};
+RunModel read_run_model(const std::string& run_dir, std::optional<int64_t> step = {},
+                        const char* op = "meshtrain export");
+
 }  // namespace meshtrain::train

@@ -36,6 +36,7 @@
 #include "meshtrain/sharding/partition_spec.h"
 #include "meshtrain/sharding/sharded_tensor.h"
 #include "meshtrain/sharding/visualize.h"
+#include "meshtrain/train/export.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/version.h"
@@ -862,6 +863,22 @@ class RankError(CommError):
       },
       py::arg("layout"), py::arg("width") = 48, py::arg("height") = 8, py::arg("svg") = false,
       "A picture of which ranks hold which block of a 1-D or 2-D tensor: text, or an SVG document.");
+
+  m.def(
+      "load",
+      [](const std::string& run_dir, std::optional<int64_t> step) {
+        train::RunModel r;
+        {
+          py::gil_scoped_release release;
+          r = train::read_run_model(run_dir, step, "meshtrain.load");
+        }
+        py::dict out;
+        for (const auto& [name, tensor] : r.tensors) out[py::str(name)] = numpy_view(tensor, "meshtrain.load");
+        return out;
+      },
+      py::arg("run_dir"), py::arg("step") = py::none(),
+      "A training run's model as {name: numpy array} in meshtrain's names and layout: from its newest checkpoint "
+      "(or step's), else its model.safetensors; an interrupted run's staging directory first.");
 
   m.def("launch", &launch, py::arg("fn"), py::arg("engine") = py::none(), py::arg("ranks") = py::none(),
         py::arg("timeout") = static_cast<double>(comm::kDefaultTimeout.count()) / 1000,
