@@ -41,6 +41,7 @@ from ._meshtrain import (
     Layout,
     IoError,
     MismatchError,
+    NamedShape,
     OutOfMemory,
     PartitionSpec,
     RankError,
@@ -71,6 +72,7 @@ __all__ = [
     "Layout",
     "IoError",
     "MismatchError",
+    "NamedShape",
     "OutOfMemory",
     "PartitionSpec",
     "RankError",
@@ -89,3 +91,5 @@ __all__ = [
     "render_mesh",
     "visualize_sharding",
 ]
+
+from . import scaling  # noqa: E402  (the seeds' names: meshtrain.scaling.mesh_utils, .sharding)

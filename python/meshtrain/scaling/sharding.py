@@ -1,0 +1,148 @@
+"""Sharding configs and strategies by the seeds' names.
+
+``ShardingConfig`` and ``ParallelismConfig`` are meshtrain's
+(config/sharding_config.h). The strategies take the seeds' constructor
+arguments (``axis_name``, ``mesh_axis``, ...) and answer with meshtrain's
+rules (sharding/strategy.h, docs/strategies.md): linear weights are
+(in_features, out_features), sizes are element counts, a mesh axis splits at
+most one dimension. ``mesh_axis`` is kept for the seeds' signature; as in
+the seeds, nothing reads it.
+"""
+
+from .. import _meshtrain
+
+PartitionSpec = _meshtrain.PartitionSpec
+ShardingConfig = _meshtrain.ShardingConfig
+ParallelismConfig = _meshtrain.ParallelismConfig
+
+__all__ = [
+    "DataParallelStrategy",
+    "FSDPStrategy",
+    "ParallelismConfig",
+    "PartitionSpec",
+    "PipelineParallelStrategy",
+    "ShardingConfig",
+    "ShardingStrategy",
+    "TensorParallelStrategy",
+]
+
+
+class ShardingStrategy:
+    """A rule from tensors to PartitionSpecs over one mesh axis."""
+
+    def __init__(self, axis_name, mesh_axis=0):
+        self.axis_name = axis_name
+        self.mesh_axis = mesh_axis
+
+    def get_partition_spec(self, dim_names):
+        """The spec of a tensor whose dimensions are named ``dim_names``."""
+        raise NotImplementedError
+
+    def get_sharding_constraints(self):
+        return {"axis_name": self.axis_name, "mesh_axis": self.mesh_axis}
+
+
+class DataParallelStrategy(ShardingStrategy):
+    """The batch split over ``axis_name``; parameters replicated."""
+
+    def __init__(self, axis_name="data", mesh_axis=0):
+        super().__init__(axis_name, mesh_axis)
+
+    def get_partition_spec(self, dim_names):
+        """The axis on the dimension named "batch" (the first one; dimension 0 when none is).
+
+        ``("batch", "sequence", "hidden")`` -> ``PartitionSpec('data', None, None)``.
+        One dimension only: the seeds' put the axis on every dimension named
+        "batch", which no mesh can lay out.
+        """
+        names = list(dim_names)
+        batch_dim = names.index("batch") if "batch" in names else 0
+        return _meshtrain._batch_spec(self.axis_name, len(names), batch_dim)
+
+
+class FSDPStrategy(ShardingStrategy):
+    """ZeRO-3 over ``axis_name``: weights with at least ``min_weight_size`` elements are sharded."""
+
+    def __init__(self, axis_name="fsdp", mesh_axis=0, min_weight_size=1024):
+        super().__init__(axis_name, mesh_axis)
+        self.min_weight_size = min_weight_size
+
+    def should_shard_weight(self, weight):
+        """True when ``weight`` (an array or a shape) has at least min_weight_size elements.
+
+        meshtrain counts elements (the seeds' compared the first dimension).
+        """
+        shape = getattr(weight, "shape", weight)
+        numel = 1
+        for n in shape:
+            numel *= int(n)
+        return _meshtrain._fsdp_large_enough(numel, self.min_weight_size)
+
+
+class TensorParallelStrategy(ShardingStrategy):
+    """Layers split over ``axis_name`` (Megatron's column and row splits).
+
+    Weights are (in_features, out_features). ``shard_dimension`` picks the
+    linear weights' split: "out_features" (column-parallel, the default) or
+    "in_features" (row-parallel).
+    """
+
+    def __init__(self, axis_name="tensor", mesh_axis=1, shard_dimension=None):
+        super().__init__(axis_name, mesh_axis)
+        if shard_dimension not in (None, "out_features", "in_features"):
+            raise _meshtrain.InvalidArgument(
+                f"TensorParallelStrategy: shard_dimension '{shard_dimension}' (hint: use out_features, "
+                "in_features or None)")
+        self.shard_dimension = shard_dimension
+        self._specs = _meshtrain._tensor_specs(axis_name)
+
+    def get_attention_qkv_spec(self):
+        """Column-parallel: the output features split, ``PartitionSpec(None, axis)``."""
+        return self._specs["attention_qkv"]
+
+    def get_attention_output_spec(self):
+        """Row-parallel: the input features split, ``PartitionSpec(axis, None)``."""
+        return self._specs["attention_output"]
+
+    def get_linear_weight_spec(self):
+        """The linear weight's spec for ``shard_dimension`` (out_features: column, in_features: row).
+
+        The seeds' assumed (out, in) weights here and (in, out) for attention;
+        meshtrain's are (in, out) everywhere.
+        """
+        return self._specs["row_weight" if self.shard_dimension == "in_features" else "column_weight"]
+
+    def get_partition_spec(self, dim_names):
+        """The axis on the dimension named ``shard_dimension`` (else "hidden"): the first one only."""
+        names = list(dim_names)
+        target = self.shard_dimension or "hidden"
+        return PartitionSpec(*[self.axis_name if n == target and names.index(n) == i else None
+                               for i, n in enumerate(names)])
+
+
+class PipelineParallelStrategy(ShardingStrategy):
+    """Layers cut into ``num_stages`` consecutive stages over ``axis_name``."""
+
+    def __init__(self, axis_name="pipeline", mesh_axis=0, num_stages=1):
+        super().__init__(axis_name, mesh_axis)
+        self.num_stages = num_stages
+
+    def assign_layers_to_stages(self, num_layers):
+        """Layers per stage, balanced by count: 24 layers on 4 stages -> [6, 6, 6, 6].
+
+        A stage is never empty: fewer layers than stages raise InvalidArgument
+        (the seeds' returned [1, 1, 1, 0]).
+        """
+        return _meshtrain._assign_layers_to_stages(self.axis_name, self.num_stages, num_layers)
+
+    def get_forward_communication_pattern(self):
+        """(sender, receiver) stage pairs of the activations: stage i to i + 1."""
+        return [(i, i + 1) for i in range(self.num_stages - 1)]
+
+    def get_backward_communication_pattern(self):
+        """(sender, receiver) stage pairs of the gradients: stage i + 1 to i."""
+        return [(i + 1, i) for i in range(self.num_stages - 1)]
+
+    def get_partition_spec(self, dim_names):
+        """Replicated within a stage: ``PartitionSpec(None, ...)``."""
+        return PartitionSpec(*[None for _ in dim_names])
