@@ -47,6 +47,7 @@ from ._meshtrain import (
     RankError,
     ShardedTensor,
     TimeoutError,
+    TrainResult,
     Unsupported,
     Work,
     __version__,
@@ -58,6 +59,7 @@ from ._meshtrain import (
     load,
     redistribute,
     render_mesh,
+    train,
     visualize_sharding,
 )
 
@@ -78,6 +80,7 @@ __all__ = [
     "RankError",
     "ShardedTensor",
     "TimeoutError",
+    "TrainResult",
     "Unsupported",
     "Work",
     "__version__",
@@ -89,6 +92,7 @@ __all__ = [
     "load",
     "redistribute",
     "render_mesh",
+    "train",
     "visualize_sharding",
 ]
 

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "meshtrain/comm/communicator.h"
+#include "meshtrain/comm/engine_registry.h"
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/config/sharding_config.h"
@@ -41,7 +42,9 @@
 #include "meshtrain/sharding/partition_spec.h"
 #include "meshtrain/sharding/sharded_tensor.h"
 #include "meshtrain/sharding/visualize.h"
+#include "meshtrain/config/job_overrides.h"
 #include "meshtrain/train/export.h"
+#include "meshtrain/train/trainer.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/version.h"
@@ -987,6 +990,74 @@ class RankError(CommError):
         },
         py::arg("axis"), py::arg("num_stages"), py::arg("num_layers"));
   m.def("_fsdp_large_enough", &sharding::FSDPStrategy::large_enough, py::arg("numel"), py::arg("min_weight_size"));
+
+  py::class_<train::TrainResult>(m, "TrainResult", "What meshtrain.train returns (train::TrainResult).")
+      .def_readonly("steps", &train::TrainResult::steps)
+      .def_readonly("seconds", &train::TrainResult::seconds, "Wall time of the training loop.")
+      .def_readonly("samples_per_second", &train::TrainResult::samples_per_second)
+      .def_readonly("step_losses", &train::TrainResult::step_losses, "Every step's global loss.")
+      .def_readonly("final_train_loss", &train::TrainResult::final_train_loss)
+      .def_readonly("test_loss", &train::TrainResult::test_loss)
+      .def_readonly("test_accuracy", &train::TrainResult::test_accuracy)
+      .def_property_readonly("test_metrics",
+                             [](const train::TrainResult& r) {
+                               py::dict d;
+                               for (const auto& [k, v] : r.test_metrics) d[py::str(k)] = v;
+                               return d;
+                             },
+                             "The final evaluation's metrics by name.")
+      .def_readonly("test_summary", &train::TrainResult::test_summary, "The recipe's final line.")
+      .def_readonly("run_dir", &train::TrainResult::run_dir)
+      .def_readonly("artifacts", &train::TrainResult::artifacts)
+      .def_readonly("parallelism", &train::TrainResult::parallelism)
+      .def("__repr__", [](const train::TrainResult& r) {
+        return fmt::format("TrainResult({} steps, {}, run_dir '{}')", r.steps, r.test_summary, r.run_dir);
+      });
+  m.def(
+      "train",
+      [](std::optional<std::string> config_file, const py::kwargs& overrides) {
+        const char* op = "meshtrain.train";
+        train::TrainConfig tc = config_file ? train::TrainConfig::from_toml_file(*config_file) : train::TrainConfig{};
+        config::JobOverrides job{.config_source = config_file.value_or("")};
+        job.gloo_available = comm::engines().find("gloo") != nullptr;
+        std::string timeout = "300";
+        for (const auto& [k, v] : overrides) {
+          const std::string key = k.cast<std::string>();
+          // Python values as the TOML and the flags spell them.
+          std::string text;
+          if (py::isinstance<py::bool_>(v)) text = v.cast<bool>() ? "true" : "false";
+          else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+            for (const py::handle item : v) text += (text.empty() ? "" : ",") + py::str(item).cast<std::string>();
+          } else text = py::str(v).cast<std::string>();
+          if (key == "engine") job.engine = text;
+          else if (key == "devices") job.devices = text;
+          else if (key == "mesh") job.mesh = text;
+          else if (key == "mixed_precision") job.mixed_precision = text;
+          else if (key == "precision") job.precision = text;
+          else if (key == "timeout") timeout = text;
+          else tc.set(key, text, fmt::format("{}({}=...)", op, key));
+        }
+        tc.validate();
+        config::DistributedConfig dc = config_file ? config::DistributedConfig::from_toml_file(*config_file)
+                                                   : config::DistributedConfig{};
+        dc = config::apply_job_overrides(dc.with_env(config::read_launcher_env()), job);
+        const double seconds = std::stod(timeout);
+        const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
+        const comm::LaunchOptions launch{.engine = dc.backend,
+                                         .ranks = dc.backend == comm::Engine::threads ? dc.world_size : 0,
+                                         .timeout = to_ms(seconds, op)};
+        train::TrainResult r;
+        {
+          py::gil_scoped_release release;  // the trainer's ranks run no Python
+          r = train::run_training(resolved, dc, launch);
+        }
+        return r;
+      },
+      py::arg("config") = py::none(),
+      "Runs the trainer as `meshtrain train` does: `config` a TOML file (its [train] and [distributed] "
+      "sections), keyword overrides its keys (the TOML names: model, max_steps, batch_size, run_dir, ...) and "
+      "engine, devices, mesh, precision, timeout as the flags. Returns a TrainResult (per-step losses, the final "
+      "evaluation, the run directory). The GIL is released while it trains.");
 
   m.def("launch", &launch, py::arg("fn"), py::arg("engine") = py::none(), py::arg("ranks") = py::none(),
         py::arg("timeout") = static_cast<double>(comm::kDefaultTimeout.count()) / 1000,
