@@ -36,35 +36,12 @@ namespace {
 // GPT-3's shapes (Brown et al. 2020, table 2.1, with heads that divide the
 // width) and Llama-2's 7B and 70B dimensions, all as meshtrain's GPT-2 block
 // (a 4C MLP, full multi-head attention, tied head).
-struct Preset {
-  const char* name;
-  int64_t layers, heads, width, vocab;
-};
-constexpr std::array<Preset, 10> kPresets = {{{"124M", 12, 12, 768, 50257},
-                                              {"350M", 24, 16, 1024, 50257},
-                                              {"760M", 24, 16, 1536, 50257},
-                                              {"1.3B", 24, 32, 2048, 50257},
-                                              {"2.7B", 32, 32, 2560, 50257},
-                                              {"6.7B", 32, 32, 4096, 50257},
-                                              {"13B", 40, 40, 5120, 50257},
-                                              {"175B", 96, 96, 12288, 50257},
-                                              {"llama2-7B", 32, 32, 4096, 32000},
-                                              {"llama2-70B", 80, 64, 8192, 32000}}};
-
-struct PlanFlags {
-  std::string size;
-  int64_t layers = 4, heads = 4, width = 256, vocab = 8192, seq = 64, batch = 32;
-  std::string mesh = "data=1";
-  std::string fsdp;
-  std::string precision = "fp32";
-  int micro_batches = 1;
-  std::string schedule = "1f1b";
-  int virtual_stages = 1;
-  bool sequence_parallel = false, recompute = false, json = false;
+// The model and layout (train::PlanRequest, resolved by the library as
+// meshtrain.plan resolves it) and what only the command does.
+struct PlanFlags : train::PlanRequest {
+  bool json = false;
   std::string svg;       // write the per-device memory picture here (--devices: the pick's mesh)
   std::string mesh_svg;  // write the mesh picture here
-  std::string cp_comm = "ring";
-  int64_t min_weight_size = 1024;
   std::string hardware;   // price the step on it: a preset or a --calibrate file
   std::string calibrate;  // measure this machine, write its rates here
   bool check = false;     // train the check's layouts here, predicted against measured
@@ -107,12 +84,6 @@ void print_time(const plan::TimePrediction& t, const plan::Hardware& hw, const p
   fmt::print(" ({:.0f}% of the sustained GEMM rate)\n", 100 * per_device / peak);
   for (const auto& [group, s] : t.slowest().comm_by_group)
     fmt::print("  {:<14} {:.3f} ms of communication per step\n", group, s * 1e3);
-}
-
-std::string preset_names() {
-  std::string out;
-  for (const Preset& p : kPresets) out += (out.empty() ? "" : ", ") + std::string(p.name);
-  return out;
 }
 
 // The unit of the table and the picture: the largest of GiB, MiB, KiB
@@ -203,41 +174,12 @@ std::string memory_svg(const plan::MemoryPrediction& m, const std::string& title
 }
 
 int run_plan(PlanFlags f) {
-  if (!f.size.empty()) {
-    const Preset* p = nullptr;
-    for (const Preset& q : kPresets)
-      if (f.size == q.name) p = &q;
-    if (p == nullptr)
-      throw InvalidArgument("meshtrain plan", fmt::format("--size {}: no such model", f.size),
-                            fmt::format("use one of {}, or give --layers, --heads, --width and --vocab", preset_names()));
-    f.layers = p->layers;
-    f.heads = p->heads;
-    f.width = p->width;
-    f.vocab = p->vocab;
-  }
-  const DType precision = layout::parse_precision(f.precision, "--precision");
-  const layout::ContextComm cp_comm = layout::parse_context_comm(f.cp_comm, "--cp-comm");
-  const mesh::NamedShape mesh = mesh::parse_mesh_spec(f.mesh);
-  // The one layout value, as the trainer resolves it (an fsdp axis shards
-  // fully unless told; mixed precision without a strategy runs as no_shard).
-  layout::TrainingLayout run{.mesh = mesh,
-                             .fsdp_min_weight_size = f.min_weight_size,
-                             .param_dtype = precision,
-                             .sequence_parallel = f.sequence_parallel,
-                             .schedule = layout::parse_schedule_kind(f.schedule),
-                             .virtual_stages = f.virtual_stages,
-                             .micro_batches = f.micro_batches,
-                             .cp_comm = cp_comm};
-  try {
-    run.fsdp = layout::resolve_fsdp_mode(f.fsdp, mesh, precision);
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument("--fsdp", e.detail(), e.hint());
-  }
-  plan::TrainingLayout l{.recompute = f.recompute, .batch = f.batch};
-  l.set_layout(run);
-  const std::string fsdp = run.fsdp ? run.fsdp->name() : "";
-  const plan::GptShape g = train::with_gpt_model(
-      {.vocab = f.vocab, .seq = f.seq, .layers = f.layers, .heads = f.heads, .width = f.width});
+  const train::PlannedRun planned = train::resolve_plan_request(f);
+  const plan::GptShape& g = planned.shape;
+  const plan::TrainingLayout& l = planned.layout;
+  const std::string& fsdp = planned.fsdp;
+  const DType precision = l.param_dtype;
+  const layout::ContextComm cp_comm = l.cp_comm;
   if (f.published) return run_published_runs();
   if (f.devices > 0) {
     if (f.hardware.empty())
@@ -273,8 +215,8 @@ int run_plan(PlanFlags f) {
   const plan::DeviceMemory& worst = m.worst();
   if (!f.svg.empty()) {
     std::ofstream out(f.svg);
-    out << memory_svg(m, escape_xml(fmt::format("memory per device: GPT {} layers, width {}, mesh {}", f.layers,
-                                                f.width, f.mesh)));
+    out << memory_svg(m, escape_xml(fmt::format("memory per device: GPT {} layers, width {}, mesh {}", g.layers,
+                                                g.width, f.mesh)));
     if (!out) throw IoError("meshtrain plan", fmt::format("--svg {}: cannot write it", f.svg), "check the path");
   }
   if (!f.mesh_svg.empty()) {
@@ -283,7 +225,7 @@ int run_plan(PlanFlags f) {
     const size_t space = options.find(' ');
     MeshPictureOptions o{.devices_per_node = hw ? hw->devices_per_node : 8,
                          .title = fmt::format("{}{}: {}{}",
-                                              f.size.empty() ? fmt::format("GPT {} layers, width {}", f.layers, f.width)
+                                              f.size.empty() ? fmt::format("GPT {} layers, width {}", g.layers, g.width)
                                                              : fmt::format("GPT {}", f.size),
                                               hw ? fmt::format(" on {} x {}", l.devices(), hw->name) : "", f.mesh,
                                               space == std::string::npos ? "" : options.substr(space))};
@@ -292,7 +234,7 @@ int run_plan(PlanFlags f) {
   }
   if (f.json) {
     nlohmann::json j;
-    j["model"] = {{"layers", f.layers}, {"heads", f.heads}, {"width", f.width}, {"vocab", f.vocab}, {"seq", f.seq}};
+    j["model"] = {{"layers", g.layers}, {"heads", g.heads}, {"width", g.width}, {"vocab", g.vocab}, {"seq", f.seq}};
     j["mesh"] = f.mesh;
     j["fsdp"] = fsdp;
     j["precision"] = f.precision;
@@ -318,10 +260,10 @@ int run_plan(PlanFlags f) {
     return 0;
   }
   print_config("plan", {{"model", f.size.empty() ? "gpt" : "gpt " + f.size},
-                        {"layers", std::to_string(f.layers)},
-                        {"heads", std::to_string(f.heads)},
-                        {"width", std::to_string(f.width)},
-                        {"vocab", std::to_string(f.vocab)},
+                        {"layers", std::to_string(g.layers)},
+                        {"heads", std::to_string(g.heads)},
+                        {"width", std::to_string(g.width)},
+                        {"vocab", std::to_string(g.vocab)},
                         {"seq", std::to_string(f.seq)},
                         {"batch", std::to_string(f.batch)},
                         {"mesh", f.mesh},
@@ -354,7 +296,7 @@ int run_plan(PlanFlags f) {
 std::vector<Command> add_plan_commands(CLI::App& app) {
   auto f = std::make_shared<PlanFlags>();
   auto* cmd = app.add_subcommand("plan", "memory per device of training the GPT under a mesh, before any job runs");
-  cmd->add_option("--size", f->size, fmt::format("a preset model: {}", preset_names()));
+  cmd->add_option("--size", f->size, fmt::format("a preset model: {}", train::gpt_preset_names()));
   cmd->add_option("--layers", f->layers, "GPT blocks")->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_option("--heads", f->heads, "attention heads")->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_option("--width", f->width, "model width")->capture_default_str()->check(CLI::Range(1, 1 << 20));

@@ -1,9 +1,15 @@
 #include "meshtrain/train/model_parameters.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <array>
 #include <map>
 #include <mutex>
 
+#include "meshtrain/core/error.h"
+#include "meshtrain/layout/vocabulary.h"
+#include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/parallel/fully_sharded.h"
@@ -73,6 +79,66 @@ std::vector<layout::ModelParameter> mlp_parameters(const std::vector<int64_t>& s
     for (layout::ModelParameter& p : parallel::model_parameters(mlp, {}, static_cast<int>(s)))
       out.push_back(std::move(p));
   }
+  return out;
+}
+
+namespace {
+
+constexpr std::array<GptPreset, 10> kGptPresets = {{{"124M", 12, 12, 768, 50257},
+                                                   {"350M", 24, 16, 1024, 50257},
+                                                   {"760M", 24, 16, 1536, 50257},
+                                                   {"1.3B", 24, 32, 2048, 50257},
+                                                   {"2.7B", 32, 32, 2560, 50257},
+                                                   {"6.7B", 32, 32, 4096, 50257},
+                                                   {"13B", 40, 40, 5120, 50257},
+                                                   {"175B", 96, 96, 12288, 50257},
+                                                   {"llama2-7B", 32, 32, 4096, 32000},
+                                                   {"llama2-70B", 80, 64, 8192, 32000}}};
+
+}  // namespace
+
+std::span<const GptPreset> gpt_presets() { return kGptPresets; }
+
+std::string gpt_preset_names() {
+  std::string out;
+  for (const GptPreset& p : kGptPresets) out += (out.empty() ? "" : ", ") + std::string(p.name);
+  return out;
+}
+
+PlannedRun resolve_plan_request(const PlanRequest& r) {
+  int64_t layers = r.layers, heads = r.heads, width = r.width, vocab = r.vocab;
+  if (!r.size.empty()) {
+    const GptPreset* p = nullptr;
+    for (const GptPreset& q : kGptPresets)
+      if (r.size == q.name) p = &q;
+    if (p == nullptr)
+      throw InvalidArgument("meshtrain plan", fmt::format("--size {}: no such model", r.size),
+                            fmt::format("use one of {}, or give --layers, --heads, --width and --vocab",
+                                        gpt_preset_names()));
+    layers = p->layers, heads = p->heads, width = p->width, vocab = p->vocab;
+  }
+  const DType precision = layout::parse_precision(r.precision, "--precision");
+  const mesh::NamedShape mesh = mesh::parse_mesh_spec(r.mesh);
+  // The one layout value, as the trainer resolves it (an fsdp axis shards
+  // fully unless told; mixed precision without a strategy runs as no_shard).
+  layout::TrainingLayout run{.mesh = mesh,
+                             .fsdp_min_weight_size = r.min_weight_size,
+                             .param_dtype = precision,
+                             .sequence_parallel = r.sequence_parallel,
+                             .schedule = layout::parse_schedule_kind(r.schedule),
+                             .virtual_stages = r.virtual_stages,
+                             .micro_batches = r.micro_batches,
+                             .cp_comm = layout::parse_context_comm(r.cp_comm, "--cp-comm")};
+  try {
+    run.fsdp = layout::resolve_fsdp_mode(r.fsdp, mesh, precision);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument("--fsdp", e.detail(), e.hint());
+  }
+  PlannedRun out{.shape = with_gpt_model(
+                     {.vocab = vocab, .seq = r.seq, .layers = layers, .heads = heads, .width = width}),
+                 .layout = {.recompute = r.recompute, .batch = r.batch},
+                 .fsdp = run.fsdp ? run.fsdp->name() : ""};
+  out.layout.set_layout(run);
   return out;
 }
 

@@ -17,9 +17,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "meshtrain/layout/placement_rule.h"
+#include "meshtrain/plan/memory_model.h"
 #include "meshtrain/plan/model_description.h"
 
 namespace meshtrain::train {
@@ -40,5 +44,41 @@ plan::GptShape with_gpt_model(plan::GptShape shape);
 // its cut keeps a column/row pair of Linears on one stage, so the list
 // depends on it. Units: one per Linear, as the recipe's.
 std::vector<layout::ModelParameter> mlp_parameters(const std::vector<int64_t>& sizes, int tensor, int stages);
+
+// GPT sizes by name: GPT-2/3's (124M ... 175B) and Llama 2's (llama2-7B,
+// llama2-70B), for `meshtrain plan --size` and meshtrain.plan(size=...).
+struct GptPreset {
+  const char* name;
+  int64_t layers, heads, width, vocab;
+};
+std::span<const GptPreset> gpt_presets();
+std::string gpt_preset_names();  // "124M, 350M, ..."
+
+// What the planner is asked about: a GPT (a preset, else the sizes) and
+// how it is laid out, in the flags' words (`meshtrain plan`'s options,
+// meshtrain.plan's keywords).
+struct PlanRequest {
+  std::string size;  // a preset name; "" = layers, heads, width, vocab
+  int64_t layers = 4, heads = 4, width = 256, vocab = 8192, seq = 64, batch = 32;
+  std::string mesh = "data=1";
+  std::string fsdp;  // "": the trainer's default for the mesh (layout::resolve_fsdp_mode)
+  std::string precision = "fp32";
+  int micro_batches = 1;
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  bool sequence_parallel = false, recompute = false;
+  std::string cp_comm = "ring";
+  int64_t min_weight_size = 1024;
+};
+
+// The request resolved as the trainer resolves a run: the model (with its
+// parameters) and the layout. InvalidArgument naming the flag for an
+// unknown preset, mesh, strategy, precision, schedule or exchange.
+struct PlannedRun {
+  plan::GptShape shape;
+  plan::TrainingLayout layout;
+  std::string fsdp;  // the resolved strategy's name ("" = plain data parallelism)
+};
+PlannedRun resolve_plan_request(const PlanRequest& request);
 
 }  // namespace meshtrain::train

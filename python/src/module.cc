@@ -43,7 +43,9 @@
 #include "meshtrain/sharding/sharded_tensor.h"
 #include "meshtrain/sharding/visualize.h"
 #include "meshtrain/config/job_overrides.h"
+#include "meshtrain/plan/time_model.h"
 #include "meshtrain/train/export.h"
+#include "meshtrain/train/model_parameters.h"
 #include "meshtrain/train/trainer.h"
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/core/error.h"
@@ -1058,6 +1060,101 @@ class RankError(CommError):
       "sections), keyword overrides its keys (the TOML names: model, max_steps, batch_size, run_dir, ...) and "
       "engine, devices, mesh, precision, timeout as the flags. Returns a TrainResult (per-step losses, the final "
       "evaluation, the run directory). The GIL is released while it trains.");
+
+  m.def(
+      "plan",
+      [](std::optional<std::string> hardware, const py::kwargs& kwargs) {
+        const char* op = "meshtrain.plan";
+        train::PlanRequest r;
+        for (const auto& [k, v] : kwargs) {
+          const std::string key = k.cast<std::string>();
+          if (key == "size") r.size = v.cast<std::string>();
+          else if (key == "layers") r.layers = v.cast<int64_t>();
+          else if (key == "heads") r.heads = v.cast<int64_t>();
+          else if (key == "width") r.width = v.cast<int64_t>();
+          else if (key == "vocab") r.vocab = v.cast<int64_t>();
+          else if (key == "seq") r.seq = v.cast<int64_t>();
+          else if (key == "batch") r.batch = v.cast<int64_t>();
+          else if (key == "mesh") r.mesh = v.cast<std::string>();
+          else if (key == "fsdp") r.fsdp = v.cast<std::string>();
+          else if (key == "precision") r.precision = v.cast<std::string>();
+          else if (key == "micro_batches") r.micro_batches = v.cast<int>();
+          else if (key == "pipeline_schedule") r.schedule = v.cast<std::string>();
+          else if (key == "virtual_stages") r.virtual_stages = v.cast<int>();
+          else if (key == "sequence_parallel") r.sequence_parallel = v.cast<bool>();
+          else if (key == "recompute") r.recompute = v.cast<bool>();
+          else if (key == "cp_comm") r.cp_comm = v.cast<std::string>();
+          else if (key == "fsdp_min_weight_size") r.min_weight_size = v.cast<int64_t>();
+          else
+            throw InvalidArgument(op, fmt::format("unknown keyword '{}'", key),
+                                  "use size, layers, heads, width, vocab, seq, batch, mesh, fsdp, precision, "
+                                  "micro_batches, pipeline_schedule, virtual_stages, sequence_parallel, recompute, "
+                                  "cp_comm, fsdp_min_weight_size, hardware");
+        }
+        const train::PlannedRun p = train::resolve_plan_request(r);
+        plan::MemoryPrediction m;
+        std::optional<plan::TimePrediction> t;
+        {
+          py::gil_scoped_release release;
+          m = plan::predict_memory(p.shape, p.layout);
+          if (hardware) t = plan::predict_time(p.shape, p.layout, plan::hardware_preset(*hardware));
+        }
+        const auto memory_row = [](const plan::DeviceMemory& d) {
+          py::dict row;
+          row["stage"] = d.stage;
+          row["tensor_rank"] = d.tensor_rank;
+          row["parameters"] = d.parameters;
+          row["gradients"] = d.gradients;
+          row["optimizer"] = d.optimizer;
+          row["working"] = d.working;
+          row["activations"] = d.activations;
+          row["comm_buffers"] = d.comm_buffers;
+          row["total"] = d.total();
+          row["elements"] = d.elements;
+          row["in_flight"] = d.in_flight;
+          row["peak_at"] = d.peak_at;
+          return row;
+        };
+        py::dict out;
+        out["model"] = py::dict(py::arg("vocab") = p.shape.vocab, py::arg("seq") = p.shape.seq,
+                                py::arg("layers") = p.shape.layers, py::arg("heads") = p.shape.heads,
+                                py::arg("width") = p.shape.width);
+        out["mesh"] = r.mesh;
+        out["fsdp"] = p.fsdp;
+        py::list devices;
+        for (const plan::DeviceMemory& d : m.devices) devices.append(memory_row(d));
+        out["memory"] = devices;
+        out["largest"] = memory_row(m.worst());
+        if (t) {
+          py::list times;
+          for (const plan::DeviceTime& d : t->devices) {
+            py::dict row;
+            row["stage"] = d.stage;
+            row["tensor_rank"] = d.tensor_rank;
+            row["gemm"] = d.gemm;
+            row["attention"] = d.attention;
+            row["elementwise"] = d.elementwise;
+            row["optimizer"] = d.optimizer;
+            row["comm"] = d.comm;
+            row["comm_exposed"] = d.comm_exposed;
+            row["bubble"] = d.bubble;
+            row["step"] = d.step;
+            py::dict groups;
+            for (const auto& [g, s] : d.comm_by_group) groups[py::str(g)] = s;
+            row["comm_by_group"] = groups;
+            times.append(row);
+          }
+          out["time"] = py::dict(py::arg("step") = t->step, py::arg("model_flops") = t->model_flops,
+                                 py::arg("devices") = times);
+        }
+        return out;
+      },
+      py::arg("hardware") = py::none(),
+      "The planner's prediction for a GPT under a layout, as `meshtrain plan` prints it: keywords as its flags "
+      "(size, layers, heads, width, vocab, seq, batch, mesh, fsdp, precision, micro_batches, pipeline_schedule, "
+      "virtual_stages, sequence_parallel, recompute, cp_comm, fsdp_min_weight_size); hardware (\"A100\", "
+      "\"H100\") adds the step time. Returns {model, mesh, fsdp, memory: [per stage and tensor rank, bytes], "
+      "largest, time}.");
 
   m.def("launch", &launch, py::arg("fn"), py::arg("engine") = py::none(), py::arg("ranks") = py::none(),
         py::arg("timeout") = static_cast<double>(comm::kDefaultTimeout.count()) / 1000,
