@@ -85,3 +85,29 @@ def test_the_strategies():
     assert pipeline.get_backward_communication_pattern() == [(1, 0), (2, 1), (3, 2)]
     with pytest.raises(meshtrain.InvalidArgument):
         pipeline.assign_layers_to_stages(num_layers=3)  # a stage would be empty
+
+
+def test_multi_dimensional_parallelism():
+    from meshtrain.scaling.sharding import MultiDimensionalStrategy
+
+    # The seeds' example, with FSDP on an axis of its own (HSDP: data x fsdp).
+    data_strategy = DataParallelStrategy(axis_name="data", mesh_axis=0)
+    tensor_strategy = TensorParallelStrategy(axis_name="tensor", mesh_axis=1, shard_dimension="out_features")
+    fsdp_strategy = FSDPStrategy(axis_name="fsdp", mesh_axis=0)
+    config = ShardingConfig(data_parallel_size=2, tensor_parallel_size=2, fsdp_enabled=True)
+    parallel_config = ParallelismConfig(mesh_shape=[2, 2, 2], mesh_axis_names=["data", "fsdp", "tensor"],
+                                        sharding_config=config)
+    multi = MultiDimensionalStrategy(strategies={"data": data_strategy, "tensor": tensor_strategy,
+                                                 "fsdp": fsdp_strategy}, config=parallel_config)
+    batch = multi.get_combined_partition_spec(tensor_name="batch", tensor_shape=("batch", "sequence", "hidden"))
+    assert repr(batch) == "PartitionSpec(('data', 'fsdp'), None, None)"  # the batch over data x fsdp
+    weight = multi.get_combined_partition_spec("mlp.fc1", ("in_features", "out_features"))
+    assert repr(weight) == "PartitionSpec('fsdp', 'tensor')"  # column-parallel, ZeRO-3 over fsdp
+    # The seeds' own example puts FSDP and DataParallel on one axis: refused, naming both.
+    with pytest.raises(meshtrain.InvalidArgument, match="mesh axis 'data' is claimed by both"):
+        MultiDimensionalStrategy(strategies={"data": data_strategy,
+                                             "fsdp": FSDPStrategy(axis_name="data", mesh_axis=0)})
+    # An axis on two dimensions is refused (the seeds' could return P(model, model)).
+    with pytest.raises(meshtrain.InvalidArgument, match="may split only one dimension"):
+        multi.resolve_sharding_conflicts("x", {tensor_strategy: meshtrain.PartitionSpec("tensor", None),
+                                               fsdp_strategy: meshtrain.PartitionSpec(None, "tensor")})
