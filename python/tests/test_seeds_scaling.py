@@ -111,3 +111,19 @@ def test_multi_dimensional_parallelism():
     with pytest.raises(meshtrain.InvalidArgument, match="may split only one dimension"):
         multi.resolve_sharding_conflicts("x", {tensor_strategy: meshtrain.PartitionSpec("tensor", None),
                                                fsdp_strategy: meshtrain.PartitionSpec(None, "tensor")})
+
+
+def test_apply_sharding_gives_each_rank_its_block():
+    weight = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)
+
+    def fn(w):
+        mesh = meshtrain.DeviceMesh(w, [2, 2], ["data", "tensor"])
+        column = TensorParallelStrategy(axis_name="tensor", shard_dimension="out_features").apply_sharding(weight, mesh)
+        rows = DataParallelStrategy(axis_name="data").apply_sharding(weight, mesh)
+        small = FSDPStrategy(axis_name="data", min_weight_size=1024).apply_sharding(weight, mesh)  # 24 < 1024
+        return column.local.tolist(), rows.local.tolist(), small.local.shape
+
+    for r, (column, rows, small) in enumerate(meshtrain.launch(fn, ranks=4, timeout=30)):
+        assert column == weight[:, 3 * (r % 2):3 * (r % 2) + 3].tolist()  # out_features over tensor
+        assert rows == weight[2 * (r // 2):2 * (r // 2) + 2].tolist()  # the batch dimension over data
+        assert small == (4, 6)  # replicated

@@ -9,6 +9,8 @@ most one dimension. ``mesh_axis`` is kept for the seeds' signature; as in
 the seeds, nothing reads it.
 """
 
+import numpy as np
+
 from .. import _meshtrain
 
 PartitionSpec = _meshtrain.PartitionSpec
@@ -44,6 +46,17 @@ class ShardingStrategy:
 
     _kind = "other"  # the merge order of MultiDimensionalStrategy
 
+    def _array_spec(self, array):
+        """The spec apply_sharding gives an array by its shape (replicated by default)."""
+        return PartitionSpec(*[None] * np.ndim(array))
+
+    def apply_sharding(self, array, mesh):
+        """This rank's block of ``array`` (held whole by every rank) as a meshtrain.ShardedTensor on the
+        DeviceMesh, split by the strategy's rule for an array of that shape (no communication)."""
+        array = np.ascontiguousarray(array)
+        layout = _meshtrain.Layout(mesh, self._array_spec(array), list(array.shape))
+        return _meshtrain.distribute_replicated(array, layout)
+
     def _describe(self):
         return f"{type(self).__name__}({self.axis_name})"
 
@@ -68,6 +81,9 @@ class DataParallelStrategy(ShardingStrategy):
             return PartitionSpec(*[None for _ in names])
         return _meshtrain._batch_spec(self.axis_name, len(names), names.index("batch"))
 
+    def _array_spec(self, array):  # apply_sharding: a batch's dimension 0
+        return _meshtrain._batch_spec(self.axis_name, np.ndim(array), 0) if np.ndim(array) else PartitionSpec()
+
 
 class FSDPStrategy(ShardingStrategy):
     """ZeRO-3 over ``axis_name``: weights with at least ``min_weight_size`` elements are sharded."""
@@ -88,6 +104,11 @@ class FSDPStrategy(ShardingStrategy):
         names = list(dim_names)
         at = names.index("batch") if "batch" in names else 0
         return PartitionSpec(*[self.axis_name if i == at else None for i in range(len(names))])
+
+    def _array_spec(self, array):  # apply_sharding: dimension 0 when large enough, else replicated
+        if np.ndim(array) == 0 or not self.should_shard_weight(array):
+            return PartitionSpec(*[None] * np.ndim(array))
+        return PartitionSpec(self.axis_name, *[None] * (np.ndim(array) - 1))
 
     def should_shard_weight(self, weight):
         """True when ``weight`` (an array or a shape) has at least min_weight_size elements.
@@ -135,6 +156,13 @@ class TensorParallelStrategy(ShardingStrategy):
         meshtrain's are (in, out) everywhere.
         """
         return self._specs["row_weight" if self.shard_dimension == "in_features" else "column_weight"]
+
+    def _array_spec(self, array):  # apply_sharding: a 2-D weight by the linear rule, else the last dimension
+        if np.ndim(array) == 2:
+            return self.get_linear_weight_spec()
+        if np.ndim(array) == 0:
+            return PartitionSpec()
+        return PartitionSpec(*[None] * (np.ndim(array) - 1), self.axis_name)
 
     def get_partition_spec(self, dim_names):
         """The axis on the dimension named ``shard_dimension`` (else "hidden"): the first one only."""
