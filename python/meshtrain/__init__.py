@@ -98,4 +98,4 @@ __all__ = [
     "visualize_sharding",
 ]
 
-from . import scaling  # noqa: E402  (the seeds' names: meshtrain.scaling.mesh_utils, .sharding)
+from . import distributed, scaling  # noqa: E402  (the seeds' names: meshtrain.scaling, meshtrain.distributed)
