@@ -24,8 +24,8 @@ void bind_scaling(py::module_& m) {
            }),
            py::arg("shape"), py::arg("axis_names"))
       .def_static("parse", &mesh::parse_mesh_spec, py::arg("spec"), "\"data=2,tensor=2\": the --mesh syntax.")
-      .def_readonly("shape", &mesh::NamedShape::shape)
-      .def_readonly("axis_names", &mesh::NamedShape::axis_names)
+      .def_readonly("shape", &mesh::NamedShape::shape, "The sizes, one per axis.")
+      .def_readonly("axis_names", &mesh::NamedShape::axis_names, "The axes' names.")
       .def_property_readonly("size", [](const mesh::NamedShape& s) { return mesh::num_ranks(s.shape); },
                              "The number of devices (the product of the shape).")
       .def("size_of", &mesh::NamedShape::size_of, py::arg("axis"), "An axis's size (1 when absent).")
@@ -39,10 +39,10 @@ void bind_scaling(py::module_& m) {
         py::arg("shape"), py::arg("n_devices"),
         "Raises InvalidArgument unless the shape uses exactly n_devices (no device left idle).");
   py::class_<plan::MeshPlan>(m, "MeshPlan", "A transformer's mesh for a device count, with the reasons.")
-      .def_readonly("shape", &plan::MeshPlan::shape)
-      .def_readonly("axis_names", &plan::MeshPlan::axis_names)
-      .def_readonly("reasons", &plan::MeshPlan::reasons)
-      .def_readonly("fits", &plan::MeshPlan::fits)
+      .def_readonly("shape", &plan::MeshPlan::shape, "The axes of size > 1, in mesh order.")
+      .def_readonly("axis_names", &plan::MeshPlan::axis_names, "Their names.")
+      .def_readonly("reasons", &plan::MeshPlan::reasons, "Why each axis has its size, one line each.")
+      .def_readonly("fits", &plan::MeshPlan::fits, "False when even the least-memory mesh exceeds the devices' memory.")
       .def("to_spec", &plan::MeshPlan::to_spec)
       .def("__repr__", [](const plan::MeshPlan& p) { return "MeshPlan(" + p.to_spec() + ")"; });
   m.def("optimize_for_transformer", &plan::optimize_for_transformer, py::arg("n_devices"), py::arg("model_size"),
@@ -63,12 +63,15 @@ void bind_scaling(py::module_& m) {
            py::arg("data_parallel_size") = 1, py::arg("tensor_parallel_size") = 1,
            py::arg("pipeline_parallel_size") = 1, py::arg("context_parallel_size") = 1,
            py::arg("fsdp_enabled") = false, py::arg("fsdp_min_weight_size") = 1024)
-      .def_readwrite("data_parallel_size", &config::ShardingConfig::data_parallel_size)
-      .def_readwrite("tensor_parallel_size", &config::ShardingConfig::tensor_parallel_size)
-      .def_readwrite("pipeline_parallel_size", &config::ShardingConfig::pipeline_parallel_size)
-      .def_readwrite("context_parallel_size", &config::ShardingConfig::context_parallel_size)
-      .def_readwrite("fsdp_enabled", &config::ShardingConfig::fsdp_enabled)
-      .def_readwrite("fsdp_min_weight_size", &config::ShardingConfig::fsdp_min_weight_size)
+      .def_readwrite("data_parallel_size", &config::ShardingConfig::data_parallel_size,
+          "Replicas of the batch (sharded state when fsdp_enabled).")
+      .def_readwrite("tensor_parallel_size", &config::ShardingConfig::tensor_parallel_size, "Shards of every layer.")
+      .def_readwrite("pipeline_parallel_size", &config::ShardingConfig::pipeline_parallel_size, "Pipeline stages.")
+      .def_readwrite("context_parallel_size", &config::ShardingConfig::context_parallel_size, "Shards of the sequence.")
+      .def_readwrite("fsdp_enabled", &config::ShardingConfig::fsdp_enabled,
+          "The data-parallel devices shard weights, gradients and optimizer state.")
+      .def_readwrite("fsdp_min_weight_size", &config::ShardingConfig::fsdp_min_weight_size,
+          "Parameters with fewer elements stay replicated.")
       .def_static("from_device_count", &config::ShardingConfig::from_device_count, py::arg("device_count"),
                   "Data x tensor for n devices, every device used (tensor = the largest power of two <= 8 "
                   "dividing n with tensor^2 <= n).")
@@ -83,9 +86,10 @@ void bind_scaling(py::module_& m) {
              return config::ParallelismConfig{std::move(shape), std::move(names), c};
            }),
            py::arg("mesh_shape"), py::arg("mesh_axis_names"), py::arg("sharding_config"))
-      .def_readwrite("mesh_shape", &config::ParallelismConfig::mesh_shape)
-      .def_readwrite("mesh_axis_names", &config::ParallelismConfig::mesh_axis_names)
-      .def_readwrite("sharding_config", &config::ParallelismConfig::sharding)
+      .def_readwrite("mesh_shape", &config::ParallelismConfig::mesh_shape, "The mesh's sizes, in mesh order.")
+      .def_readwrite("mesh_axis_names", &config::ParallelismConfig::mesh_axis_names,
+          "pipeline, data, fsdp, context, tensor: those of size > 1.")
+      .def_readwrite("sharding_config", &config::ParallelismConfig::sharding, "The sizes the mesh was made of.")
       .def_static("from_sharding_config", &config::ParallelismConfig::from_sharding_config, py::arg("config"),
                   "The mesh of a ShardingConfig: axes pipeline, data (fsdp when fsdp_enabled), context, tensor; "
                   "size-1 axes left out.")

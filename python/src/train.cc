@@ -19,13 +19,14 @@ namespace meshtrain::python {
 
 void bind_train(py::module_& m) {
   py::class_<train::TrainResult>(m, "TrainResult", "What meshtrain.train returns (train::TrainResult).")
-      .def_readonly("steps", &train::TrainResult::steps)
+      .def_readonly("steps", &train::TrainResult::steps, "Optimizer steps run.")
       .def_readonly("seconds", &train::TrainResult::seconds, "Wall time of the training loop.")
-      .def_readonly("samples_per_second", &train::TrainResult::samples_per_second)
+      .def_readonly("samples_per_second", &train::TrainResult::samples_per_second, "Training samples per second.")
       .def_readonly("step_losses", &train::TrainResult::step_losses, "Every step's global loss.")
-      .def_readonly("final_train_loss", &train::TrainResult::final_train_loss)
-      .def_readonly("test_loss", &train::TrainResult::test_loss)
-      .def_readonly("test_accuracy", &train::TrainResult::test_accuracy)
+      .def_readonly("final_train_loss", &train::TrainResult::final_train_loss, "Mean loss of the last logged window.")
+      .def_readonly("test_loss", &train::TrainResult::test_loss, "The final evaluation's loss.")
+      .def_readonly("test_accuracy", &train::TrainResult::test_accuracy,
+          "The final evaluation's accuracy (classifiers).")
       .def_property_readonly("test_metrics",
                              [](const train::TrainResult& r) {
                                py::dict d;
@@ -34,9 +35,9 @@ void bind_train(py::module_& m) {
                              },
                              "The final evaluation's metrics by name.")
       .def_readonly("test_summary", &train::TrainResult::test_summary, "The recipe's final line.")
-      .def_readonly("run_dir", &train::TrainResult::run_dir)
-      .def_readonly("artifacts", &train::TrainResult::artifacts)
-      .def_readonly("parallelism", &train::TrainResult::parallelism)
+      .def_readonly("run_dir", &train::TrainResult::run_dir, "The run directory.")
+      .def_readonly("artifacts", &train::TrainResult::artifacts, "The recipe's own files in run_dir.")
+      .def_readonly("parallelism", &train::TrainResult::parallelism, "The strategy as the trainer describes it.")
       .def("__repr__", [](const train::TrainResult& r) {
         return fmt::format("TrainResult({} steps, {}, run_dir '{}')", r.steps, r.test_summary, r.run_dir);
       });
