@@ -116,22 +116,27 @@ class DataParallel:
     # The seeds' stateless twins.
     @staticmethod
     def create_data_parallel_sharding_static(mesh, data_axis="data"):
+        """DataParallel().create_data_parallel_sharding (the seeds' stateless form)."""
         return DataParallel().create_data_parallel_sharding(mesh, data_axis)
 
     @staticmethod
     def shard_batch_static(batch, sharding):
+        """DataParallel().shard_batch (the seeds' stateless form)."""
         return DataParallel().shard_batch(batch, sharding)
 
     @staticmethod
     def shard_model_state_static(state, mesh, param_sharding="replicate"):
+        """DataParallel().shard_model_state (the seeds' stateless form)."""
         return DataParallel().shard_model_state(state, mesh, param_sharding)
 
     @staticmethod
     def all_reduce_gradients_static(gradients, reduce_type="mean", axis_name="data", mesh=None, comm=None):
+        """DataParallel().all_reduce_gradients (the seeds' stateless form)."""
         return DataParallel().all_reduce_gradients(gradients, reduce_type, axis_name, mesh, comm)
 
     @staticmethod
     def replicate_params_static(params, mesh, axis_name=None):
+        """DataParallel().replicate_params (the seeds' stateless form)."""
         return DataParallel().replicate_params(params, mesh, axis_name)
 
 
@@ -173,12 +178,15 @@ class DistributedMetrics:
         return self._reduce(metrics, "avg", axis_name, mesh, comm)
 
     def reduce_sum(self, metrics, axis_name="data", mesh=None, comm=None):
+        """Each metric summed over the ranks."""
         return self._reduce(metrics, "sum", axis_name, mesh, comm)
 
     def reduce_max(self, metrics, axis_name="data", mesh=None, comm=None):
+        """Each metric's largest value over the ranks."""
         return self._reduce(metrics, "max", axis_name, mesh, comm)
 
     def reduce_min(self, metrics, axis_name="data", mesh=None, comm=None):
+        """Each metric's smallest value over the ranks."""
         return self._reduce(metrics, "min", axis_name, mesh, comm)
 
     def reduce_custom(self, metrics, reduce_fn=None, axis_name="data", mesh=None, comm=None):

@@ -334,9 +334,12 @@ void bind_comm(py::module_& m) {
                    "shape and names); comm(axis) is the communicator of the ranks that differ only along it.")
       .def(py::init<const Comm&, std::vector<int>, std::vector<std::string>>(), py::arg("world"), py::arg("shape"),
            py::arg("axis_names"))
-      .def_property_readonly("shape", [](const Mesh& m) { return m.get("DeviceMesh.shape").shape(); })
-      .def_property_readonly("axis_names", [](const Mesh& m) { return m.get("DeviceMesh.axis_names").axis_names(); })
-      .def_property_readonly("ndim", [](const Mesh& m) { return m.get("DeviceMesh.ndim").ndim(); })
+      .def_property_readonly("shape", [](const Mesh& m) { return m.get("DeviceMesh.shape").shape(); },
+                             "The sizes, one per axis.")
+      .def_property_readonly("axis_names", [](const Mesh& m) { return m.get("DeviceMesh.axis_names").axis_names(); },
+                             "The axes' names.")
+      .def_property_readonly("ndim", [](const Mesh& m) { return m.get("DeviceMesh.ndim").ndim(); },
+                             "The number of axes.")
       .def_property_readonly("size", [](const Mesh& m) { return m.get("DeviceMesh.size").size(); },
                              "The number of ranks (the product of the shape).")
       .def_property_readonly("rank", [](const Mesh& m) { return m.get("DeviceMesh.rank").rank(); },
@@ -344,11 +347,11 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("coords", [](const Mesh& m) { return m.get("DeviceMesh.coords").coords(); },
                              "This rank's coordinates (row-major: the last axis fastest).")
       .def("coords_of", [](const Mesh& m, int rank) { return m.get("DeviceMesh.coords_of").coords_of(rank); },
-           py::arg("rank"))
+           py::arg("rank"), "The coordinates of a world rank.")
       .def("rank_of", [](const Mesh& m, std::vector<int> c) { return m.get("DeviceMesh.rank_of").rank_of(c); },
-           py::arg("coords"))
+           py::arg("coords"), "The world rank at coordinates.")
       .def("axis_size", [](const Mesh& m, const std::string& a) { return m.get("DeviceMesh.axis_size").axis_size(a); },
-           py::arg("axis"))
+           py::arg("axis"), "The size of an axis.")
       .def("axis_rank", [](const Mesh& m, const std::string& a) { return m.get("DeviceMesh.axis_rank").axis_rank(a); },
            py::arg("axis"), "This rank's coordinate along the axis.")
       .def("comm", [](Mesh& m, const std::string& axis) { return m.comm({axis}); }, py::arg("axis"),

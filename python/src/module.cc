@@ -52,6 +52,19 @@ void bind_errors(py::module_& m) {
   py::object engine_error = py::reinterpret_steal<py::object>(
       PyErr_NewException("meshtrain._meshtrain.EngineError", py::make_tuple(comm_error).ptr(), nullptr));
   m.attr("EngineError") = engine_error;
+  // What each is raised for (docs/python.md's table).
+  const std::pair<const char*, const char*> docs[] = {
+      {"Error", "meshtrain's errors: the operation, what was wrong and a hint to fix it."},
+      {"InvalidArgument", "A broken precondition: a bad value, shape, dtype, rank, name or size."},
+      {"Unsupported", "A combination meshtrain does not do (the message says which and why)."},
+      {"OutOfMemory", "An allocation over a tracked memory budget."},
+      {"IoError", "A file that cannot be read or written: checkpoints, datasets, run directories."},
+      {"CommError", "A communication failure; base of TimeoutError, MismatchError, AbortedError, EngineError."},
+      {"TimeoutError", "A rank did not arrive within the deadline (the message names it)."},
+      {"MismatchError", "Ranks called different collectives (their fingerprints in the message)."},
+      {"AbortedError", "Another rank failed first: this wait was stopped."},
+      {"EngineError", "The engine itself failed (MPI, Gloo)."}};
+  for (const auto& [name, doc] : docs) m.attr(name).attr("__doc__") = doc;
   py::exec(R"(
 class RankError(CommError):
     """A rank's function raised: `rank` names it; the exception is its __cause__."""

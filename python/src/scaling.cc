@@ -77,8 +77,8 @@ void bind_scaling(py::module_& m) {
                   "dividing n with tensor^2 <= n).")
       .def("get_total_device_count", &config::ShardingConfig::total_device_count,
            "data x tensor x pipeline x context.")
-      .def("is_valid", &config::ShardingConfig::is_valid)
-      .def("validate", &config::ShardingConfig::validate)
+      .def("is_valid", &config::ShardingConfig::is_valid, "True when validate() would not raise.")
+      .def("validate", &config::ShardingConfig::validate, "Raises InvalidArgument naming a size < 1 or too large.")
       .def("__repr__", [](const config::ShardingConfig& c) { return "ShardingConfig(" + c.to_string() + ")"; });
   py::class_<config::ParallelismConfig>(m, "ParallelismConfig",
                                         "A mesh and its ShardingConfig (config::ParallelismConfig).")
@@ -93,8 +93,9 @@ void bind_scaling(py::module_& m) {
       .def_static("from_sharding_config", &config::ParallelismConfig::from_sharding_config, py::arg("config"),
                   "The mesh of a ShardingConfig: axes pipeline, data (fsdp when fsdp_enabled), context, tensor; "
                   "size-1 axes left out.")
-      .def("is_valid", &config::ParallelismConfig::is_valid)
-      .def("validate", &config::ParallelismConfig::validate);
+      .def("is_valid", &config::ParallelismConfig::is_valid, "True when validate() would not raise.")
+      .def("validate", &config::ParallelismConfig::validate,
+           "Raises InvalidArgument unless the mesh matches the sizes (its axes, their names and product).");
 
   // The strategies' rules the seeds' strategy classes answer with.
   m.def("_batch_spec",

@@ -111,10 +111,11 @@ void bind_sharding(py::module_& m) {
           },
           py::arg("mesh_shape"), py::arg("axis_names"), py::arg("spec"), py::arg("global_shape"),
           py::arg("strict") = false, "A layout over a mesh shape alone (every query, no ShardedTensor).")
-      .def_property_readonly("spec", [](const PyLayout& l) { return l.layout.spec(); })
-      .def_property_readonly("global_shape", [](const PyLayout& l) { return l.layout.global_shape(); })
-      .def_property_readonly("mesh_shape", [](const PyLayout& l) { return l.layout.mesh_shape(); })
-      .def_property_readonly("axis_names", [](const PyLayout& l) { return l.layout.axis_names(); })
+      .def_property_readonly("spec", [](const PyLayout& l) { return l.layout.spec(); }, "Its PartitionSpec.")
+      .def_property_readonly("global_shape", [](const PyLayout& l) { return l.layout.global_shape(); },
+                             "The whole tensor's shape.")
+      .def_property_readonly("mesh_shape", [](const PyLayout& l) { return l.layout.mesh_shape(); }, "The mesh's sizes.")
+      .def_property_readonly("axis_names", [](const PyLayout& l) { return l.layout.axis_names(); }, "The mesh's axes.")
       .def("local_shape", [](const PyLayout& l, int rank) { return l.layout.local_shape(rank); }, py::arg("rank"),
            "The block `rank` holds.")
       .def(
@@ -124,8 +125,9 @@ void bind_sharding(py::module_& m) {
             return py::make_tuple(b.offsets, b.sizes);
           },
           py::arg("rank"), "(offsets, sizes) of the block `rank` holds, in global coordinates.")
-      .def("num_shards", [](const PyLayout& l, int dim) { return l.layout.num_shards(dim); }, py::arg("dim"))
-      .def("is_even", [](const PyLayout& l) { return l.layout.is_even(); })
+      .def("num_shards", [](const PyLayout& l, int dim) { return l.layout.num_shards(dim); }, py::arg("dim"),
+           "Into how many blocks a dimension is split.")
+      .def("is_even", [](const PyLayout& l) { return l.layout.is_even(); }, "True when every block has the same shape.")
       .def("__repr__", [](const PyLayout& l) { return l.layout.to_string(); });
 
   py::class_<PySharded>(m, "ShardedTensor", "This rank's block of a global tensor, and its Layout.")
@@ -135,9 +137,11 @@ void bind_sharding(py::module_& m) {
       .def_property_readonly("layout",
                              [](const PySharded& s) {
                                return PyLayout{s.get("ShardedTensor.layout").layout(), s.mesh, s.alive};
-                             })
+                             },
+                             "Its Layout.")
       .def_property_readonly("global_shape",
-                             [](const PySharded& s) { return s.get("ShardedTensor.global_shape").global_shape(); })
+                             [](const PySharded& s) { return s.get("ShardedTensor.global_shape").global_shape(); },
+                             "The whole tensor's shape.")
       .def("__repr__", [](const PySharded& s) { return s.get("ShardedTensor.__repr__").to_string(); });
 
   m.def(

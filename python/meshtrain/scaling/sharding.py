@@ -42,6 +42,7 @@ class ShardingStrategy:
         raise NotImplementedError
 
     def get_sharding_constraints(self):
+        """{"axis_name": ..., "mesh_axis": ...}: the strategy's axis (mesh_axis is kept, unread, as in the seeds)."""
         return {"axis_name": self.axis_name, "mesh_axis": self.mesh_axis}
 
     _kind = "other"  # the merge order of MultiDimensionalStrategy
