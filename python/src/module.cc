@@ -24,47 +24,33 @@ void bind_errors(py::module_& m) {
   // Errors: the C++ hierarchy, each class also a subclass of the builtin a
   // Python caller would catch (ValueError for a bad argument, TimeoutError
   // for a deadline, ...).
+  const auto builtin = [](PyObject* e) { return py::reinterpret_borrow<py::object>(e); };
   py::object base = py::exception<Error>(m, "Error", PyExc_RuntimeError);
-  const auto sub = [&](const char* name, py::object builtin) {
+  base.attr("__doc__") = "meshtrain's errors: the operation, what was wrong and a hint to fix it.";
+  // A class of the module: its bases, and what it is raised for (docs/python.md's table).
+  const auto add = [&](const char* name, py::tuple bases, const char* doc) {
     py::object cls = py::reinterpret_steal<py::object>(
-        PyErr_NewException(fmt::format("meshtrain._meshtrain.{}", name).c_str(),
-                           py::make_tuple(base, builtin).ptr(), nullptr));
+        PyErr_NewException(fmt::format("meshtrain._meshtrain.{}", name).c_str(), bases.ptr(), nullptr));
+    cls.attr("__doc__") = doc;
     m.attr(name) = cls;
     return cls;
   };
-  py::object invalid = sub("InvalidArgument", py::reinterpret_borrow<py::object>(PyExc_ValueError));
-  py::object unsupported = sub("Unsupported", py::reinterpret_borrow<py::object>(PyExc_NotImplementedError));
-  py::object oom = sub("OutOfMemory", py::reinterpret_borrow<py::object>(PyExc_MemoryError));
-  py::object io = sub("IoError", py::reinterpret_borrow<py::object>(PyExc_OSError));
-  py::object comm_error = sub("CommError", py::reinterpret_borrow<py::object>(PyExc_RuntimeError));
-  py::object timeout = py::reinterpret_steal<py::object>(PyErr_NewException(
-      "meshtrain._meshtrain.TimeoutError", py::make_tuple(comm_error, py::reinterpret_borrow<py::object>(
-                                                                          PyExc_TimeoutError))
-                                                .ptr(),
-      nullptr));
-  m.attr("TimeoutError") = timeout;
-  py::object mismatch = py::reinterpret_steal<py::object>(
-      PyErr_NewException("meshtrain._meshtrain.MismatchError", py::make_tuple(comm_error).ptr(), nullptr));
-  m.attr("MismatchError") = mismatch;
-  py::object aborted = py::reinterpret_steal<py::object>(
-      PyErr_NewException("meshtrain._meshtrain.AbortedError", py::make_tuple(comm_error).ptr(), nullptr));
-  m.attr("AbortedError") = aborted;
-  py::object engine_error = py::reinterpret_steal<py::object>(
-      PyErr_NewException("meshtrain._meshtrain.EngineError", py::make_tuple(comm_error).ptr(), nullptr));
-  m.attr("EngineError") = engine_error;
-  // What each is raised for (docs/python.md's table).
-  const std::pair<const char*, const char*> docs[] = {
-      {"Error", "meshtrain's errors: the operation, what was wrong and a hint to fix it."},
-      {"InvalidArgument", "A broken precondition: a bad value, shape, dtype, rank, name or size."},
-      {"Unsupported", "A combination meshtrain does not do (the message says which and why)."},
-      {"OutOfMemory", "An allocation over a tracked memory budget."},
-      {"IoError", "A file that cannot be read or written: checkpoints, datasets, run directories."},
-      {"CommError", "A communication failure; base of TimeoutError, MismatchError, AbortedError, EngineError."},
-      {"TimeoutError", "A rank did not arrive within the deadline (the message names it)."},
-      {"MismatchError", "Ranks called different collectives (their fingerprints in the message)."},
-      {"AbortedError", "Another rank failed first: this wait was stopped."},
-      {"EngineError", "The engine itself failed (MPI, Gloo)."}};
-  for (const auto& [name, doc] : docs) m.attr(name).attr("__doc__") = doc;
+  add("InvalidArgument", py::make_tuple(base, builtin(PyExc_ValueError)),
+      "A broken precondition: a bad value, shape, dtype, rank, name or size.");
+  add("Unsupported", py::make_tuple(base, builtin(PyExc_NotImplementedError)),
+      "A combination meshtrain does not do (the message says which and why).");
+  add("OutOfMemory", py::make_tuple(base, builtin(PyExc_MemoryError)), "An allocation over a tracked memory budget.");
+  add("IoError", py::make_tuple(base, builtin(PyExc_OSError)),
+      "A file that cannot be read or written: checkpoints, datasets, run directories.");
+  const py::object comm_error =
+      add("CommError", py::make_tuple(base, builtin(PyExc_RuntimeError)),
+          "A communication failure; base of TimeoutError, MismatchError, AbortedError, EngineError.");
+  add("TimeoutError", py::make_tuple(comm_error, builtin(PyExc_TimeoutError)),
+      "A rank did not arrive within the deadline (the message names it).");
+  add("MismatchError", py::make_tuple(comm_error),
+      "Ranks called different collectives (their fingerprints in the message).");
+  add("AbortedError", py::make_tuple(comm_error), "Another rank failed first: this wait was stopped.");
+  add("EngineError", py::make_tuple(comm_error), "The engine itself failed (MPI, Gloo).");
   py::exec(R"(
 class RankError(CommError):
     """A rank's function raised: `rank` names it; the exception is its __cause__."""
