@@ -327,6 +327,58 @@ ParallelismConfig DistributedConfig::parallelism_config() const {
   return ParallelismConfig::from_layout({.mesh = m, .fsdp = layout::resolve_fsdp_mode("", m, DType::f32)});
 }
 
+std::vector<std::string_view> distributed_config_keys() {
+  std::vector<std::string_view> keys;
+  for (const ConfigField& f : kFields) keys.push_back(f.key);
+  keys.push_back("mesh_shape");
+  keys.push_back("mesh_axis_names");
+  return keys;
+}
+
+std::string unknown_key_hint(std::string_view key) {
+  const auto keys = distributed_config_keys();
+  const std::string_view close = closest_name(key, keys);
+  return fmt::format("{}known keys: {}", close.empty() ? "" : fmt::format("did you mean '{}'? ", close),
+                     fmt::join(keys, ", "));
+}
+
+DistributedConfig DistributedConfig::with_values(const std::vector<std::pair<std::string, std::string>>& values,
+                                                 std::string_view source) const {
+  DistributedConfig c = *this;
+  std::set<std::string_view> given;
+  const std::string prefix = source.empty() ? "" : fmt::format("{}: ", source);
+  for (const auto& [key, text] : values) {
+    const std::string where = prefix + key;
+    if (key == "mesh_shape") {
+      c.mesh_shape.clear();
+      if (!trim(text).empty())
+        for (std::string_view size : split(text))
+          c.mesh_shape.push_back(static_cast<int>(
+              parse_int_in_range(size, where, 1, std::numeric_limits<int>::max(), kOp)));
+    } else if (key == "mesh_axis_names") {
+      c.mesh_axis_names.clear();
+      if (!trim(text).empty())
+        for (std::string_view name : split(text)) c.mesh_axis_names.emplace_back(trim(name));
+    } else {
+      const auto f = std::find_if(std::begin(kFields), std::end(kFields), [&](const ConfigField& x) {
+        return x.key == key;
+      });
+      if (f == std::end(kFields))
+        throw InvalidArgument(kOp, fmt::format("{}unknown key '{}'", prefix, key), unknown_key_hint(key));
+      f->parse(c, text, where);
+    }
+    given.insert(key);
+  }
+  if (given.count("mesh") && (given.count("mesh_shape") || given.count("mesh_axis_names")))
+    throw InvalidArgument(kOp, fmt::format("{}both mesh and mesh_shape/mesh_axis_names are given", prefix),
+                          "give the mesh once: mesh=\"data=2,tensor=2\", or the two sequences");
+  if (given.count("mesh_shape") && !given.count("mesh_axis_names")) c.mesh_axis_names.clear();
+  if (given.count("mesh_axis_names") && !given.count("mesh_shape")) c.mesh_shape.clear();
+  derive_processes_per_node(c, given.count("world_size") || given.count("num_nodes"),
+                            given.count("num_processes_per_node") > 0);
+  return c;
+}
+
 DistributedConfig DistributedConfig::with_env(const LauncherEnv& env) const {
   DistributedConfig c = *this;
   auto find = [&](const char* name) -> const std::string* { return name ? env.find(name) : nullptr; };

@@ -166,6 +166,14 @@ struct DistributedConfig {
   // Sets `launcher`. Two launchers that disagree are an error.
   DistributedConfig with_env(const LauncherEnv& env) const;
 
+  // Overlay (key, value) pairs, as the Python binding's DistributedConfig(**kw)
+  // gives them: a key of distributed_config_keys(), its value as a flag takes
+  // it (mesh_shape "4,2", mesh_axis_names "data,tensor"). Errors name
+  // `source` and the key; an unknown key gets a "did you mean". Does not
+  // validate.
+  DistributedConfig with_values(const std::vector<std::pair<std::string, std::string>>& values,
+                                std::string_view source) const;
+
   static DistributedConfig from_toml(std::string_view text) { return DistributedConfig{}.with_toml(text); }
   static DistributedConfig from_toml_file(const std::string& path) {
     return DistributedConfig{}.with_toml_file(path);
@@ -195,6 +203,12 @@ struct ConfigField {
   std::string (*format)(const DistributedConfig& c);
 };
 std::span<const ConfigField> distributed_config_fields();
+
+// Every key a DistributedConfig takes: the fields' (distributed_config_fields)
+// and the mesh's two arrays, mesh_shape and mesh_axis_names.
+std::vector<std::string_view> distributed_config_keys();
+// The hint of an unknown key's error: "did you mean 'world_size'? known keys: ...".
+std::string unknown_key_hint(std::string_view key);
 
 // num_processes_per_node = world_size / num_nodes when a source gave world_size
 // or num_nodes but not num_processes_per_node (used by every loader).

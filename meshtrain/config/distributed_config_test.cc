@@ -307,6 +307,37 @@ TEST(DistributedConfigToml, Files) {
   }
 }
 
+TEST(DistributedConfigValues, KeywordValuesSetWhatTomlSets) {
+  // What DistributedConfig(**kw) in Python passes: every key as its text.
+  const DistributedConfig c = DistributedConfig{}.with_values(
+      {{"enabled", "true"}, {"world_size", "8"}, {"num_nodes", "2"}, {"backend", "gloo"},
+       {"tensor_parallel_size", "2"}, {"pipeline_parallel_size", "2"}, {"mixed_precision", "bf16"}},
+      "DistributedConfig");
+  EXPECT_EQ(c, DistributedConfig::from_toml("enabled = true\nworld_size = 8\nnum_nodes = 2\nbackend = \"gloo\"\n"
+                                            "tensor_parallel_size = 2\npipeline_parallel_size = 2\n"
+                                            "mixed_precision = \"bf16\"\n"));
+  EXPECT_EQ(c.num_processes_per_node, 4);  // derived as the loaders derive it
+  EXPECT_EQ(c.data_parallel_size(), 2);
+  const DistributedConfig m = DistributedConfig{}.with_values(
+      {{"world_size", "4"}, {"mesh_shape", "2,2"}, {"mesh_axis_names", "data,tensor"}, {"tensor_parallel_size", "2"}},
+      "DistributedConfig");
+  EXPECT_EQ(m.mesh().to_spec(), "data=2,tensor=2");
+  EXPECT_NO_THROW(m.validate());
+}
+
+TEST(DistributedConfigValues, ErrorsNameTheKey) {
+  auto err = [](std::vector<std::pair<std::string, std::string>> v) {
+    return error_of([&] { DistributedConfig{}.with_values(v, "DistributedConfig(...)"); });
+  };
+  EXPECT_THAT(err({{"wrold_size", "4"}}), HasSubstr("DistributedConfig(...): unknown key 'wrold_size' (hint: did you "
+                                                    "mean 'world_size'?"));
+  EXPECT_THAT(err({{"zzz", "4"}}), Not(HasSubstr("did you mean")));
+  EXPECT_THAT(err({{"world_size", "many"}}), HasSubstr("world_size"));
+  EXPECT_THAT(err({{"mesh_shape", "2,0"}}), HasSubstr("DistributedConfig(...): mesh_shape: 0 is outside [1, "));
+  EXPECT_THAT(err({{"mesh", "data=2"}, {"mesh_shape", "2"}}),
+              HasSubstr("both mesh and mesh_shape/mesh_axis_names are given"));
+}
+
 // ---- launcher environment ----------------------------------------------------------
 
 TEST(DistributedConfigEnv, Torchrun) {

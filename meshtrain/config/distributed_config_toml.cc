@@ -32,29 +32,6 @@ const char* type_name(const toml::node& n) {
   }
 }
 
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-std::vector<std::string_view> known_keys() {
-  std::vector<std::string_view> keys;
-  for (const ConfigField& f : distributed_config_fields()) keys.push_back(f.key);
-  keys.push_back("mesh_shape");
-  keys.push_back("mesh_axis_names");
-  return keys;
-}
-
 bool is_toml_section(std::string_view name) {
   return std::find(std::begin(kTomlSections), std::end(kTomlSections), name) != std::end(kTomlSections);
 }
@@ -66,13 +43,7 @@ std::string toml_section_list() {
 }
 
 [[noreturn]] void unknown_key(std::string_view where, std::string_view key, bool top_level) {
-  const auto keys = known_keys();
-  auto best = std::min_element(keys.begin(), keys.end(), [&](std::string_view a, std::string_view b) {
-    return edit_distance(key, a) < edit_distance(key, b);
-  });
-  std::string hint;
-  if (edit_distance(key, *best) <= std::max<size_t>(2, key.size() / 3)) hint = fmt::format("did you mean '{}'? ", *best);
-  hint += fmt::format("known keys: {}", fmt::join(keys, ", "));
+  std::string hint = unknown_key_hint(key);
   if (top_level) hint += "; in a file with sections, put these keys under [distributed] (training keys under [train])";
   throw InvalidArgument(kOp, fmt::format("{}: unknown key '{}'", where, key), hint);
 }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -39,6 +40,35 @@ std::string escape_xml(std::string_view s) {
     else out += c;
   }
   return out;
+}
+
+namespace {
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string_view closest_name(std::string_view name, std::span<const std::string_view> known) {
+  std::string_view best;
+  size_t best_distance = std::max<size_t>(2, name.size() / 3) + 1;
+  for (std::string_view k : known) {
+    const size_t d = edit_distance(name, k);
+    if (d < best_distance) best = k, best_distance = d;
+  }
+  return best;
 }
 
 std::string NumberRange::to_string() const {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,11 @@ std::string escape_xml(std::string_view s);
 // ten, the smallest such step that puts at most about `ticks` ticks on
 // `span` (span > 0): nice_tick_step(3.3, 5) == 1, nice_tick_step(468, 5) == 100.
 double nice_tick_step(double span, double ticks);
+
+// The name of `known` closest to `name` by edit distance, when it is close
+// enough to be a typo of it (at most max(2, |name| / 3) edits), else "":
+// the "did you mean" of every unknown-key error.
+std::string_view closest_name(std::string_view name, std::span<const std::string_view> known);
 
 // ---- Range-checked numbers -----------------------------------------------------
 //

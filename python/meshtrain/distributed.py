@@ -1,4 +1,4 @@
-"""The seeds' distributed-training utilities (``DataParallel``, ``DistributedMetrics``) on meshtrain.
+"""The seeds' distributed-training names on meshtrain: ``DataParallel``, ``DistributedMetrics``, the configs.
 
 meshtrain runs one program per rank (SPMD, like ``torch.distributed``): a
 batch is sharded by taking this rank's rows, gradients and metrics are
@@ -7,6 +7,12 @@ JAX mesh and a pmap axis name, these take a ``meshtrain.DeviceMesh`` (and an
 axis of it) or a ``Communicator``. Trees of arrays are dicts, lists and
 tuples of numpy arrays (and Python scalars for metrics); arrays are reduced
 in place and sliced as views, never copied.
+
+``DistributedConfig`` is meshtrain's job configuration (C++
+``config::DistributedConfig``); ``FSDP2Config``, ``ZeroPlusPlusConfig`` and
+``ContextParallelConfig`` are options of ``meshtrain.train``:
+
+    meshtrain.train(model="gpt", mesh="data=2,fsdp=2", fsdp=FSDP2Config(sharding_strategy="full"))
 """
 
 import numbers
@@ -14,8 +20,11 @@ import numbers
 import numpy as np
 
 from . import _meshtrain
+from ._meshtrain import DistributedConfig
+from ._options import ContextParallelConfig, FSDP2Config, ZeroPlusPlusConfig, init_context_parallel_group
 
-__all__ = ["BatchSharding", "DataParallel", "DistributedMetrics"]
+__all__ = ["BatchSharding", "ContextParallelConfig", "DataParallel", "DistributedConfig", "DistributedMetrics",
+           "FSDP2Config", "ZeroPlusPlusConfig", "init_context_parallel_group"]
 
 
 def _map(tree, fn):

@@ -136,11 +136,18 @@ class Mesh {
   std::shared_ptr<mesh::DeviceMesh> mesh_;
 };
 
+// ---- configs (configs.cc) ----
+
+// A Python value as meshtrain's parsers take text: True -> "true", a list or
+// tuple -> "a,b", anything else str().
+std::string value_text(py::handle v);
+
 // ---- the module's parts ----
 void bind_errors(py::module_& m);    // module.cc
 void bind_comm(py::module_& m);      // comm.cc: Work, Communicator, DeviceMesh, launch
 void bind_sharding(py::module_& m);  // sharding.cc: PartitionSpec, Layout, ShardedTensor
 void bind_scaling(py::module_& m);   // scaling.cc: mesh planning, the seeds' configs and strategy rules
+void bind_configs(py::module_& m);   // configs.cc: DistributedConfig
 void bind_train(py::module_& m);     // train.cc: train, plan, load
 
 }  // namespace meshtrain::python

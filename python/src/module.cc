@@ -100,5 +100,6 @@ PYBIND11_MODULE(_meshtrain, m) {
   bind_comm(m);
   bind_sharding(m);
   bind_scaling(m);
+  bind_configs(m);
   bind_train(m);
 }

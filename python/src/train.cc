@@ -2,11 +2,15 @@
 #include <fmt/format.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 
 #include "meshtrain/comm/engine_registry.h"
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/config/job_overrides.h"
+#include "meshtrain/core/strings.h"
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/plan/time_model.h"
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/model_parameters.h"
@@ -43,35 +47,80 @@ void bind_train(py::module_& m) {
       });
   m.def(
       "train",
-      [](std::optional<std::string> config_file, const py::kwargs& overrides) {
+      [](std::optional<std::string> config_file, const py::kwargs& kwargs) {
         const char* op = "meshtrain.train";
         train::TrainConfig tc = config_file ? train::TrainConfig::from_toml_file(*config_file) : train::TrainConfig{};
+        config::DistributedConfig dc = config_file ? config::DistributedConfig::from_toml_file(*config_file)
+                                                   : config::DistributedConfig{};
         config::JobOverrides job{.config_source = config_file.value_or("")};
         job.gloo_available = comm::engines().find("gloo") != nullptr;
         std::string timeout = "300";
-        for (const auto& [k, v] : overrides) {
+        std::optional<int> secondary_group_size;
+        // Every key once, as text, with where it came from: a keyword, or an
+        // options object's train_options() (FSDP2Config, ZeroPlusPlusConfig, ...).
+        struct Given {
+          std::string text, from;
+        };
+        std::vector<std::pair<std::string, Given>> keys;
+        auto add = [&](const std::string& key, py::handle v, const std::string& from) {
+          const std::string text = value_text(v);
+          for (const auto& [k, g] : keys)
+            if (k == key && g.text != text)
+              throw InvalidArgument(op, fmt::format("{} is {} by {} but {} by {}", key, g.text, g.from, text, from),
+                                    "give each key once");
+          keys.emplace_back(key, Given{text, from});
+        };
+        for (const auto& [k, v] : kwargs) {
           const std::string key = k.cast<std::string>();
-          // Python values as the TOML and the flags spell them.
-          std::string text;
-          if (py::isinstance<py::bool_>(v)) text = v.cast<bool>() ? "true" : "false";
-          else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
-            for (const py::handle item : v) {
-              if (!text.empty()) text += ',';
-              text += py::str(item).cast<std::string>();
-            }
-          } else text = py::str(v).cast<std::string>();
-          if (key == "engine") job.engine = text;
-          else if (key == "devices") job.devices = text;
-          else if (key == "mesh") job.mesh = text;
-          else if (key == "mixed_precision") job.mixed_precision = text;
-          else if (key == "precision") job.precision = text;
-          else if (key == "timeout") timeout = text;
-          else tc.set(key, text, fmt::format("{}({}=...)", op, key));
+          if (key == "distributed") {
+            if (!py::isinstance<config::DistributedConfig>(v))
+              throw InvalidArgument(op, "distributed= takes a meshtrain.distributed.DistributedConfig",
+                                    "pass distributed=DistributedConfig(world_size=4, ...)");
+            dc = v.cast<config::DistributedConfig>();  // replaces the file's [distributed]
+          } else if (py::hasattr(v, "train_options")) {
+            const std::string from =
+                fmt::format("{}={}", key, py::str(py::type::of(v).attr("__name__")).cast<std::string>());
+            for (const auto& [k2, v2] : v.attr("train_options")().cast<py::dict>()) add(k2.cast<std::string>(), v2, from);
+          } else {
+            add(key, v, key);
+          }
+        }
+        const auto dc_keys = config::distributed_config_keys();
+        std::vector<std::pair<std::string, std::string>> dc_values;
+        for (const auto& [key, g] : keys) {
+          const std::string source = fmt::format("{}({}=...)", op, key);
+          if (key == "engine") job.engine = g.text;
+          else if (key == "devices") job.devices = g.text;
+          else if (key == "mesh") job.mesh = g.text;
+          else if (key == "mixed_precision") job.mixed_precision = g.text;
+          else if (key == "precision") job.precision = g.text;
+          else if (key == "timeout") timeout = g.text;
+          else if (key == "zeropp_secondary_group_size")
+            secondary_group_size = static_cast<int>(parse_int_in_range(g.text, source, 1, INT32_MAX, op));
+          else if (std::find(dc_keys.begin(), dc_keys.end(), key) != dc_keys.end()) dc_values.emplace_back(key, g.text);
+          else tc.set(key, g.text, source);
         }
         tc.validate();
-        config::DistributedConfig dc = config_file ? config::DistributedConfig::from_toml_file(*config_file)
-                                                   : config::DistributedConfig{};
-        dc = config::apply_job_overrides(dc.with_env(config::read_launcher_env()), job);
+        dc = config::apply_job_overrides(dc.with_values(dc_values, op).with_env(config::read_launcher_env()), job);
+        // A size given as a key that the mesh (or the engine) then changed is a contradiction, not an override.
+        for (const auto& [key, text] : dc_values)
+          for (const config::ConfigField& f : config::distributed_config_fields())
+            if (f.key == key && f.format(dc.with_values({{key, text}}, op)) != f.format(dc))
+              throw InvalidArgument(op,
+                                    fmt::format("{}={} but the job's mesh {} makes it {}", key, text,
+                                                dc.mesh().to_spec(), f.format(dc)),
+                                    "give it once: in the mesh, or as the key without a mesh");
+        if (secondary_group_size) {
+          const mesh::NamedShape m = dc.mesh();
+          const int node_local = m.size_of(mesh::kFsdp);
+          if (*secondary_group_size != node_local)
+            throw InvalidArgument(op,
+                                  fmt::format("ZeroPlusPlusConfig's secondary_group_size {} is not the mesh {}'s "
+                                              "ranks per node ({}, its fsdp axis)",
+                                              *secondary_group_size, m.to_spec(), node_local),
+                                  "leave secondary_group_size None (the mesh's node x fsdp split decides), or use "
+                                  "a mesh node=K,fsdp=L with L = secondary_group_size");
+        }
         const double seconds = std::stod(timeout);
         const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
         const comm::LaunchOptions launch{.engine = dc.backend,
@@ -86,9 +135,36 @@ void bind_train(py::module_& m) {
       },
       py::arg("config") = py::none(),
       "Runs the trainer as `meshtrain train` does: `config` a TOML file (its [train] and [distributed] "
-      "sections), keyword overrides its keys (the TOML names: model, max_steps, batch_size, run_dir, ...) and "
-      "engine, devices, mesh, precision, timeout as the flags. Returns a TrainResult (per-step losses, the final "
+      "sections); keywords override its keys: the [train] keys (model, max_steps, batch_size, run_dir, fsdp, "
+      "zeropp, cp_comm, ...), the [distributed] keys (world_size, tensor_parallel_size, context_parallel_size, "
+      "...), engine, devices, mesh, precision and timeout as the flags; distributed=DistributedConfig(...) "
+      "replaces the file's [distributed]; an options object (FSDP2Config, ZeroPlusPlusConfig, "
+      "ContextParallelConfig from meshtrain.distributed) given under any keyword adds its train_options(). A key "
+      "given twice with different values is an error. Returns a TrainResult (per-step losses, the final "
       "evaluation, the run directory). The GIL is released while it trains.");
+
+  m.def(
+      "_check_train_options",
+      [](const py::dict& options, const std::string& source) {
+        try {
+          train::TrainConfig tc;
+          std::vector<std::pair<std::string, std::string>> dc_values;
+          const auto dc_keys = config::distributed_config_keys();
+          for (const auto& [k, v] : options) {
+            const std::string key = k.cast<std::string>(), text = value_text(v);
+            if (key == "mixed_precision" || key == "precision") (void)layout::parse_precision(text, key);
+            else if (key == "zeropp_secondary_group_size") (void)parse_int_in_range(text, key, 1, INT32_MAX, source);
+            else if (std::find(dc_keys.begin(), dc_keys.end(), key) != dc_keys.end()) dc_values.emplace_back(key, text);
+            else tc.set(key, text, key);
+          }
+          tc.validate();
+          (void)config::DistributedConfig{}.with_values(dc_values, "");
+        } catch (const InvalidArgument& e) {
+          throw InvalidArgument(source, fmt::format("{}: {}", e.op(), e.detail()), e.hint());
+        }
+      },
+      py::arg("options"), py::arg("source"),
+      "Checks meshtrain.train keys by the parsers meshtrain.train uses (the options classes call it).");
 
   m.def(
       "plan",
