@@ -17,6 +17,7 @@ builtin a Python caller expects (``InvalidArgument`` is a ``ValueError``,
     meshtrain.launch(step, engine="threads", ranks=4)  # [10.0, 10.0, 10.0, 10.0]
 """
 
+import atexit as _atexit
 import os as _os
 import sys as _sys
 
@@ -55,11 +56,14 @@ from ._meshtrain import (
     distribute_replicated,
     engine_from_environment,
     gather,
+    init,
+    is_initialized,
     launch,
     load,
     plan,
     redistribute,
     render_mesh,
+    shutdown,
     train,
     visualize_sharding,
 )
@@ -89,13 +93,19 @@ __all__ = [
     "distribute_replicated",
     "engine_from_environment",
     "gather",
+    "init",
+    "is_initialized",
     "launch",
     "load",
     "plan",
     "redistribute",
     "render_mesh",
+    "shutdown",
     "train",
     "visualize_sharding",
 ]
+
+# Leave a job joined by init() before the interpreter (and MPI) goes away.
+_atexit.register(shutdown)
 
 from . import distributed, scaling  # noqa: E402  (the seeds' names: meshtrain.scaling, meshtrain.distributed)

@@ -3,9 +3,12 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/config/distributed_config.h"
@@ -217,6 +220,10 @@ std::string engine_from_environment() {
   return "threads";
 }
 
+// The world of the launch() rank this thread runs (init() there returns it).
+thread_local comm::Communicator* t_launch_world = nullptr;
+thread_local std::shared_ptr<std::atomic<bool>> t_launch_alive;
+
 py::list launch(py::function fn, std::optional<std::string> engine_name, std::optional<int> ranks_given,
                 double timeout, bool bind_to_cores) {
   const char* op = "meshtrain.launch";
@@ -239,6 +246,8 @@ py::list launch(py::function fn, std::optional<std::string> engine_name, std::op
     try {
       comm::launch(options, [&](comm::Communicator& world) {
         t_rank = true;
+        t_launch_world = &world;
+        t_launch_alive = alive;
         struct TurnGuard {
           TurnGuard() { take_turn(); }
           ~TurnGuard() { give_turn(); }  // after the GIL (destroyed after `gil`)
@@ -249,7 +258,11 @@ py::list launch(py::function fn, std::optional<std::string> engine_name, std::op
           std::lock_guard<std::mutex> lock(results_mu);
           if (results.size() < static_cast<size_t>(world.size())) results.resize(static_cast<size_t>(world.size()));
           results.at(static_cast<size_t>(world.rank())) = std::move(r);
+          t_launch_world = nullptr;
+          t_launch_alive.reset();
         } catch (py::error_already_set& e) {
+          t_launch_world = nullptr;
+          t_launch_alive.reset();
           const std::string message = fmt::format("rank {} raised {}", world.rank(), e.what());
           // An AbortedError echoes another rank's failure: the cause is the
           // first failure that is not one (launch() rethrows it likewise).
@@ -282,6 +295,109 @@ py::list launch(py::function fn, std::optional<std::string> engine_name, std::op
   for (py::object& r : results) out.append(r ? r : py::none());
   results.clear();  // with the GIL held
   return out;
+}
+
+// ---- init ----
+//
+// init() joins the job this process belongs to and returns its world
+// communicator, which stays usable until shutdown(). The engines hand out a
+// world only inside comm::launch's callback, so a runner thread calls
+// launch() and parks in the callback; shutdown() releases it and joins. MPI
+// is initialized there with MPI_THREAD_MULTIPLE, so the Python thread may
+// call it.
+struct InitState {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::thread runner;
+  comm::Communicator* world = nullptr;  // while the runner is parked
+  bool release = false;                 // shutdown() asked the runner to return
+  bool done = false;                    // the runner's launch() returned
+  std::exception_ptr error;             // what launch() threw
+  std::shared_ptr<std::atomic<bool>> alive;
+  std::string engine;
+};
+
+InitState& init_state() {
+  static auto* s = new InitState;  // never destroyed: shutdown() runs from atexit
+  return *s;
+}
+
+bool is_initialized() {
+  if (t_launch_world) return true;
+  InitState& s = init_state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.world != nullptr;
+}
+
+void shutdown() {
+  InitState& s = init_state();
+  if (!s.runner.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.release = true;
+  }
+  s.cv.notify_all();
+  if (s.alive) s.alive->store(false);
+  {
+    py::gil_scoped_release release;
+    s.runner.join();
+  }
+  std::exception_ptr error = std::exchange(s.error, nullptr);
+  s.world = nullptr;
+  s.engine.clear();
+  if (error) std::rethrow_exception(error);
+}
+
+Comm init(std::optional<std::string> engine_name, double timeout) {
+  const char* op = "meshtrain.init";
+  if (t_launch_world) return Comm(t_launch_world, t_launch_alive);  // a rank of launch(): its world
+  InitState& s = init_state();
+  const std::string engine = engine_name ? *engine_name : engine_from_environment();
+  if (s.runner.joinable()) {
+    if (engine != s.engine)
+      throw InvalidArgument(op, fmt::format("this process already joined a {} job", s.engine),
+                            fmt::format("call meshtrain.shutdown() before joining a {} job", engine));
+    return Comm(s.world, s.alive);
+  }
+  const comm::LaunchOptions options{.engine = engine, .ranks = engine == "threads" ? 1 : 0,
+                                    .timeout = to_ms(timeout, op), .bind_to_cores = false};
+  s.alive = std::make_shared<std::atomic<bool>>(true);
+  s.release = s.done = false;
+  s.error = nullptr;
+  s.world = nullptr;
+  s.engine = engine;
+  s.runner = std::thread([&s, options] {
+    try {
+      comm::launch(options, [&s](comm::Communicator& world) {
+        std::unique_lock<std::mutex> lock(s.mu);
+        s.world = &world;
+        s.cv.notify_all();
+        s.cv.wait(lock, [&s] { return s.release; });
+      });
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.done = true;
+    }
+    s.cv.notify_all();
+  });
+  {
+    py::gil_scoped_release release;  // joining may wait for the other processes (rendezvous)
+    std::unique_lock<std::mutex> lock(s.mu);
+    s.cv.wait(lock, [&s] { return s.world != nullptr || s.done; });
+  }
+  if (!s.world) {  // the engine failed to start: its error, and nothing left running
+    {
+      py::gil_scoped_release release;
+      s.runner.join();
+    }
+    s.engine.clear();
+    std::rethrow_exception(std::exchange(s.error, nullptr));
+  }
+  return Comm(s.world, s.alive);
 }
 
 }  // namespace
@@ -382,6 +498,17 @@ void bind_comm(py::module_& m) {
         "torchrun, else threads). threads: `ranks` threads of this process (default 1); mpi, gloo: this "
         "process's rank of the job (ranks None or 0: the job's size). A rank that raises ends the job: the "
         "others' waits fail at once, and launch raises RankError naming the rank, from its exception.");
+  m.def("init", &init, py::arg("engine") = py::none(),
+        py::arg("timeout") = static_cast<double>(comm::kDefaultTimeout.count()) / 1000,
+        "Joins the job this process belongs to (torch.distributed.init_process_group) and returns its world "
+        "Communicator, usable until shutdown(). engine None: the job's (mpi under mpirun, gloo under `meshtrain "
+        "launch` or torchrun, else threads, a world of this one rank). Inside a function launch() runs it returns "
+        "that rank's world. Calling it again returns the same world; shutdown() runs at exit.");
+  m.def("shutdown", &shutdown,
+        "Leaves the job init() joined (torch.distributed.destroy_process_group): every rank calls it; the "
+        "world and its meshes and split communicators raise afterwards. Nothing to do when not joined.");
+  m.def("is_initialized", &is_initialized,
+        "True between init() and shutdown() (and inside a function launch() runs).");
   m.def("engine_from_environment", &engine_from_environment,
         "The engine launch() uses when none is given: mpi under mpirun, gloo under `meshtrain launch` or "
         "torchrun, else threads.");

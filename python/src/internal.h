@@ -89,8 +89,9 @@ class Comm {
 
   comm::Communicator& get(const char* op) const {
     if (!alive_->load())
-      throw InvalidArgument(op, "a communicator used after its launch ended",
-                            "use a rank's communicator only inside the function launch() runs");
+      throw InvalidArgument(op, "a communicator used after its job ended",
+                            "use a rank's communicator inside the function launch() runs, or between init() and "
+                            "shutdown()");
     return *c_;
   }
   std::shared_ptr<std::atomic<bool>> alive() const { return alive_; }
@@ -114,8 +115,8 @@ class Mesh {
   }
   const mesh::DeviceMesh& get(const char* op) const {
     if (!alive_->load())
-      throw InvalidArgument(op, "a DeviceMesh used after its launch ended",
-                            "use a rank's mesh only inside the function launch() runs");
+      throw InvalidArgument(op, "a DeviceMesh used after its job ended",
+                            "use a rank's mesh inside the function launch() runs, or between init() and shutdown()");
     return *mesh_;
   }
   Comm comm(const std::vector<std::string>& axes) {

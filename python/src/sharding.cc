@@ -29,8 +29,8 @@ struct PySharded {
   std::shared_ptr<std::atomic<bool>> alive;
   const sharding::ShardedTensor& get(const char* op) const {
     if (!alive->load())
-      throw InvalidArgument(op, "a ShardedTensor used after its launch ended",
-                            "use it only inside the function launch() runs");
+      throw InvalidArgument(op, "a ShardedTensor used after its job ended",
+                            "use it inside the function launch() runs, or between init() and shutdown()");
     return tensor;
   }
 };
@@ -39,7 +39,8 @@ const PyLayout& on_mesh(const PyLayout& l, const char* op) {
   if (!l.mesh)
     throw InvalidArgument(op, "a layout without a DeviceMesh", "build it as Layout(mesh, spec, global_shape)");
   if (!l.alive->load())
-    throw InvalidArgument(op, "a Layout used after its launch ended", "use it only inside the function launch() runs");
+    throw InvalidArgument(op, "a Layout used after its job ended",
+                          "use it inside the function launch() runs, or between init() and shutdown()");
   return l;
 }
 

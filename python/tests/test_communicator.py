@@ -248,7 +248,7 @@ def test_arrays_the_engines_cannot_take_are_refused_with_the_reason():
 
 def test_a_communicator_outliving_its_launch_raises():
     kept = run(lambda w: w, ranks=1)[0]
-    with pytest.raises(meshtrain.InvalidArgument, match="after its launch ended"):
+    with pytest.raises(meshtrain.InvalidArgument, match="after its job ended"):
         kept.barrier()
 
 
