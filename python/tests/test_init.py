@@ -3,6 +3,7 @@ until shutdown() (or exit): in this process (a world of one rank), inside
 launch() (the rank's world), under mpirun and under `meshtrain launch`."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,8 +58,9 @@ def run(command, engine, *extra):
                OMPI_MCA_rmaps_base_oversubscribe="1")
     done = subprocess.run(command + [sys.executable, SCRIPT, engine, *extra], env=env, capture_output=True, text=True,
                           timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = sorted(line.split("] ")[-1] for line in done.stdout.splitlines() if f"engine {engine}" in line)
+    assert done.returncode == 0, f"exit status {done.returncode}\n{done.stdout}{done.stderr}"
+    # (mpirun forwards each process's output as it comes; a line's newline may arrive after the other's line)
+    lines = sorted(re.findall(rf"rank \d of \d engine {engine}: sum \d+ max \d+", done.stdout))
     assert lines == [f"rank {r} of 2 engine {engine}: sum 3 max 1" for r in range(2)], done.stdout
 
 
