@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -87,13 +88,7 @@ int run_train(TrainFlags& f) {
       // A boolean flag alone means true: --overwrite, --drop-last.
       tc.set(field.key, text.empty() && field.kind == train::TrainFieldKind::boolean ? "true" : text, field.flag);
     }
-  if (!tc.resume.empty()) {  // the run continues in its own directory
-    if (f.app->get_option("--run-dir")->count() > 0 &&
-        std::filesystem::path(tc.run_dir).lexically_normal() != std::filesystem::path(tc.resume).lexically_normal())
-      throw InvalidArgument("--run-dir", fmt::format("--run-dir {} with --resume {}", tc.run_dir, tc.resume),
-                            "a resumed run continues in its own directory: drop --run-dir");
-    tc.run_dir = tc.resume;
-  }
+  tc.continue_in_resumed_directory(f.app->get_option("--run-dir")->count() > 0, "--run-dir");
   tc.validate();
 
   config::DistributedConfig dc =
@@ -129,7 +124,17 @@ int run_train(TrainFlags& f) {
     fmt::print("layout: {}\n", resolved.layout.describe());
     std::fflush(stdout);
   }
-  const train::TrainResult r = train::run_training(resolved, dc, launch);
+  // Ctrl-C (or a scheduler's SIGTERM) stops every rank after the same step,
+  // with a checkpoint when --checkpoint-every is set; a second one kills.
+  train::StopRequest stop;
+  train::TrainResult r;
+  try {
+    train::StopOnSignals on_signals(stop, {SIGINT, SIGTERM});
+    r = train::run_training(resolved, dc, launch, &stop);
+  } catch (const train::TrainingInterrupted& e) {
+    if (main) fmt::print(stderr, "{}\n", e.what());
+    return e.signal() > 0 ? 128 + e.signal() : 1;
+  }
   if (main) {
     // "1234 samples/s", or with the recipe's unit "56789 tokens/s, 1234 samples/s".
     const std::string rate =

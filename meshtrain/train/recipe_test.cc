@@ -7,11 +7,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/random.h"
@@ -116,7 +119,8 @@ void register_linreg() {
   });
 }
 
-TrainResult train_linreg(const std::string& tag, int ranks, const std::string& fsdp) {
+TrainResult train_linreg(const std::string& tag, int ranks, const std::string& fsdp,
+                         const StopRequest* stop = nullptr, int64_t checkpoint_every = 0) {
   register_linreg();
   TrainConfig tc;
   tc.model = "linreg";
@@ -134,12 +138,14 @@ TrainResult train_linreg(const std::string& tag, int ranks, const std::string& f
   const fs::path dir = fs::temp_directory_path() / ("meshtrain_recipe_test_" + tag);
   tc.run_dir = dir.string();
   tc.overwrite = true;
+  tc.checkpoint_every = checkpoint_every;
   config::DistributedConfig dc;
   dc.world_size = ranks;
   dc.num_processes_per_node = ranks;
   dc.mesh_shape = {ranks};
   dc.mesh_axis_names = {fsdp.empty() ? "data" : "fsdp"};
-  return run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = ranks, .timeout = std::chrono::seconds(60)});
+  return run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = ranks, .timeout = std::chrono::seconds(60)},
+                      stop);
 }
 
 TEST(ModelRecipe, ARegisteredRecipeTrainsThroughTheSameLoop) {
@@ -177,6 +183,51 @@ TEST(ModelRecipe, FullyShardedRunsTheSameRecipeToTheSameNumbers) {
   const std::vector<double> a = ddp.final_parameters[0].second.to_vector(),
                             b = zero3.final_parameters[0].second.to_vector();
   for (size_t k = 0; k < a.size(); ++k) EXPECT_NEAR(a[k], b[k], 1e-5) << k;
+}
+
+TEST(StopRequest, ARequestBeforeTheFirstStepStopsEveryRankAfterIt) {
+  StopRequest stop;
+  stop.request();
+  try {
+    train_linreg("stop_first", 4, "zero3", &stop);
+    ADD_FAILURE() << "no TrainingInterrupted";
+  } catch (const TrainingInterrupted& e) {
+    EXPECT_EQ(e.step(), 1);
+    EXPECT_EQ(e.signal(), 0);
+    EXPECT_THAT(e.what(), HasSubstr("stopped after step 1 of 128: "));
+    EXPECT_THAT(e.what(), HasSubstr("was not committed and nothing was kept"));
+  }
+  // Nothing committed, nothing staged (no checkpoints were asked for).
+  const fs::path dir = fs::temp_directory_path() / "meshtrain_recipe_test_stop_first";
+  EXPECT_FALSE(fs::exists(dir / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(dir.string() + ".incomplete"));
+}
+
+TEST(StopRequest, ARequestAtAnyMomentStopsEveryRankAfterTheSameStepWithACheckpoint) {
+  // Requested from another thread while 4 ranks train: they read it at
+  // different moments, but agree through the step's reduction (a rank that
+  // went on alone would wait for the others and time out).
+  for (int delay_us : {0, 300, 3000}) {
+    StopRequest stop;
+    std::thread requester([&] {
+      std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+      stop.request(SIGINT);
+    });
+    const std::string tag = fmt::format("stop_{}", delay_us);
+    try {
+      train_linreg(tag, 4, "zero3", &stop, /*checkpoint_every=*/1000);
+      requester.join();
+      ADD_FAILURE() << "no TrainingInterrupted";
+      continue;
+    } catch (const TrainingInterrupted& e) {
+      requester.join();
+      EXPECT_EQ(e.signal(), SIGINT);
+      EXPECT_THAT(e.what(), HasSubstr(fmt::format("stopped after step {} of 128 (SIGINT)", e.step())));
+      const fs::path staging = fs::temp_directory_path() / ("meshtrain_recipe_test_" + tag + ".incomplete");
+      EXPECT_TRUE(fs::is_directory(staging / "checkpoints" / fmt::format("step_{:08d}", e.step()))) << e.what();
+      fs::remove_all(staging);
+    }
+  }
 }
 
 TEST(ModelRecipe, UnknownNamesListTheRegisteredRecipes) {

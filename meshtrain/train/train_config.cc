@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -353,6 +354,15 @@ TrainConfig TrainConfig::from_toml_file(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return from_toml(ss.str(), path);
+}
+
+void TrainConfig::continue_in_resumed_directory(bool run_dir_given, std::string_view flag) {
+  if (resume.empty()) return;
+  if (run_dir_given &&
+      std::filesystem::path(run_dir).lexically_normal() != std::filesystem::path(resume).lexically_normal())
+    throw InvalidArgument(std::string(flag), fmt::format("run_dir {} with resume {}", run_dir, resume),
+                          "a resumed run continues in its own directory: drop run_dir");
+  run_dir = resume;
 }
 
 void TrainConfig::validate() const {

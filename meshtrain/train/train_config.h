@@ -160,6 +160,10 @@ struct TrainConfig {
   void set(std::string_view key, std::string_view value, std::string_view source);
   // Throws InvalidArgument saying what to change.
   void validate() const;
+  // A resumed run (resume set) continues in its own directory: run_dir
+  // becomes resume. `run_dir_given`: the user also gave run_dir, which must
+  // then name the same directory (InvalidArgument naming `flag` otherwise).
+  void continue_in_resumed_directory(bool run_dir_given, std::string_view flag);
   // A [train] section with every key, each value written as its TOML type
   // (strings quoted and escaped, numbers, booleans, hidden as an array);
   // from_toml(to_toml()) gives the same config.

@@ -19,6 +19,23 @@ std::string error_of(const std::function<void()>& f) {
   return "no error";
 }
 
+TEST(TrainConfig, AResumedRunContinuesInItsOwnDirectory) {
+  TrainConfig c;
+  c.resume = "runs/a";
+  c.continue_in_resumed_directory(false, "--run-dir");
+  EXPECT_EQ(c.run_dir, "runs/a");
+  c.run_dir = "runs/./a";
+  EXPECT_NO_THROW(c.continue_in_resumed_directory(true, "--run-dir"));
+  c.run_dir = "runs/b";
+  EXPECT_THAT(error_of([&] { c.continue_in_resumed_directory(true, "--run-dir"); }),
+              HasSubstr("--run-dir: run_dir runs/b with resume runs/a (hint: a resumed run continues in its own "
+                        "directory: drop run_dir)"));
+  TrainConfig fresh;
+  fresh.run_dir = "runs/b";
+  fresh.continue_in_resumed_directory(true, "--run-dir");
+  EXPECT_EQ(fresh.run_dir, "runs/b");
+}
+
 TEST(TrainConfig, TomlOverridesDefaultsAndRoundTrips) {
   auto c = TrainConfig::from_toml(R"(
 [distributed]

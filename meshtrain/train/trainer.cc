@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <deque>
 #include <cmath>
 #include <memory>
@@ -73,6 +74,7 @@ struct Shared {  // results and files of world rank 0
   std::mutex mu;
   TrainResult result;
   std::optional<RunDirectory> dir;  // world rank 0's process only
+  const StopRequest* stop = nullptr;  // read by every rank once per step
 };
 
 // What one optimizer step did.
@@ -300,6 +302,11 @@ class Run {
           save(step, bar);
           last_saved = step;
         }
+        if (stop_after_step_) {
+          if (tc_.checkpoint_every > 0 && last_saved != step) save(step, bar);
+          if (main_) bar.finish();
+          throw interrupted(step, total);
+        }
       }
       if (epoch == first_epoch) record_training_figures(memory_, comms, *world_, main_ ? &shared_.result : nullptr);
       check_parameters(step);
@@ -377,10 +384,13 @@ class Run {
     // rank sees the same numbers. The parameters checked are the ones the
     // previous step produced (this rank's shards under fsdp); the gradients
     // are checked by the strategy's collective grads_finite().
-    double v[2] = {loss / s, optim::values_finite(opt_params_) ? 0.0 : 1.0};
-    dp_comm_->all_reduce(v, v, 2, DType::f64, comm::ReduceOp::sum);
-    any_over_tensor(v[1]);  // tensor-parallel ranks hold different blocks; the loss is the same on each
-    if (pp_ != nullptr) pp_->all_reduce(v, v, 2, DType::f64, comm::ReduceOp::sum);  // the last stage's loss
+    // A stop request rides along, so every rank stops after the same step.
+    double v[3] = {loss / s, optim::values_finite(opt_params_) ? 0.0 : 1.0,
+                   shared_.stop != nullptr && shared_.stop->requested() ? 1.0 : 0.0};
+    dp_comm_->all_reduce(v, v, 3, DType::f64, comm::ReduceOp::sum);
+    any_over_tensor(v + 1, 2);  // tensor-parallel ranks hold different blocks; the loss is the same on each
+    if (pp_ != nullptr) pp_->all_reduce(v, v, 3, DType::f64, comm::ReduceOp::sum);  // the last stage's loss
+    stop_after_step_ = v[2] > 0;
     const bool grads_finite = parallel_->grads_finite();
     StepOutcome out;
     out.loss = v[0];
@@ -611,8 +621,26 @@ class Run {
 
   // x = the sum of x over the tensor axis (a count of ranks that saw a
   // problem: every rank then decides alike).
-  void any_over_tensor(double& x) {
-    if (tp_.size() > 1) tp_.comm->all_reduce(&x, &x, 1, DType::f64, comm::ReduceOp::sum);
+  void any_over_tensor(double* x, size_t n) {
+    if (tp_.size() > 1) tp_.comm->all_reduce(x, x, n, DType::f64, comm::ReduceOp::sum);
+  }
+
+  // What every rank throws after the step a stop request ended the run at.
+  TrainingInterrupted interrupted(int64_t step, int64_t total) const {
+    const int sig = shared_.stop != nullptr ? shared_.stop->signal() : 0;
+    const std::string why = sig == SIGINT ? " (SIGINT)" : sig == SIGTERM ? " (SIGTERM)" : "";
+    const std::string run = shared_.dir ? shared_.dir->path() : tc_.run_dir.empty() ? "the run directory" : tc_.run_dir;
+    if (tc_.checkpoint_every > 0)
+      return TrainingInterrupted(step, sig, "meshtrain train",
+                                 fmt::format("stopped after step {} of {}{}: {} was not committed; its staging "
+                                             "directory keeps the checkpoint of step {}",
+                                             step, total, why, run, step),
+                                 fmt::format("continue with --resume {}", run));
+    return TrainingInterrupted(step, sig, "meshtrain train",
+                               fmt::format("stopped after step {} of {}{}: {} was not committed and nothing was "
+                                           "kept",
+                                           step, total, why, run),
+                               "set --checkpoint-every N to keep checkpoints that --resume continues from");
   }
 
   // Collective: stops the run when this rank's parameters (its shards under
@@ -621,7 +649,7 @@ class Run {
   void check_parameters(int64_t steps) {
     double bad = optim::values_finite(opt_params_) ? 0.0 : 1.0;
     dp_comm_->all_reduce(&bad, &bad, 1, DType::f64, comm::ReduceOp::sum);
-    any_over_tensor(bad);
+    any_over_tensor(&bad, 1);
     if (pp_ != nullptr) pp_->all_reduce(&bad, &bad, 1, DType::f64, comm::ReduceOp::sum);
     if (bad > 0)
       throw diverged(steps - 1,
@@ -708,17 +736,18 @@ class Run {
   int64_t updates_ = 0;  // optimizer updates applied (skipped steps excluded)
   comm::Communicator* world_;
   std::string checkpoints_;  // <staging>/checkpoints, on every rank
+  bool stop_after_step_ = false;  // a stop request reached some rank during this step
 };
 
 }  // namespace
 
 TrainResult run_training(const TrainConfig& tc, const config::DistributedConfig& dc,
-                         const comm::LaunchOptions& launch) {
-  return run_training(resolve_training(tc, dc), dc, launch);
+                         const comm::LaunchOptions& launch, const StopRequest* stop) {
+  return run_training(resolve_training(tc, dc), dc, launch, stop);
 }
 
 TrainResult run_training(const ResolvedTraining& resolved, const config::DistributedConfig& dc,
-                         const comm::LaunchOptions& launch) {
+                         const comm::LaunchOptions& launch, const StopRequest* stop) {
   const TrainConfig& tc = resolved.config;
   const int ranks_here = launch.engine == comm::Engine::threads ? launch.ranks : 1;
   set_blas_threads(tc.threads_per_rank > 0 ? tc.threads_per_rank : std::max(1, available_cores() / ranks_here));
@@ -726,6 +755,7 @@ TrainResult run_training(const ResolvedTraining& resolved, const config::Distrib
   // share them read-only.
   const std::unique_ptr<ModelRecipe> recipe = make_model_recipe(tc);
   Shared shared;
+  shared.stop = stop;
   comm::launch(launch, [&](comm::Communicator& world) {
     std::string checkpoints;
     if (!internal::prepare_run_directory(world, resolved, dc, recipe->artifacts(), shared.dir, checkpoints)) return;

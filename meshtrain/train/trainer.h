@@ -67,6 +67,7 @@
 #include "meshtrain/core/tensor.h"
 #include "meshtrain/layout/training_layout.h"
 #include "meshtrain/parallel/parallelism.h"
+#include "meshtrain/train/stop.h"
 #include "meshtrain/train/train_config.h"
 #include "meshtrain/train/trainer_state.h"
 
@@ -171,13 +172,15 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
 // The result is filled by world rank 0 (under mpirun the other processes
 // get an empty one). Throws TrainingDiverged (see above), InvalidArgument
 // for a run directory that holds a run, or what the run threw; then
-// run_dir is left as it was.
+// run_dir is left as it was. `stop` (stop.h), when given and requested,
+// ends the run after the step every rank agrees on, with a checkpoint
+// when checkpoint_every is set, and TrainingInterrupted.
 TrainResult run_training(const TrainConfig& tc, const config::DistributedConfig& dc,
-                         const comm::LaunchOptions& launch);
+                         const comm::LaunchOptions& launch, const StopRequest* stop = nullptr);
 // The same for a configuration resolve_training already resolved (as
 // `meshtrain train` does, to print it before the run): it is not resolved
 // again.
 TrainResult run_training(const ResolvedTraining& resolved, const config::DistributedConfig& dc,
-                         const comm::LaunchOptions& launch);
+                         const comm::LaunchOptions& launch, const StopRequest* stop = nullptr);
 
 }  // namespace meshtrain::train

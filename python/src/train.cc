@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdint>
 #include <optional>
 
@@ -14,6 +15,7 @@
 #include "meshtrain/plan/time_model.h"
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/model_parameters.h"
+#include "meshtrain/train/run_dir.h"
 #include "meshtrain/train/trainer.h"
 #include "python/src/internal.h"
 
@@ -49,6 +51,9 @@ void bind_train(py::module_& m) {
       "train",
       [](std::optional<std::string> config_file, const py::kwargs& kwargs) {
         const char* op = "meshtrain.train";
+        // resume=RUN without a config: the run's own config.toml, as `meshtrain train --resume` does.
+        if (!config_file && kwargs.contains("resume") && !kwargs["resume"].is_none())
+          config_file = train::resume_config(value_text(kwargs["resume"]));
         train::TrainConfig tc = config_file ? train::TrainConfig::from_toml_file(*config_file) : train::TrainConfig{};
         config::DistributedConfig dc = config_file ? config::DistributedConfig::from_toml_file(*config_file)
                                                    : config::DistributedConfig{};
@@ -100,6 +105,7 @@ void bind_train(py::module_& m) {
           else if (std::find(dc_keys.begin(), dc_keys.end(), key) != dc_keys.end()) dc_values.emplace_back(key, g.text);
           else tc.set(key, g.text, source);
         }
+        tc.continue_in_resumed_directory(kwargs.contains("run_dir"), "meshtrain.train(run_dir=...)");
         tc.validate();
         dc = config::apply_job_overrides(dc.with_values(dc_values, op).with_env(config::read_launcher_env()), job);
         // A size given as a key that the mesh (or the engine) then changed is a contradiction, not an override.
@@ -126,10 +132,22 @@ void bind_train(py::module_& m) {
         const comm::LaunchOptions launch{.engine = dc.backend,
                                          .ranks = dc.backend == comm::Engine::threads ? dc.world_size : 0,
                                          .timeout = to_ms(seconds, op)};
+        // Ctrl-C stops every rank after the same step (with a checkpoint when checkpoint_every is set), then
+        // raises KeyboardInterrupt here. Python runs its own SIGINT handler only between bytecodes of the main
+        // thread, which waits in C++ meanwhile: so the trainer's handler stands in for it while training (on
+        // the main thread only, where Python would have handled the signal).
+        const py::module_ threading = py::module_::import("threading");
+        const bool main_thread = threading.attr("current_thread")().is(threading.attr("main_thread")());
+        train::StopRequest stop;
         train::TrainResult r;
-        {
+        try {
           py::gil_scoped_release release;  // the trainer's ranks run no Python
-          r = train::run_training(resolved, dc, launch);
+          std::optional<train::StopOnSignals> on_signals;
+          if (main_thread) on_signals.emplace(stop, std::initializer_list<int>{SIGINT});
+          r = train::run_training(resolved, dc, launch, &stop);
+        } catch (const train::TrainingInterrupted& e) {
+          PyErr_SetString(PyExc_KeyboardInterrupt, e.what());
+          throw py::error_already_set();
         }
         return r;
       },
@@ -141,7 +159,9 @@ void bind_train(py::module_& m) {
       "replaces the file's [distributed]; an options object (FSDP2Config, ZeroPlusPlusConfig, "
       "ContextParallelConfig from meshtrain.distributed) given under any keyword adds its train_options(). A key "
       "given twice with different values is an error. Returns a TrainResult (per-step losses, the final "
-      "evaluation, the run directory). The GIL is released while it trains.");
+      "evaluation, the run directory). The GIL is released while it trains. Ctrl-C stops every rank after the "
+      "same step (saving a checkpoint when checkpoint_every is set; the run directory is not committed) and "
+      "raises KeyboardInterrupt saying so; a second Ctrl-C ends the process at once.");
 
   m.def(
       "_check_train_options",
