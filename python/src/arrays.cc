@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cmath>
+#include <optional>
 
 #include "python/src/internal.h"
 
@@ -14,23 +15,25 @@ namespace meshtrain::python {
 // numpy's name of a dtype ("float32").
 std::string dtype_name(const py::dtype& t) { return t.attr("name").cast<std::string>(); }
 
+std::optional<DType> engine_dtype(char kind, py::ssize_t size, char byteorder) {
+  const bool native =
+      byteorder == '=' || byteorder == '|' || byteorder == (std::endian::native == std::endian::little ? '<' : '>');
+  if (!native) return std::nullopt;
+  if (kind == 'f' && size == 4) return DType::f32;
+  if (kind == 'f' && size == 8) return DType::f64;
+  if (kind == 'f' && size == 2) return DType::f16;
+  if (kind == 'i' && size == 1) return DType::i8;
+  if (kind == 'i' && size == 4) return DType::i32;
+  if (kind == 'i' && size == 8) return DType::i64;
+  if (kind == 'u' && size == 1) return DType::u8;
+  return std::nullopt;
+}
+
 // The engine dtype of a numpy array's dtype (numpy has no bfloat16): by
 // kind and size, native byte order (a per-call lookup without Python calls).
 DType dtype_of(const py::array& a, const char* op) {
   const py::dtype t = a.dtype();
-  const char kind = t.kind();
-  const py::ssize_t size = t.itemsize();
-  const char order = t.byteorder();
-  const bool native = order == '=' || order == '|' || order == (std::endian::native == std::endian::little ? '<' : '>');
-  if (native) {
-    if (kind == 'f' && size == 4) return DType::f32;
-    if (kind == 'f' && size == 8) return DType::f64;
-    if (kind == 'f' && size == 2) return DType::f16;
-    if (kind == 'i' && size == 1) return DType::i8;
-    if (kind == 'i' && size == 4) return DType::i32;
-    if (kind == 'i' && size == 8) return DType::i64;
-    if (kind == 'u' && size == 1) return DType::u8;
-  }
+  if (const auto d = engine_dtype(t.kind(), t.itemsize(), t.byteorder())) return *d;
   throw InvalidArgument(op, fmt::format("an array of dtype {}", dtype_name(t)),
                         "pass float32, float64, float16, int8, int32, int64 or uint8 (native byte order)");
 }

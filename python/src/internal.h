@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ namespace meshtrain::python {
 // ---- arrays (arrays.cc) ----
 
 std::string dtype_name(const py::dtype& t);
+// The engine dtype of a numpy dtype's (kind, itemsize, byteorder), or none.
+std::optional<DType> engine_dtype(char kind, py::ssize_t size, char byteorder);
 // The engine dtype of an array (InvalidArgument naming op for another).
 DType dtype_of(const py::array& a, const char* op);
 std::string shape_of(const py::array& a);
@@ -146,6 +149,9 @@ std::string value_text(py::handle v);
 // ---- the module's parts ----
 void bind_errors(py::module_& m);    // module.cc
 void bind_comm(py::module_& m);      // comm.cc: Work, Communicator, DeviceMesh, launch
+// fast_calls.cc: Communicator.all_reduce's common form without pybind11's
+// dispatch (the bound method handles every other form); after bind_comm.
+void add_fast_calls(py::module_& m);
 void bind_sharding(py::module_& m);  // sharding.cc: PartitionSpec, Layout, ShardedTensor
 void bind_scaling(py::module_& m);   // scaling.cc: mesh planning, the seeds' configs and strategy rules
 void bind_configs(py::module_& m);   // configs.cc: DistributedConfig

@@ -98,6 +98,7 @@ PYBIND11_MODULE(_meshtrain, m) {
   m.attr("__version__") = MESHTRAIN_VERSION_STRING;
   bind_errors(m);
   bind_comm(m);
+  add_fast_calls(m);
   bind_sharding(m);
   bind_scaling(m);
   bind_configs(m);

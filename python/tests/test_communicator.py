@@ -246,10 +246,38 @@ def test_arrays_the_engines_cannot_take_are_refused_with_the_reason():
     assert "(3, 2) for 2 ranks" in errors[3]
 
 
+def test_every_way_of_calling_all_reduce_means_the_same():
+    # all_reduce's common forms take a path without pybind11's dispatch; the
+    # others (async_op=True, bad arguments) the bound method: same results, same errors.
+    def fn(w):
+        out = []
+        for call in [lambda x: w.all_reduce(x), lambda x: w.all_reduce(x, "max"), lambda x: w.all_reduce(x, op="max"),
+                     lambda x: w.all_reduce(array=x, op="min", async_op=False),
+                     lambda x: w.all_reduce(x, "avg", True).wait()]:
+            x = np.array([w.rank + 1.0, 10.0], dtype=np.float64)
+            assert call(x) is None
+            out.append(x.tolist())
+        errors = []
+        for bad in [lambda: w.all_reduce(np.ones(2), "median"), lambda: w.all_reduce(np.ones(2), 3),
+                    lambda: w.all_reduce([1.0, 2.0]), lambda: w.all_reduce(np.ones(2), op="sum", nope=1),
+                    lambda: w.all_reduce()]:
+            with pytest.raises((ValueError, TypeError)) as info:
+                bad()
+            errors.append(f"{type(info.value).__name__}: {info.value}")
+        return out, errors
+
+    (out, errors), _ = run(fn, ranks=2)
+    assert out == [[3.0, 20.0], [2.0, 10.0], [2.0, 10.0], [1.0, 10.0], [1.5, 10.0]]
+    assert "median" in errors[0] and errors[0].startswith("InvalidArgument")
+    assert all(e.startswith("TypeError") for e in errors[1:]), errors
+
+
 def test_a_communicator_outliving_its_launch_raises():
     kept = run(lambda w: w, ranks=1)[0]
     with pytest.raises(meshtrain.InvalidArgument, match="after its job ended"):
         kept.barrier()
+    with pytest.raises(meshtrain.InvalidArgument, match="after its job ended"):
+        kept.all_reduce(np.ones(2))
 
 
 def test_bad_launch_arguments():
