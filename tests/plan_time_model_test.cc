@@ -156,8 +156,9 @@ TEST(TimeModel, DataParallelWithoutOverlapExposesEveryCall) {
   ASSERT_EQ(t.devices.size(), 1u);
   const DeviceTime& d = t.devices[0];
   // n = 2: wire = bytes; both ranks in one node of 4: intra.
-  const double comm = all_reduce(2, kBucket, h.intra) + all_reduce(2, 16, h.intra);
-  EXPECT_REL(comm, 2e-6 + (7'475'200.0 + 16) / 1e10);
+  // The loss's all_reduce: 3 f64 (loss, parameter check, stop request).
+  const double comm = all_reduce(2, kBucket, h.intra) + all_reduce(2, 24, h.intra);
+  EXPECT_REL(comm, 2e-6 + (7'475'200.0 + 24) / 1e10);
   EXPECT_REL(d.comm, comm);
   EXPECT_REL(d.comm_exposed, comm);
   const Compute hand = by_hand(4, 2, true, true);  // 4 samples per rank
@@ -171,7 +172,7 @@ TEST(TimeModel, DataParallelWithoutOverlapExposesEveryCall) {
 TEST(TimeModel, DataParallelBucketsHideUnderTheBackward) {
   const Hardware h = easy(true);
   const DeviceTime d = predict_time(kGpt, layout(2, 1, 1, 1), h).devices[0];
-  const double bucket = all_reduce(2, kBucket, h.intra), loss = all_reduce(2, 16, h.intra);
+  const double bucket = all_reduce(2, kBucket, h.intra), loss = all_reduce(2, 24, h.intra);
   ASSERT_GT(by_hand(4, 2, true, true).backward, bucket);  // 7.5e-4 s under ~4e-3 s
   EXPECT_REL(d.comm, bucket + loss);
   EXPECT_REL(d.comm_exposed, loss);  // the loss is always exposed
@@ -183,7 +184,7 @@ TEST(TimeModel, DataParallelBucketsHideUnderTheBackward) {
   const DeviceTime s = predict_time(kGpt, layout(2, 1, 1, 1), slow).devices[0];
   const double slow_bucket = all_reduce(2, kBucket, slow.intra), backward = by_hand(4, 2, true, true).backward;
   ASSERT_GT(slow_bucket, backward);
-  EXPECT_REL(s.comm_exposed, all_reduce(2, 16, slow.intra) + slow_bucket - backward);
+  EXPECT_REL(s.comm_exposed, all_reduce(2, 24, slow.intra) + slow_bucket - backward);
   EXPECT_REL(s.step, s.compute() + s.comm_exposed);
 }
 
@@ -193,11 +194,12 @@ TEST(TimeModel, TensorParallelCommunicationIsAlwaysExposed) {
   ASSERT_EQ(t.devices.size(), 2u);  // both ranks hold 500 rows of wte
   // a = B t C x 4 = 8 x 128 x 256 x 4 = 1,048,576 bytes: 2 blocks x 2 x 2
   // all_reduces (forward, backward), the embedding's and the head's: 10;
-  // the loss's row maxima 4 x 1024 and sums 16 x 1024 bytes; 2 flags of 8.
+  // the loss's row maxima 4 x 1024 and sums 16 x 1024 bytes; the parameter
+  // check with the stop request (16 bytes) and the gradient check (8).
   const double a = 8 * T * C * 4;
   const double comm = 10 * all_reduce(2, a, h.intra) + all_reduce(2, 4 * 1024, h.intra) +
-                      all_reduce(2, 16 * 1024, h.intra) + 2 * all_reduce(2, 8, h.intra);
-  EXPECT_REL(comm, 14e-6 + (10 * 1'048'576.0 + 4096 + 16384 + 16) / 1e10);
+                      all_reduce(2, 16 * 1024, h.intra) + all_reduce(2, 16, h.intra) + all_reduce(2, 8, h.intra);
+  EXPECT_REL(comm, 14e-6 + (10 * 1'048'576.0 + 4096 + 16384 + 24) / 1e10);
   for (const DeviceTime& d : t.devices) {
     EXPECT_REL(d.comm, comm);
     EXPECT_REL(d.comm_exposed, comm);  // overlap or not
@@ -213,14 +215,14 @@ TEST(TimeModel, InterNodeGroupsUseTheInterLink) {
   const TrainingLayout l = layout(8, 1, 1, 1);
   // n = 8: wire = 2 x 7 / 8 = 1.75 x bytes.
   h.devices_per_node = 8;  // one node: intra
-  EXPECT_REL(predict_time(kGpt, l, h).devices[0].comm, 2e-6 + 1.75 * (kBucket + 16) / 1e10);
+  EXPECT_REL(predict_time(kGpt, l, h).devices[0].comm, 2e-6 + 1.75 * (kBucket + 24) / 1e10);
   h.devices_per_node = 4;  // two nodes of 4 ranks: inter latency, min(1e10, 4 x 1e9)
-  EXPECT_REL(predict_time(kGpt, l, h).devices[0].comm, 2e-5 + 1.75 * (kBucket + 16) / 4e9);
+  EXPECT_REL(predict_time(kGpt, l, h).devices[0].comm, 2e-5 + 1.75 * (kBucket + 24) / 4e9);
   h.devices_per_node = 2;  // four nodes of 2: min(1e10, 2 x 1e9)
-  EXPECT_REL(predict_time(kGpt, l, h).devices[0].comm, 2e-5 + 1.75 * (kBucket + 16) / 2e9);
+  EXPECT_REL(predict_time(kGpt, l, h).devices[0].comm, 2e-5 + 1.75 * (kBucket + 24) / 2e9);
   h.devices_per_node = 4;
   h.inter.bandwidth = 5e9;  // min(1e10, 4 x 5e9): the intra bandwidth bounds it
-  EXPECT_REL(predict_time(kGpt, l, h).devices[0].comm, 2e-5 + 1.75 * (kBucket + 16) / 1e10);
+  EXPECT_REL(predict_time(kGpt, l, h).devices[0].comm, 2e-5 + 1.75 * (kBucket + 24) / 1e10);
 }
 
 // The runtime numbers ranks in the order --mesh lists the axes: tensor
@@ -294,9 +296,9 @@ TEST(TimeModel, PipelineStepIsTheSlowestStageOverOneMinusTheBubble) {
                           4 * (c1.gemm + c1.attention + c1.elementwise + send)};
   // The step's own work: AdamW over the stage's parameters (stage 0: wte,
   // wpe, block 0; stage 1: block 1, ln_f, the tied wte's copy), the loss's
-  // and the gradient check's all_reduces over the pipeline (16 and 4
+  // and the gradient check's all_reduces over the pipeline (24 and 4
   // bytes) and the tied wte's gradient (V C x 4 bytes) between the stages.
-  const double comm = all_reduce(2, 16, h.intra) + all_reduce(2, 4, h.intra) + all_reduce(2, V * C * 4, h.intra);
+  const double comm = all_reduce(2, 24, h.intra) + all_reduce(2, 4, h.intra) + all_reduce(2, V * C * 4, h.intra);
   const double own[2] = {32 * (V * C + T * C + kBlockParams) / 1e11 + comm,
                          32 * (kBlockParams + 2 * C + V * C) / 1e11 + comm};
   const double bubble = 1.0 / 5;  // (p - 1) / (m + p - 1), p = 2, m = 4
@@ -327,7 +329,7 @@ TEST(TimeModel, SharedCoresBoundTheStepByAllWorkOverTheCores) {
   // all_reduce over 4 ranks exposed.
   const Compute c = by_hand(2, 2, true, true);
   ASSERT_GT(c.backward, all_reduce(4, kBucket, h.intra));
-  const double work = c.gemm + c.attention + c.elementwise + 32 * kAllParams / 1e11 + all_reduce(4, 16, h.intra);
+  const double work = c.gemm + c.attention + c.elementwise + 32 * kAllParams / 1e11 + all_reduce(4, 24, h.intra);
   EXPECT_REL(d.compute() + d.comm_exposed, work);
   EXPECT_GE(t.step, 4 * work / 2 * (1 - 1e-12));
   EXPECT_REL(t.step, 4 * work / 2);  // > the critical path, work

@@ -120,12 +120,15 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         continue;
       }
       Calls calls;
-      calls.add(grad, CommKind::all_reduce, 16, 1, "loss and parameter check");
+      calls.add(grad, CommKind::all_reduce, 24, 1, "loss, parameter check and stop request");
       if (p > 1) {
-        calls.add(pipeline, CommKind::all_reduce, 16, 1, "loss and parameter check");
+        calls.add(pipeline, CommKind::all_reduce, 24, 1, "loss, parameter check and stop request");
         calls.add(pipeline, CommKind::all_reduce, 4, 1, "gradient check");
       }
-      if (k > 1) calls.add(tensor, CommKind::all_reduce, 8, 2, "parameter and gradient checks");
+      if (k > 1) {
+        calls.add(tensor, CommKind::all_reduce, 16, 1, "parameter check and stop request");
+        calls.add(tensor, CommKind::all_reduce, 8, 1, "gradient check");
+      }
       double sp_replicated = 0;
       for (const int s : chunk_stages) {
         const ModelDescription::Stage& stage = held.model().stages[static_cast<size_t>(s)];

@@ -14,7 +14,8 @@
 // received block, a send's message). Per step, with m micro-batches of B
 // samples, t = T / context tokens each (sequence parallelism: s = t' / k,
 // t' = t rounded up to a multiple of k), a = B t C f32 activations:
-//   loss            all_reduce of 2 f64 over the gradient axes; pipeline:
+//   loss            all_reduce of 3 f64 (the loss, the parameter check,
+//                   the stop request) over the gradient axes; pipeline:
 //                   the same over pipeline plus grads_finite's i32
 //   data parallel   DataParallel's buckets (reverse parameter order, at most
 //                   bucket_bytes each), one all_reduce each per step

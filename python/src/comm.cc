@@ -246,8 +246,16 @@ py::list launch(py::function fn, std::optional<std::string> engine_name, std::op
     try {
       comm::launch(options, [&](comm::Communicator& world) {
         t_rank = true;
-        t_launch_world = &world;
-        t_launch_alive = alive;
+        struct WorldGuard {  // init() on this thread returns this rank's world until fn returns
+          WorldGuard(comm::Communicator* w, std::shared_ptr<std::atomic<bool>> a) {
+            t_launch_world = w;
+            t_launch_alive = std::move(a);
+          }
+          ~WorldGuard() {
+            t_launch_world = nullptr;
+            t_launch_alive.reset();
+          }
+        } world_guard(&world, alive);
         struct TurnGuard {
           TurnGuard() { take_turn(); }
           ~TurnGuard() { give_turn(); }  // after the GIL (destroyed after `gil`)
@@ -258,11 +266,7 @@ py::list launch(py::function fn, std::optional<std::string> engine_name, std::op
           std::lock_guard<std::mutex> lock(results_mu);
           if (results.size() < static_cast<size_t>(world.size())) results.resize(static_cast<size_t>(world.size()));
           results.at(static_cast<size_t>(world.rank())) = std::move(r);
-          t_launch_world = nullptr;
-          t_launch_alive.reset();
         } catch (py::error_already_set& e) {
-          t_launch_world = nullptr;
-          t_launch_alive.reset();
           const std::string message = fmt::format("rank {} raised {}", world.rank(), e.what());
           // An AbortedError echoes another rank's failure: the cause is the
           // first failure that is not one (launch() rethrows it likewise).

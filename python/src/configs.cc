@@ -213,7 +213,8 @@ void bind_configs(py::module_& m) {
           if (f.type == "mesh") continue;
           out += fmt::format("{}={}, ", f.key, py::repr(field_value(c, f)).cast<std::string>());
         }
-        out += fmt::format("mesh_shape={}, mesh_axis_names={})", py::repr(mesh_tuple_or_none(c, false)).cast<std::string>(),
+        out += fmt::format("mesh_shape={}, mesh_axis_names={})",
+                           py::repr(mesh_tuple_or_none(c, false)).cast<std::string>(),
                            py::repr(mesh_tuple_or_none(c, true)).cast<std::string>());
         return out;
       });

@@ -131,12 +131,14 @@ void add_fast_calls(py::module_& m) {
   const py::object cls = m.attr("Communicator");
   const py::object bound = cls.attr("all_reduce");
   g_bound_all_reduce = bound.inc_ref().ptr();
-  static const std::string doc = "all_reduce($self, /, array, op='sum', async_op=False)\n--\n\n" +
-                                 bound.attr("__doc__").cast<std::string>().substr(
-                                     bound.attr("__doc__").cast<std::string>().find('\n') + 1);
+  // The signature line CPython's inspect reads, then the bound method's text (after its own signature line).
+  const std::string bound_doc = bound.attr("__doc__").cast<std::string>();
+  static const std::string doc =
+      "all_reduce($self, /, array, op='sum', async_op=False)\n--\n\n" + bound_doc.substr(bound_doc.find('\n') + 1);
   static PyMethodDef def = {"all_reduce", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_all_reduce)),
                             METH_FASTCALL | METH_KEYWORDS, doc.c_str()};
-  py::object descr = py::reinterpret_steal<py::object>(PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), &def));
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  py::object descr = py::reinterpret_steal<py::object>(PyDescr_NewMethod(type, &def));
   if (!descr) throw py::error_already_set();
   cls.attr("all_reduce") = descr;
 }

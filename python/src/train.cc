@@ -85,7 +85,8 @@ void bind_train(py::module_& m) {
           } else if (py::hasattr(v, "train_options")) {
             const std::string from =
                 fmt::format("{}={}", key, py::str(py::type::of(v).attr("__name__")).cast<std::string>());
-            for (const auto& [k2, v2] : v.attr("train_options")().cast<py::dict>()) add(k2.cast<std::string>(), v2, from);
+            for (const auto& [k2, v2] : v.attr("train_options")().cast<py::dict>())
+              add(k2.cast<std::string>(), v2, from);
           } else {
             add(key, v, key);
           }
