@@ -77,6 +77,11 @@ void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
     r.torch_note = "not run (--no-torch)";
     return;
   }
+  if (!native_gemm_dtype(r.precision)) {  // PyTorch's bf16 autocast ran for over 10 minutes on such a CPU
+    r.torch_note = fmt::format("not run: {}; PyTorch's bf16 autocast takes many times its fp32 step there",
+                               gemm_dtype_note(r.precision));
+    return;
+  }
   const std::string cmd = fmt::format(
       "/usr/bin/python3 '{}' --layers {} --heads {} --width {} --vocab {} --context {} --batch {} --steps {} "
       "--warmup {} --threads {} --dtype {} 2>&1",

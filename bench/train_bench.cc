@@ -239,6 +239,7 @@ std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOption
                    o.batch / r.step_bf16_ms * 1e3, r.step_bf16_ms / r.step_ms);
   s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({:.1f} GFLOP/s bf16)\n", r.gemm_bf16_ms, r.gemm_bf16_gflops);
   s += fmt::format("  GEMM share of step   {:8.1f} %\n", 100 * r.gemm_bf16_ms / r.step_bf16_ms);
+  if (const std::string note = gemm_dtype_note(DType::bf16); !note.empty()) s += fmt::format("  note: {}\n", note);
   s += fmt::format("data parallel, {} samples per rank per step (threads engine, {} MiB buckets):\n", o.batch,
                    o.bucket_mb);
   s += fmt::format("  1 rank               {:8.0f} samples/s\n", r.dp1.samples_per_s);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/internal/convert.h"
 #include "meshtrain/core/internal/onednn_gemm.h"
@@ -243,6 +244,32 @@ bool matmul_backend_available(MatmulBackend b) { return b == MatmulBackend::open
 std::string matmul_backend_description(MatmulBackend b) {
   if (b == MatmulBackend::onednn) return internal::onednn_built() ? internal::onednn_description() : "oneDNN (not built)";
   return fmt::format("OpenBLAS ({})", openblas_get_config());
+}
+
+bool native_gemm_dtype(DType t) {
+  if (t == DType::f32 || t == DType::f64) return true;
+  return t == DType::bf16 && cpu_isa() >= CpuIsa::avx512_bf16 && internal::onednn_built();
+}
+
+std::string gemm_dtype_note(DType t) {
+  if (native_gemm_dtype(t)) return "";
+  if (t == DType::bf16) {
+    const bool onednn = internal::onednn_built();
+    const std::string why = cpu_isa() < CpuIsa::avx512_bf16
+                                ? fmt::format("this CPU ({}) has no bf16 instructions (AVX512-BF16 or AMX)",
+                                              cpu_isa_name(cpu_isa()))
+                                : std::string("this build has no oneDNN");
+    return fmt::format("bf16 products: {}, so their operands are {} and multiplied in f32, and a bf16 step is "
+                       "slower than fp32 here; parameters, gradients and their communication still take half the "
+                       "bytes",
+                       why, onednn && cpu_isa() >= CpuIsa::avx512 ? "converted by oneDNN's emulation"
+                                                                   : "widened to f32 block by block");
+  }
+  if (t != DType::f16) return "";  // integer dtypes have no products here
+  return fmt::format("fp16 products: this CPU ({}) has no fp16 instructions (AVX512-FP16), so their operands are "
+                     "widened to f32 block by block and multiplied in f32, and an fp16 step is no faster than fp32 "
+                     "here; parameters, gradients and their communication still take half the bytes",
+                     cpu_isa_name(cpu_isa()));
 }
 
 MatmulBackendScope::MatmulBackendScope(MatmulBackend b) : previous_(t_backend) {

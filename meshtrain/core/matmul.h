@@ -77,6 +77,15 @@ bool matmul_backend_available(MatmulBackend b);
 // "oneDNN 2.6.3 (OpenMP runtime, CPU ISA avx512_core_bf16)" or "OpenBLAS 0.3.21 ...".
 std::string matmul_backend_description(MatmulBackend b);
 
+// Whether products of dtype `t` run on this CPU's own instructions for it
+// (cpu_isa(), so MESHTRAIN_CPU_ISA lowers it): f32 and f64 always; bf16 with
+// AVX512-BF16 or AMX and oneDNN; f16 never (no CPU level here has
+// AVX512-FP16: its operands are widened to f32).
+bool native_gemm_dtype(DType t);
+// "" when native_gemm_dtype(t); else one line for a start-up dump saying
+// that t's products are slower than f32's on this CPU, and why.
+std::string gemm_dtype_note(DType t);
+
 // Runs the calling thread's products on `b` while it lives (benchmarks and
 // tests put the two backends side by side). Unsupported when the build
 // lacks `b`. Not copyable; scopes nest.

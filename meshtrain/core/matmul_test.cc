@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/internal/onednn_gemm.h"
 #include "meshtrain/core/memory.h"
@@ -235,6 +236,24 @@ TEST(MatmulHalfTest, WidenedBlocksCoverEveryTransposeAndChargeNothing) {
     }
   }
   set_blas_threads(threads);
+}
+
+TEST(MatmulHalfTest, TheNoteSaysWhenHalfPrecisionIsSlowerHere) {
+  // Native: f32 and f64 always, bf16 with AVX512-BF16 (or AMX) and oneDNN,
+  // fp16 never; MESHTRAIN_CPU_ISA=avx2 (make test-avx2) takes the other branch.
+  EXPECT_EQ(gemm_dtype_note(DType::f32), "");
+  EXPECT_EQ(gemm_dtype_note(DType::f64), "");
+  EXPECT_EQ(gemm_dtype_note(DType::i32), "");
+  const bool bf16 = cpu_isa() >= CpuIsa::avx512_bf16 && internal::onednn_built();
+  EXPECT_EQ(native_gemm_dtype(DType::bf16), bf16);
+  if (bf16) {
+    EXPECT_EQ(gemm_dtype_note(DType::bf16), "");
+  } else {
+    EXPECT_NE(gemm_dtype_note(DType::bf16).find("a bf16 step is slower than fp32 here"), std::string::npos);
+    EXPECT_NE(gemm_dtype_note(DType::bf16).find(std::string(cpu_isa_name(cpu_isa()))), std::string::npos);
+  }
+  EXPECT_FALSE(native_gemm_dtype(DType::f16));
+  EXPECT_NE(gemm_dtype_note(DType::f16).find("no faster than fp32"), std::string::npos);
 }
 
 TEST(MatmulHalfTest, RejectsMixedOperandsAndWrongOut) {

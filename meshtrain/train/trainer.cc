@@ -103,6 +103,7 @@ class Run {
     if (axis_size(mesh_shape, mesh::kContext) > 1)
       cp_ = {&mesh_.comm(mesh::kContext), tc.cp_comm, tc.cp_load_balance};
     const bool sharded = layout.fsdp.has_value();
+    compute_dtype_ = sharded ? layout.param_dtype : DType::f32;
     ModelOptions options{.seed = tc.seed,
                          .defer_init = sharded,  // the wrapper builds each rank's part alone
                          .compute_dtype = sharded ? layout.param_dtype : DType::f32,
@@ -211,6 +212,7 @@ class Run {
               : fmt::format("lr {} constant", tc_.lr);
       fmt::print("model {}: {} parameters; {}; {}; {}\n", tc_.model, num_parameters_, steps, lr,
                  parallel_->describe());
+      if (const std::string note = gemm_dtype_note(compute_dtype_); !note.empty()) fmt::print("note: {}\n", note);
       if (cp_.active())
         fmt::print("context parallel over {} ranks: {} attention, each sample's {} tokens in {} chunks of {}{}; "
                    "gradients summed over the {} ranks above\n",
@@ -737,6 +739,7 @@ class Run {
   comm::Communicator* world_;
   std::string checkpoints_;  // <staging>/checkpoints, on every rank
   bool stop_after_step_ = false;  // a stop request reached some rank during this step
+  DType compute_dtype_ = DType::f32;  // what the layers' products run in
 };
 
 }  // namespace
