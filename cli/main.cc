@@ -25,7 +25,7 @@
 int main(int argc, char** argv) {
   using namespace meshtrain::cli;
   try {
-    meshtrain::apply_cpu_isa_limit(argv);  // MESHTRAIN_CPU_ISA reaches OpenBLAS (a restart) and oneDNN
+    meshtrain::prepare_libraries(argv);  // OPENBLAS_CORETYPE, the GEMM threads' idle waits (a restart)
   } catch (const std::exception& e) {
     fmt::print(stderr, "meshtrain: error: {}\n", e.what());
     return 1;

@@ -115,7 +115,8 @@ int run_train(TrainFlags& f) {
   if (main) {
     fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", comm::engine_name(dc.backend), dc.world_size,
                dc.mesh().to_spec());
-    fmt::print("# CPU ISA {}; GEMMs on {}\n", cpu_isa_summary(), matmul_backend_description(matmul_backend()));
+    fmt::print("# CPU ISA {}; GEMMs on {}; idle GEMM threads: {}\n", cpu_isa_summary(),
+               matmul_backend_description(matmul_backend()), idle_waits_summary());
     fmt::print("{}", resolved.config.to_toml());
     for (const auto& note : resolved.notes) fmt::print("# {}\n", note);
     fmt::print("\n[distributed]\n# (resolved)\n{}\n\n", dc.to_string());

@@ -20,7 +20,7 @@
 using namespace meshtrain;
 
 int main(int, char** argv) {
-  meshtrain::apply_cpu_isa_limit(argv);
+  meshtrain::prepare_libraries(argv);
   const config::DistributedConfig dc = config::DistributedConfig{}.with_env(config::read_launcher_env());
   const comm::Engine engine = dc.launcher == config::Launcher::mpirun ? comm::Engine::mpi : comm::Engine::gloo;
   std::vector<AxesLayout> layouts;

@@ -117,7 +117,7 @@ train::TrainConfig epoch_config(const std::string& tag) {
 }  // namespace
 
 int main(int, char** argv) {
-  meshtrain::apply_cpu_isa_limit(argv);  // MESHTRAIN_CPU_ISA reaches OpenBLAS too
+  meshtrain::prepare_libraries(argv);  // MESHTRAIN_CPU_ISA and the idle waits reach OpenBLAS and libgomp
   const auto env = config::read_launcher_env();
   config::DistributedConfig dc = config::DistributedConfig{}.with_env(env);
   // mpi under mpirun, gloo under meshtrain launch (or torchrun).

@@ -22,7 +22,7 @@
 using namespace meshtrain;
 
 int main(int, char** argv) {
-  meshtrain::apply_cpu_isa_limit(argv);  // MESHTRAIN_CPU_ISA reaches OpenBLAS too
+  meshtrain::prepare_libraries(argv);  // MESHTRAIN_CPU_ISA and the idle waits reach OpenBLAS and libgomp
   const config::DistributedConfig dc =
       config::DistributedConfig{}.with_env(config::read_launcher_env());
   // mpi under mpirun, gloo under meshtrain launch (or torchrun).

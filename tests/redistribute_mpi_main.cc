@@ -11,7 +11,7 @@
 #include "meshtrain/testing/redistribute.h"
 
 int main(int, char** argv) {
-  meshtrain::apply_cpu_isa_limit(argv);  // MESHTRAIN_CPU_ISA reaches OpenBLAS too
+  meshtrain::prepare_libraries(argv);  // MESHTRAIN_CPU_ISA and the idle waits reach OpenBLAS and libgomp
   using namespace meshtrain;
   int status = 0;
   comm::launch({.engine = comm::Engine::mpi, .ranks = 0, .timeout = std::chrono::seconds(120)},

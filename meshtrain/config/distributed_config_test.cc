@@ -479,8 +479,9 @@ TEST(DistributedConfigEnv, NothingElseReadsTheEnvironment) {
   std::sort(readers.begin(), readers.end());
   // The gloo engine's rendezvous reads torchrun's variables itself, as
   // MPI reads mpirun's inside MPI_Init: comm::launch takes no environment.
-  // core reads MESHTRAIN_CPU_ISA (and OPENBLAS_CORETYPE) once, before the
-  // first kernel picks its path, as oneDNN and OpenBLAS read theirs.
+  // core reads MESHTRAIN_CPU_ISA (and OPENBLAS_CORETYPE and the GEMM threads'
+  // idle waits) once, before the first kernel picks its path, as oneDNN,
+  // libgomp and OpenBLAS read theirs.
   EXPECT_EQ(readers, (std::vector<std::string>{"meshtrain/comm/gloo/launch.cc", "meshtrain/config/distributed_config.cc",
                                                "meshtrain/core/cpu_isa.cc"}));
 }

@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "meshtrain/core/error.h"
 
@@ -163,20 +165,40 @@ std::string cpu_isa_openblas_core() {
   return {};
 }
 
-void apply_cpu_isa_limit(char** argv) {
+std::string idle_waits_summary() {
+  std::vector<std::string> out;
+  for (const LibraryVariable& v : kIdleWaits)
+    for (const std::string_view name : {v.name, v.unless})
+      if (!name.empty())
+        if (const char* value = std::getenv(std::string(name).c_str())) out.push_back(fmt::format("{}={}", name, value));
+  return out.empty() ? "unset" : fmt::format("{}", fmt::join(out, " "));
+}
+
+void prepare_libraries(char** argv) {
+  std::vector<std::string> set;  // "NAME=value", what this start changes
+  auto put = [&](const char* name, const std::string& value) {
+    if (setenv(name, value.c_str(), 1) != 0)
+      throw Error("prepare_libraries", fmt::format("could not set {}: {}", name, std::strerror(errno)));
+    set.push_back(fmt::format("{}={}", name, value));
+  };
   const std::string core = cpu_isa_openblas_core();  // reads the limit, caps oneDNN
-  if (core.empty()) return;
   const char* have = std::getenv("OPENBLAS_CORETYPE");
-  if (have && strcasecmp(have, core.c_str()) == 0) return;
-  if (setenv("OPENBLAS_CORETYPE", core.c_str(), 1) != 0)
-    throw Error("apply_cpu_isa_limit", fmt::format("could not set OPENBLAS_CORETYPE: {}", std::strerror(errno)));
+  if (!core.empty() && !(have && strcasecmp(have, core.c_str()) == 0)) put("OPENBLAS_CORETYPE", core);
+  // Idle GEMM threads sleep instead of spinning (docs/core.md, "Threads"):
+  // a spinning pool takes the cores another pool, the data loader or another
+  // process needs. The user's own settings win.
+  for (const LibraryVariable& v : kIdleWaits) {
+    const std::string name(v.name), unless(v.unless);
+    if (!std::getenv(name.c_str()) && (unless.empty() || !std::getenv(unless.c_str())))
+      put(name.c_str(), std::string(v.value));
+  }
+  if (set.empty()) return;
   std::fflush(nullptr);
   execv("/proc/self/exe", argv);
-  throw Error("apply_cpu_isa_limit",
-              fmt::format("could not start {} again with OPENBLAS_CORETYPE={} for {}={}: {}",
-                          argv && argv[0] ? argv[0] : "the program", core, kVariable, limit().text,
-                          std::strerror(errno)),
-              fmt::format("set OPENBLAS_CORETYPE={} yourself, or unset {}", core, kVariable));
+  throw Error("prepare_libraries",
+              fmt::format("could not start {} again with {}: {}", argv && argv[0] ? argv[0] : "the program",
+                          fmt::join(set, " "), std::strerror(errno)),
+              fmt::format("set {} yourself", fmt::join(set, " ")));
 }
 
 }  // namespace meshtrain

@@ -7,7 +7,7 @@
 //
 //   if (cpu_isa() >= CpuIsa::avx512) { ... }   // levels are ordered
 //   fmt::print("{}\n", cpu_isa_summary());     // "avx2 (MESHTRAIN_CPU_ISA=avx2; the CPU has avx512_bf16)"
-//   int main(int argc, char** argv) { apply_cpu_isa_limit(argv); ... }
+//   int main(int argc, char** argv) { prepare_libraries(argv); ... }
 //
 // Levels, each including the ones before it:
 //   sse41        x86-64 with SSE4.1, no AVX2
@@ -21,7 +21,7 @@
 // the first product on. "native" or a level at or above the CPU's own changes
 // nothing. oneDNN is capped in-process (dnnl::set_max_cpu_isa, before its
 // first primitive). OpenBLAS picks its core while it loads, before main, from
-// OPENBLAS_CORETYPE: apply_cpu_isa_limit() sets that variable and starts the
+// OPENBLAS_CORETYPE: prepare_libraries() sets that variable and starts the
 // program again; the CLI, the test mains and the benchmarks call it first.
 // Thread-safe: the values are computed once and never change.
 #pragma once
@@ -59,12 +59,35 @@ std::string cpu_isa_summary();
 // OpenBLAS keeps the core it chose itself.
 std::string cpu_isa_openblas_core();
 
-// Applies the limit to the libraries loaded before main: when cpu_isa_limit()
-// lowers the level and OPENBLAS_CORETYPE does not already name
-// cpu_isa_openblas_core(), sets it and re-executes /proc/self/exe with the
-// same argv (same process id; it does not return then). Call it first in
-// main, before threads start. Throws InvalidArgument on a bad
+// Applies what the libraries loaded before main read from the environment
+// while they load, by setting it and re-executing /proc/self/exe with the
+// same argv (same process id; it does not return then):
+// - OPENBLAS_CORETYPE = cpu_isa_openblas_core() when the limit lowers the
+//   level;
+// - idle GEMM threads that sleep rather than spin: OMP_WAIT_POLICY=passive
+//   (libgomp, oneDNN's threads; unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is
+//   set) and OPENBLAS_THREAD_TIMEOUT=10 (2^10 cycles; unless set). With
+//   libgomp's and OpenBLAS's defaults (spinning for 300000 iterations and
+//   2^28 cycles) the two pools and the data loader took each other's cores:
+//   a GPT-2 124M step on 2 threads took 1.5x as long, a small GPT run 12x,
+//   and 10x beside two busy processes (docs/core.md, "Threads").
+// (kIdleWaits.) Nothing is re-executed when every variable already holds
+// its value. Call
+// it first in main, before threads start. Throws InvalidArgument on a bad
 // MESHTRAIN_CPU_ISA and Error when the re-execution fails.
-void apply_cpu_isa_limit(char** argv);
+void prepare_libraries(char** argv);
+
+// The idle-wait settings prepare_libraries applies: `name`=`value` unless
+// `name` or `unless` (when not empty) is set. The Python package applies the
+// same before its module loads (python/meshtrain/__init__.py; a test keeps
+// the two equal).
+struct LibraryVariable {
+  std::string_view name, value, unless;
+};
+inline constexpr LibraryVariable kIdleWaits[] = {{"OMP_WAIT_POLICY", "passive", "GOMP_SPINCOUNT"},
+                                                 {"OPENBLAS_THREAD_TIMEOUT", "10", ""}};
+// The idle-wait variables as this process has them, for start-up dumps:
+// "OMP_WAIT_POLICY=passive OPENBLAS_THREAD_TIMEOUT=10" ("unset" for none).
+std::string idle_waits_summary();
 
 }  // namespace meshtrain

@@ -10,7 +10,7 @@
 
 int main(int argc, char** argv) {
   try {
-    meshtrain::apply_cpu_isa_limit(argv);
+    meshtrain::prepare_libraries(argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

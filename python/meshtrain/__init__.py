@@ -21,6 +21,17 @@ import atexit as _atexit
 import os as _os
 import sys as _sys
 
+# Idle GEMM threads sleep rather than spin (docs/core.md, "Threads"): libgomp
+# and OpenBLAS read these while they load, with the module, so they are set
+# first, as the meshtrain command's prepare_libraries sets them (a test keeps
+# this table equal to its kIdleWaits). Your own settings win; a process that
+# loaded OpenBLAS or libgomp before (numpy's OpenBLAS may be the same
+# library) keeps what they read then.
+_IDLE_WAITS = (("OMP_WAIT_POLICY", "passive", "GOMP_SPINCOUNT"), ("OPENBLAS_THREAD_TIMEOUT", "10", ""))
+for _name, _value, _unless in _IDLE_WAITS:
+    if _name not in _os.environ and not (_unless and _unless in _os.environ):
+        _os.environ[_name] = _value
+
 # OpenMPI opens its components as plugins that look for libmpi's symbols
 # globally: load the module (and the libmpi it links) with RTLD_GLOBAL, as
 # mpi4py does, so the mpi engine works under mpirun.

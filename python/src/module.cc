@@ -14,6 +14,7 @@
 #include <pybind11/eval.h>
 
 #include "meshtrain/version.h"
+#include "meshtrain/core/cpu_isa.h"
 #include "python/src/internal.h"
 
 namespace py = pybind11;
@@ -103,4 +104,8 @@ PYBIND11_MODULE(_meshtrain, m) {
   bind_scaling(m);
   bind_configs(m);
   bind_train(m);
+  py::list waits;  // what prepare_libraries sets (meshtrain/__init__.py sets the same before loading this module)
+  for (const meshtrain::LibraryVariable& v : meshtrain::kIdleWaits)
+    waits.append(py::make_tuple(std::string(v.name), std::string(v.value), std::string(v.unless)));
+  m.attr("_idle_waits") = py::tuple(waits);
 }

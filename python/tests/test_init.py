@@ -74,3 +74,18 @@ def test_two_processes_under_mpirun(extra):
 @pytest.mark.parametrize("extra", [(), ("atexit",)])
 def test_two_processes_under_meshtrain_launch(extra):
     run([MESHTRAIN, "launch", "--nproc-per-node", "2", "--master-port", "0", "--"], "gloo", *extra)
+
+
+def test_the_package_sets_the_idle_waits_the_command_sets():
+    # libgomp and OpenBLAS read them while they load, so __init__ sets them
+    # before the module loads; prepare_libraries (C++) sets the same for the command.
+    from meshtrain import _IDLE_WAITS, _meshtrain
+    assert _IDLE_WAITS == _meshtrain._idle_waits
+    code = "import os, meshtrain; print(os.environ['OMP_WAIT_POLICY'], os.environ['OPENBLAS_THREAD_TIMEOUT'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OPENBLAS_THREAD_TIMEOUT")}
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60).stdout.split() == ["passive", "10"]
+    env["GOMP_SPINCOUNT"] = "1000"  # the user's own setting wins
+    code = "import os, meshtrain; print('OMP_WAIT_POLICY' in os.environ)"
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=60).stdout.split() == ["False"]
