@@ -1,7 +1,7 @@
 # The two commands of the README, plus sanitizer runs and benchmarks.
 # Each target installs what it needs (Debian packages) and builds from scratch
 # in build/<preset>; ninja rebuilds only what changed.
-.PHONY: demo demo-collectives test test-avx2 deps build asan tsan bench deb clean
+.PHONY: demo demo-collectives test test-avx2 deps build cli asan tsan bench deb clean
 
 JOBS ?= $(shell nproc)
 
@@ -14,12 +14,17 @@ build/release/build.ninja: | deps
 build: deps build/release/build.ninja
 	cmake --build build/release -j $(JOBS)
 
+# The meshtrain command alone (no tests, benchmarks' extras or Python module):
+# what the demos run.
+cli: deps build/release/build.ninja
+	cmake --build build/release --target meshtrain -j $(JOBS)
+
 # Main job: train the MLP on Fashion-MNIST on 4 simulated devices (data parallel).
-demo: build
+demo: cli
 	./build/release/cli/meshtrain train --config examples/mlp_fashion.toml --devices 4 --mesh data=4
 
 # A mesh on 4 simulated devices, every collective checked, the benchmark table.
-demo-collectives: build
+demo-collectives: cli
 	./build/release/cli/meshtrain demo
 
 # Every test: unit, multi-rank (threads 1..8 ranks, mpirun -np 2 and 4), fault tests.
@@ -52,7 +57,7 @@ deb: build
 	cpack --config build/release/CPackConfig.cmake -G DEB -B build/release/package
 	@ls -l build/release/package/meshtrain_*.deb
 
-bench: build
+bench: cli
 	./build/release/cli/meshtrain bench collectives --engine threads --ranks 2 --min 4K --max 256M
 
 clean:

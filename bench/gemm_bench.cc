@@ -91,21 +91,27 @@ double loop_gflops(float (*loop)(int64_t), double flops_per_iter, int threads) {
   return best;
 }
 
+}  // namespace
+
 // The loop of the widest FMA the kernels may use (cpu_isa(): MESHTRAIN_CPU_ISA
 // caps it, so the peak is the one an AVX2 machine would reach).
-void measure_peak(GemmBenchResult& r, int threads) {
+FmaPeak measure_fma_peak(int threads) {
+  FmaPeak p;
   const CpuIsa isa = cpu_isa();
   if (isa >= CpuIsa::avx512) {
-    r.peak_isa = "avx512f";
-    r.f32_peak_gflops = loop_gflops(fma512_loop, kChains * 16 * 2.0, threads);
-    if (isa >= CpuIsa::avx512_bf16) r.bf16_peak_gflops = loop_gflops(dpbf16_loop, kChains * 32 * 2.0, threads);
+    p.isa = "avx512f";
+    p.f32_gflops = loop_gflops(fma512_loop, kChains * 16 * 2.0, threads);
+    if (isa >= CpuIsa::avx512_bf16) p.bf16_gflops = loop_gflops(dpbf16_loop, kChains * 32 * 2.0, threads);
   } else if (isa >= CpuIsa::avx2) {
-    r.peak_isa = "avx2+fma";
-    r.f32_peak_gflops = loop_gflops(fma256_loop, kChains * 8 * 2.0, threads);
+    p.isa = "avx2+fma";
+    p.f32_gflops = loop_gflops(fma256_loop, kChains * 8 * 2.0, threads);
   } else {
-    r.peak_isa = "none";
+    p.isa = "none";
   }
+  return p;
 }
+
+namespace {
 
 // ---- shapes ----
 
@@ -172,7 +178,10 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
                           "use m, reps, threads, vocab >= 1 and warmup >= 0");
   GemmBenchResult r;
   set_blas_threads(o.threads);
-  measure_peak(r, o.threads);
+  const FmaPeak peak = measure_fma_peak(o.threads);
+  r.f32_peak_gflops = peak.f32_gflops;
+  r.bf16_peak_gflops = peak.bf16_gflops;
+  r.peak_isa = peak.isa;
   const bool onednn = matmul_backend_available(MatmulBackend::onednn);
   if (onednn) r.onednn = matmul_backend_description(MatmulBackend::onednn);
   std::vector<Variant> variants{Variant::openblas_f32};

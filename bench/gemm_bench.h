@@ -52,6 +52,20 @@ struct GemmRow {
   double openblas_f32 = 0, onednn_f32 = 0, onednn_bf16 = 0;
 };
 
+// What the cores can issue (the peak loops above), on `threads` threads.
+struct FmaPeak {
+  double f32_gflops = 0;   // FMA loop
+  double bf16_gflops = 0;  // vdpbf16ps loop (0: the CPU has no AVX512-BF16)
+  std::string isa;         // "avx512f" / "avx2+fma" / "none"
+  // The peak a product of `bf16` operands is held to: the bf16 loop's where
+  // the CPU has one, else f32's (what such products then run at).
+  double for_dtype(bool bf16) const { return bf16 && bf16_gflops > 0 ? bf16_gflops : f32_gflops; }
+};
+// The peak loops of the widest FMA the kernels may use (cpu_isa():
+// MESHTRAIN_CPU_ISA caps it), best of 15 runs; `bench gpt` and `bench train`
+// measure it too, so their rates are against the machine's limit.
+FmaPeak measure_fma_peak(int threads);
+
 struct GemmBenchResult {
   double f32_peak_gflops = 0;   // FMA loop
   double bf16_peak_gflops = 0;  // vdpbf16ps loop (0: the CPU has no AVX512-BF16)

@@ -362,6 +362,7 @@ GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
     }
   r.sgemm_shape = fmt::format("({}, {}) x ({}, {})", o.batch * o.context, o.width, o.width, 4 * o.width);
   r.sgemm_gflops = sgemm_gflops(o.batch * o.context, o.width, 4 * o.width);
+  r.peak = measure_fma_peak(o.threads);
   set_blas_threads(previous_threads);
   for (GptBenchRun& run : r.runs)
     if (run.mesh.ranks() == 1) run_torch(o, run);
@@ -423,19 +424,25 @@ std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) 
   if (!o.meshes.empty()) {
     s += format_meshes(r, o);
   } else {
-    s += "| | precision | step ms (median) | tokens/s | GFLOP/s | vs f32 sgemm rate |\n"
-         "|---|---|---:|---:|---:|---:|\n";
+    s += "| | precision | step ms (median) | tokens/s | GFLOP/s | vs FMA peak | vs f32 sgemm rate |\n"
+         "|---|---|---:|---:|---:|---:|---:|\n";
     for (const GptBenchRun& run : r.runs) {
-      s += fmt::format("| meshtrain | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", label(run), run.step_ms,
-                       run.tokens_per_s, run.gflops, 100 * run.gflops / r.sgemm_gflops);
-      if (run.torch_step_ms > 0) {
-        const double g = r.flops_per_step / (run.torch_step_ms * 1e6);
-        s += fmt::format("| PyTorch | {} | {:.1f} | {:.0f} | {:.1f} | {:.0f}% |\n", label(run),
-                         run.torch_step_ms, tokens / (run.torch_step_ms / 1e3), g, 100 * g / r.sgemm_gflops);
-      }
+      const double peak = r.peak.for_dtype(run.precision == DType::bf16);
+      const auto row = [&](const char* who, double ms) {
+        const double g = r.flops_per_step / (ms * 1e6);
+        return fmt::format("| {} | {} | {:.1f} | {:.0f} | {:.1f} | {} | {:.0f}% |\n", who, label(run), ms,
+                           tokens / (ms / 1e3), g, peak > 0 ? fmt::format("{:.0f}%", 100 * g / peak) : "-",
+                           100 * g / r.sgemm_gflops);
+      };
+      s += row("meshtrain", run.step_ms);
+      if (run.torch_step_ms > 0) s += row("PyTorch", run.torch_step_ms);
     }
   }
-  s += fmt::format("\nsgemm rate now: {:.1f} GFLOP/s on {} (core matmul, f32, {} thread{})\n", r.sgemm_gflops,
+  s += fmt::format("\nFMA peak now ({} loop, {} thread{}): f32 {:.1f} GFLOP/s{}\n", r.peak.isa, o.threads,
+                   o.threads == 1 ? "" : "s", r.peak.f32_gflops,
+                   r.peak.bf16_gflops > 0 ? fmt::format(", bf16 dot product {:.1f} GFLOP/s", r.peak.bf16_gflops)
+                                          : std::string(", no bf16 instructions (bf16 rows against f32's)"));
+  s += fmt::format("sgemm rate now: {:.1f} GFLOP/s on {} (core matmul, f32, {} thread{})\n", r.sgemm_gflops,
                    r.sgemm_shape, o.threads, o.threads == 1 ? "" : "s");
   for (const GptBenchRun& run : r.runs) {
     if (run.mesh.ranks() > 1) continue;  // PyTorch runs one rank

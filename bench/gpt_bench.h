@@ -7,9 +7,10 @@
 // per step; every Linear's and the head's GEMMs on bf16 operands with f32
 // accumulation; f32 gradients, logits and attention; PyTorch: autocast) on
 // one rank with `threads` BLAS
-// threads and synthetic tokens; tokens/s; the model FLOPs it reaches beside
-// the sgemm rate measured in the same run on the step's own largest GEMM
-// shape; the same model and step in PyTorch (bench/torch_gpt.py, run by the
+// threads and synthetic tokens; tokens/s; the model FLOPs it reaches against
+// the cores' FMA peak measured in the same run (measure_fma_peak; bf16 rows
+// against the bf16 dot product's where the CPU has one), and beside the sgemm
+// rate on the step's own largest GEMM shape; the same model and step in PyTorch (bench/torch_gpt.py, run by the
 // benchmark as a child process when python3 with torch is present); and
 // where the step's time goes, per kernel (nn::functional's op profile over
 // the timed steps; "other" is the rest: embedding bookkeeping, residual
@@ -44,9 +45,10 @@
 
 #include <cstdint>
 #include <string>
-
-#include "meshtrain/core/dtype.h"
 #include <vector>
+
+#include "bench/gemm_bench.h"
+#include "meshtrain/core/dtype.h"
 
 namespace meshtrain::bench {
 
@@ -109,6 +111,7 @@ struct GptBenchRun {
 struct GptBenchResult {
   int64_t parameters = 0;
   double flops_per_step = 0;
+  FmaPeak peak;                     // measured now on --threads threads: the rate columns' 100%
   double sgemm_gflops = 0;          // measured now: (B T, C) x (C, 4C) through core matmul, f32
   std::string sgemm_shape;
   std::vector<GptBenchRun> runs;    // one per mesh and precision, in the order asked

@@ -135,6 +135,10 @@ DataParallelRun dp_run(int ranks, const TrainBenchOptions& o, const std::string&
 TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
   TrainBenchResult r;
   set_blas_threads(1);
+  r.peak = measure_fma_peak(1);
+  // The step's 8 GEMMs: forward and weight gradient of the 3 layers, input
+  // gradients of the last 2 (the first layer's input needs none).
+  r.step_flops = 2.0 * o.batch * (2.0 * (784 * 512 + 512 * 512 + 512 * 10) + (512 * 512 + 512 * 10));
   {
     // fp32 and bf16 (the MLP's Linear layers compute in bf16: bf16 GEMMs
     // with f32 accumulation) interleaved in blocks of 10 steps, so a slow
@@ -232,12 +236,23 @@ std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOption
   std::string s;
   s += fmt::format("MLP 784-512-512-10, batch {}, 1 GEMM thread ({}), AdamW ({} timed steps, median)\n", o.batch,
                    matmul_backend_description(matmul_backend()), o.steps);
-  s += fmt::format("  fp32 step time       {:8.3f} ms   ({:.0f} samples/s)\n", r.step_ms, o.batch / r.step_ms * 1e3);
-  s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({:.1f} GFLOP/s f32)\n", r.gemm_ms, r.gemm_gflops);
+  // A rate as GFLOP/s and its share of the FMA peak measured in this run.
+  const auto rate = [&](double gflops, bool bf16) {
+    const double peak = r.peak.for_dtype(bf16);
+    return peak > 0 ? fmt::format("{:.1f} GFLOP/s, {:.0f}% of the FMA peak", gflops, 100 * gflops / peak)
+                    : fmt::format("{:.1f} GFLOP/s", gflops);
+  };
+  s += fmt::format("  FMA peak now ({} loop, 1 thread): f32 {:.1f} GFLOP/s{}\n", r.peak.isa, r.peak.f32_gflops,
+                   r.peak.bf16_gflops > 0 ? fmt::format(", bf16 dot product {:.1f} GFLOP/s", r.peak.bf16_gflops)
+                                          : std::string(", no bf16 instructions"));
+  s += fmt::format("  fp32 step time       {:8.3f} ms   ({:.0f} samples/s; {})\n", r.step_ms, o.batch / r.step_ms * 1e3,
+                   rate(r.step_flops / (r.step_ms * 1e6), false));
+  s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({} f32)\n", r.gemm_ms, rate(r.gemm_gflops, false));
   s += fmt::format("  GEMM share of step   {:8.1f} %\n", 100 * r.gemm_ms / r.step_ms);
-  s += fmt::format("  bf16 step time       {:8.3f} ms   ({:.0f} samples/s, {:.2f}x the fp32 step)\n", r.step_bf16_ms,
-                   o.batch / r.step_bf16_ms * 1e3, r.step_bf16_ms / r.step_ms);
-  s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({:.1f} GFLOP/s bf16)\n", r.gemm_bf16_ms, r.gemm_bf16_gflops);
+  s += fmt::format("  bf16 step time       {:8.3f} ms   ({:.0f} samples/s, {:.2f}x the fp32 step; {})\n",
+                   r.step_bf16_ms, o.batch / r.step_bf16_ms * 1e3, r.step_bf16_ms / r.step_ms,
+                   rate(r.step_flops / (r.step_bf16_ms * 1e6), true));
+  s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({} bf16)\n", r.gemm_bf16_ms, rate(r.gemm_bf16_gflops, true));
   s += fmt::format("  GEMM share of step   {:8.1f} %\n", 100 * r.gemm_bf16_ms / r.step_bf16_ms);
   if (const std::string note = gemm_dtype_note(DType::bf16); !note.empty()) s += fmt::format("  note: {}\n", note);
   s += fmt::format("data parallel, {} samples per rank per step (threads engine, {} MiB buckets):\n", o.batch,

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/gemm_bench.h"
+
 #include "meshtrain/core/dtype.h"
 
 namespace meshtrain::bench {
@@ -53,6 +55,8 @@ struct ShardedThroughput {
 };
 
 struct TrainBenchResult {
+  FmaPeak peak;  // 1 thread, measured in the same run: the rates' 100%
+  double step_flops = 0;  // the MLP step's 8 GEMMs (forward and weight gradients of 3 layers, 2 input gradients)
   double step_ms = 0;
   double gemm_ms = 0;
   double gemm_gflops = 0;
