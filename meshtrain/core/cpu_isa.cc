@@ -169,8 +169,8 @@ std::string idle_waits_summary() {
   std::vector<std::string> out;
   for (const LibraryVariable& v : kIdleWaits)
     for (const std::string_view name : {v.name, v.unless})
-      if (!name.empty())
-        if (const char* value = std::getenv(std::string(name).c_str())) out.push_back(fmt::format("{}={}", name, value));
+      if (const char* value = name.empty() ? nullptr : std::getenv(std::string(name).c_str()))
+        out.push_back(fmt::format("{}={}", name, value));
   return out.empty() ? "unset" : fmt::format("{}", fmt::join(out, " "));
 }
 
@@ -184,9 +184,9 @@ void prepare_libraries(char** argv) {
   const std::string core = cpu_isa_openblas_core();  // reads the limit, caps oneDNN
   const char* have = std::getenv("OPENBLAS_CORETYPE");
   if (!core.empty() && !(have && strcasecmp(have, core.c_str()) == 0)) put("OPENBLAS_CORETYPE", core);
-  // Idle GEMM threads sleep instead of spinning (docs/core.md, "Threads"):
-  // a spinning pool takes the cores another pool, the data loader or another
-  // process needs. The user's own settings win.
+  // Idle GEMM threads sleep instead of spinning (docs/core.md, "Idle GEMM
+  // threads sleep"): a spinning pool takes the cores another pool, the data
+  // loader or another process needs. The user's own settings win.
   for (const LibraryVariable& v : kIdleWaits) {
     const std::string name(v.name), unless(v.unless);
     if (!std::getenv(name.c_str()) && (unless.empty() || !std::getenv(unless.c_str())))

@@ -70,10 +70,10 @@ std::string cpu_isa_openblas_core();
 //   libgomp's and OpenBLAS's defaults (spinning for 300000 iterations and
 //   2^28 cycles) the two pools and the data loader took each other's cores:
 //   a GPT-2 124M step on 2 threads took 1.5x as long, a small GPT run 12x,
-//   and 10x beside two busy processes (docs/core.md, "Threads").
-// (kIdleWaits.) Nothing is re-executed when every variable already holds
-// its value. Call
-// it first in main, before threads start. Throws InvalidArgument on a bad
+//   and 10x beside two busy processes (docs/core.md, "Idle GEMM threads
+//   sleep"; the table is kIdleWaits below).
+// Nothing is re-executed when every variable already holds its value. Call it
+// first in main, before threads start. Throws InvalidArgument on a bad
 // MESHTRAIN_CPU_ISA and Error when the re-execution fails.
 void prepare_libraries(char** argv);
 

@@ -21,7 +21,7 @@ import atexit as _atexit
 import os as _os
 import sys as _sys
 
-# Idle GEMM threads sleep rather than spin (docs/core.md, "Threads"): libgomp
+# Idle GEMM threads sleep rather than spin (docs/core.md, "Idle GEMM threads sleep"): libgomp
 # and OpenBLAS read these while they load, with the module, so they are set
 # first, as the meshtrain command's prepare_libraries sets them (a test keeps
 # this table equal to its kIdleWaits). Your own settings win; a process that
