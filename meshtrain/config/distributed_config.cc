@@ -200,6 +200,17 @@ void derive_processes_per_node(DistributedConfig& c, bool gave_world_or_nodes, b
     c.num_processes_per_node = c.world_size / c.num_nodes;
 }
 
+void finish_overlay(DistributedConfig& c, const GivenKeys& given, std::string_view where, std::string_view how) {
+  if (given.mesh && (given.mesh_shape || given.mesh_axis_names))
+    throw InvalidArgument(kOp,
+                          fmt::format("{}{}both mesh and mesh_shape/mesh_axis_names are given", where,
+                                      where.empty() ? "" : ": "),
+                          fmt::format("give the mesh once: {}", how));
+  if (given.mesh_shape && !given.mesh_axis_names) c.mesh_axis_names.clear();
+  if (given.mesh_axis_names && !given.mesh_shape) c.mesh_shape.clear();
+  derive_processes_per_node(c, given.world_or_nodes, given.processes_per_node);
+}
+
 void DistributedConfig::validate() const {
   // 1. Ranges.
   check_positive("world_size", world_size, "set world_size to the number of ranks, e.g. 4");
@@ -369,13 +380,7 @@ DistributedConfig DistributedConfig::with_values(const std::vector<std::pair<std
     }
     given.insert(key);
   }
-  if (given.count("mesh") && (given.count("mesh_shape") || given.count("mesh_axis_names")))
-    throw InvalidArgument(kOp, fmt::format("{}both mesh and mesh_shape/mesh_axis_names are given", prefix),
-                          "give the mesh once: mesh=\"data=2,tensor=2\", or the two sequences");
-  if (given.count("mesh_shape") && !given.count("mesh_axis_names")) c.mesh_axis_names.clear();
-  if (given.count("mesh_axis_names") && !given.count("mesh_shape")) c.mesh_shape.clear();
-  derive_processes_per_node(c, given.count("world_size") || given.count("num_nodes"),
-                            given.count("num_processes_per_node") > 0);
+  finish_overlay(c, GivenKeys::of(given), source, "mesh=\"data=2,tensor=2\", or the two sequences");
   return c;
 }
 

@@ -214,4 +214,26 @@ std::string unknown_key_hint(std::string_view key);
 // or num_nodes but not num_processes_per_node (used by every loader).
 void derive_processes_per_node(DistributedConfig& c, bool gave_world_or_nodes, bool gave_processes_per_node);
 
+// Which keys an overlay's source gave (TOML, keywords), for finish_overlay.
+struct GivenKeys {
+  bool mesh = false, mesh_shape = false, mesh_axis_names = false;
+  bool world_or_nodes = false;      // world_size or num_nodes
+  bool processes_per_node = false;  // num_processes_per_node
+  // From the set of key names a loader recorded (std::set of string or string_view).
+  template <typename Set>
+  static GivenKeys of(const Set& keys) {
+    return {.mesh = keys.count("mesh") > 0,
+            .mesh_shape = keys.count("mesh_shape") > 0,
+            .mesh_axis_names = keys.count("mesh_axis_names") > 0,
+            .world_or_nodes = keys.count("world_size") > 0 || keys.count("num_nodes") > 0,
+            .processes_per_node = keys.count("num_processes_per_node") > 0};
+  }
+};
+// The end of an overlay of keys: refuses a mesh given both as `mesh` and as
+// the arrays (InvalidArgument naming `where`, the source, with `how`: the
+// two ways to give it once in that source's syntax), keeps the arrays
+// together (one given alone clears the other, so validate() names the
+// missing one) and derives num_processes_per_node (derive_processes_per_node).
+void finish_overlay(DistributedConfig& c, const GivenKeys& given, std::string_view where, std::string_view how);
+
 }  // namespace meshtrain::config

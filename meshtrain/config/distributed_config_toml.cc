@@ -156,13 +156,7 @@ DistributedConfig DistributedConfig::with_toml(std::string_view text, std::strin
     }
     given.insert(key);
   }
-  if (given.count("mesh") && (given.count("mesh_shape") || given.count("mesh_axis_names")))
-    throw InvalidArgument(kOp, fmt::format("{}: both mesh and mesh_shape/mesh_axis_names are given", source_name),
-                          "give the mesh once: mesh = \"data=2,tensor=2\", or the two arrays");
-  if (given.count("mesh_shape") && !given.count("mesh_axis_names")) c.mesh_axis_names.clear();
-  if (given.count("mesh_axis_names") && !given.count("mesh_shape")) c.mesh_shape.clear();
-  derive_processes_per_node(c, given.count("world_size") || given.count("num_nodes"),
-                            given.count("num_processes_per_node") > 0);
+  finish_overlay(c, GivenKeys::of(given), source_name, "mesh = \"data=2,tensor=2\", or the two arrays");
   return c;
 }
 

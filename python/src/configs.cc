@@ -71,6 +71,11 @@ void check_type(const std::string& key, py::handle v) {
     wrong("a str", fmt::format("{}=\"{}\"", key, f->format(config::DistributedConfig{})));
 }
 
+config::DistributedConfig validated(config::DistributedConfig c) {
+  c.validate();
+  return c;
+}
+
 config::DistributedConfig with_kwargs(const config::DistributedConfig& base, const py::kwargs& kw) {
   std::vector<std::pair<std::string, std::string>> values;
   for (const auto& [k, v] : kw) {
@@ -82,9 +87,7 @@ config::DistributedConfig with_kwargs(const config::DistributedConfig& base, con
     check_type(key, v);
     values.emplace_back(key, value_text(v));
   }
-  config::DistributedConfig c = base.with_values(values, "");
-  c.validate();
-  return c;
+  return validated(base.with_values(values, ""));
 }
 
 py::object mesh_tuple_or_none(const config::DistributedConfig& c, bool names) {
@@ -138,19 +141,11 @@ void bind_configs(py::module_& m) {
           py::arg("values"), "DistributedConfig(**values): unknown keys are errors (the seeds' strict from_dict).")
       .def_static(
           "from_toml",
-          [](const std::string& text) {
-            auto c = config::DistributedConfig::from_toml(text);
-            c.validate();
-            return c;
-          },
+          [](const std::string& text) { return validated(config::DistributedConfig::from_toml(text)); },
           py::arg("text"), "From TOML text ([distributed] or top-level keys), validated.")
       .def_static(
           "from_toml_file",
-          [](const std::string& path) {
-            auto c = config::DistributedConfig::from_toml_file(path);
-            c.validate();
-            return c;
-          },
+          [](const std::string& path) { return validated(config::DistributedConfig::from_toml_file(path)); },
           py::arg("path"), "From a TOML file (meshtrain train --config's), validated.")
       .def_static(
           "from_environment",

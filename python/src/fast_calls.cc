@@ -108,7 +108,7 @@ PyObject* fast_all_reduce(PyObject* self, PyObject* const* args, size_t nargsf, 
   const py::detail::PyArrayDescr_Proxy* d = py::detail::array_descriptor_proxy(arr->descr);
   const std::optional<DType> t = engine_dtype(d->kind, d->elsize, d->byteorder);
   Comm* c = comm_of(self);
-  if (!t || c == nullptr || !c->alive()->load()) return bound();
+  if (!t || c == nullptr || !c->alive_now()) return bound();
   size_t n = 1;
   for (int i = 0; i < arr->nd; ++i) n *= static_cast<size_t>(arr->dimensions[i]);
   comm::Communicator& world = c->get("Communicator.all_reduce");

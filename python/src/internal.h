@@ -98,6 +98,8 @@ class Comm {
     return *c_;
   }
   std::shared_ptr<std::atomic<bool>> alive() const { return alive_; }
+  // Whether its job still runs (no shared_ptr copy: all_reduce's fast path asks on every call).
+  bool alive_now() const { return alive_->load(); }
 
  private:
   std::shared_ptr<void> owner_;  // what owns *c_ when not this (a DeviceMesh)
