@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "meshtrain/core/cpu_isa.h"
@@ -123,7 +124,7 @@ void linear_shapes(std::vector<GemmShape>& out, const std::string& set, const st
 }
 
 // One variant on the shared operands.
-enum class Variant { openblas_f32, onednn_f32, onednn_bf16 };
+enum class Variant { openblas_f32, onednn_f32, onednn_bf16, auto_f32 };
 
 struct Operands {
   Tensor a, b, c;  // f32
@@ -138,7 +139,8 @@ Tensor random_tensor(std::vector<int64_t> shape, uint64_t key) {
 
 double time_call(const GemmShape& s, Operands& o, Variant v) {
   const MatmulBackend backend = v == Variant::openblas_f32 ? MatmulBackend::openblas : MatmulBackend::onednn;
-  MatmulBackendScope scope(backend);
+  std::optional<MatmulBackendScope> scope;
+  if (v != Variant::auto_f32) scope.emplace(backend);
   const bool half = v == Variant::onednn_bf16;
   const auto t0 = Clock::now();
   matmul(half ? o.ah : o.a, half ? o.bh : o.b, o.c, s.trans_a, s.trans_b, 1.0, s.beta);
@@ -178,6 +180,8 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
                           "use m, reps, threads, vocab >= 1 and warmup >= 0");
   GemmBenchResult r;
   set_blas_threads(o.threads);
+  set_gemm_policy(GemmPolicy::automatic);  // the auto column: core's own choice per shape
+  r.openblas_note = openblas_core_note();
   const FmaPeak peak = measure_fma_peak(o.threads);
   r.f32_peak_gflops = peak.f32_gflops;
   r.bf16_peak_gflops = peak.bf16_gflops;
@@ -185,7 +189,7 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
   const bool onednn = matmul_backend_available(MatmulBackend::onednn);
   if (onednn) r.onednn = matmul_backend_description(MatmulBackend::onednn);
   std::vector<Variant> variants{Variant::openblas_f32};
-  if (onednn) variants.insert(variants.end(), {Variant::onednn_f32, Variant::onednn_bf16});
+  if (onednn) variants.insert(variants.end(), {Variant::onednn_f32, Variant::onednn_bf16, Variant::auto_f32});
 
   const std::vector<GemmShape> shapes = gemm_bench_shapes(o);
   // Every shape's operands live at once (f32 a and b, their bf16 copies, f32 c):
@@ -213,18 +217,30 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
     ops.push_back(std::move(x));
   }
   std::vector<std::map<Variant, std::vector<double>>> times(shapes.size());
+  // The variants' order rotates from round to round, so none always runs
+  // right after another touched the same operands.
   for (int round = 0; round < o.warmup + o.reps; ++round)
     for (size_t i = 0; i < shapes.size(); ++i)
-      for (Variant v : variants) {
+      for (size_t j = 0; j < variants.size(); ++j) {
+        const Variant v = variants[(j + static_cast<size_t>(round)) % variants.size()];
         const double t = time_call(shapes[i], ops[i], v);
         if (round >= o.warmup) times[i][v].push_back(t);
       }
   for (size_t i = 0; i < shapes.size(); ++i) {
-    GemmRow row{shapes[i]};
+    GemmRow row;
+    row.shape = shapes[i];
     row.openblas_f32 = median(times[i][Variant::openblas_f32]);
     if (onednn) {
       row.onednn_f32 = median(times[i][Variant::onednn_f32]);
       row.onednn_bf16 = median(times[i][Variant::onednn_bf16]);
+      row.auto_f32 = median(times[i][Variant::auto_f32]);
+      const GemmShape& g = shapes[i];
+      for (const GemmChoice& c : gemm_choices())
+        if (c.in == DType::f32 && c.m == g.m && c.n == g.n && c.k == g.k && c.trans_a == g.trans_a &&
+            c.trans_b == g.trans_b && c.threads == o.threads) {
+          row.chosen = matmul_backend_name(c.backend);
+          row.chosen_from_cache = c.from_cache;
+        }
     }
     r.rows.push_back(row);
   }
@@ -237,48 +253,70 @@ std::string format_gemm_bench(const GemmBenchResult& r, const GemmBenchOptions& 
                    o.threads == 1 ? "" : "s", r.peak_isa, r.f32_peak_gflops);
   s += r.bf16_peak_gflops > 0 ? fmt::format(", bf16 dot product {:.1f} GFLOP/s\n", r.bf16_peak_gflops)
                               : std::string(", no AVX512-BF16\n");
-  s += fmt::format("backends: {}; OpenBLAS sgemm{}\n", r.onednn.empty() ? "no oneDNN in this build" : r.onednn,
-                   r.onednn.empty() ? "" : " beside it");
+  s += fmt::format("backends: {}; OpenBLAS sgemm{} ({})\n", r.onednn.empty() ? "no oneDNN in this build" : r.onednn,
+                   r.onednn.empty() ? "" : " beside it", matmul_backend_description(MatmulBackend::openblas));
   s += fmt::format("median of {} interleaved rounds, GFLOP/s (% of the f32 peak; bf16: bf16/f32 rate of oneDNN)\n",
                    o.reps);
   auto pct = [&](double gf) { return r.f32_peak_gflops > 0 ? 100 * gf / r.f32_peak_gflops : 0.0; };
   auto cell = [&](double flops, double t) {
     return t > 0 ? fmt::format("{:6.1f} ({:3.0f}%)", flops / t / 1e9, pct(flops / t / 1e9)) : std::string("     -       ");
   };
-  const std::string head = fmt::format("{:<4} {:<22} {:>6} {:>6} {:>6} {:>2}  {:<13}  {:<13}  {:<13}  {}\n", "set",
-                                       "GEMM", "M", "K", "N", "op", "OpenBLAS f32", "oneDNN f32", "oneDNN bf16",
-                                       "bf16/f32");
+  const std::string head =
+      fmt::format("{:<4} {:<22} {:>6} {:>6} {:>6} {:>2}  {:<13}  {:<13}  {:<13}  {:<8}  {:<13} {:<8} {}\n", "set", "GEMM",
+                  "M", "K", "N", "op", "OpenBLAS f32", "oneDNN f32", "oneDNN bf16", "bf16/f32", "auto f32", "chosen",
+                  "vs best");
   s += head;
-  std::map<std::string, std::array<double, 5>> total;  // flops, the three times, the default routing's
+  // Per set: flops; OpenBLAS, oneDNN, bf16 and auto times; the fixed rule's
+  // (f32 x^T dy on OpenBLAS, the rest on oneDNN); the better f32 backend per
+  // shape; the chosen backend's column.
+  std::map<std::string, std::array<double, 8>> total;
   std::vector<std::string> order;
+  const auto best_of = [](const GemmRow& row) {
+    return row.onednn_f32 > 0 ? std::min(row.openblas_f32, row.onednn_f32) : row.openblas_f32;
+  };
   for (const GemmRow& row : r.rows) {
     const GemmShape& g = row.shape;
     const double f = g.flops();
     const std::string op = std::string(g.trans_a ? "T" : "N") + (g.trans_b ? "T" : "N");
     const std::string ratio = row.onednn_bf16 > 0 ? fmt::format("{:.2f}x", row.onednn_f32 / row.onednn_bf16) : "-";
-    s += fmt::format("{:<4} {:<22} {:>6} {:>6} {:>6} {:>2}  {}  {}  {}  {}\n", g.set, g.name, g.m, g.k, g.n, op,
-                     cell(f, row.openblas_f32), cell(f, row.onednn_f32), cell(f, row.onednn_bf16), ratio);
+    const std::string chosen = row.chosen.empty() ? "-" : row.chosen + (row.chosen_from_cache ? "*" : "");
+    // The chosen backend's own column against the better column: what the choice costs.
+    const double chosen_t = row.chosen == "openblas" ? row.openblas_f32 : row.onednn_f32;
+    const std::string vs = row.chosen.empty() ? "-" : fmt::format("{:.0f}%", 100 * best_of(row) / chosen_t);
+    s += fmt::format("{:<4} {:<22} {:>6} {:>6} {:>6} {:>2}  {}  {}  {}  {:<8}  {} {:<8} {}\n", g.set, g.name, g.m, g.k,
+                     g.n, op, cell(f, row.openblas_f32), cell(f, row.onednn_f32), cell(f, row.onednn_bf16), ratio,
+                     cell(f, row.auto_f32), chosen, vs);
     if (!total.count(g.set)) order.push_back(g.set);
     auto& t = total[g.set];
     t[0] += f;
     t[1] += row.openblas_f32;
     t[2] += row.onednn_f32;
     t[3] += row.onednn_bf16;
-    // core/matmul.h's default: f32 x^T dy on OpenBLAS, the rest on oneDNN.
-    t[4] += (g.trans_a && !g.trans_b) || row.onednn_f32 == 0 ? row.openblas_f32 : row.onednn_f32;
+    t[4] += row.auto_f32;
+    t[5] += (g.trans_a && !g.trans_b) || row.onednn_f32 == 0 ? row.openblas_f32 : row.onednn_f32;
+    t[6] += best_of(row);
+    t[7] += row.chosen.empty() ? 0.0 : chosen_t;
   }
   for (const std::string& set : order) {
     const auto& t = total[set];
     const std::string ratio = t[3] > 0 ? fmt::format("{:.2f}x", t[2] / t[3]) : "-";
-    s += fmt::format("{:<4} {:<22} {:>6} {:>6} {:>6} {:>2}  {}  {}  {}  {}\n", set, "all (time-weighted)", "", "",
-                     "", "", cell(t[0], t[1]), cell(t[0], t[2]), cell(t[0], t[3]), ratio);
+    s += fmt::format("{:<4} {:<22} {:>6} {:>6} {:>6} {:>2}  {}  {}  {}  {:<8}  {} {:<8} {}\n", set,
+                     "all (time-weighted)", "", "", "", "", cell(t[0], t[1]), cell(t[0], t[2]), cell(t[0], t[3]), ratio,
+                     cell(t[0], t[4]), "", t[7] > 0 ? fmt::format("{:.0f}%", 100 * t[6] / t[7]) : "-");
     s += fmt::format("{:<4} {:<22} {:.3f} ms OpenBLAS f32, {:.3f} ms oneDNN f32, {:.3f} ms oneDNN bf16\n", set,
                      "  sum of medians", 1e3 * t[1], 1e3 * t[2], 1e3 * t[3]);
-    if (t[4] > 0)
-      s += fmt::format("{:<4} {:<22} {:.3f} ms, {:.1f} GFLOP/s ({:.0f}% of the f32 peak)\n", set,
-                       "  f32 as trained", 1e3 * t[4], t[0] / t[4] / 1e9,
-                       r.f32_peak_gflops > 0 ? 100 * t[0] / t[4] / 1e9 / r.f32_peak_gflops : 0.0);
+    const auto line = [&](const char* what, double sec) {
+      if (sec > 0)
+        s += fmt::format("{:<4} {:<22} {:.3f} ms, {:.1f} GFLOP/s ({:.0f}% of the f32 peak)\n", set, what, 1e3 * sec,
+                         t[0] / sec / 1e9, r.f32_peak_gflops > 0 ? 100 * t[0] / sec / 1e9 / r.f32_peak_gflops : 0.0);
+    };
+    line("  f32 auto (chosen)", t[4]);
+    line("  f32 best per shape", t[6]);
+    line("  f32 fixed rule", t[5]);
   }
+  s += "auto f32: core's choice per shape, timed as chosen (MESHTRAIN_GEMM_BACKEND=auto; * read from "
+       "MESHTRAIN_GEMM_CACHE); vs best: the better f32 column's rate over the chosen backend's column's\n";
+  if (!r.openblas_note.empty()) s += "note: " + r.openblas_note + "\n";
   return s;
 }
 

@@ -13,6 +13,9 @@
 //   f32 accumulation and output); the oneDNN ones only in a build with it.
 //   Every variant runs on the same operands through core's matmul
 //   (MatmulBackendScope), weight gradients accumulate (beta = 1) as in training.
+//   A fourth, "auto f32", runs core's own choice (core/matmul.h: the backend
+//   measured per shape, or read from MESHTRAIN_GEMM_CACHE); the table shows
+//   which it chose and its rate against the better of the two f32 columns.
 // - peak: a register-only loop of independent 512-bit FMAs (vfmadd231ps,
 //   AVX-512F) and of bf16 dot products (vdpbf16ps, AVX512-BF16), on `threads`
 //   threads, best of 15 runs of ~10 ms: what the cores can issue. Each kernel is
@@ -49,7 +52,9 @@ struct GemmShape {
 // Median seconds per call of one shape on each variant (0: not run).
 struct GemmRow {
   GemmShape shape;
-  double openblas_f32 = 0, onednn_f32 = 0, onednn_bf16 = 0;
+  double openblas_f32 = 0, onednn_f32 = 0, onednn_bf16 = 0, auto_f32 = 0;
+  std::string chosen;  // the auto policy's backend for the f32 product ("onednn"; "" when not run)
+  bool chosen_from_cache = false;
 };
 
 // What the cores can issue (the peak loops above), on `threads` threads.
@@ -71,6 +76,7 @@ struct GemmBenchResult {
   double bf16_peak_gflops = 0;  // vdpbf16ps loop (0: the CPU has no AVX512-BF16)
   std::string peak_isa;         // "avx512f" / "avx2+fma" / "none"
   std::string onednn;           // matmul_backend_description, "" without oneDNN
+  std::string openblas_note;    // openblas_core_note(): "" unless OPENBLAS_CORETYPE slows OpenBLAS
   std::vector<GemmRow> rows;
 };
 

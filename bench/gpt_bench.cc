@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "meshtrain/comm/launch.h"
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/ops.h"
@@ -69,7 +70,10 @@ double sgemm_gflops(int64_t m, int64_t k, int64_t n) {
 }
 
 // A run's precision as its flag spells it ("fp32", "bf16").
-std::string_view label(const GptBenchRun& r) { return layout::precision_name(r.precision); }
+std::string label(const GptBenchRun& r) {
+  return r.gemm.empty() ? std::string(layout::precision_name(r.precision))
+                        : fmt::format("{} {}", layout::precision_name(r.precision), r.gemm);
+}
 
 // Runs the PyTorch peer at `precision`; fills torch_step_ms or says why not.
 void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
@@ -353,13 +357,21 @@ GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
     if (o.batch % m.data != 0)
       throw InvalidArgument("bench gpt", fmt::format("batch {} over mesh {}", o.batch, m.name()),
                             fmt::format("use a --batch divisible by the data axis ({})", m.data));
+  const GemmPolicy previous_policy = gemm_policy();
+  const std::vector<std::optional<GemmPolicy>> policies =
+      o.gemm_policies.empty() ? std::vector<std::optional<GemmPolicy>>{std::nullopt}
+                              : std::vector<std::optional<GemmPolicy>>(o.gemm_policies.begin(), o.gemm_policies.end());
   for (const GptBenchMesh& m : meshes)
-    for (const DType precision : o.precisions) {
-      GptBenchRun run = run_meshtrain(o, m, precision, &r.parameters);
-      run.tokens_per_s = tokens / (run.step_ms / 1e3);
-      run.gflops = r.flops_per_step / (run.step_ms * 1e6);
-      r.runs.push_back(std::move(run));
-    }
+    for (const DType precision : o.precisions)
+      for (const std::optional<GemmPolicy>& policy : policies) {
+        if (policy) set_gemm_policy(*policy);
+        GptBenchRun run = run_meshtrain(o, m, precision, &r.parameters);
+        if (policy) run.gemm = fmt::format("gemm {}", gemm_policy_name(*policy));
+        run.tokens_per_s = tokens / (run.step_ms / 1e3);
+        run.gflops = r.flops_per_step / (run.step_ms * 1e6);
+        r.runs.push_back(std::move(run));
+      }
+  set_gemm_policy(previous_policy);
   r.sgemm_shape = fmt::format("({}, {}) x ({}, {})", o.batch * o.context, o.width, o.width, 4 * o.width);
   r.sgemm_gflops = sgemm_gflops(o.batch * o.context, o.width, 4 * o.width);
   r.peak = measure_fma_peak(o.threads);
@@ -416,7 +428,9 @@ std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
 
 std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) {
   const double tokens = static_cast<double>(o.batch * o.context);
-  std::string s = fmt::format(
+  std::string s = fmt::format("GEMMs {}\n", gemm_policy_summary());
+  if (const std::string note = openblas_core_note(); !note.empty()) s += "note: " + note + "\n";
+  s += fmt::format(
       "GPT {} layers x {} width, {} heads, vocab {}, T = {}, batch {}: {:.1f}M parameters, {:.1f} GFLOP per step, "
       "AdamW, {} thread{}{}\n\n",
       o.layers, o.width, o.heads, o.vocab, o.context, o.batch, r.parameters / 1e6, r.flops_per_step / 1e9, o.threads,
@@ -452,7 +466,7 @@ std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) 
     else
       s += fmt::format("{}: PyTorch {}\n", label(run), run.torch_note);
   }
-  if (o.meshes.empty() && r.runs.size() == 2)
+  if (o.meshes.empty() && r.runs.size() == 2 && o.gemm_policies.size() <= 1)
     s += fmt::format("{} / {} step time: {:.2f}x\n", label(r.runs[1]), label(r.runs[0]),
                      r.runs[1].step_ms / r.runs[0].step_ms);
   for (const GptBenchRun& run : r.runs) {

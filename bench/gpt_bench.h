@@ -49,6 +49,7 @@
 
 #include "bench/gemm_bench.h"
 #include "meshtrain/core/dtype.h"
+#include "meshtrain/core/matmul.h"
 
 namespace meshtrain::bench {
 
@@ -80,6 +81,9 @@ struct GptBenchOptions {
   // Empty: one rank in the calling thread, no comparison table. Otherwise one
   // run per mesh and precision, in this order, and a table comparing them.
   std::vector<GptBenchMesh> meshes;
+  // Empty: the process's GEMM policy (core/matmul.h). Otherwise one run per
+  // policy (set_gemm_policy) for each mesh and precision, side by side.
+  std::vector<GemmPolicy> gemm_policies;
 };
 
 struct GptBenchOp {
@@ -93,6 +97,7 @@ struct GptBenchRun {
   GptBenchMesh mesh;
   int threads_per_rank = 0;
   DType precision = DType::f32;
+  std::string gemm;                 // "gemm auto" when the options name policies, else ""
   double step_ms = 0;               // median
   double mean_step_ms = 0;          // the profile's total per step
   double tokens_per_s = 0;          // the whole mesh's: batch x context per step

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "meshtrain/comm/launch.h"
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/losses.h"
@@ -234,8 +235,9 @@ std::string format_train_bench_mpi(const DataParallelRun& r, const TrainBenchOpt
 
 std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOptions& o) {
   std::string s;
-  s += fmt::format("MLP 784-512-512-10, batch {}, 1 GEMM thread ({}), AdamW ({} timed steps, median)\n", o.batch,
-                   matmul_backend_description(matmul_backend()), o.steps);
+  s += fmt::format("MLP 784-512-512-10, batch {}, 1 GEMM thread, AdamW ({} timed steps, median)\nGEMMs {}\n", o.batch,
+                   o.steps, gemm_policy_summary());
+  if (const std::string note = openblas_core_note(); !note.empty()) s += "note: " + note + "\n";
   // A rate as GFLOP/s and its share of the FMA peak measured in this run.
   const auto rate = [&](double gflops, bool bf16) {
     const double peak = r.peak.for_dtype(bf16);

@@ -115,8 +115,9 @@ int run_train(TrainFlags& f) {
   if (main) {
     fmt::print("meshtrain train: engine {}, {} ranks, mesh {}\n", comm::engine_name(dc.backend), dc.world_size,
                dc.mesh().to_spec());
-    fmt::print("# CPU ISA {}; GEMMs on {}; idle GEMM threads: {}\n", cpu_isa_summary(),
-               matmul_backend_description(matmul_backend()), idle_waits_summary());
+    fmt::print("# CPU ISA {}; GEMMs {}; idle GEMM threads: {}\n", cpu_isa_summary(), gemm_policy_summary(),
+               idle_waits_summary());
+    if (const std::string note = openblas_core_note(); !note.empty()) fmt::print("# note: {}\n", note);
     fmt::print("{}", resolved.config.to_toml());
     for (const auto& note : resolved.notes) fmt::print("# {}\n", note);
     fmt::print("\n[distributed]\n# (resolved)\n{}\n\n", dc.to_string());
@@ -527,6 +528,11 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                       "tensor=2, or --mesh none data=2 tensor=2) are compared in one table: step time, tokens/s, the "
                       "share of the step in tensor- and context-parallel communication and in the data-parallel "
                       "gradient wait, parameter and activation memory per rank. Default: one rank, no table");
+  auto gpt_gemm = std::make_shared<std::vector<std::string>>();
+  gpt_cmd->add_option("--gemm", *gpt_gemm,
+                      "GEMM backend policies to run side by side (comma list of auto, onednn, openblas, fixed; "
+                      "default: the process's, MESHTRAIN_GEMM_BACKEND or auto)")
+      ->delimiter(',');
   auto gpt_sequence_parallel = std::make_shared<bool>(false);
   gpt_cmd->add_flag("--sequence-parallel", *gpt_sequence_parallel,
                     "sequence parallelism on every --mesh with a tensor axis (as +sp)");
@@ -540,6 +546,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                    gpt_opts->precisions.clear();
                    for (const std::string& p : *gpt_precisions)
                      gpt_opts->precisions.push_back(layout::parse_precision(p, "--precision"));
+                   gpt_opts->gemm_policies.clear();
+                   for (const std::string& p : *gpt_gemm) gpt_opts->gemm_policies.push_back(parse_gemm_policy(p, "--gemm"));
                    gpt_opts->meshes.clear();
                    for (const std::string& spec : *gpt_meshes) {
                      bench::GptBenchMesh m = bench::parse_gpt_bench_mesh(spec);
@@ -554,6 +562,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                                  {"context", std::to_string(gpt_opts->context)}, {"batch", std::to_string(gpt_opts->batch)},
                                  {"steps", std::to_string(gpt_opts->steps)}, {"threads", std::to_string(gpt_opts->threads)},
                                  {"precision", fmt::format("{}", fmt::join(*gpt_precisions, ","))},
+                                 {"gemm", gpt_gemm->empty() ? std::string(gemm_policy_name(gemm_policy()))
+                                                            : fmt::format("{}", fmt::join(*gpt_gemm, ","))},
                                  {"mesh", mesh_names.empty() ? "none" : fmt::format("{}", fmt::join(mesh_names, " "))},
                                  {"torch_script", gpt_opts->torch_script.empty() ? "none" : gpt_opts->torch_script}});
                    fmt::print("{}", bench::format_gpt_bench(bench::run_gpt_bench(*gpt_opts), *gpt_opts));

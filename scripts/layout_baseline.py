@@ -108,7 +108,12 @@ def run_one(binary, args, work, cache):
     run_dir = os.path.join(work, "run")
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [binary, "train"] + args + ["--run-dir", run_dir, "--text-cache", cache]
-    p = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    # The GEMM backends of the recorded runs: oneDNN, f32 weight gradients on
+    # OpenBLAS (the auto policy's choices are measured, so they may differ
+    # between processes; core/matmul.h).
+    env = dict(os.environ, MESHTRAIN_GEMM_BACKEND="fixed")
+    p = subprocess.run(cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                       env=env)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}")
     losses = []

@@ -43,6 +43,18 @@ launch() {  # launch OUT ARGS...: start a run in the background, its pid in $job
 mesh=()
 [[ $engine == threads ]] && mesh=(--mesh data=2)
 
+# Every run here must compute the same bits, so every process must run each
+# GEMM shape on the same backend: the auto policy measures per process
+# (core/matmul.h), so one process measures first and writes the choices to a
+# cache file that every later process reads (a run of 2 threads-engine
+# ranks has the per-rank shapes of every engine's run here).
+export MESHTRAIN_GEMM_CACHE=$tmp/gemm.json
+if ! "$meshtrain" "${args[@]}" --mesh data=2 --run-dir "$tmp/warm" >"$tmp/warm.out" 2>&1; then
+  echo "FAIL: the run that measures the GEMMs failed"
+  cat "$tmp/warm.out"
+  exit 1
+fi
+
 # The uninterrupted run.
 launch "$tmp/ref.out" "${args[@]}" "${mesh[@]}" --run-dir "$tmp/ref"
 if ! wait "$job"; then

@@ -481,9 +481,11 @@ TEST(DistributedConfigEnv, NothingElseReadsTheEnvironment) {
   // MPI reads mpirun's inside MPI_Init: comm::launch takes no environment.
   // core reads MESHTRAIN_CPU_ISA (and OPENBLAS_CORETYPE and the GEMM threads'
   // idle waits) once, before the first kernel picks its path, as oneDNN,
-  // libgomp and OpenBLAS read theirs.
+  // libgomp and OpenBLAS read theirs; and MESHTRAIN_GEMM_BACKEND and
+  // MESHTRAIN_GEMM_CACHE once, at the first product.
   EXPECT_EQ(readers, (std::vector<std::string>{"meshtrain/comm/gloo/launch.cc", "meshtrain/config/distributed_config.cc",
-                                               "meshtrain/core/cpu_isa.cc"}));
+                                               "meshtrain/core/cpu_isa.cc",
+                                               "meshtrain/core/gemm_choice.cc"}));
 }
 
 // ---- CLI flags ------------------------------------------------------------------

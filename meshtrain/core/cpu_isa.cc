@@ -2,10 +2,13 @@
 #include "meshtrain/core/cpu_isa.h"
 
 #include <fmt/format.h>
+#include <cblas.h>
 #include <strings.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -153,16 +156,40 @@ std::string cpu_isa_summary() {
 }
 
 std::string cpu_isa_openblas_core() {
-  const CpuIsa isa = cpu_isa();
-  if (isa == cpu_isa_detected()) return {};
-  switch (isa) {
+  switch (cpu_isa()) {
     case CpuIsa::sse41: return "Nehalem";
     case CpuIsa::avx2: return is_amd() ? "Zen" : "Haswell";
     case CpuIsa::avx512: return "SkylakeX";
-    case CpuIsa::avx512_bf16: return "Cooperlake";
-    case CpuIsa::amx: return {};
+    case CpuIsa::avx512_bf16:
+    case CpuIsa::amx: return "Cooperlake";
   }
   return {};
+}
+
+CpuIsa openblas_core_level(std::string_view core) {
+  std::string c(core);
+  for (char& ch : c) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (c == "sapphirerapids") return CpuIsa::amx;
+  if (c == "cooperlake") return CpuIsa::avx512_bf16;
+  if (c == "skylakex") return CpuIsa::avx512;
+  if (c == "haswell" || c == "zen" || c == "skylake" || c == "excavator") return CpuIsa::avx2;
+  return CpuIsa::sse41;
+}
+
+std::string openblas_core_running() {
+  const char* name = openblas_get_corename();
+  return name ? name : "";
+}
+
+std::string openblas_core_note() {
+  const std::string running = openblas_core_running();
+  const char* set = std::getenv("OPENBLAS_CORETYPE");
+  if (!set || cpu_isa() < cpu_isa_detected() || openblas_core_level(running) >= std::min(cpu_isa(), CpuIsa::avx512_bf16))
+    return "";
+  return fmt::format("OpenBLAS runs its {} kernels ({}) because OPENBLAS_CORETYPE={} is set, though this CPU has {}: "
+                     "unset it to let OpenBLAS pick its {} kernels (up to 1.9x faster f32 GEMMs)",
+                     running, cpu_isa_name(openblas_core_level(running)), set, cpu_isa_name(cpu_isa()),
+                     cpu_isa_openblas_core());
 }
 
 std::string idle_waits_summary() {
@@ -183,7 +210,8 @@ void prepare_libraries(char** argv) {
   };
   const std::string core = cpu_isa_openblas_core();  // reads the limit, caps oneDNN
   const char* have = std::getenv("OPENBLAS_CORETYPE");
-  if (!core.empty() && !(have && strcasecmp(have, core.c_str()) == 0)) put("OPENBLAS_CORETYPE", core);
+  if (cpu_isa() < cpu_isa_detected() && !(have && strcasecmp(have, core.c_str()) == 0))
+    put("OPENBLAS_CORETYPE", core);
   // Idle GEMM threads sleep instead of spinning (docs/core.md, "Idle GEMM
   // threads sleep"): a spinning pool takes the cores another pool, the data
   // loader or another process needs. The user's own settings win.

@@ -54,16 +54,27 @@ CpuIsa cpu_isa();
 // "avx2 (MESHTRAIN_CPU_ISA=avx2; the CPU has avx512_bf16)".
 std::string cpu_isa_summary();
 
-// The OpenBLAS core that matches cpu_isa() when the limit lowers it
-// ("Haswell", "Zen" on AMD, "SkylakeX", "Cooperlake", "Nehalem"), "" when
-// OpenBLAS keeps the core it chose itself.
+// The OpenBLAS core whose kernels use cpu_isa()'s instructions: "Nehalem",
+// "Haswell" ("Zen" on AMD), "SkylakeX", "Cooperlake" (avx512_bf16 and amx).
 std::string cpu_isa_openblas_core();
+// The level an OpenBLAS core's kernels use, by its name as OpenBLAS spells
+// it (any case): sse41 for a core it does not place higher.
+CpuIsa openblas_core_level(std::string_view core);
+// The core OpenBLAS runs in this process ("Haswell"; OpenBLAS's own name).
+std::string openblas_core_running();
+// "" unless OpenBLAS runs a core of a lower level than cpu_isa() because
+// OPENBLAS_CORETYPE says so; then one line for start-up dumps and benchmark
+// headers saying so and what unsetting it gives (on the AMD EPYC Zen 5 of
+// docs/benchmarks.md, OPENBLAS_CORETYPE=Haswell ran the GPT-2 GEMMs at 42%
+// of the FMA peak against 73-82% with OpenBLAS's own choice).
+std::string openblas_core_note();
 
 // Applies what the libraries loaded before main read from the environment
 // while they load, by setting it and re-executing /proc/self/exe with the
 // same argv (same process id; it does not return then):
 // - OPENBLAS_CORETYPE = cpu_isa_openblas_core() when the limit lowers the
-//   level;
+//   level (a user's OPENBLAS_CORETYPE is otherwise left as it is:
+//   openblas_core_note() says when it slows OpenBLAS down);
 // - idle GEMM threads that sleep rather than spin: OMP_WAIT_POLICY=passive
 //   (libgomp, oneDNN's threads; unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is
 //   set) and OPENBLAS_THREAD_TIMEOUT=10 (2^10 cycles; unless set). With

@@ -48,13 +48,25 @@ TEST(CpuIsa, KernelsAndLibrariesFollowTheLevel) {
   EXPECT_EQ(internal::have_avx512_bf16_rounding(), isa >= CpuIsa::avx512);
   EXPECT_EQ(internal::have_f16c(), isa >= CpuIsa::avx2);
 
+  // OpenBLAS runs the core of the level (the test main's restart), or one
+  // of a higher level where OpenBLAS knows the CPU (amx's SapphireRapids).
   const std::string core = cpu_isa_openblas_core();
-  EXPECT_EQ(core.empty(), isa == cpu_isa_detected());
-  if (!core.empty()) {
-    const std::string blas = matmul_backend_description(MatmulBackend::openblas);
-    EXPECT_NE(lower(blas).find(" " + lower(core) + " "), std::string::npos)
-        << blas << " does not run the core " << core << " (the test main's restart)";
+  const std::string running = openblas_core_running();
+  const std::string blas = matmul_backend_description(MatmulBackend::openblas);
+  EXPECT_NE(lower(blas).find(" " + lower(running) + " "), std::string::npos) << blas;
+  const std::string note = openblas_core_note();
+  if (isa < cpu_isa_detected()) {
+    EXPECT_EQ(lower(running), lower(core)) << blas;
+    EXPECT_EQ(note, "");
+  } else if (openblas_core_level(running) < std::min(isa, CpuIsa::avx512_bf16)) {
+    // Only a user's OPENBLAS_CORETYPE holds OpenBLAS below the CPU's level, and then it says so.
+    EXPECT_NE(note.find("OPENBLAS_CORETYPE=" + running), std::string::npos) << note << " / " << blas;
+  } else {
+    EXPECT_EQ(note, "");
   }
+  EXPECT_EQ(openblas_core_level("SkylakeX"), CpuIsa::avx512);
+  EXPECT_EQ(openblas_core_level("haswell"), CpuIsa::avx2);
+  EXPECT_EQ(openblas_core_level("Prescott"), CpuIsa::sse41);
   if (matmul_backend_available(MatmulBackend::onednn)) {
     const std::string dnn = matmul_backend_description(MatmulBackend::onednn);
     const char* want = isa == CpuIsa::avx2 ? "CPU ISA avx2)" : isa == CpuIsa::avx512 ? "CPU ISA avx512_core)" : nullptr;

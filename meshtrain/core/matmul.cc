@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <limits>
 #include <vector>
 
 #include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/internal/convert.h"
+#include "meshtrain/core/internal/gemm_choice.h"
 #include "meshtrain/core/internal/onednn_gemm.h"
 #include "meshtrain/core/internal/operands.h"
 #include "meshtrain/core/ops.h"
@@ -180,6 +182,44 @@ void widened_gemm(const GemmOperand& pa, const GemmOperand& pb, const Tensor& c,
   }
 }
 
+// One product's operands as the backends take them.
+struct GemmRun {
+  const GemmOperand& pa;
+  const GemmOperand& pb;
+  int64_t m, n, k;
+  double alpha, beta;
+};
+
+MatmulBackend backend_for(const GemmRun& r, DType out);
+
+// Runs r into c (leading dim ldc) on `b`. Half-precision operands that b has
+// no kernel for (OpenBLAS never; oneDNN without AVX512-BF16/FP16) are
+// widened (widened_gemm) and their f32 blocks run on b too, so a shape runs
+// as it was measured (the fixed policy's blocks excepted).
+void run_on(MatmulBackend b, const GemmRun& r, const Tensor& c, int64_t ldc) {
+  const DType in = r.pa.t.dtype();
+  if (b == MatmulBackend::onednn && in != DType::f64) {
+    const internal::GemmCall g{.in = in, .out = c.dtype(), .m = r.m, .n = r.n, .k = r.k,
+                               .a = r.pa.t.data_ptr(), .lda = r.pa.ld, .trans_a = r.pa.trans,
+                               .b = r.pb.t.data_ptr(), .ldb = r.pb.ld, .trans_b = r.pb.trans,
+                               .c = c.data_ptr(), .ldc = ldc,
+                               .alpha = static_cast<float>(r.alpha), .beta = static_cast<float>(r.beta)};
+    if (internal::onednn_gemm(g, g_threads.load(std::memory_order_relaxed))) return;
+  }
+  if (!is_half(in)) return blas_gemm(r.pa, r.pb, c, r.m, r.n, r.k, ldc, r.alpha, r.beta);
+  // The fixed policy routes each f32 block by its own layout, as before
+  // there was a choice (so its results are those of that rule).
+  const int previous = t_backend;
+  if (previous >= 0 || gemm_policy() != GemmPolicy::fixed) t_backend = static_cast<int>(b);
+  try {
+    widened_gemm(r.pa, r.pb, c, r.m, r.n, r.k, r.alpha, r.beta);
+  } catch (...) {
+    t_backend = previous;
+    throw;
+  }
+  t_backend = previous;
+}
+
 void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
                double alpha, double beta) {
   const int64_t m = out.size(0), n = out.size(1);
@@ -190,34 +230,34 @@ void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a
     else scale(out, beta);
     return;
   }
-  const DType in = a.dtype();
-  GemmOperand pa = as_gemm(a, trans_a);
-  GemmOperand pb = as_gemm(b, trans_b);
-  // The default routing (no MatmulBackendScope): f32 weight gradients
-  // (op(a) = a^T, op(b) = b, as the memory lies: a transpose() view counts
-  // as what it is) on OpenBLAS, measured 5-10% faster there. By the layout,
-  // not the flags, so a product reaches the same library however the caller
-  // spells it (widened_gemm's blocks and a caller's f32 reference too).
-  const bool weight_gradient_on_blas = t_backend < 0 && in == DType::f32 && pa.trans && !pb.trans;
-  const bool use_onednn =
-      in != DType::f64 && matmul_backend() == MatmulBackend::onednn && !weight_gradient_on_blas;
+  const GemmOperand pa = as_gemm(a, trans_a);
+  const GemmOperand pb = as_gemm(b, trans_b);
   const bool out_direct = out.stride(1) == 1 && (m <= 1 || out.stride(0) >= n);
   Tensor c = out_direct ? out : (beta == 0.0 ? Tensor::empty(out.shape(), out.dtype()) : out.contiguous());
   const int64_t ldc = m <= 1 ? n : c.stride(0);
-  if (use_onednn) {
-    const internal::GemmCall g{.in = in, .out = c.dtype(), .m = m, .n = n, .k = k,
-                               .a = pa.t.data_ptr(), .lda = pa.ld, .trans_a = pa.trans,
-                               .b = pb.t.data_ptr(), .ldb = pb.ld, .trans_b = pb.trans,
-                               .c = c.data_ptr(), .ldc = ldc,
-                               .alpha = static_cast<float>(alpha), .beta = static_cast<float>(beta)};
-    if (internal::onednn_gemm(g, g_threads.load(std::memory_order_relaxed))) {
-      if (!out_direct) out.copy_from(c);
-      return;
-    }
-  }
-  if (!is_half(in)) blas_gemm(pa, pb, c, m, n, k, ldc, alpha, beta);
-  else widened_gemm(pa, pb, c, m, n, k, alpha, beta);
+  const GemmRun run{.pa = pa, .pb = pb, .m = m, .n = n, .k = k, .alpha = alpha, .beta = beta};
+  run_on(backend_for(run, c.dtype()), run, c, ldc);
   if (!out_direct) out.copy_from(c);
+}
+
+// The backend of a product: the calling thread's MatmulBackendScope, else
+// the policy's choice (internal/gemm_choice.h), measured on scratch output
+// the first time the process meets the shape.
+MatmulBackend backend_for(const GemmRun& r, DType out) {
+  if (t_backend >= 0) return static_cast<MatmulBackend>(t_backend);
+  const DType in = r.pa.t.dtype();
+  if (in == DType::f64) return MatmulBackend::openblas;
+  const internal::GemmKey key{.in = in, .out = out, .m = r.m, .n = r.n, .k = r.k, .trans_a = r.pa.trans,
+                              .trans_b = r.pb.trans, .threads = blas_threads()};
+  return internal::gemm_backend_for(key, internal::onednn_built(), [&](MatmulBackend b) {
+    // Scratch output outside every MemoryTracker, zeroed (first touch and
+    // finite values for beta != 0) before the clock starts.
+    std::vector<double> scratch((static_cast<size_t>(r.m * r.n) * dtype_size(out) + 7) / 8, 0.0);
+    const Tensor c = Tensor::from_blob(scratch.data(), {r.m, r.n}, out);
+    const auto t0 = std::chrono::steady_clock::now();
+    run_on(b, r, c, r.n);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
 }
 
 }  // namespace
@@ -236,8 +276,11 @@ int blas_threads() {
 
 MatmulBackend matmul_backend() {
   if (t_backend >= 0) return static_cast<MatmulBackend>(t_backend);
-  return internal::onednn_built() ? MatmulBackend::onednn : MatmulBackend::openblas;
+  if (gemm_policy() == GemmPolicy::openblas || !internal::onednn_built()) return MatmulBackend::openblas;
+  return MatmulBackend::onednn;
 }
+
+std::string_view matmul_backend_name(MatmulBackend b) { return b == MatmulBackend::onednn ? "onednn" : "openblas"; }
 
 bool matmul_backend_available(MatmulBackend b) { return b == MatmulBackend::openblas || internal::onednn_built(); }
 

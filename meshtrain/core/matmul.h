@@ -20,12 +20,28 @@
 // in a bounded per-thread workspace (at most 4 MiB of widened rows of op(a),
 // 512 widened columns of op(b) and one f32 block of a half out) that, like
 // oneDNN's scratchpad and OpenBLAS's packing buffers, no MemoryTracker is
-// charged for: what a product charges is the same on every CPU. Which
-// backend a build uses: matmul_backend() and CMake's configure summary. One exception to oneDNN, measured
-// (`meshtrain bench gemm`, docs/benchmarks.md): f32 products whose first
-// operand is transposed and second is not (weight gradients x^T dy) run on
-// OpenBLAS, which reaches 83-89% of the FMA peak there against oneDNN's
-// 79-83%; a MatmulBackendScope overrides this too.
+// charged for: what a product charges is the same on every CPU.
+//
+// Which backend runs a product (f32 and half precision; f64 is OpenBLAS's):
+// the first time a process meets a (dtypes, M, N, K, transposes, GEMM
+// threads), it times oneDNN and OpenBLAS on it (scratch output, a few
+// interleaved runs, about 50 ms at most for a small product and four runs
+// for a large one) and keeps the faster for the rest of the process; half
+// precision's OpenBLAS candidate is the widened path below. Neither library
+// wins everywhere: on an AVX2 EPYC OpenBLAS ran the GPT-2 step's GEMMs 15%
+// faster, on a Zen 5 with AVX-512 oneDNN ran most of them faster and
+// OpenBLAS the weight gradients (docs/benchmarks.md, GEMM section). Every
+// thread of the process gets the same choice (threads asking while a shape
+// is measured wait for it). MESHTRAIN_GEMM_BACKEND=auto (default), onednn,
+// openblas or fixed (oneDNN with f32 weight gradients x^T dy on OpenBLAS,
+// the rule before the choice was measured) sets the policy; set_gemm_policy
+// overrides it in-process, a MatmulBackendScope per thread.
+// MESHTRAIN_GEMM_CACHE=FILE keeps the measured choices in a JSON file, per
+// machine (CPU model, ISA level, the two libraries' versions), read at the
+// first product and updated after each new measurement. The backends differ
+// in the last bits of f32 sums only (the order of additions): separate
+// processes that measure can choose differently, so two runs that must give
+// the same bits share a cache file or force a backend.
 //
 // Layout: 2-D operands with unit stride in one dim (row-major, narrowed
 // columns, transpose() views) go to the backend directly; others are copied
@@ -43,6 +59,8 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "meshtrain/core/tensor.h"
 
@@ -69,8 +87,9 @@ void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool tr
 
 // Which library runs f32 and half-precision products.
 enum class MatmulBackend : uint8_t { onednn, openblas };
-// oneDNN when the build has it, else OpenBLAS (the calling thread's
-// MatmulBackendScope, if any, overrides).
+// The calling thread's MatmulBackendScope's backend, else the policy's when
+// it forces one, else oneDNN when the build has it (auto and fixed run
+// some shapes on each), else OpenBLAS.
 MatmulBackend matmul_backend();
 // Whether this build can run `b` (OpenBLAS always; oneDNN when CMake found it).
 bool matmul_backend_available(MatmulBackend b);
@@ -85,6 +104,41 @@ bool native_gemm_dtype(DType t);
 // "" when native_gemm_dtype(t); else one line for a start-up dump saying
 // that t's products are slower than f32's on this CPU, and why.
 std::string gemm_dtype_note(DType t);
+
+// "onednn" or "openblas".
+std::string_view matmul_backend_name(MatmulBackend b);
+
+// How products choose their backend (see the top of this file).
+enum class GemmPolicy : uint8_t { automatic, onednn, openblas, fixed };
+// "auto", "onednn", "openblas", "fixed".
+std::string_view gemm_policy_name(GemmPolicy p);
+// A policy by its name; InvalidArgument naming `source` and the choices
+// otherwise.
+GemmPolicy parse_gemm_policy(std::string_view text, std::string_view source);
+// The process's policy: set_gemm_policy's, else MESHTRAIN_GEMM_BACKEND's
+// (read once; InvalidArgument on a bad value, or onednn in a build without
+// it), else auto.
+GemmPolicy gemm_policy();
+// Sets the process's policy (benchmarks put the policies side by side).
+// Choices measured so far are kept for a later return to auto.
+void set_gemm_policy(GemmPolicy p);
+// One line for start-up dumps and benchmark headers: the policy and the two
+// libraries, "auto: oneDNN or OpenBLAS per shape, the faster measured (cache
+// gemm.json, 14 shapes read) [oneDNN 2.6.3 (...); OpenBLAS (...)]".
+std::string gemm_policy_summary();
+
+// One product shape the process has chosen a backend for.
+struct GemmChoice {
+  DType in = DType::f32, out = DType::f32;
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;  // as the memory lies
+  int threads = 1;
+  MatmulBackend backend = MatmulBackend::onednn;
+  double onednn_seconds = 0, openblas_seconds = 0;  // fastest run of each; 0 for none
+  bool from_cache = false;                          // read from MESHTRAIN_GEMM_CACHE, not measured here
+};
+// The auto policy's table so far, in the order the shapes were first seen.
+std::vector<GemmChoice> gemm_choices();
 
 // Runs the calling thread's products on `b` while it lives (benchmarks and
 // tests put the two backends side by side). Unsupported when the build

@@ -8,7 +8,16 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -320,11 +329,15 @@ TEST(MatmulThreadsTest, EveryThreadUsesTheLatestCount) {
     set_blas_threads(n);
     int seen = -1;
     std::thread([&] {
+      MatmulBackendScope on(MatmulBackend::onednn);
       Tensor c = matmul(a, a);
       seen = internal::onednn_threads_here(0);
     }).join();
     EXPECT_EQ(seen, n);
-    matmul(a, a);
+    {
+      MatmulBackendScope on(MatmulBackend::onednn);
+      matmul(a, a);
+    }
     EXPECT_EQ(internal::onednn_threads_here(0), n);
   }
   EXPECT_THROW(set_blas_threads(0), InvalidArgument);
@@ -344,6 +357,221 @@ TEST(MatmulCacheTest, OnePrimitivePerShapeAndAlphaIsRuntime) {
   EXPECT_EQ(internal::onednn_cached_primitives(), n + 1);
   EXPECT_NE(matmul_backend_description(MatmulBackend::onednn).find("oneDNN"), std::string::npos);
   EXPECT_NE(matmul_backend_description(MatmulBackend::openblas).find("OpenBLAS"), std::string::npos);
+}
+
+// ---- the backend chosen per shape (MESHTRAIN_GEMM_BACKEND, MESHTRAIN_GEMM_CACHE) ----
+
+// Sets the process's policy for one test and restores auto after it.
+struct PolicyScope {
+  explicit PolicyScope(GemmPolicy p) { set_gemm_policy(p); }
+  ~PolicyScope() { set_gemm_policy(GemmPolicy::automatic); }
+};
+
+// The entry of gemm_choices() for (m, n, k, transposes), or nullptr.
+const GemmChoice* find_choice(const std::vector<GemmChoice>& all, int64_t m, int64_t n, int64_t k, bool ta,
+                              bool tb, DType in = DType::f32) {
+  for (const GemmChoice& c : all)
+    if (c.m == m && c.n == n && c.k == k && c.trans_a == ta && c.trans_b == tb && c.in == in) return &c;
+  return nullptr;
+}
+
+// The bits `backend` gives for a @ b (transposes as asked), forced.
+std::vector<double> bits_on(MatmulBackend backend, const Tensor& a, const Tensor& b, bool ta, bool tb,
+                            int64_t m, int64_t n) {
+  MatmulBackendScope scope(backend);
+  Tensor c = Tensor::empty({m, n}, DType::f32);
+  matmul(a, b, c, ta, tb);
+  return c.to_vector();
+}
+
+TEST(GemmPolicyTest, NamesParseAndBadOnesSayTheChoices) {
+  for (GemmPolicy p : {GemmPolicy::automatic, GemmPolicy::openblas, GemmPolicy::fixed})
+    EXPECT_EQ(parse_gemm_policy(gemm_policy_name(p), "X"), p);
+  EXPECT_EQ(gemm_policy_name(GemmPolicy::automatic), "auto");
+  try {
+    parse_gemm_policy("blas", "MESHTRAIN_GEMM_BACKEND");
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("MESHTRAIN_GEMM_BACKEND"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("auto (measure per shape), onednn, openblas or fixed"), std::string::npos)
+        << e.what();
+  }
+  if (!matmul_backend_available(MatmulBackend::onednn)) {
+    EXPECT_THROW(parse_gemm_policy("onednn", "X"), InvalidArgument);
+    EXPECT_THROW(set_gemm_policy(GemmPolicy::onednn), InvalidArgument);
+  }
+}
+
+// auto: a new shape is measured once, by one thread, while the others wait;
+// every thread then computes it on the same backend (the same bits), the
+// faster of the two measured.
+TEST(GemmPolicyTest, AutoMeasuresEachShapeOnceAndEveryThreadGetsItsChoice) {
+  if (!matmul_backend_available(MatmulBackend::onednn)) GTEST_SKIP() << "no oneDNN in this build";
+  PolicyScope auto_policy(GemmPolicy::automatic);
+  const int before = blas_threads();
+  set_blas_threads(1);
+  const int64_t m = 131, k = 67, n = 89;  // a shape no other test uses
+  const Tensor a = random_matrix(k, m, DType::f32, 501), b = random_matrix(k, n, DType::f32, 502);
+  std::vector<std::vector<double>> got(6);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t)
+    threads.emplace_back([&, t] {
+      Tensor c = Tensor::empty({m, n}, DType::f32);
+      matmul(a, b, c, /*trans_a=*/true, false);
+      got[t] = c.to_vector();
+    });
+  for (auto& th : threads) th.join();
+  const std::vector<GemmChoice> all = gemm_choices();
+  int entries = 0;
+  for (const GemmChoice& c : all) entries += c.m == m && c.n == n && c.k == k && c.trans_a && !c.trans_b;
+  EXPECT_EQ(entries, 1);
+  const GemmChoice* c = find_choice(all, m, n, k, true, false);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->threads, 1);
+  EXPECT_FALSE(c->from_cache);
+  ASSERT_GT(c->onednn_seconds, 0);
+  ASSERT_GT(c->openblas_seconds, 0);
+  EXPECT_EQ(c->backend, c->onednn_seconds <= c->openblas_seconds ? MatmulBackend::onednn : MatmulBackend::openblas);
+  const std::vector<double> want = bits_on(c->backend, a, b, true, false, m, n);
+  for (const auto& g : got) EXPECT_EQ(g, want);
+  // The thread count is part of the shape: 2 threads are measured anew.
+  set_blas_threads(2);
+  Tensor c2 = Tensor::empty({m, n}, DType::f32);
+  matmul(a, b, c2, true, false);
+  int per_threads = 0;
+  for (const GemmChoice& e : gemm_choices())
+    per_threads += e.m == m && e.n == n && e.k == k && e.trans_a && !e.trans_b;
+  EXPECT_EQ(per_threads, 2);
+  set_blas_threads(before);
+}
+
+// Forced policies run every shape on their backend; fixed runs f32 weight
+// gradients (a^T b) on OpenBLAS and the rest on oneDNN, by the layout.
+TEST(GemmPolicyTest, ForcedAndFixedPoliciesRunTheirBackend) {
+  if (!matmul_backend_available(MatmulBackend::onednn)) GTEST_SKIP() << "no oneDNN in this build";
+  const int64_t m = 37, k = 53, n = 41;
+  const Tensor at = random_matrix(k, m, DType::f32, 511), a = random_matrix(m, k, DType::f32, 512);
+  const Tensor b = random_matrix(k, n, DType::f32, 513);
+  const auto run = [&](GemmPolicy p, const Tensor& x, bool ta) {
+    PolicyScope scope(p);
+    EXPECT_EQ(gemm_policy(), p);
+    Tensor c = Tensor::empty({m, n}, DType::f32);
+    matmul(x, b, c, ta, false);
+    return c.to_vector();
+  };
+  for (MatmulBackend forced : {MatmulBackend::onednn, MatmulBackend::openblas}) {
+    const GemmPolicy p = forced == MatmulBackend::onednn ? GemmPolicy::onednn : GemmPolicy::openblas;
+    EXPECT_EQ(run(p, a, false), bits_on(forced, a, b, false, false, m, n));
+    EXPECT_EQ(run(p, at, true), bits_on(forced, at, b, true, false, m, n));
+  }
+  EXPECT_EQ(run(GemmPolicy::fixed, a, false), bits_on(MatmulBackend::onednn, a, b, false, false, m, n));
+  EXPECT_EQ(run(GemmPolicy::fixed, at, true), bits_on(MatmulBackend::openblas, at, b, true, false, m, n));
+  // A transpose() view of a row-major matrix is the same memory as `at`.
+  {
+    PolicyScope scope(GemmPolicy::fixed);
+    Tensor c = Tensor::empty({m, n}, DType::f32);
+    matmul(at.transpose(0, 1), b, c);
+    EXPECT_EQ(c.to_vector(), bits_on(MatmulBackend::openblas, at, b, true, false, m, n));
+    EXPECT_NE(gemm_policy_summary().find("fixed"), std::string::npos) << gemm_policy_summary();
+  }
+  PolicyScope scope(GemmPolicy::openblas);
+  EXPECT_EQ(matmul_backend(), MatmulBackend::openblas);
+}
+
+// The cache file, in child processes (the variables are read once per
+// process; the children are the DISABLED_ tests below, which only this test
+// runs): the first measures and writes, the second obeys what the file
+// says (here edited to the other backend, so obeying is visible), a broken
+// file is an error naming it.
+std::string self_run(const std::string& env, const std::string& filter) {
+  // Through a shell, whose /proc/self/exe is the shell: name this binary.
+  const std::string cmd = fmt::format("{} {} --gtest_also_run_disabled_tests --gtest_filter={} 2>&1", env,
+                                      std::filesystem::read_symlink("/proc/self/exe").string(), filter);
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return "popen failed";
+  char buf[4096];
+  while (size_t got = fread(buf, 1, sizeof buf, p)) out.append(buf, got);
+  const int status = pclose(p);
+  return fmt::format("{}exit {}", out, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+// The products the cache children run: (m, k, n), trans_a.
+constexpr int64_t kCached[][4] = {{96, 40, 72, 0}, {40, 96, 72, 1}};
+
+TEST(GemmCacheChild, DISABLED_WritesTheChoices) {
+  for (const auto& s : kCached) {
+    const Tensor a = s[3] ? random_matrix(s[1], s[0], DType::f32, 1) : random_matrix(s[0], s[1], DType::f32, 1);
+    matmul(a, random_matrix(s[1], s[2], DType::f32, 2), Tensor::empty({s[0], s[2]}, DType::f32), s[3] != 0, false);
+  }
+  for (const auto& s : kCached) {
+    const GemmChoice* c = find_choice(gemm_choices(), s[0], s[2], s[1], s[3] != 0, false);
+    ASSERT_NE(c, nullptr);
+    EXPECT_FALSE(c->from_cache);
+  }
+  EXPECT_NE(gemm_policy_summary().find("0 shapes read"), std::string::npos) << gemm_policy_summary();
+}
+
+TEST(GemmCacheChild, DISABLED_ObeysTheFile) {
+  EXPECT_NE(gemm_policy_summary().find("2 shapes read"), std::string::npos) << gemm_policy_summary();
+  const std::vector<GemmChoice> all = gemm_choices();
+  for (const auto& s : kCached) {
+    const GemmChoice* c = find_choice(all, s[0], s[2], s[1], s[3] != 0, false);
+    ASSERT_NE(c, nullptr);
+    EXPECT_TRUE(c->from_cache);
+    const Tensor a = s[3] ? random_matrix(s[1], s[0], DType::f32, 1) : random_matrix(s[0], s[1], DType::f32, 1);
+    const Tensor b = random_matrix(s[1], s[2], DType::f32, 2);
+    Tensor out = Tensor::empty({s[0], s[2]}, DType::f32);
+    matmul(a, b, out, s[3] != 0, false);
+    EXPECT_EQ(out.to_vector(), bits_on(c->backend, a, b, s[3] != 0, false, s[0], s[2]));
+    // What the parent wrote into the file.
+    EXPECT_EQ(c->backend, s[3] ? MatmulBackend::openblas : MatmulBackend::onednn);
+  }
+}
+
+TEST(GemmCacheChild, DISABLED_RefusesABrokenFile) {
+  const Tensor a = random_matrix(8, 8, DType::f32, 1);
+  matmul(a, a);
+}
+
+TEST(GemmCacheTest, WrittenReadAndRefusedWhenBroken) {
+  if (!matmul_backend_available(MatmulBackend::onednn)) GTEST_SKIP() << "no oneDNN in this build";
+  const std::string dir = ::testing::TempDir() + fmt::format("gemm_cache_{}", getpid());
+  ASSERT_EQ(std::system(fmt::format("rm -rf {0} && mkdir -p {0}", dir).c_str()), 0);
+  const std::string path = dir + "/gemm.json";
+  const std::string env = fmt::format("MESHTRAIN_GEMM_BACKEND=auto MESHTRAIN_GEMM_CACHE={}",
+                                      path);
+  std::string out = self_run(env, "GemmCacheChild.DISABLED_WritesTheChoices");
+  ASSERT_NE(out.find("exit 0"), std::string::npos) << out;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string file = text.str();
+  ASSERT_NE(file.find("\"format\": \"meshtrain GEMM choices 1\""), std::string::npos) << file;
+  ASSERT_NE(file.find(std::string(cpu_isa_name(cpu_isa()))), std::string::npos) << file;
+  // Set the choices by hand: onednn for NN, openblas for TN.
+  for (const char* from : {"\"backend\": \"onednn\"", "\"backend\": \"openblas\""})
+    for (size_t at = file.find(from); at != std::string::npos; at = file.find(from, at + 1))
+      file.replace(at, std::strlen(from), "\"backend\": \"PLACE\"");
+  for (const char* op : {"\"op\": \"NN\"", "\"op\": \"TN\""}) {
+    const size_t at = file.find(op);
+    ASSERT_NE(at, std::string::npos) << file;
+    const size_t place = file.find("PLACE", at);
+    ASSERT_NE(place, std::string::npos);
+    file.replace(place, 5, std::string(op).find("NN") != std::string::npos ? "onednn" : "openblas");
+  }
+  ASSERT_EQ(file.find("PLACE"), std::string::npos) << file;
+  std::ofstream(path) << file;
+  out = self_run(env, "GemmCacheChild.DISABLED_ObeysTheFile");
+  EXPECT_NE(out.find("exit 0"), std::string::npos) << out;
+  std::ofstream(path) << "{\"format\": \"something else\"}";
+  out = self_run(env, "GemmCacheChild.DISABLED_RefusesABrokenFile");
+  EXPECT_EQ(out.find("exit 0"), std::string::npos) << out;
+  EXPECT_NE(out.find(path + " is not a GEMM cache"), std::string::npos) << out;
+  EXPECT_NE(out.find("delete the file"), std::string::npos) << out;
+  out = self_run("MESHTRAIN_GEMM_BACKEND=fastest", "GemmCacheChild.DISABLED_RefusesABrokenFile");
+  EXPECT_NE(out.find("MESHTRAIN_GEMM_BACKEND: 'fastest' is no GEMM backend policy"), std::string::npos) << out;
+  std::system(fmt::format("rm -rf {}", dir).c_str());
 }
 
 TEST(MatmulBackendScopeTest, OverridesThisThreadOnlyAndNests) {
