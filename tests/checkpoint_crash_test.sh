@@ -5,7 +5,10 @@
 # begin and kills then, and trials go on until one does): every time the
 # final model is the uninterrupted run's, byte for byte.
 #
-#   tests/checkpoint_crash_test.sh MESHTRAIN threads|mpi|gloo [TRIALS]
+#   tests/checkpoint_crash_test.sh MESHTRAIN threads|mpi|gloo [TRIALS [TRAIN FLAGS...]]
+#
+# TRAIN FLAGS go to every run (e.g. --async-checkpoint: saves written in the
+# background, the kill often landing while one is in flight).
 #
 # The run: the MLP (784 -> 64 -> 32 -> 10), data=2, 60 steps, a checkpoint
 # every step (so a random kill often lands inside a save: a save leaves
@@ -17,6 +20,8 @@
 # (MESHTRAIN_RESTART_COUNT): no --resume by hand.
 set -u
 meshtrain=$1 engine=$2 trials=${3:-10}
+shift $(($# < 3 ? $# : 3))
+extra=("$@")
 tmp=$(mktemp -d /tmp/meshtrain-crash.XXXXXX)
 cleanup() {
   pkill -KILL -f -- "$tmp" 2>/dev/null
@@ -26,7 +31,7 @@ trap cleanup EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 args=(train --hidden 64,32 --batch-size 64 --max-steps 60 --log-every 10 --threads-per-rank 1
-      --checkpoint-every 1 --keep-last 2)
+      --checkpoint-every 1 --keep-last 2 "${extra[@]}")
 launch() {  # launch OUT ARGS...: start a run in the background, its pid in $job
   local out=$1
   shift

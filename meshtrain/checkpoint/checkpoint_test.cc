@@ -12,6 +12,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "meshtrain/checkpoint/async_save.h"
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/core/error.h"
 
@@ -173,6 +174,57 @@ TEST(Checkpoint, AFailedSaveFailsEveryRankAndKeepsThePreviousOne) {
   for (const std::string& e : errors) EXPECT_THAT(e, HasSubstr("/proc/meshtrain_no_such_dir"));
   EXPECT_TRUE(fs::exists(fs::path(root) / "step_00000001" / "index.json"));
   EXPECT_EQ(*latest_checkpoint(root), (fs::path(root) / "step_00000001").string());
+}
+
+// The background saver writes the values the pieces had when it started,
+// whatever the caller does to them next; saves complete in order; a failed
+// one is rethrown on every rank by the next wait(), the previous checkpoint
+// kept.
+TEST(AsyncCheckpoint, WritesTheValuesAtStartWhileTheCallerChangesThem) {
+  const std::string root = scratch("async");
+  std::mutex mu;
+  std::vector<std::string> errors;
+  comm::launch({.engine = comm::Engine::threads, .ranks = 4, .timeout = std::chrono::seconds(30)},
+               [&](comm::Communicator& world) {
+                 AsyncCheckpointSaver saver(world.split(0, world.rank()));
+                 std::vector<CheckpointPiece> live = four_rank_pieces(world.rank());
+                 for (int64_t step : {10, 20}) {
+                   EXPECT_EQ(saver.in_flight().has_value(), step == 20);
+                   const std::optional<CheckpointSaveStats> previous =
+                       saver.start(root, step, live, R"({"model": "test"})", {.keep_last = 2});
+                   EXPECT_EQ(previous.has_value(), step == 20);
+                   EXPECT_EQ(saver.in_flight(), step);
+                   // Training goes on: the live values change at once, and the
+                   // job's own communicator keeps working beside the save.
+                   for (CheckpointPiece& p : live) p.data.fill(-1.0);
+                   float x = 1;
+                   world.all_reduce(&x, &x, 1, DType::f32, comm::ReduceOp::sum);
+                   EXPECT_EQ(x, 4.0f);
+                   live = four_rank_pieces(world.rank());
+                 }
+                 const std::optional<CheckpointSaveStats> last = saver.wait();
+                 ASSERT_TRUE(last.has_value());
+                 EXPECT_GT(last->bytes, 0u);
+                 EXPECT_FALSE(saver.wait().has_value());
+                 // A save that cannot be written fails on every rank, at the next wait.
+                 saver.start("/proc/meshtrain_no_such_dir", 30, live, "{}");
+                 try {
+                   saver.wait();
+                 } catch (const IoError& e) {
+                   std::lock_guard lock(mu);
+                   errors.push_back(e.what());
+                 }
+               });
+  ASSERT_EQ(errors.size(), 4u);
+  for (const std::string& e : errors) EXPECT_THAT(e, HasSubstr("/proc/meshtrain_no_such_dir"));
+  EXPECT_EQ(*latest_checkpoint(root), (fs::path(root) / "step_00000020").string());
+  for (const char* step : {"step_00000010", "step_00000020"}) {
+    const CheckpointIndex index = read_checkpoint_index((fs::path(root) / step).string());
+    std::vector<CheckpointPiece> whole = {wanted(piece("A", {6, 10}, {}, {})), wanted(piece("B", {4, 15}, {}, {})),
+                                          wanted(piece("C", {7}, {}, {})), wanted(piece("D", {8, 6}, {}, {}))};
+    load_checkpoint_pieces(index, whole);
+    for (const CheckpointPiece& p : whole) expect_values(p);  // not the -1s written after start()
+  }
 }
 
 // Damage one thing in a copy of a good checkpoint; loading it fails naming

@@ -230,11 +230,12 @@ class Table {
  private:
   // Times each candidate in interleaved rounds (the order alternating); a
   // run under 20 ms in the first round is a warm-up (primitive creation,
-  // first touch) and not kept. Stops once each candidate has two kept runs
-  // and 50 ms have passed, or after 8 rounds; the fastest kept run decides.
+  // first touch) and not kept. Stops once each candidate has three kept runs
+  // and 50 ms have passed, or after 10 rounds; the fastest kept run decides
+  // (two runs each let a shared machine's noise pick a backend 13% slower).
   static void measure(GemmChoice& c, bool onednn_candidate, const internal::GemmTimer& time_on) {
     constexpr double kWarmupBelow = 0.020, kBudget = 0.050;
-    constexpr int kMaxRounds = 8;
+    constexpr int kMaxRounds = 10, kKeep = 3;
     std::vector<MatmulBackend> candidates{MatmulBackend::openblas};
     if (onednn_candidate) candidates.insert(candidates.begin(), MatmulBackend::onednn);
     std::vector<double> best(candidates.size(), 0.0);
@@ -248,7 +249,7 @@ class Table {
         best[i] = kept[i] == 0 ? t : std::min(best[i], t);
         ++kept[i];
       }
-      const bool enough = *std::min_element(kept.begin(), kept.end()) >= 2;
+      const bool enough = *std::min_element(kept.begin(), kept.end()) >= kKeep;
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (enough && elapsed >= kBudget) break;
     }

@@ -24,9 +24,9 @@
 //
 // Which backend runs a product (f32 and half precision; f64 is OpenBLAS's):
 // the first time a process meets a (dtypes, M, N, K, transposes, GEMM
-// threads), it times oneDNN and OpenBLAS on it (scratch output, a few
-// interleaved runs, about 50 ms at most for a small product and four runs
-// for a large one) and keeps the faster for the rest of the process; half
+// threads), it times oneDNN and OpenBLAS on it (scratch output, interleaved
+// runs: about 50 ms for a small product, three runs each of a large one)
+// and keeps the faster for the rest of the process; half
 // precision's OpenBLAS candidate is the widened path below. Neither library
 // wins everywhere: on an AVX2 EPYC OpenBLAS ran the GPT-2 step's GEMMs 15%
 // faster, on a Zen 5 with AVX-512 oneDNN ran most of them faster and

@@ -257,6 +257,10 @@ const TrainField kFields[] = {
      "save a sharded checkpoint into <run_dir>/checkpoints every N steps and at the end (0 = none)",
      MT_INT(checkpoint_every, 0, kInt64Max)},
     {"keep_last", "--keep-last", "keep only the newest N checkpoints (0 = all)", MT_INT(keep_last, 0, 1000000)},
+    {"async_checkpoint", "--async-checkpoint",
+     "write checkpoints in the background while training goes on (a staging copy of this rank's state; the "
+     "previous checkpoint finishes first)",
+     MT_BOOL(async_checkpoint)},
     {"resume", "--resume",
      "continue the run in this directory from its newest checkpoint, on any mesh (its config.toml is the default "
      "configuration)",

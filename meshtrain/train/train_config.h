@@ -148,6 +148,10 @@ struct TrainConfig {
   // config.toml is the default configuration.
   int64_t checkpoint_every = 0;
   int keep_last = 0;
+  // Checkpoints written in the background while training goes on (the
+  // previous one finished first; the run's last one before it ends):
+  // checkpoint/async_save.h.
+  bool async_checkpoint = false;
   std::string resume;
   // A safetensors file of the whole model (meshtrain export's layout,
   // export.h) whose values replace the initial parameters ("" = none).
