@@ -181,7 +181,7 @@ class Table {
  public:
   // The decided backend of `key`, measuring it (or waiting for the thread
   // that does) when it is new.
-  MatmulBackend get(const internal::GemmKey& key, bool onednn_candidate, const internal::GemmTimer& time_on) {
+  MatmulBackend get(const internal::GemmKey& key, const internal::GemmTimer& time_on) {
     std::unique_lock lock(mu_);
     load_cache_locked();
     for (auto it = index_.find(key); it != index_.end(); it = index_.find(key)) {
@@ -197,7 +197,7 @@ class Table {
     GemmChoice measured = entries_[slot].choice;
     lock.unlock();
     try {
-      measure(measured, onednn_candidate, time_on);
+      measure(measured, time_on);
     } catch (...) {
       lock.lock();
       index_.erase(key);
@@ -233,11 +233,10 @@ class Table {
   // first touch) and not kept. Stops once each candidate has three kept runs
   // and 50 ms have passed, or after 10 rounds; the fastest kept run decides
   // (two runs each let a shared machine's noise pick a backend 13% slower).
-  static void measure(GemmChoice& c, bool onednn_candidate, const internal::GemmTimer& time_on) {
+  static void measure(GemmChoice& c, const internal::GemmTimer& time_on) {
     constexpr double kWarmupBelow = 0.020, kBudget = 0.050;
     constexpr int kMaxRounds = 10, kKeep = 3;
-    std::vector<MatmulBackend> candidates{MatmulBackend::openblas};
-    if (onednn_candidate) candidates.insert(candidates.begin(), MatmulBackend::onednn);
+    const std::vector<MatmulBackend> candidates{MatmulBackend::onednn, MatmulBackend::openblas};
     std::vector<double> best(candidates.size(), 0.0);
     std::vector<int> kept(candidates.size(), 0);
     const auto t0 = std::chrono::steady_clock::now();
@@ -396,7 +395,7 @@ MatmulBackend gemm_backend_for(const GemmKey& key, bool onednn_candidate, const 
   }
   if (!onednn_candidate) return MatmulBackend::openblas;
   if (auto it = t_decided.find(key); it != t_decided.end()) return it->second;
-  const MatmulBackend b = table().get(key, onednn_candidate, time_on);
+  const MatmulBackend b = table().get(key, time_on);
   t_decided.emplace(key, b);
   return b;
 }

@@ -249,10 +249,11 @@ MatmulBackend backend_for(const GemmRun& r, DType out) {
   if (in == DType::f64) return MatmulBackend::openblas;
   const internal::GemmKey key{.in = in, .out = out, .m = r.m, .n = r.n, .k = r.k, .trans_a = r.pa.trans,
                               .trans_b = r.pb.trans, .threads = blas_threads()};
+  // Scratch output outside every MemoryTracker, zeroed (first touch and
+  // finite values for beta != 0) before the first clock starts.
+  std::vector<double> scratch;
   return internal::gemm_backend_for(key, internal::onednn_built(), [&](MatmulBackend b) {
-    // Scratch output outside every MemoryTracker, zeroed (first touch and
-    // finite values for beta != 0) before the clock starts.
-    std::vector<double> scratch((static_cast<size_t>(r.m * r.n) * dtype_size(out) + 7) / 8, 0.0);
+    if (scratch.empty()) scratch.assign((static_cast<size_t>(r.m * r.n) * dtype_size(out) + 7) / 8, 0.0);
     const Tensor c = Tensor::from_blob(scratch.data(), {r.m, r.n}, out);
     const auto t0 = std::chrono::steady_clock::now();
     run_on(b, r, c, r.n);

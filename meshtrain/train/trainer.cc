@@ -515,11 +515,10 @@ class Run {
 
   internal::TrainingCheckpoint checkpoint() { return internal::TrainingCheckpoint(opt_params_, *opt_); }
 
-  // Collective: a sharded checkpoint of this step (checkpoint.h).
-  // A checkpoint of `step`. With --async-checkpoint it is written in the
-  // background (checkpoint/async_save.h) once the previous one has
-  // finished; `last` (the run's final or interrupted save) finishes before
-  // the run does.
+  // Collective: a sharded checkpoint of `step` (checkpoint.h). With
+  // --async-checkpoint it is written in the background
+  // (checkpoint/async_save.h) once the previous one has finished; `last`
+  // (the run's final or interrupted save) finishes before the run does.
   void save(int64_t step, ProgressBar& bar, bool last = false) {
     const auto t0 = Clock::now();
     if (!saver_) {
