@@ -262,8 +262,8 @@ std::string format_gemm_bench(const GemmBenchResult& r, const GemmBenchOptions& 
     return t > 0 ? fmt::format("{:6.1f} ({:3.0f}%)", flops / t / 1e9, pct(flops / t / 1e9)) : std::string("     -       ");
   };
   const std::string head =
-      fmt::format("{:<4} {:<22} {:>6} {:>6} {:>6} {:>2}  {:<13}  {:<13}  {:<13}  {:<8}  {:<13} {:<8} {}\n", "set", "GEMM",
-                  "M", "K", "N", "op", "OpenBLAS f32", "oneDNN f32", "oneDNN bf16", "bf16/f32", "auto f32", "chosen",
+      fmt::format("{:<4} {:<22} {:>6} {:>6} {:>6} {:>2}  {:<13}  {:<13}  {:<13}  {:<8}  {:<13} {:<8} {}\n", "set",
+                  "GEMM", "M", "K", "N", "op", "OpenBLAS f32", "oneDNN f32", "oneDNN bf16", "bf16/f32", "auto f32", "chosen",
                   "vs best");
   s += head;
   // Per set: flops; OpenBLAS, oneDNN, bf16 and auto times; the fixed rule's

@@ -1,5 +1,7 @@
 #include "bench/gpt_bench.h"
 
+#include <sys/wait.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -76,9 +78,24 @@ std::string label(const GptBenchRun& r) {
 }
 
 // Runs the PyTorch peer at `precision`; fills torch_step_ms or says why not.
-void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
+// Seconds left of the time budget (o.time_budget_s from `start`), or a
+// negative value without a budget.
+double budget_left(const GptBenchOptions& o, std::chrono::steady_clock::time_point start) {
+  if (o.time_budget_s <= 0) return -1;
+  return o.time_budget_s - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void run_torch(const GptBenchOptions& o, GptBenchRun& r, double seconds_left) {
   if (o.torch_script.empty()) {
     r.torch_note = "not run (--no-torch)";
+    return;
+  }
+  if (r.skipped) {
+    r.torch_note = "not run (the time budget was spent)";
+    return;
+  }
+  if (o.time_budget_s > 0 && seconds_left < 1) {
+    r.torch_note = fmt::format("not run: the time budget ({:g} s) was spent", o.time_budget_s);
     return;
   }
   if (!native_gemm_dtype(r.precision)) {  // PyTorch's bf16 autocast ran for over 10 minutes on such a CPU
@@ -86,10 +103,13 @@ void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
                                gemm_dtype_note(r.precision));
     return;
   }
+  // Past the budget `timeout` kills the peer (exit 137).
+  const std::string limit =
+      o.time_budget_s > 0 ? fmt::format("timeout --signal=KILL {:.0f} ", std::max(1.0, seconds_left)) : "";
   const std::string cmd = fmt::format(
-      "/usr/bin/python3 '{}' --layers {} --heads {} --width {} --vocab {} --context {} --batch {} --steps {} "
+      "{}/usr/bin/python3 '{}' --layers {} --heads {} --width {} --vocab {} --context {} --batch {} --steps {} "
       "--warmup {} --threads {} --dtype {} 2>&1",
-      o.torch_script, o.layers, o.heads, o.width, o.vocab, o.context, o.batch, o.steps, o.warmup, o.threads,
+      limit, o.torch_script, o.layers, o.heads, o.width, o.vocab, o.context, o.batch, o.steps, o.warmup, o.threads,
       layout::precision_name(r.precision));
   std::FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) {
@@ -103,6 +123,10 @@ void run_torch(const GptBenchOptions& o, GptBenchRun& r) {
   const size_t brace = out.rfind('{');
   const nlohmann::json j = brace == std::string::npos ? nlohmann::json()
                                                        : nlohmann::json::parse(out.substr(brace), nullptr, false);
+  if (!limit.empty() && WIFEXITED(status) && WEXITSTATUS(status) == 137) {
+    r.torch_note = fmt::format("stopped at the time budget ({:g} s) before it finished", o.time_budget_s);
+    return;
+  }
   if (status != 0 || !j.is_object() || !j.contains("median_step_ms")) {
     const std::string last = out.substr(out.rfind('\n', out.size() >= 2 ? out.size() - 2 : 0) + 1);
     r.torch_note = fmt::format("not measured: {} exited {} ({})", o.torch_script, status,
@@ -361,9 +385,20 @@ GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
   const std::vector<std::optional<GemmPolicy>> policies =
       o.gemm_policies.empty() ? std::vector<std::optional<GemmPolicy>>{std::nullopt}
                               : std::vector<std::optional<GemmPolicy>>(o.gemm_policies.begin(), o.gemm_policies.end());
+  const auto start = std::chrono::steady_clock::now();
   for (const GptBenchMesh& m : meshes)
     for (const DType precision : o.precisions)
       for (const std::optional<GemmPolicy>& policy : policies) {
+        if (o.time_budget_s > 0 && budget_left(o, start) <= 0) {
+          GptBenchRun skipped;
+          skipped.mesh = m;
+          skipped.precision = precision;
+          skipped.skipped = true;
+          skipped.note = fmt::format("not run: the time budget ({:g} s) was spent", o.time_budget_s);
+          if (policy) skipped.gemm = fmt::format("gemm {}", gemm_policy_name(*policy));
+          r.runs.push_back(std::move(skipped));
+          continue;
+        }
         if (policy) set_gemm_policy(*policy);
         GptBenchRun run = run_meshtrain(o, m, precision, &r.parameters);
         if (policy) run.gemm = fmt::format("gemm {}", gemm_policy_name(*policy));
@@ -371,13 +406,13 @@ GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
         run.gflops = r.flops_per_step / (run.step_ms * 1e6);
         r.runs.push_back(std::move(run));
       }
-  set_gemm_policy(previous_policy);
+  if (!o.gemm_policies.empty()) set_gemm_policy(previous_policy);
   r.sgemm_shape = fmt::format("({}, {}) x ({}, {})", o.batch * o.context, o.width, o.width, 4 * o.width);
   r.sgemm_gflops = sgemm_gflops(o.batch * o.context, o.width, 4 * o.width);
   r.peak = measure_fma_peak(o.threads);
   set_blas_threads(previous_threads);
   for (GptBenchRun& run : r.runs)
-    if (run.mesh.ranks() == 1) run_torch(o, run);
+    if (run.mesh.ranks() == 1) run_torch(o, run, budget_left(o, start));
   return r;
 }
 
@@ -394,6 +429,10 @@ std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
   };
   int most_ranks = 1;
   for (const GptBenchRun& run : r.runs) {
+    if (run.skipped) {
+      s += fmt::format("| {} | {} | {} | {} |\n", run.mesh.name(), run.mesh.ranks(), label(run), run.note);
+      continue;
+    }
     const bool tp = run.mesh.tensor > 1, dp = run.mesh.data * run.mesh.context > 1, cp = run.mesh.context > 1;
     most_ranks = std::max(most_ranks, run.mesh.ranks());
     s += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {} | {} | {} | {} | {:.2f} | {:.2f} |\n",
@@ -411,7 +450,7 @@ std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
       "per step).\n",
       o.batch * o.context);
   for (const GptBenchRun& run : r.runs)
-    if (run.mesh.tensor > 1)
+    if (run.mesh.tensor > 1 && !run.skipped)
       s += fmt::format("tp comm ms per step by rank, {} {}: {:.2f}\n", run.mesh.name(), label(run),
                        fmt::join(run.tp_ms_per_rank, " / "));
   if (most_ranks > 1)
@@ -441,6 +480,10 @@ std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) 
     s += "| | precision | step ms (median) | tokens/s | GFLOP/s | vs FMA peak | vs f32 sgemm rate |\n"
          "|---|---|---:|---:|---:|---:|---:|\n";
     for (const GptBenchRun& run : r.runs) {
+      if (run.skipped) {
+        s += fmt::format("| meshtrain | {} | {} | | | | |\n", label(run), run.note);
+        continue;
+      }
       const double peak = r.peak.for_dtype(run.precision == DType::bf16);
       const auto row = [&](const char* who, double ms) {
         const double g = r.flops_per_step / (ms * 1e6);
@@ -466,10 +509,12 @@ std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) 
     else
       s += fmt::format("{}: PyTorch {}\n", label(run), run.torch_note);
   }
-  if (o.meshes.empty() && r.runs.size() == 2 && o.gemm_policies.size() <= 1)
+  if (o.meshes.empty() && r.runs.size() == 2 && o.gemm_policies.size() <= 1 && !r.runs[0].skipped &&
+      !r.runs[1].skipped)
     s += fmt::format("{} / {} step time: {:.2f}x\n", label(r.runs[1]), label(r.runs[0]),
                      r.runs[1].step_ms / r.runs[0].step_ms);
   for (const GptBenchRun& run : r.runs) {
+    if (run.skipped) continue;
     s += fmt::format("\nwhere a meshtrain {} step goes{} (per step, over the timed steps):\n\n"
                      "| op | calls | ms | share |\n|---|---:|---:|---:|\n",
                      label(run),

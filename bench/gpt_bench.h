@@ -84,6 +84,10 @@ struct GptBenchOptions {
   // Empty: the process's GEMM policy (core/matmul.h). Otherwise one run per
   // policy (set_gemm_policy) for each mesh and precision, side by side.
   std::vector<GemmPolicy> gemm_policies;
+  // Seconds the whole benchmark may take (0: no limit; default 10 minutes). A run that would
+  // start past it is skipped, and PyTorch's peer is stopped at it (`timeout`
+  // kills the script); the table says which.
+  double time_budget_s = 600;
 };
 
 struct GptBenchOp {
@@ -98,6 +102,8 @@ struct GptBenchRun {
   int threads_per_rank = 0;
   DType precision = DType::f32;
   std::string gemm;                 // "gemm auto" when the options name policies, else ""
+  bool skipped = false;             // not run: the time budget was spent (see note)
+  std::string note;                 // why it was skipped
   double step_ms = 0;               // median
   double mean_step_ms = 0;          // the profile's total per step
   double tokens_per_s = 0;          // the whole mesh's: batch x context per step

@@ -32,8 +32,9 @@ int main(int argc, char** argv) {
   }
   CLI::App app{"meshtrain: distributed training on a device mesh"};
   app.footer("Environment: MESHTRAIN_CPU_ISA=sse41|avx2|avx512|avx512_bf16|amx|native runs kernels, oneDNN and "
-             "OpenBLAS as on a CPU with at most that instruction set; MESHTRAIN_GEMM_BACKEND=auto|onednn|openblas|fixed "
-             "picks the library of each matrix product (auto: the faster, measured per shape) and "
+             "OpenBLAS as on a CPU with at most that instruction set; "
+             "MESHTRAIN_GEMM_BACKEND=auto|onednn|openblas|fixed picks the library of each matrix product (auto: the "
+             "faster, measured per shape) and "
              "MESHTRAIN_GEMM_CACHE=FILE keeps the measured choices (docs/core.md).");
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("meshtrain ") + meshtrain::version_string);

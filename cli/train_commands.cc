@@ -528,6 +528,11 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                       "tensor=2, or --mesh none data=2 tensor=2) are compared in one table: step time, tokens/s, the "
                       "share of the step in tensor- and context-parallel communication and in the data-parallel "
                       "gradient wait, parameter and activation memory per rank. Default: one rank, no table");
+  gpt_cmd->add_option("--time-budget", gpt_opts->time_budget_s,
+                      "seconds the whole benchmark may take: later runs are skipped and PyTorch's peer is stopped at "
+                      "it, saying so (0: no limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   auto gpt_gemm = std::make_shared<std::vector<std::string>>();
   gpt_cmd->add_option("--gemm", *gpt_gemm,
                       "GEMM backend policies to run side by side (comma list of auto, onednn, openblas, fixed; "
@@ -547,7 +552,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                    for (const std::string& p : *gpt_precisions)
                      gpt_opts->precisions.push_back(layout::parse_precision(p, "--precision"));
                    gpt_opts->gemm_policies.clear();
-                   for (const std::string& p : *gpt_gemm) gpt_opts->gemm_policies.push_back(parse_gemm_policy(p, "--gemm"));
+                   for (const std::string& p : *gpt_gemm)
+                     gpt_opts->gemm_policies.push_back(parse_gemm_policy(p, "--gemm"));
                    gpt_opts->meshes.clear();
                    for (const std::string& spec : *gpt_meshes) {
                      bench::GptBenchMesh m = bench::parse_gpt_bench_mesh(spec);
@@ -561,6 +567,7 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                                  {"width", std::to_string(gpt_opts->width)}, {"vocab", std::to_string(gpt_opts->vocab)},
                                  {"context", std::to_string(gpt_opts->context)}, {"batch", std::to_string(gpt_opts->batch)},
                                  {"steps", std::to_string(gpt_opts->steps)}, {"threads", std::to_string(gpt_opts->threads)},
+                                 {"time_budget", fmt::format("{:g} s", gpt_opts->time_budget_s)},
                                  {"precision", fmt::format("{}", fmt::join(*gpt_precisions, ","))},
                                  {"gemm", gpt_gemm->empty() ? std::string(gemm_policy_name(gemm_policy()))
                                                             : fmt::format("{}", fmt::join(*gpt_gemm, ","))},
