@@ -504,8 +504,9 @@ TEST(GemmCacheChild, DISABLED_WritesTheChoices) {
     const Tensor a = s[3] ? random_matrix(s[1], s[0], DType::f32, 1) : random_matrix(s[0], s[1], DType::f32, 1);
     matmul(a, random_matrix(s[1], s[2], DType::f32, 2), Tensor::empty({s[0], s[2]}, DType::f32), s[3] != 0, false);
   }
+  const std::vector<GemmChoice> all = gemm_choices();
   for (const auto& s : kCached) {
-    const GemmChoice* c = find_choice(gemm_choices(), s[0], s[2], s[1], s[3] != 0, false);
+    const GemmChoice* c = find_choice(all, s[0], s[2], s[1], s[3] != 0, false);
     ASSERT_NE(c, nullptr);
     EXPECT_FALSE(c->from_cache);
   }
