@@ -1,7 +1,8 @@
-// Matrix products over Tensor: oneDNN for f32 and half precision (bf16
-// operands with f32 accumulation run as real bf16 GEMMs: AVX512-BF16 where
-// the CPU has it), OpenBLAS for f64 and as the fallback of a build without
-// oneDNN. Included by core/ops.h.
+// Matrix products over Tensor: oneDNN or OpenBLAS for f32 and half
+// precision, whichever was measured faster for the shape (below; bf16
+// operands with f32 accumulation run as real bf16 GEMMs on oneDNN where the
+// CPU has AVX512-BF16), OpenBLAS for f64 and in a build without oneDNN.
+// Included by core/ops.h.
 //
 //   Tensor a = Tensor::from_vector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
 //   Tensor b = Tensor::full({3, 2}, 0.5, DType::f32);
