@@ -11,6 +11,7 @@
 
 #include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/internal/gemm_choice.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
@@ -293,7 +294,9 @@ std::string format_gemm_bench(const GemmBenchResult& r, const GemmBenchOptions& 
     t[2] += row.onednn_f32;
     t[3] += row.onednn_bf16;
     t[4] += row.auto_f32;
-    t[5] += (g.trans_a && !g.trans_b) || row.onednn_f32 == 0 ? row.openblas_f32 : row.onednn_f32;
+    const internal::GemmKey key{.m = g.m, .n = g.n, .k = g.k, .trans_a = g.trans_a, .trans_b = g.trans_b};
+    t[5] += internal::fixed_rule_backend(key, row.onednn_f32 > 0) == MatmulBackend::openblas ? row.openblas_f32
+                                                                                             : row.onednn_f32;
     t[6] += best_of(row);
     t[7] += row.chosen.empty() ? 0.0 : chosen_t;
   }

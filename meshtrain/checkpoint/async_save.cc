@@ -36,6 +36,7 @@ std::optional<CheckpointSaveStats> AsyncCheckpointSaver::start(const std::string
   std::optional<CheckpointSaveStats> done = wait();
   // The staging copy: the pieces' values as they are now (the caller's
   // tensors change with the next step). save_checkpoint checks the rest.
+  staged_.clear();  // a copy that failed part-way before
   staged_.reserve(pieces.size());
   for (const CheckpointPiece& p : pieces) {
     Tensor copy = p.data;

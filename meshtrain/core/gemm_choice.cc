@@ -382,15 +382,16 @@ std::vector<GemmChoice> gemm_choices() { return table().choices(); }
 
 namespace internal {
 
+MatmulBackend fixed_rule_backend(const GemmKey& key, bool onednn_candidate) {
+  const bool weight_gradient = key.in == DType::f32 && key.trans_a && !key.trans_b;
+  return onednn_candidate && !weight_gradient ? MatmulBackend::onednn : MatmulBackend::openblas;
+}
+
 MatmulBackend gemm_backend_for(const GemmKey& key, bool onednn_candidate, const GemmTimer& time_on) {
   switch (gemm_policy()) {
     case GemmPolicy::onednn: return onednn_candidate ? MatmulBackend::onednn : MatmulBackend::openblas;
     case GemmPolicy::openblas: return MatmulBackend::openblas;
-    case GemmPolicy::fixed: {
-      // f32 weight gradients (op(a) = a^T, op(b) = b) on OpenBLAS, the rest on oneDNN.
-      const bool weight_gradient = key.in == DType::f32 && key.trans_a && !key.trans_b;
-      return onednn_candidate && !weight_gradient ? MatmulBackend::onednn : MatmulBackend::openblas;
-    }
+    case GemmPolicy::fixed: return fixed_rule_backend(key, onednn_candidate);
     case GemmPolicy::automatic: break;
   }
   if (!onednn_candidate) return MatmulBackend::openblas;

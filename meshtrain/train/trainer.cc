@@ -13,7 +13,6 @@
 #include <mutex>
 #include <optional>
 
-#include "meshtrain/checkpoint/async_save.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/parallel_for.h"
@@ -97,8 +96,8 @@ class Run {
         metrics_(recipe.metrics()), shared_(shared), mesh_(world, mesh_shape.shape, mesh_shape.axis_names),
         main_(world.rank() == 0), world_(&world), checkpoints_(std::move(checkpoints)) {
     // Collective splits (all ranks, same order).
-    if (tc.async_checkpoint && tc.checkpoint_every > 0)
-      saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(world.split(0, world.rank()));
+    writer_ = std::make_unique<internal::CheckpointWriter>(world, checkpoints_, tc.keep_last,
+                                                          tc.async_checkpoint && tc.checkpoint_every > 0);
     batch_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));
     dp_comm_ = &mesh_.comm(gradient_axes(mesh_shape));
     if (axis_size(mesh_shape, mesh::kTensor) > 1) tp_.comm = &mesh_.comm(mesh::kTensor);
@@ -309,7 +308,7 @@ class Run {
         }
         if (stop_after_step_) {
           if (tc_.checkpoint_every > 0 && last_saved != step) save(step, bar, /*last=*/true);
-          finish_async_save(bar);
+          finish_saves(bar);
           if (main_) bar.finish();
           throw interrupted(step, total);
         }
@@ -335,7 +334,7 @@ class Run {
       }
     }
     if (tc_.checkpoint_every > 0 && last_saved != step) save(step, bar, /*last=*/true);  // the final one
-    finish_async_save(bar);
+    finish_saves(bar);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     if (pipeline_) write_pipeline_timeline();  // collective over the pipeline axis
     finish_run(train_curve, test_curve);  // collective under fsdp
@@ -515,37 +514,17 @@ class Run {
 
   internal::TrainingCheckpoint checkpoint() { return internal::TrainingCheckpoint(opt_params_, *opt_); }
 
-  // Collective: a sharded checkpoint of `step` (checkpoint.h). With
-  // --async-checkpoint it is written in the background
-  // (checkpoint/async_save.h) once the previous one has finished; `last`
-  // (the run's final or interrupted save) finishes before the run does.
+  // Collective: a sharded checkpoint of `step` (internal::CheckpointWriter:
+  // in the background with --async-checkpoint); `last` (the run's final or
+  // interrupted save) finishes before the run does.
   void save(int64_t step, ProgressBar& bar, bool last = false) {
-    const auto t0 = Clock::now();
-    if (!saver_) {
-      const uint64_t bytes = checkpoint().save(*world_, checkpoints_, resume_point(step), tc_.keep_last).bytes;
-      if (main_)
-        bar.note(fmt::format("checkpoint of step {}: {} written in {:.2f} s", step, format_bytes(bytes),
-                             std::chrono::duration<double>(Clock::now() - t0).count()));
-      return;
-    }
-    finish_async_save(bar);
-    const internal::ResumePoint point = resume_point(step);
-    saver_->start(checkpoints_, point.step, checkpoint().pieces(point), point.to_json(), {.keep_last = tc_.keep_last});
-    async_blocked_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
-    if (last) finish_async_save(bar);
+    for (const std::string& line : writer_->save(checkpoint(), resume_point(step), last))
+      if (main_) bar.note(line);
   }
-  // Waits for the background save in flight, if any (rethrowing its error).
-  void finish_async_save(ProgressBar& bar) {
-    if (!saver_ || !saver_->in_flight()) return;
-    const int64_t step = *saver_->in_flight();
-    const auto t0 = Clock::now();
-    const checkpoint::CheckpointSaveStats stats = *saver_->wait();
-    const double saving = stats.exchange_s + stats.write_s + stats.sync_s + stats.verify_s + stats.commit_s;
-    if (main_)
-      bar.note(fmt::format("checkpoint of step {}: {} written in {:.2f} s in the background (training waited "
-                           "{:.2f} s for it)",
-                           step, format_bytes(stats.bytes), saving,
-                           async_blocked_s_ + std::chrono::duration<double>(Clock::now() - t0).count()));
+  // Waits for a background save in flight, if any (rethrowing its error).
+  void finish_saves(ProgressBar& bar) {
+    for (const std::string& line : writer_->finish())
+      if (main_) bar.note(line);
   }
 
   // --init-from, or --resume (returns the step it resumes from); then the
@@ -767,10 +746,7 @@ class Run {
   int64_t updates_ = 0;  // optimizer updates applied (skipped steps excluded)
   comm::Communicator* world_;
   std::string checkpoints_;  // <staging>/checkpoints, on every rank
-  // --async-checkpoint: the background saver (its own communicator) and how
-  // long starting its save in flight held the step.
-  std::unique_ptr<checkpoint::AsyncCheckpointSaver> saver_;
-  double async_blocked_s_ = 0;
+  std::unique_ptr<internal::CheckpointWriter> writer_;  // the checkpoints' saves
   bool stop_after_step_ = false;  // a stop request reached some rank during this step
   DType compute_dtype_ = DType::f32;  // what the layers' products run in
 };

@@ -32,6 +32,11 @@ struct GemmKey {
 // the seconds it took.
 using GemmTimer = std::function<double(MatmulBackend)>;
 
+// The fixed policy's backend for `key`: OpenBLAS for f32 weight gradients
+// (op(a) = a^T, op(b) = b, as the memory lies) and wherever oneDNN may not
+// run, oneDNN for the rest (`bench gemm` prices this rule too).
+MatmulBackend fixed_rule_backend(const GemmKey& key, bool onednn_candidate);
+
 // The backend that runs `key` under gemm_policy(): the forced one, the fixed
 // rule, or (auto) the process's table entry, measured with `time_on` the
 // first time the key is seen (or read from the cache file). Other threads

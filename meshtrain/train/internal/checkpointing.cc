@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/memory.h"
 
 namespace meshtrain::train::internal {
 
@@ -126,6 +128,39 @@ std::vector<int32_t> TrainingCheckpoint::load_model(const std::vector<std::pair<
 CheckpointSaveStats TrainingCheckpoint::save(comm::Communicator& world, const std::string& root, const ResumePoint& point,
                                   int keep_last) const {
   return save_checkpoint(world, root, point.step, pieces(point), point.to_json(), {.keep_last = keep_last});
+}
+
+CheckpointWriter::CheckpointWriter(comm::Communicator& world, std::string root, int keep_last, bool async)
+    : world_(&world), root_(std::move(root)), keep_last_(keep_last) {
+  if (async) saver_ = std::make_unique<checkpoint::AsyncCheckpointSaver>(world.split(0, world.rank()));
+}
+
+std::vector<std::string> CheckpointWriter::save(const TrainingCheckpoint& ckpt, const ResumePoint& point, bool last) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  if (!saver_) {
+    const uint64_t bytes = ckpt.save(*world_, root_, point, keep_last_).bytes;
+    return {fmt::format("checkpoint of step {}: {} written in {:.2f} s", point.step, format_bytes(bytes),
+                        std::chrono::duration<double>(Clock::now() - t0).count())};
+  }
+  std::vector<std::string> lines = finish();
+  saver_->start(root_, point.step, ckpt.pieces(point), point.to_json(), {.keep_last = keep_last_});
+  blocked_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (last)
+    for (std::string& line : finish()) lines.push_back(std::move(line));
+  return lines;
+}
+
+std::vector<std::string> CheckpointWriter::finish() {
+  if (!saver_ || !saver_->in_flight()) return {};
+  const int64_t step = *saver_->in_flight();
+  const auto t0 = std::chrono::steady_clock::now();
+  const CheckpointSaveStats stats = *saver_->wait();
+  const double saving = stats.exchange_s + stats.write_s + stats.sync_s + stats.verify_s + stats.commit_s;
+  const double waited = blocked_s_ + std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {fmt::format("checkpoint of step {}: {} written in {:.2f} s in the background (training waited {:.2f} s "
+                      "for it)",
+                      step, format_bytes(stats.bytes), saving, waited)};
 }
 
 ResumePoint TrainingCheckpoint::resume(const std::string& root, const std::string& model) {
