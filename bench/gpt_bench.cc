@@ -165,7 +165,7 @@ struct RankTimes {
 RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, DType precision,
                    comm::Communicator* world, int64_t* parameters, double* parameter_bytes) {
   std::optional<mesh::DeviceMesh> grid;
-  nn::TensorParallelGroup tp{nullptr, m.sequence_parallel};
+  nn::TensorParallelGroup tp{.comm = nullptr, .sequence_parallel = m.sequence_parallel, .overlap = m.overlap};
   nn::ContextParallelGroup cp{nullptr, m.all_to_all ? nn::ContextComm::all_to_all : nn::ContextComm::ring};
   comm::Communicator* dp_comm = nullptr;  // gradient sums: data x context
   int data_rank = 0;
@@ -324,18 +324,21 @@ std::string GptBenchMesh::name() const {
   if (context > 1) axes.push_back(fmt::format("context={}", context));
   if (tensor > 1) axes.push_back(fmt::format("tensor={}", tensor));
   if (axes.empty()) return "none";
-  return fmt::format("{}{}{}", fmt::join(axes, ","), sequence_parallel ? "+sp" : "", all_to_all ? "+a2a" : "");
+  return fmt::format("{}{}{}{}", fmt::join(axes, ","), sequence_parallel ? "+sp" : "", overlap ? "+overlap" : "",
+                     all_to_all ? "+a2a" : "");
 }
 
 GptBenchMesh parse_gpt_bench_mesh(const std::string& spec) {
   const char* op = "--mesh";
   const char* hint = "write none, or data, context and tensor axes (tensor=2, data=2,context=2), with +sp for "
-                     "sequence parallelism (tensor=2+sp) or +a2a for all_to_all context attention (context=2+a2a)";
+                     "sequence parallelism (tensor=2+sp), +overlap for tensor parallelism's communication overlap "
+                     "(tensor=2+sp+overlap) or +a2a for all_to_all context attention (context=2+a2a)";
   GptBenchMesh m;
   std::string axes = spec;
   for (bool more = true; more;) {
     more = false;
-    for (auto [suffix, flag] : {std::pair<std::string, bool*>{"+sp", &m.sequence_parallel}, {"+a2a", &m.all_to_all}})
+    for (auto [suffix, flag] : {std::pair<std::string, bool*>{"+sp", &m.sequence_parallel},
+                                {"+overlap", &m.overlap}, {"+a2a", &m.all_to_all}})
       if (axes.size() > suffix.size() && axes.compare(axes.size() - suffix.size(), suffix.size(), suffix) == 0) {
         *flag = true;
         axes.resize(axes.size() - suffix.size());
@@ -343,7 +346,8 @@ GptBenchMesh parse_gpt_bench_mesh(const std::string& spec) {
       }
   }
   if (axes == "none") {
-    if (m.sequence_parallel) throw InvalidArgument(op, fmt::format("'{}': one rank has no tensor axis", spec), hint);
+    if (m.sequence_parallel || m.overlap)
+      throw InvalidArgument(op, fmt::format("'{}': one rank has no tensor axis", spec), hint);
     return m;
   }
   const mesh::NamedShape shape = mesh::parse_mesh_spec(axes);
@@ -359,6 +363,8 @@ GptBenchMesh parse_gpt_bench_mesh(const std::string& spec) {
   }
   if (m.sequence_parallel && m.tensor == 1)
     throw InvalidArgument(op, fmt::format("'{}': sequence parallelism without a tensor axis", spec), hint);
+  if (m.overlap && m.tensor == 1)
+    throw InvalidArgument(op, fmt::format("'{}': communication overlap without a tensor axis", spec), hint);
   if (m.all_to_all && m.context == 1)
     throw InvalidArgument(op, fmt::format("'{}': all_to_all without a context axis", spec), hint);
   return m;
@@ -422,8 +428,8 @@ namespace {
 std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
   std::string s =
       "| mesh | ranks x threads | precision | step ms (median) | tokens/s | GFLOP/s | tp comm ms | tp comm share | "
-      "cp comm share | dp finish share | parameter MiB / rank | activation MiB / rank |\n"
-      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+      "tp exposed share | cp comm share | dp finish share | parameter MiB / rank | activation MiB / rank |\n"
+      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   const auto share = [](bool has, double ms, double step) {
     return has ? fmt::format("{:.1f}%", 100 * ms / step) : std::string("-");
   };
@@ -435,15 +441,22 @@ std::string format_meshes(const GptBenchResult& r, const GptBenchOptions& o) {
     }
     const bool tp = run.mesh.tensor > 1, dp = run.mesh.data * run.mesh.context > 1, cp = run.mesh.context > 1;
     most_ranks = std::max(most_ranks, run.mesh.ranks());
-    s += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {} | {} | {} | {} | {:.2f} | {:.2f} |\n",
+    const double least = run.tp_ms_per_rank.empty()
+                             ? 0.0
+                             : *std::min_element(run.tp_ms_per_rank.begin(), run.tp_ms_per_rank.end());
+    s += fmt::format("| {} | {} x {} | {} | {:.1f} | {:.0f} | {:.1f} | {} | {} | {} | {} | {} | {:.2f} | {:.2f} |\n",
                      run.mesh.name(), run.mesh.ranks(), run.threads_per_rank, label(run), run.step_ms,
                      run.tokens_per_s, run.gflops, tp ? fmt::format("{:.2f}", run.tp_ms) : "-",
-                     share(tp, run.tp_ms, run.mean_step_ms), share(cp, run.cp_ms, run.mean_step_ms),
+                     share(tp, run.tp_ms, run.mean_step_ms), share(tp, least, run.mean_step_ms),
+                     share(cp, run.cp_ms, run.mean_step_ms),
                      share(dp, run.dp_finish_ms, run.mean_step_ms), run.parameter_bytes / (1 << 20),
                      run.activation_bytes / (1 << 20));
   }
   s += fmt::format(
-      "\ntp comm: rank 0's time per step in tensor-parallel collectives (the profile's \"tp ...\" entries); cp "
+      "\ntp comm: rank 0's time per step in tensor-parallel collectives (the profile's \"tp ...\" entries: waits, "
+      "copies and the reordering of blocks); tp exposed: the least such time of any rank (the rank that arrives last "
+      "at a collective waits for no one: its time is the communication's own cost, the other ranks' extra is load "
+      "imbalance); cp "
       "comm: in context-parallel communication (\"cp ...\": waits for the ring's next K/V block, all-to-alls); dp "
       "finish: its time in DataParallel::finish(), the gradient all-reduce not hidden under backward; shares of "
       "rank 0's mean step. activation MiB: rank 0's peak of activation buffers. tokens/s: the whole mesh ({} tokens "

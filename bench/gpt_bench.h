@@ -58,15 +58,17 @@ struct GptBenchMesh {
   int data = 1, context = 1, tensor = 1;
   bool sequence_parallel = false;  // only with tensor > 1
   bool all_to_all = false;         // context attention by all_to_all (Ulysses), not ring
+  bool overlap = false;            // tensor parallelism's communication overlap (nn::TensorParallelGroup)
   int ranks() const { return data * context * tensor; }
-  // "none" (one rank), "data=2", "tensor=2", "data=2,tensor=2+sp", "context=2+a2a".
+  // "none" (one rank), "data=2", "tensor=2", "data=2,tensor=2+sp", "tensor=2+sp+overlap", "context=2+a2a".
   std::string name() const;
 };
 // The --mesh syntax: "none" (one rank), or data, context and/or tensor axes
 // in mesh::parse_mesh_spec's syntax ("tensor=2", "data=2,context=2"),
-// optionally followed by "+sp" (sequence parallelism) or "+a2a" (all_to_all
-// context attention). InvalidArgument naming the spec for other axes, sizes
-// below 1, "+sp" without a tensor axis or "+a2a" without a context axis.
+// optionally followed by "+sp" (sequence parallelism), "+overlap" (tensor
+// parallelism's communication overlap) or "+a2a" (all_to_all context
+// attention). InvalidArgument naming the spec for other axes, sizes below 1,
+// "+sp" or "+overlap" without a tensor axis or "+a2a" without a context axis.
 GptBenchMesh parse_gpt_bench_mesh(const std::string& spec);
 
 struct GptBenchOptions {

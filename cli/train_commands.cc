@@ -524,7 +524,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                       "run the step on a mesh of threads-engine ranks sharing --threads: none (one rank), tensor=N "
                       "(tensor parallelism), data=N (data parallelism over --batch), context=N (the sequence split: "
                       "ring attention; +a2a: all_to_all), or several (data=2,tensor=2); +sp after a tensor axis adds "
-                      "sequence parallelism (tensor=2+sp). Several meshes (--mesh none --mesh data=2 --mesh "
+                      "sequence parallelism (tensor=2+sp), +overlap its communication overlap (tensor=2+sp+overlap, "
+                      "tensor=2+overlap). Several meshes (--mesh none --mesh data=2 --mesh "
                       "tensor=2, or --mesh none data=2 tensor=2) are compared in one table: step time, tokens/s, the "
                       "share of the step in tensor- and context-parallel communication and in the data-parallel "
                       "gradient wait, parameter and activation memory per rank. Default: one rank, no table");

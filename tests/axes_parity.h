@@ -25,14 +25,16 @@ struct AxesLayout {
   bool reshard_after_forward = true;
   std::string cp_comm = "ring";
   std::string zeropp = "";  // ZeRO++ parts ("qwz,qgz,hpz")
+  bool tp_overlap = false;
 
   // "fsdp=2,pipeline=2 zero3 zb", ...
   std::string name() const {
     const bool pipeline = mesh.find("pipeline") != std::string::npos;
     const bool context = mesh.find("context") != std::string::npos;
-    return fmt::format("{}{}{}{}{}{}{}", mesh.empty() ? "one device" : mesh, fsdp.empty() ? "" : " " + fsdp,
-                       sequence_parallel ? " +sp" : "", pipeline ? " " + schedule : "", context ? " " + cp_comm : "",
-                       reshard_after_forward ? "" : " no-reshard", zeropp.empty() ? "" : " zeropp " + zeropp);
+    return fmt::format("{}{}{}{}{}{}{}{}", mesh.empty() ? "one device" : mesh, fsdp.empty() ? "" : " " + fsdp,
+                       sequence_parallel ? " +sp" : "", tp_overlap ? " +overlap" : "", pipeline ? " " + schedule : "",
+                       context ? " " + cp_comm : "", reshard_after_forward ? "" : " no-reshard",
+                       zeropp.empty() ? "" : " zeropp " + zeropp);
   }
 };
 
@@ -48,6 +50,7 @@ inline train::TrainConfig axes_config(const AxesLayout& l, const std::string& ta
   tc.lr_decay_steps = kAxesSteps;
   tc.batch_size = 16;
   tc.sequence_parallel = l.sequence_parallel;
+  tc.tp_overlap = l.tp_overlap;
   tc.set("fsdp", l.fsdp, "AxesLayout.fsdp");
   tc.set("pipeline_schedule", l.schedule, "AxesLayout.schedule");
   tc.reshard_after_forward = l.reshard_after_forward;

@@ -16,6 +16,9 @@
 //   data=2 x context=2 x pipeline=2, and with sequence parallelism
 //   (context=2 x tensor=2; context=2 x tensor=3, padding each context
 //   rank's 20 steps to 21; pipeline=2 x context=2 x tensor=2 under zb).
+// - Tensor parallelism's communication overlap (--tp-overlap): its rings
+//   at tensor=3 with sequence parallelism, under zb's split backward, and
+//   its blocked all-reduces without sequence parallelism.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -58,6 +61,17 @@ void expect_one_device(const Layout& l, const std::string& tag) {
 
 TEST(AxesParity, SequenceParallelPadsWithDropout) {
   expect_one_device({.mesh = "tensor=3", .sequence_parallel = true}, "tensor3_sp");
+}
+
+// Tensor parallelism's communication overlap: the rings with sequence
+// parallelism at a size that pads (tensor=3: three ring steps per
+// boundary), under the zero-bubble schedule's split backward, and the
+// blocked all-reduces without sequence parallelism.
+TEST(AxesParity, TensorCommunicationOverlap) {
+  expect_one_device({.mesh = "tensor=3", .sequence_parallel = true, .tp_overlap = true}, "tensor3_sp_overlap");
+  expect_one_device({.mesh = "pipeline=2,tensor=2", .sequence_parallel = true, .schedule = "zb", .tp_overlap = true},
+                    "pipeline_tensor_sp_overlap");
+  expect_one_device({.mesh = "data=2,tensor=2", .tp_overlap = true}, "data_tensor_overlap");
 }
 
 TEST(AxesParity, SequenceParallelPadsInAPipeline) {

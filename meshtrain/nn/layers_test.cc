@@ -1,5 +1,6 @@
 // Layers: values against closed forms and naive loops, gradients against
 // central finite differences, dropout masks across batch splits, buffers.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -62,6 +63,71 @@ TEST(Linear, HalfComputeMultipliesRoundedOperandsAndRoundsOutputs) {
   Linear& late = net.add(std::make_unique<Linear>(2, 2, net.next_name(), 1));
   EXPECT_EQ(late.compute_dtype(), DType::bf16);  // children added later inherit it
   EXPECT_THROW(net.set_compute_dtype(DType::i8), InvalidArgument);
+}
+
+// Row blocks: the GEMMs run block by block in the given order, ready(j)
+// before block j's rows are read (a caller fills them there), done(j, rows)
+// with block j's finished output rows; the results equal one GEMM's within
+// rounding, in f32 and bf16, fused and split backward; a bad order or a
+// block count that does not divide the rows is refused.
+TEST(Linear, RowBlocksRunInOrderAndEqualOneGemm) {
+  for (const DType dt : {DType::f32, DType::bf16})
+    for (const bool split : {false, true}) {
+      Linear whole(6, 5, "fc", 3), blocked(6, 5, "fc", 3);
+      whole.set_compute_dtype(dt);
+      blocked.set_compute_dtype(dt);
+      const Tensor x = random_tensor({3, 4, 6}, 1), dy = random_tensor({3, 4, 5}, 2);
+      const Tensor want_y = whole.forward(x);
+      const Tensor want_dx = whole.backward(dy);
+      // Block j's input rows appear only in ready(j).
+      const Tensor xs = Tensor::zeros({3, 4, 6}, DType::f32), dys = Tensor::zeros({3, 4, 5}, DType::f32);
+      std::vector<std::string> calls;
+      const auto blocks = [&](const Tensor& from, const Tensor& to) {
+        return RowBlocks{.order = {2, 0, 1},
+                         .ready = [&calls, from, to](int64_t j) {
+                           calls.push_back(fmt::format("ready {}", j));
+                           to.narrow(0, j, 1).copy_from(from.narrow(0, j, 1));
+                         },
+                         .done = [&calls](int64_t j, const Tensor& rows) {
+                           calls.push_back(fmt::format("done {} {}", j, rows.size(0)));
+                         }};
+      };
+      blocked.set_next_forward_blocks(blocks(x, xs));
+      const Tensor y = blocked.forward(xs);
+      blocked.set_next_backward_blocks(blocks(dy, dys));
+      Tensor dx;
+      if (split) {
+        dx = blocked.backward_input(dys, blocked.own_saved());
+        blocked.backward_weight(blocked.own_saved());
+      } else {
+        dx = blocked.backward(dys);
+      }
+      const std::vector<std::string> once = {"ready 2", "done 2 4", "ready 0", "done 0 4", "ready 1", "done 1 4"};
+      std::vector<std::string> twice = once;
+      twice.insert(twice.end(), once.begin(), once.end());
+      EXPECT_EQ(calls, twice);
+      const double tol = dt == DType::f32 ? 1e-6 : 1e-2;
+      const auto near = [&](const Tensor& got, const Tensor& want, const char* what) {
+        const std::vector<double> g = got.to_vector(), w = want.to_vector();
+        ASSERT_EQ(g.size(), w.size()) << what;
+        for (size_t i = 0; i < g.size(); ++i)
+          EXPECT_NEAR(g[i], w[i], tol * (1 + std::abs(w[i]))) << what << " " << i << " " << dtype_name(dt);
+      };
+      near(y, want_y, "y");
+      near(dx, want_dx, "dx");
+      near(blocked.weight().grad, whole.weight().grad, "dW");
+      near(blocked.bias().grad, whole.bias().grad, "db");
+      // The next call is a plain one again.
+      calls.clear();
+      (void)blocked.forward(x);
+      EXPECT_TRUE(calls.empty());
+    }
+  Linear fc(6, 5, "fc", 3);
+  const Tensor x = random_tensor({3, 4, 6}, 1);
+  fc.set_next_forward_blocks(RowBlocks{.order = {0, 0, 1}});
+  EXPECT_THAT(testing::error_of([&] { fc.forward(x); }), ::testing::HasSubstr("not a permutation of 0..2"));
+  fc.set_next_forward_blocks(RowBlocks{.order = {0, 1, 2, 3, 4}});
+  EXPECT_THAT(testing::error_of([&] { fc.forward(x); }), ::testing::HasSubstr("12 rows in 5 row blocks"));
 }
 
 TEST(Linear, ForwardMatchesNaiveLoopWithWeightConvention) {

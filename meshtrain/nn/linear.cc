@@ -1,10 +1,12 @@
 #include "meshtrain/nn/linear.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
@@ -30,6 +32,38 @@ Parameter make_param(const std::string& name, std::vector<int64_t> shape, shardi
   };
   if (!defer) materialize(p);
   return p;
+}
+
+// Runs body(first row, rows) for each block of `rows` rows in blocks.order,
+// between blocks.ready(j) and blocks.done(j, body's result).
+void run_blocks(const RowBlocks& blocks, int64_t rows, const char* op, const std::string& name,
+                const std::function<Tensor(int64_t, int64_t)>& body) {
+  const auto n = static_cast<int64_t>(blocks.order.size());
+  std::vector<bool> seen(static_cast<size_t>(n), false);
+  for (const int64_t j : blocks.order) {
+    if (j < 0 || j >= n || seen[static_cast<size_t>(j)])
+      throw InvalidArgument(op, fmt::format("'{}': row block order {} is not a permutation of 0..{}", name,
+                                            fmt::join(blocks.order, ","), n - 1),
+                            "name each block once");
+    seen[static_cast<size_t>(j)] = true;
+  }
+  if (rows % n != 0)
+    throw InvalidArgument(op, fmt::format("'{}': {} rows in {} row blocks", name, rows, n),
+                          "use a block count that divides the rows");
+  const int64_t per = rows / n;
+  for (const int64_t j : blocks.order) {
+    if (blocks.ready) blocks.ready(j);
+    const Tensor out = body(j * per, per);
+    if (blocks.done) blocks.done(j, out);
+  }
+}
+
+// A blocked call's input: f32 and contiguous as given (its rows are filled
+// in ready(), so a copy would miss them).
+void check_blocked_input(const Tensor& t, const char* op, const std::string& name) {
+  if (!t.defined() || t.dtype() != DType::f32 || !t.is_contiguous())
+    throw InvalidArgument(op, fmt::format("'{}': a row-blocked call's input must be a contiguous f32 tensor", name),
+                          "pass the buffer whose rows ready() fills");
 }
 
 }  // namespace
@@ -97,35 +131,46 @@ Tensor Linear::do_forward(const Tensor& x, Saved& saved) {
                           fmt::format("'{}': input shape {} does not end in in_features {}", name_,
                                       shape_to_string(xc.shape()), in_),
                           "pass (..., in_features); the weight is (in, out)");
+  const RowBlocks blocks = std::exchange(next_forward_, RowBlocks{});
+  if (!blocks.order.empty()) check_blocked_input(x, op, name_);
   State& st = saved.state<State>();
   const int64_t rows = xc.numel() / in_;
   st.in_shape = xc.shape();
-  st.x = xc.view({rows, in_});  // (R, in)
+  const Tensor x32 = xc.view({rows, in_});  // (R, in)
+  st.x = x32;
   const bool half = compute_dtype_ != DType::f32;
-  if (half) {  // the GEMM's input in the compute dtype (kept for the weight gradient)
-    Tensor& xr = internal::reuse_or_allocate(st.xr, {rows, in_}, tracker_, compute_dtype_);
-    xr.copy_from(st.x);
-    st.x = xr;
-  }
+  // The GEMM's input in the compute dtype (kept for the weight gradient),
+  // converted block by block when blocked.
+  if (half) st.x = internal::reuse_or_allocate(st.xr, {rows, in_}, tracker_, compute_dtype_);
   Tensor& y = internal::reuse_or_allocate(st.y, {rows, out_}, tracker_);  // (R, out)
   // The weight in the compute dtype (converted here unless fully sharded
   // mixed precision holds it so), the bias in f32: added to the f32 result.
-  functional::linear_forward(st.x, internal::param_value(weight_.value, compute_dtype_, op, weight_.name),
-                             has_bias_ ? internal::param_value(bias_.value, DType::f32, op, bias_.name) : Tensor(), y);
-  round_to(y, compute_dtype_);  // f32 accumulation, half-precision result
+  const Tensor w = internal::param_value(weight_.value, compute_dtype_, op, weight_.name);
+  const Tensor b = has_bias_ ? internal::param_value(bias_.value, DType::f32, op, bias_.name) : Tensor();
+  auto multiply = [&](int64_t first, int64_t n) {
+    const Tensor xb = st.x.narrow(0, first, n), yb = y.narrow(0, first, n);
+    if (half) xb.copy_from(x32.narrow(0, first, n));
+    functional::linear_forward(xb, w, b, yb);
+    round_to(yb, compute_dtype_);  // f32 accumulation, half-precision result
+    return yb;
+  };
+  if (blocks.order.empty())
+    multiply(0, rows);
+  else
+    run_blocks(blocks, rows, op, name_, multiply);
   std::vector<int64_t> out_shape = st.in_shape;
   out_shape.back() = out_;
   return y.view(out_shape);
 }
 
-Tensor Linear::prepare_grad(const Tensor& grad_out, State& st, const char* op) {
+Tensor Linear::prepare_grad(const Tensor& grad_out, State& st, const char* op, bool convert) {
   Tensor dy = internal::f32_contiguous(grad_out, op, "grad_out");
   const int64_t rows = st.x.size(0);
   std::vector<int64_t> out_shape = st.in_shape;
   out_shape.back() = out_;
   internal::check_shape(dy, out_shape, op, "grad_out");
   dy = dy.view({rows, out_});  // (R, out)
-  if (compute_dtype_ != DType::f32) {
+  if (convert && compute_dtype_ != DType::f32) {
     Tensor& dyr = internal::reuse_or_allocate(st.dyr, {rows, out_}, tracker_, compute_dtype_);
     dyr.copy_from(dy);
     dy = dyr;
@@ -140,6 +185,27 @@ Tensor Linear::input_grad(const Tensor& dy, State& st) {
                                     dx);
   round_to(dx, compute_dtype_);
   return dx.view(st.in_shape);
+}
+
+std::pair<Tensor, Tensor> Linear::blocked_input_grad(const RowBlocks& blocks, const Tensor& dy, State& st) {
+  const char* op = "Linear::backward";
+  const int64_t rows = dy.size(0);
+  const bool half = compute_dtype_ != DType::f32;
+  const Tensor dyc = half ? internal::reuse_or_allocate(st.dyr, {rows, out_}, tracker_, compute_dtype_) : dy;
+  Tensor dx, w;
+  if (needs_input_grad_) {
+    dx = internal::reuse_or_allocate(st.dx, {rows, in_}, tracker_);
+    w = internal::param_value(weight_.value, dyc.dtype(), op, weight_.name);
+  }
+  run_blocks(blocks, rows, op, name_, [&](int64_t first, int64_t n) {
+    if (half) dyc.narrow(0, first, n).copy_from(dy.narrow(0, first, n));
+    if (!needs_input_grad_) return Tensor();
+    const Tensor dxb = dx.narrow(0, first, n);
+    functional::linear_backward_input(dyc.narrow(0, first, n), w, dxb);
+    round_to(dxb, compute_dtype_);
+    return dxb;
+  });
+  return {dyc, needs_input_grad_ ? dx.view(st.in_shape) : Tensor()};
 }
 
 void Linear::weight_grads(const Tensor& dy, const Tensor& x) {
@@ -158,6 +224,14 @@ void Linear::weight_grads(const Tensor& dy, const Tensor& x) {
 
 Tensor Linear::do_backward(const Tensor& grad_out, Saved& saved) {
   State& st = saved.state<State>();
+  const RowBlocks blocks = std::exchange(next_backward_, RowBlocks{});
+  if (!blocks.order.empty()) {  // dX first, block by block, then the weight gradients
+    check_blocked_input(grad_out, "Linear::backward", name_);
+    auto [dy, dx] = blocked_input_grad(blocks, prepare_grad(grad_out, st, "Linear::backward", false), st);
+    weight_grads(dy, st.x);
+    st.x = Tensor();
+    return dx;
+  }
   Tensor dy = prepare_grad(grad_out, st, "Linear::backward");
   weight_grads(dy, st.x);
   Tensor dx = input_grad(dy, st);
@@ -167,6 +241,13 @@ Tensor Linear::do_backward(const Tensor& grad_out, Saved& saved) {
 
 Tensor Linear::do_backward_input(const Tensor& grad_out, Saved& saved) {
   State& st = saved.state<State>();
+  const RowBlocks blocks = std::exchange(next_backward_, RowBlocks{});
+  if (!blocks.order.empty()) {
+    check_blocked_input(grad_out, "Linear::backward_input", name_);
+    auto [dy, dx] = blocked_input_grad(blocks, prepare_grad(grad_out, st, "Linear::backward_input", false), st);
+    st.dy = dy;
+    return dx;
+  }
   st.dy = prepare_grad(grad_out, st, "Linear::backward_input");
   return input_grad(st.dy, st);
 }

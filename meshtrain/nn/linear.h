@@ -26,6 +26,19 @@
 // wants since its input needs no gradient). Split backward: backward_input
 // computes dX and keeps dy; backward_weight accumulates db, dW.
 //
+// Row blocks (tensor parallelism's communication overlap,
+// nn/parallel/tensor_parallel.h): set_next_forward_blocks /
+// set_next_backward_blocks make the next forward (resp. backward or
+// backward_input) run its GEMM (forward's y, backward's dX) over equal
+// blocks of the input's rows, in a given order, calling ready(j) before
+// block j's input rows are read and done(j, rows) once its output rows are
+// final (rounded to the compute dtype), so that a caller can move block j's
+// neighbours while block j multiplies. The input must then be an f32
+// contiguous tensor (the caller fills its rows in ready()). A blocked
+// backward computes dX before the weight gradients. Each row's result is the
+// one-GEMM result up to the GEMM library's order of a dot product's terms,
+// which may depend on the row count.
+//
 // Buffers: the output and dX buffers live in the call's Saved and are reused
 // by the next forward into it when the caller no longer holds the previous
 // result (see internal/buffers.h); forward keeps a handle to x until backward.
@@ -33,7 +46,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "meshtrain/nn/module.h"
@@ -53,6 +68,15 @@ struct LinearOptions {
   // > 0: weight ~ N(0, init_std) and bias = 0 (GPT-2's initialization);
   // 0: PyTorch's default (kaiming-uniform, see above).
   double init_std = 0.0;
+};
+
+// The blocks of one blocked call (see "Row blocks" above): block j is rows
+// [j R / n, (j + 1) R / n) of the (R, in) input with n = order.size(); R
+// divisible by n. order: each of 0..n-1 once; empty: one GEMM, no calls.
+struct RowBlocks {
+  std::vector<int64_t> order{};
+  std::function<void(int64_t block)> ready{};                     // may be empty
+  std::function<void(int64_t block, const Tensor& rows)> done{};  // may be empty
 };
 
 class Linear final : public Module {
@@ -78,6 +102,10 @@ class Linear final : public Module {
   void set_needs_input_grad(bool needs) { needs_input_grad_ = needs; }
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  // The next forward / the next backward or backward_input runs in row
+  // blocks (see above); that call clears it.
+  void set_next_forward_blocks(RowBlocks blocks) { next_forward_ = std::move(blocks); }
+  void set_next_backward_blocks(RowBlocks blocks) { next_backward_ = std::move(blocks); }
 
  protected:
   Tensor do_forward(const Tensor& x, Saved& saved) override;
@@ -89,8 +117,12 @@ class Linear final : public Module {
  private:
   struct State;
   // dy as (R, out), rounded to the compute dtype; checks its shape.
-  Tensor prepare_grad(const Tensor& grad_out, State& st, const char* op);
+  // (convert = false: left in f32, for a blocked call to convert by block.)
+  Tensor prepare_grad(const Tensor& grad_out, State& st, const char* op, bool convert = true);
   Tensor input_grad(const Tensor& dy, State& st);
+  // The blocked backward's first part: dy in the compute dtype (converted
+  // block by block) and dX (undefined unless needs_input_grad()).
+  std::pair<Tensor, Tensor> blocked_input_grad(const RowBlocks& blocks, const Tensor& dy, State& st);
   void weight_grads(const Tensor& dy, const Tensor& x);
 
   std::string name_;  // module path, for errors
@@ -100,6 +132,7 @@ class Linear final : public Module {
   bool needs_input_grad_;
   Parameter weight_;  // value, grad: (in, out)
   Parameter bias_;    // value, grad: (out); undefined tensors without bias
+  RowBlocks next_forward_, next_backward_;
 };
 
 }  // namespace meshtrain::nn

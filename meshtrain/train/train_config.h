@@ -58,6 +58,10 @@ struct TrainConfig {
   // tensor-parallel regions the GPT's activations are split along the
   // sequence over the tensor axis. No effect without a tensor axis.
   bool sequence_parallel = false;
+  // Tensor parallelism's communication overlap (nn::TensorParallelGroup::
+  // overlap, Megatron's tp_comm_overlap): each region's collective hidden
+  // behind its GEMM, in blocks. No effect without a tensor axis.
+  bool tp_overlap = false;
   std::string corpus = "/usr/share/games/fortunes";  // a text file or directory
   std::string text_cache = "data/text";      // tokenizer and token-file cache
   double dropout = 0.0;                      // MLP: after each hidden layer; GPT: embeddings and residual branches

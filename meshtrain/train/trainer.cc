@@ -102,6 +102,7 @@ class Run {
     dp_comm_ = &mesh_.comm(gradient_axes(mesh_shape));
     if (axis_size(mesh_shape, mesh::kTensor) > 1) tp_.comm = &mesh_.comm(mesh::kTensor);
     tp_.sequence_parallel = tc.sequence_parallel;
+    tp_.overlap = tc.tp_overlap;
     if (axis_size(mesh_shape, mesh::kContext) > 1)
       cp_ = {&mesh_.comm(mesh::kContext), tc.cp_comm, tc.cp_load_balance};
     const bool sharded = layout.fsdp.has_value();

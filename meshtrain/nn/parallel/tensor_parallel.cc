@@ -117,43 +117,200 @@ int64_t local_steps(const Tensor& x, const TensorParallelGroup& g, const char* o
   return x.size(1) / g.size();
 }
 
+// The ranks' time steps side by side, (B, T, ...) <-> (k, B, T/k, ...):
+// block-major order, where block j holds rank j's time steps of every
+// sample (the order all_gather fills and reduce_scatter reads). A copy
+// (B = 1: the same memory, a view); callers profile it with their collective.
+Tensor to_blocks(const Tensor& natural, int64_t k, MemoryTracker* tracker) {
+  const int64_t b = natural.size(0), rest = natural.numel() / (b * k);
+  std::vector<int64_t> shape = natural.shape();
+  shape[1] /= k;
+  shape.insert(shape.begin(), k);
+  if (b == 1) return natural.view(shape);
+  Tensor out = Tensor::empty(shape, DType::f32, Device{}, tracker, MemoryCategory::activations);
+  out.view({k, b, rest}).copy_from(natural.view({b, k, rest}).transpose(0, 1));
+  return out;
+}
+Tensor from_blocks(const Tensor& blocks, MemoryTracker* tracker) {
+  const int64_t k = blocks.size(0), b = blocks.size(1), rest = blocks.numel() / (k * b);
+  std::vector<int64_t> shape(blocks.shape().begin() + 1, blocks.shape().end());
+  shape[1] *= k;
+  if (b == 1) return blocks.view(shape);
+  Tensor out = Tensor::empty(shape, DType::f32, Device{}, tracker, MemoryCategory::activations);
+  out.view({b, k, rest}).copy_from(blocks.view({k, b, rest}).transpose(0, 1));
+  return out;
+}
+// Block j of a block-major tensor, as (B, T/k, ...).
+Tensor block_of(const Tensor& blocks, int64_t j) {
+  return blocks.narrow(0, j, 1).view({blocks.shape().begin() + 1, blocks.shape().end()});
+}
+
+// The overlap rings' point-to-point tag ("tp"): ring steps are waited in
+// order, so one tag keeps their messages apart from nothing else on the
+// tensor communicator.
+constexpr int kRingTag = 0x7470;
+
+// All-gather around the ring, own block first, for a GEMM over the
+// block-major buffer `blocks` (k, ...) whose block r (this rank's) is
+// filled: step s multiplies block (r + s) mod k while that block goes to
+// rank r - 1 and block (r + s + 1) mod k arrives from rank r + 1. Waits
+// (the exposed communication) count as `scope` in the op profile.
+class GatherRing {
+ public:
+  GatherRing(const TensorParallelGroup& g, const Tensor& blocks, const char* scope)
+      : g_(g), blocks_(blocks.view({g.size(), -1})), scope_(scope) {}
+  RowBlocks row_blocks() {
+    RowBlocks b;
+    for (int s = 0; s < g_.size(); ++s) b.order.push_back((g_.rank() + s) % g_.size());
+    b.ready = [this](int64_t j) { step(j); };
+    return b;
+  }
+  void finish() {
+    const functional::ProfileScope profile(scope_);
+    pending_.wait();
+  }
+
+ private:
+  void step(int64_t j) {
+    const functional::ProfileScope profile(scope_);
+    const int k = g_.size(), r = g_.rank();
+    pending_.wait();  // brought block j (none before the first step)
+    const int64_t next = (j + 1) % k;
+    if (next == r) return;  // the last step: every block is here
+    const Tensor out = blocks_.select(0, j), in = blocks_.select(0, next);
+    const auto n = static_cast<size_t>(out.numel());
+    pending_ = g_.comm->batch_isend_irecv({comm::P2POp::isend(out.data_ptr(), n, DType::f32, (r + k - 1) % k, kRingTag),
+                                           comm::P2POp::irecv(in.data_ptr(), n, DType::f32, (r + 1) % k, kRingTag)});
+  }
+  const TensorParallelGroup& g_;
+  Tensor blocks_;  // (k, block elements)
+  const char* scope_;
+  comm::Work pending_;
+};
+
+// Reduce-scatter around the ring, fed block by block by a GEMM whose
+// output is block-major (k, ...) partial sums: step s computes block
+// (r - 1 - s) mod k, adds the running sum of that block received from rank
+// r - 1 and sends it on to rank r + 1; the last step's block is this
+// rank's, then the sum over every rank (for k = 2 the same sum, bit for
+// bit, as the engine's reduce_scatter: a + b = b + a). defer_last: its
+// final receive is waited and added by finish() instead, so that work
+// between (a backward's weight gradient) hides it.
+class ReduceScatterRing {
+ public:
+  ReduceScatterRing(const TensorParallelGroup& g, int64_t block_elements, MemoryTracker* tracker, const char* scope)
+      : g_(g), scope_(scope) {
+    if (g.size() > 1)
+      acc_ = Tensor::empty({block_elements}, DType::f32, Device{}, tracker, MemoryCategory::activations);
+  }
+  RowBlocks row_blocks(bool defer_last) {
+    defer_last_ = defer_last;
+    RowBlocks b;
+    const int k = g_.size();
+    for (int s = 0; s < k; ++s) b.order.push_back(((g_.rank() - 1 - s) % k + k) % k);
+    b.done = [this](int64_t, const Tensor& rows) { step(rows); };
+    return b;
+  }
+  void finish() {
+    if (!last_.defined()) return;
+    const functional::ProfileScope profile(scope_);
+    pending_.wait();
+    accumulate(acc_, last_.view({-1}));
+    last_ = Tensor();
+  }
+
+ private:
+  void step(const Tensor& rows) {
+    const int k = g_.size(), r = g_.rank();
+    const int s = steps_++;
+    if (s == k - 1 && defer_last_) {
+      last_ = rows;
+      return;
+    }
+    const functional::ProfileScope profile(scope_);
+    if (s > 0) {
+      pending_.wait();
+      accumulate(acc_, rows.view({-1}));
+    }
+    if (s == k - 1) return;
+    const auto n = static_cast<size_t>(rows.numel());
+    pending_ = g_.comm->batch_isend_irecv({comm::P2POp::isend(rows.data_ptr(), n, DType::f32, (r + 1) % k, kRingTag),
+                                           comm::P2POp::irecv(acc_.data_ptr(), n, DType::f32, (r + k - 1) % k, kRingTag)});
+  }
+  const TensorParallelGroup& g_;
+  const char* scope_;
+  Tensor acc_;   // the running sum from rank r - 1
+  Tensor last_;  // defer_last: this rank's block, waiting for its last receive
+  bool defer_last_ = false;
+  int steps_ = 0;
+  comm::Work pending_;
+};
+
+// Without sequence parallelism: all-reduces each block of rows (async) as
+// soon as the GEMM finished it, so the next block's GEMM, or the weight
+// gradient after a backward's dX, hides it.
+class AllReduceBlocks {
+ public:
+  explicit AllReduceBlocks(const TensorParallelGroup& g) : g_(g) {}
+  RowBlocks row_blocks(int64_t count) {
+    RowBlocks b;
+    for (int64_t j = 0; j < count; ++j) b.order.push_back(j);
+    b.done = [this](int64_t, const Tensor& rows) {
+      const functional::ProfileScope profile("tp all_reduce");
+      pending_.push_back(g_.comm->all_reduce_async(rows.data_ptr(), rows.data_ptr(), static_cast<size_t>(rows.numel()),
+                                                   DType::f32, comm::ReduceOp::sum));
+    };
+    return b;
+  }
+  void finish() {
+    const functional::ProfileScope profile("tp all_reduce");
+    for (comm::Work& w : pending_) w.wait();
+    pending_.clear();
+  }
+
+ private:
+  const TensorParallelGroup& g_;
+  std::vector<comm::Work> pending_;
+};
+
+// Row blocks of an all-reduced GEMM: 2 when the rows split evenly.
+int64_t all_reduce_blocks(const Tensor& x) { return x.numel() / x.size(-1) % 2 == 0 ? 2 : 1; }
+
 }  // namespace
 
 Tensor gather_sequence(const Tensor& local, const TensorParallelGroup& g, MemoryTracker* tracker) {
   if (g.size() == 1) return local;
-  const functional::ProfileScope scope("tp all_gather");  // with the reordering copy it needs
   const char* op = "gather_sequence";
   const Tensor x = internal::f32_contiguous(local, op, "input");
   if (x.dim() < 2)
     throw InvalidArgument(op, fmt::format("input {} has no sequence dim", shape_to_string(x.shape())),
                           "pass (batch, time, ...)");
-  const int64_t k = g.size(), b = x.size(0);
-  std::vector<int64_t> full = x.shape();
-  full[1] *= k;
   // The ranks' blocks arrive one after another: (k, B, T/k, ...).
   std::vector<int64_t> blocks = x.shape();
-  blocks.insert(blocks.begin(), k);
+  blocks.insert(blocks.begin(), g.size());
   Tensor buf = Tensor::empty(blocks, DType::f32, Device{}, tracker, MemoryCategory::activations);
-  g.comm->all_gather(x.data<float>(), buf.data<float>(), static_cast<size_t>(x.numel()), DType::f32);
-  if (b == 1) return buf.view(full);  // (k, 1, T/k, ...) is (1, T, ...) already
-  Tensor out = Tensor::empty(full, DType::f32, Device{}, tracker, MemoryCategory::activations);
-  const int64_t rest = x.numel() / b;  // elements per sample of one block
-  out.view({b, k, rest}).copy_from(buf.view({k, b, rest}).transpose(0, 1));
-  return out;
+  {
+    const functional::ProfileScope scope("tp all_gather");
+    g.comm->all_gather(x.data<float>(), buf.data<float>(), static_cast<size_t>(x.numel()), DType::f32);
+  }
+  const functional::ProfileScope scope("tp reorder");
+  return from_blocks(buf, tracker);
 }
 
 Tensor reduce_scatter_sequence(const Tensor& full, const TensorParallelGroup& g, MemoryTracker* tracker) {
   if (g.size() == 1) return full;
-  const functional::ProfileScope scope("tp reduce_scatter");  // with the reordering copy it needs
   const char* op = "reduce_scatter_sequence";
   const Tensor x = internal::f32_contiguous(full, op, "input");
-  const int64_t k = g.size(), b = x.size(0), steps = local_steps(x, g, op);
   std::vector<int64_t> local = x.shape();
-  local[1] = steps;
-  const int64_t rest = x.numel() / (b * k);  // elements per sample of one rank's block
+  local[1] = local_steps(x, g, op);
   // Block r of the send buffer is rank r's time steps of every sample.
-  const Tensor send = b == 1 ? x : x.view({b, k, rest}).transpose(0, 1).contiguous();
+  Tensor send;
+  {
+    const functional::ProfileScope scope("tp reorder");
+    send = to_blocks(x, g.size(), nullptr);
+  }
   Tensor out = Tensor::empty(local, DType::f32, Device{}, tracker, MemoryCategory::activations);
+  const functional::ProfileScope scope("tp reduce_scatter");
   g.comm->reduce_scatter(send.data<float>(), out.data<float>(), static_cast<size_t>(out.numel()), DType::f32,
                          comm::ReduceOp::sum);
   return out;
@@ -257,7 +414,53 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in, int64_t out, const std::s
 // Sequence parallelism: the region starts by gathering the sequence, and
 // backward reduce-scatters dX instead of all-reducing it.
 Tensor ColumnParallelLinear::do_forward(const Tensor& x, Saved& saved) {
+  if (group_.overlaps() && group_.splits_sequence()) return overlapped_forward(x, saved);
   return local_.forward(group_.splits_sequence() ? gather_sequence(x, group_, tracker_) : x, saved.child(0));
+}
+
+// The gathered input in block-major order, (k, B, T/k, in), filled by the
+// ring while the GEMM multiplies block by block; the output reordered.
+Tensor ColumnParallelLinear::overlapped_forward(const Tensor& x, Saved& saved) {
+  const Tensor xl = internal::f32_contiguous(x, "ColumnParallelLinear::forward", "input");
+  if (xl.dim() < 2)
+    throw InvalidArgument("ColumnParallelLinear::forward",
+                          fmt::format("'{}': input {} has no sequence dim", name_, shape_to_string(xl.shape())),
+                          "pass (batch, time, ...)");
+  std::vector<int64_t> shape = xl.shape();
+  shape.insert(shape.begin(), group_.size());
+  const Tensor xg = Tensor::empty(shape, DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  block_of(xg, group_.rank()).copy_from(xl);
+  GatherRing ring(group_, xg, "tp all_gather");
+  local_.set_next_forward_blocks(ring.row_blocks());
+  const Tensor y = local_.forward(xg, saved.child(0));
+  ring.finish();
+  const functional::ProfileScope profile("tp reorder");
+  return from_blocks(y, tracker_);
+}
+
+// dY reordered to the forward's block-major rows; dX's blocks summed over
+// the ring, this rank's last.
+Tensor ColumnParallelLinear::overlapped_backward(const Tensor& grad_out, Saved& saved, bool split) {
+  const Tensor dy = internal::f32_contiguous(grad_out, "ColumnParallelLinear::backward", "grad_out");
+  if (!group_.splits_sequence()) {  // dX's all-reduce behind the weight gradient (split: its second block)
+    AllReduceBlocks reduce(group_);
+    local_.set_next_backward_blocks(reduce.row_blocks(split ? all_reduce_blocks(dy) : 1));
+    const Tensor dx = split ? local_.backward_input(dy, saved.child(0)) : local_.backward(dy, saved.child(0));
+    reduce.finish();
+    return dx;
+  }
+  (void)local_steps(dy, group_, "ColumnParallelLinear::backward");  // T divisible by k
+  Tensor dyb;
+  {
+    const functional::ProfileScope profile("tp reorder");
+    dyb = to_blocks(dy, group_.size(), tracker_);
+  }
+  ReduceScatterRing ring(group_, dyb.numel() / dyb.size(-1) / group_.size() * local_.in_features(), tracker_,
+                         "tp reduce_scatter");
+  local_.set_next_backward_blocks(ring.row_blocks(/*defer_last=*/!split));
+  const Tensor dx = split ? local_.backward_input(dyb, saved.child(0)) : local_.backward(dyb, saved.child(0));
+  ring.finish();
+  return block_of(dx, group_.rank());
 }
 
 Tensor ColumnParallelLinear::input_grad(const Tensor& dx) {
@@ -267,12 +470,14 @@ Tensor ColumnParallelLinear::input_grad(const Tensor& dx) {
 }
 
 Tensor ColumnParallelLinear::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  if (group_.overlaps() && local_.needs_input_grad()) return overlapped_backward(grad_out, saved, true);
   return input_grad(local_.backward_input(grad_out, saved.child(0)));
 }
 
 void ColumnParallelLinear::do_backward_weight(Saved& saved) { local_.backward_weight(saved.child(0)); }
 
 Tensor ColumnParallelLinear::do_backward(const Tensor& grad_out, Saved& saved) {
+  if (group_.overlaps() && local_.needs_input_grad()) return overlapped_backward(grad_out, saved, false);
   return input_grad(local_.backward(grad_out, saved.child(0)));
 }
 
@@ -305,11 +510,16 @@ std::vector<Parameter*> RowParallelLinear::parameters() {
 // partial products (each rank keeps its time steps) instead of an
 // all-reduce, and backward gathers dy back first.
 Tensor RowParallelLinear::do_forward(const Tensor& x, Saved& saved) {
-  Tensor y = local_.forward(x, saved.child(0));  // this rank's partial product
-  if (group_.splits_sequence())
-    y = reduce_scatter_sequence(y, group_, tracker_);
-  else
-    all_reduce_sum(group_, y);
+  Tensor y;
+  if (group_.overlaps()) {
+    y = overlapped_forward(x, saved);
+  } else {
+    y = local_.forward(x, saved.child(0));  // this rank's partial product
+    if (group_.splits_sequence())
+      y = reduce_scatter_sequence(y, group_, tracker_);
+    else
+      all_reduce_sum(group_, y);
+  }
   if (has_bias_) {
     functional::bias_add(internal::param_value(bias_.value, DType::f32, "RowParallelLinear::forward", bias_.name),
                          y.view({y.numel() / y.size(-1), y.size(-1)}));
@@ -329,8 +539,51 @@ Tensor RowParallelLinear::full_grad(const Tensor& dy) {
   return group_.splits_sequence() ? gather_sequence(dy, group_) : dy;
 }
 
+// The input reordered to block-major rows; the partial products' blocks
+// summed over the ring, this rank's last: its time steps of the sum.
+Tensor RowParallelLinear::overlapped_forward(const Tensor& x, Saved& saved) {
+  const Tensor xf = internal::f32_contiguous(x, "RowParallelLinear::forward", "input");
+  if (!group_.splits_sequence()) {  // the first half's all-reduce behind the second half's GEMM
+    AllReduceBlocks reduce(group_);
+    local_.set_next_forward_blocks(reduce.row_blocks(all_reduce_blocks(xf)));
+    const Tensor y = local_.forward(xf, saved.child(0));
+    reduce.finish();
+    return y;
+  }
+  (void)local_steps(xf, group_, "RowParallelLinear::forward");  // T divisible by k
+  Tensor xb;
+  {
+    const functional::ProfileScope profile("tp reorder");
+    xb = to_blocks(xf, group_.size(), tracker_);
+  }
+  ReduceScatterRing ring(group_, xb.numel() / xb.size(-1) / group_.size() * local_.out_features(), tracker_,
+                         "tp reduce_scatter");
+  local_.set_next_forward_blocks(ring.row_blocks(/*defer_last=*/false));
+  const Tensor y = local_.forward(xb, saved.child(0));
+  ring.finish();
+  return block_of(y, group_.rank());
+}
+
+// dy gathered around the ring into the forward's block-major rows while dX
+// multiplies block by block; dX reordered.
+Tensor RowParallelLinear::overlapped_backward(const Tensor& grad_out, Saved& saved, bool split) {
+  const Tensor dy = internal::f32_contiguous(grad_out, "RowParallelLinear::backward", "grad_out");
+  std::vector<int64_t> shape = dy.shape();
+  shape.insert(shape.begin(), group_.size());
+  const Tensor dyg = Tensor::empty(shape, DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  block_of(dyg, group_.rank()).copy_from(dy);
+  GatherRing ring(group_, dyg, "tp all_gather");
+  local_.set_next_backward_blocks(ring.row_blocks());
+  const Tensor dx = split ? local_.backward_input(dyg, saved.child(0)) : local_.backward(dyg, saved.child(0));
+  ring.finish();
+  if (!dx.defined()) return dx;
+  const functional::ProfileScope profile("tp reorder");
+  return from_blocks(dx, tracker_);
+}
+
 Tensor RowParallelLinear::do_backward_input(const Tensor& grad_out, Saved& saved) {
   saved.state<State>().dy = grad_out;
+  if (group_.overlaps() && group_.splits_sequence()) return overlapped_backward(grad_out, saved, true);
   return local_.backward_input(full_grad(grad_out), saved.child(0));
 }
 
@@ -343,6 +596,7 @@ void RowParallelLinear::do_backward_weight(Saved& saved) {
 
 Tensor RowParallelLinear::do_backward(const Tensor& grad_out, Saved& saved) {
   bias_grad(grad_out);
+  if (group_.overlaps() && group_.splits_sequence()) return overlapped_backward(grad_out, saved, false);
   return local_.backward(full_grad(grad_out), saved.child(0));
 }
 

@@ -48,6 +48,30 @@
 // its gathered input for the weight gradient (Megatron re-gathers it in
 // backward instead, trading an all-gather for (B, T, C) of memory).
 //
+// Communication overlap (group.overlap; with sequence parallelism the
+// collective matmuls of Wang et al. 2023, as Megatron-LM's tp_comm_overlap
+// and torchtitan's async tensor parallelism do): each boundary's collective
+// becomes k - 1 point-to-point ring steps, each hidden behind the GEMM of one
+// block of time steps (Linear's row blocks). The column-parallel forward
+// multiplies its own time steps while the next rank's arrive (all-gather
+// ring, own block first); the row-parallel forward computes the partial
+// product of rank r - 1's time steps first and sends it on while it
+// computes the next (reduce-scatter ring, this rank's block last); backward
+// runs the same rings the other way (the column-parallel one keeps its last
+// receive for after the weight gradient). Between a region's GEMM and the
+// ring, activations are in block-major order (rank j's time steps of every
+// sample together), one reordering copy per boundary as without overlap
+// (none when B = 1). The ring adds the same partial products as the
+// collective (for k = 2 in the same order); a block's GEMM may round
+// differently from the whole one (the library's blocking depends on the
+// row count), so results match the plain path's within the dtype's
+// tolerance, not bit for bit. Without sequence
+// parallelism the row-parallel forward all-reduces the first half of its
+// rows (asynchronously) while it multiplies the second, and the
+// column-parallel backward all-reduces dX while it computes the weight
+// gradient (the split backward: by halves, as the forward). A group of one
+// rank has nothing to overlap.
+//
 // VocabParallelCrossEntropy: each rank holds the logits of its vocabulary
 // shard for every row. Forward all-reduces the row maxima (max, f32), then
 // the per-row sums of exp(z - max) and the target logit (sum, f64: one
@@ -88,10 +112,13 @@ namespace meshtrain::nn {
 struct TensorParallelGroup {
   comm::Communicator* comm = nullptr;
   bool sequence_parallel = false;  // see above; a group of one rank has no effect
+  bool overlap = false;            // "Communication overlap" above
   int size() const { return comm == nullptr ? 1 : comm->size(); }
   int rank() const { return comm == nullptr ? 0 : comm->rank(); }
   // Activations outside the tensor-parallel regions are split along T.
   bool splits_sequence() const { return sequence_parallel && size() > 1; }
+  // The region boundaries' collectives run beside their GEMMs.
+  bool overlaps() const { return overlap && size() > 1; }
 };
 
 struct ShardRange {
@@ -158,6 +185,10 @@ class ColumnParallelLinear final : public Module {
 
  private:
   Tensor input_grad(const Tensor& dx);  // the "f" operator's backward
+  // Communication overlap (see above): the all-gather ring of forward; the
+  // reduce-scatter ring (or all-reduce) of backward (split: backward_input's part).
+  Tensor overlapped_forward(const Tensor& x, Saved& saved);
+  Tensor overlapped_backward(const Tensor& grad_out, Saved& saved, bool split);
   std::string name_;
   TensorParallelGroup group_;
   Linear local_;
@@ -185,6 +216,8 @@ class RowParallelLinear final : public Module {
   };
   void bias_grad(const Tensor& dy);
   Tensor full_grad(const Tensor& dy);  // the "g" operator's backward
+  Tensor overlapped_forward(const Tensor& x, Saved& saved);
+  Tensor overlapped_backward(const Tensor& grad_out, Saved& saved, bool split);
   std::string name_;
   TensorParallelGroup group_;
   bool has_bias_;

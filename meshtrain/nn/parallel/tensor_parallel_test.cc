@@ -224,12 +224,12 @@ TEST(TensorParallelLinear, FusedProjectionTakesItsColumnsOfEachPart) {
 // initial values bit for bit.
 // A GPT split over `world` (step 3's dropout masks) with its vocabulary-parallel loss.
 struct SplitGpt {
-  SplitGpt(const GPTConfig& base, comm::Communicator& world, bool sp)
-      : gpt(with_group(base, world, sp)), vce(gpt.config().tensor, base.vocab) {
+  SplitGpt(const GPTConfig& base, comm::Communicator& world, bool sp, bool overlap = false)
+      : gpt(with_group(base, world, sp, overlap)), vce(gpt.config().tensor, base.vocab) {
     gpt.set_batch_context(3, 0);
   }
-  static GPTConfig with_group(GPTConfig c, comm::Communicator& world, bool sp) {
-    c.tensor = TensorParallelGroup{&world, sp};
+  static GPTConfig with_group(GPTConfig c, comm::Communicator& world, bool sp, bool overlap) {
+    c.tensor = TensorParallelGroup{.comm = &world, .sequence_parallel = sp, .overlap = overlap};
     return c;
   }
   GPT gpt;
@@ -306,18 +306,32 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
   const double want = ce.forward(ref.forward(x), y);
   ref.backward(ce.backward());
   std::vector<Parameter*> rp = ref.parameters();
-  for (bool sp : {false, true})
+  // Communication overlap (with sequence parallelism: the rings), with the
+  // fused and the split backward (zero-bubble pipelines' backward_input
+  // then backward_weight).
+  struct Mode {
+    bool sp, overlap, split_backward;
+  };
+  for (const Mode mode : {Mode{false, false, false}, Mode{false, true, false}, Mode{false, true, true},
+                          Mode{true, false, false}, Mode{true, true, false}, Mode{true, true, true}})
     for (int k : {1, 2, 4}) {
+      const bool sp = mode.sp;
       comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
                    [&](comm::Communicator& world) {
-                     SplitGpt split(base, world, sp);
+                     SplitGpt split(base, world, sp, mode.overlap);
                      GPT& tp = split.gpt;
                      VocabParallelCrossEntropy& vce = split.vce;
                      const TensorParallelGroup& group = tp.config().tensor;
                      ASSERT_EQ(tp.vocab_shard().begin, vce.shard().begin);
                      const double got = vce.forward(tp.forward(x), y);
-                     tp.backward(vce.backward());
-                     EXPECT_NEAR(got, want, 1e-5 * want) << "k " << k << " sp " << sp;
+                     if (mode.split_backward) {
+                       tp.backward_input(vce.backward(), tp.own_saved());
+                       tp.backward_weight(tp.own_saved());
+                     } else {
+                       tp.backward(vce.backward());
+                     }
+                     EXPECT_NEAR(got, want, 1e-5 * want)
+                         << "k " << k << " sp " << sp << " overlap " << mode.overlap << " split " << mode.split_backward;
                      std::vector<Parameter*> ps = tp.parameters();
                      std::vector<std::string> partial;
                      for (const Parameter* p : ps)
@@ -334,7 +348,8 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
                        const Tensor whole = Tensor::from_vector(std::vector<double>(init.begin(), init.end()), rp[i]->info.shape);
                        ASSERT_EQ(ps[i]->value.to_vector(), block_of(whole, pl)) << ps[i]->name << " k " << k;
                        expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, pl), 1e-5,
-                                   fmt::format("k {} sp {} {} grad", k, sp, ps[i]->name));
+                                   fmt::format("k {} sp {} overlap {} split {} {} grad", k, sp, mode.overlap,
+                                               mode.split_backward, ps[i]->name));
                      }
                    });
     }
@@ -348,6 +363,26 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
   // other end of its region (4 + 4 per layer, one more each for the
   // embedding and the head), each of N x C / k floats per rank: the same
   // bytes on the wire (a ring all-reduce sends 2 (k-1)/k N C per rank).
+  // With overlap, the blocks' rings carry the same bytes point to point
+  // (k = 2: one step of N x C / 2 floats each way per boundary), but for
+  // the embedding's and the head's collectives.
+  for (const bool overlap : {false, true})
+    comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
+                 [&](comm::Communicator& world) {
+                   SplitGpt split(base, world, true, overlap);
+                   GPT& tp = split.gpt;
+                   VocabParallelCrossEntropy& vce = split.vce;
+                   world.reset_traffic();
+                   vce.forward(tp.forward(x), y);
+                   tp.backward(vce.backward());
+                   const uint64_t n = 16, width = 16, layers = 2, regions = 4 * layers + 2;
+                   const comm::TrafficCounter& ag = world.traffic(comm::CollectiveOp::all_gather);
+                   const comm::TrafficCounter& rs = world.traffic(comm::CollectiveOp::reduce_scatter);
+                   const comm::TrafficCounter& send = world.traffic(comm::CollectiveOp::send);
+                   EXPECT_EQ(ag.bytes + rs.bytes + send.bytes, 2 * regions * n * width * 4 / 2);
+                   EXPECT_EQ(ag.calls + rs.calls, overlap ? 4u : 2 * regions);
+                   EXPECT_EQ(send.calls, overlap ? 2 * regions - 4 : 0u);
+                 });
   for (bool sp : {false, true})
     comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
                  [&](comm::Communicator& world) {
