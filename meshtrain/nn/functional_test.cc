@@ -8,11 +8,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <thread>
 #include <memory>
 #include <vector>
 
+#include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/nn/internal/cpu_backend.h"
@@ -259,6 +261,52 @@ TEST(FastMath, ExpApproxIsWithinTwoUlps) {
   EXPECT_NEAR(internal::sigmoid_approx(0.0f), 0.5f, 1e-7);
   EXPECT_EQ(internal::sigmoid_approx(-200.0f), 0.0f);
   EXPECT_EQ(internal::sigmoid_approx(200.0f), 1.0f);
+}
+
+// The maps give the same bits at every vector width this CPU runs (4
+// lanes always; 8 with AVX2; 16 with AVX-512), for every length around
+// the blocks (the scalar tail too): an element's operations do not depend
+// on the width (a NaN's sign may: vector and scalar forms differ there).
+TEST(FastMath, EveryVectorWidthGivesTheSameBits) {
+  std::vector<float> x(1000), b(1000);
+  for (size_t i = 0; i < x.size(); ++i) {
+    x[i] = -25.0f + 50.0f * static_cast<float>(i * 7919 % 1000) / 1000.0f;
+    b[i] = 0.001f * static_cast<float>(i) - 0.4f;
+  }
+  x[3] = std::numeric_limits<float>::infinity();
+  x[5] = -std::numeric_limits<float>::infinity();
+  x[9] = std::nanf("");
+  auto gelu = [](auto v) { return v * internal::sigmoid_approx(1.5957691f * (v + 0.044715f * v * v * v)); };
+  auto grad = [](auto v, auto g) {
+    const auto s = internal::sigmoid_approx(v);
+    return g * (s + v * s * (1.0f - s)) + internal::exp_approx(v - 3.0f);
+  };
+  const auto bits = [](const std::vector<float>& v) {  // any NaN as one (its sign may differ)
+    std::vector<uint32_t> out(v.size());
+    std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+    for (size_t i = 0; i < v.size(); ++i)
+      if (std::isnan(v[i])) out[i] = 0x7fc00000u;
+    return out;
+  };
+  for (const int64_t n : {1, 7, 8, 15, 16, 17, 33, 1000}) {
+    std::vector<float> want(x.size()), want2(x.size()), got(x.size()), got2(x.size());
+    internal::map_f32_at<internal::f32x4>(x.data(), want.data(), n, gelu);
+    internal::map2_f32_at<internal::f32x4>(x.data(), b.data(), want2.data(), n, grad);
+    if (cpu_isa() >= CpuIsa::avx2) {
+      internal::map_f32_avx2(x.data(), got.data(), n, gelu);
+      internal::map2_f32_avx2(x.data(), b.data(), got2.data(), n, grad);
+      EXPECT_EQ(bits(got), bits(want)) << "avx2, n " << n;
+      EXPECT_EQ(bits(got2), bits(want2)) << "avx2, n " << n;
+    }
+    if (cpu_isa() >= CpuIsa::avx512) {
+      internal::map_f32_avx512(x.data(), got.data(), n, gelu);
+      internal::map2_f32_avx512(x.data(), b.data(), got2.data(), n, grad);
+      EXPECT_EQ(bits(got), bits(want)) << "avx512, n " << n;
+      EXPECT_EQ(bits(got2), bits(want2)) << "avx512, n " << n;
+    }
+    internal::map_f32(x.data(), got.data(), n, gelu);  // the process's width
+    EXPECT_EQ(bits(got), bits(want)) << "map_f32, n " << n;
+  }
 }
 
 // The softmax row's reductions: max over every length around the 4-lane
