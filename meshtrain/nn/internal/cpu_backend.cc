@@ -113,8 +113,11 @@ void for_grad_chunks(const Tensor& grad, double grad_scale, int64_t begin, int64
   }
 }
 
-// One AdamW update of n elements in place (torch.optim.AdamW, single tensor).
-void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const functional::AdamWStep& h) {
+// One AdamW update of n elements in place (torch.optim.AdamW, single tensor);
+// adamw_update runs it vectorized at the widest width (run_widest), with the
+// same bits.
+[[gnu::always_inline]] inline void adamw_update_at(float* p, const float* g, float* m, float* v, int64_t n,
+                                                   const functional::AdamWStep& h) {
   // Python-side scalars (double), each rounded to f32 where the tensor op uses it.
   const double t = static_cast<double>(h.step);
   const double bias_correction1 = 1.0 - std::pow(h.beta1, t);
@@ -145,9 +148,14 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
     v[i] = vi;
   }
 }
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const functional::AdamWStep& h) {
+  run_widest([&] { adamw_update_at(p, g, m, v, n, h); });
+}
 
-// One SGD update of n elements in place (torch.optim.SGD, single tensor).
-void sgd_update(float* p, const float* g, float* buf, int64_t n, const functional::SgdStep& h) {
+// One SGD update of n elements in place (torch.optim.SGD, single tensor);
+// sgd_update runs it at the widest width, as AdamW's.
+[[gnu::always_inline]] inline void sgd_update_at(float* p, const float* g, float* buf, int64_t n,
+                                                 const functional::SgdStep& h) {
   // PyTorch casts each Python-float hyperparameter to the tensor's dtype.
   const float wd = static_cast<float>(h.weight_decay);
   const float momentum = static_cast<float>(h.momentum);
@@ -170,6 +178,9 @@ void sgd_update(float* p, const float* g, float* buf, int64_t n, const functiona
     }
     p[i] = p[i] + neg_lr * d;  // param.add_(grad, alpha=-lr)
   }
+}
+void sgd_update(float* p, const float* g, float* buf, int64_t n, const functional::SgdStep& h) {
+  run_widest([&] { sgd_update_at(p, g, buf, n, h); });
 }
 
 int64_t id_at(const Tensor& ids, int64_t i) {

@@ -138,6 +138,25 @@ inline int map_lanes() {
   return lanes;
 }
 
+// Runs fn() built for the widest instruction set map_lanes() allows: a
+// loop inlined into fn (mark its function always_inline) is vectorized by
+// GCC at that width; element-wise, correctly rounded operations keep the
+// baseline's bits (the optimizers' updates).
+template <typename Fn>
+__attribute__((target("avx512f"), flatten)) void run_avx512(Fn& fn) {
+  fn();
+}
+template <typename Fn>
+__attribute__((target("avx2"), flatten)) void run_avx2(Fn& fn) {
+  fn();
+}
+template <typename Fn>
+inline void run_widest(Fn fn) {
+  if (map_lanes() == 16) return run_avx512(fn);
+  if (map_lanes() == 8) return run_avx2(fn);
+  fn();
+}
+
 // y[i] = fn(x[i]) for i in [0, n); fn takes and returns float and the
 // vector types alike (a generic lambda). y may be x.
 template <typename Fn>
