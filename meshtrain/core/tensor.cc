@@ -580,6 +580,10 @@ void Tensor::fill(double value) const {
     using T = decltype(tag);
     const T v = internal::from_double<T>(value);
     T* base = static_cast<T*>(data_ptr());
+    if (is_contiguous()) {  // a gradient's zeroing: a plain fill over the rank's threads
+      parallel_for(numel(), int64_t{1} << 18, [&](int64_t b, int64_t e) { std::fill(base + b, base + e, v); });
+      return;
+    }
     internal::for_each_row<1>(shape_, strides, [&](auto off, int64_t len, auto inner) {
       T* d = base + off[0];
       for (int64_t i = 0; i < len; ++i) d[i * inner[0]] = v;
