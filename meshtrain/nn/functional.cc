@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -277,10 +279,48 @@ void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tens
   check(op, "dy", dy);
   check_shape(op, "dy", dy, xhat.shape());
   for (auto [what, t] : {std::pair{"dgamma", &dgamma}, {"dbeta", &dbeta}}) {
+    if (t == &dbeta && !dbeta.defined()) continue;  // RMSNorm's: gamma only
     check(op, what, *t);
     check_shape(op, what, *t, {xhat.size(1)});
   }
   dispatch(op, {&dy, &xhat, &dgamma, &dbeta})->layer_norm_backward_weight(dy, xhat, dgamma, dbeta);
+}
+
+void rms_norm_forward(const Tensor& x, const Tensor& gamma, double eps, const Tensor& y, const Tensor& xhat,
+                      const Tensor& rstd) {
+  const char* op = "functional::rms_norm_forward";
+  check_matrix(op, "x", x);
+  const int64_t rows = x.size(0), dim = x.size(1);
+  for (auto [what, t] : {std::pair{"y", &y}, {"xhat", &xhat}}) {
+    check(op, what, *t);
+    check_shape(op, what, *t, x.shape());
+  }
+  check(op, "rstd", rstd);
+  check_shape(op, "rstd", rstd, {rows});
+  if (gamma.defined()) {
+    check(op, "gamma", gamma);
+    check_shape(op, "gamma", gamma, {dim});
+  }
+  if (!(eps > 0.0) || !std::isfinite(eps))
+    throw InvalidArgument(op, fmt::format("eps = {}", eps), "use a finite eps > 0");
+  dispatch(op, {&x, &gamma, &y, &xhat, &rstd})->rms_norm_forward(x, gamma, eps, y, xhat, rstd);
+}
+
+void rms_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor& rstd, const Tensor& gamma,
+                             const Tensor& dx) {
+  const char* op = "functional::rms_norm_backward_input";
+  check_matrix(op, "xhat", xhat);
+  for (auto [what, t] : {std::pair{"dy", &dy}, {"dx", &dx}}) {
+    check(op, what, *t);
+    check_shape(op, what, *t, xhat.shape());
+  }
+  check(op, "rstd", rstd);
+  check_shape(op, "rstd", rstd, {xhat.size(0)});
+  if (gamma.defined()) {
+    check(op, "gamma", gamma);
+    check_shape(op, "gamma", gamma, {xhat.size(1)});
+  }
+  dispatch(op, {&dy, &xhat, &rstd, &gamma, &dx})->rms_norm_backward_input(dy, xhat, rstd, gamma, dx);
 }
 
 void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) {

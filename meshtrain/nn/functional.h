@@ -63,8 +63,19 @@ void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
 // dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)), dxhat = dy gamma (dy without gamma).
 void layer_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor& rstd, const Tensor& gamma,
                                const Tensor& dx);
-// Accumulates dgamma += sum over rows of dy xhat and dbeta += sum over rows of dy.
+// Accumulates dgamma += sum over rows of dy xhat and dbeta += sum over rows
+// of dy (dbeta undefined: RMSNorm's, gamma only).
 void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tensor& dgamma, const Tensor& dbeta);
+
+// ---- RMSNorm over the last dim (Llama's; torch.nn.RMSNorm) ----
+// x (R, D); gamma (D) or undefined; y, xhat (R, D); rstd (R) =
+// 1/sqrt(mean(x^2) + eps); xhat = x rstd, y = xhat gamma. The weight's
+// gradient: layer_norm_backward_weight with dbeta undefined.
+void rms_norm_forward(const Tensor& x, const Tensor& gamma, double eps, const Tensor& y, const Tensor& xhat,
+                      const Tensor& rstd);
+// dx = rstd (dxhat - xhat mean(dxhat xhat)), dxhat = dy gamma (dy without gamma).
+void rms_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor& rstd, const Tensor& gamma,
+                             const Tensor& dx);
 
 // ---- Dropout ----
 // scale[i] = keep ? 1 / (1 - p) : 0 (0 everywhere when p == 1), keep iff
@@ -208,6 +219,10 @@ class Backend {
                                          const Tensor& gamma, const Tensor& dx) const = 0;
   virtual void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tensor& dgamma,
                                           const Tensor& dbeta) const = 0;
+  virtual void rms_norm_forward(const Tensor& x, const Tensor& gamma, double eps, const Tensor& y,
+                                const Tensor& xhat, const Tensor& rstd) const = 0;
+  virtual void rms_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor& rstd,
+                                       const Tensor& gamma, const Tensor& dx) const = 0;
   virtual void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) const = 0;
   virtual double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) const = 0;
   virtual void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor,

@@ -186,6 +186,12 @@ class CountingBackend final : public F::Backend {
              (dy, h, r, g, dx))
   MT_FORWARD(layer_norm_backward_weight, (const Tensor& dy, const Tensor& h, const Tensor& dg, const Tensor& db),
              (dy, h, dg, db))
+  MT_FORWARD(rms_norm_forward,
+             (const Tensor& x, const Tensor& g, double eps, const Tensor& y, const Tensor& h, const Tensor& r),
+             (x, g, eps, y, h, r))
+  MT_FORWARD(rms_norm_backward_input,
+             (const Tensor& dy, const Tensor& h, const Tensor& r, const Tensor& g, const Tensor& dx),
+             (dy, h, r, g, dx))
   MT_FORWARD(dropout_mask, (uint64_t s, uint64_t k, uint64_t st, double p, const Tensor& sc), (s, k, st, p, sc))
   MT_FORWARD(cross_entropy_backward, (const Tensor& p, const Tensor& l, double f, const Tensor& g), (p, l, f, g))
   MT_FORWARD(scaled_copy, (const Tensor& s, double f, const Tensor& o), (s, f, o))

@@ -13,6 +13,23 @@ namespace meshtrain::nn {
 
 namespace {
 
+// The checks every norm makes: dim and eps at construction, the input's
+// last dim at forward.
+void check_norm(const char* what, const std::string& prefix, int64_t dim, double eps) {
+  if (dim < 1 || !(eps > 0.0) || !std::isfinite(eps))
+    throw InvalidArgument(what, fmt::format("'{}': dim {}, eps {}", prefix, dim, eps),
+                          "need dim >= 1 and a finite eps > 0");
+}
+Tensor norm_input(const Tensor& x, const char* op, const std::string& name, int64_t dim) {
+  Tensor xc = internal::f32_contiguous(x, op, "input");
+  if (xc.dim() < 1 || xc.size(-1) != dim)
+    throw InvalidArgument(op,
+                          fmt::format("'{}': input shape {} does not end in dim {}", name, shape_to_string(xc.shape()),
+                                      dim),
+                          "a norm normalizes the last dim");
+  return xc;
+}
+
 Parameter norm_param(const std::string& name, int64_t dim, float value, bool defer) {
   Parameter p;
   p.name = name;
@@ -28,9 +45,7 @@ Parameter norm_param(const std::string& name, int64_t dim, float value, bool def
 
 LayerNorm::LayerNorm(int64_t dim, const std::string& prefix, double eps, bool affine, bool defer_init)
     : name_(prefix), dim_(dim), eps_(eps), affine_(affine) {
-  if (dim < 1 || !(eps > 0.0) || !std::isfinite(eps))
-    throw InvalidArgument("LayerNorm", fmt::format("'{}': dim {}, eps {}", prefix, dim, eps),
-                          "need dim >= 1 and a finite eps > 0");
+  check_norm("LayerNorm", prefix, dim, eps);
   if (affine_) {
     weight_ = norm_param(internal::join_name(prefix, "weight"), dim, 1.0f, defer_init);
     bias_ = norm_param(internal::join_name(prefix, "bias"), dim, 0.0f, defer_init);
@@ -44,12 +59,7 @@ std::vector<Parameter*> LayerNorm::parameters() {
 
 Tensor LayerNorm::do_forward(const Tensor& x, Saved& saved) {
   const char* op = "LayerNorm::forward";
-  Tensor xc = internal::f32_contiguous(x, op, "input");
-  if (xc.dim() < 1 || xc.size(-1) != dim_)
-    throw InvalidArgument(op,
-                          fmt::format("'{}': input shape {} does not end in dim {}", name_,
-                                      shape_to_string(xc.shape()), dim_),
-                          "LayerNorm normalizes the last dim");
+  const Tensor xc = norm_input(x, op, name_, dim_);
   const int64_t rows = xc.numel() / dim_;
   State& st = saved.state<State>();
   st.shape = xc.shape();
@@ -86,6 +96,50 @@ void LayerNorm::do_backward_weight(Saved& saved) {
   internal::check_param_grad(bias_.grad, op, bias_.name);
   functional::layer_norm_backward_weight(st.dy, st.xhat, weight_.grad, bias_.grad);
   notify_grad_ready(bias_);
+  notify_grad_ready(weight_);
+  st.dy = Tensor();
+}
+
+// ---- RMSNorm ----
+
+RMSNorm::RMSNorm(int64_t dim, const std::string& prefix, double eps, bool defer_init)
+    : name_(prefix), dim_(dim), eps_(eps) {
+  check_norm("RMSNorm", prefix, dim, eps);
+  weight_ = norm_param(internal::join_name(prefix, "weight"), dim, 1.0f, defer_init);
+}
+
+Tensor RMSNorm::do_forward(const Tensor& x, Saved& saved) {
+  const char* op = "RMSNorm::forward";
+  const Tensor xc = norm_input(x, op, name_, dim_);
+  const int64_t rows = xc.numel() / dim_;
+  State& st = saved.state<State>();
+  st.shape = xc.shape();
+  Tensor& xhat = internal::reuse_or_allocate(st.xhat, {rows, dim_}, tracker_);
+  Tensor& y = internal::reuse_or_allocate(st.y, {rows, dim_}, tracker_);
+  Tensor& rstd = internal::reuse_or_allocate(st.rstd, {rows}, tracker_);
+  functional::rms_norm_forward(xc.view({rows, dim_}), internal::param_value(weight_.value, DType::f32, op, weight_.name),
+                               eps_, y, xhat, rstd);
+  return y.view(st.shape);
+}
+
+Tensor RMSNorm::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  const char* op = "RMSNorm::backward";
+  State& st = saved.state<State>();
+  Tensor dy = internal::f32_contiguous(grad_out, op, "grad_out");
+  internal::check_shape(dy, st.shape, op, "grad_out");
+  const int64_t rows = st.xhat.size(0);
+  st.dy = dy.view({rows, dim_});
+  Tensor& dx = internal::reuse_or_allocate(st.dx, {rows, dim_}, tracker_);
+  functional::rms_norm_backward_input(st.dy, st.xhat, st.rstd,
+                                      internal::param_value(weight_.value, DType::f32, op, weight_.name), dx);
+  return dx.view(st.shape);
+}
+
+void RMSNorm::do_backward_weight(Saved& saved) {
+  const char* op = "RMSNorm::backward";
+  State& st = saved.state<State>();
+  internal::check_param_grad(weight_.grad, op, weight_.name);
+  functional::layer_norm_backward_weight(st.dy, st.xhat, weight_.grad, Tensor());
   notify_grad_ready(weight_);
   st.dy = Tensor();
 }

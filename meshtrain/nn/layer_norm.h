@@ -8,7 +8,13 @@
 // Parameters (affine only): weight (gamma) starts at 1 and bias (beta) at 0,
 // so the initial value trivially depends only on (seed, name); both are
 // ParamKind::norm with weight_decay false. Mean and variance are accumulated
-// in double per row; the rest is f32.
+// in f32 lanes per row (a fixed order); the rest is f32.
+//
+// RMSNorm (Llama's; torch.nn.RMSNorm): y = x / sqrt(mean(x^2) + eps) * gamma,
+// no mean subtracted and no bias; gamma starts at 1 (ParamKind::norm, no
+// weight decay). eps defaults to 1e-6 (Llama's rms_norm_eps).
+//
+//   nn::RMSNorm norm(512, "layers.0.attention_norm");   // "layers.0.attention_norm.weight" (512) = 1
 // Thread-safety: one thread at a time (a module belongs to one rank).
 #pragma once
 
@@ -58,6 +64,36 @@ class LayerNorm final : public Module {
   bool affine_;
   Parameter weight_;  // gamma (dim)
   Parameter bias_;    // beta (dim)
+};
+
+class RMSNorm final : public Module {
+ public:
+  // dim >= 1, eps > 0 and finite. defer_init: see LinearOptions::defer_init.
+  RMSNorm(int64_t dim, const std::string& prefix, double eps = 1e-6, bool defer_init = false);
+  RMSNorm(const RMSNorm&) = delete;
+  RMSNorm& operator=(const RMSNorm&) = delete;
+
+  // forward: x (..., dim) f32 -> (..., dim). backward accumulates dgamma.
+  std::vector<Parameter*> parameters() override { return {&weight_}; }
+  Parameter& weight() { return weight_; }
+  int64_t dim() const { return dim_; }
+  double eps() const { return eps_; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  std::string describe() const override { return "RMSNorm '" + name_ + "'"; }
+
+ private:
+  struct State {
+    std::vector<int64_t> shape;
+    Tensor xhat, rstd, dy, y, dx;  // as LayerNorm's
+  };
+  std::string name_;
+  int64_t dim_;
+  double eps_;
+  Parameter weight_;  // gamma (dim)
 };
 
 }  // namespace meshtrain::nn

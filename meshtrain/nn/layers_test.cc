@@ -23,6 +23,7 @@
 #include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/sequential.h"
+#include "meshtrain/nn/swiglu.h"
 
 namespace meshtrain::nn {
 namespace {
@@ -314,6 +315,76 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   Tensor dx = ln.backward(w).clone();
   expect_grad_matches(f, x, dx, 1e-2);
   for (Parameter* p : ln.parameters()) expect_grad_matches(f, p->value, p->grad.clone());
+}
+
+// RMSNorm: x / sqrt(mean(x^2) + eps) * gamma on a tiny row; gradients of
+// the input and gamma against finite differences; bad dims refused.
+TEST(RMSNorm, MatchesClosedFormAndFiniteDifferences) {
+  RMSNorm norm(4, "norm");
+  EXPECT_EQ(norm.parameters().size(), 1u);
+  EXPECT_EQ(norm.weight().name, "norm.weight");
+  EXPECT_EQ(norm.weight().info.kind, sharding::ParamKind::norm);
+  EXPECT_FALSE(norm.weight().weight_decay);
+  EXPECT_EQ(norm.weight().value.to_vector(), (std::vector<double>{1, 1, 1, 1}));
+  norm.weight().value.copy_from(Tensor::from_vector(std::vector<float>{1, 2, 1, 0.5f}, {4}));
+  // x = [1, 2, 3, 4]: mean of squares 7.5.
+  const std::vector<double> y = norm.forward(Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {1, 4})).to_vector();
+  const double r = 1.0 / std::sqrt(7.5 + 1e-6);
+  const std::vector<double> want = {1 * r, 2 * 2 * r, 3 * r, 0.5 * 4 * r};
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(y[i], want[i], 1e-6) << i;
+
+  RMSNorm n6(6, "n6", 1e-5);
+  n6.weight().value.copy_from(random_tensor({6}, 3, 0.5, 1.5));
+  const Tensor x = random_tensor({2, 2, 6}, 5, -2.0, 2.0), w = random_tensor({2, 2, 6}, 6);
+  auto f = [&] { return weighted_sum(n6.forward(x), w); };
+  n6.zero_grad();
+  n6.forward(x);
+  const Tensor dx = n6.backward(w).clone();
+  expect_grad_matches(f, x, dx, 1e-2);
+  expect_grad_matches(f, n6.weight().value, n6.weight().grad.clone());
+  EXPECT_THROW(RMSNorm(0, "bad"), InvalidArgument);
+  EXPECT_THROW(RMSNorm(4, "bad", 0.0), InvalidArgument);
+  EXPECT_THAT(testing::error_of([&] { n6.forward(random_tensor({2, 5}, 1)); }),
+              ::testing::HasSubstr("does not end in dim 6"));
+}
+
+// SwiGLU MLP: down(silu(gate x) * up x) against the formula built from
+// plain Linears, Hugging Face Llama's names, gradients of the input and
+// every weight against finite differences, and the split backward equal to
+// the fused one.
+TEST(SwiGLUMLP, MatchesTheFormulaAndFiniteDifferences) {
+  SwiGLUMLP mlp({.width = 5, .hidden = 7, .prefix = "mlp", .seed = 3});
+  const std::vector<Parameter*> ps = mlp.parameters();
+  ASSERT_EQ(ps.size(), 3u);
+  EXPECT_EQ(ps[0]->name, "mlp.gate_proj.weight");
+  EXPECT_EQ(ps[1]->name, "mlp.up_proj.weight");
+  EXPECT_EQ(ps[2]->name, "mlp.down_proj.weight");
+  EXPECT_EQ(ps[2]->value.shape(), (std::vector<int64_t>{7, 5}));
+  const Tensor x = random_tensor({2, 3, 5}, 1), w = random_tensor({2, 3, 5}, 2);
+  const Tensor g = matmul(x.view({6, 5}), ps[0]->value), u = matmul(x.view({6, 5}), ps[1]->value);
+  std::vector<double> h = g.to_vector();
+  const std::vector<double> uv = u.to_vector();
+  for (size_t i = 0; i < h.size(); ++i) h[i] = h[i] / (1.0 + std::exp(-h[i])) * uv[i];
+  const std::vector<double> want = matmul(Tensor::from_vector(h, {6, 7}).to(DType::f32), ps[2]->value).to_vector();
+  const std::vector<double> got = mlp.forward(x).to_vector();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
+  auto f = [&] { return weighted_sum(mlp.forward(x), w); };
+  mlp.zero_grad();
+  mlp.forward(x);
+  const Tensor dx = mlp.backward(w).clone();
+  expect_grad_matches(f, x, dx, 1e-2);
+  std::vector<std::vector<double>> fused;
+  for (Parameter* p : ps) {
+    expect_grad_matches(f, p->value, p->grad.clone());
+    fused.push_back(p->grad.to_vector());
+  }
+  mlp.zero_grad();
+  mlp.forward(x);
+  EXPECT_EQ(mlp.backward_input(w, mlp.own_saved()).to_vector(), dx.to_vector());
+  mlp.backward_weight(mlp.own_saved());
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(ps[i]->grad.to_vector(), fused[i]) << ps[i]->name;
+  EXPECT_THROW(SwiGLUMLP({.width = 5, .hidden = 0, .prefix = "bad"}), InvalidArgument);
 }
 
 TEST(LayerNorm, WithoutAffineHasNoParameters) {

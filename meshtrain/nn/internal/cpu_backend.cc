@@ -398,15 +398,81 @@ class CpuBackend final : public functional::Backend {
     for (int64_t r = 0; r < rows; ++r) {
       const float* dyr = pdy + r * dim;
       const float* hr = ph + r * dim;
-      map2_f32(sb.data(), dyr, sb.data(), dim, [](auto s, auto d) { return s + d; });
+      if (dbeta.defined()) map2_f32(sb.data(), dyr, sb.data(), dim, [](auto s, auto d) { return s + d; });
       int64_t j = 0;
       for (; j + 4 <= dim; j += 4) store4(sg.data() + j, load4(sg.data() + j) + load4(dyr + j) * load4(hr + j));
       for (; j < dim; ++j) sg[static_cast<size_t>(j)] += dyr[j] * hr[j];
     }
-    float* gb = dbeta.data<float>();
+    if (dbeta.defined()) {
+      float* gb = dbeta.data<float>();
+      map2_f32(gb, sb.data(), gb, dim, [](auto a, auto c) { return a + c; });
+    }
     float* gg = dgamma.data<float>();
-    map2_f32(gb, sb.data(), gb, dim, [](auto a, auto c) { return a + c; });
     map2_f32(gg, sg.data(), gg, dim, [](auto a, auto c) { return a + c; });
+  }
+
+  void rms_norm_forward(const Tensor& xt, const Tensor& gamma, double eps, const Tensor& yt, const Tensor& xhat,
+                        const Tensor& rstdt) const override {
+    const int64_t rows = xt.size(0), dim = xt.size(1);
+    const float* px = xt.data<float>();
+    float* ph = xhat.data<float>();
+    float* py = yt.data<float>();
+    float* prstd = rstdt.data<float>();
+    const float* g = gamma.defined() ? gamma.data<float>() : nullptr;
+    const float inv_dim = 1.0f / static_cast<float>(dim);
+    // As LayerNorm's: rows over the rank's threads, each row's sum of
+    // squares in 8 f32 lanes, the same on any split.
+    parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(dim, 1)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = px + r * dim;
+        const float ms = lane_sum(
+                             dim,
+                             [xr](int64_t j) {
+                               const f32x4 v = load4(xr + j);
+                               return v * v;
+                             },
+                             [xr](int64_t j) { return xr[j] * xr[j]; }) *
+                         inv_dim;
+        const float rstd = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ms) + eps));
+        prstd[r] = rstd;
+        float* hr = ph + r * dim;
+        float* yr = py + r * dim;
+        map_f32(xr, hr, dim, [rstd](auto v) { return v * rstd; });
+        if (g != nullptr)
+          map2_f32(hr, g, yr, dim, [](auto h, auto w) { return h * w; });
+        else
+          std::copy(hr, hr + dim, yr);
+      }
+    });
+  }
+
+  void rms_norm_backward_input(const Tensor& dyt, const Tensor& xhat, const Tensor& rstdt, const Tensor& gamma,
+                               const Tensor& dxt) const override {
+    const int64_t rows = xhat.size(0), dim = xhat.size(1);
+    const float* pdy = dyt.data<float>();
+    const float* ph = xhat.data<float>();
+    const float* prstd = rstdt.data<float>();
+    float* pdx = dxt.data<float>();
+    const float* g = gamma.defined() ? gamma.data<float>() : nullptr;
+    const float inv_dim = 1.0f / static_cast<float>(dim);
+    parallel_for(rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(dim, 1)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* dyr = pdy + r * dim;
+        const float* hr = ph + r * dim;
+        float* dxr = pdx + r * dim;
+        // dxhat = dy * gamma (written into dx first); dx = rstd * (dxhat - xhat * mean(dxhat * xhat))
+        if (g != nullptr)
+          map2_f32(dyr, g, dxr, dim, [](auto d, auto w) { return d * w; });
+        else
+          std::copy(dyr, dyr + dim, dxr);
+        const float mean_dh_h = lane_sum(
+                                    dim, [dxr, hr](int64_t j) { return load4(dxr + j) * load4(hr + j); },
+                                    [dxr, hr](int64_t j) { return dxr[j] * hr[j]; }) *
+                                inv_dim;
+        const float rstd = prstd[r];
+        map2_f32(dxr, hr, dxr, dim, [rstd, mean_dh_h](auto d, auto h) { return rstd * (d - h * mean_dh_h); });
+      }
+    });
   }
 
   void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) const override {
