@@ -323,6 +323,23 @@ void rms_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor&
   dispatch(op, {&dy, &xhat, &rstd, &gamma, &dx})->rms_norm_backward_input(dy, xhat, rstd, gamma, dx);
 }
 
+void rotary_embedding(const Tensor& x, const Tensor& positions, double base, bool inverse, const Tensor& y) {
+  const char* op = "functional::rotary_embedding";
+  check(op, "x", x);
+  if (x.dim() != 3 || x.size(2) % 2 != 0)
+    throw InvalidArgument(op, fmt::format("x {}", shape_to_string(x.shape())),
+                          "pass (batch x heads, T, head dim) with an even head dim");
+  check(op, "y", y);
+  check_shape(op, "y", y, x.shape());
+  if (!positions.defined() || positions.dtype() != DType::i64 || positions.dim() != 1 ||
+      positions.size(0) != x.size(1) || !positions.is_contiguous())
+    throw InvalidArgument(op, fmt::format("positions {}", positions.defined() ? shape_to_string(positions.shape()) : "undefined"),
+                          fmt::format("pass ({}) i64 positions, one per time step", x.size(1)));
+  if (!(base > 1.0) || !std::isfinite(base))
+    throw InvalidArgument(op, fmt::format("base {}", base), "use a finite base > 1 (Llama: 10000 or 500000)");
+  dispatch(op, {&x, &y})->rotary_embedding(x, positions, base, inverse, y);
+}
+
 void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) {
   const char* op = "functional::dropout_mask";
   check(op, "scale", scale);

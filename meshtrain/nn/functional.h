@@ -145,6 +145,15 @@ void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx)
 // Accumulates dw (V, C) += dy^T x.
 void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw);
 
+// ---- rotary position embedding (RoPE; Llama's, Hugging Face's rotate_half pairing) ----
+// x, y (N, T, D) f32 contiguous (N = batch x heads), D even; positions (T)
+// i64, each token's global position p (context parallelism passes its
+// chunks' positions). For i < D/2, theta = p base^(-2i/D) (in double,
+// rounded once to f32 cos and sin):
+//   y[i] = x[i] cos - x[i + D/2] sin,  y[i + D/2] = x[i + D/2] cos + x[i] sin.
+// inverse: the rotation by -theta, which is the backward (dx from dy). y may be x.
+void rotary_embedding(const Tensor& x, const Tensor& positions, double base, bool inverse, const Tensor& y);
+
 // ---- attention ----
 // q, k, v, out (N, T, D) contiguous f32 (N = batch x heads); lse (N, T).
 // out = softmax(scale q k^T, keys after the query masked when causal) v,
@@ -223,6 +232,8 @@ class Backend {
                                 const Tensor& xhat, const Tensor& rstd) const = 0;
   virtual void rms_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tensor& rstd,
                                        const Tensor& gamma, const Tensor& dx) const = 0;
+  virtual void rotary_embedding(const Tensor& x, const Tensor& positions, double base, bool inverse,
+                                const Tensor& y) const = 0;
   virtual void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) const = 0;
   virtual double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) const = 0;
   virtual void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor,

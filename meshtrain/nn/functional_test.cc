@@ -186,6 +186,8 @@ class CountingBackend final : public F::Backend {
              (dy, h, r, g, dx))
   MT_FORWARD(layer_norm_backward_weight, (const Tensor& dy, const Tensor& h, const Tensor& dg, const Tensor& db),
              (dy, h, dg, db))
+  MT_FORWARD(rotary_embedding, (const Tensor& x, const Tensor& p, double base, bool inv, const Tensor& y),
+             (x, p, base, inv, y))
   MT_FORWARD(rms_norm_forward,
              (const Tensor& x, const Tensor& g, double eps, const Tensor& y, const Tensor& h, const Tensor& r),
              (x, g, eps, y, h, r))
@@ -249,6 +251,62 @@ class CountingBackend final : public F::Backend {
   std::unique_ptr<F::Backend> cpu_;
   int* calls_;
 };
+
+// Rotary embedding: Hugging Face Llama's rotate_half formula in double;
+// the inverse undoes it (it is the backward: a rotation's transpose), so
+// the gradient of sum(w y) is rotary(w, inverse) (finite differences); a
+// query-key dot product depends only on their positions' difference; bad
+// shapes and positions are refused.
+TEST(RotaryEmbedding, RotatesPairsAndDependsOnRelativePositions) {
+  const int64_t n = 2, t = 5, d = 8;
+  const double base = 10000.0;
+  const Tensor x = testing::random_tensor({n, t, d}, 3);
+  const Tensor pos = Tensor::from_vector(std::vector<int64_t>{0, 1, 2, 7, 100}, {t});
+  Tensor y = Tensor::empty({n, t, d}, DType::f32);
+  F::rotary_embedding(x, pos, base, false, y);
+  const std::vector<double> xv = x.to_vector(), yv = y.to_vector();
+  const std::vector<int64_t> p = {0, 1, 2, 7, 100};
+  for (int64_t r = 0; r < n * t; ++r)
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double theta = static_cast<double>(p[static_cast<size_t>(r % t)]) * std::pow(base, -2.0 * i / d);
+      const double a = xv[static_cast<size_t>(r * d + i)], b = xv[static_cast<size_t>(r * d + i + d / 2)];
+      EXPECT_NEAR(yv[static_cast<size_t>(r * d + i)], a * std::cos(theta) - b * std::sin(theta), 1e-6);
+      EXPECT_NEAR(yv[static_cast<size_t>(r * d + i + d / 2)], b * std::cos(theta) + a * std::sin(theta), 1e-6);
+    }
+  Tensor back = Tensor::empty({n, t, d}, DType::f32);
+  F::rotary_embedding(y, pos, base, true, back);
+  const std::vector<double> bv = back.to_vector();
+  for (size_t i = 0; i < bv.size(); ++i) EXPECT_NEAR(bv[i], xv[i], 1e-6);
+  // Gradient: d sum(w * rotary(x)) / dx = rotary(w, inverse).
+  const Tensor w = testing::random_tensor({n, t, d}, 4);
+  Tensor grad = Tensor::empty({n, t, d}, DType::f32);
+  F::rotary_embedding(w, pos, base, true, grad);
+  Tensor xr = x.clone();
+  auto f = [&] {
+    Tensor out = Tensor::empty({n, t, d}, DType::f32);
+    F::rotary_embedding(xr, pos, base, false, out);
+    return testing::weighted_sum(out, w);
+  };
+  testing::expect_grad_matches(f, xr, grad);
+  // q at position p and k at position p - 3 give the same dot product for every p.
+  const Tensor q = testing::random_tensor({1, 1, d}, 5), k = testing::random_tensor({1, 1, d}, 6);
+  auto dot_at = [&](int64_t pq, int64_t pk) {
+    Tensor rq = Tensor::empty({1, 1, d}, DType::f32), rk = Tensor::empty({1, 1, d}, DType::f32);
+    F::rotary_embedding(q, Tensor::from_vector(std::vector<int64_t>{pq}, {1}), base, false, rq);
+    F::rotary_embedding(k, Tensor::from_vector(std::vector<int64_t>{pk}, {1}), base, false, rk);
+    double s = 0;
+    const std::vector<double> a = rq.to_vector(), b = rk.to_vector();
+    for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+    return s;
+  };
+  for (const int64_t at : {3, 10, 50}) EXPECT_NEAR(dot_at(at, at - 3), dot_at(3, 0), 1e-5) << at;
+  EXPECT_THAT(testing::error_of([&] { F::rotary_embedding(testing::random_tensor({1, 5, 7}, 1), pos, base, false,
+                                                          Tensor::empty({1, 5, 7}, DType::f32)); }),
+              ::testing::HasSubstr("even head dim"));
+  EXPECT_THAT(testing::error_of([&] { F::rotary_embedding(x, pos.narrow(0, 0, 4).contiguous(), base, false, y); }),
+              ::testing::HasSubstr("i64 positions"));
+  EXPECT_THAT(testing::error_of([&] { F::rotary_embedding(x, pos, 1.0, false, y); }), ::testing::HasSubstr("base"));
+}
 
 // exp_approx within 3e-7 relative of libm's exp (in double) over the whole
 // float range it covers, and its edges: 0 below -87, inf above 88, NaN.

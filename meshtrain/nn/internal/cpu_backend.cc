@@ -475,6 +475,35 @@ class CpuBackend final : public functional::Backend {
     });
   }
 
+  void rotary_embedding(const Tensor& xt, const Tensor& positions, double base, bool inverse,
+                        const Tensor& yt) const override {
+    const int64_t n = xt.size(0), t = xt.size(1), d = xt.size(2), half = d / 2;
+    const int64_t* pos = positions.data<int64_t>();
+    // cos and sin per (step, pair), in double rounded once; then every row.
+    std::vector<float> cs(static_cast<size_t>(t * half)), sn(static_cast<size_t>(t * half));
+    for (int64_t j = 0; j < t; ++j)
+      for (int64_t i = 0; i < half; ++i) {
+        const double theta = static_cast<double>(pos[j]) * std::pow(base, -2.0 * static_cast<double>(i) / d);
+        cs[static_cast<size_t>(j * half + i)] = static_cast<float>(std::cos(theta));
+        sn[static_cast<size_t>(j * half + i)] = static_cast<float>(inverse ? -std::sin(theta) : std::sin(theta));
+      }
+    const float* px = xt.data<float>();
+    float* py = yt.data<float>();
+    parallel_for(n * t, std::max<int64_t>(1, (int64_t{1} << 14) / d), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* x = px + r * d;
+        float* y = py + r * d;
+        const float* c = cs.data() + (r % t) * half;
+        const float* s = sn.data() + (r % t) * half;
+        for (int64_t i = 0; i < half; ++i) {
+          const float a = x[i], b = x[i + half];
+          y[i] = a * c[i] - b * s[i];
+          y[i + half] = b * c[i] + a * s[i];
+        }
+      }
+    });
+  }
+
   void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) const override {
     float* s = scale.data<float>();
     const int64_t n = scale.numel();
