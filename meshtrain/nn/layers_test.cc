@@ -22,6 +22,7 @@
 #include "meshtrain/testing/testing.h"
 #include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/linear.h"
+#include "meshtrain/nn/llama.h"
 #include "meshtrain/nn/sequential.h"
 #include "meshtrain/nn/swiglu.h"
 
@@ -385,6 +386,77 @@ TEST(SwiGLUMLP, MatchesTheFormulaAndFiniteDifferences) {
   mlp.backward_weight(mlp.own_saved());
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(ps[i]->grad.to_vector(), fused[i]) << ps[i]->name;
   EXPECT_THROW(SwiGLUMLP({.width = 5, .hidden = 0, .prefix = "bad"}), InvalidArgument);
+}
+
+// Llama attention (4 query heads reading 2 key/value heads, head dim 4):
+// forward against a double-precision reference built from the module's
+// weights (projections, rotate_half RoPE at positions 0..T-1, causal
+// softmax, o_proj); gradients of the input and every weight against finite
+// differences; bad head counts refused.
+TEST(LlamaAttention, MatchesTheReferenceAndFiniteDifferences) {
+  const int64_t b = 2, t = 5, c = 16, hq = 4, hk = 2, d = c / hq;
+  LlamaAttention attn({.width = c, .heads = hq, .kv_heads = hk, .rope_base = 100.0, .prefix = "attn", .seed = 9,
+                       .init_std = 0.3});
+  const std::vector<Parameter*> ps = attn.parameters();
+  ASSERT_EQ(ps.size(), 4u);
+  EXPECT_EQ(ps[0]->name, "attn.q_proj.weight");
+  EXPECT_EQ(ps[1]->value.shape(), (std::vector<int64_t>{c, hk * d}));
+  EXPECT_EQ(ps[3]->name, "attn.o_proj.weight");
+  const Tensor x = random_tensor({b, t, c}, 1), w = random_tensor({b, t, c}, 2);
+  // The reference, in double.
+  const auto proj = [&](const Tensor& wt) { return matmul(x.view({b * t, c}), wt).to_vector(); };
+  const std::vector<double> q = proj(ps[0]->value), k = proj(ps[1]->value), v = proj(ps[2]->value);
+  const auto rope = [&](std::vector<double> row, int64_t pos) {  // one head's d values
+    std::vector<double> out(row.size());
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double th = static_cast<double>(pos) * std::pow(100.0, -2.0 * i / d);
+      out[i] = row[i] * std::cos(th) - row[i + d / 2] * std::sin(th);
+      out[i + d / 2] = row[i + d / 2] * std::cos(th) + row[i] * std::sin(th);
+    }
+    return out;
+  };
+  std::vector<double> merged(static_cast<size_t>(b * t * c));
+  for (int64_t s = 0; s < b; ++s)
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t kvh = h / (hq / hk);
+      const auto head = [&](const std::vector<double>& m, int64_t width, int64_t hh, int64_t i) {
+        const auto* p = m.data() + (s * t + i) * width + hh * d;
+        return std::vector<double>(p, p + d);
+      };
+      for (int64_t i = 0; i < t; ++i) {
+        const std::vector<double> qi = rope(head(q, hq * d, h, i), i);
+        std::vector<double> sc(static_cast<size_t>(i + 1));
+        double mx = -1e300;
+        for (int64_t j = 0; j <= i; ++j) {
+          const std::vector<double> kj = rope(head(k, hk * d, kvh, j), j);
+          double dot = 0;
+          for (int64_t e = 0; e < d; ++e) dot += qi[e] * kj[e];
+          sc[j] = dot / std::sqrt(static_cast<double>(d));
+          mx = std::max(mx, sc[j]);
+        }
+        double z = 0;
+        for (double& e : sc) z += (e = std::exp(e - mx));
+        for (int64_t j = 0; j <= i; ++j) {
+          const std::vector<double> vj = head(v, hk * d, kvh, j);
+          for (int64_t e = 0; e < d; ++e) merged[static_cast<size_t>((s * t + i) * c + h * d + e)] += sc[j] / z * vj[e];
+        }
+      }
+    }
+  const std::vector<double> want =
+      matmul(Tensor::from_vector(merged, {b * t, c}).to(DType::f32), ps[3]->value).to_vector();
+  const std::vector<double> got = attn.forward(x).to_vector();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::abs(want[i]))) << i;
+  auto f = [&] { return weighted_sum(attn.forward(x), w); };
+  attn.zero_grad();
+  attn.forward(x);
+  const Tensor dx = attn.backward(w).clone();
+  expect_grad_matches(f, x, dx, 1e-2);
+  for (Parameter* p : ps) expect_grad_matches(f, p->value, p->grad.clone());
+  EXPECT_THAT(testing::error_of([] { LlamaAttention({.width = 16, .heads = 4, .kv_heads = 3, .prefix = "a"}); }),
+              ::testing::HasSubstr("3 key/value heads for 4 query heads"));
+  EXPECT_THAT(testing::error_of([] { LlamaAttention({.width = 12, .heads = 4, .prefix = "a"}); }),
+              ::testing::HasSubstr("even head dims"));
 }
 
 TEST(LayerNorm, WithoutAffineHasNoParameters) {

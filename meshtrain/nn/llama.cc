@@ -1,0 +1,157 @@
+#include "meshtrain/nn/llama.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <tuple>
+
+#include "meshtrain/core/error.h"
+#include "meshtrain/core/ops.h"
+#include "meshtrain/nn/functional.h"
+#include "meshtrain/nn/internal/buffers.h"
+
+namespace meshtrain::nn {
+
+namespace F = functional;
+
+namespace {
+
+const LlamaAttentionConfig& checked(const LlamaAttentionConfig& c) {
+  const char* op = "LlamaAttention";
+  const int64_t kv = c.kv_heads == 0 ? c.heads : c.kv_heads;
+  if (c.heads < 1 || c.width % c.heads != 0 || (c.width / c.heads) % 2 != 0)
+    throw InvalidArgument(op, fmt::format("'{}': width {} over {} heads", c.prefix, c.width, c.heads),
+                          "pick a head count that divides the width into even head dims (rotary pairs)");
+  if (kv < 1 || c.heads % kv != 0)
+    throw InvalidArgument(op, fmt::format("'{}': {} key/value heads for {} query heads", c.prefix, kv, c.heads),
+                          "use a kv_heads that divides heads");
+  const int k = c.tensor.size();
+  if (kv % k != 0)
+    throw InvalidArgument(op,
+                          fmt::format("'{}': {} key/value heads over a tensor-parallel axis of {} ranks", c.prefix, kv,
+                                      k),
+                          "use a tensor axis size that divides kv_heads (replicated key/value heads are not "
+                          "supported yet)");
+  return c;
+}
+
+std::unique_ptr<Module> projection(const LlamaAttentionConfig& c, int64_t in, int64_t out, const char* name,
+                                   ChainRole role, double std) {
+  const LinearOptions o{.bias = false, .defer_init = c.defer_init, .init_std = std};
+  return make_chain_linear(in, out, internal::join_name(c.prefix, name), c.seed, o, c.tensor, role);
+}
+
+// (B, T, H D) -> (B H, T, D) (a copy).
+Tensor to_heads(const Tensor& x, int64_t heads) {
+  const int64_t b = x.size(0), t = x.size(1), d = x.size(2) / heads;
+  return x.contiguous().view({b, t, heads, d}).transpose(1, 2).contiguous().view({b * heads, t, d});
+}
+// (B H, T, D) -> (B, T, H D) (a copy).
+Tensor from_heads(const Tensor& x, int64_t b, int64_t heads) {
+  const int64_t t = x.size(1), d = x.size(2);
+  return x.view({b, heads, t, d}).transpose(1, 2).contiguous().view({b, t, heads * d});
+}
+// (B K, T, D) -> (B K g, T, D): each key/value head once per query head of its group.
+Tensor repeat_heads(const Tensor& x, int64_t group) {
+  if (group == 1) return x;
+  const int64_t n = x.size(0), t = x.size(1), d = x.size(2);
+  Tensor out = Tensor::empty({n, group, t, d}, DType::f32);
+  for (int64_t j = 0; j < group; ++j) out.select(1, j).copy_from(x);
+  return out.view({n * group, t, d});
+}
+// The inverse's gradient: (B K g, T, D) summed over each group -> (B K, T, D).
+Tensor sum_groups(const Tensor& x, int64_t group) {
+  if (group == 1) return x;
+  const int64_t n = x.size(0) / group, t = x.size(1), d = x.size(2);
+  const Tensor v = x.view({n, group, t, d});
+  Tensor out = v.select(1, 0).contiguous();
+  for (int64_t j = 1; j < group; ++j) add(out, v.select(1, j).contiguous(), out);
+  return out;
+}
+
+}  // namespace
+
+LlamaAttention::LlamaAttention(const LlamaAttentionConfig& config)
+    : config_(checked(config)),
+      heads_(config_.heads / config_.tensor.size()),
+      kv_heads_((config_.kv_heads == 0 ? config_.heads : config_.kv_heads) / config_.tensor.size()),
+      head_dim_(config_.width / config_.heads) {
+  const int64_t c = config_.width, d = head_dim_, kv = kv_heads_ * config_.tensor.size();
+  const double out_std = config_.out_std > 0.0 ? config_.out_std : config_.init_std;
+  q_ = projection(config_, c, config_.heads * d, "q_proj", ChainRole::column, config_.init_std);
+  k_ = projection(config_, c, kv * d, "k_proj", ChainRole::column, config_.init_std);
+  v_ = projection(config_, c, kv * d, "v_proj", ChainRole::column, config_.init_std);
+  o_ = projection(config_, config_.heads * d, c, "o_proj", ChainRole::row, out_std);
+  // What the strategies see: q's heads, k's and v's key/value heads.
+  for (Parameter* p : q_->parameters()) p->info.num_heads = config_.heads;
+  for (Parameter* p : k_->parameters()) p->info.num_heads = kv;
+  for (Parameter* p : v_->parameters()) p->info.num_heads = kv;
+}
+
+std::vector<Parameter*> LlamaAttention::parameters() {
+  std::vector<Parameter*> ps;
+  for (Module* m : children())
+    for (Parameter* p : m->parameters()) ps.push_back(p);
+  return ps;
+}
+
+Tensor LlamaAttention::do_forward(const Tensor& x, Saved& saved) {
+  if (x.dim() != 3 || x.size(2) != config_.width)
+    throw InvalidArgument("LlamaAttention::forward",
+                          fmt::format("'{}': input {} is not (B, T, {})", config_.prefix, shape_to_string(x.shape()),
+                                      config_.width),
+                          "pass (batch, time, width)");
+  State& st = saved.state<State>();
+  const Tensor q = q_->forward(x, saved.child(0));  // (B, T, Hq D) (sequence parallel: gathered)
+  const Tensor k = k_->forward(x, saved.child(1));
+  const Tensor v = v_->forward(x, saved.child(2));
+  st.b = q.size(0);
+  st.t = q.size(1);
+  std::vector<int64_t> pos(static_cast<size_t>(st.t));
+  for (int64_t i = 0; i < st.t; ++i) pos[static_cast<size_t>(i)] = i;
+  st.positions = Tensor::from_vector(pos, {st.t});
+  const double base = config_.rope_base;
+  st.q = to_heads(q, heads_);
+  F::rotary_embedding(st.q, st.positions, base, false, st.q);
+  Tensor kh = to_heads(k, kv_heads_);
+  F::rotary_embedding(kh, st.positions, base, false, kh);
+  const int64_t group = heads_ / kv_heads_;
+  st.k = repeat_heads(kh, group);
+  st.v = repeat_heads(to_heads(v, kv_heads_), group);
+  st.out = Tensor::empty(st.q.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  st.lse = Tensor::empty({st.q.size(0), st.t}, DType::f32, Device{}, tracker_, MemoryCategory::activations);
+  F::attention_forward(st.q, st.k, st.v, /*causal=*/true, 1.0 / std::sqrt(static_cast<double>(head_dim_)), st.out,
+                       st.lse);
+  return o_->forward(from_heads(st.out, st.b, heads_), saved.child(3));
+}
+
+Tensor LlamaAttention::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  State& st = saved.state<State>();
+  const Tensor dmerged = o_->backward_input(grad_out, saved.child(3));  // (B, T, Hq D)
+  const Tensor g = to_heads(dmerged, heads_);
+  Tensor dq = Tensor::empty(st.q.shape(), DType::f32), dk = Tensor::empty(st.q.shape(), DType::f32),
+         dv = Tensor::empty(st.q.shape(), DType::f32);
+  F::attention_backward(st.q, st.k, st.v, st.out, st.lse, g, true, 1.0 / std::sqrt(static_cast<double>(head_dim_)),
+                        dq, dk, dv);
+  const int64_t group = heads_ / kv_heads_;
+  Tensor dkh = sum_groups(dk, group), dvh = sum_groups(dv, group);
+  F::rotary_embedding(dq, st.positions, config_.rope_base, true, dq);
+  F::rotary_embedding(dkh, st.positions, config_.rope_base, true, dkh);
+  st.q = st.k = st.v = st.out = st.lse = Tensor();
+  Tensor dx = q_->backward_input(from_heads(dq, st.b, heads_), saved.child(0));
+  for (auto [m, d, i] : {std::tuple{k_.get(), &dkh, size_t{1}}, {v_.get(), &dvh, size_t{2}}}) {
+    const Tensor part = m->backward_input(from_heads(*d, st.b, kv_heads_), saved.child(i));
+    add(dx, part, dx);
+  }
+  return dx;
+}
+
+// Reverse definition order: o, v, k, q.
+void LlamaAttention::do_backward_weight(Saved& saved) {
+  o_->backward_weight(saved.child(3));
+  v_->backward_weight(saved.child(2));
+  k_->backward_weight(saved.child(1));
+  q_->backward_weight(saved.child(0));
+}
+
+}  // namespace meshtrain::nn

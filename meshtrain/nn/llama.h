@@ -1,0 +1,73 @@
+// Llama's attention: grouped-query causal self-attention with rotary
+// position embeddings, no biases, Hugging Face Llama's names.
+//
+//   nn::LlamaAttention attn({.width = 512, .heads = 8, .kv_heads = 2, .prefix = "model.layers.0.self_attn"});
+//   // q_proj (512, 512), k_proj (512, 128), v_proj (512, 128), o_proj (512, 512)
+//   Tensor y = attn.forward(x);    // (B, T, 512) -> (B, T, 512); token t at position t
+//
+// q = q_proj(x) split into `heads` heads of width / heads; k and v into
+// `kv_heads` heads (dividing heads: query head h reads key/value head
+// h / (heads / kv_heads), grouped-query attention; kv_heads = heads is
+// multi-head attention); q and k rotated by functional::rotary_embedding
+// (rope_base) at positions 0..T-1; causal attention by the blockwise kernel
+// (nn::functional::attention_*), scale 1/sqrt(head dim); o_proj back to
+// width. Tensor parallelism (config.tensor of k ranks): q, k and v
+// column-parallel by whole heads (each rank holds heads / k query heads and
+// the kv_heads / k key/value heads they read; kv_heads must divide by k,
+// InvalidArgument otherwise), o_proj row-parallel; with sequence
+// parallelism the input and output hold the rank's T / k steps (the
+// projections gather and reduce-scatter; communication overlap as the group
+// says). Context parallelism is not supported here (yet). Backward sums
+// the repeated key/value heads' gradients back per group and rotates dq,
+// dk back (the rotation's inverse).
+// Thread-safety: one thread at a time (a module belongs to one rank).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshtrain/nn/module.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
+
+namespace meshtrain::nn {
+
+struct LlamaAttentionConfig {
+  int64_t width = 0;        // model width, divisible by heads
+  int64_t heads = 0;        // query heads
+  int64_t kv_heads = 0;     // key/value heads, dividing heads (0: heads)
+  double rope_base = 10000.0;  // RoPE's theta (Llama 3: 500000)
+  std::string prefix;       // module path
+  uint64_t seed = 0;
+  double init_std = 0.02;   // projections ~ N(0, init_std); o_proj's: out_std when > 0
+  double out_std = 0.0;
+  bool defer_init = false;
+  TensorParallelGroup tensor = {};
+};
+
+class LlamaAttention final : public Module {
+ public:
+  explicit LlamaAttention(const LlamaAttentionConfig& config);
+  std::vector<Parameter*> parameters() override;
+  std::vector<Module*> children() override { return {q_.get(), k_.get(), v_.get(), o_.get()}; }
+  const LlamaAttentionConfig& config() const { return config_; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  std::string describe() const override { return "LlamaAttention '" + config_.prefix + "'"; }
+
+ private:
+  struct State {
+    int64_t b = 0, t = 0;
+    Tensor positions;               // (T) i64
+    Tensor q, k, v, out, lse;       // q, out (B Hq, T, D) rotated; k, v (B Hq, T, D) repeated per query head
+  };
+  LlamaAttentionConfig config_;
+  int64_t heads_, kv_heads_, head_dim_;  // this rank's heads
+  std::unique_ptr<Module> q_, k_, v_, o_;
+};
+
+}  // namespace meshtrain::nn
