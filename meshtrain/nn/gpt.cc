@@ -9,6 +9,7 @@
 #include "meshtrain/nn/activations.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
+#include "meshtrain/nn/internal/pre_norm.h"
 
 namespace meshtrain::nn {
 
@@ -229,45 +230,14 @@ std::vector<Parameter*> GPTBlock::parameters() {
   return ps;
 }
 
-Tensor GPTBlock::do_forward(const Tensor& x, Saved& saved) {
-  // x + attn(ln_1(x)), then h + mlp(ln_2(h)); the sums are new tensors
-  // (the branches keep what they need themselves).
-  const Tensor a = attn_.forward(ln_1_.forward(x, saved.child(kLn1)), saved.child(kAttn));
-  Tensor h = Tensor::empty(x.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
-  add(x.contiguous(), a, h);
-  const Tensor m = mlp_.forward(ln_2_.forward(h, saved.child(kLn2)), saved.child(kMlp));
-  Tensor y = Tensor::empty(x.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
-  add(h, m, y);
-  return y;
-}
+internal::PreNormBlock GPTBlock::block() { return {ln_1_, attn_, ln_2_, mlp_}; }
 
-template <typename Step>
-Tensor GPTBlock::residual_backward(const Tensor& dy, Saved& saved, Step step) {
-  const Tensor g = dy.contiguous();
-  const Tensor dm = step(ln_2_, step(mlp_, g, saved.child(kMlp)), saved.child(kLn2));
-  Tensor dh = Tensor::empty(g.shape(), DType::f32);
-  add(g, dm, dh);  // the residual passes dy straight through
-  const Tensor da = step(ln_1_, step(attn_, dh, saved.child(kAttn)), saved.child(kLn1));
-  Tensor dx = Tensor::empty(g.shape(), DType::f32);
-  add(dh, da, dx);
-  return dx;
-}
-
-Tensor GPTBlock::do_backward(const Tensor& grad_out, Saved& saved) {
-  return residual_backward(grad_out, saved, [](Module& m, const Tensor& g, Saved& s) { return m.backward(g, s); });
-}
-
+Tensor GPTBlock::do_forward(const Tensor& x, Saved& saved) { return block().forward(x, saved, tracker_); }
+Tensor GPTBlock::do_backward(const Tensor& grad_out, Saved& saved) { return block().backward(grad_out, saved); }
 Tensor GPTBlock::do_backward_input(const Tensor& grad_out, Saved& saved) {
-  return residual_backward(grad_out, saved,
-                           [](Module& m, const Tensor& g, Saved& s) { return m.backward_input(g, s); });
+  return block().backward_input(grad_out, saved);
 }
-
-void GPTBlock::do_backward_weight(Saved& saved) {
-  mlp_.backward_weight(saved.child(kMlp));
-  ln_2_.backward_weight(saved.child(kLn2));
-  attn_.backward_weight(saved.child(kAttn));
-  ln_1_.backward_weight(saved.child(kLn1));
-}
+void GPTBlock::do_backward_weight(Saved& saved) { block().backward_weight(saved); }
 
 // ---- GPT ----
 

@@ -55,6 +55,10 @@
 
 namespace meshtrain::nn {
 
+namespace internal {
+struct PreNormBlock;  // internal/pre_norm.h
+}  // namespace internal
+
 struct GPTConfig {
   int64_t vocab = 8192;
   int64_t block_size = 128;  // longest sequence (rows of wpe)
@@ -161,10 +165,7 @@ class GPTBlock final : public Module {
   std::string describe() const override { return "GPTBlock '" + name_ + "'"; }
 
  private:
-  enum Slot : size_t { kLn1 = 0, kAttn, kLn2, kMlp };
-  // The residual backward with `step` running each branch's backward.
-  template <typename Step>
-  Tensor residual_backward(const Tensor& dy, Saved& saved, Step step);
+  internal::PreNormBlock block();  // ln_1, attn, ln_2, mlp: the shared pre-norm residual
   std::string name_;
   LayerNorm ln_1_;
   CausalSelfAttention attn_;

@@ -459,6 +459,50 @@ TEST(LlamaAttention, MatchesTheReferenceAndFiniteDifferences) {
               ::testing::HasSubstr("even head dims"));
 }
 
+// A Llama block: Hugging Face Llama's names in definition order, the
+// residual projections at out_std, x + attn(norm(x)) then h + mlp(norm(h))
+// (checked through the modules' own outputs), and every gradient against
+// finite differences, fused and split backward alike.
+TEST(LlamaBlock, PreNormResidualsAndFiniteDifferences) {
+  LlamaBlock block({.width = 8, .heads = 2, .kv_heads = 1, .ffn_hidden = 12, .prefix = "layers.0", .seed = 4,
+                    .init_std = 0.3, .out_std = 0.1});
+  std::vector<std::string> names;
+  for (const Parameter* p : block.parameters()) names.push_back(p->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"layers.0.input_layernorm.weight", "layers.0.self_attn.q_proj.weight",
+                                              "layers.0.self_attn.k_proj.weight", "layers.0.self_attn.v_proj.weight",
+                                              "layers.0.self_attn.o_proj.weight",
+                                              "layers.0.post_attention_layernorm.weight",
+                                              "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
+                                              "layers.0.mlp.down_proj.weight"}));
+  const std::vector<Parameter*> ps = block.parameters();
+  const auto stddev = [](const Tensor& t) {
+    double s = 0;
+    for (double v : t.to_vector()) s += v * v;
+    return std::sqrt(s / static_cast<double>(t.numel()));
+  };
+  EXPECT_GT(stddev(ps[1]->value), 0.2);  // q_proj at 0.3
+  EXPECT_LT(stddev(ps[4]->value), 0.15);  // o_proj at 0.1
+  EXPECT_LT(stddev(ps[8]->value), 0.15);  // down_proj at 0.1
+  for (Parameter* p : ps)  // norms off 1 so their gradients matter
+    if (p->value.dim() == 1) p->value.copy_from(random_tensor({8}, 7, 0.5, 1.5));
+  const Tensor x = random_tensor({2, 3, 8}, 1), w = random_tensor({2, 3, 8}, 2);
+  auto f = [&] { return weighted_sum(block.forward(x), w); };
+  block.zero_grad();
+  block.forward(x);
+  const Tensor dx = block.backward(w).clone();
+  expect_grad_matches(f, x, dx, 1e-2);
+  std::vector<std::vector<double>> fused;
+  for (Parameter* p : ps) {
+    expect_grad_matches(f, p->value, p->grad.clone(), 1e-2);
+    fused.push_back(p->grad.to_vector());
+  }
+  block.zero_grad();
+  block.forward(x);
+  EXPECT_EQ(block.backward_input(w, block.own_saved()).to_vector(), dx.to_vector());
+  block.backward_weight(block.own_saved());
+  for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(ps[i]->grad.to_vector(), fused[i]) << ps[i]->name;
+}
+
 TEST(LayerNorm, WithoutAffineHasNoParameters) {
   LayerNorm ln(5, "ln", 1e-5, /*affine=*/false);
   EXPECT_TRUE(ln.parameters().empty());

@@ -9,6 +9,7 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
+#include "meshtrain/nn/internal/pre_norm.h"
 
 namespace meshtrain::nn {
 
@@ -153,5 +154,53 @@ void LlamaAttention::do_backward_weight(Saved& saved) {
   k_->backward_weight(saved.child(1));
   q_->backward_weight(saved.child(0));
 }
+
+// ---- LlamaBlock ----
+
+namespace {
+
+LlamaAttentionConfig block_attention(const LlamaBlockConfig& c) {
+  return {.width = c.width, .heads = c.heads, .kv_heads = c.kv_heads, .rope_base = c.rope_base,
+          .prefix = internal::join_name(c.prefix, "self_attn"), .seed = c.seed, .init_std = c.init_std,
+          .out_std = c.out_std, .defer_init = c.defer_init, .tensor = c.tensor};
+}
+
+SwiGLUConfig block_mlp(const LlamaBlockConfig& c) {
+  if (c.ffn_hidden < 1)
+    throw InvalidArgument("LlamaBlock", fmt::format("'{}': ffn_hidden {}", c.prefix, c.ffn_hidden),
+                          "use an MLP width >= 1");
+  return {.width = c.width, .hidden = c.ffn_hidden, .prefix = internal::join_name(c.prefix, "mlp"),
+          .seed = c.seed, .init_std = c.init_std, .out_std = c.out_std, .defer_init = c.defer_init,
+          .tensor = c.tensor};
+}
+
+}  // namespace
+
+LlamaBlock::LlamaBlock(const LlamaBlockConfig& config)
+    : prefix_(config.prefix),
+      input_norm_(config.width, internal::join_name(config.prefix, "input_layernorm"), config.norm_eps,
+                  config.defer_init),
+      attn_(block_attention(config)),
+      post_norm_(config.width, internal::join_name(config.prefix, "post_attention_layernorm"),
+                 config.norm_eps, config.defer_init),
+      mlp_(block_mlp(config)) {
+  for (RMSNorm* n : {&input_norm_, &post_norm_})
+    for (Parameter* p : n->parameters()) p->sequence_parallel = config.tensor.splits_sequence();
+}
+
+std::vector<Parameter*> LlamaBlock::parameters() {
+  std::vector<Parameter*> ps;
+  for (Module* m : children())
+    for (Parameter* p : m->parameters()) ps.push_back(p);
+  return ps;
+}
+
+internal::PreNormBlock LlamaBlock::block() { return {input_norm_, attn_, post_norm_, mlp_}; }
+Tensor LlamaBlock::do_forward(const Tensor& x, Saved& saved) { return block().forward(x, saved, tracker_); }
+Tensor LlamaBlock::do_backward(const Tensor& grad_out, Saved& saved) { return block().backward(grad_out, saved); }
+Tensor LlamaBlock::do_backward_input(const Tensor& grad_out, Saved& saved) {
+  return block().backward_input(grad_out, saved);
+}
+void LlamaBlock::do_backward_weight(Saved& saved) { block().backward_weight(saved); }
 
 }  // namespace meshtrain::nn

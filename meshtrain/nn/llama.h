@@ -1,5 +1,7 @@
-// Llama's attention: grouped-query causal self-attention with rotary
-// position embeddings, no biases, Hugging Face Llama's names.
+// Llama's decoder pieces: the attention (grouped-query causal
+// self-attention with rotary position embeddings, no biases) and the block
+// (pre-RMSNorm residuals around it and a SwiGLU MLP), under Hugging Face
+// Llama's names.
 //
 //   nn::LlamaAttention attn({.width = 512, .heads = 8, .kv_heads = 2, .prefix = "model.layers.0.self_attn"});
 //   // q_proj (512, 512), k_proj (512, 128), v_proj (512, 128), o_proj (512, 512)
@@ -28,17 +30,23 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/nn/parallel/tensor_parallel.h"
+#include "meshtrain/nn/swiglu.h"
 
 namespace meshtrain::nn {
+
+namespace internal {
+struct PreNormBlock;  // internal/pre_norm.h
+}  // namespace internal
 
 struct LlamaAttentionConfig {
   int64_t width = 0;        // model width, divisible by heads
   int64_t heads = 0;        // query heads
   int64_t kv_heads = 0;     // key/value heads, dividing heads (0: heads)
   double rope_base = 10000.0;  // RoPE's theta (Llama 3: 500000)
-  std::string prefix;       // module path
+  std::string prefix = "";  // module path
   uint64_t seed = 0;
   double init_std = 0.02;   // projections ~ N(0, init_std); o_proj's: out_std when > 0
   double out_std = 0.0;
@@ -68,6 +76,48 @@ class LlamaAttention final : public Module {
   LlamaAttentionConfig config_;
   int64_t heads_, kv_heads_, head_dim_;  // this rank's heads
   std::unique_ptr<Module> q_, k_, v_, o_;
+};
+
+// One Llama decoder block: h = x + self_attn(input_layernorm(x)), y = h +
+// mlp(post_attention_layernorm(h)), RMSNorms (eps norm_eps) and a SwiGLU
+// MLP of ffn_hidden features (swiglu.h). Tensor parallelism as its parts;
+// with sequence parallelism the norms see the rank's T / k steps (their
+// weights' gradients are partial sums: Parameter::sequence_parallel).
+//
+//   nn::LlamaBlock block({.width = 512, .heads = 8, .kv_heads = 2, .ffn_hidden = 1376, .prefix = "model.layers.0"});
+struct LlamaBlockConfig {
+  int64_t width = 0, heads = 0, kv_heads = 0;  // the attention's (LlamaAttentionConfig)
+  double rope_base = 10000.0;
+  int64_t ffn_hidden = 0;          // >= 1
+  double norm_eps = 1e-6;
+  std::string prefix = "";
+  uint64_t seed = 0;
+  double init_std = 0.02;  // every projection ~ N(0, init_std); the residual ones (o_proj, down_proj): out_std
+  double out_std = 0.0;    // > 0: the residual projections' std (GPT-2's 0.02 / sqrt(2 layers))
+  bool defer_init = false;
+  TensorParallelGroup tensor = {};
+};
+
+class LlamaBlock final : public Module {
+ public:
+  explicit LlamaBlock(const LlamaBlockConfig& config);
+  std::vector<Parameter*> parameters() override;
+  std::vector<Module*> children() override { return {&input_norm_, &attn_, &post_norm_, &mlp_}; }
+
+ protected:
+  Tensor do_forward(const Tensor& x, Saved& saved) override;
+  Tensor do_backward_input(const Tensor& grad_out, Saved& saved) override;
+  void do_backward_weight(Saved& saved) override;
+  Tensor do_backward(const Tensor& grad_out, Saved& saved) override;
+  std::string describe() const override { return "LlamaBlock '" + prefix_ + "'"; }
+
+ private:
+  internal::PreNormBlock block();
+  std::string prefix_;
+  RMSNorm input_norm_;
+  LlamaAttention attn_;
+  RMSNorm post_norm_;
+  SwiGLUMLP mlp_;
 };
 
 }  // namespace meshtrain::nn

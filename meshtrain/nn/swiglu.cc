@@ -12,7 +12,8 @@ namespace meshtrain::nn {
 namespace {
 
 std::unique_ptr<Module> projection(const SwiGLUConfig& c, int64_t in, int64_t out, const char* name, ChainRole role) {
-  LinearOptions o{.bias = false, .defer_init = c.defer_init, .init_std = c.init_std};
+  const double std = role == ChainRole::row && c.out_std > 0.0 ? c.out_std : c.init_std;
+  LinearOptions o{.bias = false, .defer_init = c.defer_init, .init_std = std};
   return make_chain_linear(in, out, internal::join_name(c.prefix, name), c.seed, o, c.tensor, role);
 }
 

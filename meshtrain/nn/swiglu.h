@@ -34,9 +34,10 @@ namespace meshtrain::nn {
 struct SwiGLUConfig {
   int64_t width = 0;              // input and output features, >= 1
   int64_t hidden = 0;             // hidden features, >= 1 (Llama: about 8/3 width, rounded)
-  std::string prefix;             // module path ("" at the root)
+  std::string prefix = "";        // module path ("" at the root)
   uint64_t seed = 0;              // initialization seed
   double init_std = 0.0;          // > 0: N(0, init_std) weights (see above)
+  double out_std = 0.0;           // > 0: down_proj's std instead (a residual projection's, scaled by depth)
   bool defer_init = false;        // LinearOptions::defer_init
   TensorParallelGroup tensor = {};  // split over these ranks (see above)
 };

@@ -214,6 +214,50 @@ TEST(TensorParallelLlama, AttentionEqualsTheUnshardedOne) {
                });
 }
 
+// A Llama block over 2 ranks, plain, sequence-parallel (its RMSNorms'
+// gradients then partial: summed by reduce_sequence_parallel_grads) and
+// with overlap, equals the unsharded block.
+TEST(TensorParallelLlama, BlockEqualsTheUnshardedOne) {
+  const LlamaBlockConfig base{.width = 16, .heads = 4, .kv_heads = 2, .ffn_hidden = 20, .prefix = "layers.0",
+                              .seed = 6, .init_std = 0.3, .out_std = 0.1};
+  LlamaBlock ref(base);
+  for (Parameter* p : ref.parameters())
+    if (p->value.dim() == 1) p->value.copy_from(randn({16}, p->name.c_str()));  // norms off 1
+  const Tensor x = randn({2, 4, 16}, "x"), dy = randn({2, 4, 16}, "dy");
+  const Tensor y_ref = ref.forward(x).contiguous();
+  const Tensor dx_ref = ref.backward(dy).contiguous();
+  const std::vector<Parameter*> rp = ref.parameters();
+  for (const bool sp : {false, true})
+    for (const bool overlap : {false, true})
+      comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
+                   [&](comm::Communicator& world) {
+                     LlamaBlockConfig c = base;
+                     c.tensor = {.comm = &world, .sequence_parallel = sp, .overlap = overlap};
+                     LlamaBlock tp(c);
+                     const std::vector<Parameter*> ps = tp.parameters();
+                     ASSERT_EQ(ps.size(), rp.size());
+                     std::vector<std::string> partial;
+                     for (size_t i = 0; i < ps.size(); ++i) {
+                       ps[i]->value.copy_from(
+                           Tensor::from_vector(block_of(rp[i]->value, ps[i]->placement), ps[i]->value.shape()));
+                       if (ps[i]->sequence_parallel) partial.push_back(ps[i]->name);
+                     }
+                     EXPECT_EQ(partial.size(), sp ? 2u : 0u);
+                     const std::string what = fmt::format("sp {} overlap {} rank {}", sp, overlap, world.rank());
+                     const auto mine = [&](const Tensor& t) {
+                       return sp ? t.narrow(1, world.rank() * 2, 2).contiguous() : t;
+                     };
+                     expect_near(tp.forward(mine(x)).contiguous().to_vector(), mine(y_ref).to_vector(), 1e-5,
+                                 what + " y");
+                     expect_near(tp.backward(mine(dy)).contiguous().to_vector(), mine(dx_ref).to_vector(), 1e-5,
+                                 what + " dx");
+                     reduce_sequence_parallel_grads(ps, partial, c.tensor);
+                     for (size_t i = 0; i < ps.size(); ++i)
+                       expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, ps[i]->placement), 1e-5,
+                                   what + " " + ps[i]->name + " grad");
+                   });
+}
+
 // Megatron's pairs along a Linear chain; an odd chain leaves its lighter end whole.
 TEST(TensorParallelChain, PairsLayersAndLeavesTheLighterEndWhole) {
   using R = ChainRole;
