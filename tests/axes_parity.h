@@ -26,12 +26,14 @@ struct AxesLayout {
   std::string cp_comm = "ring";
   std::string zeropp = "";  // ZeRO++ parts ("qwz,qgz,hpz")
   bool tp_overlap = false;
+  bool llama = false;  // Llama's blocks (kv_heads 2, no dropout)
 
   // "fsdp=2,pipeline=2 zero3 zb", ...
   std::string name() const {
     const bool pipeline = mesh.find("pipeline") != std::string::npos;
     const bool context = mesh.find("context") != std::string::npos;
-    return fmt::format("{}{}{}{}{}{}{}{}", mesh.empty() ? "one device" : mesh, fsdp.empty() ? "" : " " + fsdp,
+    return fmt::format("{}{}{}{}{}{}{}{}{}", llama ? "llama " : "", mesh.empty() ? "one device" : mesh,
+                       fsdp.empty() ? "" : " " + fsdp,
                        sequence_parallel ? " +sp" : "", tp_overlap ? " +overlap" : "", pipeline ? " " + schedule : "",
                        context ? " " + cp_comm : "", reshard_after_forward ? "" : " no-reshard",
                        zeropp.empty() ? "" : " zeropp " + zeropp);
@@ -51,6 +53,11 @@ inline train::TrainConfig axes_config(const AxesLayout& l, const std::string& ta
   tc.batch_size = 16;
   tc.sequence_parallel = l.sequence_parallel;
   tc.tp_overlap = l.tp_overlap;
+  if (l.llama) {
+    tc.arch = layout::DecoderArch::llama;
+    tc.kv_heads = 2;
+    tc.dropout = 0.0;
+  }
   tc.set("fsdp", l.fsdp, "AxesLayout.fsdp");
   tc.set("pipeline_schedule", l.schedule, "AxesLayout.schedule");
   tc.reshard_after_forward = l.reshard_after_forward;

@@ -16,6 +16,8 @@
 //   data=2 x context=2 x pipeline=2, and with sequence parallelism
 //   (context=2 x tensor=2; context=2 x tensor=3, padding each context
 //   rank's 20 steps to 21; pipeline=2 x context=2 x tensor=2 under zb).
+// - Llama's blocks: data x tensor (sequence parallel, overlap), ZeRO-3
+//   under zb, pipeline x tensor.
 // - Tensor parallelism's communication overlap (--tp-overlap): its rings
 //   at tensor=3 with sequence parallelism, under zb's split backward, and
 //   its blocked all-reduces without sequence parallelism.
@@ -45,18 +47,22 @@ train::TrainResult train_gpt(const Layout& l, const std::string& tag) {
   return r;
 }
 
-const train::TrainResult& one_device() {
-  static const train::TrainResult r = train_gpt({}, "one");
+// The one-device run of the layout's model (GPT-2's blocks, or Llama's).
+const train::TrainResult& one_device(bool llama = false) {
+  static const train::TrainResult gpt2 = train_gpt({}, "one");
+  if (!llama) return gpt2;
+  static const train::TrainResult r = train_gpt({.llama = true}, "one_llama");
   return r;
 }
 
 void expect_one_device(const Layout& l, const std::string& tag) {
   const std::string what = l.name();
   const train::TrainResult r = train_gpt(l, tag);
-  ASSERT_EQ(one_device().step_losses.size(), static_cast<size_t>(kAxesSteps)) << what;
-  for (const std::string& p : testing::run_differences(r, one_device(), 1e-5)) ADD_FAILURE() << what << ": " << p;
+  const train::TrainResult& one = one_device(l.llama);
+  ASSERT_EQ(one.step_losses.size(), static_cast<size_t>(kAxesSteps)) << what;
+  for (const std::string& p : testing::run_differences(r, one, 1e-5)) ADD_FAILURE() << what << ": " << p;
   fmt::print("{:<32} {} steps, final loss {:.6f} (one device {:.6f})\n", what, r.step_losses.size(),
-             r.step_losses.back(), one_device().step_losses.back());
+             r.step_losses.back(), one.step_losses.back());
 }
 
 TEST(AxesParity, SequenceParallelPadsWithDropout) {
@@ -72,6 +78,18 @@ TEST(AxesParity, TensorCommunicationOverlap) {
   expect_one_device({.mesh = "pipeline=2,tensor=2", .sequence_parallel = true, .schedule = "zb", .tp_overlap = true},
                     "pipeline_tensor_sp_overlap");
   expect_one_device({.mesh = "data=2,tensor=2", .tp_overlap = true}, "data_tensor_overlap");
+}
+
+// Llama's blocks (6 query heads, 2 key/value heads) through the trainer
+// equal one device: data x tensor with sequence parallelism and overlap,
+// ZeRO-3 under the zero-bubble schedule, and pipeline x tensor.
+TEST(AxesParity, LlamaBlocks) {
+  expect_one_device({.mesh = "data=2,tensor=2", .sequence_parallel = true, .tp_overlap = true, .llama = true},
+                    "llama_data_tensor_sp");
+  expect_one_device({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3", .schedule = "zb", .llama = true},
+                    "llama_fsdp_pipeline");
+  expect_one_device({.mesh = "pipeline=2,tensor=2", .sequence_parallel = true, .llama = true},
+                    "llama_pipeline_tensor_sp");
 }
 
 TEST(AxesParity, SequenceParallelPadsInAPipeline) {

@@ -80,6 +80,14 @@ ScheduleKind parse_schedule_kind(std::string_view name) {
 
 std::string_view to_string(ScheduleKind kind) { return kScheduleNames[static_cast<size_t>(kind)]; }
 
+DecoderArch parse_decoder_arch(std::string_view text, std::string_view what) {
+  for (size_t i = 0; i < kDecoderArchNames.size(); ++i)
+    if (text == kDecoderArchNames[i]) return static_cast<DecoderArch>(i);
+  throw InvalidArgument(std::string(what), fmt::format("architecture '{}'", text), "use gpt2 or llama");
+}
+
+std::string_view decoder_arch_name(DecoderArch a) { return kDecoderArchNames[static_cast<size_t>(a)]; }
+
 ContextComm parse_context_comm(std::string_view text, std::string_view what) {
   if (text == "ring") return ContextComm::ring;
   if (text == "all_to_all" || text == "all-to-all" || text == "ulysses") return ContextComm::all_to_all;

@@ -7,6 +7,7 @@
 //   layout::parse_fsdp_mode("hybrid_full");                   // {zero3, hybrid}
 //   layout::parse_schedule_kind("zb");                        // ScheduleKind::zero_bubble
 //   layout::parse_context_comm("all_to_all");                 // ContextComm::all_to_all
+//   layout::parse_decoder_arch("llama");                       // DecoderArch::llama
 //   layout::parse_zeropp("qwz,hpz", "--zeropp");              // {.qwz = true, .hpz = true}
 //
 // Thread-safety: constants and pure functions. Errors: InvalidArgument
@@ -82,6 +83,14 @@ std::string_view to_string(ScheduleKind kind);
 
 // How a context-parallel attention layer meets the other ranks' tokens:
 // ring (K/V blocks passed around) or all_to_all (DeepSpeed Ulysses).
+// --- decoder architecture ------------------------------------------------
+
+// The GPT recipe's blocks: GPT-2's or Llama's (nn/gpt.h, nn/llama.h).
+enum class DecoderArch : uint8_t { gpt2, llama };
+inline constexpr std::array<std::string_view, 2> kDecoderArchNames = {"gpt2", "llama"};
+DecoderArch parse_decoder_arch(std::string_view text, std::string_view what = "--arch");
+std::string_view decoder_arch_name(DecoderArch a);
+
 enum class ContextComm : uint8_t { ring, all_to_all };
 inline constexpr std::array<std::string_view, 2> kContextCommNames = {"ring", "all_to_all"};
 // "ring", "all_to_all" (also "all-to-all", "ulysses").

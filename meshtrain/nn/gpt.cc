@@ -10,6 +10,7 @@
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 #include "meshtrain/nn/internal/pre_norm.h"
+#include "meshtrain/nn/llama.h"
 
 namespace meshtrain::nn {
 
@@ -244,6 +245,11 @@ void GPTBlock::do_backward_weight(Saved& saved) { block().backward_weight(saved)
 namespace {
 
 const GPTConfig& checked(const GPTConfig& c) {
+  if (c.arch == layout::DecoderArch::llama && (c.context.active() || c.dropout > 0.0))
+    throw InvalidArgument("GPT",
+                          fmt::format("arch llama with {}", c.context.active() ? "a context axis" : "dropout"),
+                          "Llama's blocks take no context parallelism and no dropout yet: use arch gpt2, or drop "
+                          "the context axis and set dropout 0");
   if (c.vocab < 1 || c.block_size < 1 || c.layers < 0 || c.heads < 1 || c.width < 1 || c.width % c.heads != 0 ||
       !(c.dropout >= 0.0 && c.dropout < 1.0))
     throw InvalidArgument("GPT",
@@ -260,25 +266,44 @@ const GPTConfig& checked(const GPTConfig& c) {
 
 }  // namespace
 
+// Llama's default MLP width: 8/3 width rounded up to a multiple of 64.
+int64_t llama_ffn_hidden(const GPTConfig& c) {
+  return c.ffn_hidden > 0 ? c.ffn_hidden : (8 * c.width / 3 + 63) / 64 * 64;
+}
+
 GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
   const GPTConfig& c = config_;
+  const bool llama = c.arch == layout::DecoderArch::llama;
   if (c.embed || c.head)
     wte_.emplace(c.vocab, c.width, "wte", c.seed,
                  EmbeddingOptions{.defer_init = c.defer_init, .tensor = c.tensor});  // vocabulary-parallel
   if (c.embed) {
-    wpe_.emplace(c.block_size, c.width, "wpe", c.seed,
-                 EmbeddingOptions{.defer_init = c.defer_init, .kind = sharding::ParamKind::other});
+    if (!llama) {
+      wpe_.emplace(c.block_size, c.width, "wpe", c.seed,
+                   EmbeddingOptions{.defer_init = c.defer_init, .kind = sharding::ParamKind::other});
+      mark_sequence_parallel(*wpe_, c.tensor);
+    }
     drop_.emplace(c.dropout, "drop", c.seed, sequence_shard(c.tensor, c.context));
-    mark_sequence_parallel(*wpe_, c.tensor);
   }
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(c.layers, 1)));
   for (int64_t i = c.first_block; i < (c.last_block < 0 ? c.layers : c.last_block); ++i) {
-    auto& block = h_.add(std::make_unique<GPTBlock>(c.width, c.heads, join_name("h", std::to_string(i)), c.seed,
-                                                    proj_std, c.defer_init, c.dropout, c.tensor, c.context));
-    block.set_recompute(c.recompute);
+    const std::string name = join_name("h", std::to_string(i));
+    std::unique_ptr<Module> block;
+    if (llama)
+      block = std::make_unique<LlamaBlock>(LlamaBlockConfig{
+          .width = c.width, .heads = c.heads, .kv_heads = c.kv_heads, .rope_base = c.rope_base,
+          .ffn_hidden = llama_ffn_hidden(c), .norm_eps = 1e-5, .prefix = name, .seed = c.seed, .init_std = 0.02,
+          .out_std = proj_std, .defer_init = c.defer_init, .tensor = c.tensor});
+    else
+      block = std::make_unique<GPTBlock>(c.width, c.heads, name, c.seed, proj_std, c.defer_init, c.dropout, c.tensor,
+                                         c.context);
+    h_.add(std::move(block)).set_recompute(c.recompute);
   }
   if (c.head) {
-    ln_f_.emplace(c.width, "ln_f", 1e-5, true, c.defer_init);
+    if (llama)
+      ln_f_ = std::make_unique<RMSNorm>(c.width, "ln_f", 1e-5, c.defer_init);
+    else
+      ln_f_ = std::make_unique<LayerNorm>(c.width, "ln_f", 1e-5, true, c.defer_init);
     mark_sequence_parallel(*ln_f_, c.tensor);
   }
   if (c.embed && c.head) wte_->weight().users = 2;  // the embedding and the tied output head
@@ -294,9 +319,10 @@ std::vector<Parameter*> GPT::parameters() {
 std::vector<Module*> GPT::children() {
   std::vector<Module*> out;
   if (wte_) out.push_back(&*wte_);
-  if (wpe_) out.insert(out.end(), {&*wpe_, &*drop_});
+  if (wpe_) out.push_back(&*wpe_);
+  if (drop_) out.push_back(&*drop_);
   out.push_back(&h_);
-  if (ln_f_) out.push_back(&*ln_f_);
+  if (ln_f_) out.push_back(ln_f_.get());
   return out;
 }
 
@@ -311,6 +337,7 @@ std::vector<Module*> GPT::fsdp_units() {
 
 void GPT::set_context_split(bool on) {
   split_context_ = on;
+  if (config_.arch != layout::DecoderArch::gpt2) return;  // no context parallelism (checked)
   for (Module* b : h_.children()) static_cast<GPTBlock*>(b)->attention().set_context_split(on);
 }
 
@@ -424,6 +451,7 @@ Tensor GPT::embed(const Tensor& ids, Saved& saved) {
 Tensor GPT::embed_sum(const Tensor& in, Saved& saved) {
   State& st = saved.state<State>();
   const Tensor tok = wte_->forward(in, saved.child(kWte));            // (B, steps, C)
+  if (!wpe_) return drop_->forward(tok, saved.child(kDrop));          // Llama: positions are rotary
   const Tensor pos = wpe_->forward(st.positions, saved.child(kWpe));  // (steps, C)
   Tensor x = Tensor::empty(tok.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
   for (int64_t b = 0; b < st.b; ++b) add(tok.select(0, b), pos, x.select(0, b));
@@ -472,10 +500,11 @@ template <typename Step>
 void GPT::embed_backward(const Tensor& dx, Saved& saved, Step step) {
   const State& st = saved.state<State>();
   const Tensor de = step(*drop_, dx, saved.child(kDrop));
-  // The position table is shared by the batch.
-  Tensor dpos = Tensor::zeros({de.size(1), config_.width}, DType::f32);
-  for (int64_t b = 0; b < st.b; ++b) add(dpos, de.select(0, b), dpos);
-  step(*wpe_, dpos, saved.child(kWpe));
+  if (wpe_) {  // the position table is shared by the batch
+    Tensor dpos = Tensor::zeros({de.size(1), config_.width}, DType::f32);
+    for (int64_t b = 0; b < st.b; ++b) add(dpos, de.select(0, b), dpos);
+    step(*wpe_, dpos, saved.child(kWpe));
+  }
   step(*wte_, de, saved.child(kWte));
 }
 
@@ -499,7 +528,7 @@ void GPT::do_backward_weight(Saved& saved) {
   h_.backward_weight(saved.child(kBlocks));
   if (!config_.embed) return;
   drop_->backward_weight(saved.child(kDrop));
-  wpe_->backward_weight(saved.child(kWpe));
+  if (wpe_) wpe_->backward_weight(saved.child(kWpe));
   wte_->backward_weight(saved.child(kWte));
 }
 

@@ -7,6 +7,14 @@
 //   double loss = ce.forward(logits, targets.view({B * T}));
 //   gpt.backward(ce.backward());                  // grads += ...; returns undefined (ids)
 //
+// Llama (config.arch = llama): the same container (wte, blocks "h.<i>",
+// ln_f, the tied head) with llama.h's LlamaBlock ("h.0.self_attn.q_proj",
+// "h.0.mlp.gate_proj", ...), an RMSNorm ln_f and no wpe (positions are
+// rotary, inside attention); weights ~ N(0, 0.02), the residual
+// projections as GPT-2's. Tensor, sequence and pipeline parallelism and
+// fully sharded data parallelism work as for GPT-2; context parallelism and
+// dropout are refused (InvalidArgument) for now.
+//
 // Architecture (GPT-2): token embedding "wte" (vocab, width) plus learned
 // position embedding "wpe" (block_size, width); `layers` pre-LayerNorm
 // blocks "h.<i>": x + attn(ln_1(x)), then x + mlp(ln_2(x)), where attn is
@@ -44,6 +52,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/nn/parallel/context_parallel.h"
 #include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/embedding.h"
@@ -60,6 +69,15 @@ struct PreNormBlock;  // internal/pre_norm.h
 }  // namespace internal
 
 struct GPTConfig {
+  // The blocks: GPT-2's (LayerNorm, learned positions "wpe", GELU MLP,
+  // biases) or Llama's (llama.h: RMSNorm, rotary positions, grouped-query
+  // attention, SwiGLU MLP, no biases; no wpe). layout/vocabulary.h names them.
+  layout::DecoderArch arch = layout::DecoderArch::gpt2;
+  // Llama's: key/value heads (0: heads; dividing heads), RoPE's base, and
+  // the SwiGLU MLP's features (0: 8/3 width rounded up to a multiple of 64).
+  int64_t kv_heads = 0;
+  double rope_base = 10000.0;
+  int64_t ffn_hidden = 0;
   int64_t vocab = 8192;
   int64_t block_size = 128;  // longest sequence (rows of wpe)
   int64_t layers = 4;
@@ -244,10 +262,10 @@ class GPT final : public Module {
     if (config_.embed) return fn();
     wte_->use_parameters(pass, fn);
   }
-  std::optional<Embedding> wpe_;  // with the embeddings
+  std::optional<Embedding> wpe_;  // with the embeddings (GPT-2)
   std::optional<Dropout> drop_;   // on the embeddings' sum
   Sequential h_;
-  std::optional<LayerNorm> ln_f_;  // with the head
+  std::unique_ptr<Module> ln_f_;  // with the head: LayerNorm (GPT-2) or RMSNorm (Llama)
 };
 
 }  // namespace meshtrain::nn

@@ -77,7 +77,8 @@ Evaluation summary(double loss, double unigram) {
 
 // The model's sizes and options as the config gives them (one rank, unsplit).
 nn::GPTConfig gpt_config(const TrainConfig& tc) {
-  return {.vocab = tc.vocab, .block_size = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width,
+  return {.arch = tc.arch, .kv_heads = tc.kv_heads, .rope_base = tc.rope_base, .ffn_hidden = tc.ffn_hidden,
+          .vocab = tc.vocab, .block_size = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width,
           .recompute = tc.recompute, .dropout = tc.dropout};
 }
 
@@ -88,6 +89,19 @@ void check_gpt_layout(const TrainConfig& tc, const layout::TrainingLayout& l) {
   if (tc.heads % tensor != 0)
     throw InvalidArgument("--heads", fmt::format("{} heads over a tensor axis of {}", tc.heads, tensor),
                           "use a tensor axis size that divides the number of heads (each rank holds whole heads)");
+  if (tc.arch == layout::DecoderArch::llama) {
+    const int kv = tc.kv_heads == 0 ? tc.heads : tc.kv_heads;
+    if (tc.heads % kv != 0)
+      throw InvalidArgument("--kv-heads", fmt::format("{} key/value heads for {} heads", kv, tc.heads),
+                            "use a kv_heads that divides heads");
+    if (kv % tensor != 0)
+      throw InvalidArgument("--kv-heads", fmt::format("{} key/value heads over a tensor axis of {}", kv, tensor),
+                            "use a tensor axis size that divides kv_heads (replicated key/value heads: not yet)");
+    if (context > 1 || tc.dropout > 0.0)
+      throw InvalidArgument("--arch llama", context > 1 ? "a context axis" : fmt::format("dropout {}", tc.dropout),
+                            "Llama's blocks take no context parallelism and no dropout yet: drop the context axis "
+                            "and set dropout 0, or use --arch gpt2");
+  }
   if (context > 1) {
     nn::check_context_length(tc.context, context, tc.cp_load_balance, "--seq-len (context)");
     const int64_t local_heads = tc.heads / tensor;

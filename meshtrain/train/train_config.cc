@@ -152,6 +152,19 @@ const TrainField kFields[] = {
     {"layers", "--layers", "GPT: transformer blocks (1 to 1024)", MT_INT(layers, 1, 1024)},
     {"heads", "--heads", "GPT: attention heads, dividing width (1 to 1024)", MT_INT(heads, 1, 1024)},
     {"width", "--width", "GPT: model width (1 to 65536)", MT_INT(width, 1, kMaxWidth)},
+    {"arch", "--arch", "GPT: gpt2 (GPT-2's blocks) | llama (RMSNorm, rotary positions, grouped-query attention, "
+     "SwiGLU MLP, no biases)",
+     [](TrainConfig& c, std::string_view t, std::string_view s) {
+       const auto parse = [](std::string_view x) { return layout::parse_decoder_arch(x); };
+       c.arch = choice(parse, t, s, "arch", "use gpt2 or llama");
+     },
+     [](const TrainConfig& c) { return std::string(layout::decoder_arch_name(c.arch)); }, TrainFieldKind::string},
+    {"kv_heads", "--kv-heads", "GPT llama: key/value heads, dividing heads (0: heads, multi-head attention)",
+     MT_INT(kv_heads, 0, 1024)},
+    {"rope_base", "--rope-base", "GPT llama: the rotary embedding's base (> 1; Llama 3: 500000)",
+     MT_DBL(rope_base, {.min = 1, .min_open = true})},
+    {"ffn_hidden", "--ffn-hidden", "GPT llama: the SwiGLU MLP's width (0: 8/3 width, rounded up to a multiple of 64)",
+     MT_INT(ffn_hidden, 0, 4 * kMaxWidth)},
     {"recompute", "--recompute", "GPT: recompute each block's activations in backward", MT_BOOL(recompute)},
     {"sequence_parallel", "--sequence-parallel",
      "GPT with a tensor axis: split the activations outside the tensor-parallel regions along the sequence",

@@ -47,7 +47,11 @@ struct TrainConfig {
   std::string model = "mlp";
   std::vector<int> hidden = {512, 512, 256};  // MLP hidden sizes (VAE: encoder/decoder widths)
   int latent = 20;                           // VAE latent size
-  // GPT (model = "gpt"): a GPT-2 decoder on a text corpus.
+  // GPT (model = "gpt"): a GPT-2 (or Llama) decoder on a text corpus.
+  layout::DecoderArch arch = layout::DecoderArch::gpt2;  // GPT-2's blocks or Llama's (nn/gpt.h)
+  int kv_heads = 0;                          // Llama: key/value heads (0: heads), dividing heads
+  double rope_base = 10000.0;                // Llama: RoPE's base
+  int ffn_hidden = 0;                        // Llama: the SwiGLU MLP's width (0: 8/3 width, rounded up to 64)
   int vocab = 8192;                          // BPE vocabulary (the tokenizer is trained to it)
   int context = 64;                          // tokens per sample (T)
   int layers = 4;

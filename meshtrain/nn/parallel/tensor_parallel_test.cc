@@ -13,6 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 #include <mutex>
@@ -574,6 +575,69 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
                  EXPECT_THAT(testing::error_of([&] { GPT bad(c); }),
                              ::testing::HasSubstr("4 heads over a tensor-parallel axis of 3 ranks"));
                });
+}
+
+// The GPT container with Llama's blocks (4 query heads, 2 key/value heads,
+// no wpe, RMSNorm ln_f) split over 1 and 2 ranks, plain, sequence-parallel
+// and with overlap, equals the unsharded model: initial blocks bit for
+// bit, the loss and every gradient block within 1e-5; context parallelism
+// and dropout are refused.
+TEST(TensorParallelGpt, LlamaEqualsTheUnshardedModel) {
+  const GPTConfig base{.arch = layout::DecoderArch::llama, .kv_heads = 2, .ffn_hidden = 24, .vocab = 13,
+                       .block_size = 8, .layers = 2, .heads = 4, .width = 16, .seed = 7};
+  std::vector<int64_t> ids(2 * 8), next(2 * 8);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 13), next[i] = static_cast<int64_t>((i * 7 + 3) % 13);
+  const Tensor x = Tensor::from_vector(ids, {2, 8}), y = Tensor::from_vector(next, {16});
+  GPT ref(base);
+  std::vector<std::string> names;
+  for (const Parameter* p : ref.parameters()) names.push_back(p->name);
+  EXPECT_EQ(names.front(), "wte.weight");
+  EXPECT_EQ(names[1], "h.0.input_layernorm.weight");
+  EXPECT_EQ(names.back(), "ln_f.weight");
+  EXPECT_EQ(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.find("wpe") != std::string::npos; }),
+            0);
+  CrossEntropyLoss ce;
+  const double want = ce.forward(ref.forward(x), y);
+  ref.backward(ce.backward());
+  const std::vector<Parameter*> rp = ref.parameters();
+  struct Mode {
+    int k;
+    bool sp, overlap;
+  };
+  for (const Mode m : {Mode{1, false, false}, Mode{2, false, false}, Mode{2, true, false}, Mode{2, true, true}})
+    comm::launch({.engine = comm::Engine::threads, .ranks = m.k, .timeout = std::chrono::seconds(30)},
+                 [&](comm::Communicator& world) {
+                   GPTConfig c = base;
+                   c.tensor = {.comm = &world, .sequence_parallel = m.sp, .overlap = m.overlap};
+                   GPT tp(c);
+                   VocabParallelCrossEntropy vce(c.tensor, base.vocab);
+                   const double got = vce.forward(tp.forward(x), y);
+                   tp.backward(vce.backward());
+                   const std::string what = fmt::format("k {} sp {} overlap {}", m.k, m.sp, m.overlap);
+                   EXPECT_NEAR(got, want, 1e-5 * want) << what;
+                   std::vector<Parameter*> ps = tp.parameters();
+                   std::vector<std::string> partial;
+                   for (const Parameter* p : ps)
+                     if (p->sequence_parallel) partial.push_back(p->name);
+                   EXPECT_EQ(partial.size(), m.sp && m.k > 1 ? 2u * base.layers + 1 : 0u) << what;
+                   reduce_sequence_parallel_grads(ps, partial, c.tensor);
+                   ASSERT_EQ(ps.size(), rp.size());
+                   for (size_t i = 0; i < ps.size(); ++i) {
+                     ASSERT_EQ(ps[i]->name, rp[i]->name);
+                     std::vector<float> init(static_cast<size_t>(rp[i]->value.numel()));
+                     rp[i]->init(0, static_cast<int64_t>(init.size()), init.data());
+                     const Tensor whole =
+                         Tensor::from_vector(std::vector<double>(init.begin(), init.end()), rp[i]->info.shape);
+                     ASSERT_EQ(ps[i]->value.to_vector(), block_of(whole, ps[i]->placement)) << what << " " << ps[i]->name;
+                     expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, ps[i]->placement), 1e-5,
+                                 what + " " + ps[i]->name + " grad");
+                   }
+                 });
+  GPTConfig bad = base;
+  bad.dropout = 0.1;
+  EXPECT_THAT(testing::error_of([&] { GPT g(bad); }), ::testing::HasSubstr("arch llama with dropout"));
+  EXPECT_THAT(testing::error_of([] { (void)layout::parse_decoder_arch("llama2", "--arch"); }),
+              ::testing::HasSubstr("use gpt2 or llama"));
 }
 
 // The seeds' API describes the runtime: for every parameter of a GPT split
