@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <map>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/testing/parity.h"
@@ -228,6 +229,48 @@ TEST(CheckpointResume, ExportAndInitFromRoundTrip) {
 }
 
 // The MLP's Linear weights leave in nn.Linear's (out, in), the biases as they are.
+// A Llama run exports under Hugging Face Llama's names and layout
+// (model.layers.<i>.self_attn.q_proj.weight as nn.Linear's (out, in), no
+// wpe, model.norm.weight, the tied head without lm_head), and --init-from
+// reads that file back into the run's values bit for bit on another mesh.
+TEST(CheckpointResume, LlamaExportsHuggingFaceNames) {
+  train::TrainConfig tc = config_of({.mesh = "data=2,tensor=2"}, "export_llama");
+  tc.arch = layout::DecoderArch::llama;
+  tc.kv_heads = 2;
+  tc.dropout = 0.0;
+  tc.max_steps = 2;
+  const train::TrainResult r = train({.mesh = "data=2,tensor=2"}, tc);
+  const std::string file = (fs::temp_directory_path() / "meshtrain_export_llama.safetensors").string();
+  EXPECT_THAT(train::export_model(tc.run_dir, file), HasSubstr("model llama, "));
+  const train::NamedTensors exported = checkpoint::load_safetensors(file);
+  ASSERT_EQ(exported.size(), r.final_parameters.size());
+  std::map<std::string, Tensor> by_name(exported.begin(), exported.end());
+  for (const char* name : {"model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                           "model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight",
+                           "model.norm.weight"})
+    EXPECT_EQ(by_name.count(name), 1u) << name;
+  for (const auto& [name, t] : by_name) EXPECT_EQ(name.find("wpe"), std::string::npos) << name;
+  for (const auto& [name, want] : r.final_parameters) {
+    if (name != "h.0.self_attn.k_proj.weight") continue;
+    const Tensor& got = by_name.at("model.layers.0.self_attn.k_proj.weight");
+    ASSERT_EQ(got.shape(), (std::vector<int64_t>{want.shape()[1], want.shape()[0]}));  // (out, in)
+    EXPECT_EQ(got.to_vector(), want.transpose(0, 1).contiguous().to_vector());
+  }
+  train::TrainConfig again = config_of({.mesh = "fsdp=2"}, "init_llama");
+  again.arch = layout::DecoderArch::llama;
+  again.kv_heads = 2;
+  again.dropout = 0.0;
+  again.set("fsdp", "zero3", "test");
+  again.init_from = file;
+  again.lr = 1e-30;  // the step changes nothing
+  again.max_steps = 1;
+  const train::TrainResult back = train({.mesh = "fsdp=2"}, again);
+  ASSERT_EQ(back.final_parameters.size(), r.final_parameters.size());
+  for (size_t i = 0; i < back.final_parameters.size(); ++i)
+    EXPECT_EQ(back.final_parameters[i].second.to_vector(), r.final_parameters[i].second.to_vector())
+        << back.final_parameters[i].first;
+}
+
 TEST(CheckpointResume, ExportTransposesTheMlpsLinears) {
   train::TrainConfig tc;
   tc.hidden = {64, 32};

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <string_view>
+#include <utility>
+
 #include "meshtrain/checkpoint/safetensors.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
@@ -11,11 +14,29 @@ namespace {
 
 // Models whose Linear weights PyTorch stores as (out, in): every 2-D
 // "*.weight" of theirs is an nn.Linear's.
-bool transposes_linears(const std::string& model) { return model == "mlp" || model == "vae"; }
+bool transposes_linears(const std::string& model) { return model == "mlp" || model == "vae" || model == "llama"; }
 bool known(const std::string& model) { return transposes_linears(model) || model == "gpt"; }
 
+// The GPT container's Llama names <-> Hugging Face Llama's (the blocks'
+// inner names are already theirs).
+const std::pair<std::string_view, std::string_view> kLlamaPrefixes[] = {
+    {"wte.", "model.embed_tokens."}, {"h.", "model.layers."}, {"ln_f.", "model.norm."}};
+
+NamedTensors rename_llama(NamedTensors tensors, bool to_torch) {
+  for (auto& [name, t] : tensors)
+    for (const auto& [ours, theirs] : kLlamaPrefixes) {
+      const std::string_view from = to_torch ? ours : theirs, to = to_torch ? theirs : ours;
+      if (name.rfind(from, 0) == 0) {
+        name = std::string(to) + name.substr(from.size());
+        break;
+      }
+    }
+  return tensors;
+}
+
 bool is_linear_weight(const std::string& name, const Tensor& t) {
-  return t.dim() == 2 && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+  const bool embedding = name.find("embed_tokens") != std::string::npos || name.rfind("wte.", 0) == 0;
+  return t.dim() == 2 && !embedding && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
 }
 
 Tensor transposed(const Tensor& t) {
@@ -39,10 +60,12 @@ NamedTensors transpose_linears(const std::string& model, NamedTensors tensors) {
 }  // namespace
 
 NamedTensors to_torch_layout(const std::string& model, NamedTensors tensors) {
-  return transpose_linears(model, std::move(tensors));
+  tensors = transpose_linears(model, std::move(tensors));
+  return model == "llama" ? rename_llama(std::move(tensors), true) : tensors;
 }
 
 NamedTensors from_torch_layout(const std::string& model, NamedTensors tensors) {
+  if (model == "llama") tensors = rename_llama(std::move(tensors), false);
   return transpose_linears(model, std::move(tensors));  // a transpose is its own inverse
 }
 

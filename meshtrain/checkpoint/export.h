@@ -11,6 +11,10 @@
 //   model.safetensors (wte.weight, wpe.weight, h.<i>.ln_1.weight,
 //   h.<i>.attn.c_attn.weight (in, 3 C), ..., ln_f.bias; Conv1D weights
 //   are (in, out), as meshtrain keeps them); the head is tied to wte.
+// - llama (the GPT recipe with arch llama): Hugging Face Llama's names and
+//   layout (model.embed_tokens.weight, model.layers.<i>.self_attn.q_proj.weight
+//   (out, in), ..., model.norm.weight); the head is tied to embed_tokens
+//   (tie_word_embeddings), so no lm_head.weight is written.
 // - mlp, vae: PyTorch's nn.Sequential / nn.Linear names (0.weight,
 //   3.weight, ...; encoder.0.weight, fc_mu.weight, ...) with Linear weights
 //   transposed to nn.Linear's (out, in).

@@ -40,6 +40,10 @@ std::optional<std::string> checkpoint_of(const std::string& run, std::optional<i
 
 }  // namespace
 
+std::string torch_layout_model(const TrainConfig& tc) {
+  return tc.model == "gpt" && tc.arch == layout::DecoderArch::llama ? "llama" : tc.model;
+}
+
 RunModel read_run_model(const std::string& run_dir, std::optional<int64_t> step, const char* op) {
   RunModel r;
   if (const auto dir = checkpoint_of(run_dir, step)) {
@@ -69,6 +73,9 @@ RunModel read_run_model(const std::string& run_dir, std::optional<int64_t> step,
     r.source = file;
   }
   if (r.tensors.empty()) throw IoError(op, fmt::format("{} holds no model tensors", r.source), "");
+  // The GPT recipe's architecture is the run's config's (checkpoints name the recipe).
+  if (const fs::path config = fs::path(run_dir) / "config.toml"; r.model == "gpt" && fs::exists(config))
+    r.model = torch_layout_model(TrainConfig::from_toml_file(config.string()));
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "meshtrain/checkpoint/export.h"
+#include "meshtrain/train/train_config.h"
 
 namespace meshtrain::train {
 
@@ -26,10 +27,15 @@ using checkpoint::NamedTensors;
 // refuses an `out` inside the run directory.
 std::string export_model(const std::string& run_dir, const std::string& out, std::optional<int64_t> step = {});
 
+// The name of the PyTorch layout a run's model is exported in
+// (checkpoint/export.h): the recipe's, but "llama" for the GPT recipe with
+// arch llama.
+std::string torch_layout_model(const TrainConfig& tc);
+
 // The whole model of a run, in meshtrain's names and layout (what
 // export_model writes, before PyTorch's layout): from the same place.
 struct RunModel {
-  std::string model;     // the recipe: "gpt", "mlp", ...
+  std::string model;     // the recipe's layout name: "gpt", "llama", "mlp", ... (torch_layout_model)
   NamedTensors tensors;  // every parameter, whole
   std::string source;    // "<run>/checkpoints/step_00000020 (step 20)" or the model file
 };

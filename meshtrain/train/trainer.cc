@@ -531,7 +531,7 @@ class Run {
   // --init-from, or --resume (returns the step it resumes from); then the
   // loaded masters are published (rounded copies, zero1/2's full parameters).
   void init_from_file() {
-    const NamedTensors tensors = load_model_file(tc_.init_from, tc_.model);
+    const NamedTensors tensors = load_model_file(tc_.init_from, torch_layout_model(tc_));
     std::vector<int32_t> used(tensors.size(), 0);  // per tensor: some rank took a part of it
     internal::on_every_rank(*world_, "--init-from", used, [&] { used = checkpoint().load_model(tensors, tc_.init_from); });
     parallel_->after_step();
