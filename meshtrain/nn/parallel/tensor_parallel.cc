@@ -120,16 +120,16 @@ int64_t local_steps(const Tensor& x, const TensorParallelGroup& g, const char* o
 // The ranks' time steps side by side, (B, T, ...) <-> (k, B, T/k, ...):
 // block-major order, where block j holds rank j's time steps of every
 // sample (the order all_gather fills and reduce_scatter reads). A copy
-// (B = 1: the same memory, a view); callers profile it with their collective.
-Tensor to_blocks(const Tensor& natural, int64_t k, MemoryTracker* tracker) {
+// (B = 1: the same memory, a view); callers profile it with their
+// collective. to_blocks' copy is charged as its input is (a clone);
+// from_blocks' to `tracker` as activations.
+Tensor to_blocks(const Tensor& natural, int64_t k) {
   const int64_t b = natural.size(0), rest = natural.numel() / (b * k);
   std::vector<int64_t> shape = natural.shape();
   shape[1] /= k;
   shape.insert(shape.begin(), k);
   if (b == 1) return natural.view(shape);
-  Tensor out = Tensor::empty(shape, DType::f32, Device{}, tracker, MemoryCategory::activations);
-  out.view({k, b, rest}).copy_from(natural.view({b, k, rest}).transpose(0, 1));
-  return out;
+  return natural.view({b, k, rest}).transpose(0, 1).contiguous().view(shape);
 }
 Tensor from_blocks(const Tensor& blocks, MemoryTracker* tracker) {
   const int64_t k = blocks.size(0), b = blocks.size(1), rest = blocks.numel() / (k * b);
@@ -145,8 +145,8 @@ Tensor block_of(const Tensor& blocks, int64_t j) {
   return blocks.narrow(0, j, 1).view({blocks.shape().begin() + 1, blocks.shape().end()});
 }
 
-// The overlap rings' point-to-point tag ("tp"): ring steps are waited in
-// order, so one tag keeps their messages apart from nothing else on the
+// The overlap rings' point-to-point tag ("tp"). One tag suffices: ring
+// steps are waited in order, and nothing else sends point to point on the
 // tensor communicator.
 constexpr int kRingTag = 0x7470;
 
@@ -307,7 +307,7 @@ Tensor reduce_scatter_sequence(const Tensor& full, const TensorParallelGroup& g,
   Tensor send;
   {
     const functional::ProfileScope scope("tp reorder");
-    send = to_blocks(x, g.size(), nullptr);
+    send = to_blocks(x, g.size());
   }
   Tensor out = Tensor::empty(local, DType::f32, Device{}, tracker, MemoryCategory::activations);
   const functional::ProfileScope scope("tp reduce_scatter");
@@ -453,7 +453,7 @@ Tensor ColumnParallelLinear::overlapped_backward(const Tensor& grad_out, Saved& 
   Tensor dyb;
   {
     const functional::ProfileScope profile("tp reorder");
-    dyb = to_blocks(dy, group_.size(), tracker_);
+    dyb = to_blocks(dy, group_.size());
   }
   ReduceScatterRing ring(group_, dyb.numel() / dyb.size(-1) / group_.size() * local_.in_features(), tracker_,
                          "tp reduce_scatter");
@@ -554,7 +554,7 @@ Tensor RowParallelLinear::overlapped_forward(const Tensor& x, Saved& saved) {
   Tensor xb;
   {
     const functional::ProfileScope profile("tp reorder");
-    xb = to_blocks(xf, group_.size(), tracker_);
+    xb = to_blocks(xf, group_.size());
   }
   ReduceScatterRing ring(group_, xb.numel() / xb.size(-1) / group_.size() * local_.out_features(), tracker_,
                          "tp reduce_scatter");
