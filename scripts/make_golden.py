@@ -3,7 +3,7 @@
 
     /usr/bin/python3 scripts/make_golden.py golden/   # Debian's python3 with python3-torch
 
-For a small MLP, a small VAE and a small GPT it stores, in safetensors files: the inputs,
+For a small MLP, a small VAE, a small GPT and a small Llama-style GPT it stores, in safetensors files: the inputs,
 the initial weights (Linear weights transposed to meshtrain's (in, out)
 convention), the loss, every gradient after one backward, and the losses of
 10 AdamW steps on the same batch (weight decay 0.01 on weights only, as
@@ -227,11 +227,125 @@ def gpt(outdir):
          dict(cfg, version=VERSION, torch=torch.__version__, optimizer="adamw lr 1e-3 wd 0.01 on matrices"))
 
 
+class Llama(torch.nn.Module):
+    """Llama's decoder as Hugging Face's LlamaForCausalLM computes it (RMSNorm,
+    rotate_half rotary embeddings, grouped-query attention, SwiGLU, no biases),
+    with the head tied to the token embedding, in meshtrain's GPT container."""
+
+    def __init__(self, vocab, layers, heads, kv_heads, width, ffn, rope_base):
+        super().__init__()
+        self.heads, self.kv_heads, self.rope_base, self.eps = heads, kv_heads, rope_base, 1e-5
+        d = width // heads
+        self.wte = torch.nn.Embedding(vocab, width)
+        self.h = torch.nn.ModuleList()
+        for _ in range(layers):
+            b = torch.nn.Module()
+            b.norm1, b.norm2 = torch.nn.Parameter(torch.ones(width)), torch.nn.Parameter(torch.ones(width))
+            b.q = torch.nn.Linear(width, heads * d, bias=False)
+            b.k = torch.nn.Linear(width, kv_heads * d, bias=False)
+            b.v = torch.nn.Linear(width, kv_heads * d, bias=False)
+            b.o = torch.nn.Linear(heads * d, width, bias=False)
+            b.gate = torch.nn.Linear(width, ffn, bias=False)
+            b.up = torch.nn.Linear(width, ffn, bias=False)
+            b.down = torch.nn.Linear(ffn, width, bias=False)
+            self.h.append(b)
+        self.norm = torch.nn.Parameter(torch.ones(width))
+
+    def rms(self, x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+    def rope(self, x):  # (B, H, T, D), Hugging Face's rotate_half
+        t, d = x.shape[2], x.shape[3]
+        inv = 1.0 / (self.rope_base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        ang = torch.arange(t, dtype=torch.float64)[:, None] * inv[None, :]
+        emb = torch.cat((ang, ang), dim=-1)
+        cos, sin = emb.cos().float(), emb.sin().float()
+        half = torch.cat((-x[..., d // 2:], x[..., : d // 2]), dim=-1)
+        return x * cos + half * sin
+
+    def forward(self, ids):
+        bsz, t = ids.shape
+        x = self.wte(ids)
+        for b in self.h:
+            a_in = self.rms(x, b.norm1)
+            q = b.q(a_in).view(bsz, t, self.heads, -1).transpose(1, 2)
+            k = b.k(a_in).view(bsz, t, self.kv_heads, -1).transpose(1, 2)
+            v = b.v(a_in).view(bsz, t, self.kv_heads, -1).transpose(1, 2)
+            q, k = self.rope(q), self.rope(k)
+            group = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            att = (q @ k.transpose(-2, -1)) / (q.shape[-1] ** 0.5)
+            att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+            a = torch.softmax(att, dim=-1) @ v
+            x = x + b.o(a.transpose(1, 2).reshape(bsz, t, -1))
+            m_in = self.rms(x, b.norm2)
+            x = x + b.down(torch.nn.functional.silu(b.gate(m_in)) * b.up(m_in))
+        return torch.nn.functional.linear(self.rms(x, self.norm), self.wte.weight)  # tied head
+
+    def named(self):
+        """(meshtrain name, tensor, is_linear_weight) in meshtrain's parameter order."""
+        out = [("wte.weight", self.wte.weight, False)]
+        for i, b in enumerate(self.h):
+            p = f"h.{i}"
+            out += [(f"{p}.input_layernorm.weight", b.norm1, False),
+                    (f"{p}.self_attn.q_proj.weight", b.q.weight, True),
+                    (f"{p}.self_attn.k_proj.weight", b.k.weight, True),
+                    (f"{p}.self_attn.v_proj.weight", b.v.weight, True),
+                    (f"{p}.self_attn.o_proj.weight", b.o.weight, True),
+                    (f"{p}.post_attention_layernorm.weight", b.norm2, False),
+                    (f"{p}.mlp.gate_proj.weight", b.gate.weight, True),
+                    (f"{p}.mlp.up_proj.weight", b.up.weight, True),
+                    (f"{p}.mlp.down_proj.weight", b.down.weight, True)]
+        out.append(("ln_f.weight", self.norm, False))
+        return out
+
+
+def llama(outdir):
+    torch.manual_seed(2718)  # its own stream
+    cfg = {"vocab": 13, "block": 32, "layers": 2, "heads": 4, "kv_heads": 2, "width": 16, "ffn": 24,
+           "rope_base": 10000.0}
+    model = Llama(cfg["vocab"], cfg["layers"], cfg["heads"], cfg["kv_heads"], cfg["width"], cfg["ffn"],
+                  cfg["rope_base"])
+    with torch.no_grad():  # norms off 1 so their gradients are exercised
+        for name, t, _ in model.named():
+            if t.dim() == 1:
+                t.add_(0.1 * torch.randn_like(t))
+    ids = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
+    targets = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
+    out = {"ids": ids, "targets": targets}
+    named = model.named()
+    for name, t, lin in named:
+        out[f"init.{name}"] = t.detach().t().clone() if lin else t.detach().clone()
+
+    def loss_of():
+        return torch.nn.functional.cross_entropy(model(ids).view(-1, cfg["vocab"]), targets.view(-1))
+
+    loss = loss_of()
+    loss.backward()
+    out["loss"] = loss.detach().reshape(1)
+    for name, t, lin in named:
+        out[f"grad.{name}"] = t.grad.detach().t().clone() if lin else t.grad.detach().clone()
+    decay = [t for name, t, _ in named if t.dim() == 2]
+    no_decay = [t for name, t, _ in named if t.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        l = loss_of()
+        l.backward()
+        opt.step()
+        losses.append(l.item())
+    out["steps.loss"] = torch.tensor(losses)
+    save(f"{outdir}/llama_v{VERSION}.safetensors", out,
+         dict(cfg, version=VERSION, torch=torch.__version__, optimizer="adamw lr 1e-3 wd 0.01 on matrices"))
+
+
 if __name__ == "__main__":
-    # make_golden.py [outdir [mlp|vae|gpt ...]]: every model by default.
+    # make_golden.py [outdir [mlp|vae|gpt|llama ...]]: every model by default.
     outdir = sys.argv[1] if len(sys.argv) > 1 else "golden"
-    wanted = sys.argv[2:] or ["mlp", "vae", "gpt"]
-    for name in ("mlp", "vae", "gpt"):
+    wanted = sys.argv[2:] or ["mlp", "vae", "gpt", "llama"]
+    for name in ("mlp", "vae", "gpt", "llama"):
         if name in wanted:
             globals()[name](outdir)
             print(f"wrote {outdir}/{name}_v{VERSION}.safetensors")
