@@ -17,7 +17,7 @@
 //   (context=2 x tensor=2; context=2 x tensor=3, padding each context
 //   rank's 20 steps to 21; pipeline=2 x context=2 x tensor=2 under zb).
 // - Llama's blocks: data x tensor (sequence parallel, overlap), ZeRO-3
-//   under zb, pipeline x tensor.
+//   under zb, pipeline x tensor, context (ring, all_to_all, beside tensor).
 // - Tensor parallelism's communication overlap (--tp-overlap): its rings
 //   at tensor=3 with sequence parallelism, under zb's split backward, and
 //   its blocked all-reduces without sequence parallelism.
@@ -82,8 +82,13 @@ TEST(AxesParity, TensorCommunicationOverlap) {
 
 // Llama's blocks (6 query heads, 2 key/value heads) through the trainer
 // equal one device: data x tensor with sequence parallelism and overlap,
-// ZeRO-3 under the zero-bubble schedule, and pipeline x tensor.
+// ZeRO-3 under the zero-bubble schedule, pipeline x tensor, and context
+// parallelism (rotary positions at each rank's global steps) by ring with
+// data, by all_to_all, and beside a sequence-parallel tensor axis.
 TEST(AxesParity, LlamaBlocks) {
+  expect_one_device({.mesh = "data=2,context=2", .llama = true}, "llama_data_context");
+  expect_one_device({.mesh = "context=2", .cp_comm = "all_to_all", .llama = true}, "llama_context_a2a");
+  expect_one_device({.mesh = "context=2,tensor=2", .sequence_parallel = true, .llama = true}, "llama_context_tensor");
   expect_one_device({.mesh = "data=2,tensor=2", .sequence_parallel = true, .tp_overlap = true, .llama = true},
                     "llama_data_tensor_sp");
   expect_one_device({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3", .schedule = "zb", .llama = true},

@@ -245,11 +245,9 @@ void GPTBlock::do_backward_weight(Saved& saved) { block().backward_weight(saved)
 namespace {
 
 const GPTConfig& checked(const GPTConfig& c) {
-  if (c.arch == layout::DecoderArch::llama && (c.context.active() || c.dropout > 0.0))
-    throw InvalidArgument("GPT",
-                          fmt::format("arch llama with {}", c.context.active() ? "a context axis" : "dropout"),
-                          "Llama's blocks take no context parallelism and no dropout yet: use arch gpt2, or drop "
-                          "the context axis and set dropout 0");
+  if (c.arch == layout::DecoderArch::llama && c.dropout > 0.0)
+    throw InvalidArgument("GPT", fmt::format("arch llama with dropout {}", c.dropout),
+                          "Llama's blocks have no dropout: set dropout 0, or use arch gpt2");
   if (c.vocab < 1 || c.block_size < 1 || c.layers < 0 || c.heads < 1 || c.width < 1 || c.width % c.heads != 0 ||
       !(c.dropout >= 0.0 && c.dropout < 1.0))
     throw InvalidArgument("GPT",
@@ -293,7 +291,7 @@ GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
       block = std::make_unique<LlamaBlock>(LlamaBlockConfig{
           .width = c.width, .heads = c.heads, .kv_heads = c.kv_heads, .rope_base = c.rope_base,
           .ffn_hidden = llama_ffn_hidden(c), .norm_eps = 1e-5, .prefix = name, .seed = c.seed, .init_std = 0.02,
-          .out_std = proj_std, .defer_init = c.defer_init, .tensor = c.tensor});
+          .out_std = proj_std, .defer_init = c.defer_init, .tensor = c.tensor, .context = c.context});
     else
       block = std::make_unique<GPTBlock>(c.width, c.heads, name, c.seed, proj_std, c.defer_init, c.dropout, c.tensor,
                                          c.context);
@@ -337,8 +335,12 @@ std::vector<Module*> GPT::fsdp_units() {
 
 void GPT::set_context_split(bool on) {
   split_context_ = on;
-  if (config_.arch != layout::DecoderArch::gpt2) return;  // no context parallelism (checked)
-  for (Module* b : h_.children()) static_cast<GPTBlock*>(b)->attention().set_context_split(on);
+  for (Module* b : h_.children()) {
+    if (config_.arch == layout::DecoderArch::llama)
+      static_cast<LlamaBlock*>(b)->attention().set_context_split(on);
+    else
+      static_cast<GPTBlock*>(b)->attention().set_context_split(on);
+  }
 }
 
 Tensor GPT::head_weight() {

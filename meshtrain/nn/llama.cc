@@ -70,6 +70,23 @@ Tensor sum_groups(const Tensor& x, int64_t group) {
   return out;
 }
 
+// (B H, T, D) with T = P chunks of c steps -> chunk-major (P, B, H, c, D) (a copy).
+Tensor to_chunks(const Tensor& x, int64_t b, int64_t p) {
+  const int64_t h = x.size(0) / b, t = x.size(1), d = x.size(2), c = t / p;
+  const Tensor v = x.view({b, h, p, c, d});
+  Tensor out = Tensor::empty({p, b, h, c, d}, DType::f32);
+  for (int64_t i = 0; i < p; ++i) out.select(0, i).copy_from(v.select(2, i));
+  return out;
+}
+// The inverse: (P, B, H, c, D) -> (B H, P c, D).
+Tensor from_chunks(const Tensor& x) {
+  const int64_t p = x.size(0), b = x.size(1), h = x.size(2), c = x.size(3), d = x.size(4);
+  Tensor out = Tensor::empty({b * h, p * c, d}, DType::f32);
+  const Tensor v = out.view({b, h, p, c, d});
+  for (int64_t i = 0; i < p; ++i) v.select(2, i).copy_from(x.select(0, i));
+  return out;
+}
+
 }  // namespace
 
 LlamaAttention::LlamaAttention(const LlamaAttentionConfig& config)
@@ -109,7 +126,19 @@ Tensor LlamaAttention::do_forward(const Tensor& x, Saved& saved) {
   st.b = q.size(0);
   st.t = q.size(1);
   std::vector<int64_t> pos(static_cast<size_t>(st.t));
-  for (int64_t i = 0; i < st.t; ++i) pos[static_cast<size_t>(i)] = i;
+  if (splits()) {  // this rank's chunks at their global positions
+    const ContextParallelGroup& cp = config_.context;
+    const int64_t whole = saved.batch.sequence_length > 0 ? saved.batch.sequence_length : st.t * cp.size();
+    if (whole != st.t * cp.size())
+      throw InvalidArgument("LlamaAttention::forward",
+                            fmt::format("'{}': {} steps for a sequence of {} over {} context-parallel ranks",
+                                        config_.prefix, st.t, whole, cp.size()),
+                            "pass this rank's chunks (sequence-parallel padding with a context axis is not "
+                            "supported for Llama's blocks yet: use a length the tensor axis divides)");
+    pos = sequence_positions(cp, whole);
+  } else {
+    for (int64_t i = 0; i < st.t; ++i) pos[static_cast<size_t>(i)] = i;
+  }
   st.positions = Tensor::from_vector(pos, {st.t});
   const double base = config_.rope_base;
   st.q = to_heads(q, heads_);
@@ -119,6 +148,14 @@ Tensor LlamaAttention::do_forward(const Tensor& x, Saved& saved) {
   const int64_t group = heads_ / kv_heads_;
   st.k = repeat_heads(kh, group);
   st.v = repeat_heads(to_heads(v, kv_heads_), group);
+  if (splits()) {  // attention over the whole sequence from this rank's chunks
+    const int64_t p = config_.context.local_chunks();
+    const Tensor out = context_attention_forward(config_.context, to_chunks(st.q, st.b, p), to_chunks(st.k, st.b, p),
+                                                 to_chunks(st.v, st.b, p), /*causal=*/true,
+                                                 1.0 / std::sqrt(static_cast<double>(head_dim_)), st.cp);
+    st.q = st.k = st.v = Tensor();
+    return o_->forward(from_heads(from_chunks(out), st.b, heads_), saved.child(3));
+  }
   st.out = Tensor::empty(st.q.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
   st.lse = Tensor::empty({st.q.size(0), st.t}, DType::f32, Device{}, tracker_, MemoryCategory::activations);
   F::attention_forward(st.q, st.k, st.v, /*causal=*/true, 1.0 / std::sqrt(static_cast<double>(head_dim_)), st.out,
@@ -130,10 +167,23 @@ Tensor LlamaAttention::do_backward_input(const Tensor& grad_out, Saved& saved) {
   State& st = saved.state<State>();
   const Tensor dmerged = o_->backward_input(grad_out, saved.child(3));  // (B, T, Hq D)
   const Tensor g = to_heads(dmerged, heads_);
-  Tensor dq = Tensor::empty(st.q.shape(), DType::f32), dk = Tensor::empty(st.q.shape(), DType::f32),
-         dv = Tensor::empty(st.q.shape(), DType::f32);
-  F::attention_backward(st.q, st.k, st.v, st.out, st.lse, g, true, 1.0 / std::sqrt(static_cast<double>(head_dim_)),
-                        dq, dk, dv);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
+  Tensor dq, dk, dv;
+  if (splits()) {
+    const Tensor gc = to_chunks(g, st.b, config_.context.local_chunks());
+    Tensor dqc = Tensor::empty(gc.shape(), DType::f32), dkc = Tensor::empty(gc.shape(), DType::f32),
+           dvc = Tensor::empty(gc.shape(), DType::f32);
+    context_attention_backward(config_.context, gc, true, scale, st.cp, dqc, dkc, dvc);
+    st.cp = {};
+    dq = from_chunks(dqc);
+    dk = from_chunks(dkc);
+    dv = from_chunks(dvc);
+  } else {
+    dq = Tensor::empty(st.q.shape(), DType::f32);
+    dk = Tensor::empty(st.q.shape(), DType::f32);
+    dv = Tensor::empty(st.q.shape(), DType::f32);
+    F::attention_backward(st.q, st.k, st.v, st.out, st.lse, g, true, scale, dq, dk, dv);
+  }
   const int64_t group = heads_ / kv_heads_;
   Tensor dkh = sum_groups(dk, group), dvh = sum_groups(dv, group);
   F::rotary_embedding(dq, st.positions, config_.rope_base, true, dq);
@@ -162,7 +212,7 @@ namespace {
 LlamaAttentionConfig block_attention(const LlamaBlockConfig& c) {
   return {.width = c.width, .heads = c.heads, .kv_heads = c.kv_heads, .rope_base = c.rope_base,
           .prefix = internal::join_name(c.prefix, "self_attn"), .seed = c.seed, .init_std = c.init_std,
-          .out_std = c.out_std, .defer_init = c.defer_init, .tensor = c.tensor};
+          .out_std = c.out_std, .defer_init = c.defer_init, .tensor = c.tensor, .context = c.context};
 }
 
 SwiGLUConfig block_mlp(const LlamaBlockConfig& c) {

@@ -19,9 +19,14 @@
 // InvalidArgument otherwise), o_proj row-parallel; with sequence
 // parallelism the input and output hold the rank's T / k steps (the
 // projections gather and reduce-scatter; communication overlap as the group
-// says). Context parallelism is not supported here (yet). Backward sums
-// the repeated key/value heads' gradients back per group and rotates dq,
-// dk back (the rotation's inverse).
+// says). Context parallelism (config.context): the input holds this rank's
+// chunks of the sequence (context_parallel.h), rotated at their global
+// positions (the batch context's sequence_length is the whole length; 0:
+// the local steps times the axis size), and attention spans the whole
+// sequence by the group's ring or all_to_all; set_context_split(false)
+// runs the whole sequence locally (evaluation). Backward sums the repeated
+// key/value heads' gradients back per group and rotates dq, dk back (the
+// rotation's inverse).
 // Thread-safety: one thread at a time (a module belongs to one rank).
 #pragma once
 
@@ -32,6 +37,7 @@
 
 #include "meshtrain/nn/layer_norm.h"
 #include "meshtrain/nn/module.h"
+#include "meshtrain/nn/parallel/context_parallel.h"
 #include "meshtrain/nn/parallel/tensor_parallel.h"
 #include "meshtrain/nn/swiglu.h"
 
@@ -52,6 +58,7 @@ struct LlamaAttentionConfig {
   double out_std = 0.0;
   bool defer_init = false;
   TensorParallelGroup tensor = {};
+  ContextParallelGroup context = {};
 };
 
 class LlamaAttention final : public Module {
@@ -60,6 +67,8 @@ class LlamaAttention final : public Module {
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override { return {q_.get(), k_.get(), v_.get(), o_.get()}; }
   const LlamaAttentionConfig& config() const { return config_; }
+  // Context parallelism on (default) or off (GPT::set_context_split).
+  void set_context_split(bool on) { split_ = on; }
 
  protected:
   Tensor do_forward(const Tensor& x, Saved& saved) override;
@@ -70,9 +79,12 @@ class LlamaAttention final : public Module {
  private:
   struct State {
     int64_t b = 0, t = 0;
-    Tensor positions;               // (T) i64
+    Tensor positions;               // (T) i64: global positions
     Tensor q, k, v, out, lse;       // q, out (B Hq, T, D) rotated; k, v (B Hq, T, D) repeated per query head
+    ContextAttentionSaved cp;       // context parallel: instead of q, k, v, out, lse
   };
+  bool splits() const { return split_ && config_.context.active(); }
+  bool split_ = true;
   LlamaAttentionConfig config_;
   int64_t heads_, kv_heads_, head_dim_;  // this rank's heads
   std::unique_ptr<Module> q_, k_, v_, o_;
@@ -80,7 +92,8 @@ class LlamaAttention final : public Module {
 
 // One Llama decoder block: h = x + self_attn(input_layernorm(x)), y = h +
 // mlp(post_attention_layernorm(h)), RMSNorms (eps norm_eps) and a SwiGLU
-// MLP of ffn_hidden features (swiglu.h). Tensor parallelism as its parts;
+// MLP of ffn_hidden features (swiglu.h). Tensor and context parallelism as
+// its parts;
 // with sequence parallelism the norms see the rank's T / k steps (their
 // weights' gradients are partial sums: Parameter::sequence_parallel).
 //
@@ -96,6 +109,7 @@ struct LlamaBlockConfig {
   double out_std = 0.0;    // > 0: the residual projections' std (GPT-2's 0.02 / sqrt(2 layers))
   bool defer_init = false;
   TensorParallelGroup tensor = {};
+  ContextParallelGroup context = {};
 };
 
 class LlamaBlock final : public Module {
@@ -103,6 +117,7 @@ class LlamaBlock final : public Module {
   explicit LlamaBlock(const LlamaBlockConfig& config);
   std::vector<Parameter*> parameters() override;
   std::vector<Module*> children() override { return {&input_norm_, &attn_, &post_norm_, &mlp_}; }
+  LlamaAttention& attention() { return attn_; }
 
  protected:
   Tensor do_forward(const Tensor& x, Saved& saved) override;
