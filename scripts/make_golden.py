@@ -142,6 +142,41 @@ def vae(outdir):
           "optimizer": "adamw lr 1e-3 wd 0.01"})
 
 
+def decoder_golden(outdir, name, model, cfg):
+    """A decoder's golden file: random ids and targets, the initial weights
+    (Linear weights as meshtrain's (in, out)), the loss, every gradient, and
+    10 AdamW steps (weight decay on matrices, as meshtrain decides by metadata)."""
+    ids = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
+    targets = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
+    out = {"ids": ids, "targets": targets}
+    named = model.named()
+    for pname, t, lin in named:
+        out[f"init.{pname}"] = t.detach().t().clone() if lin else t.detach().clone()
+
+    def loss_of():
+        return torch.nn.functional.cross_entropy(model(ids).view(-1, cfg["vocab"]), targets.view(-1))
+
+    loss = loss_of()
+    loss.backward()
+    out["loss"] = loss.detach().reshape(1)
+    for pname, t, lin in named:
+        out[f"grad.{pname}"] = t.grad.detach().t().clone() if lin else t.grad.detach().clone()
+    decay = [t for _, t, _ in named if t.dim() == 2]
+    no_decay = [t for _, t, _ in named if t.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
+    losses = []
+    for _ in range(10):
+        opt.zero_grad()
+        l = loss_of()
+        l.backward()
+        opt.step()
+        losses.append(l.item())
+    out["steps.loss"] = torch.tensor(losses)
+    save(f"{outdir}/{name}_v{VERSION}.safetensors", out,
+         dict(cfg, version=VERSION, torch=torch.__version__, optimizer="adamw lr 1e-3 wd 0.01 on matrices"))
+
+
 class GPT(torch.nn.Module):
     """GPT-2 as meshtrain builds it (nanoGPT's layout): pre-LN blocks, causal
     attention, GELU (tanh), the output head tied to the token embedding."""
@@ -195,36 +230,7 @@ def gpt(outdir):
         for name, t, _ in model.named():
             if not name.startswith(("wte", "wpe")) and not name.endswith("c_attn.weight"):
                 t.add_(0.1 * torch.randn_like(t))
-    ids = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
-    targets = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
-    out = {"ids": ids, "targets": targets}
-    named = model.named()
-    for name, t, lin in named:
-        out[f"init.{name}"] = t.detach().t().clone() if lin else t.detach().clone()
-
-    def loss_of():
-        return torch.nn.functional.cross_entropy(model(ids).view(-1, cfg["vocab"]), targets.view(-1))
-
-    loss = loss_of()
-    loss.backward()
-    out["loss"] = loss.detach().reshape(1)
-    for name, t, lin in named:
-        out[f"grad.{name}"] = t.grad.detach().t().clone() if lin else t.grad.detach().clone()
-    # Weight decay on matrices (Linear weights and embeddings), as meshtrain decides by metadata.
-    decay = [t for name, t, _ in named if t.dim() == 2]
-    no_decay = [t for name, t, _ in named if t.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
-    losses = []
-    for _ in range(10):
-        opt.zero_grad()
-        l = loss_of()
-        l.backward()
-        opt.step()
-        losses.append(l.item())
-    out["steps.loss"] = torch.tensor(losses)
-    save(f"{outdir}/gpt_v{VERSION}.safetensors", out,
-         dict(cfg, version=VERSION, torch=torch.__version__, optimizer="adamw lr 1e-3 wd 0.01 on matrices"))
+    decoder_golden(outdir, "gpt", model, cfg)
 
 
 class Llama(torch.nn.Module):
@@ -310,35 +316,7 @@ def llama(outdir):
         for name, t, _ in model.named():
             if t.dim() == 1:
                 t.add_(0.1 * torch.randn_like(t))
-    ids = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
-    targets = torch.randint(0, cfg["vocab"], (2, cfg["block"]))
-    out = {"ids": ids, "targets": targets}
-    named = model.named()
-    for name, t, lin in named:
-        out[f"init.{name}"] = t.detach().t().clone() if lin else t.detach().clone()
-
-    def loss_of():
-        return torch.nn.functional.cross_entropy(model(ids).view(-1, cfg["vocab"]), targets.view(-1))
-
-    loss = loss_of()
-    loss.backward()
-    out["loss"] = loss.detach().reshape(1)
-    for name, t, lin in named:
-        out[f"grad.{name}"] = t.grad.detach().t().clone() if lin else t.grad.detach().clone()
-    decay = [t for name, t, _ in named if t.dim() == 2]
-    no_decay = [t for name, t, _ in named if t.dim() != 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
-    losses = []
-    for _ in range(10):
-        opt.zero_grad()
-        l = loss_of()
-        l.backward()
-        opt.step()
-        losses.append(l.item())
-    out["steps.loss"] = torch.tensor(losses)
-    save(f"{outdir}/llama_v{VERSION}.safetensors", out,
-         dict(cfg, version=VERSION, torch=torch.__version__, optimizer="adamw lr 1e-3 wd 0.01 on matrices"))
+    decoder_golden(outdir, "llama", model, cfg)
 
 
 if __name__ == "__main__":

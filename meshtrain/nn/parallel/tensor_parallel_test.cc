@@ -24,17 +24,20 @@
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/nn/activations.h"
 #include "meshtrain/nn/gpt.h"
-#include "meshtrain/nn/llama.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/mlp.h"
+#include "meshtrain/nn/parallel/parity_test_util.h"
 #include "meshtrain/nn/sequential.h"
-#include "meshtrain/nn/swiglu.h"
 #include "meshtrain/sharding/layout.h"
 #include "meshtrain/sharding/multi_dimensional.h"
 #include "meshtrain/testing/testing.h"
 
 namespace meshtrain::nn {
 namespace {
+
+using parity_test::block_of;
+using parity_test::expect_near;
+using parity_test::randn;
 
 TEST(ShardRange, FollowsTorchChunk) {
   EXPECT_EQ(shard_range(5, 0, 4).size(), 2);
@@ -44,27 +47,6 @@ TEST(ShardRange, FollowsTorchChunk) {
   EXPECT_EQ(shard_range(50257, 1, 2).begin, 25129);
   EXPECT_EQ(shard_range(50257, 1, 2).end, 50257);
   EXPECT_THAT(testing::error_of([] { shard_range(4, 2, 2); }), ::testing::HasSubstr("rank 2 of 2"));
-}
-
-Tensor randn(std::vector<int64_t> shape, const char* key) {
-  Tensor t = Tensor::empty(std::move(shape), DType::f32);
-  fill_normal(t, 9, key_from_name(key), 0.0, 1.0);
-  return t;
-}
-
-// Elements of the block `box` of t viewed as `view`, row-major (all of t
-// when view is empty: a whole placement).
-// The elements of t that placement pl holds (its block, row-major).
-std::vector<double> block_of(const Tensor& t, const Placement& pl) {
-  const sharding::Box box = pl.block_box();
-  Tensor v = t.contiguous().view(pl.view_shape());
-  for (size_t d = 0; d < box.sizes.size(); ++d) v = v.narrow(static_cast<int64_t>(d), box.offsets[d], box.sizes[d]);
-  return v.contiguous().to_vector();
-}
-
-void expect_near(const std::vector<double>& got, const std::vector<double>& want, double tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], tol) << what << " element " << i;
 }
 
 // Column-parallel 6 -> 15, GELU, row-parallel 15 -> 4 on (2, 3, 6) inputs.
@@ -126,137 +108,6 @@ TEST(TensorParallelLinear, ColumnThenRowEqualsTheUnshardedLayers) {
                      }
                    });
     }
-}
-
-// The SwiGLU MLP split over 2 and 4 ranks (gate and up column-, down
-// row-parallel; hidden 10: uneven over 4), plain, with sequence
-// parallelism and with communication overlap, equals the unsharded one:
-// each rank's initial blocks bit for bit, the output, dX (sequence
-// parallel: the rank's time steps) and every gradient block within 1e-5.
-TEST(TensorParallelSwiGLU, EqualsTheUnshardedMlp) {
-  const SwiGLUConfig base{.width = 6, .hidden = 10, .prefix = "mlp", .seed = 5, .init_std = 0.4};
-  SwiGLUMLP ref(base);
-  const Tensor x = randn({2, 4, 6}, "x"), dy = randn({2, 4, 6}, "dy");
-  const Tensor y_ref = ref.forward(x).contiguous();
-  const Tensor dx_ref = ref.backward(dy).contiguous();
-  const std::vector<Parameter*> rp = ref.parameters();
-  for (const int k : {2, 4})
-    for (const bool sp : {false, true})
-      for (const bool overlap : {false, true}) {
-        comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
-                     [&](comm::Communicator& world) {
-                       SwiGLUConfig c = base;
-                       c.tensor = {.comm = &world, .sequence_parallel = sp, .overlap = overlap};
-                       SwiGLUMLP tp(c);
-                       const std::vector<Parameter*> ps = tp.parameters();
-                       ASSERT_EQ(ps.size(), rp.size());
-                       const std::string what = fmt::format("k {} sp {} overlap {} rank {}", k, sp, overlap,
-                                                            world.rank());
-                       for (size_t i = 0; i < ps.size(); ++i)
-                         ASSERT_EQ(ps[i]->value.to_vector(), block_of(rp[i]->value, ps[i]->placement))
-                             << what << " " << ps[i]->name;
-                       // Sequence parallel: this rank's 4 / k time steps in and out.
-                       const auto mine = [&](const Tensor& t) {
-                         return sp ? t.narrow(1, world.rank() * (4 / k), 4 / k).contiguous() : t;
-                       };
-                       expect_near(tp.forward(mine(x)).contiguous().to_vector(), mine(y_ref).to_vector(), 1e-5,
-                                   what + " y");
-                       expect_near(tp.backward(mine(dy)).contiguous().to_vector(), mine(dx_ref).to_vector(), 1e-5,
-                                   what + " dx");
-                       for (size_t i = 0; i < ps.size(); ++i)
-                         expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, ps[i]->placement), 1e-5,
-                                     what + " " + ps[i]->name + " grad");
-                     });
-      }
-}
-
-// Llama attention split over 2 ranks (4 query heads, 2 key/value heads:
-// each rank holds 2 query heads and the key/value head they read), plain,
-// with sequence parallelism and with overlap, equals the unsharded one;
-// over 4 ranks its 2 key/value heads are refused (replication: not yet).
-TEST(TensorParallelLlama, AttentionEqualsTheUnshardedOne) {
-  const LlamaAttentionConfig base{.width = 16, .heads = 4, .kv_heads = 2, .prefix = "attn", .seed = 3,
-                                  .init_std = 0.3};
-  LlamaAttention ref(base);
-  const Tensor x = randn({2, 4, 16}, "x"), dy = randn({2, 4, 16}, "dy");
-  const Tensor y_ref = ref.forward(x).contiguous();
-  const Tensor dx_ref = ref.backward(dy).contiguous();
-  const std::vector<Parameter*> rp = ref.parameters();
-  for (const bool sp : {false, true})
-    for (const bool overlap : {false, true})
-      comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
-                   [&](comm::Communicator& world) {
-                     LlamaAttentionConfig c = base;
-                     c.tensor = {.comm = &world, .sequence_parallel = sp, .overlap = overlap};
-                     LlamaAttention tp(c);
-                     const std::vector<Parameter*> ps = tp.parameters();
-                     ASSERT_EQ(ps.size(), rp.size());
-                     const std::string what = fmt::format("sp {} overlap {} rank {}", sp, overlap, world.rank());
-                     for (size_t i = 0; i < ps.size(); ++i)
-                       ASSERT_EQ(ps[i]->value.to_vector(), block_of(rp[i]->value, ps[i]->placement))
-                           << what << " " << ps[i]->name;
-                     const auto mine = [&](const Tensor& t) {
-                       return sp ? t.narrow(1, world.rank() * 2, 2).contiguous() : t;
-                     };
-                     expect_near(tp.forward(mine(x)).contiguous().to_vector(), mine(y_ref).to_vector(), 1e-5,
-                                 what + " y");
-                     expect_near(tp.backward(mine(dy)).contiguous().to_vector(), mine(dx_ref).to_vector(), 1e-5,
-                                 what + " dx");
-                     for (size_t i = 0; i < ps.size(); ++i)
-                       expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, ps[i]->placement), 1e-5,
-                                   what + " " + ps[i]->name + " grad");
-                   });
-  comm::launch({.engine = comm::Engine::threads, .ranks = 4, .timeout = std::chrono::seconds(30)},
-               [&](comm::Communicator& world) {
-                 LlamaAttentionConfig c = base;
-                 c.tensor = {.comm = &world};
-                 EXPECT_THAT(testing::error_of([&] { LlamaAttention bad(c); }),
-                             ::testing::HasSubstr("2 key/value heads over a tensor-parallel axis of 4 ranks"));
-               });
-}
-
-// A Llama block over 2 ranks, plain, sequence-parallel (its RMSNorms'
-// gradients then partial: summed by reduce_sequence_parallel_grads) and
-// with overlap, equals the unsharded block.
-TEST(TensorParallelLlama, BlockEqualsTheUnshardedOne) {
-  const LlamaBlockConfig base{.width = 16, .heads = 4, .kv_heads = 2, .ffn_hidden = 20, .prefix = "layers.0",
-                              .seed = 6, .init_std = 0.3, .out_std = 0.1};
-  LlamaBlock ref(base);
-  for (Parameter* p : ref.parameters())
-    if (p->value.dim() == 1) p->value.copy_from(randn({16}, p->name.c_str()));  // norms off 1
-  const Tensor x = randn({2, 4, 16}, "x"), dy = randn({2, 4, 16}, "dy");
-  const Tensor y_ref = ref.forward(x).contiguous();
-  const Tensor dx_ref = ref.backward(dy).contiguous();
-  const std::vector<Parameter*> rp = ref.parameters();
-  for (const bool sp : {false, true})
-    for (const bool overlap : {false, true})
-      comm::launch({.engine = comm::Engine::threads, .ranks = 2, .timeout = std::chrono::seconds(30)},
-                   [&](comm::Communicator& world) {
-                     LlamaBlockConfig c = base;
-                     c.tensor = {.comm = &world, .sequence_parallel = sp, .overlap = overlap};
-                     LlamaBlock tp(c);
-                     const std::vector<Parameter*> ps = tp.parameters();
-                     ASSERT_EQ(ps.size(), rp.size());
-                     std::vector<std::string> partial;
-                     for (size_t i = 0; i < ps.size(); ++i) {
-                       ps[i]->value.copy_from(
-                           Tensor::from_vector(block_of(rp[i]->value, ps[i]->placement), ps[i]->value.shape()));
-                       if (ps[i]->sequence_parallel) partial.push_back(ps[i]->name);
-                     }
-                     EXPECT_EQ(partial.size(), sp ? 2u : 0u);
-                     const std::string what = fmt::format("sp {} overlap {} rank {}", sp, overlap, world.rank());
-                     const auto mine = [&](const Tensor& t) {
-                       return sp ? t.narrow(1, world.rank() * 2, 2).contiguous() : t;
-                     };
-                     expect_near(tp.forward(mine(x)).contiguous().to_vector(), mine(y_ref).to_vector(), 1e-5,
-                                 what + " y");
-                     expect_near(tp.backward(mine(dy)).contiguous().to_vector(), mine(dx_ref).to_vector(), 1e-5,
-                                 what + " dx");
-                     reduce_sequence_parallel_grads(ps, partial, c.tensor);
-                     for (size_t i = 0; i < ps.size(); ++i)
-                       expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, ps[i]->placement), 1e-5,
-                                   what + " " + ps[i]->name + " grad");
-                   });
 }
 
 // Megatron's pairs along a Linear chain; an odd chain leaves its lighter end whole.
@@ -575,69 +426,6 @@ TEST(TensorParallelGpt, EqualsTheUnshardedModel) {
                  EXPECT_THAT(testing::error_of([&] { GPT bad(c); }),
                              ::testing::HasSubstr("4 heads over a tensor-parallel axis of 3 ranks"));
                });
-}
-
-// The GPT container with Llama's blocks (4 query heads, 2 key/value heads,
-// no wpe, RMSNorm ln_f) split over 1 and 2 ranks, plain, sequence-parallel
-// and with overlap, equals the unsharded model: initial blocks bit for
-// bit, the loss and every gradient block within 1e-5; context parallelism
-// and dropout are refused.
-TEST(TensorParallelGpt, LlamaEqualsTheUnshardedModel) {
-  const GPTConfig base{.arch = layout::DecoderArch::llama, .kv_heads = 2, .ffn_hidden = 24, .vocab = 13,
-                       .block_size = 8, .layers = 2, .heads = 4, .width = 16, .seed = 7};
-  std::vector<int64_t> ids(2 * 8), next(2 * 8);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 13), next[i] = static_cast<int64_t>((i * 7 + 3) % 13);
-  const Tensor x = Tensor::from_vector(ids, {2, 8}), y = Tensor::from_vector(next, {16});
-  GPT ref(base);
-  std::vector<std::string> names;
-  for (const Parameter* p : ref.parameters()) names.push_back(p->name);
-  EXPECT_EQ(names.front(), "wte.weight");
-  EXPECT_EQ(names[1], "h.0.input_layernorm.weight");
-  EXPECT_EQ(names.back(), "ln_f.weight");
-  EXPECT_EQ(std::count_if(names.begin(), names.end(), [](const std::string& n) { return n.find("wpe") != std::string::npos; }),
-            0);
-  CrossEntropyLoss ce;
-  const double want = ce.forward(ref.forward(x), y);
-  ref.backward(ce.backward());
-  const std::vector<Parameter*> rp = ref.parameters();
-  struct Mode {
-    int k;
-    bool sp, overlap;
-  };
-  for (const Mode m : {Mode{1, false, false}, Mode{2, false, false}, Mode{2, true, false}, Mode{2, true, true}})
-    comm::launch({.engine = comm::Engine::threads, .ranks = m.k, .timeout = std::chrono::seconds(30)},
-                 [&](comm::Communicator& world) {
-                   GPTConfig c = base;
-                   c.tensor = {.comm = &world, .sequence_parallel = m.sp, .overlap = m.overlap};
-                   GPT tp(c);
-                   VocabParallelCrossEntropy vce(c.tensor, base.vocab);
-                   const double got = vce.forward(tp.forward(x), y);
-                   tp.backward(vce.backward());
-                   const std::string what = fmt::format("k {} sp {} overlap {}", m.k, m.sp, m.overlap);
-                   EXPECT_NEAR(got, want, 1e-5 * want) << what;
-                   std::vector<Parameter*> ps = tp.parameters();
-                   std::vector<std::string> partial;
-                   for (const Parameter* p : ps)
-                     if (p->sequence_parallel) partial.push_back(p->name);
-                   EXPECT_EQ(partial.size(), m.sp && m.k > 1 ? 2u * base.layers + 1 : 0u) << what;
-                   reduce_sequence_parallel_grads(ps, partial, c.tensor);
-                   ASSERT_EQ(ps.size(), rp.size());
-                   for (size_t i = 0; i < ps.size(); ++i) {
-                     ASSERT_EQ(ps[i]->name, rp[i]->name);
-                     std::vector<float> init(static_cast<size_t>(rp[i]->value.numel()));
-                     rp[i]->init(0, static_cast<int64_t>(init.size()), init.data());
-                     const Tensor whole =
-                         Tensor::from_vector(std::vector<double>(init.begin(), init.end()), rp[i]->info.shape);
-                     ASSERT_EQ(ps[i]->value.to_vector(), block_of(whole, ps[i]->placement)) << what << " " << ps[i]->name;
-                     expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, ps[i]->placement), 1e-5,
-                                 what + " " + ps[i]->name + " grad");
-                   }
-                 });
-  GPTConfig bad = base;
-  bad.dropout = 0.1;
-  EXPECT_THAT(testing::error_of([&] { GPT g(bad); }), ::testing::HasSubstr("arch llama with dropout"));
-  EXPECT_THAT(testing::error_of([] { (void)layout::parse_decoder_arch("llama2", "--arch"); }),
-              ::testing::HasSubstr("use gpt2 or llama"));
 }
 
 // The seeds' API describes the runtime: for every parameter of a GPT split
