@@ -54,6 +54,7 @@ std::string_view collective_op_name(CollectiveOp op) {
     case CollectiveOp::split: return "split";
     case CollectiveOp::send: return "send";
     case CollectiveOp::recv: return "recv";
+    case CollectiveOp::all_to_all_v: return "all_to_all_v";
   }
   return "?";
 }
@@ -71,6 +72,8 @@ std::string Fingerprint::to_string() const {
     case CollectiveOp::send:
     case CollectiveOp::recv:
       return s + fmt::format(" ({} x {})", dtype_name(dtype), count);
+    case CollectiveOp::all_to_all_v:
+      return s + fmt::format(" ({}, uneven)", dtype_name(dtype));
     case CollectiveOp::barrier:
     case CollectiveOp::split:
       return s;
@@ -90,7 +93,11 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
 void Communicator::count_traffic(const Op& op) {
   TrafficCounter& t = traffic_[static_cast<size_t>(op.kind)];
   ++t.calls;
-  t.bytes += op.bytes();
+  if (op.kind == CollectiveOp::all_to_all_v) {
+    for (size_t c : op.send_counts) t.bytes += c * dtype_size(op.dtype);
+  } else {
+    t.bytes += op.bytes();
+  }
 }
 
 Work Communicator::issue(Op op, Completion completion) {
@@ -120,6 +127,23 @@ Work Communicator::issue(Op op, Completion completion) {
       require(!overlaps(op.send, total, op.recv, total), "send and recv overlap",
               "all_to_all is never in place: use separate buffers");
       break;
+    case CollectiveOp::all_to_all_v: {
+      require(op.send_counts.size() == static_cast<size_t>(n) && op.recv_counts.size() == static_cast<size_t>(n),
+              fmt::format("{} send counts and {} recv counts for {} ranks", op.send_counts.size(),
+                          op.recv_counts.size(), n),
+              "pass one count per rank of this communicator");
+      size_t sent = 0, received = 0;
+      for (int p = 0; p < n; ++p) sent += op.send_counts[p], received += op.recv_counts[p];
+      require(op.send_counts[rank()] == op.recv_counts[rank()],
+              fmt::format("rank {} sends itself {} elements but expects {}", rank(), op.send_counts[rank()],
+                          op.recv_counts[rank()]),
+              "a rank's send_counts[rank] and recv_counts[rank] are its own block: make them equal");
+      require((sent == 0 || op.send) && (received == 0 || op.recv), "null buffer with counts > 0",
+              "pass valid buffers");
+      require(!overlaps(op.send, sent * dtype_size(op.dtype), op.recv, received * dtype_size(op.dtype)),
+              "send and recv overlap", "all_to_all_v is never in place: use separate buffers");
+      break;
+    }
     case CollectiveOp::send:
     case CollectiveOp::recv:
       require(op.peer >= 0 && op.peer < n && op.peer != rank(),
@@ -156,6 +180,12 @@ Op broadcast_op(void* buf, size_t count, DType dtype, int root) {
 Op all_to_all_op(const void* send, void* recv, size_t count, DType dtype) {
   return {.kind = CollectiveOp::all_to_all, .send = send, .recv = recv, .count = count, .dtype = dtype};
 }
+Op all_to_all_v_op(const void* send, std::span<const size_t> send_counts, void* recv,
+                   std::span<const size_t> recv_counts, DType dtype) {
+  return {.kind = CollectiveOp::all_to_all_v, .send = send, .recv = recv, .dtype = dtype,
+          .send_counts = {send_counts.begin(), send_counts.end()},
+          .recv_counts = {recv_counts.begin(), recv_counts.end()}};
+}
 Op send_op(const void* buf, size_t count, DType dtype, int peer, int tag) {
   return {.kind = CollectiveOp::send, .send = buf, .count = count, .dtype = dtype, .peer = peer, .tag = tag};
 }
@@ -180,6 +210,10 @@ Work Communicator::broadcast_async(void* buf, size_t count, DType dtype, int roo
 Work Communicator::all_to_all_async(const void* send, void* recv, size_t count, DType dtype) {
   return issue(all_to_all_op(send, recv, count, dtype), Completion::async);
 }
+Work Communicator::all_to_all_v_async(const void* send, std::span<const size_t> send_counts, void* recv,
+                                      std::span<const size_t> recv_counts, DType dtype) {
+  return issue(all_to_all_v_op(send, send_counts, recv, recv_counts, dtype), Completion::async);
+}
 Work Communicator::send_async(const void* buf, size_t count, DType dtype, int peer, int tag) {
   return issue(send_op(buf, count, dtype, peer, tag), Completion::async);
 }
@@ -202,6 +236,10 @@ void Communicator::broadcast(void* buf, size_t count, DType dtype, int root) {
 }
 void Communicator::all_to_all(const void* send, void* recv, size_t count, DType dtype) {
   issue(all_to_all_op(send, recv, count, dtype), Completion::blocking).wait();
+}
+void Communicator::all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                                std::span<const size_t> recv_counts, DType dtype) {
+  issue(all_to_all_v_op(send, send_counts, recv, recv_counts, dtype), Completion::blocking).wait();
 }
 void Communicator::send(const void* buf, size_t count, DType dtype, int peer, int tag) {
   issue(send_op(buf, count, dtype, peer, tag), Completion::blocking).wait();
@@ -318,6 +356,16 @@ std::vector<std::string> all_gather_bytes(Communicator& c, std::string_view mine
   std::vector<std::string> out;
   for (size_t r = 0; r < n; ++r) out.push_back(all.substr(r * most, static_cast<size_t>(lens[r])));
   return out;
+}
+
+std::vector<size_t> all_to_all_counts(Communicator& c, std::span<const size_t> send_counts) {
+  const auto n = static_cast<size_t>(c.size());
+  if (send_counts.size() != n)
+    throw InvalidArgument("all_to_all_counts", fmt::format("{} counts for {} ranks", send_counts.size(), n),
+                          "pass one count per rank of this communicator");
+  std::vector<uint64_t> out(send_counts.begin(), send_counts.end()), in(n);
+  c.all_to_all(out.data(), in.data(), 1, DType::i64);
+  return {in.begin(), in.end()};
 }
 
 }  // namespace meshtrain::comm

@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,13 +76,14 @@ struct Capabilities {
 
 // The operation names used in fingerprints and errors.
 enum class CollectiveOp : uint8_t {
-  all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, barrier, split, send, recv
+  all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, barrier, split, send, recv, all_to_all_v
 };
-inline constexpr size_t kNumCollectiveOps = 9;
+inline constexpr size_t kNumCollectiveOps = 10;
 
 // What a communicator was asked to move, per operation: calls and bytes as
 // passed (count x dtype size of this rank's call: an all_gather's send
-// block, a reduce_scatter's received block). Benchmarks and tests compare it
+// block, a reduce_scatter's received block; all_to_all_v: every element this
+// rank sends, its own block included). Benchmarks and tests compare it
 // with a strategy's formula (tensor parallelism's all-reduces per layer).
 struct TrafficCounter {
   uint64_t calls = 0;
@@ -95,7 +97,7 @@ struct Fingerprint {
   CollectiveOp op = CollectiveOp::barrier;
   DType dtype = DType::u8;
   ReduceOp reduce = ReduceOp::sum;  // meaningful for all_reduce/reduce_scatter
-  size_t count = 0;
+  size_t count = 0;  // all_to_all_v: 0 (engines send each peer the count it gets)
   int root = -1;  // broadcast root, else -1
 
   bool operator==(const Fingerprint&) const = default;
@@ -119,6 +121,8 @@ struct Op {
   int peer = -1;  // send/recv
   int tag = 0;    // send/recv
   uint64_t seq = 0;  // collective sequence number (0 for send/recv)
+  // all_to_all_v (count 0): elements to and from each rank, size() each.
+  std::vector<size_t> send_counts = {}, recv_counts = {};
 
   Fingerprint fingerprint() const { return {seq, kind, dtype, reduce, count, root}; }
   size_t bytes() const { return count * dtype_size(dtype); }
@@ -194,6 +198,18 @@ class Communicator {
   // overlap.
   [[nodiscard]] Work all_to_all_async(const void* send, void* recv, size_t count, DType dtype);
 
+  // Uneven all_to_all (MPI_Alltoallv; torch's all_to_all_single with split
+  // sizes): send holds send_counts[p] elements for each rank p and recv
+  // receives recv_counts[p] elements from each rank p, both packed in rank
+  // order. Rank r's send_counts[p] must equal rank p's recv_counts[r]
+  // (all_to_all_counts tells a rank what it will receive); engines that
+  // check fingerprints raise MismatchError on a pair that disagrees, naming
+  // both ranks. Any count may be 0, a rank may send or receive nothing.
+  // The counts are copied: only the buffers must outlive the call's Work.
+  // Not in place: send and recv must not overlap.
+  [[nodiscard]] Work all_to_all_v_async(const void* send, std::span<const size_t> send_counts, void* recv,
+                                        std::span<const size_t> recv_counts, DType dtype);
+
   // Point-to-point. Messages from one rank to another with the same tag are
   // matched in order; count and dtype must agree on both sides; tag >= 0.
   // Not collectives: they take no sequence number.
@@ -229,6 +245,8 @@ class Communicator {
   void reduce_scatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op);
   void broadcast(void* buf, size_t count, DType dtype, int root);
   void all_to_all(const void* send, void* recv, size_t count, DType dtype);
+  void all_to_all_v(const void* send, std::span<const size_t> send_counts, void* recv,
+                    std::span<const size_t> recv_counts, DType dtype);
   void send(const void* buf, size_t count, DType dtype, int peer, int tag);
   void recv(void* buf, size_t count, DType dtype, int peer, int tag);
   void barrier();
@@ -257,5 +275,10 @@ class Communicator {
 // Collective: every rank's `mine` (any bytes, any length), in rank order:
 // the lengths, then the bytes padded to the longest (two all-gathers).
 std::vector<std::string> all_gather_bytes(Communicator& c, std::string_view mine);
+
+// Collective: what each rank will send this one, given what this one sends
+// each rank (send_counts, size() entries): the recv_counts of an
+// all_to_all_v (one all_to_all of 64-bit counts).
+std::vector<size_t> all_to_all_counts(Communicator& c, std::span<const size_t> send_counts);
 
 }  // namespace meshtrain::comm

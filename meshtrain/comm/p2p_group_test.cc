@@ -157,5 +157,38 @@ TEST(P2PGroup, DisagreeingCountsAreAMismatchOnBothSides) {
   EXPECT_EQ(mismatches.load(), 2);
 }
 
+// all_to_all_v on the threads engine (the collective suite checks its
+// values on every engine): counts that disagree fail every rank with the
+// same sentence before any data moves; bad arguments are refused up front.
+TEST(AllToAllV, CountsThatDisagreeFailEveryRankNamingThePair) {
+  std::atomic<int> failed{0};
+  run(3, [&](Communicator& c) {
+    std::vector<size_t> send(3, 2), recv(3, 2);
+    if (c.rank() == 0) recv[1] = 3;
+    std::vector<float> out(6, 1.0f), in(7);
+    EXPECT_THAT(error_of<MismatchError>([&] { c.all_to_all_v(out.data(), send, in.data(), recv, DType::f32); }),
+                HasSubstr("all_to_all_v #1 (f32, uneven): rank 1 sends 2 elements to rank 0, which expects 3"));
+    ++failed;
+  });
+  EXPECT_EQ(failed.load(), 3);
+  run(2, [](Communicator& c) {
+    std::vector<float> buf(8);
+    const std::vector<size_t> two = {1, 1}, three = {1, 1, 1}, self = {2, 1};
+    EXPECT_THAT(error_of([&] { c.all_to_all_v(buf.data(), three, buf.data() + 4, two, DType::f32); }),
+                HasSubstr("3 send counts and 2 recv counts for 2 ranks"));
+    if (c.rank() == 0) {
+      EXPECT_THAT(error_of([&] { c.all_to_all_v(buf.data(), self, buf.data() + 4, two, DType::f32); }),
+                  HasSubstr("rank 0 sends itself 2 elements but expects 1"));
+    }
+    EXPECT_THAT(error_of([&] { c.all_to_all_v(buf.data(), two, buf.data() + 1, two, DType::f32); }),
+                HasSubstr("send and recv overlap"));
+    // Nothing was issued: a valid call still works (every count 0 included).
+    const std::vector<size_t> none = {0, 0};
+    c.all_to_all_v(nullptr, none, nullptr, none, DType::f32);
+    std::vector<size_t> counts = all_to_all_counts(c, std::vector<size_t>{3, 5});
+    EXPECT_EQ(counts, c.rank() == 0 ? (std::vector<size_t>{3, 3}) : (std::vector<size_t>{5, 5}));
+  });
+}
+
 }  // namespace
 }  // namespace meshtrain::comm

@@ -1,6 +1,7 @@
 #include "meshtrain/comm/selftest.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <cstdint>
@@ -260,6 +261,35 @@ void check_data_movement(Communicator& c, Checker& ck, DType t, size_t count) {
     }
     c.all_to_all(send.data(), recv.data(), count, t);
     ck.expect(fmt::format("all_to_all x {}", count), t, recv.data(), want.data(), n * count);
+  }
+  // all_to_all_v, two patterns of counts: (r + 2p) % 3 blocks of `count`
+  // from rank r to rank p (zeros among them), and everyone to rank 0 only
+  // (count + r elements; the other ranks receive nothing). Element i of the
+  // block from r to p is tagged(r, block p)'s element i.
+  for (int pattern = 0; pattern < 2; ++pattern) {
+    auto sends = [&](int from, int to) -> size_t {
+      if (pattern == 0) return static_cast<size_t>((from + 2 * to) % 3) * count;
+      return to == 0 ? count + static_cast<size_t>(from) : 0;
+    };
+    const size_t most = 2 * count + static_cast<size_t>(n);
+    std::vector<size_t> send_counts(n), want_counts(n);
+    std::vector<std::byte> send, want;
+    auto mine = tagged(t, r, n, most);
+    for (int p = 0; p < n; ++p) {
+      send_counts[p] = sends(r, p);
+      want_counts[p] = sends(p, r);
+      send.insert(send.end(), mine.begin() + p * most * es, mine.begin() + (p * most + send_counts[p]) * es);
+      auto theirs = tagged(t, p, n, most);
+      want.insert(want.end(), theirs.begin() + r * most * es, theirs.begin() + (r * most + want_counts[p]) * es);
+    }
+    const std::vector<size_t> recv_counts = all_to_all_counts(c, send_counts);
+    if (recv_counts != want_counts)
+      throw std::runtime_error(fmt::format("rank {}: all_to_all_counts gave [{}], expected [{}]", r,
+                                           fmt::join(recv_counts, ", "), fmt::join(want_counts, ", ")));
+    std::vector<std::byte> recv(want.size(), std::byte{0xAB});
+    c.all_to_all_v(send.data(), send_counts, recv.data(), recv_counts, t);
+    ck.expect(fmt::format("all_to_all_v pattern {} x {}", pattern, count), t, recv.data(), want.data(),
+              want.size() / es);
   }
 }
 

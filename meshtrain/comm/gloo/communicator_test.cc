@@ -206,6 +206,15 @@ int run_child(const ChildArgs& args) {
         w->broadcast(v.data(), 8, DType::f32, 0);
     });
   }
+  if (scenario == "mismatch_counts") {  // all_to_all_v: rank 0 expects 3 elements from rank 1, which sends 2
+    return report([&] {
+      const size_t n = static_cast<size_t>(w->size());
+      std::vector<size_t> send(n, 2), recv(n, 2);
+      if (r == 0) recv[1] = 3;
+      std::vector<float> out(2 * n, 1.0f), in(2 * n + 1);
+      w->all_to_all_v(out.data(), send, in.data(), recv, DType::f32);
+    });
+  }
   if (scenario == "mismatch_eager") {  // no fingerprints: the eager slots' headers catch it
     return report([&] {
       std::vector<float> v(8, 1.0f), all(8 * static_cast<size_t>(w->size()));
@@ -423,6 +432,17 @@ TEST(GlooFaults, MismatchedCollectivesFailEveryRankWithTheSameSentence) {
     EXPECT_NE(c.out.find(sentence), std::string::npos) << dump(children);
     EXPECT_FALSE(exited_ok(c));
   }
+}
+
+// all_to_all_v's counts travel with the fingerprints: the rank whose
+// expectation differs names the pair; the others stop with it.
+TEST(GlooFaults, AllToAllVCountsThatDisagreeNameBothRanks) {
+  const auto children = run_job("mismatch_counts", 3);
+  EXPECT_NE(children[0].out.find("MismatchError: all_to_all_v: all_to_all_v #1 (f32, uneven): rank 1 sends 2 "
+                                 "elements to rank 0, which expects 3"),
+            std::string::npos)
+      << dump(children);
+  for (const Child& c : children) EXPECT_FALSE(exited_ok(c)) << dump(children);
 }
 
 // A rank that is alive but late, stopped (SIGSTOP) or killed (SIGKILL):

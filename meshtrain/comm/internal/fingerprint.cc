@@ -37,6 +37,30 @@ std::string format_ranks(const std::vector<int>& ranks) {
   return (ranks.size() == 1 ? "rank " : "ranks ") + out;
 }
 
+Fingerprint fingerprint_to(const Op& op, int peer) {
+  Fingerprint f = op.fingerprint();
+  if (op.kind == CollectiveOp::all_to_all_v) f.count = op.send_counts[static_cast<size_t>(peer)];
+  return f;
+}
+
+Fingerprint canonical(Fingerprint f) {
+  if (f.op == CollectiveOp::all_to_all_v) f.count = 0;
+  return f;
+}
+
+Fingerprint check_from(const Op& op, int self, int peer, const Fingerprint& theirs) {
+  const Fingerprint mine = op.fingerprint(), same = canonical(theirs);
+  if (op.kind == CollectiveOp::all_to_all_v && same == mine &&
+      theirs.count != op.recv_counts[static_cast<size_t>(peer)])
+    throw MismatchError(std::string(collective_op_name(op.kind)),
+                        fmt::format("{}: rank {} sends {} elements to rank {}, which expects {}", mine.to_string(),
+                                    peer, theirs.count, self, op.recv_counts[static_cast<size_t>(peer)]),
+                        "rank r's send_counts[p] must equal rank p's recv_counts[r]: exchange the counts first "
+                        "(all_to_all_counts)",
+                        {self, peer});
+  return same;
+}
+
 WireFingerprint WireFingerprint::from(const Fingerprint& f) {
   return {f.seq, f.count, f.root, static_cast<uint8_t>(f.op), static_cast<uint8_t>(f.dtype),
           static_cast<uint8_t>(f.reduce), 1};

@@ -32,6 +32,17 @@ struct WireFingerprint {
 };
 static_assert(sizeof(WireFingerprint) == 24);
 
+// all_to_all_v's counts travel in the fingerprints: the one a rank sends
+// peer p carries send_counts[p] as its count, and p checks it against its
+// recv_counts[rank]. Other ops send op.fingerprint() to every peer.
+Fingerprint fingerprint_to(const Op& op, int peer);
+// Checks `theirs`, what `peer` sent this rank for `op`: throws the
+// MismatchError of an all_to_all_v whose counts disagree (naming both
+// ranks); returns canonical(theirs), to compare with op.fingerprint().
+Fingerprint check_from(const Op& op, int self, int peer, const Fingerprint& theirs);
+// f with all_to_all_v's per-peer count cleared (what a mismatch table shows).
+Fingerprint canonical(Fingerprint f);
+
 // What every rank called at one sequence number, indexed by rank; nullopt:
 // that rank's fingerprint did not arrive.
 using FingerprintTable = std::vector<std::optional<Fingerprint>>;

@@ -526,6 +526,24 @@ void test_mismatch(Communicator& world) {
   } catch (const std::exception& e) {
     expect(false, std::string("count mismatch: wrong error: ") + e.what());
   }
+  // all_to_all_v: rank 0 expects 3 elements from rank 1, which sends 2. Rank
+  // 0 names the pair; the others fail too (its notice), none hangs.
+  auto v = mpi::create_world();
+  v->set_timeout(std::chrono::seconds(10));
+  std::vector<size_t> send(static_cast<size_t>(n), 2), recv(static_cast<size_t>(n), 2);
+  if (r == 0) recv[1] = 3;
+  std::vector<float> out(2 * static_cast<size_t>(n), 1.0f), in(2 * static_cast<size_t>(n) + 1);
+  try {
+    v->all_to_all_v(out.data(), send, in.data(), recv, DType::f32);
+    expect(false, "all_to_all_v count mismatch: no error");
+  } catch (const MismatchError& e) {
+    expect(r != 0 || e.detail().find("rank 1 sends 2 elements to rank 0, which expects 3") != std::string::npos,
+           "all_to_all_v count mismatch detail: " + e.detail());
+  } catch (const AbortedError& e) {
+    expect(r != 0, std::string("all_to_all_v count mismatch: rank 0 aborted: ") + e.what());
+  } catch (const std::exception& e) {
+    expect(false, std::string("all_to_all_v count mismatch: wrong error: ") + e.what());
+  }
   world.barrier();
 }
 

@@ -193,7 +193,8 @@ class ThreadsCommunicator final : public Communicator {
 
   void run(const Op& op) {
     op_deadline_ = Clock::now() + timeout();
-    if (input_bytes(op) <= kSmallBytes) run_small(op);
+    if (op.kind == CollectiveOp::all_to_all_v) run_v(op);
+    else if (input_bytes(op) <= kSmallBytes) run_small(op);
     else run_large(op);
   }
 
@@ -308,6 +309,51 @@ class ThreadsCommunicator final : public Communicator {
         break;
       default:
         break;
+    }
+    barrier_.sync(op, 1, false, op_deadline_, timeout());
+  }
+
+  // all_to_all_v: publish buffers and counts, check every pair's counts
+  // (every rank reads the same n x n table, so all reach the same verdict
+  // before any data moves), copy this rank's blocks into the peers' recv
+  // buffers, then wait until every peer finished with ours. The counts go
+  // through the scratch slot: a rank that finds a mismatch throws at once,
+  // and its Op's vectors die while its peers may still be reading them.
+  void run_v(const Op& op) {
+    const int n = g_->n, b = static_cast<int>(op.seq % 2);
+    if (2 * sizeof(size_t) * static_cast<size_t>(n) > kSmallBytes)
+      throw Unsupported("threads::all_to_all_v", fmt::format("{} ranks", n),
+                        fmt::format("the threads engine runs all_to_all_v on up to {} ranks",
+                                    kSmallBytes / (2 * sizeof(size_t))));
+    Slot& me = g_->slots[rank_];
+    auto* counts = reinterpret_cast<size_t*>(me.scratch[b]);
+    std::copy(op.send_counts.begin(), op.send_counts.end(), counts);
+    std::copy(op.recv_counts.begin(), op.recv_counts.end(), counts + n);
+    me.pub[b] = {op.fingerprint(), op.send, op.recv, counts, counts + n};
+    barrier_.sync(op, 0, true, op_deadline_, timeout());
+    barrier_.check_fingerprints(op);
+    auto pub = [&](int p) -> const Publication& { return g_->slots[p].pub[b]; };
+    for (int p = 0; p < n; ++p)
+      for (int q = 0; q < n; ++q)
+        if (pub(p).send_counts[q] != pub(q).recv_counts[p])
+          internal::fail(*g_, MismatchError("threads::all_to_all_v",
+                                            fmt::format("{}: {} sends {} elements to {}, which expects {}",
+                                                        op.fingerprint().to_string(), g_->name(p),
+                                                        pub(p).send_counts[q], g_->name(q), pub(q).recv_counts[p]),
+                                            "rank r's send_counts[p] must equal rank p's recv_counts[r]: "
+                                            "exchange the counts first (all_to_all_counts)",
+                                            {p, q}));
+    const size_t es = dtype_size(op.dtype);
+    size_t sent = 0;
+    for (int p = 0; p < n; ++p) {
+      const size_t bytes = op.send_counts[p] * es;
+      size_t at = 0;  // where rank_'s block starts in p's recv
+      for (int s = 0; s < rank_; ++s) at += pub(p).recv_counts[s];
+      if (bytes)
+        comm::internal::copy(static_cast<std::byte*>(pub(p).recv) + at * es,
+                             static_cast<const std::byte*>(op.send) + sent, bytes,
+                             bytes >= comm::internal::kStreamingBytes);
+      sent += bytes;
     }
     barrier_.sync(op, 1, false, op_deadline_, timeout());
   }

@@ -287,6 +287,7 @@ class Channel final : public Listener {
   void all_gather_blocks(const Op& op, std::byte* buf, const std::vector<size_t>& offset, uint64_t phase);
   void broadcast(const Op& op);
   void all_to_all(const Op& op);
+  void all_to_all_v(const Op& op);
   void barrier(const Op& op);
   void split_exchange(Task& t);
   // eager.cc: the bound buffers of every peer (constructor), a wait on one

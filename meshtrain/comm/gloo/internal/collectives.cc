@@ -65,6 +65,9 @@ void Channel::run_collective(Task& t) {
         // One rank: the result is the input (avg divides by 1).
         if (op.recv != op.send && op.count > 0) std::memmove(op.recv, op.send, op.bytes());
         break;
+      case CollectiveOp::all_to_all_v:
+        if (op.send_counts[0] > 0) std::memcpy(op.recv, op.send, op.send_counts[0] * dtype_size(op.dtype));
+        break;
       case CollectiveOp::split:
         t.split_table.resize(2);
         break;
@@ -87,6 +90,7 @@ void Channel::run_collective(Task& t) {
     }
     case CollectiveOp::broadcast: return broadcast(op);
     case CollectiveOp::all_to_all: return all_to_all(op);
+    case CollectiveOp::all_to_all_v: return all_to_all_v(op);
     case CollectiveOp::barrier: return barrier(op);
     case CollectiveOp::split: return split_exchange(t);
     default: throw Unsupported(op_name(op.kind), "not a collective", "");
@@ -96,12 +100,20 @@ void Channel::run_collective(Task& t) {
 void Channel::check_fingerprints(const Op& op) {
   if (!options().check_fingerprints || size_ == 1) return;
   const Fingerprint mine = op.fingerprint();
+  using comm::internal::check_from;
+  using comm::internal::fingerprint_to;
   using comm::internal::WireFingerprint;
   Transfers x(*this, op, 0);
-  auto* wire = reinterpret_cast<WireFingerprint*>(x.scratch(sizeof(WireFingerprint)));
-  *wire = WireFingerprint::from(mine);
-  auto* theirs = reinterpret_cast<WireFingerprint*>(x.scratch(static_cast<size_t>(size_) * sizeof(WireFingerprint)));
-  for (int k = 1; k < size_; ++k) x.send(to_peer(rank_, k, size_), wire, sizeof(WireFingerprint));
+  // One wire per peer: an all_to_all_v's carries the count that peer gets
+  // (comm/internal/fingerprint.h); the others are all the same.
+  const size_t n = static_cast<size_t>(size_);
+  auto* wires = reinterpret_cast<WireFingerprint*>(x.scratch(n * sizeof(WireFingerprint)));
+  for (size_t p = 0; p < n; ++p) wires[p] = WireFingerprint::from(fingerprint_to(op, static_cast<int>(p)));
+  auto* theirs = reinterpret_cast<WireFingerprint*>(x.scratch(n * sizeof(WireFingerprint)));
+  for (int k = 1; k < size_; ++k) {
+    const int p = to_peer(rank_, k, size_);
+    x.send(p, &wires[p], sizeof(WireFingerprint));
+  }
   for (int k = 1; k < size_; ++k) {
     const int p = from_peer(rank_, k, size_);
     x.recv(p, &theirs[p], sizeof(WireFingerprint));
@@ -110,7 +122,7 @@ void Channel::check_fingerprints(const Op& op) {
   comm::internal::FingerprintTable table(static_cast<size_t>(size_));
   bool same = true;
   for (int p = 0; p < size_; ++p) {
-    table[static_cast<size_t>(p)] = p == rank_ ? mine : theirs[static_cast<size_t>(p)].to();
+    table[static_cast<size_t>(p)] = p == rank_ ? mine : check_from(op, rank_, p, theirs[static_cast<size_t>(p)].to());
     same = same && *table[static_cast<size_t>(p)] == mine;
   }
   if (same) return;
@@ -299,6 +311,30 @@ void Channel::all_to_all(const Op& op) {
   }
   std::memcpy(bytes_of(op.recv) + static_cast<size_t>(rank_) * block,
               bytes_of(op.send) + static_cast<size_t>(rank_) * block, block);
+  x.wait_all();
+}
+
+void Channel::all_to_all_v(const Op& op) {
+  // Blocks packed in rank order; a zero count moves nothing (both sides
+  // know it: the fingerprints compared the counts).
+  const size_t n = static_cast<size_t>(size_), es = dtype_size(op.dtype);
+  std::vector<size_t> send_off(n + 1, 0), recv_off(n + 1, 0);
+  for (size_t p = 0; p < n; ++p) {
+    send_off[p + 1] = send_off[p] + op.send_counts[p] * es;
+    recv_off[p + 1] = recv_off[p] + op.recv_counts[p] * es;
+  }
+  Transfers x(*this, op, kPhaseData);
+  for (int k = 1; k < size_; ++k) {
+    const auto p = static_cast<size_t>(to_peer(rank_, k, size_));
+    if (send_off[p + 1] > send_off[p]) x.send(static_cast<int>(p), bytes_of(op.send) + send_off[p], send_off[p + 1] - send_off[p]);
+  }
+  for (int k = 1; k < size_; ++k) {
+    const auto p = static_cast<size_t>(from_peer(rank_, k, size_));
+    if (recv_off[p + 1] > recv_off[p]) x.recv(static_cast<int>(p), bytes_of(op.recv) + recv_off[p], recv_off[p + 1] - recv_off[p]);
+  }
+  const auto me = static_cast<size_t>(rank_);
+  if (send_off[me + 1] > send_off[me])
+    std::memcpy(bytes_of(op.recv) + recv_off[me], bytes_of(op.send) + send_off[me], send_off[me + 1] - send_off[me]);
   x.wait_all();
 }
 

@@ -204,8 +204,13 @@ std::shared_ptr<Task> Channel::start(const Op& op, std::chrono::milliseconds tim
 void Channel::post_fingerprints(Task& t) {
   const std::string_view name = collective_op_name(t.op.kind);
   const int tag = fingerprint_tag(t.op.seq);
-  t.mine = std::make_shared<WireFingerprint>(WireFingerprint::from(t.op.fingerprint()));
   const size_t peers = static_cast<size_t>(size_ - 1);
+  // mine[0] is this rank's fingerprint; an all_to_all_v sends peer i its own
+  // (mine[1 + i], carrying the count it gets).
+  const bool per_peer = t.op.kind == CollectiveOp::all_to_all_v;
+  auto wires = std::make_shared<std::vector<WireFingerprint>>(per_peer ? 1 + peers : 1);
+  (*wires)[0] = WireFingerprint::from(t.op.fingerprint());
+  t.mine = std::shared_ptr<WireFingerprint>(wires, wires->data());
   t.theirs.resize(peers);
   t.peers.resize(peers);
   t.fp_recv.assign(peers, MPI_REQUEST_NULL);
@@ -213,12 +218,13 @@ void Channel::post_fingerprints(Task& t) {
   for (size_t i = 0; i < peers; ++i) {
     const int p = (rank_ + 1 + static_cast<int>(i)) % size_;
     t.peers[i] = p;
+    if (per_peer) (*wires)[1 + i] = WireFingerprint::from(fingerprint_to(t.op, p));
     check(MPI_Irecv(&t.theirs[i], sizeof(WireFingerprint), MPI_BYTE, p, tag, check_, &t.fp_recv[i]),
           "MPI_Irecv", name);
   }
   for (size_t i = 0; i < peers; ++i)
-    check(MPI_Isend(t.mine.get(), sizeof(WireFingerprint), MPI_BYTE, t.peers[i], tag, check_,
-                    &t.fp_send[i]),
+    check(MPI_Isend(t.mine.get() + (per_peer ? 1 + i : 0), sizeof(WireFingerprint), MPI_BYTE, t.peers[i], tag,
+                    check_, &t.fp_send[i]),
           "MPI_Isend", name);
 }
 
@@ -275,6 +281,28 @@ void Channel::post_data(Task& t) {
       check(MPI_Ialltoall(op.send, count, type, op.recv, count, type, comm_, &t.request),
             "MPI_Ialltoall", name);
       return;
+    case CollectiveOp::all_to_all_v: {
+      // Counts and displacements (MPI's are int): send's, then recv's.
+      const size_t n = static_cast<size_t>(size_);
+      t.v_counts.resize(4 * n);
+      size_t sent = 0, received = 0;
+      for (size_t p = 0; p < n; ++p) {
+        for (size_t v : {op.send_counts[p], sent, op.recv_counts[p], received})
+          if (v > static_cast<size_t>(INT_MAX))
+            throw Unsupported(std::string(name),
+                              fmt::format("a count or offset ({}) exceeds the largest MPI count ({})", v, INT_MAX),
+                              "split the exchange into calls of at most 2^31-1 elements");
+        t.v_counts[p] = static_cast<int>(op.send_counts[p]);
+        t.v_counts[n + p] = static_cast<int>(sent);
+        t.v_counts[2 * n + p] = static_cast<int>(op.recv_counts[p]);
+        t.v_counts[3 * n + p] = static_cast<int>(received);
+        sent += op.send_counts[p], received += op.recv_counts[p];
+      }
+      check(MPI_Ialltoallv(op.send, &t.v_counts[0], &t.v_counts[n], type, op.recv, &t.v_counts[2 * n],
+                           &t.v_counts[3 * n], type, comm_, &t.request),
+            "MPI_Ialltoallv", name);
+      return;
+    }
     case CollectiveOp::barrier:
     case CollectiveOp::split:
       // With checks, every peer's fingerprint has arrived: everyone entered.
@@ -425,7 +453,7 @@ bool Channel::poll_fingerprints(Task& t) {
         "MPI_Testall", name);
   if (!flag) return false;
   for (size_t i = 0; i < t.theirs.size(); ++i)
-    if (t.theirs[i].to() != t.mine->to()) throw_mismatch(t, t.peers);
+    if (check_from(t.op, rank_, t.peers[i], t.theirs[i].to()) != t.mine->to()) throw_mismatch(t, t.peers);
   int sent = 0;  // completes the sends if they are done; finishing checks again
   check(MPI_Testall(static_cast<int>(t.fp_send.size()), t.fp_send.data(), &sent,
                     MPI_STATUSES_IGNORE),
@@ -439,7 +467,7 @@ void Channel::throw_mismatch(const Task& t, const std::vector<int>& arrived) {
   table[static_cast<size_t>(rank_)] = t.mine->to();
   for (int p : arrived) {
     const size_t i = static_cast<size_t>((p - rank_ - 1 + size_) % size_);  // index in t.peers
-    table[static_cast<size_t>(p)] = t.theirs[i].to();
+    table[static_cast<size_t>(p)] = canonical(t.theirs[i].to());
   }
   mismatch_seq_ = t.op.seq;
   mismatch_table_ = table;

@@ -54,7 +54,10 @@ namespace meshtrain::comm::mpi::internal {
 
 using comm::internal::decode_notice;
 using comm::internal::encode_notice;
+using comm::internal::canonical;
+using comm::internal::check_from;
 using comm::internal::FingerprintTable;
+using comm::internal::fingerprint_to;
 using comm::internal::format_ranks;
 using comm::internal::mismatch_error;
 using comm::internal::Notice;
@@ -112,6 +115,7 @@ struct Task {
   std::unique_ptr<std::byte[]> inputs;  // peer (rank + 1 + i) % n's input at i * op.bytes()
   size_t inputs_capacity = 0;
   std::vector<std::byte> temp;  // native in-place reduce_scatter lands here first
+  std::vector<int> v_counts;    // all_to_all_v: send counts, send offsets, recv counts, recv offsets
   std::unique_ptr<internal::RingReduceScatter> ring;
 };
 

@@ -55,7 +55,7 @@ std::exception_ptr Channel::timeout_error(Task& t, std::chrono::milliseconds tim
       std::sort(missing.begin(), missing.end());
       for (int p : arrived) {
         const size_t i = static_cast<size_t>((p - rank_ - 1 + size_) % size_);
-        if (t.theirs[i].to() != t.mine->to()) throw_mismatch(t, arrived);
+        if (check_from(op, rank_, p, t.theirs[i].to()) != t.mine->to()) throw_mismatch(t, arrived);
       }
       if (missing.empty()) missing = t.peers;  // cannot happen: Testall would have completed
       throw TimeoutError(

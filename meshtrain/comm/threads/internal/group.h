@@ -71,6 +71,8 @@ struct Publication {
   Fingerprint fp;
   const void* send = nullptr;
   void* recv = nullptr;
+  const size_t* send_counts = nullptr;  // all_to_all_v's, n each
+  const size_t* recv_counts = nullptr;
 };
 
 struct alignas(64) Slot {
