@@ -7,11 +7,13 @@ For a small MLP, a small VAE, a small GPT and a small Llama-style GPT it stores,
 the initial weights (Linear weights transposed to meshtrain's (in, out)
 convention), the loss, every gradient after one backward, and the losses of
 10 AdamW steps on the same batch (weight decay 0.01 on weights only, as
-meshtrain decides by parameter metadata). The VAE's reparameterization noise
+meshtrain decides by parameter metadata). For two mixture-of-experts layers
+(moe_v1) it stores one forward and backward of sum(w * y) + L_aux. The VAE's reparameterization noise
 is stored too, so both sides use the same eps. CI never runs this script; it
 only reads the committed files (tests/golden_test.cc).
 """
 import json
+import math
 import struct
 import sys
 
@@ -319,11 +321,117 @@ def llama(outdir):
     decoder_golden(outdir, "llama", model, cfg)
 
 
+class SwiGLU(torch.nn.Module):
+    def __init__(self, width, hidden):
+        super().__init__()
+        self.gate = torch.nn.Linear(width, hidden, bias=False)
+        self.up = torch.nn.Linear(width, hidden, bias=False)
+        self.down = torch.nn.Linear(hidden, width, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+    def named(self, prefix):
+        return [(f"{prefix}.gate_proj.weight", self.gate.weight), (f"{prefix}.up_proj.weight", self.up.weight),
+                (f"{prefix}.down_proj.weight", self.down.weight)]
+
+
+class MoE(torch.nn.Module):
+    """The mixture-of-experts layer as meshtrain defines it (nn/moe.h): scores
+    softmax or sigmoid of a bias-free router, the top_k experts by score + bias
+    (lower index on ties), weights the scores (normalized over the k when asked),
+    capacity ceil(cf T k / E) per sequence and expert (slot 0 of every step first),
+    shared experts, and the sequence-wise Switch/GShard auxiliary loss."""
+
+    def __init__(self, width, hidden, experts, top_k, shared, score, normalize, aux, capacity):
+        super().__init__()
+        self.e, self.k, self.score, self.normalize, self.aux, self.cf = experts, top_k, score, normalize, aux, capacity
+        self.gate = torch.nn.Linear(width, experts, bias=False)
+        self.experts = torch.nn.ModuleList(SwiGLU(width, hidden) for _ in range(experts))
+        self.shared = SwiGLU(width, shared * hidden) if shared else None
+        self.bias = torch.zeros(experts)
+
+    def forward(self, x):
+        bsz, t, c = x.shape
+        xs = x.reshape(bsz * t, c)
+        logits = self.gate(xs)
+        s = torch.softmax(logits, -1) if self.score == "softmax" else torch.sigmoid(logits)
+        idx = torch.sort(s.detach() + self.bias, dim=-1, descending=True, stable=True).indices[:, : self.k]
+        sel = s.gather(1, idx)
+        w = sel / sel.sum(-1, keepdim=True) if self.normalize else sel
+        kept = torch.ones(bsz * t, self.k, dtype=torch.bool)
+        if self.cf > 0:
+            cap = math.ceil(self.cf * t * self.k / self.e)
+            for b in range(bsz):
+                used = [0] * self.e
+                for j in range(self.k):
+                    for i in range(b * t, (b + 1) * t):
+                        e = int(idx[i, j])
+                        kept[i, j] = used[e] < cap
+                        used[e] += 1
+        y = torch.zeros_like(xs)
+        for e in range(self.e):
+            rows, slots = ((idx == e) & kept).nonzero(as_tuple=True)
+            if len(rows):
+                y = y.index_add(0, rows, w[rows, slots, None] * self.experts[e](xs[rows]))
+        if self.shared is not None:
+            y = y + self.shared(xs)
+        p = s if self.score == "softmax" else s / s.sum(-1, keepdim=True)
+        count = torch.zeros(bsz, self.e)
+        for b in range(bsz):
+            count[b] = torch.bincount(idx[b * t:(b + 1) * t].reshape(-1), minlength=self.e).float()
+        mean_p = p.view(bsz, t, self.e).mean(1)
+        aux = (self.aux * self.e / (self.k * t) * (count * mean_p).sum(-1)).mean()
+        return y.view(bsz, t, c), aux, int((~kept).sum())
+
+    def named(self, prefix):
+        out = [(f"{prefix}.gate.weight", self.gate.weight)]
+        for e, m in enumerate(self.experts):
+            out += m.named(f"{prefix}.experts.{e}")
+        if self.shared is not None:
+            out += self.shared.named(f"{prefix}.shared_experts")
+        return out
+
+
+def moe(outdir):
+    """Two layers: softmax top-2 with a capacity that drops tokens, and sigmoid
+    top-2 with a shared expert and a nonzero selection bias. For each: x, the
+    weights w of the loss sum(w * y) + L_aux, initial weights, y, L_aux, the
+    dropped count, dx and every gradient."""
+    torch.manual_seed(3141)  # its own stream
+    out, meta = {}, {"version": VERSION}
+    configs = {"soft": dict(width=8, hidden=6, experts=4, top_k=2, shared=0, score="softmax", normalize=True,
+                            aux=0.05, capacity=0.75),
+               "sig": dict(width=8, hidden=6, experts=4, top_k=2, shared=1, score="sigmoid", normalize=True,
+                           aux=0.05, capacity=0.0)}
+    for tag, cfg in configs.items():
+        layer = MoE(**cfg)
+        with torch.no_grad():
+            for _, p in layer.named("mlp"):
+                p.normal_(0.0, 0.4)
+            if tag == "sig":
+                layer.bias = torch.tensor([0.0, 0.2, -0.1, 0.05])
+        x = torch.randn(3, 5, cfg["width"], requires_grad=True)
+        w = torch.randn(3, 5, cfg["width"])
+        y, aux, dropped = layer(x)
+        ((y * w).sum() + aux).backward()
+        meta.update({f"{tag}.{k}": v for k, v in cfg.items()})
+        out[f"{tag}.x"], out[f"{tag}.w"], out[f"{tag}.y"] = x.detach(), w, y.detach()
+        out[f"{tag}.aux"] = aux.detach().reshape(1)
+        out[f"{tag}.dropped"] = torch.tensor([dropped], dtype=torch.int64)
+        out[f"{tag}.bias"] = layer.bias.clone()
+        out[f"{tag}.grad.x"] = x.grad
+        for name, p in layer.named("mlp"):
+            out[f"{tag}.init.{name}"] = p.detach().t().clone()  # (in, out)
+            out[f"{tag}.grad.{name}"] = p.grad.detach().t().clone()
+    save(f"{outdir}/moe_v{VERSION}.safetensors", out, meta)
+
+
 if __name__ == "__main__":
-    # make_golden.py [outdir [mlp|vae|gpt|llama ...]]: every model by default.
+    # make_golden.py [outdir [mlp|vae|gpt|llama|moe ...]]: every model by default.
     outdir = sys.argv[1] if len(sys.argv) > 1 else "golden"
-    wanted = sys.argv[2:] or ["mlp", "vae", "gpt", "llama"]
-    for name in ("mlp", "vae", "gpt", "llama"):
+    wanted = sys.argv[2:] or ["mlp", "vae", "gpt", "llama", "moe"]
+    for name in ("mlp", "vae", "gpt", "llama", "moe"):
         if name in wanted:
             globals()[name](outdir)
             print(f"wrote {outdir}/{name}_v{VERSION}.safetensors")

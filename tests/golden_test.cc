@@ -1,5 +1,6 @@
 // PyTorch parity (llm.c style) for the MLP, the VAE, the GPT (tied
-// embedding, causal attention) and the GPT with Llama's blocks: golden
+// embedding, causal attention), the GPT with Llama's blocks and the
+// mixture-of-experts layer: golden
 // files written by scripts/make_golden.py with Debian's python3-torch hold
 // inputs, initial weights, the loss, every
 // gradient and 10 AdamW steps of losses. meshtrain loads the same weights and
@@ -14,6 +15,7 @@
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/mlp.h"
+#include "meshtrain/nn/moe.h"
 #include "meshtrain/nn/vae.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/train/artifacts.h"
@@ -155,6 +157,37 @@ TEST(GoldenPyTorch, LlamaLossGradientsAndTenAdamWSteps) {
                         nn::GPTConfig{.arch = layout::DecoderArch::llama, .kv_heads = 2, .rope_base = 10000.0,
                                       .ffn_hidden = 24, .vocab = 13, .block_size = 32, .layers = 2, .heads = 4,
                                       .width = 16});
+}
+
+// The mixture-of-experts layer against scripts/make_golden.py's MoE: a
+// softmax router with a capacity that drops tokens, and a sigmoid router
+// with a shared expert and a selection bias. y, L_aux, the dropped count,
+// dx and every gradient of sum(w * y) + L_aux within 1e-5.
+TEST(GoldenPyTorch, MoEOutputAuxiliaryLossAndGradients) {
+  const Golden g = load("moe_v1.safetensors");
+  for (const std::string tag : {"soft", "sig"}) {
+    SCOPED_TRACE(tag);
+    const bool soft = tag == "soft";
+    nn::MoE moe({.width = 8, .expert_hidden = 6, .experts = 4, .top_k = 2, .shared_experts = soft ? 0 : 1,
+                 .score = soft ? layout::RouterScore::softmax : layout::RouterScore::sigmoid,
+                 .aux_loss_coef = 0.05, .capacity_factor = soft ? 0.75 : 0.0, .prefix = "mlp"});
+    for (nn::Parameter* p : moe.parameters()) p->value.copy_from(g.at(tag + ".init." + p->name));
+    std::vector<float> bias;
+    for (double b : g.at(tag + ".bias").to_vector()) bias.push_back(static_cast<float>(b));
+    moe.set_bias(bias);
+    const Tensor& x = g.at(tag + ".x");
+    moe.zero_grad();
+    EXPECT_LT(rel_diff(moe.forward(x), g.at(tag + ".y")), 1e-5);
+    const nn::MoELoad load = moe.take_load();
+    EXPECT_LT(rel(load.aux_loss / static_cast<double>(load.sequences), g.at(tag + ".aux").to_vector()[0]), 1e-5);
+    EXPECT_EQ(static_cast<double>(load.dropped), g.at(tag + ".dropped").to_vector()[0]);
+    if (soft) {
+      EXPECT_GT(load.dropped, 0);
+    }
+    EXPECT_LT(rel_diff(moe.backward(g.at(tag + ".w")), g.at(tag + ".grad.x")), 1e-5);
+    for (nn::Parameter* p : moe.parameters())
+      EXPECT_LT(rel_diff(p->grad, g.at(tag + ".grad." + p->name)), 1e-5) << p->name;
+  }
 }
 
 }  // namespace

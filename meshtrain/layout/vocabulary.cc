@@ -88,6 +88,14 @@ DecoderArch parse_decoder_arch(std::string_view text, std::string_view what) {
 
 std::string_view decoder_arch_name(DecoderArch a) { return kDecoderArchNames[static_cast<size_t>(a)]; }
 
+RouterScore parse_router_score(std::string_view text, std::string_view what) {
+  for (size_t i = 0; i < kRouterScoreNames.size(); ++i)
+    if (text == kRouterScoreNames[i]) return static_cast<RouterScore>(i);
+  throw InvalidArgument(std::string(what), fmt::format("router score '{}'", text), "use softmax or sigmoid");
+}
+
+std::string_view router_score_name(RouterScore s) { return kRouterScoreNames[static_cast<size_t>(s)]; }
+
 ContextComm parse_context_comm(std::string_view text, std::string_view what) {
   if (text == "ring") return ContextComm::ring;
   if (text == "all_to_all" || text == "all-to-all" || text == "ulysses") return ContextComm::all_to_all;

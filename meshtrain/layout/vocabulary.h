@@ -8,6 +8,7 @@
 //   layout::parse_schedule_kind("zb");                        // ScheduleKind::zero_bubble
 //   layout::parse_context_comm("all_to_all");                 // ContextComm::all_to_all
 //   layout::parse_decoder_arch("llama");                       // DecoderArch::llama
+//   layout::parse_router_score("sigmoid");                     // RouterScore::sigmoid
 //   layout::parse_zeropp("qwz,hpz", "--zeropp");              // {.qwz = true, .hpz = true}
 //
 // Thread-safety: constants and pure functions. Errors: InvalidArgument
@@ -90,6 +91,13 @@ enum class DecoderArch : uint8_t { gpt2, llama };
 inline constexpr std::array<std::string_view, 2> kDecoderArchNames = {"gpt2", "llama"};
 DecoderArch parse_decoder_arch(std::string_view text, std::string_view what = "--arch");
 std::string_view decoder_arch_name(DecoderArch a);
+
+// A mixture-of-experts router's scores (nn/moe.h): softmax over the
+// experts (Switch, Mixtral) or an independent sigmoid each (DeepSeek-V3).
+enum class RouterScore : uint8_t { softmax, sigmoid };
+inline constexpr std::array<std::string_view, 2> kRouterScoreNames = {"softmax", "sigmoid"};
+RouterScore parse_router_score(std::string_view text, std::string_view what = "--router-score");
+std::string_view router_score_name(RouterScore s);
 
 enum class ContextComm : uint8_t { ring, all_to_all };
 inline constexpr std::array<std::string_view, 2> kContextCommNames = {"ring", "all_to_all"};

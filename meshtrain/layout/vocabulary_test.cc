@@ -50,6 +50,12 @@ TEST(Vocabulary, ContextComm) {
               HasSubstr("--cp-comm: 'star' (hint: use ring or all_to_all)"));
 }
 
+TEST(Vocabulary, RouterScore) {
+  for (auto r : {RouterScore::softmax, RouterScore::sigmoid}) EXPECT_EQ(parse_router_score(router_score_name(r)), r);
+  EXPECT_THAT(error_of([] { parse_router_score("sparsemax"); }),
+              HasSubstr("--router-score: router score 'sparsemax' (hint: use softmax or sigmoid)"));
+}
+
 TEST(Vocabulary, ZeroPP) {
   EXPECT_FALSE(parse_zeropp("").any());
   EXPECT_EQ(parse_zeropp(" hpz , qwz"), (ZeroPPParts{.qwz = true, .hpz = true}));

@@ -44,6 +44,10 @@ struct BatchContext {
   // real steps' masks those of one device; a pipeline stage without the
   // embeddings learns T from it (nn::GPT).
   int64_t sequence_length = 0;
+  // The step's samples over every rank and micro-batch: what a loss a
+  // module adds itself (a MoE layer's auxiliary loss) is averaged over, as
+  // the trainer's loss is (0: the call's own samples).
+  double global_samples = 0;
 };
 
 class Saved {
