@@ -76,6 +76,11 @@ std::vector<layout::ModelParameter> model_parameters(const ModelShardFlags& f, n
 // The training layout of the flags: the mesh, and the fsdp mode (full by
 // default when the fsdp axis is larger than 1, as training).
 layout::TrainingLayout training_layout(const ModelShardFlags& f, const mesh::NamedShape& mesh) {
+  if (const int expert = mesh.size_of(mesh::kExpert); expert > 1)
+    throw InvalidArgument("--mesh", fmt::format("an expert axis of {} for --model {}, which has no experts", expert,
+                                                f.model),
+                          "the expert axis splits a mixture-of-experts model's experts (meshtrain train --arch llama "
+                          "--experts N); use a data axis here");
   layout::TrainingLayout out{.mesh = mesh, .fsdp_min_weight_size = f.fsdp_min_weight_size};
   if (f.virtual_stages > 1) {
     if (mesh.size_of(mesh::kPipeline) == 1)

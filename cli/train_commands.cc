@@ -13,6 +13,7 @@
 #include "bench/fusion_bench.h"
 #include "bench/gemm_bench.h"
 #include "bench/checkpoint_bench.h"
+#include "bench/moe_bench.h"
 #include "bench/zeropp_bench.h"
 #include "bench/gpt_bench.h"
 #include "bench/memory_bench.h"
@@ -384,6 +385,67 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                                                      {"reps", std::to_string(co->reps)},
                                                      {"drop_caches", co->drop_caches ? "true" : "false"}});
                    fmt::print("{}", bench::format_checkpoint_bench(bench::run_checkpoint_bench(*co), *co));
+                   return 0;
+                 }});
+
+  auto moe = std::make_shared<bench::MoeBenchOptions>();
+  auto* moeb = bench_cmd->add_subcommand(
+      "moe",
+      "a mixture-of-experts GPT: tokens/s of expert=N against data=N on the same model, and the all-to-all's "
+      "share of the step");
+  moeb->add_option("--layers", moe->layers, "blocks (1 to 64)")->capture_default_str()->check(CLI::Range(1, 64));
+  moeb->add_option("--width", moe->width, "model width (heads x 16 to 4096)")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 4096));
+  moeb->add_option("--heads", moe->heads, "attention heads (1 to 64)")->capture_default_str()->check(CLI::Range(1, 64));
+  moeb->add_option("--kv-heads", moe->kv_heads, "key/value heads, dividing --heads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  moeb->add_option("--experts", moe->experts, "routed experts per layer (2 to 256)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 256));
+  moeb->add_option("--top-k", moe->top_k, "experts per token (1 to --experts)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  moeb->add_option("--expert-hidden", moe->expert_hidden, "each expert's hidden width (1 to 16384)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{16384}));
+  moeb->add_option("--capacity-factor", moe->capacity_factor, "token dropping (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 64.0));
+  moeb->add_option("--context", moe->context, "tokens per sample (2 to 4096)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{2}, int64_t{4096}));
+  moeb->add_option("--batch", moe->batch, "global batch (divisible by --ranks)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{65536}));
+  moeb->add_option("--ranks", moe->ranks, "ranks of the data=N and expert=N meshes (2 to 64, dividing --experts)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 64));
+  moeb->add_option("--steps", moe->steps, "measured steps (1 to 1000)")->capture_default_str()->check(CLI::Range(1, 1000));
+  moeb->add_option("--threads", moe->threads, "GEMM threads in all (1 to 1024)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  out.push_back({moeb, [=] {
+                   if (moe->heads % moe->kv_heads != 0 || moe->width % moe->heads != 0 || moe->top_k > moe->experts)
+                     throw InvalidArgument("bench moe",
+                                           fmt::format("--heads {}, --kv-heads {}, --width {}, --top-k {} of {}",
+                                                       moe->heads, moe->kv_heads, moe->width, moe->top_k,
+                                                       moe->experts),
+                                           "kv-heads must divide heads, heads width, top-k at most --experts");
+                   print_config("bench moe",
+                                {{"layers", std::to_string(moe->layers)},
+                                 {"width", std::to_string(moe->width)},
+                                 {"experts", std::to_string(moe->experts)},
+                                 {"top_k", std::to_string(moe->top_k)},
+                                 {"expert_hidden", std::to_string(moe->expert_hidden)},
+                                 {"capacity_factor", fmt::format("{}", moe->capacity_factor)},
+                                 {"batch", std::to_string(moe->batch)},
+                                 {"context", std::to_string(moe->context)},
+                                 {"ranks", std::to_string(moe->ranks)},
+                                 {"steps", std::to_string(moe->steps)},
+                                 {"threads", std::to_string(moe->threads)}});
+                   fmt::print("{}", bench::format_moe_bench(bench::run_moe_bench(*moe), *moe));
                    return 0;
                  }});
 

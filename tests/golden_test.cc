@@ -168,9 +168,11 @@ TEST(GoldenPyTorch, MoEOutputAuxiliaryLossAndGradients) {
   for (const std::string tag : {"soft", "sig"}) {
     SCOPED_TRACE(tag);
     const bool soft = tag == "soft";
-    nn::MoE moe({.width = 8, .expert_hidden = 6, .experts = 4, .top_k = 2, .shared_experts = soft ? 0 : 1,
-                 .score = soft ? layout::RouterScore::softmax : layout::RouterScore::sigmoid,
-                 .aux_loss_coef = 0.05, .capacity_factor = soft ? 0.75 : 0.0, .prefix = "mlp"});
+    nn::MoE moe({.width = 8,
+                 .moe = {.experts = 4, .top_k = 2, .expert_hidden = 6, .shared_experts = soft ? 0 : 1,
+                         .score = soft ? layout::RouterScore::softmax : layout::RouterScore::sigmoid,
+                         .aux_loss_coef = 0.05, .capacity_factor = soft ? 0.75 : 0.0},
+                 .prefix = "mlp"});
     for (nn::Parameter* p : moe.parameters()) p->value.copy_from(g.at(tag + ".init." + p->name));
     std::vector<float> bias;
     for (double b : g.at(tag + ".bias").to_vector()) bias.push_back(static_cast<float>(b));

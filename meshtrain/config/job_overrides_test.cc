@@ -38,8 +38,8 @@ TEST(JobOverrides, AMeshReplacesTheConfigurationsSizesAndSetsTheDevices) {
   EXPECT_EQ(d.mesh().to_spec(), "data=2,pipeline=3");
   EXPECT_EQ(apply_job_overrides(DistributedConfig{}, {.devices = "8", .mesh = "data=2,tensor=4"}).tensor_parallel_size,
             4);
-  EXPECT_THAT(error_of<Unsupported>([] { apply_job_overrides(DistributedConfig{}, {.mesh = "data=2,expert=2"}); }),
-              HasSubstr("--mesh: mesh data=2,expert=2 has a expert axis of size 2, which training cannot use"));
+  EXPECT_THAT(error_of<Unsupported>([] { apply_job_overrides(DistributedConfig{}, {.mesh = "data=2,model=2"}); }),
+              HasSubstr("--mesh: mesh data=2,model=2 has a model axis of size 2, which training cannot use"));
   DistributedConfig file;
   file.world_size = file.num_processes_per_node = 4;
   file.mesh_shape = {2, 2};

@@ -98,7 +98,8 @@ ParallelismConfig ParallelismConfig::from_mesh_plan(const plan::MeshPlan& plan) 
 }
 
 ShardingConfig ShardingConfig::from_layout(const layout::TrainingLayout& l) {
-  return {.data_parallel_size = l.size(mesh::kData) * l.size(mesh::kNode) * l.size(mesh::kFsdp),
+  return {.data_parallel_size =
+              l.size(mesh::kData) * l.size(mesh::kNode) * l.size(mesh::kFsdp) * l.size(mesh::kExpert),
           .tensor_parallel_size = l.size(mesh::kTensor),
           .pipeline_parallel_size = l.size(mesh::kPipeline),
           .context_parallel_size = l.size(mesh::kContext),

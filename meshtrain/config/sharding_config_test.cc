@@ -150,7 +150,7 @@ TEST(ParallelismConfig, ValidationMessages) {
   EXPECT_THAT(msg({2, 2}, {"data"}, dp2tp2),
               HasSubstr("ParallelismConfig: the mesh has 2 sizes (2, 2) but 1 axis names"));
   EXPECT_THAT(msg({2, 2}, {"data", "model"}, dp2tp2),
-              HasSubstr("mesh axis 'model' is not one of pipeline, data, node, fsdp, context, tensor"));
+              HasSubstr("mesh axis 'model' is not one of pipeline, data, node, fsdp, expert, context, tensor"));
   EXPECT_THAT(msg({2, 2}, {"data", "data"}, dp2tp2), HasSubstr("mesh axis 'data' appears twice"));
   EXPECT_THAT(msg({0, 2}, {"data", "tensor"}, dp2tp2), HasSubstr("axis 0 of shape (0, 2) has size 0"));
   EXPECT_THAT(msg({}, {}, dp2tp2), HasSubstr("has no axes"));

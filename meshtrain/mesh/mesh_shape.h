@@ -25,6 +25,7 @@ inline constexpr std::string_view kPipeline = "pipeline";  // stages of the mode
 inline constexpr std::string_view kData = "data";          // replicas of the batch
 inline constexpr std::string_view kNode = "node";          // data ranks split into nodes (ZeRO++'s hierarchy)
 inline constexpr std::string_view kFsdp = "fsdp";          // data ranks that shard the model state
+inline constexpr std::string_view kExpert = "expert";      // data ranks that split a MoE model's experts
 inline constexpr std::string_view kContext = "context";    // shards of the sequence
 inline constexpr std::string_view kTensor = "tensor";      // shards of every layer
 
@@ -33,12 +34,16 @@ inline constexpr std::string_view kTensor = "tensor";      // shards of every la
 // pipeline sends activations between neighbours once per micro-batch, data
 // all-reduces gradients once per step, fsdp all-gathers weights every layer,
 // context rotates K/V every attention layer, tensor all-reduces activations
-// in every layer. kNode is not in it: it splits the data-parallel ranks and
-// sits outside fsdp (--mesh node=2,fsdp=2).
+// in every layer. kNode and kExpert are not in it: they split the
+// data-parallel ranks (node outside fsdp: --mesh node=2,fsdp=2; expert
+// inside it, beside context: --mesh data=2,expert=2). The expert axis
+// splits the batch like data, and a mixture-of-experts model's experts
+// (every other parameter is replicated over it).
 inline constexpr std::array<std::string_view, 5> kMeshAxisOrder = {kPipeline, kData, kFsdp, kContext, kTensor};
 
-// Every role, for messages: "pipeline, data, node, fsdp, context, tensor".
-inline constexpr std::array<std::string_view, 6> kKnownAxes = {kPipeline, kData, kNode, kFsdp, kContext, kTensor};
+// Every role, for messages: "pipeline, data, node, fsdp, expert, context, tensor".
+inline constexpr std::array<std::string_view, 7> kKnownAxes = {kPipeline, kData, kNode, kFsdp,
+                                                               kExpert, kContext, kTensor};
 std::string known_axes_list();
 
 // True if `name` is one of kKnownAxes.

@@ -41,7 +41,7 @@ void all_factorizations(int n, int k, int min_factor, Ints& cur, std::vector<Int
 }
 
 TEST(MeshAxes, TheRolesAndTheirOrder) {
-  EXPECT_EQ(known_axes_list(), "pipeline, data, node, fsdp, context, tensor");
+  EXPECT_EQ(known_axes_list(), "pipeline, data, node, fsdp, expert, context, tensor");
   for (std::string_view a : kKnownAxes) EXPECT_TRUE(is_known_axis(a)) << a;
   EXPECT_FALSE(is_known_axis("tensr"));
   EXPECT_FALSE(is_known_axis(""));
@@ -125,7 +125,7 @@ TEST(ValidateMeshConfig, ChecksNames) {
   EXPECT_THAT(error_of([] { validate_mesh_config(NamedShape{{2, 2}, {"data"}}, 4); }),
               HasSubstr("the mesh has 2 sizes (2, 2) but 1 axis names"));
   EXPECT_THAT(error_of([] { validate_mesh_config(NamedShape{{2, 2}, {"data", "tensr"}}, 4); }),
-              HasSubstr("mesh axis 'tensr' is not one of pipeline, data, node, fsdp, context, tensor"));
+              HasSubstr("mesh axis 'tensr' is not one of pipeline, data, node, fsdp, expert, context, tensor"));
   EXPECT_THAT(error_of([] { validate_mesh_config(NamedShape{{2, 2}, {"data", "data"}}, 4); }),
               HasSubstr("mesh axis 'data' appears twice"));
   const std::string e = error_of([] { validate_mesh_config(NamedShape{{2, 2}, {"data", "tensor"}}, 8, "Cfg"); });

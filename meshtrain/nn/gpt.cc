@@ -255,6 +255,9 @@ const GPTConfig& checked(const GPTConfig& c) {
                                       c.block_size, c.layers, c.heads, c.width, c.dropout),
                           "need vocab, block_size, heads, width >= 1, layers >= 0, heads dividing width and dropout "
                           "in [0, 1)");
+  if (c.moe.active() && c.arch != layout::DecoderArch::llama)
+    throw InvalidArgument("GPT", fmt::format("{} experts with arch {}", c.moe.experts, layout::decoder_arch_name(c.arch)),
+                          "mixture-of-experts layers replace Llama's SwiGLU MLPs: use arch llama");
   const int64_t last = c.last_block < 0 ? c.layers : c.last_block;
   if (c.first_block < 0 || c.first_block > last || last > c.layers)
     throw InvalidArgument("GPT", fmt::format("blocks [{}, {}) of {}", c.first_block, c.last_block, c.layers),
@@ -291,7 +294,8 @@ GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
       block = std::make_unique<LlamaBlock>(LlamaBlockConfig{
           .width = c.width, .heads = c.heads, .kv_heads = c.kv_heads, .rope_base = c.rope_base,
           .ffn_hidden = llama_ffn_hidden(c), .norm_eps = 1e-5, .prefix = name, .seed = c.seed, .init_std = 0.02,
-          .out_std = proj_std, .defer_init = c.defer_init, .tensor = c.tensor, .context = c.context});
+          .out_std = proj_std, .defer_init = c.defer_init, .tensor = c.tensor, .context = c.context,
+          .moe = i >= c.moe.first_dense ? c.moe : MoEOptions{}, .expert = c.expert});
     else
       block = std::make_unique<GPTBlock>(c.width, c.heads, name, c.seed, proj_std, c.defer_init, c.dropout, c.tensor,
                                          c.context);
@@ -331,6 +335,17 @@ std::vector<Module*> GPT::fsdp_units() {
   if (wte_ && !(config_.embed && config_.head)) units.push_back(&*wte_);
   units.push_back(this);
   return units;
+}
+
+std::vector<std::pair<int64_t, MoE*>> GPT::moe_layers() {
+  std::vector<std::pair<int64_t, MoE*>> out;
+  if (config_.arch != layout::DecoderArch::llama) return out;
+  int64_t block = config_.first_block;
+  for (Module* b : h_.children()) {
+    if (MoE* m = static_cast<LlamaBlock*>(b)->moe()) out.emplace_back(block, m);
+    ++block;
+  }
+  return out;
 }
 
 void GPT::set_context_split(bool on) {

@@ -58,6 +58,7 @@
 #include "meshtrain/nn/dropout.h"
 #include "meshtrain/nn/embedding.h"
 #include "meshtrain/nn/layer_norm.h"
+#include "meshtrain/nn/moe.h"
 #include "meshtrain/nn/linear.h"
 #include "meshtrain/nn/module.h"
 #include "meshtrain/nn/sequential.h"
@@ -127,6 +128,11 @@ struct GPTConfig {
   // embeddings takes this rank's chunks (B, T/n, C) and checks them against
   // the batch context's sequence_length T when it is set.
   ContextParallelGroup context = {};
+  // Mixture of experts (moe.h; Llama's blocks only): with moe.active() the
+  // blocks from moe.first_dense on replace their SwiGLU MLP by a MoE layer
+  // (expert_hidden 0: ffn_hidden), its experts split over `expert`.
+  MoEOptions moe = {};
+  ExpertParallelGroup expert = {};
 };
 
 // Causal multi-head self-attention: (B, T, C) -> (B, T, C).
@@ -212,6 +218,9 @@ class GPT final : public Module {
   // tied head) makes wte a unit of its own before the root, so both stages
   // shard their copies alike.
   std::vector<Module*> fsdp_units();
+  // This part's MoE layers with their block index, in block order (empty
+  // for a dense model).
+  std::vector<std::pair<int64_t, MoE*>> moe_layers();
   // The vocabulary ids whose logits forward returns (all of them without
   // tensor parallelism); empty for a part without the head.
   ShardRange vocab_shard() const { return wte_ ? wte_->shard() : ShardRange{}; }

@@ -215,13 +215,21 @@ LlamaAttentionConfig block_attention(const LlamaBlockConfig& c) {
           .out_std = c.out_std, .defer_init = c.defer_init, .tensor = c.tensor, .context = c.context};
 }
 
-SwiGLUConfig block_mlp(const LlamaBlockConfig& c) {
+std::unique_ptr<Module> block_mlp(const LlamaBlockConfig& c) {
   if (c.ffn_hidden < 1)
     throw InvalidArgument("LlamaBlock", fmt::format("'{}': ffn_hidden {}", c.prefix, c.ffn_hidden),
                           "use an MLP width >= 1");
-  return {.width = c.width, .hidden = c.ffn_hidden, .prefix = internal::join_name(c.prefix, "mlp"),
-          .seed = c.seed, .init_std = c.init_std, .out_std = c.out_std, .defer_init = c.defer_init,
-          .tensor = c.tensor};
+  const std::string prefix = internal::join_name(c.prefix, "mlp");
+  if (c.moe.active()) {
+    MoEOptions moe = c.moe;
+    if (moe.expert_hidden == 0) moe.expert_hidden = c.ffn_hidden;
+    return std::make_unique<MoE>(MoEConfig{.width = c.width, .moe = moe, .prefix = prefix, .seed = c.seed,
+                                           .init_std = c.init_std, .out_std = c.out_std,
+                                           .defer_init = c.defer_init, .tensor = c.tensor, .expert = c.expert});
+  }
+  return std::make_unique<SwiGLUMLP>(SwiGLUConfig{.width = c.width, .hidden = c.ffn_hidden, .prefix = prefix,
+                                                  .seed = c.seed, .init_std = c.init_std, .out_std = c.out_std,
+                                                  .defer_init = c.defer_init, .tensor = c.tensor});
 }
 
 }  // namespace
@@ -233,7 +241,7 @@ LlamaBlock::LlamaBlock(const LlamaBlockConfig& config)
       attn_(block_attention(config)),
       post_norm_(config.width, internal::join_name(config.prefix, "post_attention_layernorm"),
                  config.norm_eps, config.defer_init),
-      mlp_(block_mlp(config)) {
+      mlp_(block_mlp(config)), moe_(dynamic_cast<MoE*>(mlp_.get())) {
   for (RMSNorm* n : {&input_norm_, &post_norm_})
     for (Parameter* p : n->parameters()) p->sequence_parallel = config.tensor.splits_sequence();
 }
@@ -245,7 +253,7 @@ std::vector<Parameter*> LlamaBlock::parameters() {
   return ps;
 }
 
-internal::PreNormBlock LlamaBlock::block() { return {input_norm_, attn_, post_norm_, mlp_}; }
+internal::PreNormBlock LlamaBlock::block() { return {input_norm_, attn_, post_norm_, *mlp_}; }
 Tensor LlamaBlock::do_forward(const Tensor& x, Saved& saved) { return block().forward(x, saved, tracker_); }
 Tensor LlamaBlock::do_backward(const Tensor& grad_out, Saved& saved) { return block().backward(grad_out, saved); }
 Tensor LlamaBlock::do_backward_input(const Tensor& grad_out, Saved& saved) {

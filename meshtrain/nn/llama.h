@@ -39,6 +39,7 @@
 #include "meshtrain/nn/module.h"
 #include "meshtrain/nn/parallel/context_parallel.h"
 #include "meshtrain/nn/parallel/tensor_parallel.h"
+#include "meshtrain/nn/moe.h"
 #include "meshtrain/nn/swiglu.h"
 
 namespace meshtrain::nn {
@@ -92,8 +93,9 @@ class LlamaAttention final : public Module {
 
 // One Llama decoder block: h = x + self_attn(input_layernorm(x)), y = h +
 // mlp(post_attention_layernorm(h)), RMSNorms (eps norm_eps) and a SwiGLU
-// MLP of ffn_hidden features (swiglu.h). Tensor and context parallelism as
-// its parts;
+// MLP of ffn_hidden features (swiglu.h), or with moe.active() a mixture of
+// experts (moe.h; expert_hidden 0: ffn_hidden) split over `expert`.
+// Tensor and context parallelism as its parts;
 // with sequence parallelism the norms see the rank's T / k steps (their
 // weights' gradients are partial sums: Parameter::sequence_parallel).
 //
@@ -110,14 +112,17 @@ struct LlamaBlockConfig {
   bool defer_init = false;
   TensorParallelGroup tensor = {};
   ContextParallelGroup context = {};
+  MoEOptions moe = {};               // experts 0: the dense SwiGLU MLP
+  ExpertParallelGroup expert = {};
 };
 
 class LlamaBlock final : public Module {
  public:
   explicit LlamaBlock(const LlamaBlockConfig& config);
   std::vector<Parameter*> parameters() override;
-  std::vector<Module*> children() override { return {&input_norm_, &attn_, &post_norm_, &mlp_}; }
+  std::vector<Module*> children() override { return {&input_norm_, &attn_, &post_norm_, mlp_.get()}; }
   LlamaAttention& attention() { return attn_; }
+  MoE* moe() { return moe_; }  // the MoE layer, or null for a dense MLP
 
  protected:
   Tensor do_forward(const Tensor& x, Saved& saved) override;
@@ -132,7 +137,8 @@ class LlamaBlock final : public Module {
   RMSNorm input_norm_;
   LlamaAttention attn_;
   RMSNorm post_norm_;
-  SwiGLUMLP mlp_;
+  std::unique_ptr<Module> mlp_;  // SwiGLUMLP or MoE
+  MoE* moe_ = nullptr;
 };
 
 }  // namespace meshtrain::nn

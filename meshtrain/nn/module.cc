@@ -127,7 +127,9 @@ Saved& Module::backward_target(Saved& saved, const char* op) {
   // Replay the forward under the batch context it ran with (dropout masks
   // and noise are keyed by it), then restore the current one.
   const BatchContext now = batch_context_;
-  set_batch_context(saved.batch);
+  BatchContext replay = saved.batch;
+  replay.replay = true;
+  set_batch_context(replay);
   saved.recomputed = std::make_unique<Saved>();
   saved.recomputed->batch = saved.batch;
   begin_scope(Pass::forward);

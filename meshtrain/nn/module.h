@@ -110,6 +110,10 @@ struct Parameter {
   // the trainer adds over the tensor axis once per step
   // (reduce_sequence_parallel_grads). Megatron's `sequence_parallel` attribute.
   bool sequence_parallel = false;
+  // A routed expert's (nn/moe.h): held by one rank of the expert axis, so
+  // its gradient is summed over the ranks that hold the same experts only
+  // (parallel::ExpertParallel sums every other gradient over the axis too).
+  bool expert = false;
   int reports = 0;            // grad reports so far in this backward (see Module::notify_grad_ready)
   // Mixed precision's working copy (parallel/fully_sharded.h): when defined,
   // a contiguous bf16/f16 tensor of value's numel that optimizer steps

@@ -8,6 +8,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 #include "meshtrain/nn/linear.h"
 
@@ -36,16 +37,17 @@ const MoEConfig& checked(const MoEConfig& c) {
   auto require = [&](bool ok, const std::string& what, const std::string& hint) {
     if (!ok) throw InvalidArgument("MoE", fmt::format("'{}': {}", c.prefix, what), hint);
   };
-  require(c.width >= 1 && c.expert_hidden >= 1, fmt::format("width {}, expert_hidden {}", c.width, c.expert_hidden),
+  require(c.width >= 1 && c.moe.expert_hidden >= 1,
+          fmt::format("width {}, expert_hidden {}", c.width, c.moe.expert_hidden),
           "both must be >= 1");
-  require(c.experts >= 1 && c.top_k >= 1 && c.top_k <= c.experts,
-          fmt::format("experts {}, top_k {}", c.experts, c.top_k), "need 1 <= top_k <= experts");
-  require(c.shared_experts >= 0, fmt::format("shared_experts {}", c.shared_experts), "must be >= 0");
-  require(c.aux_loss_coef >= 0.0 && c.capacity_factor >= 0.0,
-          fmt::format("aux_loss_coef {}, capacity_factor {}", c.aux_loss_coef, c.capacity_factor),
+  require(c.moe.experts >= 1 && c.moe.top_k >= 1 && c.moe.top_k <= c.moe.experts,
+          fmt::format("experts {}, top_k {}", c.moe.experts, c.moe.top_k), "need 1 <= top_k <= experts");
+  require(c.moe.shared_experts >= 0, fmt::format("shared_experts {}", c.moe.shared_experts), "must be >= 0");
+  require(c.moe.aux_loss_coef >= 0.0 && c.moe.capacity_factor >= 0.0,
+          fmt::format("aux_loss_coef {}, capacity_factor {}", c.moe.aux_loss_coef, c.moe.capacity_factor),
           "both must be >= 0 (capacity_factor 0: no dropping)");
-  require(c.experts % c.expert.size() == 0,
-          fmt::format("{} experts over {} expert-parallel ranks", c.experts, c.expert.size()),
+  require(c.moe.experts % c.expert.size() == 0,
+          fmt::format("{} experts over {} expert-parallel ranks", c.moe.experts, c.expert.size()),
           "the expert axis must divide the number of experts");
   require(!c.tensor.splits_sequence(), "sequence parallelism",
           "run the MoE layers without +sp (tensor parallelism alone splits the experts)");
@@ -66,19 +68,21 @@ void gather_rows(const float* src, const std::vector<int64_t>& rows, int64_t wid
 }  // namespace
 
 MoE::MoE(const MoEConfig& config) : config_(checked(config)) {
-  const int local = config_.experts / config_.expert.size();
+  const int local = config_.moe.experts / config_.expert.size();
   first_ = config_.expert.rank() * local;
   LinearOptions router{.bias = false, .defer_init = config_.defer_init, .init_std = config_.init_std};
-  router_ = std::make_unique<Linear>(config_.width, config_.experts, internal::join_name(config_.prefix, "gate"),
+  router_ = std::make_unique<Linear>(config_.width, config_.moe.experts, internal::join_name(config_.prefix, "gate"),
                                      config_.seed, router);
-  for (int e = first_; e < first_ + local; ++e)
+  for (int e = first_; e < first_ + local; ++e) {
     experts_.push_back(
-        std::make_unique<SwiGLUMLP>(expert_config(config_, fmt::format("experts.{}", e), config_.expert_hidden)));
-  if (config_.shared_experts > 0)
+        std::make_unique<SwiGLUMLP>(expert_config(config_, fmt::format("experts.{}", e), config_.moe.expert_hidden)));
+    for (Parameter* p : experts_.back()->parameters()) p->expert = true;
+  }
+  if (config_.moe.shared_experts > 0)
     shared_ = std::make_unique<SwiGLUMLP>(
-        expert_config(config_, "shared_experts", config_.shared_experts * config_.expert_hidden));
-  bias_.assign(static_cast<size_t>(config_.experts), 0.0f);
-  load_.tokens.assign(static_cast<size_t>(config_.experts), 0);
+        expert_config(config_, "shared_experts", config_.moe.shared_experts * config_.moe.expert_hidden));
+  bias_ = Tensor::zeros({config_.moe.experts}, DType::f32);
+  load_.tokens.assign(static_cast<size_t>(config_.moe.experts), 0);
 }
 
 std::vector<Module*> MoE::children() {
@@ -98,31 +102,35 @@ std::vector<Parameter*> MoE::parameters() {
 MoELoad MoE::take_load() {
   MoELoad out = load_;
   load_ = {};
-  load_.tokens.assign(static_cast<size_t>(config_.experts), 0);
+  load_.tokens.assign(static_cast<size_t>(config_.moe.experts), 0);
   return out;
 }
 
 void MoE::update_bias(std::span<const int64_t> load, double rate) {
-  if (load.size() != bias_.size())
+  const auto experts = static_cast<size_t>(config_.moe.experts);
+  if (load.size() != experts)
     throw InvalidArgument("MoE::update_bias", fmt::format("'{}': {} loads for {} experts", config_.prefix,
-                                                          load.size(), bias_.size()),
+                                                          load.size(), experts),
                           "pass one count per expert (every rank's take_load().tokens summed)");
   double mean = 0;
   for (int64_t l : load) mean += static_cast<double>(l);
   mean /= static_cast<double>(load.size());
-  for (size_t e = 0; e < bias_.size(); ++e) {
+  float* b = bias_.data<float>();
+  for (size_t e = 0; e < experts; ++e) {
     const double l = static_cast<double>(load[e]);
     const double sign = l < mean ? 1.0 : (l > mean ? -1.0 : 0.0);
-    bias_[e] = static_cast<float>(static_cast<double>(bias_[e]) + rate * sign);
+    b[e] = static_cast<float>(static_cast<double>(b[e]) + rate * sign);
   }
 }
 
+std::string MoE::bias_name() const { return internal::join_name(config_.prefix, "gate.e_score_correction_bias"); }
+
 void MoE::set_bias(std::span<const float> bias) {
-  if (bias.size() != bias_.size())
+  if (bias.size() != static_cast<size_t>(config_.moe.experts))
     throw InvalidArgument("MoE::set_bias", fmt::format("'{}': {} values for {} experts", config_.prefix,
-                                                       bias.size(), bias_.size()),
+                                                       bias.size(), config_.moe.experts),
                           "pass one value per expert");
-  bias_.assign(bias.begin(), bias.end());
+  std::copy(bias.begin(), bias.end(), bias_.data<float>());
 }
 
 std::vector<Tensor> MoE::dispatch(State& st, const Tensor& rows) {
@@ -143,6 +151,7 @@ std::vector<Tensor> MoE::dispatch(State& st, const Tensor& rows) {
     int64_t total = 0;
     for (int64_t n : per_expert) total += n;
     received = Tensor::empty({total, width}, DType::f32, Device{}, tracker_, MemoryCategory::activations);
+    const functional::ProfileScope scope("ep all_to_all");
     config_.expert.comm->all_to_all_v(rows.data<float>(), send, received.data<float>(), recv, DType::f32);
   }
   std::vector<Tensor> out;
@@ -185,7 +194,10 @@ Tensor MoE::combine(State& st, const std::vector<Tensor>& per_expert) {
     }
   Tensor mine = Tensor::empty({static_cast<int64_t>(st.order.size()), width}, DType::f32, Device{}, tracker_,
                               MemoryCategory::activations);
-  config_.expert.comm->all_to_all_v(back.data<float>(), send, mine.data<float>(), recv, DType::f32);
+  {
+    const functional::ProfileScope scope("ep all_to_all");
+    config_.expert.comm->all_to_all_v(back.data<float>(), send, mine.data<float>(), recv, DType::f32);
+  }
   return mine;
 }
 
@@ -195,7 +207,7 @@ Tensor MoE::do_forward(const Tensor& x, Saved& saved) {
                           fmt::format("pass (batch, steps, {})", config_.width));
   State& st = saved.state<State>();
   const int64_t batch = x.size(0), steps = x.size(1), width = config_.width, n = batch * steps;
-  const int E = config_.experts, k = config_.top_k;
+  const int E = config_.moe.experts, k = config_.moe.top_k;
   st.tokens = n;
   st.steps = steps;
   st.x = x.contiguous().view({n, width});
@@ -208,10 +220,11 @@ Tensor MoE::do_forward(const Tensor& x, Saved& saved) {
   st.expert.assign(static_cast<size_t>(n * k), 0);
   st.weight.assign(static_cast<size_t>(n * k), 0.0f);
   std::vector<float> choice(static_cast<size_t>(E));
+  const float* bias = bias_.data<float>();
   for (int64_t t = 0; t < n; ++t) {
     const float* l = lg + t * E;
     float* st_row = s + t * E;
-    if (config_.score == RouterScore::softmax) {
+    if (config_.moe.score == RouterScore::softmax) {
       const float m = *std::max_element(l, l + E);
       double z = 0;
       for (int e = 0; e < E; ++e) z += std::exp(static_cast<double>(l[e] - m));
@@ -219,7 +232,7 @@ Tensor MoE::do_forward(const Tensor& x, Saved& saved) {
     } else {
       for (int e = 0; e < E; ++e) st_row[e] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(l[e]))));
     }
-    for (int e = 0; e < E; ++e) choice[e] = st_row[e] + bias_[e];
+    for (int e = 0; e < E; ++e) choice[e] = st_row[e] + bias[e];
     double sum = 0;
     for (int j = 0; j < k; ++j) {
       int best = -1;
@@ -233,16 +246,16 @@ Tensor MoE::do_forward(const Tensor& x, Saved& saved) {
     }
     for (int j = 0; j < k; ++j) {
       const float w = st_row[st.expert[t * k + j]];
-      st.weight[t * k + j] = config_.normalize_top_k ? static_cast<float>(w / sum) : w;
+      st.weight[t * k + j] = config_.moe.normalize_top_k ? static_cast<float>(w / sum) : w;
     }
   }
 
   // Capacity, per sequence: slot 0 of every step first, then slot 1, ...
   std::vector<char> kept(static_cast<size_t>(n * k), 1);
   int64_t dropped = 0;
-  if (config_.capacity_factor > 0.0) {
+  if (config_.moe.capacity_factor > 0.0) {
     const auto cap = static_cast<int64_t>(
-        std::ceil(config_.capacity_factor * static_cast<double>(steps) * static_cast<double>(k) / E));
+        std::ceil(config_.moe.capacity_factor * static_cast<double>(steps) * static_cast<double>(k) / E));
     std::vector<int64_t> used(static_cast<size_t>(E));
     for (int64_t b = 0; b < batch; ++b) {
       std::fill(used.begin(), used.end(), 0);
@@ -272,6 +285,7 @@ Tensor MoE::do_forward(const Tensor& x, Saved& saved) {
   st.recv_rows = st.send_rows;
   if (ranks > 1) {
     std::vector<int64_t> got(st.send_rows.size());
+    const functional::ProfileScope scope("ep all_to_all");
     config_.expert.comm->all_to_all(st.send_rows.data(), got.data(), static_cast<size_t>(local), DType::i64);
     st.recv_rows = std::move(got);
   }
@@ -303,6 +317,7 @@ Tensor MoE::do_forward(const Tensor& x, Saved& saved) {
   const double norm = batch_context().global_samples > 0 ? batch_context().global_samples
                                                          : static_cast<double>(batch);
   st.aux_grad.assign(static_cast<size_t>(batch * E), 0.0f);
+  const bool counts = training() && !batch_context().replay;  // a recompute replay counted already
   double aux = 0;
   std::vector<double> count(static_cast<size_t>(E)), mean_p(static_cast<size_t>(E));
   for (int64_t b = 0; b < batch; ++b) {
@@ -311,20 +326,20 @@ Tensor MoE::do_forward(const Tensor& x, Saved& saved) {
     for (int64_t t = b * steps; t < (b + 1) * steps; ++t) {
       for (int j = 0; j < k; ++j) count[st.expert[t * k + j]] += 1;
       double z = 1;
-      if (config_.score == RouterScore::sigmoid) {
+      if (config_.moe.score == RouterScore::sigmoid) {
         z = 0;
         for (int e = 0; e < E; ++e) z += s[t * E + e];
       }
       for (int e = 0; e < E; ++e) mean_p[e] += s[t * E + e] / z;
     }
-    const double scale = config_.aux_loss_coef * E / (static_cast<double>(k) * static_cast<double>(steps));
+    const double scale = config_.moe.aux_loss_coef * E / (static_cast<double>(k) * static_cast<double>(steps));
     for (int e = 0; e < E; ++e) {
       aux += scale * count[e] * mean_p[e] / static_cast<double>(steps);
       st.aux_grad[b * E + e] = static_cast<float>(scale * count[e] / (static_cast<double>(steps) * norm));
-      if (training()) load_.tokens[e] += static_cast<int64_t>(count[e]);
+      if (counts) load_.tokens[e] += static_cast<int64_t>(count[e]);
     }
   }
-  if (training()) {
+  if (counts) {
     load_.assignments += n * k;
     load_.dropped += dropped;
     load_.aux_loss += aux;
@@ -336,7 +351,7 @@ Tensor MoE::do_forward(const Tensor& x, Saved& saved) {
 Tensor MoE::do_backward_input(const Tensor& grad_out, Saved& saved) {
   State& st = saved.state<State>();
   const int64_t n = st.tokens, width = config_.width;
-  const int E = config_.experts, k = config_.top_k, local = local_experts();
+  const int E = config_.moe.experts, k = config_.moe.top_k, local = local_experts();
   const Tensor dy = grad_out.contiguous().view({n, width});
   const float* dyp = dy.data<float>();
   const float* op = st.out.data<float>();
@@ -371,7 +386,7 @@ Tensor MoE::do_backward_input(const Tensor& grad_out, Saved& saved) {
     const float* sr = s + t * E;
     const int64_t b = t / st.steps;
     std::fill(ds.begin(), ds.end(), 0.0);
-    if (config_.normalize_top_k) {
+    if (config_.moe.normalize_top_k) {
       double sum = 0, wdw = 0;
       for (int j = 0; j < k; ++j) sum += sr[st.expert[t * k + j]], wdw += dw[t * k + j] * st.weight[t * k + j];
       for (int j = 0; j < k; ++j) ds[st.expert[t * k + j]] += (dw[t * k + j] - wdw) / sum;
@@ -379,7 +394,7 @@ Tensor MoE::do_backward_input(const Tensor& grad_out, Saved& saved) {
       for (int j = 0; j < k; ++j) ds[st.expert[t * k + j]] += dw[t * k + j];
     }
     const float* g = st.aux_grad.data() + b * E;
-    if (config_.score == RouterScore::softmax) {
+    if (config_.moe.score == RouterScore::softmax) {
       for (int e = 0; e < E; ++e) ds[e] += g[e];
       double dot = 0;
       for (int e = 0; e < E; ++e) dot += sr[e] * ds[e];

@@ -4,8 +4,10 @@
 // every token goes through. Under the names of Hugging Face's DeepSeek/Qwen
 // MoE models:
 //
-//   nn::MoE moe({.width = 512, .expert_hidden = 256, .experts = 8, .top_k = 2,
-//                .aux_loss_coef = 0.01, .capacity_factor = 1.25, .prefix = "model.layers.0.mlp"});
+//   nn::MoE moe({.width = 512,
+//                .moe = {.experts = 8, .top_k = 2, .expert_hidden = 256, .aux_loss_coef = 0.01,
+//                        .capacity_factor = 1.25},
+//                .prefix = "model.layers.0.mlp"});
 //   // "model.layers.0.mlp.gate.weight" (512, 8): the router
 //   // "model.layers.0.mlp.experts.3.gate_proj.weight" (512, 256), .up_proj, .down_proj
 //   Tensor y = moe.forward(x);   // (B, T, 512) -> (B, T, 512)
@@ -70,16 +72,25 @@ struct ExpertParallelGroup {
   int rank() const { return comm == nullptr ? 0 : comm->rank(); }
 };
 
-struct MoEConfig {
-  int64_t width = 0;               // input and output features, >= 1
-  int64_t expert_hidden = 0;       // each expert's hidden features, >= 1
-  int experts = 8;                 // routed experts, >= 1
+// What a decoder's MoE layers share (GPTConfig::moe; the trainer's --experts
+// and friends): experts = 0 means dense MLPs.
+struct MoEOptions {
+  int experts = 0;                 // routed experts (0: no MoE layers)
   int top_k = 2;                   // experts per token, 1..experts
+  int64_t expert_hidden = 0;       // each expert's hidden features (a decoder's 0: its ffn_hidden)
   int shared_experts = 0;          // >= 0: one SwiGLU of shared_experts * expert_hidden hidden features
   RouterScore score = RouterScore::softmax;
   bool normalize_top_k = true;     // the k weights sum to 1
   double aux_loss_coef = 0.0;      // >= 0 (see above)
   double capacity_factor = 0.0;    // 0: no dropping; else > 0 (see above)
+  double bias_update_rate = 0.0;   // DeepSeek-V3's balancing step per optimizer step (update_bias), 0: off
+  int first_dense = 0;             // a decoder's blocks [0, first_dense) keep dense MLPs (DeepSeek's first_k_dense)
+  bool active() const { return experts > 0; }
+};
+
+struct MoEConfig {
+  int64_t width = 0;               // input and output features, >= 1
+  MoEOptions moe = {};             // experts >= 1, expert_hidden >= 1
   std::string prefix = "";         // module path ("" at the root)
   uint64_t seed = 0;               // initialization seed
   double init_std = 0.0;           // > 0: N(0, init_std) weights (SwiGLUConfig::init_std)
@@ -89,7 +100,8 @@ struct MoEConfig {
   ExpertParallelGroup expert = {};
 };
 
-// What the routed forwards of this rank counted since the last take_load().
+// What the routed forwards of this rank counted since the last take_load()
+// (training forwards only; a recompute replay is not counted twice).
 struct MoELoad {
   std::vector<int64_t> tokens;  // per expert (all of them): top-k selections, before dropping
   int64_t assignments = 0;      // selections in all (tokens x top_k)
@@ -115,8 +127,11 @@ class MoE final : public Module {
   // sign(mean(load) - load_e), with load the step's selections per expert
   // over every rank (a sum of take_load().tokens); shifts selection only.
   void update_bias(std::span<const int64_t> load, double rate);
-  // The selection bias (experts entries; "<prefix>.gate.e_score_correction_bias").
-  const std::vector<float>& bias() const { return bias_; }
+  // The selection bias: (experts,) f32, updated in place (checkpoints load
+  // into it), named bias_name() = "<prefix>.gate.e_score_correction_bias"
+  // (Hugging Face DeepSeek-V3's name).
+  const Tensor& bias() const { return bias_; }
+  std::string bias_name() const;
   void set_bias(std::span<const float> bias);
 
  protected:
@@ -139,7 +154,7 @@ class MoE final : public Module {
   std::unique_ptr<Module> router_;
   std::vector<std::unique_ptr<SwiGLUMLP>> experts_;
   std::unique_ptr<SwiGLUMLP> shared_;
-  std::vector<float> bias_;
+  Tensor bias_;
   MoELoad load_;
 };
 

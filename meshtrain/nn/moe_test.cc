@@ -18,6 +18,7 @@
 
 #include "meshtrain/comm/launch.h"
 #include "meshtrain/core/ops.h"
+#include "meshtrain/nn/llama.h"
 #include "meshtrain/nn/moe.h"
 #include "meshtrain/nn/parallel/parity_test_util.h"
 #include "meshtrain/testing/grad_check.h"
@@ -51,7 +52,7 @@ struct Reference {
 Reference reference_token(MoE& moe, const MoEConfig& c, const Tensor& row, const std::function<bool(int)>& kept) {
   const Tensor logits = matmul(row, find(moe, c.prefix + ".gate.weight")->value);
   std::vector<double> s = logits.to_vector();
-  if (c.score == RouterScore::softmax) {
+  if (c.moe.score == RouterScore::softmax) {
     const double m = *std::max_element(s.begin(), s.end());
     double z = 0;
     for (double& v : s) z += (v = std::exp(v - m));
@@ -61,25 +62,25 @@ Reference reference_token(MoE& moe, const MoEConfig& c, const Tensor& row, const
   }
   Reference r;
   r.y.assign(static_cast<size_t>(c.width), 0.0);
-  std::vector<int> idx(static_cast<size_t>(c.experts));
+  std::vector<int> idx(static_cast<size_t>(c.moe.experts));
   std::iota(idx.begin(), idx.end(), 0);
   std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) {
-    return s[a] + moe.bias()[a] > s[b] + moe.bias()[b];
+    return s[a] + moe.bias().data<float>()[a] > s[b] + moe.bias().data<float>()[b];
   });
   double sum = 0;
-  for (int j = 0; j < c.top_k; ++j) sum += s[idx[j]];
-  for (int j = 0; j < c.top_k; ++j) {
+  for (int j = 0; j < c.moe.top_k; ++j) sum += s[idx[j]];
+  for (int j = 0; j < c.moe.top_k; ++j) {
     r.chosen.push_back(idx[j]);
     if (!kept(j)) continue;
-    SwiGLUMLP expert({.width = c.width, .hidden = c.expert_hidden,
+    SwiGLUMLP expert({.width = c.width, .hidden = c.moe.expert_hidden,
                       .prefix = fmt::format("{}.experts.{}", c.prefix, idx[j]), .seed = c.seed,
                       .init_std = c.init_std});
     const std::vector<double> out = expert.forward(row.view({1, 1, c.width})).to_vector();
-    const double w = c.normalize_top_k ? s[idx[j]] / sum : s[idx[j]];
+    const double w = c.moe.normalize_top_k ? s[idx[j]] / sum : s[idx[j]];
     for (int64_t i = 0; i < c.width; ++i) r.y[i] += w * out[i];
   }
-  if (c.shared_experts > 0) {
-    SwiGLUMLP shared({.width = c.width, .hidden = c.shared_experts * c.expert_hidden,
+  if (c.moe.shared_experts > 0) {
+    SwiGLUMLP shared({.width = c.width, .hidden = c.moe.shared_experts * c.moe.expert_hidden,
                       .prefix = c.prefix + ".shared_experts", .seed = c.seed, .init_std = c.init_std});
     const std::vector<double> out = shared.forward(row.view({1, 1, c.width})).to_vector();
     for (int64_t i = 0; i < c.width; ++i) r.y[i] += out[i];
@@ -92,8 +93,10 @@ Reference reference_token(MoE& moe, const MoEConfig& c, const Tensor& row, const
 TEST(MoE, RoutesEachTokenToItsTopKExperts) {
   for (RouterScore score : {RouterScore::softmax, RouterScore::sigmoid}) {
     for (bool normalize : {true, false}) {
-      const MoEConfig c{.width = 6, .expert_hidden = 5, .experts = 5, .top_k = 2, .shared_experts = normalize ? 1 : 0,
-                        .score = score, .normalize_top_k = normalize, .prefix = "mlp", .seed = 4, .init_std = 0.5};
+      const MoEConfig c{.width = 6,
+                        .moe = {.experts = 5, .top_k = 2, .expert_hidden = 5, .shared_experts = normalize ? 1 : 0,
+                                .score = score, .normalize_top_k = normalize},
+                        .prefix = "mlp", .seed = 4, .init_std = 0.5};
       MoE moe(c);
       const Tensor x = random_tensor({2, 4, 6}, 11);
       const std::vector<double> y = moe.forward(x).to_vector();
@@ -111,7 +114,7 @@ TEST(MoE, RoutesEachTokenToItsTopKExperts) {
 // at feature 0, which is positive everywhere), experts 0 and 1 take the
 // first `cap` steps of each sequence's slot 0 and slot 1 and drop the rest.
 TEST(MoE, CapacityKeepsTheFirstAssignmentsOfEachSequence) {
-  const MoEConfig c{.width = 4, .expert_hidden = 3, .experts = 4, .top_k = 2, .capacity_factor = 1.0,
+  const MoEConfig c{.width = 4, .moe = {.experts = 4, .top_k = 2, .expert_hidden = 3, .capacity_factor = 1.0},
                     .prefix = "mlp", .seed = 2, .init_std = 0.5};
   MoE moe(c);
   Parameter* router = find(moe, "mlp.gate.weight");
@@ -144,8 +147,9 @@ TEST(MoE, CapacityKeepsTheFirstAssignmentsOfEachSequence) {
 TEST(MoE, GradientsMatchFiniteDifferences) {
   for (RouterScore score : {RouterScore::softmax, RouterScore::sigmoid}) {
     const bool soft = score == RouterScore::softmax;
-    const MoEConfig c{.width = 5, .expert_hidden = 4, .experts = 4, .top_k = 2, .shared_experts = soft ? 0 : 1,
-                      .score = score, .aux_loss_coef = 0.3, .capacity_factor = soft ? 0.75 : 0.0,
+    const MoEConfig c{.width = 5,
+                      .moe = {.experts = 4, .top_k = 2, .expert_hidden = 4, .shared_experts = soft ? 0 : 1,
+                              .score = score, .aux_loss_coef = 0.3, .capacity_factor = soft ? 0.75 : 0.0},
                       .prefix = "mlp", .seed = 8, .init_std = 0.6};
     MoE moe(c);
     const Tensor x = random_tensor({2, 4, 5}, 21), w = random_tensor({2, 4, 5}, 22);
@@ -183,11 +187,14 @@ TEST(MoE, GradientsMatchFiniteDifferences) {
 // DeepSeek-V3's balancing: below-mean experts gain `rate`, above-mean lose
 // it; the bias shifts selection only (the weights stay the scores).
 TEST(MoE, BiasUpdateShiftsSelection) {
-  const MoEConfig c{.width = 4, .expert_hidden = 3, .experts = 4, .top_k = 1, .score = RouterScore::sigmoid,
-                    .normalize_top_k = false, .prefix = "mlp", .seed = 2, .init_std = 0.5};
+  const MoEConfig c{.width = 4,
+                    .moe = {.experts = 4, .top_k = 1, .expert_hidden = 3, .score = RouterScore::sigmoid,
+                            .normalize_top_k = false},
+                    .prefix = "mlp", .seed = 2, .init_std = 0.5};
   MoE moe(c);
   moe.update_bias(std::vector<int64_t>{10, 2, 4, 0}, 0.5);  // mean 4
-  EXPECT_EQ(moe.bias(), (std::vector<float>{-0.5f, 0.5f, 0.0f, 0.5f}));
+  EXPECT_EQ(moe.bias().to_vector(), (std::vector<double>{-0.5, 0.5, 0.0, 0.5}));
+  EXPECT_EQ(moe.bias_name(), "mlp.gate.e_score_correction_bias");
   moe.set_bias(std::vector<float>{0, 0, 0, 100});  // expert 3 wins every token
   const Tensor x = random_tensor({1, 5, 4}, 5);
   const std::vector<double> y = moe.forward(x).to_vector();
@@ -198,8 +205,29 @@ TEST(MoE, BiasUpdateShiftsSelection) {
   }
   EXPECT_EQ(moe.take_load().tokens, (std::vector<int64_t>{0, 0, 0, 5}));
   EXPECT_THAT(error_of([&] { moe.update_bias(std::vector<int64_t>{1, 2}, 0.1); }), HasSubstr("2 loads for 4 experts"));
-  EXPECT_THAT(error_of([] { MoE({.width = 4, .expert_hidden = 2, .experts = 3, .top_k = 4, .prefix = "m"}); }),
+  EXPECT_THAT(error_of([] { MoE({.width = 4, .moe = {.experts = 3, .top_k = 4, .expert_hidden = 2}, .prefix = "m"}); }),
               HasSubstr("experts 3, top_k 4"));
+}
+
+// A Llama block with a MoE layer in recompute mode replays the forward in
+// backward: the load is counted once, the gradients are the normal run's.
+TEST(MoE, RecomputeCountsTheLoadOnce) {
+  const LlamaBlockConfig c{.width = 8, .heads = 2, .kv_heads = 1, .ffn_hidden = 6, .prefix = "h.0", .seed = 3,
+                           .init_std = 0.3, .moe = {.experts = 4, .top_k = 2, .capacity_factor = 1.0}};
+  LlamaBlock plain(c), again(c);
+  again.set_recompute(true);
+  const Tensor x = random_tensor({2, 5, 8}, 41), dy = random_tensor({2, 5, 8}, 42);
+  ASSERT_NE(plain.moe(), nullptr);
+  (void)plain.forward(x);
+  plain.backward(dy);
+  (void)again.forward(x);
+  again.backward(dy);
+  const MoELoad a = plain.moe()->take_load(), b = again.moe()->take_load();
+  EXPECT_EQ(b.tokens, a.tokens);
+  EXPECT_EQ(b.assignments, 20);
+  EXPECT_EQ(b.dropped, a.dropped);
+  const std::vector<Parameter*> pa = plain.parameters(), pb = again.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_EQ(pb[i]->grad.to_vector(), pa[i]->grad.to_vector()) << pa[i]->name;
 }
 
 // Expert parallelism over k ranks: rank r holds sequences [r B/k, (r+1) B/k)
@@ -213,8 +241,8 @@ void expect_expert_parallel_equals(const MoEConfig& base, int k, int force) {
   Tensor x = random_tensor({batch, steps, width}, 31);
   if (force >= 0) {
     Parameter* router = find(ref, base.prefix + ".gate.weight");
-    Tensor w = Tensor::zeros({width, base.experts}, DType::f32);
-    for (int64_t i = 0; i < width; ++i) w.data<float>()[i * base.experts + force] = 5.0f;
+    Tensor w = Tensor::zeros({width, base.moe.experts}, DType::f32);
+    for (int64_t i = 0; i < width; ++i) w.data<float>()[i * base.moe.experts + force] = 5.0f;
     router->value.copy_from(w);
     for (int64_t t = 0; t < batch * steps; ++t)
       for (int64_t i = 0; i < width; ++i) x.data<float>()[t * width + i] = std::abs(x.data<float>()[t * width + i]);
@@ -231,7 +259,7 @@ void expect_expert_parallel_equals(const MoEConfig& base, int k, int force) {
                  c.expert.comm = &world;
                  MoE moe(c);
                  const std::string what = fmt::format("k {} force {} rank {}", k, force, world.rank());
-                 EXPECT_EQ(moe.local_experts(), base.experts / k);
+                 EXPECT_EQ(moe.local_experts(), base.moe.experts / k);
                  for (Parameter* p : moe.parameters()) {
                    p->value.copy_from(find(ref, p->name)->value);
                    p->grad.fill(0.0);
@@ -262,17 +290,18 @@ void expect_expert_parallel_equals(const MoEConfig& base, int k, int force) {
 }
 
 TEST(MoE, ExpertParallelEqualsOneDevice) {
-  const MoEConfig base{.width = 6, .expert_hidden = 4, .experts = 4, .top_k = 2, .shared_experts = 1,
-                       .aux_loss_coef = 0.1, .prefix = "mlp", .seed = 6, .init_std = 0.5};
+  const MoEConfig base{.width = 6,
+                       .moe = {.experts = 4, .top_k = 2, .expert_hidden = 4, .shared_experts = 1, .aux_loss_coef = 0.1},
+                       .prefix = "mlp", .seed = 6, .init_std = 0.5};
   for (int k : {2, 4}) expect_expert_parallel_equals(base, k, -1);
   MoEConfig dropping = base;
-  dropping.capacity_factor = 0.5;
-  dropping.score = RouterScore::sigmoid;
+  dropping.moe.capacity_factor = 0.5;
+  dropping.moe.score = RouterScore::sigmoid;
   expect_expert_parallel_equals(dropping, 2, -1);
   // Every token to expert 0 (and one other): rank 1 of 2 gets some tokens,
   // ranks 2 and 3 of 4 receive nothing for their experts but still run.
   MoEConfig one = base;
-  one.top_k = 1;
+  one.moe.top_k = 1;
   expect_expert_parallel_equals(one, 2, 0);
   expect_expert_parallel_equals(one, 4, 0);
   expect_expert_parallel_equals(base, 4, 3);

@@ -48,6 +48,10 @@ struct BatchContext {
   // module adds itself (a MoE layer's auxiliary loss) is averaged over, as
   // the trainer's loss is (0: the call's own samples).
   double global_samples = 0;
+  // True while a recompute-mode module replays its forward inside backward
+  // (Module::backward): what a forward counts (a MoE layer's expert load)
+  // is counted once.
+  bool replay = false;
 };
 
 class Saved {

@@ -35,6 +35,10 @@ void refuse_sequence_parallel(const layout::TrainingLayout& l, const char* model
     throw InvalidArgument("meshtrain train",
                           fmt::format("--sequence-parallel with model {}: it has no sequence to split", model),
                           "drop --sequence-parallel (it applies to model = \"gpt\")");
+  if (const int expert = l.size(mesh::kExpert); expert > 1)
+    throw Unsupported("meshtrain train",
+                      fmt::format("an expert axis of {} with model {}: it has no experts to split", expert, model),
+                      "use a data axis instead (experts: model = \"gpt\" with --arch llama --experts N)");
 }
 
 // The mlp's layer sizes: Fashion-MNIST's features, the hidden layers, its classes.

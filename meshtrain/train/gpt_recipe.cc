@@ -79,13 +79,19 @@ Evaluation summary(double loss, double unigram) {
 nn::GPTConfig gpt_config(const TrainConfig& tc) {
   return {.arch = tc.arch, .kv_heads = tc.kv_heads, .rope_base = tc.rope_base, .ffn_hidden = tc.ffn_hidden,
           .vocab = tc.vocab, .block_size = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width,
-          .recompute = tc.recompute, .dropout = tc.dropout};
+          .recompute = tc.recompute, .dropout = tc.dropout, .moe = tc.moe};
 }
 
 // The start-up check (RecipeRegistration::check): what the model's blocks,
 // heads and sequence must divide.
 void check_gpt_layout(const TrainConfig& tc, const layout::TrainingLayout& l) {
-  const int tensor = l.size(mesh::kTensor), context = l.size(mesh::kContext);
+  const int tensor = l.size(mesh::kTensor), context = l.size(mesh::kContext), expert = l.size(mesh::kExpert);
+  if (expert > 1 && !tc.moe.active())
+    throw InvalidArgument("--mesh", fmt::format("an expert axis of {} for a model without experts", expert),
+                          "add --arch llama --experts N (N divisible by the expert axis), or use a data axis");
+  if (tc.moe.active() && tc.moe.experts % expert != 0)
+    throw InvalidArgument("--experts", fmt::format("{} experts over an expert axis of {}", tc.moe.experts, expert),
+                          "use a number of experts the expert axis divides");
   if (tc.heads % tensor != 0)
     throw InvalidArgument("--heads", fmt::format("{} heads over a tensor axis of {}", tc.heads, tensor),
                           "use a tensor axis size that divides the number of heads (each rank holds whole heads)");
@@ -100,6 +106,25 @@ void check_gpt_layout(const TrainConfig& tc, const layout::TrainingLayout& l) {
     if (tc.dropout > 0.0)
       throw InvalidArgument("--arch llama", fmt::format("dropout {}", tc.dropout),
                             "Llama's blocks have no dropout: set --dropout 0, or use --arch gpt2");
+  }
+  if (tc.moe.active()) {
+    if (tc.arch != layout::DecoderArch::llama)
+      throw InvalidArgument("--experts", fmt::format("{} experts with --arch {}", tc.moe.experts,
+                                                     layout::decoder_arch_name(tc.arch)),
+                            "mixture-of-experts layers replace Llama's MLPs: add --arch llama");
+    if (tc.moe.top_k > tc.moe.experts)
+      throw InvalidArgument("--top-k", fmt::format("top_k {} of {} experts", tc.moe.top_k, tc.moe.experts),
+                            "pick at most --experts experts per token");
+    if (tc.moe.first_dense >= tc.layers)
+      throw InvalidArgument("--first-dense", fmt::format("{} dense blocks of {}", tc.moe.first_dense, tc.layers),
+                            "leave at least one block with experts");
+    if (tc.sequence_parallel && tensor > 1)
+      throw InvalidArgument("--sequence-parallel", "mixture-of-experts layers with sequence parallelism",
+                            "drop --sequence-parallel: the tensor axis splits the experts without it");
+    if (context > 1)
+      throw InvalidArgument("--mesh", fmt::format("mixture-of-experts layers with a context axis of {}", context),
+                            "capacity and the auxiliary loss count whole sequences: drop the context axis (not yet "
+                            "supported with --experts)");
   }
   if (context > 1) {
     nn::check_context_length(tc.context, context, tc.cp_load_balance, "--seq-len (context)");
@@ -126,13 +151,15 @@ class GptStage final : public RecipeStage {
   }
   nn::Module& module() override { return gpt_; }
   std::vector<nn::Module*> fsdp_units() override { return gpt_.fsdp_units(); }
+  MoELayers moe_layers() override { return gpt_.moe_layers(); }
   Tensor forward(const Batch& micro, int64_t step, double norm, const Tensor& input, nn::Saved& saved,
                  double* loss) override {
     const Tensor& tokens = micro["tokens"];
     // The real length too: a later stage's input may be padded for sequence parallelism.
     gpt_.set_batch_context(nn::BatchContext{.step = static_cast<uint64_t>(step),
                                             .first_global_sample = micro.first_global_sample,
-                                            .sequence_length = tokens.size(1)});
+                                            .sequence_length = tokens.size(1),
+                                            .global_samples = norm});
     const Tensor out = gpt_.forward(gpt_.config().embed ? tokens : input, saved.child(0));
     if (!gpt_.config().head) return out;
     *loss = loss_.forward(out, micro["targets"], norm * static_cast<double>(tokens.size(1)), saved.child(1));
@@ -185,9 +212,12 @@ class GptModel final : public RecipeModel {
   }
   nn::Module& module() override { return gpt_; }
   std::vector<nn::Module*> fsdp_units() override { return gpt_.fsdp_units(); }
+  MoELayers moe_layers() override { return gpt_.moe_layers(); }
 
   double loss_step(const Batch& micro, int64_t step, double norm) override {
-    gpt_.set_batch_context(static_cast<uint64_t>(step), micro.first_global_sample);
+    gpt_.set_batch_context(nn::BatchContext{.step = static_cast<uint64_t>(step),
+                                            .first_global_sample = micro.first_global_sample,
+                                            .global_samples = norm});
     const Tensor& tokens = micro["tokens"];
     const Tensor& targets = micro["targets"];
     const double tokens_per_sample = static_cast<double>(tokens.size(1));
@@ -258,6 +288,7 @@ class GptRecipe final : public ModelRecipe {
     c.defer_init = o.defer_init;
     c.tensor = o.tensor;
     c.context = o.context;
+    c.expert = o.expert;
     if (o.pipeline_stages > 1) return build_stages(c, o);
     auto m = std::make_unique<GptModel>(c, unigram_, tokenizer_, o.seed, o.tracker);
     m->module().set_compute_dtype(o.compute_dtype);

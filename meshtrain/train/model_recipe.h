@@ -50,6 +50,7 @@
 #include "meshtrain/core/memory.h"
 #include "meshtrain/layout/training_layout.h"
 #include "meshtrain/nn/module.h"
+#include "meshtrain/nn/moe.h"
 #include "meshtrain/nn/parallel/context_parallel.h"
 #include "meshtrain/nn/parallel/tensor_parallel.h"
 #include "meshtrain/train/run_dir.h"
@@ -78,6 +79,11 @@ struct ModelOptions {
   // this rank's tokens, which the trainer's sums over the axis add up) or
   // throws Unsupported naming the model.
   nn::ContextParallelGroup context = {};
+  // The mesh's expert axis: a recipe splits its mixture-of-experts layers'
+  // experts over it (the GPT: nn::GPTConfig::expert; every other parameter
+  // replicated); a recipe without experts never gets one (the start-up
+  // check refuses it).
+  nn::ExpertParallelGroup expert = {};
   // Pipeline parallelism: the model cut into `pipeline_stages` consecutive
   // stages (the first reads the data, the last computes the loss); build
   // only `stages` of them (this rank's, ascending), reached through
@@ -86,6 +92,10 @@ struct ModelOptions {
   int pipeline_stages = 1;
   std::vector<int> stages = {};
 };
+
+// A model's mixture-of-experts layers with their block index in the whole
+// model (RecipeModel::moe_layers).
+using MoELayers = std::vector<std::pair<int64_t, nn::MoE*>>;
 
 // One pipeline stage of a recipe's model (ModelOptions::pipeline_stages),
 // as the trainer's pipeline executor drives it: every micro-batch of a step
@@ -99,6 +109,8 @@ class RecipeStage {
   // Its FSDP units (RecipeModel::fsdp_units); empty: one per module that
   // owns parameters.
   virtual std::vector<nn::Module*> fsdp_units() { return {}; }
+  // Its mixture-of-experts layers (RecipeModel::moe_layers).
+  virtual MoELayers moe_layers() { return {}; }
   // Forward of micro-batch `micro` (this rank's rows) at step `step`:
   // stage 0 reads micro's data, the others take `input`, the previous
   // stage's output. Returns the next stage's input; the last stage instead
@@ -183,6 +195,11 @@ class RecipeModel {
   // freed together), e.g. each transformer block and then the root for the
   // rest; empty: one unit per module that owns parameters.
   virtual std::vector<nn::Module*> fsdp_units() { return {}; }
+  // The model's mixture-of-experts layers, each with its block index in the
+  // whole model: the trainer reports their expert load once per step
+  // (summed over the ranks that see other tokens) and applies DeepSeek-V3's
+  // bias update (MoE::update_bias). None by default.
+  virtual MoELayers moe_layers() { return {}; }
 };
 
 // A RecipeModel built in pipeline stages (ModelOptions::stages): holds this

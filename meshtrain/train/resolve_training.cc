@@ -89,7 +89,7 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
     // Each pipeline stage and tensor rank shards over its own node x fsdp
     // ranks; data (HSDP) and context ranks would join the shard group
     // beside the node hierarchy.
-    for (const std::string_view other : {mesh::kData, mesh::kContext})
+    for (const std::string_view other : {mesh::kData, mesh::kContext, mesh::kExpert})
       if (axis_size(mesh, other) > 1)
         fail(fmt::format("mesh {} has a {} axis", mesh.to_spec(), other),
              "ZeRO++ shards over node x fsdp (per pipeline stage and tensor rank): use --mesh node=K,fsdp=L "

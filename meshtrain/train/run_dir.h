@@ -53,9 +53,10 @@
 namespace meshtrain::train {
 
 // What a run writes into its directory; the only names an --overwrite may delete.
-inline constexpr std::array<std::string_view, 10> kRunArtifacts = {
-    "config.toml", "metrics.jsonl",       "model.safetensors", "trainer_state.json", "loss.svg",
-    "checkpoints", "reconstructions.png", "samples.png",       "pipeline.trace.json", "pipeline.svg"};
+inline constexpr std::array<std::string_view, 11> kRunArtifacts = {
+    "config.toml", "metrics.jsonl",       "model.safetensors", "trainer_state.json",  "loss.svg",
+    "checkpoints", "reconstructions.png", "samples.png",       "pipeline.trace.json", "pipeline.svg",
+    "expert_load.svg"};
 
 // The config.toml a resumed run continues with: its interrupted staging
 // directory's ("<run>.incomplete/config.toml") first, else the run's own.

@@ -21,6 +21,7 @@
 
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/layout/vocabulary.h"
+#include "meshtrain/nn/moe.h"
 
 namespace meshtrain::train {
 
@@ -52,6 +53,11 @@ struct TrainConfig {
   int kv_heads = 0;                          // Llama: key/value heads (0: heads), dividing heads
   double rope_base = 10000.0;                // Llama: RoPE's base
   int ffn_hidden = 0;                        // Llama: the SwiGLU MLP's width (0: 8/3 width, rounded up to 64)
+  // Llama: mixture-of-experts layers (nn/moe.h; experts 0: dense), keys
+  // experts, top_k, expert_hidden, shared_experts, router_score,
+  // normalize_top_k, aux_loss_coef, capacity_factor, bias_update_rate,
+  // first_dense; experts split over the mesh's expert axis.
+  nn::MoEOptions moe = {};
   int vocab = 8192;                          // BPE vocabulary (the tokenizer is trained to it)
   int context = 64;                          // tokens per sample (T)
   int layers = 4;

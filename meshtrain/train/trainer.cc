@@ -25,12 +25,14 @@
 #include "meshtrain/optim/loss_scaler.h"
 #include "meshtrain/optim/schedule.h"
 #include "meshtrain/optim/sgd.h"
+#include "meshtrain/parallel/expert_parallel.h"
 #include "meshtrain/parallel/parallelism.h"
 #include "meshtrain/parallel/pipeline_parallel.h"
 #include "meshtrain/parallel/tensor_parallel.h"
 #include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/internal/checkpointing.h"
+#include "meshtrain/train/internal/gather_parameters.h"
 #include "meshtrain/train/internal/mesh_roles.h"
 #include "meshtrain/train/internal/pipeline_run.h"
 #include "meshtrain/train/internal/run_setup.h"
@@ -50,6 +52,7 @@ namespace {
 using internal::axis_size;
 using internal::data_parallel_axes;
 using internal::gradient_axes;
+using internal::replica_axes;
 using internal::make_parallelism;
 using internal::record_training_figures;
 using internal::reset_traffic;
@@ -100,7 +103,9 @@ class Run {
                                                           tc.async_checkpoint && tc.checkpoint_every > 0);
     batch_comm_ = &mesh_.comm(data_parallel_axes(mesh_shape));
     dp_comm_ = &mesh_.comm(gradient_axes(mesh_shape));
+    replica_comm_ = &mesh_.comm(replica_axes(mesh_shape));  // dp_comm_ itself without an expert axis
     if (axis_size(mesh_shape, mesh::kTensor) > 1) tp_.comm = &mesh_.comm(mesh::kTensor);
+    if (axis_size(mesh_shape, mesh::kExpert) > 1) ep_.comm = &mesh_.comm(mesh::kExpert);
     tp_.sequence_parallel = tc.sequence_parallel;
     tp_.overlap = tc.tp_overlap;
     if (axis_size(mesh_shape, mesh::kContext) > 1)
@@ -112,7 +117,8 @@ class Run {
                          .compute_dtype = sharded ? layout.param_dtype : DType::f32,
                          .tracker = &memory_,  // activation buffers
                          .tensor = tp_,
-                         .context = cp_};
+                         .context = cp_,
+                         .expert = ep_};
     std::optional<parallel::Schedule> schedule;
     if (axis_size(mesh_shape, mesh::kPipeline) > 1) {
       pp_ = &mesh_.comm(mesh::kPipeline);
@@ -138,6 +144,7 @@ class Run {
     // tensor; read before wrapping: stage 3 leaves values undefined; a
     // parameter two stages hold counts once).
     std::vector<nn::Parameter*> params;
+    int64_t expert_parameters = 0;  // this expert rank's experts: the others hold the rest
     for (size_t k = 0; k < modules_.size(); ++k) {
       if (pp_ != nullptr) {
         stage_index_.push_back(options.stages[k]);
@@ -149,20 +156,27 @@ class Run {
         int64_t n = 1;
         for (int64_t d : p->placement.shape) n *= d;
         num_parameters_ += n;
+        if (p->expert) expert_parameters += n;
       }
+    }
+    if (ep_.size() > 1) {
+      int64_t all_experts = expert_parameters;
+      ep_.comm->all_reduce(&all_experts, &all_experts, 1, DType::i64, comm::ReduceOp::sum);
+      num_parameters_ += all_experts - expert_parameters;
     }
     if (pp_ != nullptr) pp_->all_reduce(&num_parameters_, &num_parameters_, 1, DType::i64, comm::ReduceOp::sum);
     if (main_ && tp_.size() > 1) tensor_split_ = tensor_parallel_summary(params, tp_);
     for (const nn::Parameter* p : params)
       if (p->sequence_parallel) sequence_parallel_.push_back(p->name);
     if (pp_ == nullptr) {
-      parallel_ = make_parallelism(tc, layout, model_->module(), model_->fsdp_units(), mesh_, *dp_comm_, &memory_);
+      parallel_ =
+          make_parallelism(tc, layout, model_->module(), model_->fsdp_units(), mesh_, *replica_comm_, &memory_);
     } else {
       std::vector<parallel::PipelineParallel::Stage> per_stage;
       for (size_t k = 0; k < stages.size(); ++k)
         per_stage.push_back({.index = options.stages[k],
                              .strategy = make_parallelism(tc, layout, stages[k]->module(), stages[k]->fsdp_units(), mesh_,
-                                                          *dp_comm_, &memory_),
+                                                          *replica_comm_, &memory_),
                              .tied = stages[k]->tied_parameters()});
       auto pipeline = std::make_unique<parallel::PipelineParallel>(std::move(per_stage), *pp_);
       pipeline_ = std::make_unique<internal::PipelineRun>(*schedule, *pp_, stages, *pipeline);
@@ -173,6 +187,22 @@ class Run {
     // strategy over the data-parallel ranks (collective over the tensor axis).
     if (tp_.size() > 1)
       parallel_ = std::make_unique<parallel::TensorParallel>(std::move(parallel_), tp_, sequence_parallel_);
+    // Expert parallelism's: the replicated parameters' gradients over the expert axis.
+    if (ep_.size() > 1) parallel_ = std::make_unique<parallel::ExpertParallel>(std::move(parallel_), *ep_.comm, params);
+    // Mixture-of-experts layers: their block indices and the expert count,
+    // the same on every rank (a pipeline stage may hold none).
+    if (pp_ == nullptr) {
+      moe_ = model_->moe_layers();
+    } else {
+      for (RecipeStage* st : stages)
+        for (const auto& layer : st->moe_layers()) moe_.push_back(layer);
+    }
+    int64_t shape[2] = {0, 0};  // blocks, experts
+    for (const auto& [block, layer] : moe_)
+      shape[0] = std::max(shape[0], block + 1), shape[1] = layer->config().moe.experts;
+    world.all_reduce(shape, shape, 2, DType::i64, comm::ReduceOp::max);
+    moe_blocks_ = shape[0];
+    moe_experts_ = shape[1];
     // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
     if (parallel_->needs_loss_scaling()) scaler_ = std::make_unique<optim::DynamicLossScaler>();
     opt_params_ = parallel_->optimizer_parameters();
@@ -282,11 +312,22 @@ class Run {
           train_curve.y.push_back(loss);
         }
         const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (scaler_)
-          bar.update(step, {{"loss", loss}, {"lr", opt_->lr()}, {"scale", scaler_->scale()}},
-                     units * samples / elapsed);
-        else
-          bar.update(step, {{"loss", loss}, {"lr", opt_->lr()}}, units * samples / elapsed);
+        std::vector<std::pair<std::string, double>> shown = {{"loss", loss}, {"lr", opt_->lr()}};
+        if (scaler_) shown.emplace_back("scale", scaler_->scale());
+        if (moe_blocks_ > 0) {  // the expert load: worst layer's max/mean, dropped fraction, auxiliary loss
+          shown.emplace_back("imbalance", moe_last_.imbalance);
+          if (tc_.moe.capacity_factor > 0) shown.emplace_back("dropped", moe_last_.dropped);
+          if (tc_.moe.aux_loss_coef > 0) shown.emplace_back("aux", moe_last_.aux_loss);
+          if (main_) {
+            if (expert_load_.empty())
+              for (int64_t i = 0; i < moe_experts_; ++i) expert_load_.push_back({fmt::format("expert {}", i), {}, {}});
+            for (size_t i = 0; i < expert_load_.size(); ++i) {
+              expert_load_[i].x.push_back(static_cast<double>(step));
+              expert_load_[i].y.push_back(moe_last_.shares[i]);
+            }
+          }
+        }
+        bar.update(step, shown, units * samples / elapsed);
         if (step % tc_.log_every == 0 || step == total) {
           if (log) {
             std::vector<std::pair<std::string, double>> numbers = {
@@ -297,6 +338,13 @@ class Run {
             if (scaler_) numbers.emplace_back("loss_scale", scaler_->scale());
             if (scaler_ || tc_.on_nonfinite == NonFinitePolicy::skip)
               numbers.emplace_back("skipped_steps", static_cast<double>(skipped_));
+            if (moe_blocks_ > 0) {  // this step's expert load (moe_step)
+              numbers.emplace_back("moe_imbalance", moe_last_.imbalance);
+              numbers.emplace_back("moe_dropped_fraction", moe_last_.dropped);
+              numbers.emplace_back("moe_aux_loss", moe_last_.aux_loss);
+              for (size_t i = 0; i < moe_last_.shares.size(); ++i)
+                numbers.emplace_back(fmt::format("moe_expert_{}_share", i), moe_last_.shares[i]);
+            }
             log->write(numbers, {{"split", "train"}});
           }
           if (main_) shared_.result.final_train_loss = window_loss / window_n;
@@ -428,6 +476,7 @@ class Run {
     }
     if (std::isfinite(out.loss)) check_loss_spike(step, out.loss, batch.global_size);
     if (out.applied) apply_update(s);
+    moe_step(out.applied);
     if (scaler_ && std::isfinite(out.loss)) {  // a non-finite loss is no overflow of the scaled gradients
       scaler_->update(overflow);
       if (overflow) out.why_skipped += fmt::format(", scale now {}", scaler_->scale());
@@ -456,6 +505,53 @@ class Run {
     }
     recent_losses_.push_back(loss);
     if (recent_losses_.size() > window) recent_losses_.pop_front();
+  }
+
+  // Once per step, collective: the MoE layers' counts of this step's
+  // forwards summed over the ranks that route other tokens (data, node,
+  // fsdp, expert; tensor ranks route the same ones) and over the pipeline's
+  // stages (each holds its own blocks), so every rank holds every block's
+  // totals; DeepSeek-V3's bias update on an applied step; the step's
+  // summary for the progress line, metrics.jsonl and expert_load.svg.
+  void moe_step(bool applied) {
+    if (moe_blocks_ == 0) return;
+    const size_t e = static_cast<size_t>(moe_experts_), row = e + 4;  // tokens, assignments, dropped, aux, sequences
+    std::vector<double> v(static_cast<size_t>(moe_blocks_) * row, 0.0);
+    for (const auto& [block, layer] : moe_) {
+      const nn::MoELoad load = layer->take_load();
+      double* r = v.data() + static_cast<size_t>(block) * row;
+      for (size_t i = 0; i < e; ++i) r[i] = static_cast<double>(load.tokens[i]);
+      r[e] = static_cast<double>(load.assignments);
+      r[e + 1] = static_cast<double>(load.dropped);
+      r[e + 2] = load.aux_loss;
+      r[e + 3] = static_cast<double>(load.sequences);
+    }
+    dp_comm_->all_reduce(v.data(), v.data(), v.size(), DType::f64, comm::ReduceOp::sum);
+    if (pp_ != nullptr) pp_->all_reduce(v.data(), v.data(), v.size(), DType::f64, comm::ReduceOp::sum);
+    if (applied && tc_.moe.bias_update_rate > 0)
+      for (const auto& [block, layer] : moe_) {
+        const double* r = v.data() + static_cast<size_t>(block) * row;
+        std::vector<int64_t> tokens(e);
+        for (size_t i = 0; i < e; ++i) tokens[i] = static_cast<int64_t>(r[i]);
+        layer->update_bias(tokens, tc_.moe.bias_update_rate);
+      }
+    MoEStep m;
+    m.shares.assign(e, 0.0);
+    double assignments = 0, dropped = 0, all = 0;
+    for (int64_t b = 0; b < moe_blocks_; ++b) {
+      const double* r = v.data() + static_cast<size_t>(b) * row;
+      if (r[e + 3] == 0) continue;  // a dense block
+      double most = 0, sum = 0;
+      for (size_t i = 0; i < e; ++i) most = std::max(most, r[i]), sum += r[i], m.shares[i] += r[i];
+      if (sum > 0) m.imbalance = std::max(m.imbalance, most / (sum / static_cast<double>(e)));
+      assignments += r[e];
+      dropped += r[e + 1];
+      m.aux_loss += r[e + 2] / r[e + 3];
+      all += sum;
+    }
+    m.dropped = assignments > 0 ? dropped / assignments : 0.0;
+    for (double& x : m.shares) x = all > 0 ? x / all : 0.0;
+    moe_last_ = std::move(m);
   }
 
   // The optimizer step on finite gradients scaled by s.
@@ -513,7 +609,11 @@ class Run {
     return p;
   }
 
-  internal::TrainingCheckpoint checkpoint() { return internal::TrainingCheckpoint(opt_params_, *opt_); }
+  internal::TrainingCheckpoint checkpoint() {
+    std::vector<std::pair<std::string, Tensor>> buffers;  // the MoE layers' selection biases
+    for (const auto& [block, layer] : moe_) buffers.emplace_back(layer->bias_name(), layer->bias());
+    return internal::TrainingCheckpoint(opt_params_, *opt_, std::move(buffers));
+  }
 
   // Collective: a sharded checkpoint of `step` (internal::CheckpointWriter:
   // in the background with --async-checkpoint); `last` (the run's final or
@@ -677,9 +777,15 @@ class Run {
   void finish_run(const Series& train_curve, const Series& test_curve) {
     parallel_->gather_full_parameters();
     std::vector<std::pair<std::string, Tensor>> whole;  // tensor-parallel blocks gathered (collective)
+    std::vector<bool> expert;
     for (size_t k = 0; k < modules_.size(); ++k)
       for (nn::Parameter* p : modules_[k]->parameters())
-        if (!tied_copy(k, p->name)) whole.emplace_back(p->name, nn::gather_parameter(*p, tp_));
+        if (!tied_copy(k, p->name)) {
+          whole.emplace_back(p->name, nn::gather_parameter(*p, tp_));
+          expert.push_back(p->expert);
+        }
+    // Expert parallelism: each expert rank 0 puts every expert of its stage in place.
+    if (ep_.size() > 1) whole = internal::merge_expert_parameters(*ep_.comm, whole, expert);
     // Pipeline: world rank 0 assembles the whole model from every stage's
     // parameters (its pipeline group's ranks send theirs) and writes the
     // recipe's files from it.
@@ -694,6 +800,14 @@ class Run {
                        {{"format", "meshtrain"}, {"model", tc_.model}, {"weights", "(in, out)"}});
       write_file_atomic(shared_.dir->file("loss.svg"),
                         line_chart_svg(metrics_.chart_title, "step", {train_curve, test_curve}));
+      if (!expert_load_.empty()) {
+        shared_.result.artifacts.push_back("expert_load.svg");
+        write_file_atomic(shared_.dir->file("expert_load.svg"),
+                          line_chart_svg(fmt::format("share of the routed tokens per expert (all {} MoE layers; "
+                                                     "even: {:.3f})",
+                                                     moe_layers_total(), 1.0 / static_cast<double>(moe_experts_)),
+                                         "step", expert_load_));
+      }
     }
     if (assembled)
       assembled->write_artifacts(&*shared_.dir);
@@ -722,7 +836,21 @@ class Run {
   mesh::DeviceMesh mesh_;
   bool main_;
   comm::Communicator* batch_comm_ = nullptr;  // the batch's split: data x fsdp
-  comm::Communicator* dp_comm_ = nullptr;     // gradient and loss sums: data x fsdp x context
+  // Mixture-of-experts layers (RecipeModel::moe_layers) and their step's numbers (moe_step).
+  struct MoEStep {
+    double imbalance = 0;        // the worst layer's max / mean tokens per expert
+    double dropped = 0;          // the fraction of assignments over capacity
+    double aux_loss = 0;         // the auxiliary losses' sum over layers (coefficient included)
+    std::vector<double> shares;  // each expert's share of the routed tokens, all layers
+  };
+  MoELayers moe_;
+  int64_t moe_blocks_ = 0, moe_experts_ = 0;  // every rank's: blocks up to the last MoE layer, experts per layer
+  MoEStep moe_last_;
+  std::vector<Series> expert_load_;  // rank 0: each expert's share per step (expert_load.svg)
+  int64_t moe_layers_total() const { return tc_.layers - tc_.moe.first_dense; }
+  comm::Communicator* dp_comm_ = nullptr;     // loss sums: data x fsdp x expert x context
+  comm::Communicator* replica_comm_ = nullptr;  // the data-parallel strategy's: dp_comm_'s axes but expert
+  nn::ExpertParallelGroup ep_;                 // the mesh's expert axis (none: one rank)
   nn::ContextParallelGroup cp_;               // the mesh's context axis (none: one rank)
   nn::TensorParallelGroup tp_;  // the mesh's tensor axis (none: one rank)
   std::string tensor_split_;    // rank 0: how the tensor axis splits the parameters (start-up dump)
@@ -779,7 +907,9 @@ TrainResult run_training(const ResolvedTraining& resolved, const config::Distrib
   // above, shared.dir's destructor removes the staging directory instead.
   if (shared.dir) {
     shared.dir->commit();
-    shared.result.artifacts = recipe->artifacts();
+    std::vector<std::string> files = recipe->artifacts();  // then the trainer's own pictures (expert_load.svg)
+    files.insert(files.end(), shared.result.artifacts.begin(), shared.result.artifacts.end());
+    shared.result.artifacts = std::move(files);
   }
   return shared.result;
 }

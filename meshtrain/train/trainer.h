@@ -103,7 +103,7 @@ struct TrainResult {
   double test_reconstruction = 0; // VAE: the reconstruction term of test_loss
   double test_kl = 0;             // VAE: the KL term of test_loss
   std::string test_summary;       // the recipe's final line, e.g. "test accuracy 89.35% (test loss 0.3046)"
-  std::vector<std::string> artifacts;  // the recipe's own files in run_dir (the VAE's pictures)
+  std::vector<std::string> artifacts;  // the recipe's own files in run_dir (the VAE's pictures), and expert_load.svg
   int64_t schedule_steps = 0;     // the learning-rate schedule's length
   double hidden_fraction = 0;     // data-parallel communication hidden behind backward (mean)
   std::vector<double> step_losses;  // every step's global loss

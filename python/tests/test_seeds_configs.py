@@ -68,7 +68,7 @@ def test_defaults_are_the_seeds_but_the_engine():
      "uses 4 of 8 devices, leaving 4 idle"),
     # The seeds' guide names the tensor axis "model"; meshtrain's is "tensor".
     (dict(world_size=4, mesh_shape=(2, 2), mesh_axis_names=("data", "model"), tensor_parallel_size=2),
-     "mesh axis 'model' is not one of pipeline, data, node, fsdp, context, tensor"),
+     "mesh axis 'model' is not one of pipeline, data, node, fsdp, expert, context, tensor"),
     (dict(wrold_size=4), "unknown key 'wrold_size' (hint: did you mean 'world_size'?"),
     (dict(world_size="4"), "world_size must be an int, got str '4'"),
     (dict(enabled=1), "enabled must be a bool, got int 1"),

@@ -329,31 +329,35 @@ std::vector<Parameter*> named(const std::vector<Parameter*>& params, const std::
 
 }  // namespace
 
-void reduce_sequence_parallel_grads(const std::vector<Parameter*>& params, const std::vector<std::string>& names,
-                                    const TensorParallelGroup& g) {
-  if (g.size() == 1) return;
-  const std::vector<Parameter*> ps = named(params, names);
+void sum_grads(const std::vector<Parameter*>& params, comm::Communicator& comm, const char* profile_name) {
+  if (comm.size() == 1) return;
   size_t n = 0;
-  for (const Parameter* p : ps) n += static_cast<size_t>(p->grad.numel());
+  for (const Parameter* p : params) n += static_cast<size_t>(p->grad.numel());
   if (n == 0) return;
   // Packed in f32 (a strategy may keep gradients in a half-precision
   // reduce dtype): one all-reduce for every such gradient.
   std::vector<float> buf(n);
   size_t at = 0;
-  for (const Parameter* p : ps) {
+  for (const Parameter* p : params) {
     const Tensor g_ = p->grad.to(DType::f32).contiguous();
     std::copy_n(g_.data<float>(), g_.numel(), buf.data() + at);
     at += static_cast<size_t>(g_.numel());
   }
   {
-    const functional::ProfileScope scope("tp grad all_reduce");  // once per step, not per layer
-    g.comm->all_reduce(buf.data(), buf.data(), n, DType::f32, comm::ReduceOp::sum);
+    const functional::ProfileScope scope(profile_name);  // once per step, not per layer
+    comm.all_reduce(buf.data(), buf.data(), n, DType::f32, comm::ReduceOp::sum);
   }
   at = 0;
-  for (Parameter* p : ps) {
+  for (Parameter* p : params) {
     p->grad.copy_from(Tensor::from_blob(buf.data() + at, p->grad.shape(), DType::f32));
     at += static_cast<size_t>(p->grad.numel());
   }
+}
+
+void reduce_sequence_parallel_grads(const std::vector<Parameter*>& params, const std::vector<std::string>& names,
+                                    const TensorParallelGroup& g) {
+  if (g.size() == 1) return;
+  sum_grads(named(params, names), *g.comm, "tp grad all_reduce");
 }
 
 uint64_t sequence_parallel_layout_key(const std::vector<Parameter*>& params, const std::vector<std::string>& names) {

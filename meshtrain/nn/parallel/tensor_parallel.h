@@ -151,6 +151,12 @@ Tensor gather_sequence(const Tensor& local, const TensorParallelGroup& group, Me
 Tensor reduce_scatter_sequence(const Tensor& full, const TensorParallelGroup& group,
                                MemoryTracker* tracker = nullptr);
 
+// Collective over `comm`: every rank's grads of `params` (the same shapes
+// on every rank, in the same order) summed in one f32 all-reduce, timed as
+// `profile_name` in the op profile. reduce_sequence_parallel_grads and
+// parallel::ExpertParallel's replicated gradients use it.
+void sum_grads(const std::vector<Parameter*>& params, comm::Communicator& comm, const char* profile_name);
+
 // Collective over the group, once per optimizer step after the data-parallel
 // strategy's finish(): adds over the tensor axis, in one all-reduce, the
 // grads of those of `params` (the strategy's optimizer_parameters(), named

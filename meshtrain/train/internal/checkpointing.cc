@@ -68,8 +68,9 @@ ResumePoint ResumePoint::from_json(const std::string& text, const std::string& s
   return p;
 }
 
-TrainingCheckpoint::TrainingCheckpoint(std::vector<nn::Parameter*> params, optim::Optimizer& opt)
-    : params_(std::move(params)), opt_(&opt) {}
+TrainingCheckpoint::TrainingCheckpoint(std::vector<nn::Parameter*> params, optim::Optimizer& opt,
+                                       std::vector<std::pair<std::string, Tensor>> buffers)
+    : params_(std::move(params)), buffers_(std::move(buffers)), opt_(&opt) {}
 
 std::vector<CheckpointPiece> TrainingCheckpoint::pieces(const ResumePoint& point) const {
   const optim::OptimizerState state = opt_->export_state();  // params() order = params_
@@ -85,6 +86,8 @@ std::vector<CheckpointPiece> TrainingCheckpoint::pieces(const ResumePoint& point
     for (const auto& [field, t] : state[i].tensors)
       out.push_back({fmt::format("optim/{}/{}", p.name, field), p.placement, flat(t)});
   }
+  for (const auto& [name, t] : buffers_)
+    out.push_back({"buffer/" + name, sharding::Placement::whole(t.shape()), flat(t)});
   return out;
 }
 
@@ -98,6 +101,8 @@ void TrainingCheckpoint::load(const CheckpointIndex& index, const ResumePoint& p
       wanted.push_back({fmt::format("optim/{}/{}", p.name, field), p.placement, flat(t)});
     state[i].step = point.optimizer_steps;
   }
+  for (const auto& [name, t] : buffers_)  // in place
+    wanted.push_back({"buffer/" + name, sharding::Placement::whole(t.shape()), flat(t)});
   load_checkpoint_pieces(index, wanted);
   opt_->import_state(state);
 }

@@ -57,8 +57,12 @@ struct ResumePoint {
 
 class TrainingCheckpoint {
  public:
-  // `params`: what the optimizer updates (Parallelism::optimizer_parameters()).
-  TrainingCheckpoint(std::vector<nn::Parameter*> params, optim::Optimizer& opt);
+  // `params`: what the optimizer updates (Parallelism::optimizer_parameters());
+  // `buffers`: state outside the optimizer that a resumed run needs (a MoE
+  // layer's selection bias), whole f32 tensors by name, loaded in place
+  // ("buffer/<name>" pieces; ranks that hold the same one write it once).
+  TrainingCheckpoint(std::vector<nn::Parameter*> params, optim::Optimizer& opt,
+                     std::vector<std::pair<std::string, Tensor>> buffers = {});
 
   // This rank's pieces, their data viewing the live tensors (valid until the
   // next optimizer step). Throws InvalidArgument when the parameters' step
@@ -86,6 +90,7 @@ class TrainingCheckpoint {
 
  private:
   std::vector<nn::Parameter*> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
   optim::Optimizer* opt_;
 };
 

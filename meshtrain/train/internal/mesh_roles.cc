@@ -28,9 +28,12 @@ std::vector<std::string> mesh_axes(const mesh::NamedShape& m, std::initializer_l
   return axes;
 }
 std::vector<std::string> data_parallel_axes(const mesh::NamedShape& m) {
-  return mesh_axes(m, {mesh::kData, mesh::kNode, mesh::kFsdp});
+  return mesh_axes(m, {mesh::kData, mesh::kNode, mesh::kFsdp, mesh::kExpert});
 }
 std::vector<std::string> gradient_axes(const mesh::NamedShape& m) {
+  return mesh_axes(m, {mesh::kData, mesh::kNode, mesh::kFsdp, mesh::kExpert, mesh::kContext});
+}
+std::vector<std::string> replica_axes(const mesh::NamedShape& m) {
   return mesh_axes(m, {mesh::kData, mesh::kNode, mesh::kFsdp, mesh::kContext});
 }
 

@@ -28,11 +28,15 @@ namespace meshtrain::train::internal {
 // of size > 1 training has no use for (data, fsdp, context, tensor and
 // pipeline are used).
 std::vector<std::string> mesh_axes(const mesh::NamedShape& m, std::initializer_list<std::string_view> names);
-// The batch is split over data and fsdp; gradients and losses are summed
-// over those and context (each context rank sees its own tokens of the
-// same samples).
+// The batch is split over data, node, fsdp and expert; losses (and the
+// replicated parameters' gradients) are summed over those and context
+// (each context rank sees its own tokens of the same samples). The
+// data-parallel strategy runs over the replica axes, the ranks that hold
+// the same parameters: all of those but expert (an expert rank holds its
+// own experts; parallel::ExpertParallel adds the rest over the expert axis).
 std::vector<std::string> data_parallel_axes(const mesh::NamedShape& m);
 std::vector<std::string> gradient_axes(const mesh::NamedShape& m);
+std::vector<std::string> replica_axes(const mesh::NamedShape& m);
 // The size of axis `name`; 0 when absent.
 int axis_size(const mesh::NamedShape& m, std::string_view name);
 

@@ -1,5 +1,7 @@
 #include "meshtrain/train/internal/pipeline_run.h"
 
+#include "meshtrain/train/internal/gather_parameters.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -187,49 +189,10 @@ std::unique_ptr<RecipeModel> assemble_model(const ModelRecipe& recipe, uint64_t 
 
 std::vector<std::pair<std::string, Tensor>> PipelineRun::collect_parameters(
     const std::vector<std::pair<std::string, Tensor>>& mine) {
-  std::vector<std::pair<std::string, Tensor>> out;
   constexpr int kTag = 1 << 14;  // below MPI's smallest tag bound (32767), above the other tags here
-  if (pp_.rank() != 0) {
-    // [count, then per parameter: name length, rank, dims...], the names, the values.
-    std::vector<int64_t> meta = {static_cast<int64_t>(mine.size())};
-    std::string names;
-    for (const auto& [name, t] : mine) {
-      meta.push_back(static_cast<int64_t>(name.size()));
-      meta.push_back(t.dim());
-      for (int64_t d : t.shape()) meta.push_back(d);
-      names += name;
-    }
-    int64_t sizes[2] = {static_cast<int64_t>(meta.size()), static_cast<int64_t>(names.size())};
-    pp_.send(sizes, 2, DType::i64, 0, kTag);
-    pp_.send(meta.data(), meta.size(), DType::i64, 0, kTag);
-    pp_.send(names.data(), names.size(), DType::u8, 0, kTag);
-    for (const auto& [name, t] : mine) {
-      const Tensor v = t.to(DType::f32).contiguous();
-      pp_.send(v.data_ptr(), static_cast<size_t>(v.numel()), DType::f32, 0, kTag);
-    }
-    return out;
-  }
-  for (const auto& [name, t] : mine) out.emplace_back(name, t);
-  for (int r = 1; r < pp_.size(); ++r) {
-    int64_t sizes[2] = {0, 0};
-    pp_.recv(sizes, 2, DType::i64, r, kTag);
-    std::vector<int64_t> meta(static_cast<size_t>(sizes[0]));
-    std::string names(static_cast<size_t>(sizes[1]), '\0');
-    pp_.recv(meta.data(), meta.size(), DType::i64, r, kTag);
-    pp_.recv(names.data(), names.size(), DType::u8, r, kTag);
-    size_t at = 1, name_at = 0;
-    for (int64_t i = 0; i < meta.at(0); ++i) {
-      const auto len = static_cast<size_t>(meta.at(at++));
-      const auto rank = static_cast<size_t>(meta.at(at++));
-      std::vector<int64_t> shape(meta.begin() + static_cast<std::ptrdiff_t>(at),
-                                 meta.begin() + static_cast<std::ptrdiff_t>(at + rank));
-      at += rank;
-      Tensor v = Tensor::empty(shape, DType::f32);
-      pp_.recv(v.data_ptr(), static_cast<size_t>(v.numel()), DType::f32, r, kTag);
-      out.emplace_back(names.substr(name_at, len), std::move(v));
-      name_at += len;
-    }
-  }
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (NamedTensors& rank : gather_named_tensors(pp_, mine, kTag))
+    for (auto& named : rank) out.push_back(std::move(named));
   return out;
 }
 
