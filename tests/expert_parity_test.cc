@@ -4,15 +4,16 @@
 // 1e-5 relative of one device, over 30 steps:
 // - expert=2 and expert=4; data=2 x expert=2; fsdp=2 (zero3) x expert=2;
 //   tensor=2 x expert=2 (attention and experts split over tensor, experts
-//   over expert); pipeline=2 x expert=2; in no-drop mode, and with a
-//   capacity factor that drops tokens (expert=2, data=2 x expert=2,
-//   pipeline=2 x expert=2 with the sigmoid router);
+//   over expert); pipeline=2 x expert=2; in no-drop mode, and all six
+//   again with a capacity factor that drops tokens (the pipeline under zb
+//   with the sigmoid router);
 // - DeepSeek-V3's bias balancing on data x expert and pipeline x expert
 //   (with recompute);
 // - gradient clipping that is active on expert x tensor x data: the norm
 //   counts every parameter once (experts summed over the expert axis,
 //   replicated parameters once, tensor blocks summed over tensor).
-// The 4- and 8-rank layouts run under mpirun too (expert_parity_mpi_main.cc).
+// Four of the layouts run as separate processes too, under mpirun and
+// `meshtrain launch` (gloo) (expert_parity_mpi_main.cc).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -66,7 +67,10 @@ TEST(ExpertParity, NoDropLayoutsEqualOneDevice) {
 
 TEST(ExpertParity, DroppingLayoutsEqualOneDevice) {
   expect_one_device({.mesh = "expert=2", .capacity_factor = 1.0}, "e2_cf");
+  expect_one_device({.mesh = "expert=4", .capacity_factor = 1.0}, "e4_cf");
   expect_one_device({.mesh = "data=2,expert=2", .capacity_factor = 1.0}, "d2e2_cf");
+  expect_one_device({.mesh = "fsdp=2,expert=2", .fsdp = "zero3", .capacity_factor = 1.0}, "f2e2_cf");
+  expect_one_device({.mesh = "expert=2,tensor=2", .capacity_factor = 1.0}, "e2t2_cf");
   expect_one_device({.mesh = "pipeline=2,expert=2", .schedule = "zb", .capacity_factor = 1.0, .router = "sigmoid"},
                     "p2e2_cf_sigmoid");
 }

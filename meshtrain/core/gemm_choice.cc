@@ -181,10 +181,13 @@ class Table {
  public:
   // The decided backend of `key`, measuring it (or waiting for the thread
   // that does) when it is new.
+  // `key` is the product's own shape (measured and recorded); the table
+  // is indexed by its class.
   MatmulBackend get(const internal::GemmKey& key, const internal::GemmTimer& time_on) {
+    const internal::GemmKey cls = internal::gemm_class_key(key);
     std::unique_lock lock(mu_);
     load_cache_locked();
-    for (auto it = index_.find(key); it != index_.end(); it = index_.find(key)) {
+    for (auto it = index_.find(cls); it != index_.end(); it = index_.find(cls)) {
       const size_t slot = it->second;
       cv_.wait(lock, [&] { return entries_[slot].decided; });
       if (!entries_[slot].abandoned) return entries_[slot].choice.backend;
@@ -193,14 +196,14 @@ class Table {
     const size_t slot = entries_.size();
     entries_.push_back({.choice = {.in = key.in, .out = key.out, .m = key.m, .n = key.n, .k = key.k,
                                    .trans_a = key.trans_a, .trans_b = key.trans_b, .threads = key.threads}});
-    index_.emplace(key, slot);
+    index_.emplace(cls, slot);
     GemmChoice measured = entries_[slot].choice;
     lock.unlock();
     try {
       measure(measured, time_on);
     } catch (...) {
       lock.lock();
-      index_.erase(key);
+      index_.erase(cls);
       entries_[slot].decided = entries_[slot].abandoned = true;
       cv_.notify_all();
       throw;
@@ -270,7 +273,7 @@ class Table {
         if (!m.is_object() || m.value("machine", std::string()) != machine_id() || !m.contains("choices")) continue;
         for (const nlohmann::ordered_json& e : m["choices"]) {
           const GemmChoice c = from_json(e, path);
-          if (index_.emplace(key_of(c), entries_.size()).second) {
+          if (index_.emplace(internal::gemm_class_key(key_of(c)), entries_.size()).second) {
             entries_.push_back({.choice = c, .decided = true});
             ++from_cache_;
           }
@@ -382,6 +385,22 @@ std::vector<GemmChoice> gemm_choices() { return table().choices(); }
 
 namespace internal {
 
+int64_t gemm_size_class(int64_t d) {
+  if (d <= 16) return d;
+  int64_t octave = 16;  // d in (octave, 2 octave]
+  while (2 * octave < d) octave *= 2;
+  const int64_t step = octave / 4;
+  return (d + step - 1) / step * step;
+}
+
+GemmKey gemm_class_key(const GemmKey& key) {
+  GemmKey c = key;
+  c.m = gemm_size_class(key.m);
+  c.n = gemm_size_class(key.n);
+  c.k = gemm_size_class(key.k);
+  return c;
+}
+
 MatmulBackend fixed_rule_backend(const GemmKey& key, bool onednn_candidate) {
   const bool weight_gradient = key.in == DType::f32 && key.trans_a && !key.trans_b;
   return onednn_candidate && !weight_gradient ? MatmulBackend::onednn : MatmulBackend::openblas;
@@ -395,9 +414,10 @@ MatmulBackend gemm_backend_for(const GemmKey& key, bool onednn_candidate, const 
     case GemmPolicy::automatic: break;
   }
   if (!onednn_candidate) return MatmulBackend::openblas;
-  if (auto it = t_decided.find(key); it != t_decided.end()) return it->second;
+  const GemmKey cls = gemm_class_key(key);
+  if (auto it = t_decided.find(cls); it != t_decided.end()) return it->second;
   const MatmulBackend b = table().get(key, time_on);
-  t_decided.emplace(key, b);
+  t_decided.emplace(cls, b);
   return b;
 }
 

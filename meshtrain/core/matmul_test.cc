@@ -26,6 +26,7 @@
 
 #include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/internal/gemm_choice.h"
 #include "meshtrain/core/internal/onednn_gemm.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/random.h"
@@ -443,6 +444,49 @@ TEST(GemmPolicyTest, AutoMeasuresEachShapeOnceAndEveryThreadGetsItsChoice) {
     per_threads += e.m == m && e.n == n && e.k == k && e.trans_a && !e.trans_b;
   EXPECT_EQ(per_threads, 2);
   set_blas_threads(before);
+}
+
+// Sizes that change from call to call (a mixture of experts' rows per
+// expert) share a size class: one measurement serves them all. Classes:
+// exact up to 16, then quarter octaves; a model's usual sizes are their own.
+TEST(GemmPolicyTest, ShapesOfOneSizeClassShareOneMeasurement) {
+  using internal::gemm_size_class;
+  EXPECT_EQ(gemm_size_class(1), 1);
+  EXPECT_EQ(gemm_size_class(16), 16);
+  EXPECT_EQ(gemm_size_class(17), 20);
+  EXPECT_EQ(gemm_size_class(33), 40);
+  EXPECT_EQ(gemm_size_class(230), 256);
+  EXPECT_EQ(gemm_size_class(257), 320);
+  for (int64_t d : {64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096}) EXPECT_EQ(gemm_size_class(d), d) << d;
+  for (int64_t d = 1; d < 5000; ++d) {
+    ASSERT_GE(gemm_size_class(d), d);
+    ASSERT_LE(gemm_size_class(d), d + d / 4 + 1) << d;  // at most a quarter octave up
+  }
+  if (!matmul_backend_available(MatmulBackend::onednn)) GTEST_SKIP() << "no oneDNN in this build";
+  PolicyScope auto_policy(GemmPolicy::automatic);
+  const int64_t k = 45, n = 53;  // sizes no other test uses
+  auto entries = [&] {
+    int count = 0;
+    for (const GemmChoice& c : gemm_choices()) count += c.n == n && c.k == k && !c.trans_a && !c.trans_b;
+    return count;
+  };
+  const Tensor b = random_matrix(k, n, DType::f32, 531);
+  MatmulBackend first = MatmulBackend::openblas;
+  for (int64_t m : {230, 241, 256, 233}) {  // one class: 256
+    const Tensor a = random_matrix(m, k, DType::f32, 530);
+    Tensor c = Tensor::empty({m, n}, DType::f32);
+    matmul(a, b, c, false, false);
+    const std::vector<GemmChoice> all = gemm_choices();
+    const GemmChoice* e = find_choice(all, 230, n, k, false, false);  // the first shape is the one measured
+    ASSERT_NE(e, nullptr) << m;
+    if (m == 230) first = e->backend;
+    EXPECT_EQ(c.to_vector(), bits_on(first, a, b, false, false, m, n)) << m;
+  }
+  EXPECT_EQ(entries(), 1);
+  const Tensor a = random_matrix(300, k, DType::f32, 532);  // class 320: measured anew
+  Tensor c = Tensor::empty({300, n}, DType::f32);
+  matmul(a, b, c, false, false);
+  EXPECT_EQ(entries(), 2);
 }
 
 // Forced policies run every shape on their backend; fixed runs f32 weight

@@ -28,6 +28,19 @@ struct GemmKey {
   bool operator==(const GemmKey&) const = default;
 };
 
+// The size class of one dimension for the choice: the size itself up to 16,
+// else the size rounded up to a quarter octave (17-32 by 4, 33-64 by 8,
+// ..., 513-1024 by 128, ...). Products whose sizes change from call to call
+// (a mixture of experts' rows per expert) then share a few classes, so the
+// table measures a handful of shapes instead of every one (each new shape
+// costs about 50 ms of measurement); sizes a model uses throughout (768,
+// 3072, 1024) are their own class.
+int64_t gemm_size_class(int64_t d);
+// key with m, n and k replaced by their size classes: what the table and
+// the threads' caches are keyed by (the entry keeps the first shape it
+// measured).
+GemmKey gemm_class_key(const GemmKey& key);
+
 // Runs the product once on the given backend into scratch output and returns
 // the seconds it took.
 using GemmTimer = std::function<double(MatmulBackend)>;
@@ -39,7 +52,8 @@ MatmulBackend fixed_rule_backend(const GemmKey& key, bool onednn_candidate);
 
 // The backend that runs `key` under gemm_policy(): the forced one, the fixed
 // rule, or (auto) the process's table entry, measured with `time_on` the
-// first time the key is seen (or read from the cache file). Other threads
+// first time the key's class (gemm_class_key) is seen (or read from the
+// cache file). Other threads
 // asking for a key being measured wait for the result, so every thread of a
 // process runs a shape on the same backend. `onednn_candidate`: whether
 // oneDNN may run this product at all (built, and not f64).
