@@ -237,8 +237,7 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& o) {
       row.auto_f32 = median(times[i][Variant::auto_f32]);
       const GemmShape& g = shapes[i];
       for (const GemmChoice& c : gemm_choices())
-        if (c.in == DType::f32 && c.m == g.m && c.n == g.n && c.k == g.k && c.trans_a == g.trans_a &&
-            c.trans_b == g.trans_b && c.threads == o.threads) {
+        if (gemm_covers(c, DType::f32, g.m, g.n, g.k, g.trans_a, g.trans_b, o.threads)) {
           row.chosen = matmul_backend_name(c.backend);
           row.chosen_from_cache = c.from_cache;
         }

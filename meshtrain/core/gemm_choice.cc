@@ -383,6 +383,13 @@ std::string gemm_policy_summary() {
 
 std::vector<GemmChoice> gemm_choices() { return table().choices(); }
 
+bool gemm_covers(const GemmChoice& c, DType in, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
+                 int threads) {
+  const internal::GemmKey asked{.in = in, .out = c.out, .m = m, .n = n, .k = k, .trans_a = trans_a,
+                                .trans_b = trans_b, .threads = threads};
+  return internal::gemm_class_key(asked) == internal::gemm_class_key(key_of(c));
+}
+
 namespace internal {
 
 int64_t gemm_size_class(int64_t d) {

@@ -128,7 +128,9 @@ void set_gemm_policy(GemmPolicy p);
 // gemm.json, 14 shapes read) [oneDNN 2.6.3 (...); OpenBLAS (...)]".
 std::string gemm_policy_summary();
 
-// One product shape the process has chosen a backend for.
+// One product shape the process has chosen a backend for: the first shape
+// of its size class (the choice serves every shape of the class; see
+// gemm_covers).
 struct GemmChoice {
   DType in = DType::f32, out = DType::f32;
   int64_t m = 0, n = 0, k = 0;
@@ -140,6 +142,13 @@ struct GemmChoice {
 };
 // The auto policy's table so far, in the order the shapes were first seen.
 std::vector<GemmChoice> gemm_choices();
+// Whether `choice` decides a product of these sizes: the same dtypes,
+// transposes and thread count, and m, n, k in its size classes (each
+// size exact up to 16, then rounded up to a quarter octave: a model's
+// changing sizes, such as a mixture of experts' rows per expert, share one
+// measurement).
+bool gemm_covers(const GemmChoice& choice, DType in, int64_t m, int64_t n, int64_t k, bool trans_a, bool trans_b,
+                 int threads);
 
 // Runs the calling thread's products on `b` while it lives (benchmarks and
 // tests put the two backends side by side). Unsupported when the build

@@ -483,6 +483,11 @@ TEST(GemmPolicyTest, ShapesOfOneSizeClassShareOneMeasurement) {
     EXPECT_EQ(c.to_vector(), bits_on(first, a, b, false, false, m, n)) << m;
   }
   EXPECT_EQ(entries(), 1);
+  const GemmChoice* e = find_choice(gemm_choices(), 230, n, k, false, false);
+  ASSERT_NE(e, nullptr);
+  EXPECT_TRUE(gemm_covers(*e, DType::f32, 249, n, k, false, false, e->threads));
+  EXPECT_FALSE(gemm_covers(*e, DType::f32, 300, n, k, false, false, e->threads));
+  EXPECT_FALSE(gemm_covers(*e, DType::f32, 249, n, k, true, false, e->threads));
   const Tensor a = random_matrix(300, k, DType::f32, 532);  // class 320: measured anew
   Tensor c = Tensor::empty({300, n}, DType::f32);
   matmul(a, b, c, false, false);
