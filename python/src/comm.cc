@@ -33,7 +33,7 @@ class PyWork {
   PyWork(comm::Work w, std::vector<py::object> keep, py::object result)
       : work_(std::move(w)), keep_(std::move(keep)), result_(std::move(result)) {}
   // Waits (GIL released), rethrows the engine's error; returns the result
-  // array of an all_gather/reduce_scatter/all_to_all, else None.
+  // array of an all_gather/reduce_scatter/all_to_all(_v), else None.
   py::object wait() {
     {
       GilRelease release;
@@ -157,6 +157,65 @@ py::object all_to_all(const Comm& self, py::array a, std::optional<py::array> ou
   const size_t n = count_of(a) / static_cast<size_t>(c.size());
   return run(async_op, [&] { return std::vector<py::object>{a, o}; }, o, [&] { c.all_to_all(in, res, n, t); },
              [&] { return c.all_to_all_async(in, res, n, t); });
+}
+
+// Uneven all_to_all along the first axis (torch's all_to_all_single with
+// split sizes): send_counts[p] rows of `array` (in order) go to rank p; the
+// result holds recv_counts[r] rows from each rank r, in rank order
+// (recv_counts None: exchanged first, one all_to_all of the counts).
+py::object all_to_all_v(const Comm& self, py::array a, const std::vector<int64_t>& send_counts,
+                        std::optional<std::vector<int64_t>> recv_counts, std::optional<py::array> out,
+                        bool async_op) {
+  const char* name = "Communicator.all_to_all_v";
+  comm::Communicator& c = self.get(name);
+  check_layout(a, name, "array", false);
+  const DType t = dtype_of(a, name);
+  if (a.ndim() < 1)
+    throw InvalidArgument(name, fmt::format("array of shape {}", shape_of(a)), "pass an array of rows (ndim >= 1)");
+  const auto n = static_cast<size_t>(c.size());
+  const auto rows_in = [&](const std::vector<int64_t>& counts, const char* what) {
+    if (counts.size() != n)
+      throw InvalidArgument(name, fmt::format("{} {} counts for {} ranks", counts.size(), what, n),
+                            "pass one row count per rank");
+    int64_t sum = 0;
+    for (int64_t v : counts) {
+      if (v < 0) throw InvalidArgument(name, fmt::format("{} count {}", what, v), "row counts are >= 0");
+      sum += v;
+    }
+    return sum;
+  };
+  if (rows_in(send_counts, "send") != a.shape(0))
+    throw InvalidArgument(name,
+                          fmt::format("send counts add up to {} rows, array has {}", rows_in(send_counts, "send"),
+                                      a.shape(0)),
+                          "send_counts must split the array's first axis");
+  size_t row = 1;
+  for (py::ssize_t d = 1; d < a.ndim(); ++d) row *= static_cast<size_t>(a.shape(d));
+  std::vector<size_t> send(n), recv(n);
+  for (size_t p = 0; p < n; ++p) send[p] = static_cast<size_t>(send_counts[p]) * row;
+  std::vector<int64_t> got;
+  if (recv_counts) {
+    got = *recv_counts;
+  } else {
+    std::vector<size_t> rows(send_counts.begin(), send_counts.end());
+    GilRelease release;
+    for (size_t v : comm::all_to_all_counts(c, rows)) got.push_back(static_cast<int64_t>(v));
+  }
+  std::vector<py::ssize_t> shape(a.shape(), a.shape() + a.ndim());
+  shape[0] = rows_in(got, "recv");
+  for (size_t p = 0; p < n; ++p) recv[p] = static_cast<size_t>(got[p]) * row;
+  py::array o = out ? *out : py::array(a.dtype(), shape);
+  check_layout(o, name, "out", true);
+  if (!o.dtype().equal(a.dtype()) || o.ndim() != a.ndim() ||
+      !std::equal(shape.begin(), shape.end(), o.shape()))
+    throw InvalidArgument(name, fmt::format("out {} of {} for a result of {} rows of the array's", shape_of(o),
+                                            dtype_name(o.dtype()), shape[0]),
+                          "pass an out of the array's dtype with sum(recv_counts) rows");
+  const void* in = a.data();
+  void* res = o.mutable_data();
+  return run(async_op, [&] { return std::vector<py::object>{a, o}; }, o,
+             [&] { c.all_to_all_v(in, send, res, recv, t); },
+             [&] { return c.all_to_all_v_async(in, send, res, recv, t); });
 }
 
 py::object send(const Comm& self, py::array a, int dst, int tag, bool async_op) {
@@ -439,6 +498,12 @@ void bind_comm(py::module_& m) {
            "`array` is (size, ...): returns array[rank] reduced over the ranks, of shape array.shape[1:].")
       .def("all_to_all", &all_to_all, py::arg("array"), py::arg("out") = py::none(), py::arg("async_op") = false,
            "`array` is (size, ...): array[p] goes to rank p; returns the same shape, [r] from rank r.")
+      .def("all_to_all_v", &all_to_all_v, py::arg("array"), py::arg("send_counts"),
+           py::arg("recv_counts") = py::none(), py::arg("out") = py::none(), py::arg("async_op") = false,
+           "Uneven all_to_all along the first axis (torch's all_to_all_single with split sizes): "
+           "send_counts[p] rows of `array` go to rank p; returns the rows received, recv_counts[r] from each "
+           "rank r in rank order (recv_counts None: exchanged first). Any count may be 0; rank r's "
+           "send_counts[p] must equal rank p's recv_counts[r] (MismatchError otherwise).")
       .def("send", &send, py::arg("array"), py::arg("dst"), py::arg("tag") = 0, py::arg("async_op") = false,
            "Sends `array` to rank dst (matched in order with dst's recv of the same tag).")
       .def("recv", &recv, py::arg("array"), py::arg("src"), py::arg("tag") = 0, py::arg("async_op") = false,

@@ -88,6 +88,38 @@ def test_all_to_all_transposes_blocks():
         np.testing.assert_array_equal(got[:, 0], np.arange(RANKS) * 10 + me)
 
 
+def test_all_to_all_v_sends_uneven_rows():
+    # Rank r sends p + r rows to rank p (rank 0 sends rank 0 nothing); row i
+    # of the block to p holds (r, p, i).
+    def fn(w):
+        counts = [p + w.rank for p in range(w.size)]
+        rows = [[w.rank, p, i] for p in range(w.size) for i in range(counts[p])]
+        a = np.array(rows, dtype=np.int64).reshape(-1, 3)
+        got = w.all_to_all_v(a, counts)  # receive counts exchanged first
+        again = w.all_to_all_v(a, counts, recv_counts=[w.rank + r for r in range(w.size)], async_op=True).wait()
+        np.testing.assert_array_equal(got, again)
+        return got
+
+    for me, got in enumerate(run(fn)):
+        want = [[r, me, i] for r in range(RANKS) for i in range(me + r)]
+        np.testing.assert_array_equal(got, np.array(want, dtype=np.int64).reshape(-1, 3))
+
+
+def test_all_to_all_v_counts_that_disagree_raise_mismatch():
+    def fn(w):
+        recv = [1] * w.size
+        if w.rank == 0:
+            recv[1] = 2
+        try:
+            w.all_to_all_v(np.zeros((w.size, 2), dtype=np.float32), [1] * w.size, recv_counts=recv)
+        except meshtrain.MismatchError as e:
+            return str(e)
+        return ""
+
+    for got in run(fn):
+        assert "rank 1 sends 2 elements to rank 0, which expects 4" in got, got  # rows of 2 values
+
+
 def test_send_recv_around_a_ring_asynchronously():
     def fn(w):
         out = np.empty(3, dtype=np.float64)
