@@ -4,7 +4,8 @@
 // backward equal to the fused one; load counts and DeepSeek-V3's bias
 // update; expert parallelism over 2 and 4 ranks of the threads engine
 // (tokens routed everywhere, all to one expert, and to ranks that receive
-// none) equal to one device.
+// none; and three training steps with every token on one expert) equal to
+// one device.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include "meshtrain/nn/llama.h"
 #include "meshtrain/nn/moe.h"
 #include "meshtrain/nn/parallel/parity_test_util.h"
+#include "meshtrain/nn/parallel/tensor_parallel.h"
 #include "meshtrain/testing/grad_check.h"
 #include "meshtrain/testing/testing.h"
 
@@ -287,6 +289,65 @@ void expect_expert_parallel_equals(const MoEConfig& base, int k, int force) {
                    expect_near(p->grad.to_vector(), find(ref, p->name)->grad.to_vector(), 1e-5, what + " " + p->name);
                  }
                });
+}
+
+// Training with every token routed to one expert (a selection bias of 100
+// on expert 0, top-1): on 2 and 4 expert ranks every rank's tokens go to
+// rank 0's expert and the other ranks' experts receive none, step after
+// step. Three SGD steps (replicated gradients summed over the ranks, each
+// expert's on its owner) end where one device's do, within 1e-5.
+TEST(MoE, TrainingWithEveryTokenOnOneExpertEqualsOneDevice) {
+  const MoEConfig base{.width = 6, .moe = {.experts = 4, .top_k = 1, .expert_hidden = 4, .shared_experts = 1,
+                                           .aux_loss_coef = 0.1},
+                       .prefix = "mlp", .seed = 12, .init_std = 0.5};
+  const std::vector<float> bias = {100, 0, 0, 0};
+  const int64_t batch = 4, steps_t = 3, width = base.width;
+  constexpr int kSteps = 3;
+  constexpr double kLr = 0.1;
+  const auto sgd = [](const std::vector<Parameter*>& ps) {
+    for (Parameter* p : ps) {
+      axpy(-kLr, p->grad, p->value);
+      p->grad.fill(0.0);
+    }
+  };
+  MoE ref(base);
+  ref.set_bias(bias);
+  ref.set_batch_context(BatchContext{.global_samples = static_cast<double>(batch)});
+  ref.zero_grad();
+  for (int s = 0; s < kSteps; ++s) {
+    const Tensor x = random_tensor({batch, steps_t, width}, 60 + s), dy = random_tensor({batch, steps_t, width}, 70 + s);
+    (void)ref.forward(x);
+    (void)ref.backward(dy);
+    EXPECT_EQ(ref.take_load().tokens, (std::vector<int64_t>{batch * steps_t, 0, 0, 0}));
+    sgd(ref.parameters());
+  }
+  for (int k : {2, 4})
+    comm::launch({.engine = comm::Engine::threads, .ranks = k, .timeout = std::chrono::seconds(30)},
+                 [&](comm::Communicator& world) {
+                   MoEConfig c = base;
+                   c.expert.comm = &world;
+                   MoE moe(c);
+                   moe.set_bias(bias);
+                   const int64_t local = batch / k, first = world.rank() * local;
+                   moe.set_batch_context(BatchContext{.first_global_sample = first,
+                                                      .global_samples = static_cast<double>(batch)});
+                   for (Parameter* p : moe.parameters()) p->grad.fill(0.0);
+                   for (int s = 0; s < kSteps; ++s) {
+                     const Tensor x = random_tensor({batch, steps_t, width}, 60 + s).narrow(0, first, local).contiguous();
+                     const Tensor dy =
+                         random_tensor({batch, steps_t, width}, 70 + s).narrow(0, first, local).contiguous();
+                     (void)moe.forward(x);
+                     (void)moe.backward(dy);
+                     std::vector<Parameter*> replicated;
+                     for (Parameter* p : moe.parameters())
+                       if (!p->expert) replicated.push_back(p);
+                     sum_grads(replicated, world, "test");
+                     sgd(moe.parameters());
+                   }
+                   for (Parameter* p : moe.parameters())
+                     expect_near(p->value.to_vector(), find(ref, p->name)->value.to_vector(), 1e-5,
+                                 fmt::format("k {} rank {} {}", k, world.rank(), p->name));
+                 });
 }
 
 TEST(MoE, ExpertParallelEqualsOneDevice) {
