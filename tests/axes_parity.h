@@ -26,13 +26,15 @@ struct AxesLayout {
   std::string cp_comm = "ring";
   std::string zeropp = "";  // ZeRO++ parts ("qwz,qgz,hpz")
   bool tp_overlap = false;
-  bool llama = false;  // Llama's blocks (kv_heads 2, no dropout)
+  bool llama = false;  // Llama's blocks (no dropout)
+  int kv_heads = 2;    // Llama's key/value heads (1: replicated over any tensor axis)
 
   // "fsdp=2,pipeline=2 zero3 zb", ...
   std::string name() const {
     const bool pipeline = mesh.find("pipeline") != std::string::npos;
     const bool context = mesh.find("context") != std::string::npos;
-    return fmt::format("{}{}{}{}{}{}{}{}{}", llama ? "llama " : "", mesh.empty() ? "one device" : mesh,
+    return fmt::format("{}{}{}{}{}{}{}{}{}", llama ? fmt::format("llama kv {} ", kv_heads) : "",
+                       mesh.empty() ? "one device" : mesh,
                        fsdp.empty() ? "" : " " + fsdp,
                        sequence_parallel ? " +sp" : "", tp_overlap ? " +overlap" : "", pipeline ? " " + schedule : "",
                        context ? " " + cp_comm : "", reshard_after_forward ? "" : " no-reshard",
@@ -55,7 +57,7 @@ inline train::TrainConfig axes_config(const AxesLayout& l, const std::string& ta
   tc.tp_overlap = l.tp_overlap;
   if (l.llama) {
     tc.arch = layout::DecoderArch::llama;
-    tc.kv_heads = 2;
+    tc.kv_heads = l.kv_heads;
     tc.dropout = 0.0;
   }
   tc.set("fsdp", l.fsdp, "AxesLayout.fsdp");

@@ -27,12 +27,18 @@ const LlamaAttentionConfig& checked(const LlamaAttentionConfig& c) {
     throw InvalidArgument(op, fmt::format("'{}': {} key/value heads for {} query heads", c.prefix, kv, c.heads),
                           "use a kv_heads that divides heads");
   const int k = c.tensor.size();
-  if (kv % k != 0)
+  if (kv % k != 0 && k % kv != 0)
     throw InvalidArgument(op,
                           fmt::format("'{}': {} key/value heads over a tensor-parallel axis of {} ranks", c.prefix, kv,
                                       k),
-                          "use a tensor axis size that divides kv_heads (replicated key/value heads are not "
-                          "supported yet)");
+                          "use a tensor axis size that divides kv_heads, or that kv_heads divides (each head then "
+                          "replicated on tensor / kv_heads ranks)");
+  if (k > kv && c.tensor.splits_sequence())
+    throw InvalidArgument(op,
+                          fmt::format("'{}': {} key/value heads replicated over {} tensor ranks with sequence "
+                                      "parallelism",
+                                      c.prefix, kv, k),
+                          "train without sequence parallelism, or with a tensor axis that divides kv_heads");
   return c;
 }
 
@@ -92,13 +98,24 @@ Tensor from_chunks(const Tensor& x) {
 LlamaAttention::LlamaAttention(const LlamaAttentionConfig& config)
     : config_(checked(config)),
       heads_(config_.heads / config_.tensor.size()),
-      kv_heads_((config_.kv_heads == 0 ? config_.heads : config_.kv_heads) / config_.tensor.size()),
       head_dim_(config_.width / config_.heads) {
-  const int64_t c = config_.width, d = head_dim_, kv = kv_heads_ * config_.tensor.size();
+  const int64_t c = config_.width, d = head_dim_, kv = config_.kv_heads == 0 ? config_.heads : config_.kv_heads;
+  const int k = config_.tensor.size();
+  kv_heads_ = k > kv ? 1 : kv / k;
   const double out_std = config_.out_std > 0.0 ? config_.out_std : config_.init_std;
   q_ = projection(config_, c, config_.heads * d, "q_proj", ChainRole::column, config_.init_std);
-  k_ = projection(config_, c, kv * d, "k_proj", ChainRole::column, config_.init_std);
-  v_ = projection(config_, c, kv * d, "v_proj", ChainRole::column, config_.init_std);
+  LlamaAttentionConfig kv_config = config_;
+  if (k > kv) {  // collective over the tensor axis
+    const int rep = k / static_cast<int>(kv), r = config_.tensor.rank();
+    kv_comm_ = config_.tensor.comm->split(r % rep, r);
+    rep_comm_ = config_.tensor.comm->split(r / rep, r);
+    kv_config.tensor = {.comm = kv_comm_.get()};
+  }
+  k_ = projection(kv_config, c, kv * d, "k_proj", ChainRole::column, config_.init_std);
+  v_ = projection(kv_config, c, kv * d, "v_proj", ChainRole::column, config_.init_std);
+  if (rep_comm_)
+    for (Module* m : {k_.get(), v_.get()})
+      for (Parameter* p : m->parameters()) p->partial_over = rep_comm_.get();
   o_ = projection(config_, config_.heads * d, c, "o_proj", ChainRole::row, out_std);
   // What the strategies see: q's heads, k's and v's key/value heads.
   for (Parameter* p : q_->parameters()) p->info.num_heads = config_.heads;
@@ -190,9 +207,20 @@ Tensor LlamaAttention::do_backward_input(const Tensor& grad_out, Saved& saved) {
   F::rotary_embedding(dkh, st.positions, config_.rope_base, true, dkh);
   st.q = st.k = st.v = st.out = st.lse = Tensor();
   Tensor dx = q_->backward_input(from_heads(dq, st.b, heads_), saved.child(0));
+  Tensor dkv;  // replicated heads: k's and v's parts, summed over rep_comm_ below
   for (auto [m, d, i] : {std::tuple{k_.get(), &dkh, size_t{1}}, {v_.get(), &dvh, size_t{2}}}) {
-    const Tensor part = m->backward_input(from_heads(*d, st.b, kv_heads_), saved.child(i));
-    add(dx, part, dx);
+    const Tensor part = m->backward_input(from_heads(*d, st.b, kv_heads_), saved.child(i)).contiguous();
+    if (!rep_comm_) add(dx, part, dx);
+    else if (!dkv.defined()) dkv = part.clone();
+    else add(dkv, part, dkv);
+  }
+  if (rep_comm_) {  // the ranks holding one head saw different query heads' gradients
+    {
+      const F::ProfileScope scope("tp all_reduce");
+      rep_comm_->all_reduce(dkv.data<float>(), dkv.data<float>(), static_cast<size_t>(dkv.numel()), DType::f32,
+                            comm::ReduceOp::sum);
+    }
+    add(dx, dkv, dx);
   }
   return dx;
 }

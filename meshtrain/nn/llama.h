@@ -88,6 +88,12 @@ class LlamaAttention final : public Module {
   bool split_ = true;
   LlamaAttentionConfig config_;
   int64_t heads_, kv_heads_, head_dim_;  // this rank's heads
+  // Key/value heads replicated (a tensor axis of k > kv_heads ranks, rep =
+  // k / kv_heads): k and v column-parallel over kv_comm_ (the kv_heads
+  // ranks r with one r % rep: rank r holds head r / rep), their input
+  // gradients then summed over rep_comm_ (the rep ranks holding that head),
+  // which also sums their weights' gradients (Parameter::partial_over).
+  std::unique_ptr<comm::Communicator> kv_comm_, rep_comm_;
   std::unique_ptr<Module> q_, k_, v_, o_;
 };
 

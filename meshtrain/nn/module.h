@@ -82,6 +82,10 @@
 #include "meshtrain/sharding/placement.h"
 #include "meshtrain/sharding/strategy.h"
 
+namespace meshtrain::comm {
+class Communicator;
+}
+
 namespace meshtrain::nn {
 
 // Fills elements [start, start + count) of a parameter's initial value
@@ -114,6 +118,11 @@ struct Parameter {
   // its gradient is summed over the ranks that hold the same experts only
   // (parallel::ExpertParallel sums every other gradient over the axis too).
   bool expert = false;
+  // A block several tensor-parallel ranks hold alike but feed different
+  // heads (Llama's key/value heads replicated over a tensor axis larger
+  // than kv_heads): grad holds this rank's part, summed over these ranks
+  // once per step (parallel::TensorParallel). Borrowed from the module.
+  comm::Communicator* partial_over = nullptr;
   int reports = 0;            // grad reports so far in this backward (see Module::notify_grad_ready)
   // Mixed precision's working copy (parallel/fully_sharded.h): when defined,
   // a contiguous bf16/f16 tensor of value's numel that optimizer steps

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -16,8 +17,10 @@ bool is_block(const nn::Parameter& p) { return p.placement.is_block(); }
 }  // namespace
 
 TensorParallel::TensorParallel(std::unique_ptr<Parallelism> inner, nn::TensorParallelGroup group,
-                               std::vector<std::string> sequence_parallel)
-    : inner_(std::move(inner)), group_(group), sequence_parallel_(std::move(sequence_parallel)) {
+                               std::vector<std::string> sequence_parallel,
+                               std::vector<std::pair<std::string, comm::Communicator*>> partial)
+    : inner_(std::move(inner)), group_(group), sequence_parallel_(std::move(sequence_parallel)),
+      partial_(std::move(partial)) {
   if (!inner_ || group_.size() < 2)
     throw InvalidArgument("TensorParallel", "no inner strategy, or a tensor axis of one rank",
                           "wrap a strategy over the data-parallel ranks, on a tensor axis of 2 or more");
@@ -52,6 +55,18 @@ void TensorParallel::finish() {
   inner_->finish();
   // The replicated parameters' partial sums (each rank saw its tokens only), once per step.
   nn::reduce_sequence_parallel_grads(inner_->optimizer_parameters(), sequence_parallel_, group_);
+  // Replicated key/value heads: each group of ranks holding a head, in one
+  // all-reduce per group (every rank of the axis is in exactly one).
+  if (partial_.empty()) return;
+  std::vector<std::pair<comm::Communicator*, std::vector<nn::Parameter*>>> groups;
+  for (nn::Parameter* p : inner_->optimizer_parameters())
+    for (const auto& [name, comm] : partial_)
+      if (name == p->name && p->grad.defined()) {
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == comm; });
+        if (it == groups.end()) it = groups.insert(groups.end(), {comm, {}});
+        it->second.push_back(p);
+      }
+  for (auto& [comm, ps] : groups) nn::sum_grads(ps, *comm, "tp grad all_reduce");
 }
 
 bool TensorParallel::grads_finite() {

@@ -14,7 +14,8 @@
 // backward); what the axis needs once per step is here:
 //   finish()        the inner strategy's, then the sequence-parallel
 //                   parameters' partial gradients summed over the axis
-//                   (nn::reduce_sequence_parallel_grads);
+//                   (nn::reduce_sequence_parallel_grads) and replicated
+//                   key/value heads' over the ranks holding each;
 //   grads_finite()  true only when it holds on every rank of the axis;
 //   grad_norm()     the blocks' squares summed over the axis, the
 //                   replicated parameters' counted once (one reduction);
@@ -42,9 +43,12 @@ class TensorParallel final : public Parallelism {
  public:
   // group: the tensor axis (size > 1); sequence_parallel: the names of the
   // parameters whose gradients are partial over it (Parameter::
-  // sequence_parallel).
+  // sequence_parallel); partial: parameters whose gradients are partial
+  // over a subgroup of it (Parameter::partial_over: replicated key/value
+  // heads), by name, summed there in finish too.
   TensorParallel(std::unique_ptr<Parallelism> inner, nn::TensorParallelGroup group,
-                 std::vector<std::string> sequence_parallel);
+                 std::vector<std::string> sequence_parallel,
+                 std::vector<std::pair<std::string, comm::Communicator*>> partial = {});
 
   std::string describe() const override;
   std::vector<nn::Parameter*> optimizer_parameters() override { return inner_->optimizer_parameters(); }
@@ -71,6 +75,7 @@ class TensorParallel final : public Parallelism {
   std::unique_ptr<Parallelism> inner_;
   nn::TensorParallelGroup group_;
   std::vector<std::string> sequence_parallel_;
+  std::vector<std::pair<std::string, comm::Communicator*>> partial_;
 };
 
 }  // namespace meshtrain::parallel

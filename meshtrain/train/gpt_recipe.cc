@@ -100,9 +100,14 @@ void check_gpt_layout(const TrainConfig& tc, const layout::TrainingLayout& l) {
     if (tc.heads % kv != 0)
       throw InvalidArgument("--kv-heads", fmt::format("{} key/value heads for {} heads", kv, tc.heads),
                             "use a kv_heads that divides heads");
-    if (kv % tensor != 0)
+    if (kv % tensor != 0 && tensor % kv != 0)
       throw InvalidArgument("--kv-heads", fmt::format("{} key/value heads over a tensor axis of {}", kv, tensor),
-                            "use a tensor axis size that divides kv_heads (replicated key/value heads: not yet)");
+                            "use a tensor axis size that divides kv_heads, or one kv_heads divides (each head "
+                            "then replicated on tensor / kv_heads ranks, as Megatron does)");
+    if (tensor > kv && tc.sequence_parallel)
+      throw InvalidArgument("--sequence-parallel",
+                            fmt::format("{} key/value heads replicated over a tensor axis of {}", kv, tensor),
+                            "train without --sequence-parallel, or with a tensor axis that divides kv_heads");
     if (tc.dropout > 0.0)
       throw InvalidArgument("--arch llama", fmt::format("dropout {}", tc.dropout),
                             "Llama's blocks have no dropout: set --dropout 0, or use --arch gpt2");

@@ -166,8 +166,11 @@ class Run {
     }
     if (pp_ != nullptr) pp_->all_reduce(&num_parameters_, &num_parameters_, 1, DType::i64, comm::ReduceOp::sum);
     if (main_ && tp_.size() > 1) tensor_split_ = tensor_parallel_summary(params, tp_);
-    for (const nn::Parameter* p : params)
+    std::vector<std::pair<std::string, comm::Communicator*>> partial;  // replicated key/value heads' gradients
+    for (const nn::Parameter* p : params) {
       if (p->sequence_parallel) sequence_parallel_.push_back(p->name);
+      if (p->partial_over != nullptr) partial.emplace_back(p->name, p->partial_over);
+    }
     if (pp_ == nullptr) {
       parallel_ =
           make_parallelism(tc, layout, model_->module(), model_->fsdp_units(), mesh_, *replica_comm_, &memory_);
@@ -186,7 +189,8 @@ class Run {
     // Tensor (and sequence) parallelism's once-per-step reductions wrap the
     // strategy over the data-parallel ranks (collective over the tensor axis).
     if (tp_.size() > 1)
-      parallel_ = std::make_unique<parallel::TensorParallel>(std::move(parallel_), tp_, sequence_parallel_);
+      parallel_ =
+          std::make_unique<parallel::TensorParallel>(std::move(parallel_), tp_, sequence_parallel_, std::move(partial));
     // Expert parallelism's: the replicated parameters' gradients over the expert axis.
     if (ep_.size() > 1) parallel_ = std::make_unique<parallel::ExpertParallel>(std::move(parallel_), *ep_.comm, params);
     // Mixture-of-experts layers: their block indices and the expert count,

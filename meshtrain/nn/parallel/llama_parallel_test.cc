@@ -67,6 +67,8 @@ void expect_split_equals(Module& ref, const std::function<std::unique_ptr<Module
                  expect_near(tp->backward(mine(dy)).contiguous().to_vector(), mine(dx_ref).to_vector(), 1e-5,
                              what + " dx");
                  reduce_sequence_parallel_grads(ps, partial, TensorParallelGroup{.comm = &world});
+                 for (Parameter* p : ps)  // replicated key/value heads: summed over the ranks holding them
+                   if (p->partial_over != nullptr) sum_grads({p}, *p->partial_over, "test");
                  for (size_t i = 0; i < ps.size(); ++i)
                    expect_near(ps[i]->grad.to_vector(), block_of(rp[i]->grad, ps[i]->placement), 1e-5,
                                what + " " + ps[i]->name + " grad");
@@ -111,12 +113,38 @@ TEST(TensorParallelLlama, AttentionEqualsTheUnshardedOne) {
             return std::make_unique<LlamaAttention>(c);
           },
           x, dy, 2, sp, overlap);
+  // More tensor ranks than key/value heads: each head replicated on
+  // tensor / kv_heads ranks (Megatron's rule): 4 ranks over 2 heads, 4 and
+  // 2 ranks over 1; their gradients are partial over those ranks.
+  for (const auto& [kv, k] : {std::pair{2, 4}, {1, 4}, {1, 2}}) {
+    LlamaAttentionConfig rc = base;
+    rc.kv_heads = kv;
+    LlamaAttention replicated_ref(rc);
+    for (const bool overlap : {false, true})
+      expect_split_equals(
+          replicated_ref,
+          [&](TensorParallelGroup g) {
+            LlamaAttentionConfig c = rc;
+            c.tensor = g;
+            return std::make_unique<LlamaAttention>(c);
+          },
+          x, dy, k, false, overlap);
+  }
   comm::launch({.engine = comm::Engine::threads, .ranks = 4, .timeout = std::chrono::seconds(30)},
                [&](comm::Communicator& world) {
                  LlamaAttentionConfig c = base;
+                 c.kv_heads = 2;
+                 c.tensor = {.comm = &world, .sequence_parallel = true};
+                 EXPECT_THAT(testing::error_of([&] { LlamaAttention bad(c); }),
+                             ::testing::HasSubstr("2 key/value heads replicated over 4 tensor ranks with sequence "
+                                                  "parallelism"));
+               });
+  comm::launch({.engine = comm::Engine::threads, .ranks = 3, .timeout = std::chrono::seconds(30)},
+               [&](comm::Communicator& world) {
+                 LlamaAttentionConfig c{.width = 24, .heads = 6, .kv_heads = 2, .prefix = "attn"};
                  c.tensor = {.comm = &world};
                  EXPECT_THAT(testing::error_of([&] { LlamaAttention bad(c); }),
-                             ::testing::HasSubstr("2 key/value heads over a tensor-parallel axis of 4 ranks"));
+                             ::testing::HasSubstr("2 key/value heads over a tensor-parallel axis of 3 ranks"));
                });
 }
 
