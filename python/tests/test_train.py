@@ -1,10 +1,12 @@
 """meshtrain.train runs the trainer as `meshtrain train` does: the MLP example
 on data=2 with the same settings gives the same losses and test metrics as
-the command (both written to metrics.jsonl), and returns them."""
+the command (both written to metrics.jsonl; the GEMM backends shared through
+MESHTRAIN_GEMM_CACHE), and returns them."""
 
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -24,17 +26,28 @@ def metrics(run_dir):
 
 @pytest.mark.skipif(not os.path.exists(MESHTRAIN), reason="no meshtrain command")
 def test_the_mlp_example_on_data_2_equals_the_command(tmp_path):
+    # Same bits need the same GEMM backends: the command measures them per
+    # shape class and writes them to a cache file, which the Python run
+    # (its own process, as a user's would be) then reads.
+    env = dict(os.environ, MESHTRAIN_GEMM_CACHE=str(tmp_path / "gemm.json"))
     settings = ["--mesh", "data=2", "--devices", "2", "--max-steps", "20", "--threads-per-rank", "1"]
     done = subprocess.run([MESHTRAIN, "train", "--config", EXAMPLE, *settings, "--run-dir", str(tmp_path / "cli")],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    result = meshtrain.train(config=EXAMPLE, mesh="data=2", devices=2, max_steps=20, threads_per_rank=1,
-                             run_dir=str(tmp_path / "python"))
-    assert result.steps == 20 and len(result.step_losses) == 20
-    assert result.run_dir == str(tmp_path / "python")
-    assert metrics(result.run_dir) == metrics(tmp_path / "cli")
-    assert result.test_metrics["accuracy"] == metrics(tmp_path / "cli")[-1][3]
-    assert "test accuracy" in result.test_summary
+    script = (
+        "import json, meshtrain\n"
+        f"r = meshtrain.train(config={EXAMPLE!r}, mesh='data=2', devices=2, max_steps=20, threads_per_rank=1, "
+        f"run_dir={str(tmp_path / 'python')!r})\n"
+        "print(json.dumps({'steps': r.steps, 'losses': len(r.step_losses), 'run_dir': r.run_dir, "
+        "'accuracy': r.test_metrics['accuracy'], 'summary': r.test_summary}))\n")
+    py = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert py.returncode == 0, py.stdout + py.stderr
+    result = json.loads(py.stdout.strip().splitlines()[-1])
+    assert result["steps"] == 20 and result["losses"] == 20
+    assert result["run_dir"] == str(tmp_path / "python")
+    assert metrics(result["run_dir"]) == metrics(tmp_path / "cli")
+    assert result["accuracy"] == metrics(tmp_path / "cli")[-1][3]
+    assert "test accuracy" in result["summary"]
 
 
 def test_bad_settings_name_the_key():
