@@ -6,11 +6,14 @@
 // model's blocks, heads, sequence or batch may not divide) on the small
 // GPT of tests/gpt_parity.h. Each layout either is refused by the start-up checks
 // (train::resolve_training: an error naming the flag and the fix) or
-// trains a step on the threads engine; none fails after start-up.
+// trains a step on the threads engine; none fails after start-up. The
+// same for the expert axis beside every other axis, on the GPT with
+// mixture-of-experts layers.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,23 +44,24 @@ struct Variant {
   }
 };
 
-// Every subset of the axes (in the mesh's order) with 1 to 3 axes of 2.
-std::vector<std::string> meshes() {
-  const std::vector<std::string> axes = {"pipeline", "data", "node", "fsdp", "context", "tensor"};
+// Every subset of `axes` (in the mesh's order) with 1 to 3 axes of 2 that
+// has the axis `needed` ("" for any).
+std::vector<std::string> meshes(const std::vector<std::string>& axes, const std::string& needed = "") {
   std::vector<std::string> out;
   for (unsigned set = 1; set < (1u << axes.size()); ++set) {
     if (__builtin_popcount(set) > 3) continue;
     std::string m;
     for (size_t i = 0; i < axes.size(); ++i)
       if (set & (1u << i)) m += (m.empty() ? "" : ",") + axes[i] + "=2";
-    out.push_back(m);
+    if (needed.empty() || m.find(needed) != std::string::npos) out.push_back(m);
   }
   return out;
 }
 
-std::vector<Variant> variants() {
+// The options that apply to each mesh.
+std::vector<Variant> variants_of(const std::vector<std::string>& all) {
   std::vector<Variant> out;
-  for (const std::string& m : meshes()) {
+  for (const std::string& m : all) {
     const auto has = [&](const char* a) { return m.find(a) != std::string::npos; };
     out.push_back({.mesh = m});
     if (has("fsdp") || has("data") || has("node")) {
@@ -73,6 +77,11 @@ std::vector<Variant> variants() {
       out.push_back({.mesh = m, .schedule = "interleaved"});
     }
   }
+  return out;
+}
+
+std::vector<Variant> variants() {
+  std::vector<Variant> out = variants_of(meshes({"pipeline", "data", "node", "fsdp", "context", "tensor"}));
   // Other sizes, against the model's (4 blocks, 4 heads, 16-token windows,
   // batch 8), where some do not divide: the checks refuse those.
   for (const Variant& v : std::vector<Variant>{
@@ -97,11 +106,15 @@ std::vector<Variant> variants() {
   return out;
 }
 
-TEST(AxesMatrix, StartUpChecksAcceptExactlyWhatTrains) {
+// Each variant is refused at start-up with a hint, or trains a step.
+// `model` adjusts the base configuration (the MoE matrix's experts).
+void expect_refused_or_trains(const std::vector<Variant>& variants,
+                              const std::function<void(train::TrainConfig&)>& model) {
   int trained = 0, refused = 0;
   std::vector<std::string> failed;
-  for (const Variant& v : variants()) {
+  for (const Variant& v : variants) {
     train::TrainConfig tc = gpt_parity_config("matrix");
+    model(tc);
     tc.max_steps = 1;
     tc.layers = 4;  // pipeline=2 with 2 chunks each (interleaved)
     tc.micro_batches = v.micro_batches > 0 ? v.micro_batches : v.mesh.find("pipeline") != std::string::npos ? 2 : 1;
@@ -135,6 +148,25 @@ TEST(AxesMatrix, StartUpChecksAcceptExactlyWhatTrains) {
   fmt::print("{} layouts: {} train, {} refused at start-up, {} failed after it\n", trained + refused + failed.size(),
              trained, refused, failed.size());
   for (const std::string& f : failed) ADD_FAILURE() << "passed the start-up checks, then failed: " << f;
+}
+
+TEST(AxesMatrix, StartUpChecksAcceptExactlyWhatTrains) {
+  expect_refused_or_trains(variants(), [](train::TrainConfig&) {});
+}
+
+// The expert axis with every other axis, on the GPT with Llama's blocks and
+// 4 experts per MoE layer (top-2): what the checks refuse (a context axis,
+// sequence parallelism, ZeRO++'s shapes) never starts; the rest trains.
+TEST(AxesMatrix, ExpertAxisStartUpChecksAcceptExactlyWhatTrains) {
+  std::vector<Variant> all = variants_of(meshes({"pipeline", "data", "fsdp", "expert", "context", "tensor"}, "expert"));
+  all.push_back({.mesh = "expert=4"});
+  all.push_back({.mesh = "expert=3"});  // 4 experts over 3 ranks: refused
+  expect_refused_or_trains(all, [](train::TrainConfig& tc) {
+    tc.arch = layout::DecoderArch::llama;
+    tc.kv_heads = 2;
+    tc.dropout = 0.0;
+    tc.moe = {.experts = 4, .top_k = 2, .expert_hidden = 16, .aux_loss_coef = 0.01};
+  });
 }
 
 }  // namespace
