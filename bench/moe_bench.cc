@@ -69,8 +69,8 @@ RankTimes run_rank(const MoeBenchOptions& o, bool expert_axis, comm::Communicato
                                                  parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum}),
         *world, gpt.parameters());
   } else if (world != nullptr) {
-    wrapper = std::make_unique<parallel::DataParallel>(gpt, *world,
-                                                       parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum});
+    wrapper = std::make_unique<parallel::DataParallel>(
+        gpt, *world, parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum});
   }
   const std::vector<nn::Parameter*> params = wrapper ? wrapper->optimizer_parameters() : gpt.parameters();
   optim::AdamW opt(params, 1e-4, {0.9, 0.999}, 1e-8, 0.1);

@@ -422,7 +422,9 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   moeb->add_option("--ranks", moe->ranks, "ranks of the data=N and expert=N meshes (2 to 64, dividing --experts)")
       ->capture_default_str()
       ->check(CLI::Range(2, 64));
-  moeb->add_option("--steps", moe->steps, "measured steps (1 to 1000)")->capture_default_str()->check(CLI::Range(1, 1000));
+  moeb->add_option("--steps", moe->steps, "measured steps (1 to 1000)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
   moeb->add_option("--threads", moe->threads, "GEMM threads in all (1 to 1024)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

@@ -169,7 +169,8 @@ TEST(AxesParity, ZeroPlusPlusUnderAPipeline) {
   bitwise(train_gpt(all, "zeropp_all"), q, "qwz,qgz,hpz vs qwz,qgz");
   double worst = 0;
   for (size_t s = 0; s < q.step_losses.size(); ++s)
-    worst = std::max(worst, std::fabs(q.step_losses[s] - one_device({}).step_losses[s]) / one_device({}).step_losses[s]);
+    worst = std::max(worst,
+                     std::fabs(q.step_losses[s] - one_device({}).step_losses[s]) / one_device({}).step_losses[s]);
   fmt::print("ZeRO++ qwZ+qgZ on node=2,fsdp=2,pipeline=2 vs one device: worst step {:.2e} relative\n", worst);
   EXPECT_LT(worst, 2e-3);
   EXPECT_GT(worst, 0);  // the quantization is real

@@ -256,7 +256,8 @@ const GPTConfig& checked(const GPTConfig& c) {
                           "need vocab, block_size, heads, width >= 1, layers >= 0, heads dividing width and dropout "
                           "in [0, 1)");
   if (c.moe.active() && c.arch != layout::DecoderArch::llama)
-    throw InvalidArgument("GPT", fmt::format("{} experts with arch {}", c.moe.experts, layout::decoder_arch_name(c.arch)),
+    throw InvalidArgument("GPT",
+                          fmt::format("{} experts with arch {}", c.moe.experts, layout::decoder_arch_name(c.arch)),
                           "mixture-of-experts layers replace Llama's SwiGLU MLPs: use arch llama");
   const int64_t last = c.last_block < 0 ? c.layers : c.last_block;
   if (c.first_block < 0 || c.first_block > last || last > c.layers)

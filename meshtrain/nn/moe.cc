@@ -203,7 +203,8 @@ Tensor MoE::combine(State& st, const std::vector<Tensor>& per_expert) {
 
 Tensor MoE::do_forward(const Tensor& x, Saved& saved) {
   if (x.dim() != 3 || x.size(2) != config_.width)
-    throw InvalidArgument("MoE::forward", fmt::format("'{}': input shape {}", config_.prefix, shape_to_string(x.shape())),
+    throw InvalidArgument("MoE::forward",
+                          fmt::format("'{}': input shape {}", config_.prefix, shape_to_string(x.shape())),
                           fmt::format("pass (batch, steps, {})", config_.width));
   State& st = saved.state<State>();
   const int64_t batch = x.size(0), steps = x.size(1), width = config_.width, n = batch * steps;

@@ -284,8 +284,8 @@ void expect_expert_parallel_equals(const MoEConfig& base, int k, int force) {
                  for (Parameter* p : moe.parameters()) {
                    const bool routed = p->name.find(".experts.") != std::string::npos;
                    if (!routed)
-                     world.all_reduce(p->grad.data<float>(), p->grad.data<float>(), static_cast<size_t>(p->grad.numel()),
-                                      DType::f32, comm::ReduceOp::sum);
+                     world.all_reduce(p->grad.data<float>(), p->grad.data<float>(),
+                                      static_cast<size_t>(p->grad.numel()), DType::f32, comm::ReduceOp::sum);
                    expect_near(p->grad.to_vector(), find(ref, p->name)->grad.to_vector(), 1e-5, what + " " + p->name);
                  }
                });
@@ -315,7 +315,8 @@ TEST(MoE, TrainingWithEveryTokenOnOneExpertEqualsOneDevice) {
   ref.set_batch_context(BatchContext{.global_samples = static_cast<double>(batch)});
   ref.zero_grad();
   for (int s = 0; s < kSteps; ++s) {
-    const Tensor x = random_tensor({batch, steps_t, width}, 60 + s), dy = random_tensor({batch, steps_t, width}, 70 + s);
+    const Tensor x = random_tensor({batch, steps_t, width}, 60 + s);
+    const Tensor dy = random_tensor({batch, steps_t, width}, 70 + s);
     (void)ref.forward(x);
     (void)ref.backward(dy);
     EXPECT_EQ(ref.take_load().tokens, (std::vector<int64_t>{batch * steps_t, 0, 0, 0}));
@@ -333,7 +334,8 @@ TEST(MoE, TrainingWithEveryTokenOnOneExpertEqualsOneDevice) {
                                                       .global_samples = static_cast<double>(batch)});
                    for (Parameter* p : moe.parameters()) p->grad.fill(0.0);
                    for (int s = 0; s < kSteps; ++s) {
-                     const Tensor x = random_tensor({batch, steps_t, width}, 60 + s).narrow(0, first, local).contiguous();
+                     const Tensor x =
+                         random_tensor({batch, steps_t, width}, 60 + s).narrow(0, first, local).contiguous();
                      const Tensor dy =
                          random_tensor({batch, steps_t, width}, 70 + s).narrow(0, first, local).contiguous();
                      (void)moe.forward(x);

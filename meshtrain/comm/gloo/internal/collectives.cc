@@ -326,11 +326,13 @@ void Channel::all_to_all_v(const Op& op) {
   Transfers x(*this, op, kPhaseData);
   for (int k = 1; k < size_; ++k) {
     const auto p = static_cast<size_t>(to_peer(rank_, k, size_));
-    if (send_off[p + 1] > send_off[p]) x.send(static_cast<int>(p), bytes_of(op.send) + send_off[p], send_off[p + 1] - send_off[p]);
+    if (send_off[p + 1] > send_off[p])
+      x.send(static_cast<int>(p), bytes_of(op.send) + send_off[p], send_off[p + 1] - send_off[p]);
   }
   for (int k = 1; k < size_; ++k) {
     const auto p = static_cast<size_t>(from_peer(rank_, k, size_));
-    if (recv_off[p + 1] > recv_off[p]) x.recv(static_cast<int>(p), bytes_of(op.recv) + recv_off[p], recv_off[p + 1] - recv_off[p]);
+    if (recv_off[p + 1] > recv_off[p])
+      x.recv(static_cast<int>(p), bytes_of(op.recv) + recv_off[p], recv_off[p + 1] - recv_off[p]);
   }
   const auto me = static_cast<size_t>(rank_);
   if (send_off[me + 1] > send_off[me])
