@@ -36,7 +36,7 @@
 
 namespace meshtrain::parallel {
 
-class ExpertParallel final : public Parallelism {
+class ExpertParallel final : public WrappedParallelism {
  public:
   // expert: the expert axis (size > 1); model_parameters: the model's (or
   // every pipeline stage's) parameters, whose Parameter::expert says which
@@ -45,25 +45,12 @@ class ExpertParallel final : public Parallelism {
                  const std::vector<nn::Parameter*>& model_parameters);
 
   std::string describe() const override;
-  std::vector<nn::Parameter*> optimizer_parameters() override { return inner_->optimizer_parameters(); }
-  void begin_micro_batch(int index, int count) override { inner_->begin_micro_batch(index, count); }
   void finish() override;
-  bool grads_finite() override;
+  bool grads_finite() override { return grads_finite_over(*expert_); }
   double grad_norm() override;
   std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) override;
-  void after_step() override { inner_->after_step(); }
-  void zero_grad() override { inner_->zero_grad(); }
-  void gather_full_parameters() override { inner_->gather_full_parameters(); }
-  void reshard() override { inner_->reshard(); }
-  bool needs_loss_scaling() const override { return inner_->needs_loss_scaling(); }
-  std::optional<double> hidden_fraction() const override { return inner_->hidden_fraction(); }
-  std::vector<ParamShard> parameter_shards() const override { return inner_->parameter_shards(); }
-  std::vector<std::pair<std::string, comm::Communicator*>> own_communicators() const override {
-    return inner_->own_communicators();
-  }
 
  private:
-  std::unique_ptr<Parallelism> inner_;
   comm::Communicator* expert_;
   std::unordered_set<std::string> experts_;  // the routed experts' names
 };

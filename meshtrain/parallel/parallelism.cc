@@ -1,7 +1,7 @@
 // The Parallelism adapters of DataParallel and FullyShardedDataParallel:
 // thin methods over what each strategy already does, kept beside the
 // protocol (parallelism.h) so the strategies' own files hold their
-// mechanics only.
+// mechanics only; and WrappedParallelism's reductions over an axis.
 #include "meshtrain/parallel/parallelism.h"
 
 #include <fmt/format.h>
@@ -11,6 +11,7 @@
 #include <cmath>
 #include <unordered_map>
 
+#include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/parallel/data_parallel.h"
@@ -101,6 +102,32 @@ std::vector<ParamShard> FullyShardedDataParallel::parameter_shards() const {
                    options_.stage == ZeroStage::no_shard});
   }
   return out;
+}
+
+bool WrappedParallelism::grads_finite_over(comm::Communicator& axis) {
+  double bad = inner_->grads_finite() ? 0.0 : 1.0;
+  axis.all_reduce(&bad, &bad, 1, DType::f64, comm::ReduceOp::sum);  // a count of ranks: every rank decides alike
+  return bad == 0;
+}
+
+std::pair<double, double> WrappedParallelism::grad_sq_split_over(
+    comm::Communicator& axis, const std::function<bool(const nn::Parameter&)>& first,
+    const std::function<bool(const nn::Parameter&)>& distinct) {
+  // The distinct parameters of each part add over the axis, the rest
+  // counts once: each part's distinct ones, then each part whole.
+  double summed[2] = {inner_->grad_sq_split([&](const nn::Parameter& p) { return first(p) && distinct(p); }).first,
+                      inner_->grad_sq_split([&](const nn::Parameter& p) { return !first(p) && distinct(p); }).first};
+  const auto [in_first, in_second] = inner_->grad_sq_split(first);
+  const double local[2] = {summed[0], summed[1]};
+  axis.all_reduce(summed, summed, 2, DType::f64, comm::ReduceOp::sum);
+  return {summed[0] + (in_first - local[0]), summed[1] + (in_second - local[1])};
+}
+
+double WrappedParallelism::grad_norm_over(comm::Communicator& axis,
+                                          const std::function<bool(const nn::Parameter&)>& distinct) {
+  auto [summed, once] = inner_->grad_sq_split(distinct);
+  axis.all_reduce(&summed, &summed, 1, DType::f64, comm::ReduceOp::sum);
+  return std::sqrt(summed + once);
 }
 
 }  // namespace meshtrain::parallel

@@ -59,6 +59,9 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <memory>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -135,6 +138,48 @@ class Parallelism {
   // figures (a pipeline's "tied"; an entry may be null on ranks that do not
   // take part, but every rank lists the same names). Default: none.
   virtual std::vector<std::pair<std::string, comm::Communicator*>> own_communicators() const { return {}; }
+};
+
+// A strategy's once-per-step part for one more mesh axis around another
+// strategy (TensorParallel, ExpertParallel): every call goes to the inner
+// strategy unless the axis adds to it. The helpers below are what such an
+// axis adds, over its communicator.
+class WrappedParallelism : public Parallelism {
+ public:
+  std::vector<nn::Parameter*> optimizer_parameters() override { return inner_->optimizer_parameters(); }
+  void begin_micro_batch(int index, int count) override { inner_->begin_micro_batch(index, count); }
+  void finish() override { inner_->finish(); }
+  bool grads_finite() override { return inner_->grads_finite(); }
+  double grad_norm() override { return inner_->grad_norm(); }
+  std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) override {
+    return inner_->grad_sq_split(first);
+  }
+  void after_step() override { inner_->after_step(); }
+  void zero_grad() override { inner_->zero_grad(); }
+  void gather_full_parameters() override { inner_->gather_full_parameters(); }
+  void reshard() override { inner_->reshard(); }
+  bool needs_loss_scaling() const override { return inner_->needs_loss_scaling(); }
+  std::optional<double> hidden_fraction() const override { return inner_->hidden_fraction(); }
+  std::vector<ParamShard> parameter_shards() const override { return inner_->parameter_shards(); }
+  std::vector<std::pair<std::string, comm::Communicator*>> own_communicators() const override {
+    return inner_->own_communicators();
+  }
+
+ protected:
+  explicit WrappedParallelism(std::unique_ptr<Parallelism> inner) : inner_(std::move(inner)) {}
+  // Collective over `axis`: the inner strategy's grads_finite on every rank of it.
+  bool grads_finite_over(comm::Communicator& axis);
+  // Collective over `axis`: the inner strategy's squares split by `first`,
+  // the parameters where `distinct` holds (tensor blocks, experts: each rank
+  // of the axis holds its own) added over the axis, the others counted once.
+  std::pair<double, double> grad_sq_split_over(comm::Communicator& axis,
+                                               const std::function<bool(const nn::Parameter&)>& first,
+                                               const std::function<bool(const nn::Parameter&)>& distinct);
+  // Collective over `axis`: the global norm, `distinct` parameters' squares
+  // added over the axis, the others counted once.
+  double grad_norm_over(comm::Communicator& axis, const std::function<bool(const nn::Parameter&)>& distinct);
+
+  std::unique_ptr<Parallelism> inner_;
 };
 
 }  // namespace meshtrain::parallel

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "meshtrain/core/error.h"
@@ -19,7 +18,7 @@ bool is_block(const nn::Parameter& p) { return p.placement.is_block(); }
 TensorParallel::TensorParallel(std::unique_ptr<Parallelism> inner, nn::TensorParallelGroup group,
                                std::vector<std::string> sequence_parallel,
                                std::vector<std::pair<std::string, comm::Communicator*>> partial)
-    : inner_(std::move(inner)), group_(group), sequence_parallel_(std::move(sequence_parallel)),
+    : WrappedParallelism(std::move(inner)), group_(group), sequence_parallel_(std::move(sequence_parallel)),
       partial_(std::move(partial)) {
   if (!inner_ || group_.size() < 2)
     throw InvalidArgument("TensorParallel", "no inner strategy, or a tensor axis of one rank",
@@ -47,10 +46,6 @@ std::string TensorParallel::describe() const {
                      group_.splits_sequence() ? " (sequence parallel)" : "");
 }
 
-void TensorParallel::sum_over_axis(double* x, size_t n) {
-  group_.comm->all_reduce(x, x, n, DType::f64, comm::ReduceOp::sum);
-}
-
 void TensorParallel::finish() {
   inner_->finish();
   // The replicated parameters' partial sums (each rank saw its tokens only), once per step.
@@ -69,27 +64,10 @@ void TensorParallel::finish() {
   for (auto& [comm, ps] : groups) nn::sum_grads(ps, *comm, "tp grad all_reduce");
 }
 
-bool TensorParallel::grads_finite() {
-  double bad = inner_->grads_finite() ? 0.0 : 1.0;
-  sum_over_axis(&bad, 1);  // a count of ranks that saw a problem: every rank then decides alike
-  return bad == 0;
-}
-
-double TensorParallel::grad_norm() {
-  auto [blocks, replicated] = inner_->grad_sq_split(is_block);
-  sum_over_axis(&blocks, 1);
-  return std::sqrt(blocks + replicated);
-}
+double TensorParallel::grad_norm() { return grad_norm_over(*group_.comm, is_block); }
 
 std::pair<double, double> TensorParallel::grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) {
-  // Blocks add over the axis, replicated parameters count once: the blocks
-  // of each part, then each part whole.
-  double blocks[2] = {inner_->grad_sq_split([&](const nn::Parameter& p) { return first(p) && is_block(p); }).first,
-                      inner_->grad_sq_split([&](const nn::Parameter& p) { return !first(p) && is_block(p); }).first};
-  const auto [in_first, in_second] = inner_->grad_sq_split(first);
-  const double local[2] = {blocks[0], blocks[1]};
-  sum_over_axis(blocks, 2);
-  return {blocks[0] + (in_first - local[0]), blocks[1] + (in_second - local[1])};
+  return grad_sq_split_over(*group_.comm, first, is_block);  // blocks add over the axis
 }
 
 }  // namespace meshtrain::parallel

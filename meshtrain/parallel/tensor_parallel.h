@@ -39,7 +39,7 @@
 
 namespace meshtrain::parallel {
 
-class TensorParallel final : public Parallelism {
+class TensorParallel final : public WrappedParallelism {
  public:
   // group: the tensor axis (size > 1); sequence_parallel: the names of the
   // parameters whose gradients are partial over it (Parameter::
@@ -51,28 +51,12 @@ class TensorParallel final : public Parallelism {
                  std::vector<std::pair<std::string, comm::Communicator*>> partial = {});
 
   std::string describe() const override;
-  std::vector<nn::Parameter*> optimizer_parameters() override { return inner_->optimizer_parameters(); }
-  void begin_micro_batch(int index, int count) override { inner_->begin_micro_batch(index, count); }
   void finish() override;
-  bool grads_finite() override;
+  bool grads_finite() override { return grads_finite_over(*group_.comm); }
   double grad_norm() override;
   std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) override;
-  void after_step() override { inner_->after_step(); }
-  void zero_grad() override { inner_->zero_grad(); }
-  void gather_full_parameters() override { inner_->gather_full_parameters(); }
-  void reshard() override { inner_->reshard(); }
-  bool needs_loss_scaling() const override { return inner_->needs_loss_scaling(); }
-  std::optional<double> hidden_fraction() const override { return inner_->hidden_fraction(); }
-  std::vector<ParamShard> parameter_shards() const override { return inner_->parameter_shards(); }
-  std::vector<std::pair<std::string, comm::Communicator*>> own_communicators() const override {
-    return inner_->own_communicators();
-  }
 
  private:
-  // x summed over the tensor axis.
-  void sum_over_axis(double* x, size_t n);
-
-  std::unique_ptr<Parallelism> inner_;
   nn::TensorParallelGroup group_;
   std::vector<std::string> sequence_parallel_;
   std::vector<std::pair<std::string, comm::Communicator*>> partial_;
