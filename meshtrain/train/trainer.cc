@@ -34,6 +34,7 @@
 #include "meshtrain/train/internal/checkpointing.h"
 #include "meshtrain/train/internal/gather_parameters.h"
 #include "meshtrain/train/internal/mesh_roles.h"
+#include "meshtrain/train/internal/moe_report.h"
 #include "meshtrain/train/internal/pipeline_run.h"
 #include "meshtrain/train/internal/run_setup.h"
 #include "meshtrain/train/model_recipe.h"
@@ -193,20 +194,15 @@ class Run {
           std::make_unique<parallel::TensorParallel>(std::move(parallel_), tp_, sequence_parallel_, std::move(partial));
     // Expert parallelism's: the replicated parameters' gradients over the expert axis.
     if (ep_.size() > 1) parallel_ = std::make_unique<parallel::ExpertParallel>(std::move(parallel_), *ep_.comm, params);
-    // Mixture-of-experts layers: their block indices and the expert count,
-    // the same on every rank (a pipeline stage may hold none).
+    // Mixture-of-experts layers, every rank's (collective).
+    MoELayers moe;
     if (pp_ == nullptr) {
-      moe_ = model_->moe_layers();
+      moe = model_->moe_layers();
     } else {
       for (RecipeStage* st : stages)
-        for (const auto& layer : st->moe_layers()) moe_.push_back(layer);
+        for (const auto& layer : st->moe_layers()) moe.push_back(layer);
     }
-    int64_t shape[2] = {0, 0};  // blocks, experts
-    for (const auto& [block, layer] : moe_)
-      shape[0] = std::max(shape[0], block + 1), shape[1] = layer->config().moe.experts;
-    world.all_reduce(shape, shape, 2, DType::i64, comm::ReduceOp::max);
-    moe_blocks_ = shape[0];
-    moe_experts_ = shape[1];
+    moe_.emplace(std::move(moe), world);
     // fp16 anywhere (compute or gradients) needs a loss scaler; bf16 has f32's range.
     if (parallel_->needs_loss_scaling()) scaler_ = std::make_unique<optim::DynamicLossScaler>();
     opt_params_ = parallel_->optimizer_parameters();
@@ -318,19 +314,7 @@ class Run {
         const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
         std::vector<std::pair<std::string, double>> shown = {{"loss", loss}, {"lr", opt_->lr()}};
         if (scaler_) shown.emplace_back("scale", scaler_->scale());
-        if (moe_blocks_ > 0) {  // the expert load: worst layer's max/mean, dropped fraction, auxiliary loss
-          shown.emplace_back("imbalance", moe_last_.imbalance);
-          if (tc_.moe.capacity_factor > 0) shown.emplace_back("dropped", moe_last_.dropped);
-          if (tc_.moe.aux_loss_coef > 0) shown.emplace_back("aux", moe_last_.aux_loss);
-          if (main_) {
-            if (expert_load_.empty())
-              for (int64_t i = 0; i < moe_experts_; ++i) expert_load_.push_back({fmt::format("expert {}", i), {}, {}});
-            for (size_t i = 0; i < expert_load_.size(); ++i) {
-              expert_load_[i].x.push_back(static_cast<double>(step));
-              expert_load_[i].y.push_back(moe_last_.shares[i]);
-            }
-          }
-        }
+        moe_->add_progress(shown, tc_.moe.capacity_factor > 0, tc_.moe.aux_loss_coef > 0);  // the expert load
         bar.update(step, shown, units * samples / elapsed);
         if (step % tc_.log_every == 0 || step == total) {
           if (log) {
@@ -342,13 +326,7 @@ class Run {
             if (scaler_) numbers.emplace_back("loss_scale", scaler_->scale());
             if (scaler_ || tc_.on_nonfinite == NonFinitePolicy::skip)
               numbers.emplace_back("skipped_steps", static_cast<double>(skipped_));
-            if (moe_blocks_ > 0) {  // this step's expert load (moe_step)
-              numbers.emplace_back("moe_imbalance", moe_last_.imbalance);
-              numbers.emplace_back("moe_dropped_fraction", moe_last_.dropped);
-              numbers.emplace_back("moe_aux_loss", moe_last_.aux_loss);
-              for (size_t i = 0; i < moe_last_.shares.size(); ++i)
-                numbers.emplace_back(fmt::format("moe_expert_{}_share", i), moe_last_.shares[i]);
-            }
+            moe_->add_metrics(numbers);  // this step's expert load
             log->write(numbers, {{"split", "train"}});
           }
           if (main_) shared_.result.final_train_loss = window_loss / window_n;
@@ -480,7 +458,7 @@ class Run {
     }
     if (std::isfinite(out.loss)) check_loss_spike(step, out.loss, batch.global_size);
     if (out.applied) apply_update(s);
-    moe_step(out.applied);
+    moe_->step(step + 1, out.applied, tc_.moe.bias_update_rate, *dp_comm_, pp_, main_);
     if (scaler_ && std::isfinite(out.loss)) {  // a non-finite loss is no overflow of the scaled gradients
       scaler_->update(overflow);
       if (overflow) out.why_skipped += fmt::format(", scale now {}", scaler_->scale());
@@ -509,53 +487,6 @@ class Run {
     }
     recent_losses_.push_back(loss);
     if (recent_losses_.size() > window) recent_losses_.pop_front();
-  }
-
-  // Once per step, collective: the MoE layers' counts of this step's
-  // forwards summed over the ranks that route other tokens (data, node,
-  // fsdp, expert; tensor ranks route the same ones) and over the pipeline's
-  // stages (each holds its own blocks), so every rank holds every block's
-  // totals; DeepSeek-V3's bias update on an applied step; the step's
-  // summary for the progress line, metrics.jsonl and expert_load.svg.
-  void moe_step(bool applied) {
-    if (moe_blocks_ == 0) return;
-    const size_t e = static_cast<size_t>(moe_experts_), row = e + 4;  // tokens, assignments, dropped, aux, sequences
-    std::vector<double> v(static_cast<size_t>(moe_blocks_) * row, 0.0);
-    for (const auto& [block, layer] : moe_) {
-      const nn::MoELoad load = layer->take_load();
-      double* r = v.data() + static_cast<size_t>(block) * row;
-      for (size_t i = 0; i < e; ++i) r[i] = static_cast<double>(load.tokens[i]);
-      r[e] = static_cast<double>(load.assignments);
-      r[e + 1] = static_cast<double>(load.dropped);
-      r[e + 2] = load.aux_loss;
-      r[e + 3] = static_cast<double>(load.sequences);
-    }
-    dp_comm_->all_reduce(v.data(), v.data(), v.size(), DType::f64, comm::ReduceOp::sum);
-    if (pp_ != nullptr) pp_->all_reduce(v.data(), v.data(), v.size(), DType::f64, comm::ReduceOp::sum);
-    if (applied && tc_.moe.bias_update_rate > 0)
-      for (const auto& [block, layer] : moe_) {
-        const double* r = v.data() + static_cast<size_t>(block) * row;
-        std::vector<int64_t> tokens(e);
-        for (size_t i = 0; i < e; ++i) tokens[i] = static_cast<int64_t>(r[i]);
-        layer->update_bias(tokens, tc_.moe.bias_update_rate);
-      }
-    MoEStep m;
-    m.shares.assign(e, 0.0);
-    double assignments = 0, dropped = 0, all = 0;
-    for (int64_t b = 0; b < moe_blocks_; ++b) {
-      const double* r = v.data() + static_cast<size_t>(b) * row;
-      if (r[e + 3] == 0) continue;  // a dense block
-      double most = 0, sum = 0;
-      for (size_t i = 0; i < e; ++i) most = std::max(most, r[i]), sum += r[i], m.shares[i] += r[i];
-      if (sum > 0) m.imbalance = std::max(m.imbalance, most / (sum / static_cast<double>(e)));
-      assignments += r[e];
-      dropped += r[e + 1];
-      m.aux_loss += r[e + 2] / r[e + 3];
-      all += sum;
-    }
-    m.dropped = assignments > 0 ? dropped / assignments : 0.0;
-    for (double& x : m.shares) x = all > 0 ? x / all : 0.0;
-    moe_last_ = std::move(m);
   }
 
   // The optimizer step on finite gradients scaled by s.
@@ -615,7 +546,7 @@ class Run {
 
   internal::TrainingCheckpoint checkpoint() {
     std::vector<std::pair<std::string, Tensor>> buffers;  // the MoE layers' selection biases
-    for (const auto& [block, layer] : moe_) buffers.emplace_back(layer->bias_name(), layer->bias());
+    for (const auto& [block, layer] : moe_->layers()) buffers.emplace_back(layer->bias_name(), layer->bias());
     return internal::TrainingCheckpoint(opt_params_, *opt_, std::move(buffers));
   }
 
@@ -804,13 +735,9 @@ class Run {
                        {{"format", "meshtrain"}, {"model", tc_.model}, {"weights", "(in, out)"}});
       write_file_atomic(shared_.dir->file("loss.svg"),
                         line_chart_svg(metrics_.chart_title, "step", {train_curve, test_curve}));
-      if (!expert_load_.empty()) {
+      if (const std::string svg = moe_->picture(tc_.layers - tc_.moe.first_dense); !svg.empty()) {
         shared_.result.artifacts.push_back("expert_load.svg");
-        write_file_atomic(shared_.dir->file("expert_load.svg"),
-                          line_chart_svg(fmt::format("share of the routed tokens per expert (all {} MoE layers; "
-                                                     "even: {:.3f})",
-                                                     moe_layers_total(), 1.0 / static_cast<double>(moe_experts_)),
-                                         "step", expert_load_));
+        write_file_atomic(shared_.dir->file("expert_load.svg"), svg);
       }
     }
     if (assembled)
@@ -840,18 +767,7 @@ class Run {
   mesh::DeviceMesh mesh_;
   bool main_;
   comm::Communicator* batch_comm_ = nullptr;  // the batch's split: data x fsdp
-  // Mixture-of-experts layers (RecipeModel::moe_layers) and their step's numbers (moe_step).
-  struct MoEStep {
-    double imbalance = 0;        // the worst layer's max / mean tokens per expert
-    double dropped = 0;          // the fraction of assignments over capacity
-    double aux_loss = 0;         // the auxiliary losses' sum over layers (coefficient included)
-    std::vector<double> shares;  // each expert's share of the routed tokens, all layers
-  };
-  MoELayers moe_;
-  int64_t moe_blocks_ = 0, moe_experts_ = 0;  // every rank's: blocks up to the last MoE layer, experts per layer
-  MoEStep moe_last_;
-  std::vector<Series> expert_load_;  // rank 0: each expert's share per step (expert_load.svg)
-  int64_t moe_layers_total() const { return tc_.layers - tc_.moe.first_dense; }
+  std::optional<internal::MoeReport> moe_;  // mixture-of-experts layers: their load per step
   comm::Communicator* dp_comm_ = nullptr;     // loss sums: data x fsdp x expert x context
   comm::Communicator* replica_comm_ = nullptr;  // the data-parallel strategy's: dp_comm_'s axes but expert
   nn::ExpertParallelGroup ep_;                 // the mesh's expert axis (none: one rank)
