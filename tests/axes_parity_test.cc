@@ -103,19 +103,15 @@ TEST(AxesParity, LlamaBlocks) {
 }
 
 // Llama's key/value heads replicated over a tensor axis larger than
-// kv_heads (Megatron's rule): 1 head over tensor=2 and tensor=3, beside
-// data, zero3 and a pipeline; each head's gradients summed over the ranks
-// holding it once per step.
-// Llama's key/value heads replicated over a tensor axis larger than
-// kv_heads (Megatron's rule): 2 heads over tensor=6 (each on 3 ranks) and
-// 3 heads (each on 2), each head's gradients summed over the ranks holding
-// it once per step. (One key/value head makes this model sensitive to
-// summation order: data=2 alone then ends 1.5e-5 to 2e-5 from one device,
-// so the tests use 2 and 3; nn_llama_parallel_test covers 1 head at the
-// module level.)
+// kv_heads (Megatron's rule): 2 heads over tensor=6 (each on 3 ranks), 3
+// heads (each on 2), and 1 head over tensor=2 beside data and under a
+// pipeline, each head's gradients summed over the ranks holding it once per
+// step.
 TEST(AxesParity, LlamaReplicatedKeyValueHeads) {
   expect_one_device({.mesh = "tensor=6", .llama = true, .kv_heads = 2}, "llama_kv2_tensor6");
   expect_one_device({.mesh = "tensor=6", .llama = true, .kv_heads = 3}, "llama_kv3_tensor6");
+  expect_one_device({.mesh = "data=2,tensor=2", .llama = true, .kv_heads = 1}, "llama_kv1_data_tensor");
+  expect_one_device({.mesh = "pipeline=2,tensor=3", .llama = true, .kv_heads = 1}, "llama_kv1_pipeline_tensor3");
 }
 
 TEST(AxesParity, SequenceParallelPadsInAPipeline) {
