@@ -172,7 +172,7 @@ MoeBenchResult run_moe_bench(const MoeBenchOptions& o) {
                    .moe = {.experts = o.experts, .top_k = o.top_k, .expert_hidden = o.expert_hidden}});
     for (const nn::Parameter* p : whole.parameters()) {
       r.parameters += p->info.numel();
-      if (!p->expert) r.active_parameters += p->info.numel();
+      if (!p->info.routed_expert()) r.active_parameters += p->info.numel();
     }
     r.active_parameters += o.layers * o.top_k * 3 * o.width * o.expert_hidden;
   }

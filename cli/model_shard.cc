@@ -15,6 +15,7 @@
 #include "meshtrain/nn/vae.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/train/model_parameters.h"
+#include "meshtrain/train/model_recipe.h"
 
 namespace meshtrain::cli {
 namespace {
@@ -28,11 +29,20 @@ std::vector<int64_t> parse_hidden(const std::string& text) {
   return parse_int_list(text, "--hidden", 1, 65536, "512,512,256");
 }
 
+// The gpt's training config: its sizes and the train flags of its blocks.
+train::TrainConfig gpt_train_config(const ModelShardFlags& f) {
+  train::TrainConfig tc;
+  tc.model = "gpt";
+  tc.vocab = f.vocab, tc.context = f.context, tc.layers = f.layers, tc.heads = f.heads, tc.width = f.width;
+  tc.dropout = 0;
+  if (f.decoder) f.decoder->apply(tc);
+  return tc;
+}
+
 // The model, built whole and without values (nothing allocated).
 std::unique_ptr<nn::Module> build(const ModelShardFlags& f) {
   if (f.model == "gpt")
-    return std::make_unique<nn::GPT>(nn::GPTConfig{.vocab = f.vocab, .block_size = f.context, .layers = f.layers,
-                                                   .heads = f.heads, .width = f.width, .defer_init = true});
+    return std::make_unique<nn::GPT>(train::planned_gpt_config(train::gpt_shape(gpt_train_config(f))));
   if (f.model == "mlp") {
     nn::MLPConfig c;
     c.sizes = {kPixels};
@@ -56,11 +66,7 @@ std::unique_ptr<nn::Module> build(const ModelShardFlags& f) {
 // the mlp's depends on the tensor axis), the vae whole (it has no pipeline).
 std::vector<layout::ModelParameter> model_parameters(const ModelShardFlags& f, nn::Module& model,
                                                      const mesh::NamedShape& mesh, int stages) {
-  if (f.model == "gpt")
-    return train::describe_gpt({.vocab = f.vocab, .seq = f.context, .layers = f.layers, .heads = f.heads,
-                                .width = f.width},
-                               stages)
-        ->params;
+  if (f.model == "gpt") return train::describe_gpt(train::gpt_shape(gpt_train_config(f)), stages)->params;
   if (f.model == "mlp") {
     std::vector<int64_t> sizes{kPixels};
     for (int64_t h : parse_hidden(f.hidden)) sizes.push_back(h);
@@ -74,12 +80,13 @@ std::vector<layout::ModelParameter> model_parameters(const ModelShardFlags& f, n
 }
 
 // The training layout of the flags: the mesh, and the fsdp mode (full by
-// default when the fsdp axis is larger than 1, as training).
+// default when the fsdp axis is larger than 1, as training); the gpt's
+// start-up checks as train's (heads, key/value heads, experts over the axes).
 layout::TrainingLayout training_layout(const ModelShardFlags& f, const mesh::NamedShape& mesh) {
-  if (const int expert = mesh.size_of(mesh::kExpert); expert > 1)
+  if (const int expert = mesh.size_of(mesh::kExpert); expert > 1 && f.model != "gpt")
     throw InvalidArgument("--mesh", fmt::format("an expert axis of {} for --model {}, which has no experts", expert,
                                                 f.model),
-                          "the expert axis splits a mixture-of-experts model's experts (meshtrain train --arch llama "
+                          "the expert axis splits a mixture-of-experts model's experts (--model gpt --arch llama "
                           "--experts N); use a data axis here");
   layout::TrainingLayout out{.mesh = mesh, .fsdp_min_weight_size = f.fsdp_min_weight_size};
   if (f.virtual_stages > 1) {
@@ -95,6 +102,7 @@ layout::TrainingLayout training_layout(const ModelShardFlags& f, const mesh::Nam
   } catch (const InvalidArgument& e) {
     throw InvalidArgument("--fsdp", e.detail(), e.hint());
   }
+  if (f.model == "gpt") train::find_model_recipe("gpt").check(gpt_train_config(f), out);
   return out;
 }
 
@@ -126,6 +134,7 @@ void ModelShardFlags::add(CLI::App* app) {
       ->check(CLI::NonNegativeNumber);
   app->add_flag("--json", json, "with --model: the rank's holdings as JSON");
   app->add_option("--param", param, "with --model: that parameter's rank table and picture");
+  decoder = std::make_shared<TrainFieldFlags>(app, kDecoderFields);
 }
 
 int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int width, const std::string& svg) {
@@ -188,14 +197,24 @@ int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int 
       throw Error("meshtrain shard --model", fmt::format("{} is not a parameter of the whole {}", h.name, f.model),
                   "report this: the stage cut renamed a parameter");
     const sharding::ParamInfo& info = (*p)->info;
-    rows.emplace_back(h.name, fmt::format("{:<16} {:<22} {:<26} {}{}", sharding::shape_to_string(info.layout().shape),
+    // A routed expert's rank holds a run of its layer's experts.
+    std::string experts;
+    if (const int e = mesh.size_of(mesh::kExpert); info.routed_expert() && e > 1) {
+      const int local = info.experts / e, first = info.expert / local * local;
+      experts = fmt::format(" (experts {}-{} of {})", first, first + local - 1, info.experts);
+    }
+    rows.emplace_back(h.name, fmt::format("{:<16} {:<22} {:<26} {}{}{}",
+                                          sharding::shape_to_string(info.layout().shape),
                                           sharding::to_string(info.kind), md.combined_spec(info).to_string(),
                                           stages > 1 ? fmt::format("stage {}: ", h.stage) : "",
-                                          h.placement.to_string()));
+                                          h.placement.to_string(), experts));
   }
-  fmt::print("\n{:<28} {:<16} {:<22} {:<26} {}\n", "parameter", "shape", "kind", "spec",
+  const std::vector<std::pair<std::string, std::string>> folded = nn::fold_layer_rows(rows);
+  size_t name_width = 28;
+  for (const auto& row : folded) name_width = std::max(name_width, row.first.size());
+  fmt::print("\n{:<{}} {:<16} {:<22} {:<26} {}\n", "parameter", name_width, "shape", "kind", "spec",
              fmt::format("rank {} holds", f.rank));
-  for (const auto& [name, columns] : nn::fold_layer_rows(rows)) fmt::print("{:<28} {}\n", name, columns);
+  for (const auto& [name, columns] : folded) fmt::print("{:<{}} {}\n", name, name_width, columns);
   double held = 0;  // the most f32 bytes a rank holds
   for (int r = 0; r < static_cast<int>(num_ranks); ++r) {
     double bytes = 0;

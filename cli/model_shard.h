@@ -6,14 +6,18 @@
 // flat ranges of each unit, the units the trainer uses), which is what
 // training holds (tests/placement_property_test.cc compares the two rank
 // by rank). The models come from train/model_parameters.h (the recipes'
-// own stage cuts), so a pipeline axis places the gpt and the mlp too.
+// own stage cuts), so a pipeline axis places the gpt and the mlp too; the
+// gpt's blocks take train's flags (--arch llama, --kv-heads, --experts N
+// with an expert axis, ...) and its start-up checks.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
+#include "cli/train_field_flags.h"
 #include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/sharding/layout.h"
 
@@ -30,6 +34,7 @@ struct ModelShardFlags {
   int rank = 0;       // whose holdings the table lists
   bool json = false;  // the rank's holdings as JSON instead of the table
   std::string param;  // one parameter's rank table and picture
+  std::shared_ptr<TrainFieldFlags> decoder;  // gpt: --arch, --kv-heads, --experts, ... (train's)
   void add(CLI::App* app);
 };
 

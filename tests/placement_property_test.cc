@@ -1,7 +1,8 @@
 // The placement rule (layout/placement_rule.h) against what training really
 // holds: for the MLP, the VAE and the GPT on a matrix of meshes (each axis
 // alone, pairs, data x fsdp x tensor x pipeline, fsdp x tensor x context,
-// node x fsdp, hybrid, no_shard, zero1), one step through the trainer on
+// node x fsdp, hybrid, no_shard, zero1), and the GPT with experts on an
+// expert axis beside data, fsdp, tensor and a pipeline, one step through the trainer on
 // the threads engine; for every rank and parameter, the placement the
 // runtime holds (TrainResult::placements_by_rank, Parallelism::
 // parameter_shards) equals held_parameters' for the model the recipe
@@ -39,24 +40,30 @@ namespace meshtrain {
 namespace {
 
 struct Case {
-  std::string model;  // mlp | vae | gpt
+  std::string model;  // mlp | vae | gpt | moe (the GPT with Llama's blocks and experts)
   std::string mesh;
   std::string fsdp = "";
   std::string extra = "";  // "sp": sequence parallelism; "v2": two virtual stages per pipeline rank
   std::string name() const { return fmt::format("{} {} {} {}", model, mesh, fsdp, extra); }
+  bool gpt() const { return model == "gpt" || model == "moe"; }
 };
 
 train::TrainConfig config_of(const Case& c) {
   const std::string tag = fmt::format("placement_{}_{}", static_cast<long>(::getpid()),
                                       std::hash<std::string>{}(c.name()));
   train::TrainConfig tc;
-  if (c.model == "gpt") {
+  if (c.gpt()) {
     tc = gpt_parity_config(tag, "adamw");
     tc.vocab = 509;   // odd: uneven vocabulary shards
     tc.layers = 4;    // pipeline=2 with 2 virtual stages
     tc.heads = 6;     // tensor=2 and 3
     tc.width = 36;
     tc.dropout = 0;
+    if (c.model == "moe") {  // 4 experts of 20 features and a shared one in blocks 1-3
+      tc.arch = layout::DecoderArch::llama;
+      tc.kv_heads = 3;  // over tensor=3
+      tc.moe = {.experts = 4, .top_k = 2, .expert_hidden = 20, .shared_experts = 1, .first_dense = 1};
+    }
   } else {
     tc.model = c.model;
     tc.hidden = c.model == "mlp" ? std::vector<int>{45, 31} : std::vector<int>{37};
@@ -100,12 +107,17 @@ std::vector<layout::ModelParameter> rule_parameters(const train::TrainConfig& tc
 std::vector<parallel::ParamShard> shard_command(const Case& c, const train::TrainConfig& tc, const std::string& fsdp,
                                                 int rank) {
   std::string cmd = fmt::format("{} shard --model {} --mesh {} --rank {} --json --fsdp-min-weight-size {}",
-                                MESHTRAIN_CLI, c.model, c.mesh, rank, tc.fsdp_min_weight_size);
+                                MESHTRAIN_CLI, c.gpt() ? "gpt" : c.model, c.mesh, rank, tc.fsdp_min_weight_size);
   if (!fsdp.empty()) cmd += " --fsdp " + fsdp;
-  if (c.model == "gpt")
+  if (c.gpt())
     cmd += fmt::format(" --vocab {} --context {} --layers {} --heads {} --width {} --virtual-stages {}", tc.vocab,
                        tc.context, tc.layers, tc.heads, tc.width, tc.virtual_stages);
-  else
+  if (c.model == "moe")
+    cmd += fmt::format(" --arch llama --kv-heads {} --experts {} --top-k {} --expert-hidden {} --shared-experts {} "
+                       "--first-dense {}",
+                       tc.kv_heads, tc.moe.experts, tc.moe.top_k, tc.moe.expert_hidden, tc.moe.shared_experts,
+                       tc.moe.first_dense);
+  else if (!c.gpt())
     cmd += fmt::format(" --hidden {} --latent {}", fmt::join(tc.hidden, ","), tc.latent);
   std::string text;
   FILE* out = ::popen(cmd.c_str(), "r");
@@ -133,8 +145,7 @@ int coordinate(const mesh::NamedShape& m, int rank, std::string_view axis) {
 void check_planner(const train::TrainConfig& tc, const layout::TrainingLayout& pl, const train::TrainResult& r) {
   plan::TrainingLayout l;
   l.set_layout(pl);
-  const plan::GptShape g = train::with_gpt_model(
-      {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width});
+  const plan::GptShape g = train::with_gpt_model(train::gpt_shape(tc));
   for (int rank = 0; rank < static_cast<int>(r.placements_by_rank.size()); ++rank) {
     const std::vector<plan::ParamElements> want = plan::device_parameters(
         g, l, coordinate(pl.mesh, rank, mesh::kPipeline), coordinate(pl.mesh, rank, mesh::kTensor));
@@ -166,16 +177,13 @@ void check(const Case& c) {
   // the planner and shard --model place; the mlp's cut depends on the
   // tensor axis), the vae's as its recipe builds it.
   std::vector<layout::ModelParameter> params;
-  if (c.model == "gpt")
-    params = train::describe_gpt(
-                 {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width},
-                 stages)
-                 ->params;
+  if (c.gpt())
+    params = train::describe_gpt(train::gpt_shape(tc), stages)->params;
   else if (c.model == "mlp")
     params = train::mlp_parameters({784, tc.hidden[0], tc.hidden[1], 10}, tensor, stages);
   else
     params = rule_parameters(tc, stages);
-  if (c.model == "gpt" || tensor == 1) {  // the lists are the recipe's own (built without a tensor group)
+  if (c.gpt() || tensor == 1) {  // the lists are the recipe's own (built without a tensor group)
     const std::vector<layout::ModelParameter> recipe = rule_parameters(tc, stages);
     ASSERT_EQ(params.size(), recipe.size());
     for (size_t i = 0; i < params.size(); ++i) {
@@ -208,7 +216,7 @@ void check(const Case& c) {
       blocks += got[i].placement.is_block();
     }
   }
-  const bool planned = c.model == "gpt" && !pl.mesh.has(mesh::kNode);  // the planner has no node axis
+  const bool planned = c.gpt() && !pl.mesh.has(mesh::kNode);  // the planner has no node axis
   if (planned) check_planner(tc, pl, r);
   // The case exercises what its mesh asks for.
   if (pl.fsdp) {
@@ -245,6 +253,17 @@ TEST(PlacementRule, Gpt) {
         Case{"gpt", "pipeline=2,data=2,fsdp=2,tensor=2", "zero2"}, Case{"gpt", "fsdp=2,context=2,tensor=2", "full"},
         Case{"gpt", "node=2,fsdp=2", "zero3"}, Case{"gpt", "pipeline=2,context=2"},
         Case{"gpt", "context=2,tensor=2", "", "sp"}})
+    check(c);
+}
+
+// The expert axis: each rank holds its experts of every MoE layer (with
+// fsdp, sharded over the ranks holding the same experts), beside data,
+// fsdp, tensor and a pipeline.
+TEST(PlacementRule, MixtureOfExperts) {
+  for (const Case& c : {Case{"moe", "expert=2"}, Case{"moe", "expert=4"}, Case{"moe", "data=2,expert=2"},
+                        Case{"moe", "fsdp=2,expert=2", "full"}, Case{"moe", "expert=2,tensor=3"},
+                        Case{"moe", "pipeline=2,expert=2", "", "v2"},
+                        Case{"moe", "pipeline=2,fsdp=2,expert=2", "zero3"}})
     check(c);
 }
 

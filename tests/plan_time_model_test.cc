@@ -245,7 +245,7 @@ TEST(TimeModel, TheMeshOrderDecidesWhichGroupsShareANode) {
   EXPECT_GT(across, 5 * inside);
   TrainingLayout l;
   l.set_mesh({{2, 4}, {"tensor", "data"}});
-  EXPECT_EQ(l.rank_order(), (std::vector<std::string>{"tensor", "data", "pipeline", "fsdp", "context"}));
+  EXPECT_EQ(l.rank_order(), (std::vector<std::string>{"tensor", "data", "pipeline", "fsdp", "expert", "context"}));
 }
 
 // Ulysses: 4 all_to_alls per block and pass, each sending one block of

@@ -1,8 +1,11 @@
 #include "meshtrain/layout/placement_rule.h"
 
+#include <fmt/format.h>
+
 #include <map>
 #include <memory>
 
+#include "meshtrain/core/error.h"
 #include "meshtrain/mesh/device_mesh.h"
 
 namespace meshtrain::layout {
@@ -15,6 +18,17 @@ int coordinate(const mesh::NamedShape& m, const std::vector<int>& c, std::string
   return 0;
 }
 
+// Whether expert-axis rank `at` of `ranks` holds the parameter: every rank
+// holds what is not a routed expert; expert e of E is on rank e / (E / ranks).
+bool holds_expert(const sharding::ParamInfo& p, int ranks, int at) {
+  if (!p.routed_expert() || ranks == 1) return true;
+  if (p.experts % ranks != 0)
+    throw InvalidArgument("held_parameters",
+                          fmt::format("{}: {} experts over an expert axis of {}", p.to_string(), p.experts, ranks),
+                          "give the expert axis a size that divides the experts");
+  return p.expert / (p.experts / ranks) == at;
+}
+
 }  // namespace
 
 std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, std::span<const ModelParameter> params,
@@ -22,6 +36,7 @@ std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, std::sp
   const mesh::NamedShape& m = layout.mesh;
   const std::vector<int> c = mesh::unravel(rank, m.shape);  // InvalidArgument outside the mesh
   const int pipeline = m.size_of(mesh::kPipeline), tensor = m.size_of(mesh::kTensor);
+  const int expert = m.size_of(mesh::kExpert);
   const sharding::TensorParallelStrategy tp(mesh::kTensor, tensor, /*uneven=*/true);
   // The fully sharded group: its size and this rank's index in it.
   int64_t d = 1, shard_rank = 0;
@@ -37,6 +52,7 @@ std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, std::sp
   std::vector<bool> shard;
   for (const ModelParameter& p : params) {
     if (p.stage % pipeline != coordinate(m, c, mesh::kPipeline)) continue;
+    if (!holds_expert(p.info, expert, coordinate(m, c, mesh::kExpert))) continue;
     sharding::Placement where = sharding::Placement::whole(p.info.shape);
     const std::vector<int64_t> view = p.info.layout().shape;
     if (tensor > 1) {
@@ -57,6 +73,7 @@ std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, std::sp
   size_t k = 0;
   for (const ModelParameter& p : params) {
     if (p.stage % pipeline != coordinate(m, c, mesh::kPipeline)) continue;
+    if (!holds_expert(p.info, expert, coordinate(m, c, mesh::kExpert))) continue;
     if (shard[k]) units[{p.stage, p.unit}].push_back(k);
     ++k;
   }

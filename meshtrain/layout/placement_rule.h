@@ -26,7 +26,13 @@
 //     parameters whose block FSDPStrategy::should_shard (min_weight_size
 //     counts the block's elements) are packed flat (sharding::FlatShards),
 //     and r holds its range of each, possibly empty.
-//  4. every other axis (data and context without fsdp) replicates.
+//  4. expert axis of size E > 1: a routed expert's parameter
+//     (ParamInfo::expert e of its layer's n experts) is held by the rank
+//     with c[expert] == e / (n / E) alone; fsdp does not shard over the
+//     expert axis (its ranks hold different experts), so each expert is
+//     sharded over the shard group of the ranks holding it.
+//  5. every other axis (data and context without fsdp, expert for what is
+//     not an expert) replicates.
 //
 // Thread-safety: pure functions.
 #pragma once

@@ -80,10 +80,6 @@ ScheduleKind parse_schedule_kind(std::string_view name);
 // The name parse_schedule_kind takes.
 std::string_view to_string(ScheduleKind kind);
 
-// --- context parallelism --------------------------------------------------
-
-// How a context-parallel attention layer meets the other ranks' tokens:
-// ring (K/V blocks passed around) or all_to_all (DeepSpeed Ulysses).
 // --- decoder architecture ------------------------------------------------
 
 // The GPT recipe's blocks: GPT-2's or Llama's (nn/gpt.h, nn/llama.h).
@@ -91,6 +87,11 @@ enum class DecoderArch : uint8_t { gpt2, llama };
 inline constexpr std::array<std::string_view, 2> kDecoderArchNames = {"gpt2", "llama"};
 DecoderArch parse_decoder_arch(std::string_view text, std::string_view what = "--arch");
 std::string_view decoder_arch_name(DecoderArch a);
+// Llama's SwiGLU MLP width: `given`, or when 0 8/3 width rounded up to a
+// multiple of 64.
+constexpr int64_t llama_ffn_hidden(int64_t width, int64_t given) {
+  return given > 0 ? given : (8 * width / 3 + 63) / 64 * 64;
+}
 
 // A mixture-of-experts router's scores (nn/moe.h): softmax over the
 // experts (Switch, Mixtral) or an independent sigmoid each (DeepSeek-V3).
@@ -99,6 +100,28 @@ inline constexpr std::array<std::string_view, 2> kRouterScoreNames = {"softmax",
 RouterScore parse_router_score(std::string_view text, std::string_view what = "--router-score");
 std::string_view router_score_name(RouterScore s);
 
+// What a decoder's mixture-of-experts layers share (nn::GPTConfig::moe, the
+// trainer's --experts and friends, the planner's plan::GptShape::moe; the
+// layer's semantics in nn/moe.h): experts = 0 means dense MLPs.
+struct MoEOptions {
+  int experts = 0;                 // routed experts (0: no MoE layers)
+  int top_k = 2;                   // experts per token, 1..experts
+  int64_t expert_hidden = 0;       // each expert's hidden features (a decoder's 0: its ffn_hidden)
+  int shared_experts = 0;          // >= 0: one SwiGLU of shared_experts * expert_hidden hidden features
+  RouterScore score = RouterScore::softmax;
+  bool normalize_top_k = true;     // the k weights sum to 1
+  double aux_loss_coef = 0.0;      // >= 0: the Switch/GShard load-balancing loss's coefficient
+  double capacity_factor = 0.0;    // 0: no dropping; else > 0: each expert's share of a sequence's assignments
+  double bias_update_rate = 0.0;   // DeepSeek-V3's balancing step per optimizer step, 0: off
+  int first_dense = 0;             // a decoder's blocks [0, first_dense) keep dense MLPs (DeepSeek's first_k_dense)
+  bool active() const { return experts > 0; }
+  bool operator==(const MoEOptions&) const = default;
+};
+
+// --- context parallelism --------------------------------------------------
+
+// How a context-parallel attention layer meets the other ranks' tokens:
+// ring (K/V blocks passed around) or all_to_all (DeepSpeed Ulysses).
 enum class ContextComm : uint8_t { ring, all_to_all };
 inline constexpr std::array<std::string_view, 2> kContextCommNames = {"ring", "all_to_all"};
 // "ring", "all_to_all" (also "all-to-all", "ulysses").

@@ -268,11 +268,6 @@ const GPTConfig& checked(const GPTConfig& c) {
 
 }  // namespace
 
-// Llama's default MLP width: 8/3 width rounded up to a multiple of 64.
-int64_t llama_ffn_hidden(const GPTConfig& c) {
-  return c.ffn_hidden > 0 ? c.ffn_hidden : (8 * c.width / 3 + 63) / 64 * 64;
-}
-
 GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
   const GPTConfig& c = config_;
   const bool llama = c.arch == layout::DecoderArch::llama;
@@ -294,7 +289,7 @@ GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
     if (llama)
       block = std::make_unique<LlamaBlock>(LlamaBlockConfig{
           .width = c.width, .heads = c.heads, .kv_heads = c.kv_heads, .rope_base = c.rope_base,
-          .ffn_hidden = llama_ffn_hidden(c), .norm_eps = 1e-5, .prefix = name, .seed = c.seed, .init_std = 0.02,
+          .ffn_hidden = layout::llama_ffn_hidden(c.width, c.ffn_hidden), .norm_eps = 1e-5, .prefix = name, .seed = c.seed, .init_std = 0.02,
           .out_std = proj_std, .defer_init = c.defer_init, .tensor = c.tensor, .context = c.context,
           .moe = i >= c.moe.first_dense ? c.moe : MoEOptions{}, .expert = c.expert});
     else

@@ -105,7 +105,11 @@ struct Parameter {
   Tensor value;               // f32; undefined while deferred (see materialize)
   Tensor grad;                // f32, same shape
   bool weight_decay = true;   // AdamW decays it (false for biases and norms)
-  sharding::ParamInfo info;   // global shape, kind and linear role, for the strategies
+  // Global shape, kind and linear role, for the strategies; a routed
+  // expert's (info.routed_expert()) is held by one rank of the expert axis,
+  // so its gradient is summed over the ranks that hold the same experts only
+  // (parallel::ExpertParallel sums every other gradient over the axis too).
+  sharding::ParamInfo info;
   ParamInit init;             // the initial value, sliceable
   Placement placement;        // what value holds of the global tensor (its modules set it)
   int users = 1;              // modules that accumulate into grad per backward (tied: > 1)
@@ -114,10 +118,6 @@ struct Parameter {
   // the trainer adds over the tensor axis once per step
   // (reduce_sequence_parallel_grads). Megatron's `sequence_parallel` attribute.
   bool sequence_parallel = false;
-  // A routed expert's (nn/moe.h): held by one rank of the expert axis, so
-  // its gradient is summed over the ranks that hold the same experts only
-  // (parallel::ExpertParallel sums every other gradient over the axis too).
-  bool expert = false;
   // A block several tensor-parallel ranks hold alike but feed different
   // heads (Llama's key/value heads replicated over a tensor axis larger
   // than kv_heads): grad holds this rank's part, summed over these ranks

@@ -76,7 +76,7 @@ MoE::MoE(const MoEConfig& config) : config_(checked(config)) {
   for (int e = first_; e < first_ + local; ++e) {
     experts_.push_back(
         std::make_unique<SwiGLUMLP>(expert_config(config_, fmt::format("experts.{}", e), config_.moe.expert_hidden)));
-    for (Parameter* p : experts_.back()->parameters()) p->expert = true;
+    for (Parameter* p : experts_.back()->parameters()) p->info.expert = e, p->info.experts = config_.moe.experts;
   }
   if (config_.moe.shared_experts > 0)
     shared_ = std::make_unique<SwiGLUMLP>(

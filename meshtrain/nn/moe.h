@@ -72,21 +72,8 @@ struct ExpertParallelGroup {
   int rank() const { return comm == nullptr ? 0 : comm->rank(); }
 };
 
-// What a decoder's MoE layers share (GPTConfig::moe; the trainer's --experts
-// and friends): experts = 0 means dense MLPs.
-struct MoEOptions {
-  int experts = 0;                 // routed experts (0: no MoE layers)
-  int top_k = 2;                   // experts per token, 1..experts
-  int64_t expert_hidden = 0;       // each expert's hidden features (a decoder's 0: its ffn_hidden)
-  int shared_experts = 0;          // >= 0: one SwiGLU of shared_experts * expert_hidden hidden features
-  RouterScore score = RouterScore::softmax;
-  bool normalize_top_k = true;     // the k weights sum to 1
-  double aux_loss_coef = 0.0;      // >= 0 (see above)
-  double capacity_factor = 0.0;    // 0: no dropping; else > 0 (see above)
-  double bias_update_rate = 0.0;   // DeepSeek-V3's balancing step per optimizer step (update_bias), 0: off
-  int first_dense = 0;             // a decoder's blocks [0, first_dense) keep dense MLPs (DeepSeek's first_k_dense)
-  bool active() const { return experts > 0; }
-};
+// What a decoder's MoE layers share (GPTConfig::moe; layout/vocabulary.h).
+using layout::MoEOptions;
 
 struct MoEConfig {
   int64_t width = 0;               // input and output features, >= 1

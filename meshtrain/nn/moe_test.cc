@@ -342,7 +342,7 @@ TEST(MoE, TrainingWithEveryTokenOnOneExpertEqualsOneDevice) {
                      (void)moe.backward(dy);
                      std::vector<Parameter*> replicated;
                      for (Parameter* p : moe.parameters())
-                       if (!p->expert) replicated.push_back(p);
+                       if (!p->info.routed_expert()) replicated.push_back(p);
                      sum_grads(replicated, world, "test");
                      sgd(moe.parameters());
                    }

@@ -9,7 +9,7 @@ namespace meshtrain::parallel {
 
 namespace {
 
-bool is_expert(const nn::Parameter& p) { return p.expert; }
+bool is_expert(const nn::Parameter& p) { return p.info.routed_expert(); }
 
 }  // namespace
 
@@ -20,7 +20,7 @@ ExpertParallel::ExpertParallel(std::unique_ptr<Parallelism> inner, comm::Communi
     throw InvalidArgument("ExpertParallel", "no inner strategy, or an expert axis of one rank",
                           "wrap a strategy over the replica ranks, on an expert axis of 2 or more");
   for (const nn::Parameter* p : model_parameters)
-    if (p->expert) experts_.insert(p->name);
+    if (is_expert(*p)) experts_.insert(p->name);
 }
 
 std::string ExpertParallel::describe() const {

@@ -16,7 +16,7 @@ constexpr double kGiB = double(uint64_t{1} << 30);
 
 std::string mesh_of(const TrainingLayout& l) {
   std::string out;
-  for (std::string_view a : mesh::kMeshAxisOrder) {
+  for (std::string_view a : kPlannedAxes) {
     const int n = l.axis_size(a);
     if (n > 1) out += fmt::format("{}{}={}", out.empty() ? "" : ",", a, n);
   }

@@ -515,28 +515,30 @@ int TrainingLayout::axis_size(std::string_view name) const {
   if (name == mesh::kTensor) return tensor;
   if (name == mesh::kPipeline) return pipeline;
   if (name == mesh::kContext) return context;
+  if (name == mesh::kExpert) return expert;
   throw InvalidArgument("TrainingLayout::axis_size", fmt::format("axis '{}'", name),
-                        "use data, fsdp, tensor, pipeline or context");
+                        "use data, fsdp, expert, tensor, pipeline or context");
 }
 
 std::vector<std::string> TrainingLayout::rank_order() const {
   std::vector<std::string> out = axis_order;
-  for (std::string_view a : mesh::kMeshAxisOrder)
+  for (std::string_view a : kPlannedAxes)
     if (std::find(out.begin(), out.end(), a) == out.end()) out.emplace_back(a);
   return out;
 }
 
 void TrainingLayout::set_mesh(const mesh::NamedShape& mesh) {
   for (const std::string& a : mesh.axis_names)
-    if (a != mesh::kData && a != mesh::kFsdp && a != mesh::kTensor && a != mesh::kPipeline && a != mesh::kContext)
+    if (std::find(kPlannedAxes.begin(), kPlannedAxes.end(), a) == kPlannedAxes.end())
       throw InvalidArgument("plan::TrainingLayout::set_mesh", fmt::format("mesh {}: axis '{}'", mesh.to_spec(), a),
-                            "use data, fsdp, tensor, pipeline and context axes");
+                            "use data, fsdp, expert, tensor, pipeline and context axes");
   axis_order = mesh.axis_names;
   data = mesh.size_of(mesh::kData);
   fsdp = mesh.size_of(mesh::kFsdp);
   tensor = mesh.size_of(mesh::kTensor);
   pipeline = mesh.size_of(mesh::kPipeline);
   context = mesh.size_of(mesh::kContext);
+  expert = mesh.size_of(mesh::kExpert);
 }
 
 void TrainingLayout::set_layout(const layout::TrainingLayout& l) {
@@ -554,8 +556,8 @@ void TrainingLayout::set_layout(const layout::TrainingLayout& l) {
 }
 
 void check_layout(const GptShape& g, const TrainingLayout& l) {
-  for (auto [v, flag] : {std::pair{l.data, "data"}, {l.fsdp, "fsdp"}, {l.tensor, "tensor"}, {l.pipeline, "pipeline"},
-                         {l.context, "context"}, {l.micro_batches, "micro-batches"}, {l.virtual_stages, "virtual stages"}})
+  for (auto [v, flag] : {std::pair{l.data, "data"}, {l.fsdp, "fsdp"}, {l.expert, "expert"}, {l.tensor, "tensor"},
+                         {l.pipeline, "pipeline"}, {l.context, "context"}, {l.micro_batches, "micro-batches"}, {l.virtual_stages, "virtual stages"}})
     if (v < 1) throw InvalidArgument(kOp, fmt::format("{} = {}", flag, v), "give every axis a size of at least 1");
   if (g.vocab < 1 || g.seq < 1 || g.layers < 1 || g.heads < 1 || g.width < 1 || g.width % g.heads != 0)
     throw InvalidArgument(kOp,
@@ -565,6 +567,12 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
   if (g.heads % l.tensor != 0)
     throw InvalidArgument(kOp, fmt::format("tensor = {} does not divide {} heads", l.tensor, g.heads),
                           "use a tensor axis that divides the heads");
+  if (g.moe.active() && !g.llama())
+    throw InvalidArgument(kOp, fmt::format("{} experts with GPT-2's blocks", g.moe.experts),
+                          "mixture-of-experts layers replace Llama's MLPs: set arch llama");
+  if (l.expert > 1 && (!g.moe.active() || g.moe.experts % l.expert != 0))
+    throw InvalidArgument(kOp, fmt::format("expert = {} for {} experts", l.expert, g.moe.experts),
+                          "use an expert axis that divides the experts (a model without experts has no use for one)");
   if (g.layers < static_cast<int64_t>(l.pipeline) * chunks_per_rank(l))
     throw InvalidArgument(kOp,
                           fmt::format("{} layers over pipeline = {} x {} virtual stages: a stage would be empty",
@@ -603,7 +611,7 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
 std::vector<ParamElements> device_parameters(const GptShape& g, const TrainingLayout& l, int pipeline_rank,
                                              int tensor_rank) {
   const int p = l.pipeline, v = chunks_per_rank(l);
-  const auto holdings = internal::holdings(g, p * v, l.tensor);
+  const auto holdings = internal::holdings(g, p * v, l.tensor, l.expert);
   const internal::Holdings& held = *holdings;
   std::vector<ParamElements> out;
   for (int c = 0; c < v; ++c)
@@ -623,7 +631,7 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
   const double pb = static_cast<double>(dtype_size(l.param_dtype));
   const double gb = static_cast<double>(dtype_size(l.reduce_dtype));
   const double state = l.adamw ? 8.0 : 4.0;
-  const auto holdings = internal::holdings(g, p * v, k);
+  const auto holdings = internal::holdings(g, p * v, k, l.expert);
   const internal::Holdings& held = *holdings;
   MemoryPrediction out;
   for (int r = 0; r < p; ++r) {

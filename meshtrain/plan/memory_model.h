@@ -103,6 +103,7 @@
 // Thread-safety: pure functions. Errors: InvalidArgument naming the value.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -112,13 +113,24 @@
 #include "meshtrain/core/dtype.h"
 #include "meshtrain/layout/training_layout.h"
 #include "meshtrain/layout/vocabulary.h"
+#include "meshtrain/mesh/mesh_shape.h"
 #include "meshtrain/plan/activation_memory.h"
 #include "meshtrain/plan/mesh_planning.h"
 
 namespace meshtrain::plan {
 
+// The axes the planner models, slowest first in the runtime's default
+// order (mesh::kMeshAxisOrder with expert, which splits the data-parallel
+// ranks, after fsdp, as mesh::kKnownAxes has it).
+inline constexpr std::array<std::string_view, 6> kPlannedAxes = {mesh::kPipeline, mesh::kData,    mesh::kFsdp,
+                                                                 mesh::kExpert,   mesh::kContext, mesh::kTensor};
+
 struct TrainingLayout {
   int data = 1, fsdp = 1, tensor = 1, pipeline = 1, context = 1;
+  // A mixture-of-experts model's expert axis: splits the batch like data;
+  // each rank holds experts / expert of every MoE layer's experts, the
+  // rest alike (fsdp shards within the ranks holding the same experts).
+  int expert = 1;
   // The stage fully sharded data parallelism runs at (layout::FsdpMode's;
   // the optional's order, nullopt < no_shard < zero1 < zero2 < zero3, is
   // how much is sharded); nullopt: plain data parallelism.
@@ -150,12 +162,11 @@ struct TrainingLayout {
   double dropout = 0.0;
   bool adamw = true;                   // else SGD with momentum
   // The mesh's axes, slowest first, as the runtime numbers the ranks (the
-  // order --mesh lists them); empty: kMeshAxisOrder. Only which ranks share
+  // order --mesh lists them); empty: kPlannedAxes. Only which ranks share
   // a node depends on it (plan/time_model.h's links).
   std::vector<std::string> axis_order = {};
   // Sets the axis sizes and order from a mesh (absent axes: 1);
-  // InvalidArgument for an axis other than data, fsdp, tensor, pipeline and
-  // context.
+  // InvalidArgument for an axis not in kPlannedAxes.
   void set_mesh(const mesh::NamedShape& mesh);
   // Sets the mesh (set_mesh) and every strategy choice from the run's
   // layout (train::ResolvedTraining::layout): fsdp's stage and hybrid,
@@ -163,16 +174,17 @@ struct TrainingLayout {
   // schedule, chunks and micro-batches, context parallelism's exchange.
   // The batch, scheduling options and the model's own settings stay.
   void set_layout(const layout::TrainingLayout& layout);
-  // Every axis, slowest first: axis_order, then the others in kMeshAxisOrder.
+  // Every axis, slowest first: axis_order, then the others in kPlannedAxes.
   std::vector<std::string> rank_order() const;
-  // The size of mesh axis `name` (data, fsdp, tensor, pipeline, context);
-  // InvalidArgument for another name.
+  // The size of mesh axis `name` (one of kPlannedAxes); InvalidArgument for
+  // another name.
   int axis_size(std::string_view name) const;
-  int data_ranks() const { return data * fsdp; }
+  // The ranks the batch is split over.
+  int data_ranks() const { return data * fsdp * expert; }
   // The ranks fully sharded data parallelism shards over: fsdp (hybrid), or
   // every rank that sums the gradients (data x fsdp x context).
   int shard_ranks() const { return hybrid ? fsdp : data * fsdp * context; }
-  int devices() const { return data * fsdp * tensor * pipeline * context; }
+  int devices() const { return data * fsdp * expert * tensor * pipeline * context; }
 };
 
 // One device's prediction, bytes per category (core/memory.h's names).

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "meshtrain/layout/placement_rule.h"
+#include "meshtrain/layout/vocabulary.h"
 
 namespace meshtrain::plan {
 
@@ -45,12 +46,28 @@ struct ModelDescription {
 using ModelSource = std::function<std::shared_ptr<const ModelDescription>(int stages)>;
 
 // The GPT's sizes (nn::GPTConfig): vocab V, the sequence length T the run
-// trains on (≤ block_size), layers, heads H, width C; and `model`, where
-// its parameters come from (predict_memory, predict_traffic, predict_time
-// and the layout search need it; the activation estimate does not).
+// trains on (≤ block_size), layers, heads H, width C; Llama's blocks (arch
+// llama) with kv_heads (0: heads) and their SwiGLU MLP's ffn_hidden (0:
+// layout::llama_ffn_hidden's default), and mixture-of-experts layers
+// (moe.active(); Llama's blocks only) in the blocks from moe.first_dense
+// on; and `model`, where its parameters come from (predict_memory,
+// predict_traffic, predict_time and the layout search need it; the
+// activation estimate does not).
 struct GptShape {
   int64_t vocab = 0, seq = 0, layers = 0, heads = 0, width = 0;
+  layout::DecoderArch arch = layout::DecoderArch::gpt2;
+  int64_t kv_heads = 0, ffn_hidden = 0;
+  layout::MoEOptions moe = {};
   ModelSource model = nullptr;
+
+  bool llama() const { return arch == layout::DecoderArch::llama; }
+  int64_t key_value_heads() const { return llama() && kv_heads > 0 ? kv_heads : heads; }
+  // The dense MLP's hidden features: 4C (GPT-2), ffn_hidden (Llama).
+  int64_t mlp_hidden() const { return llama() ? layout::llama_ffn_hidden(width, ffn_hidden) : 4 * width; }
+  // A routed expert's hidden features (moe.expert_hidden, 0: mlp_hidden()).
+  int64_t expert_hidden() const { return moe.expert_hidden > 0 ? moe.expert_hidden : mlp_hidden(); }
+  // Whether block `b` has a MoE layer.
+  bool moe_block(int64_t b) const { return moe.active() && b >= moe.first_dense; }
 };
 
 }  // namespace meshtrain::plan

@@ -136,7 +136,7 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
   const double V = static_cast<double>(g.vocab), K = k;
   const int d = l.sharding == layout::ZeroStage::no_shard ? 1 : l.shard_ranks();
   const auto gemm = [&](double flops) { return (flops + hw.gemm_overhead_flops) / rate; };
-  const auto holdings = internal::holdings(g, stages, k);
+  const auto holdings = internal::holdings(g, stages, k, l.expert);
   const internal::Holdings& held = *holdings;
 
   TimePrediction out;

@@ -21,7 +21,7 @@ struct Group {
 // pipeline), named by its axes of size > 1 in mesh order.
 Group group_of(const TrainingLayout& l, std::initializer_list<std::string_view> axes) {
   Group g;
-  for (std::string_view a : mesh::kMeshAxisOrder) {
+  for (std::string_view a : kPlannedAxes) {
     if (std::find(axes.begin(), axes.end(), a) == axes.end()) continue;
     const int n = l.axis_size(a);
     if (n == 1) continue;
@@ -103,7 +103,7 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
   const double boundary = l.sequence_parallel ? act_sp : act;                  // what crosses a stage boundary
   const double pb = static_cast<double>(dtype_size(l.param_dtype));
   const double gb = static_cast<double>(dtype_size(l.reduce_dtype));
-  const auto holdings = internal::holdings(g, stages, k);
+  const auto holdings = internal::holdings(g, stages, k, l.expert);
   const internal::Holdings& held = *holdings;
 
   std::vector<DeviceTraffic> out;

@@ -76,7 +76,14 @@ struct ParamInfo {
   // parts), so tensor parallelism splits each block alike (each rank: q, k
   // and v of its own heads) and specs have the view's dims. 1: unfused.
   int64_t parts = 1;
+  // A routed expert's parameter (a mixture-of-experts layer, nn/moe.h):
+  // expert `expert` of its layer's `experts`. An expert axis of P ranks
+  // (P dividing experts) holds it on the rank expert / (experts / P) alone;
+  // -1: not an expert (every rank of an expert axis holds it).
+  int expert = -1;
+  int experts = 0;
 
+  bool routed_expert() const { return expert >= 0; }
   int64_t numel() const;
   // This description with shape the view above and parts 1 (a copy of
   // itself when parts == 1). InvalidArgument when parts < 1 or does not

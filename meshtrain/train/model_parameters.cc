@@ -17,10 +17,33 @@
 
 namespace meshtrain::train {
 
+nn::GPTConfig planned_gpt_config(const plan::GptShape& g) {
+  return {.arch = g.arch,
+          .kv_heads = g.kv_heads,
+          .ffn_hidden = g.ffn_hidden,
+          .vocab = g.vocab,
+          .block_size = g.seq,
+          .layers = g.layers,
+          .heads = g.heads,
+          .width = g.width,
+          .defer_init = true,
+          .moe = g.moe};
+}
+
+plan::GptShape gpt_shape(const TrainConfig& tc) {
+  return {.vocab = tc.vocab,
+          .seq = tc.context,
+          .layers = tc.layers,
+          .heads = tc.heads,
+          .width = tc.width,
+          .arch = tc.arch,
+          .kv_heads = tc.kv_heads,
+          .ffn_hidden = tc.ffn_hidden,
+          .moe = tc.moe};
+}
+
 std::shared_ptr<const plan::ModelDescription> describe_gpt(const plan::GptShape& g, int stages) {
-  const nn::GPTConfig whole{
-      .vocab = g.vocab, .block_size = g.seq, .layers = g.layers, .heads = g.heads, .width = g.width,
-      .defer_init = true};
+  const nn::GPTConfig whole = planned_gpt_config(g);
   auto out = std::make_shared<plan::ModelDescription>();
   int s = 0;
   for (const nn::GPTConfig& part : internal::gpt_stage_configs(whole, stages)) {

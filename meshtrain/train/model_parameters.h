@@ -23,8 +23,10 @@
 #include <vector>
 
 #include "meshtrain/layout/placement_rule.h"
+#include "meshtrain/nn/gpt.h"
 #include "meshtrain/plan/memory_model.h"
 #include "meshtrain/plan/model_description.h"
+#include "meshtrain/train/train_config.h"
 
 namespace meshtrain::train {
 
@@ -32,6 +34,14 @@ namespace meshtrain::train {
 // = shape.seq), with each stage's blocks and units for the planner.
 // InvalidArgument for sizes nn::GPT refuses or more stages than blocks.
 std::shared_ptr<const plan::ModelDescription> describe_gpt(const plan::GptShape& shape, int stages);
+
+// The nn::GPTConfig of `shape`'s sizes and blocks (block_size = seq),
+// whole and without values (defer_init).
+nn::GPTConfig planned_gpt_config(const plan::GptShape& shape);
+
+// The GPT a TrainConfig trains (model "gpt"): its sizes (seq = context) and
+// blocks (arch, kv_heads, ffn_hidden, moe); no model source.
+plan::GptShape gpt_shape(const TrainConfig& tc);
 
 // describe_gpt of `shape`'s sizes, cached per stage count.
 plan::ModelSource gpt_model_source(const plan::GptShape& shape);

@@ -157,7 +157,7 @@ class Run {
         int64_t n = 1;
         for (int64_t d : p->placement.shape) n *= d;
         num_parameters_ += n;
-        if (p->expert) expert_parameters += n;
+        if (p->info.routed_expert()) expert_parameters += n;
       }
     }
     if (ep_.size() > 1) {
@@ -717,7 +717,7 @@ class Run {
       for (nn::Parameter* p : modules_[k]->parameters())
         if (!tied_copy(k, p->name)) {
           whole.emplace_back(p->name, nn::gather_parameter(*p, tp_));
-          expert.push_back(p->expert);
+          expert.push_back(p->info.routed_expert());
         }
     // Expert parallelism: each expert rank 0 puts every expert of its stage in place.
     if (ep_.size() > 1) whole = internal::merge_expert_parameters(*ep_.comm, whole, expert);

@@ -22,12 +22,13 @@ std::shared_ptr<const ModelDescription> describe(const GptShape& g, int stages) 
   return m;
 }
 
-Holdings::Holdings(std::shared_ptr<const ModelDescription> model, int tensor)
-    : model_(std::move(model)), tensor_(tensor) {
-  // The rule over the tensor axis alone, one stage's parameters at a time
-  // (they are contiguous in the description).
+Holdings::Holdings(std::shared_ptr<const ModelDescription> model, int tensor, int expert)
+    : model_(std::move(model)), tensor_(tensor), expert_(expert) {
+  // The rule over the expert and tensor axes alone (expert rank 0: tensor
+  // rank t is rank t), one stage's parameters at a time (they are
+  // contiguous in the description).
   layout::TrainingLayout l;
-  if (tensor > 1) l.mesh = {.shape = {tensor}, .axis_names = {std::string(mesh::kTensor)}};
+  l.mesh = {.shape = {expert, tensor}, .axis_names = {std::string(mesh::kExpert), std::string(mesh::kTensor)}};
   const std::vector<layout::ModelParameter>& ps = model_->params;
   size_t begin = 0;
   for (size_t s = 0; s < model_->stages.size(); ++s) {
@@ -39,10 +40,14 @@ Holdings::Holdings(std::shared_ptr<const ModelDescription> model, int tensor)
     for (int t = 0; t < tensor; ++t) {
       const std::vector<layout::HeldParameter> held = layout::held_parameters(l, mine, t);
       std::vector<StageParam> out;
-      for (size_t i = 0; i < mine.size(); ++i) {
-        const int role = stage.unit_block.at(static_cast<size_t>(mine[i].unit));
+      size_t h = 0;  // held lists the parameters of `mine` rank t holds, in order
+      for (const layout::ModelParameter& p : mine) {
+        if (h == held.size() || held[h].name != p.info.name) continue;  // another expert rank's
+        const int role = stage.unit_block.at(static_cast<size_t>(p.unit));
         const int unit = role == kEmbeddingUnit ? blocks : role == kRootUnit ? blocks + 1 : role - stage.first_block;
-        out.push_back({held[i].placement.block_numel(), unit, !held[i].placement.is_block()});
+        out.push_back(
+            {held[h].placement.block_numel(), unit, !held[h].placement.is_block(), p.info.routed_expert()});
+        ++h;
       }
       held_.push_back(std::move(out));
     }
@@ -64,7 +69,7 @@ bool Holdings::same_as_previous(const std::vector<int>& stages, int t) const {
   return true;
 }
 
-std::shared_ptr<const Holdings> holdings(const GptShape& shape, int stages, int tensor) {
+std::shared_ptr<const Holdings> holdings(const GptShape& shape, int stages, int tensor, int expert) {
   std::shared_ptr<const ModelDescription> model = describe(shape, stages);
   static std::mutex mu;
   static std::deque<std::shared_ptr<const Holdings>> recent;  // newest first
@@ -72,9 +77,9 @@ std::shared_ptr<const Holdings> holdings(const GptShape& shape, int stages, int 
   {
     std::lock_guard<std::mutex> lock(mu);
     for (const auto& h : recent)
-      if (&h->model() == model.get() && h->tensor() == tensor) return h;
+      if (&h->model() == model.get() && h->tensor() == tensor && h->expert() == expert) return h;
   }
-  auto h = std::make_shared<const Holdings>(std::move(model), tensor);  // outside the lock: the slow part
+  auto h = std::make_shared<const Holdings>(std::move(model), tensor, expert);  // outside the lock: the slow part
   std::lock_guard<std::mutex> lock(mu);
   recent.push_front(h);
   if (recent.size() > kKeep) recent.pop_back();

@@ -25,17 +25,21 @@ struct StageParam {
   int64_t numel = 0;
   int unit = 0;
   bool replicated = false;
+  bool expert = false;  // a routed expert's (ParamInfo::routed_expert): its gradient skips the expert axis
   bool operator==(const StageParam&) const = default;
 };
 
 // What every (stage, tensor rank) of a layout holds, placed once per
 // prediction (the rule builds names and boxes; the models only count).
+// With an expert axis, what its rank 0 holds: every rank of it holds as
+// many experts of the same sizes.
 class Holdings {
  public:
-  // `model` cut into the layout's stages; `tensor`: the tensor axis.
-  Holdings(std::shared_ptr<const ModelDescription> model, int tensor);
+  // `model` cut into the layout's stages; `tensor`, `expert`: the axes.
+  Holdings(std::shared_ptr<const ModelDescription> model, int tensor, int expert);
   const ModelDescription& model() const { return *model_; }
   int tensor() const { return tensor_; }
+  int expert() const { return expert_; }
   // What tensor rank t holds of stage s, in the model's parameter order.
   const std::vector<StageParam>& at(int s, int t) const;
   // Whether tensor rank t holds what rank t - 1 does of every stage in
@@ -44,14 +48,15 @@ class Holdings {
 
  private:
   std::shared_ptr<const ModelDescription> model_;
-  int tensor_;
+  int tensor_, expert_;
   std::vector<std::vector<StageParam>> held_;  // [s * tensor + t]
 };
 
-// The Holdings of shape.model cut into `stages` stages over `tensor`
-// ranks: describe() placed once and kept (a small process-wide cache keyed
-// by the description, which the entry keeps alive), since the layout
-// search prices thousands of layouts that share a few (stages, tensor).
-std::shared_ptr<const Holdings> holdings(const GptShape& shape, int stages, int tensor);
+// The Holdings of shape.model cut into `stages` stages over `tensor` and
+// `expert` ranks: describe() placed once and kept (a small process-wide
+// cache keyed by the description, which the entry keeps alive), since the
+// layout search prices thousands of layouts that share a few (stages,
+// tensor, expert).
+std::shared_ptr<const Holdings> holdings(const GptShape& shape, int stages, int tensor, int expert);
 
 }  // namespace meshtrain::plan::internal
