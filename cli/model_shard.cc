@@ -134,7 +134,7 @@ void ModelShardFlags::add(CLI::App* app) {
       ->check(CLI::NonNegativeNumber);
   app->add_flag("--json", json, "with --model: the rank's holdings as JSON");
   app->add_option("--param", param, "with --model: that parameter's rank table and picture");
-  decoder = std::make_shared<TrainFieldFlags>(app, kDecoderFields);
+  decoder = std::make_shared<TrainFieldFlags>(app, train::kGptBlockKeys);
 }
 
 int run_shard_model(const ModelShardFlags& f, const std::string& mesh_spec, int width, const std::string& svg) {

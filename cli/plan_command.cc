@@ -22,6 +22,7 @@
 #include "cli/plan_check.h"
 #include "cli/plan_pictures.h"
 #include "cli/plan_search.h"
+#include "cli/train_field_flags.h"
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/memory.h"
 #include "meshtrain/core/strings.h"
@@ -51,6 +52,7 @@ struct PlanFlags : train::PlanRequest {
   int keep = 5;
   bool published = false;
   CheckOptions check_options;
+  std::shared_ptr<TrainFieldFlags> blocks;  // --arch, --kv-heads, --experts, ... (train's)
 };
 
 // The time table: per device (folded as the memory table is not: times
@@ -173,7 +175,21 @@ std::string memory_svg(const plan::MemoryPrediction& m, const std::string& title
   return s + "</svg>\n";
 }
 
+// "gpt2", or "llama kv_heads=8 ffn_hidden=14336 experts=8 top_k=2 ..." for
+// the config line.
+std::string blocks_of(const plan::GptShape& g) {
+  if (!g.llama()) return "gpt2";
+  std::string out = fmt::format("llama kv_heads={} ffn_hidden={}", g.key_value_heads(), g.mlp_hidden());
+  if (g.moe.active())
+    out += fmt::format(" experts={} top_k={} expert_hidden={} shared_experts={} first_dense={}", g.moe.experts,
+                       g.moe.top_k, g.expert_hidden(), g.moe.shared_experts, g.moe.first_dense);
+  return out;
+}
+
 int run_plan(PlanFlags f) {
+  train::TrainConfig blocks;
+  f.blocks->apply(blocks);
+  f.set_blocks(blocks);
   const train::PlannedRun planned = train::resolve_plan_request(f);
   const plan::GptShape& g = planned.shape;
   const plan::TrainingLayout& l = planned.layout;
@@ -264,6 +280,7 @@ int run_plan(PlanFlags f) {
                         {"heads", std::to_string(g.heads)},
                         {"width", std::to_string(g.width)},
                         {"vocab", std::to_string(g.vocab)},
+                        {"blocks", blocks_of(g)},
                         {"seq", std::to_string(f.seq)},
                         {"batch", std::to_string(f.batch)},
                         {"mesh", f.mesh},
@@ -301,11 +318,14 @@ std::vector<Command> add_plan_commands(CLI::App& app) {
   cmd->add_option("--heads", f->heads, "attention heads")->capture_default_str()->check(CLI::Range(1, 4096));
   cmd->add_option("--width", f->width, "model width")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--vocab", f->vocab, "vocabulary")->capture_default_str()->check(CLI::Range(1, 1 << 24));
+  f->blocks = std::make_shared<TrainFieldFlags>(cmd, train::kGptBlockKeys);
   cmd->add_option("--seq", f->seq, "tokens per sample")->capture_default_str()->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--batch", f->batch, "global batch (samples per optimizer step)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  cmd->add_option("--mesh", f->mesh, "data, fsdp, tensor, pipeline and context axes, e.g. data=2,tensor=4")
+  cmd->add_option("--mesh", f->mesh,
+                  "data, fsdp, tensor, pipeline, context and expert axes, e.g. data=2,tensor=4 (expert: a model with "
+                  "--experts)")
       ->capture_default_str();
   cmd->add_option("--fsdp", f->fsdp, "full | shard_grad_op | no_shard | zero1 | zero2 | zero3 | hybrid_full | "
                                      "hybrid_shard_grad_op (\"\": plain data parallelism)");

@@ -5,7 +5,7 @@
 // this way (--arch, --kv-heads, --experts, ...), so a model is described
 // with one set of words everywhere.
 //
-//   TrainFieldFlags decoder(app, kDecoderFields);
+//   TrainFieldFlags decoder(app, train::kGptBlockKeys);
 //   ...                                     // after parsing
 //   train::TrainConfig tc;
 //   decoder.apply(tc);                      // the given flags only
@@ -21,12 +21,6 @@
 #include "meshtrain/train/train_config.h"
 
 namespace meshtrain::cli {
-
-// The GPT's block fields besides its sizes: architecture, Llama's heads and
-// MLP, the mixture-of-experts layers' shape.
-inline constexpr std::string_view kDecoderFields[] = {"arch",           "kv_heads",      "ffn_hidden", "experts",
-                                                      "top_k",          "expert_hidden", "shared_experts",
-                                                      "first_dense"};
 
 class TrainFieldFlags {
  public:

@@ -14,6 +14,7 @@
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/train/internal/builtin_recipes.h"
+#include "meshtrain/train/model_recipe.h"
 
 namespace meshtrain::train {
 
@@ -107,16 +108,28 @@ std::vector<layout::ModelParameter> mlp_parameters(const std::vector<int64_t>& s
 
 namespace {
 
-constexpr std::array<GptPreset, 10> kGptPresets = {{{"124M", 12, 12, 768, 50257},
-                                                   {"350M", 24, 16, 1024, 50257},
-                                                   {"760M", 24, 16, 1536, 50257},
-                                                   {"1.3B", 24, 32, 2048, 50257},
-                                                   {"2.7B", 32, 32, 2560, 50257},
-                                                   {"6.7B", 32, 32, 4096, 50257},
-                                                   {"13B", 40, 40, 5120, 50257},
-                                                   {"175B", 96, 96, 12288, 50257},
-                                                   {"llama2-7B", 32, 32, 4096, 32000},
-                                                   {"llama2-70B", 80, 64, 8192, 32000}}};
+constexpr layout::DecoderArch kLlama = layout::DecoderArch::llama;
+
+// Llama 2 (Touvron et al. 2023, table 1 and the released configs), Mixtral
+// 8x7B (Jiang et al. 2024) and DeepSeek-V3 (DeepSeek-AI 2024: 61 layers,
+// the first 3 dense, 256 routed experts of 2048 features, top-8 by sigmoid
+// scores, one shared expert).
+constexpr std::array<GptPreset, 12> kGptPresets = {{
+    {"124M", 12, 12, 768, 50257},
+    {"350M", 24, 16, 1024, 50257},
+    {"760M", 24, 16, 1536, 50257},
+    {"1.3B", 24, 32, 2048, 50257},
+    {"2.7B", 32, 32, 2560, 50257},
+    {"6.7B", 32, 32, 4096, 50257},
+    {"13B", 40, 40, 5120, 50257},
+    {"175B", 96, 96, 12288, 50257},
+    {"llama2-7B", 32, 32, 4096, 32000, kLlama, 32, 11008},
+    {"llama2-70B", 80, 64, 8192, 32000, kLlama, 8, 28672},
+    {"mixtral-8x7B", 32, 32, 4096, 32000, kLlama, 8, 14336, {.experts = 8, .top_k = 2}},
+    {"deepseek-v3", 61, 128, 7168, 129280, kLlama, 128, 18432,
+     {.experts = 256, .top_k = 8, .expert_hidden = 2048, .shared_experts = 1, .score = layout::RouterScore::sigmoid,
+      .first_dense = 3}},
+}};
 
 }  // namespace
 
@@ -128,8 +141,15 @@ std::string gpt_preset_names() {
   return out;
 }
 
+void PlanRequest::set_blocks(const TrainConfig& tc) {
+  arch = tc.arch, kv_heads = tc.kv_heads, ffn_hidden = tc.ffn_hidden, moe = tc.moe;
+}
+
 PlannedRun resolve_plan_request(const PlanRequest& r) {
   int64_t layers = r.layers, heads = r.heads, width = r.width, vocab = r.vocab;
+  layout::DecoderArch arch = r.arch;
+  int64_t kv_heads = r.kv_heads, ffn_hidden = r.ffn_hidden;
+  layout::MoEOptions moe = r.moe;
   if (!r.size.empty()) {
     const GptPreset* p = nullptr;
     for (const GptPreset& q : kGptPresets)
@@ -139,6 +159,7 @@ PlannedRun resolve_plan_request(const PlanRequest& r) {
                             fmt::format("use one of {}, or give --layers, --heads, --width and --vocab",
                                         gpt_preset_names()));
     layers = p->layers, heads = p->heads, width = p->width, vocab = p->vocab;
+    arch = p->arch, kv_heads = p->kv_heads, ffn_hidden = p->ffn_hidden, moe = p->moe;
   }
   const DType precision = layout::parse_precision(r.precision, "--precision");
   const mesh::NamedShape mesh = mesh::parse_mesh_spec(r.mesh);
@@ -157,8 +178,15 @@ PlannedRun resolve_plan_request(const PlanRequest& r) {
   } catch (const InvalidArgument& e) {
     throw InvalidArgument("--fsdp", e.detail(), e.hint());
   }
-  PlannedRun out{.shape = with_gpt_model(
-                     {.vocab = vocab, .seq = r.seq, .layers = layers, .heads = heads, .width = width}),
+  // The gpt recipe's own start-up checks, naming train's flags.
+  TrainConfig tc;
+  tc.model = "gpt";
+  tc.vocab = vocab, tc.context = r.seq, tc.layers = layers, tc.heads = heads, tc.width = width;
+  tc.arch = arch, tc.kv_heads = kv_heads, tc.ffn_hidden = ffn_hidden, tc.moe = moe;
+  tc.sequence_parallel = r.sequence_parallel;
+  tc.dropout = 0;
+  find_model_recipe("gpt").check(tc, run);
+  PlannedRun out{.shape = with_gpt_model(gpt_shape(tc)),
                  .layout = {.recompute = r.recompute, .batch = r.batch},
                  .fsdp = run.fsdp ? run.fsdp->name() : ""};
   out.layout.set_layout(run);

@@ -55,14 +55,27 @@ plan::GptShape with_gpt_model(plan::GptShape shape);
 // depends on it. Units: one per Linear, as the recipe's.
 std::vector<layout::ModelParameter> mlp_parameters(const std::vector<int64_t>& sizes, int tensor, int stages);
 
-// GPT sizes by name: GPT-2/3's (124M ... 175B) and Llama 2's (llama2-7B,
-// llama2-70B), for `meshtrain plan --size` and meshtrain.plan(size=...).
+// GPT sizes by name: GPT-2/3's (124M ... 175B, GPT-2's blocks), Llama 2's
+// (llama2-7B, llama2-70B), Mixtral 8x7B's and DeepSeek-V3's (Llama's
+// blocks; DeepSeek-V3's multi-head latent attention as plain multi-head
+// attention, its head untied: see docs/planner.md), for `meshtrain plan
+// --size` and meshtrain.plan(size=...).
 struct GptPreset {
   const char* name;
   int64_t layers, heads, width, vocab;
+  layout::DecoderArch arch = layout::DecoderArch::gpt2;
+  int64_t kv_heads = 0, ffn_hidden = 0;
+  layout::MoEOptions moe = {};
 };
 std::span<const GptPreset> gpt_presets();
 std::string gpt_preset_names();  // "124M, 350M, ..."
+
+// The TrainConfig keys of the GPT's blocks besides its sizes (architecture,
+// Llama's heads and MLP, the mixture-of-experts layers' shape): what `plan`
+// and `shard --model` take under train's flags and meshtrain.plan as
+// keywords.
+inline constexpr std::string_view kGptBlockKeys[] = {"arch",  "kv_heads",      "ffn_hidden",     "experts",
+                                                     "top_k", "expert_hidden", "shared_experts", "first_dense"};
 
 // What the planner is asked about: a GPT (a preset, else the sizes) and
 // how it is laid out, in the flags' words (`meshtrain plan`'s options,
@@ -79,11 +92,19 @@ struct PlanRequest {
   bool sequence_parallel = false, recompute = false;
   std::string cp_comm = "ring";
   int64_t min_weight_size = 1024;
+  // The blocks, as train's flags give them (--arch, --kv-heads,
+  // --ffn-hidden, --experts, ...: set_blocks); a preset sets its own.
+  layout::DecoderArch arch = layout::DecoderArch::gpt2;
+  int64_t kv_heads = 0, ffn_hidden = 0;
+  layout::MoEOptions moe = {};
+  void set_blocks(const TrainConfig& tc);
 };
 
 // The request resolved as the trainer resolves a run: the model (with its
 // parameters) and the layout. InvalidArgument naming the flag for an
-// unknown preset, mesh, strategy, precision, schedule or exchange.
+// unknown preset, mesh, strategy, precision, schedule or exchange, and for
+// what the gpt recipe's start-up checks refuse (heads or key/value heads
+// over the tensor axis, experts over the expert axis, ...).
 struct PlannedRun {
   plan::GptShape shape;
   plan::TrainingLayout layout;

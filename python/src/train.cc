@@ -192,9 +192,13 @@ void bind_train(py::module_& m) {
       [](std::optional<std::string> hardware, const py::kwargs& kwargs) {
         const char* op = "meshtrain.plan";
         train::PlanRequest r;
+        train::TrainConfig blocks;  // the GPT's blocks, by train's keys and parsers
         for (const auto& [k, v] : kwargs) {
           const std::string key = k.cast<std::string>();
-          if (key == "size") r.size = v.cast<std::string>();
+          if (std::find(std::begin(train::kGptBlockKeys), std::end(train::kGptBlockKeys), key) !=
+              std::end(train::kGptBlockKeys))
+            blocks.set(key, value_text(v), key);
+          else if (key == "size") r.size = v.cast<std::string>();
           else if (key == "layers") r.layers = v.cast<int64_t>();
           else if (key == "heads") r.heads = v.cast<int64_t>();
           else if (key == "width") r.width = v.cast<int64_t>();
@@ -215,8 +219,10 @@ void bind_train(py::module_& m) {
             throw InvalidArgument(op, fmt::format("unknown keyword '{}'", key),
                                   "use size, layers, heads, width, vocab, seq, batch, mesh, fsdp, precision, "
                                   "micro_batches, pipeline_schedule, virtual_stages, sequence_parallel, recompute, "
-                                  "cp_comm, fsdp_min_weight_size, hardware");
+                                  "cp_comm, fsdp_min_weight_size, hardware, arch, kv_heads, ffn_hidden, experts, top_k, "
+                                  "expert_hidden, shared_experts, first_dense");
         }
+        r.set_blocks(blocks);
         const train::PlannedRun p = train::resolve_plan_request(r);
         plan::MemoryPrediction m;
         std::optional<plan::TimePrediction> t;
@@ -244,7 +250,11 @@ void bind_train(py::module_& m) {
         py::dict out;
         out["model"] = py::dict(py::arg("vocab") = p.shape.vocab, py::arg("seq") = p.shape.seq,
                                 py::arg("layers") = p.shape.layers, py::arg("heads") = p.shape.heads,
-                                py::arg("width") = p.shape.width);
+                                py::arg("width") = p.shape.width,
+                                py::arg("arch") = std::string(layout::decoder_arch_name(p.shape.arch)),
+                                py::arg("kv_heads") = p.shape.key_value_heads(),
+                                py::arg("mlp_hidden") = p.shape.mlp_hidden(), py::arg("experts") = p.shape.moe.experts,
+                                py::arg("top_k") = p.shape.moe.top_k);
         out["mesh"] = r.mesh;
         out["fsdp"] = p.fsdp;
         py::list devices;

@@ -23,7 +23,8 @@ def test_plan_equals_the_command():
                                         check=True, timeout=120).stdout)
     got = meshtrain.plan(size="1.3B", mesh="pipeline=2,fsdp=4", fsdp="zero3", micro_batches=8, batch=32, seq=2048,
                          precision="bf16")
-    assert got["model"] == {"vocab": 50257, "seq": 2048, "layers": 24, "heads": 32, "width": 2048}
+    assert got["model"] == {"vocab": 50257, "seq": 2048, "layers": 24, "heads": 32, "width": 2048, "arch": "gpt2",
+                            "kv_heads": 32, "mlp_hidden": 8192, "experts": 0, "top_k": 2}
     assert [{k: d[k] for k in KEYS} for d in got["memory"]] == [{k: d[k] for k in KEYS} for d in printed["devices"]]
     assert got["largest"]["total"] == max(d["total"] for d in printed["devices"])
     assert "time" not in got
@@ -36,3 +37,23 @@ def test_the_step_time_and_errors():
         meshtrain.plan(size="9B")
     with pytest.raises(meshtrain.InvalidArgument, match="unknown keyword 'nodes'"):
         meshtrain.plan(nodes=2)
+
+
+@pytest.mark.skipif(not os.path.exists(MESHTRAIN), reason="no meshtrain command")
+def test_a_mixture_of_experts_by_train_keys_equals_the_command():
+    # The blocks by the names meshtrain.train takes; an expert axis halves
+    # the experts' parameters on each device.
+    flags = ["--layers", "4", "--heads", "8", "--width", "256", "--vocab", "1024", "--seq", "128", "--batch", "8",
+             "--arch", "llama", "--kv-heads", "2", "--experts", "8", "--top-k", "2", "--expert-hidden", "128",
+             "--mesh", "data=2,expert=2"]
+    printed = json.loads(subprocess.run([MESHTRAIN, "plan", *flags, "--json"], capture_output=True, text=True,
+                                        check=True, timeout=120).stdout)
+    sizes = dict(layers=4, heads=8, width=256, vocab=1024, seq=128, batch=8, arch="llama", kv_heads=2)
+    got = meshtrain.plan(**sizes, experts=8, top_k=2, expert_hidden=128, mesh="data=2,expert=2")
+    assert got["model"]["arch"] == "llama" and got["model"]["experts"] == 8 and got["model"]["kv_heads"] == 2
+    assert [{k: d[k] for k in KEYS} for d in got["memory"]] == [{k: d[k] for k in KEYS} for d in printed["devices"]]
+    whole = meshtrain.plan(**sizes, experts=8, top_k=2, expert_hidden=128, mesh="data=4")
+    experts = 4 * 8 * 3 * 256 * 128  # elements of the routed experts
+    assert whole["largest"]["elements"] - got["largest"]["elements"] == experts // 2
+    with pytest.raises(meshtrain.InvalidArgument, match="--experts: 8 experts over an expert axis of 3"):
+        meshtrain.plan(**sizes, experts=8, mesh="expert=3")
