@@ -126,10 +126,11 @@ Measured run_rank(const Case& cs, const nn::TensorParallelGroup& tp, const nn::C
   const plan::GptShape& s = cs.shape;
   const plan::ActivationLayout& l = cs.layout;
   MemoryTracker mem;
-  nn::GPT gpt(nn::GPTConfig{.vocab = s.vocab, .block_size = s.seq, .layers = s.layers, .heads = s.heads,
-                            .width = s.width, .seed = 3, .recompute = l.recompute, .dropout = l.dropout,
-                            .tensor = tp, .first_block = l.first_block, .last_block = l.last_block,
-                            .embed = l.embed, .head = l.head, .context = cp});
+  nn::GPT gpt(nn::GPTConfig{.arch = s.arch, .kv_heads = s.kv_heads, .ffn_hidden = s.ffn_hidden, .vocab = s.vocab,
+                            .block_size = s.seq, .layers = s.layers, .heads = s.heads, .width = s.width, .seed = 3,
+                            .recompute = l.recompute, .dropout = l.dropout, .tensor = tp,
+                            .first_block = l.first_block, .last_block = l.last_block, .embed = l.embed,
+                            .head = l.head, .context = cp, .moe = s.moe});
   gpt.set_memory_tracker(&mem);
   gpt.set_compute_dtype(l.compute);
   gpt.set_training(l.training);
@@ -216,6 +217,14 @@ std::vector<Case> cases() {
   const plan::GptShape s4{.vocab = 65, .seq = 8, .layers = 2, .heads = 4, .width = 32};
   const plan::GptShape s5{.vocab = 64, .seq = 9, .layers = 1, .heads = 4, .width = 32};
   const plan::GptShape s6{.vocab = 64, .seq = 16, .layers = 4, .heads = 4, .width = 32};
+  // Llama's blocks (2 key/value heads, a 40-feature SwiGLU), and with
+  // mixture-of-experts layers after the first block (4 experts of 24
+  // features, top-2, a shared expert).
+  const plan::GptShape l1{.vocab = 64, .seq = 16, .layers = 2, .heads = 4, .width = 32,
+                          .arch = layout::DecoderArch::llama, .kv_heads = 2, .ffn_hidden = 40};
+  plan::GptShape m1 = l1;
+  m1.layers = 3;
+  m1.moe = {.experts = 4, .top_k = 2, .expert_hidden = 24, .shared_experts = 1, .first_dense = 1};
   using L = plan::ActivationLayout;
   std::vector<Case> c = {
       {"B2 T16 C32 H4 V64 L2", s1, L{.micro_batch = 2}},
@@ -262,6 +271,18 @@ std::vector<Case> cases() {
        L{.micro_batch = 3, .split_backward = true, .compute = DType::bf16, .first_block = 2, .embed = false}},
       {"  stage 0, split backward + recompute", s3,
        L{.micro_batch = 3, .recompute = true, .split_backward = true, .last_block = 1, .head = false}},
+      {"llama B2 T16 C32 H4 kv2 F40 V64 L2", l1, L{.micro_batch = 2}},
+      {"  + recompute", l1, L{.micro_batch = 2, .recompute = true}},
+      {"  split backward + bf16", l1, L{.micro_batch = 2, .split_backward = true, .compute = DType::bf16}},
+      {"  tensor=2", l1, L{.micro_batch = 2, .tensor = 2}},
+      {"  tensor=2 sp", l1, L{.micro_batch = 2, .tensor = 2, .sequence_parallel = true}},
+      {"  tensor=4 (key/value heads replicated)", l1, L{.micro_batch = 2, .tensor = 4}},
+      {"  context=2 ring", l1, L{.micro_batch = 2, .context = 2}},
+      {"moe B2 T16 C32 E4 top2 F24 +shared L3", m1, L{.micro_batch = 2}},
+      {"  + recompute", m1, L{.micro_batch = 2, .recompute = true}},
+      {"  split backward", m1, L{.micro_batch = 2, .split_backward = true}},
+      {"  bf16", m1, L{.micro_batch = 2, .compute = DType::bf16}},
+      {"  tensor=2", m1, L{.micro_batch = 2, .tensor = 2}},
       {"B2 T8 C32 H4 V65 L2 tensor=2 sp, stage 1 of 2", s4,
        L{.micro_batch = 2, .tensor = 2, .sequence_parallel = true, .last_block = 1, .head = false}},
       {"  stage 2 of 2", s4,

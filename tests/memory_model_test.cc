@@ -152,6 +152,23 @@ TEST(MemoryModel, PipelineFullySharded) {
   check({.mesh = "pipeline=2,fsdp=2", .fsdp = "zero2", .micro_batches = 2, .recompute = true,
          .timing_dependent = true});
 }
+// Llama's blocks, and mixture-of-experts layers: one device, tensor=2
+// (replicated key/value heads at 4), and an expert axis (the routing of
+// real tokens is uneven where the model assumes even: the experts' rows
+// then differ from n top_k / E, within the tolerance here).
+TEST(MemoryModel, Llama) {
+  check({.blocks = "llama"});
+  check({.mesh = "tensor=2", .blocks = "llama"});
+  check({.mesh = "tensor=4", .blocks = "llama"});
+  check({.mesh = "fsdp=2", .fsdp = "zero3", .blocks = "llama"});
+}
+TEST(MemoryModel, MixtureOfExperts) {
+  check({.blocks = "moe"});
+  check({.mesh = "tensor=2", .blocks = "moe"});
+  check({.mesh = "expert=2", .blocks = "moe"});
+  check({.mesh = "fsdp=2,expert=2", .fsdp = "zero3", .blocks = "moe"});
+}
+
 TEST(MemoryModel, ThreeD) { check({.mesh = "pipeline=2,data=2,tensor=2", .micro_batches = 2}); }
 
 }  // namespace

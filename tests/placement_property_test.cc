@@ -59,10 +59,10 @@ train::TrainConfig config_of(const Case& c) {
     tc.heads = 6;     // tensor=2 and 3
     tc.width = 36;
     tc.dropout = 0;
-    if (c.model == "moe") {  // 4 experts of 20 features and a shared one in blocks 1-3
+    if (c.model == "moe") {  // 4 experts of 22 features (uneven over 3 and 6 ranks) and a shared one in blocks 1-3
       tc.arch = layout::DecoderArch::llama;
       tc.kv_heads = 3;  // over tensor=3
-      tc.moe = {.experts = 4, .top_k = 2, .expert_hidden = 20, .shared_experts = 1, .first_dense = 1};
+      tc.moe = {.experts = 4, .top_k = 2, .expert_hidden = 22, .shared_experts = 1, .first_dense = 1};
     }
   } else {
     tc.model = c.model;
@@ -258,10 +258,12 @@ TEST(PlacementRule, Gpt) {
 
 // The expert axis: each rank holds its experts of every MoE layer (with
 // fsdp, sharded over the ranks holding the same experts), beside data,
-// fsdp, tensor and a pipeline.
+// fsdp, tensor and a pipeline; and Llama's key/value heads replicated
+// over a tensor axis larger than their number.
 TEST(PlacementRule, MixtureOfExperts) {
   for (const Case& c : {Case{"moe", "expert=2"}, Case{"moe", "expert=4"}, Case{"moe", "data=2,expert=2"},
                         Case{"moe", "fsdp=2,expert=2", "full"}, Case{"moe", "expert=2,tensor=3"},
+                        Case{"moe", "tensor=6"},  // 3 key/value heads, each on 2 tensor ranks
                         Case{"moe", "pipeline=2,expert=2", "", "v2"},
                         Case{"moe", "pipeline=2,fsdp=2,expert=2", "zero3"}})
     check(c);

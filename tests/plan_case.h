@@ -23,7 +23,7 @@
 namespace meshtrain {
 
 struct PlanCase {
-  std::string mesh;  // "" = one device
+  std::string mesh = "";  // "" = one device
   std::string fsdp = "";
   bool sequence_parallel = false;
   int micro_batches = 1;
@@ -38,6 +38,10 @@ struct PlanCase {
   bool reshard_after_forward = true;
   double bucket_mb = 25;
   int64_t layers = 2;
+  // The blocks: "" (GPT-2's), "llama" (2 key/value heads of 4), "moe"
+  // (Llama's with 4 experts of 16 features, top-2, a shared expert, from
+  // block 1 on).
+  std::string blocks = "";
   std::string tag = "";  // tells cases with the same settings apart
   // The peak comes while gradient reductions may or may not have finished
   // (thread timing; memory_model_test): checked between the prediction with
@@ -58,6 +62,7 @@ struct PlanCase {
     if (!reshard_after_forward) s += " no-reshard";
     if (bucket_mb != 25) s += fmt::format(" bucket {} MiB", bucket_mb);
     if (layers != 2) s += fmt::format(" {} layers", layers);
+    if (!blocks.empty()) s += " " + blocks;
     return s + (tag.empty() ? "" : " " + tag);
   }
 };
@@ -89,6 +94,12 @@ inline PlanRun run_plan_case(const PlanCase& c) {
   tc.reshard_after_forward = c.reshard_after_forward;
   tc.bucket_mb = c.bucket_mb;
   tc.set("fsdp", c.fsdp, "PlanCase.fsdp");
+  if (!c.blocks.empty()) {
+    tc.arch = layout::DecoderArch::llama;
+    tc.kv_heads = 2;
+    if (c.blocks == "moe")
+      tc.moe = {.experts = 4, .top_k = 2, .expert_hidden = 16, .shared_experts = 1, .first_dense = 1};
+  }
   config::DistributedConfig dc = testing::threads_mesh_config(c.mesh);
   dc.mixed_precision = c.precision;
   PlanRun run;
@@ -105,8 +116,7 @@ inline PlanRun run_plan_case(const PlanCase& c) {
                 .batch = tc.batch_size,
                 .bucket_bytes = c.bucket_mb * (1 << 20)};
   run.layout.set_layout(resolved.layout);
-  run.shape = train::with_gpt_model(
-      {.vocab = tc.vocab, .seq = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width});
+  run.shape = train::with_gpt_model(train::gpt_shape(tc));
   return run;
 }
 

@@ -55,7 +55,14 @@ std::vector<HeldParameter> held_parameters(const TrainingLayout& layout, std::sp
     if (!holds_expert(p.info, expert, coordinate(m, c, mesh::kExpert))) continue;
     sharding::Placement where = sharding::Placement::whole(p.info.shape);
     const std::vector<int64_t> view = p.info.layout().shape;
-    if (tensor > 1) {
+    if (tensor > 1 && p.info.num_heads > 0 && p.info.num_heads < tensor && tensor % p.info.num_heads == 0) {
+      // Fewer heads than tensor ranks (Llama's key/value heads, Megatron's
+      // rule): split over num_heads ranks, each block on tensor / num_heads.
+      const int heads = static_cast<int>(p.info.num_heads);
+      const sharding::TensorParallelStrategy over_heads(mesh::kTensor, heads, /*uneven=*/true);
+      sharding::Box box = over_heads.block(p.info, coordinate(m, c, mesh::kTensor) / (tensor / heads));
+      if (box.sizes != view) where = sharding::Placement::block(std::move(box), view, p.info.shape);
+    } else if (tensor > 1) {
       sharding::Box box = tp.block(p.info, coordinate(m, c, mesh::kTensor));
       if (box.sizes != view) where = sharding::Placement::block(std::move(box), view, p.info.shape);
     }

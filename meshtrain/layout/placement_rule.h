@@ -16,7 +16,10 @@
 //     embedding) is listed once per stage.
 //  2. tensor axis of size k > 1: the block TensorParallelStrategy (uneven,
 //     torch.chunk) gives tensor rank c[tensor] of the parameter's layout()
-//     view; a parameter it does not split is whole.
+//     view; a parameter it does not split is whole. A parameter of h < k
+//     heads (h dividing k: Llama's key/value heads replicated as Megatron
+//     does) is split over h ranks, rank c[tensor] holding block
+//     c[tensor] / (k / h).
 //  3. fully sharded: the shard group is TrainingLayout::shard_axes(), the
 //     axes whose ranks sum their gradients, data, node, fsdp and context
 //     (row-major in that order: a context rank holds the same parameters

@@ -133,6 +133,15 @@ struct Dims {
   int k;
   bool sp, cp, ring, half, drop, recompute, split;
   int64_t cd;                               // compute dtype bytes
+  // Llama's blocks: key/value features of this rank's heads, the SwiGLU's
+  // hidden features on this rank; MoE layers: experts E, top_k, this rank's
+  // experts, an expert's and the shared experts' hidden features on this
+  // rank (0: none), the expert axis P.
+  bool llama = false;
+  int64_t kvl = 0, gl = 0;
+  int64_t experts = 0, top_k = 0, local_experts = 0, el = 0, sl = 0, first_dense = 0;
+  int expert_ranks = 1;
+  bool moe_block(int64_t index) const { return experts > 0 && index >= first_dense; }
   int64_t rows() const { return b * tb; }   // R
   int64_t rows_s() const { return b * s; }  // Rs
 };
@@ -143,13 +152,33 @@ struct NormS { int dy = -1, xhat = -1, y = -1, rstd = -1, dx = -1; };
 struct ActS { int x = -1, y = -1, dx = -1; };
 struct DropS { int scale = -1, y = -1, dx = -1; };
 struct RowS { int dy = -1; LinearS lin; };
+// A SwiGLU MLP's call (swiglu.cc): its three Linears, the silu(g) and
+// s * u buffers, the handles it keeps on g and u until its backward.
+struct SwiS {
+  LinearS gate, up;
+  RowS down;
+  int s = -1, h = -1, g = -1, u = -1;
+};
+// MoE::State and its router, experts and shared experts (moe.cc).
+struct MoES {
+  LinearS router;
+  int x = -1, scores = -1, out = -1;
+  std::vector<SwiS> experts;
+  SwiS shared;
+};
 struct BlockS {
   NormS ln1, ln2;
+  // Llama's: q, k, v and o projections; the MLP (SwiGLU or MoE).
+  LinearS q_proj, k_proj, v_proj;
+  RowS o;
+  SwiS mlp;
+  std::unique_ptr<MoES> moe;
   LinearS c_attn, c_fc;
   RowS c_proj, fc_proj;
   ActS gelu;
   DropS rd, md;
   int q = -1, k = -1, v = -1, out = -1, lse = -1;
+  int q_heads = -1, k_heads = -1, v_heads = -1;  // Llama: the heads' layout when it is a view of q, k, v
   int input = -1;                   // recompute: the forward's input
   std::unique_ptr<BlockS> rebuilt;  // recompute: the activations rebuilt in backward
 };
@@ -160,6 +189,12 @@ void release(Ledger& l, LinearS& s) {
 void release(Ledger& l, NormS& s) {
   for (int* id : {&s.dy, &s.xhat, &s.y, &s.rstd, &s.dx}) l.unref(*id);
 }
+void release(Ledger& l, SwiS& s) {
+  release(l, s.gate);
+  release(l, s.up);
+  release(l, s.down.lin);
+  for (int* id : {&s.down.dy, &s.s, &s.h, &s.g, &s.u}) l.unref(*id);
+}
 // Saved::clear / destruction of a block's Saved.
 void release(Ledger& l, BlockS& s) {
   release(l, s.ln1);
@@ -168,8 +203,21 @@ void release(Ledger& l, BlockS& s) {
   release(l, s.c_fc);
   release(l, s.c_proj.lin);
   release(l, s.fc_proj.lin);
+  release(l, s.q_proj);
+  release(l, s.k_proj);
+  release(l, s.v_proj);
+  release(l, s.o.lin);
+  l.unref(s.o.dy);
+  release(l, s.mlp);
+  if (s.moe) {
+    release(l, s.moe->router);
+    for (int* id : {&s.moe->x, &s.moe->scores, &s.moe->out}) l.unref(*id);
+    for (SwiS& e : s.moe->experts) release(l, e);
+    release(l, s.moe->shared);
+  }
   for (int* id : {&s.c_proj.dy, &s.fc_proj.dy, &s.gelu.x, &s.gelu.y, &s.gelu.dx, &s.rd.scale, &s.rd.y, &s.rd.dx,
-                  &s.md.scale, &s.md.y, &s.md.dx, &s.q, &s.k, &s.v, &s.out, &s.lse, &s.input})
+                  &s.md.scale, &s.md.y, &s.md.dx, &s.q, &s.k, &s.v, &s.out, &s.lse, &s.input, &s.q_heads,
+                  &s.k_heads, &s.v_heads})
     l.unref(*id);
   if (s.rebuilt) release(l, *s.rebuilt);
   s.rebuilt.reset();
@@ -451,7 +499,8 @@ class Walk {
     return dx;
   }
 
-  int block_forward(BlockS& s, int x) {
+  int block_forward(BlockS& s, int x, int64_t index) {
+    if (d_.llama) return llama_block_forward(s, x, index);
     int n1 = norm_forward(s.ln1, x, "h.*.ln_1");
     int a = attention_forward(s, n1);
     l_.unref(n1);
@@ -480,6 +529,7 @@ class Walk {
   // (fused) its backward: the MLP's layers fused, the attention's and the
   // norms' input then weight passes (they have no fused one).
   int block_backward(BlockS& s, int dy, bool fused) {
+    if (d_.llama) return llama_block_backward(s, dy, fused);
     int g = l_.ref(dy);
     int m = dropout_backward(s.md, g, "h.*.mlp.dropout");
     l_.assign(m, fused ? row_backward(s.fc_proj, m, d_.fl, "h.*.mlp.c_proj")
@@ -504,11 +554,249 @@ class Walk {
   }
 
   void block_backward_weight(BlockS& s) {
+    if (d_.llama) return llama_block_backward_weight(s);
     row_backward_weight(s.fc_proj);
     linear_backward_weight(s.c_fc);
     l_.unref(s.ln2.dy);
     row_backward_weight(s.c_proj);
     linear_backward_weight(s.c_attn);
+    l_.unref(s.ln1.dy);
+  }
+
+  // ---- Llama's blocks (llama.cc, swiglu.cc, moe.cc) ----
+
+  // A heads-layout copy of tracked `x` (to_heads, from_heads: contiguous()
+  // charges the copy to x's tracker), or x itself when the transpose is a view.
+  int heads_copy(int x, int64_t bytes, const std::string& name) {
+    return transpose_is_view() ? l_.ref(x) : l_.alloc(name, bytes);
+  }
+
+  // LlamaAttention::do_forward: q, k, v projections (each column-parallel
+  // Linear gathers its own input under sequence parallelism); q's and the
+  // key/value heads' copies in the heads layout (tracked, as copies of
+  // tracked outputs), the key/value heads repeated over their query group
+  // (untracked; the same tensor when the group is one head); out and lse;
+  // the merged heads (a tracked copy of out), o's input. Context
+  // parallelism: its chunks, out and merged untracked.
+  int llama_attention_forward(BlockS& s, int x) {
+    int q = column_forward(s.q_proj, x, d_.cl, "h.*.self_attn.q_proj");
+    int k = column_forward(s.k_proj, x, d_.kvl, "h.*.self_attn.k_proj");
+    int v = column_forward(s.v_proj, x, d_.kvl, "h.*.self_attn.v_proj");
+    const bool grouped = d_.cl != d_.kvl;  // repeat_heads copies (untracked)
+    l_.assign(s.q_heads, heads_copy(q, 4 * d_.rows() * d_.cl, "h.*.self_attn.q (heads)"));
+    int kh = heads_copy(k, 4 * d_.rows() * d_.kvl, "h.*.self_attn.k (heads)");
+    if (!grouped) l_.assign(s.k_heads, l_.ref(kh));
+    l_.unref(kh);
+    int vh = heads_copy(v, 4 * d_.rows() * d_.kvl, "h.*.self_attn.v (heads)");
+    if (!grouped) l_.assign(s.v_heads, l_.ref(vh));
+    l_.unref(vh);
+    int merged = -1;
+    if (d_.cp) {
+      for (int* id : {&s.q_heads, &s.k_heads, &s.v_heads}) l_.unref(*id);
+    } else {
+      l_.assign(s.out, l_.alloc("h.*.self_attn.out", 4 * d_.rows() * d_.cl));
+      l_.assign(s.lse, l_.alloc("h.*.self_attn.lse", 4 * d_.b * d_.hl * d_.tb));
+      merged = heads_copy(s.out, 4 * d_.rows() * d_.cl, "h.*.self_attn.merged");
+    }
+    int y = row_forward(s.o, merged, d_.cl, "h.*.self_attn.o_proj");
+    l_.unref(merged);
+    for (int* id : {&q, &k, &v}) l_.unref(*id);
+    return y;
+  }
+  // LlamaAttention::do_backward_input: o's dx; dq, dk, dv and the heads'
+  // gradients untracked; q's dx, into which k's and v's are added.
+  int llama_attention_backward_input(BlockS& s, int dy) {
+    int dmerged = row_backward_input(s.o, dy, d_.cl, "h.*.self_attn.o_proj");
+    if (!d_.cp) {
+      int g = heads_copy(dmerged, 4 * d_.rows() * d_.cl, "h.*.self_attn dout (heads)");
+      l_.unref(g);
+    }
+    for (int* id : {&s.q_heads, &s.k_heads, &s.v_heads, &s.out, &s.lse}) l_.unref(*id);
+    int dx = column_backward_input(s.q_proj, -1, d_.cl, "h.*.self_attn.q_proj");
+    int dk = column_backward_input(s.k_proj, -1, d_.kvl, "h.*.self_attn.k_proj");
+    int dv = column_backward_input(s.v_proj, -1, d_.kvl, "h.*.self_attn.v_proj");
+    l_.unref(dk);
+    l_.unref(dv);
+    l_.unref(dmerged);
+    return dx;
+  }
+  void llama_attention_backward_weight(BlockS& s) {
+    row_backward_weight(s.o);
+    linear_backward_weight(s.v_proj);
+    linear_backward_weight(s.k_proj);
+    linear_backward_weight(s.q_proj);
+  }
+
+  // SwiGLUMLP::do_forward over `rows` rows (x: R rows of a dense MLP, or
+  // an expert's dispatched rows) into f hidden features. `dense`: the
+  // block's MLP (its Linears column- and row-parallel over the tensor
+  // axis, gathering under sequence parallelism), else plain Linears of
+  // those rows.
+  int swiglu_forward(SwiS& s, int x, int64_t rows, int64_t f, bool dense, const std::string& name) {
+    int g = dense ? column_forward(s.gate, x, f, name + ".gate_proj")
+                  : linear_forward(s.gate, x, rows, d_.c, f, name + ".gate_proj");
+    l_.assign(s.g, l_.ref(g));
+    int u = dense ? column_forward(s.up, x, f, name + ".up_proj")
+                  : linear_forward(s.up, x, rows, d_.c, f, name + ".up_proj");
+    l_.assign(s.u, l_.ref(u));
+    l_.buffer(s.s, name + ".silu", 4 * rows * f);
+    l_.buffer(s.h, name + ".h", 4 * rows * f);
+    int y = dense ? row_forward(s.down, s.h, f, name + ".down_proj")
+                  : linear_forward(s.down.lin, s.h, rows, f, d_.c, name + ".down_proj");
+    l_.unref(g);
+    l_.unref(u);
+    return y;
+  }
+  // SwiGLUMLP::do_backward_input: down's dx, d gate and d up (new), the
+  // projections' dx and their sum (new, the rows of the input: Rs under
+  // sequence parallelism).
+  int swiglu_backward_input(SwiS& s, int dy, int64_t rows, int64_t f, bool dense, const std::string& name) {
+    int dh = dense ? row_backward_input(s.down, dy, f, name + ".down_proj")
+                   : linear_backward_input(s.down.lin, dy, rows, f, d_.c, name + ".down_proj");
+    int dg = l_.alloc(name + ".dg", 4 * rows * f);
+    int du = l_.alloc(name + ".du", 4 * rows * f);
+    l_.unref(s.g);
+    l_.unref(s.u);
+    int dx = dense ? column_backward_input(s.gate, dg, f, name + ".gate_proj")
+                   : linear_backward_input(s.gate, dg, rows, d_.c, f, name + ".gate_proj");
+    int dxu = dense ? column_backward_input(s.up, du, f, name + ".up_proj")
+                    : linear_backward_input(s.up, du, rows, d_.c, f, name + ".up_proj");
+    const int64_t out_rows = dense && d_.sp ? d_.rows_s() : rows;
+    int sum = l_.alloc(name + ".dx", 4 * out_rows * d_.c);
+    for (int* id : {&dg, &du, &dx, &dxu, &dh}) l_.unref(*id);
+    return sum;
+  }
+  void swiglu_backward_weight(SwiS& s) {
+    row_backward_weight(s.down);
+    linear_backward_weight(s.up);
+    linear_backward_weight(s.gate);
+  }
+
+  // MoE::do_forward on n = B t rows (no sequence parallelism), routing
+  // assumed even: every expert gets n top_k / E of the rows (no token
+  // dropped), so each of this rank's experts n top_k / (E / P) after the
+  // all-to-all.
+  int moe_forward(MoES& s, int x) {
+    const int64_t n = d_.rows(), nk = n * d_.top_k, per = nk / d_.local_experts, p = d_.expert_ranks;
+    l_.assign(s.x, l_.ref(x));
+    int logits = linear_forward(s.router, x, n, d_.c, d_.experts, "h.*.mlp.gate");
+    l_.assign(s.scores, l_.alloc("h.*.mlp scores", 4 * n * d_.experts));
+    l_.unref(logits);
+    int rows = l_.alloc("h.*.mlp rows (dispatch order)", 4 * nk * d_.c);
+    int received = p > 1 ? l_.alloc("h.*.mlp rows received (all_to_all)", 4 * nk * d_.c) : -1;
+    std::vector<int> outs;
+    for (int64_t e = 0; e < d_.local_experts; ++e) outs.push_back(l_.alloc("h.*.mlp expert input", 4 * per * d_.c));
+    l_.unref(received);
+    s.experts.resize(static_cast<size_t>(d_.local_experts));
+    for (int64_t e = 0; e < d_.local_experts; ++e) {
+      int y = swiglu_forward(s.experts[static_cast<size_t>(e)], outs[static_cast<size_t>(e)], per, d_.el, false,
+                             "h.*.mlp.experts.*");
+      l_.assign(outs[static_cast<size_t>(e)], y);
+    }
+    int back = l_.alloc("h.*.mlp expert outputs (combine)", 4 * nk * d_.c);
+    if (p > 1) {
+      int mine = l_.alloc("h.*.mlp expert outputs (all_to_all)", 4 * nk * d_.c);
+      l_.unref(back);
+      back = mine;
+    }
+    l_.assign(s.out, back);
+    for (int& o : outs) l_.unref(o);
+    int y = l_.alloc("h.*.mlp.y", 4 * n * d_.c);
+    if (d_.sl > 0) {
+      int sh = swiglu_forward(s.shared, x, n, d_.sl, false, "h.*.mlp.shared_experts");
+      l_.unref(sh);
+    }
+    l_.unref(rows);
+    return y;
+  }
+  int moe_backward_input(MoES& s, int dy) {
+    const int64_t n = d_.rows(), nk = n * d_.top_k, per = nk / d_.local_experts, p = d_.expert_ranks;
+    int drows = l_.alloc("h.*.mlp drows", 4 * nk * d_.c);
+    int received = p > 1 ? l_.alloc("h.*.mlp drows received (all_to_all)", 4 * nk * d_.c) : -1;
+    std::vector<int> grads;
+    for (int64_t e = 0; e < d_.local_experts; ++e) grads.push_back(l_.alloc("h.*.mlp expert dy", 4 * per * d_.c));
+    l_.unref(received);
+    for (int64_t e = 0; e < d_.local_experts; ++e) {
+      int g = swiglu_backward_input(s.experts[static_cast<size_t>(e)], grads[static_cast<size_t>(e)], per, d_.el,
+                                    false, "h.*.mlp.experts.*");
+      l_.assign(grads[static_cast<size_t>(e)], g);
+    }
+    int back = l_.alloc("h.*.mlp expert dx (combine)", 4 * nk * d_.c);
+    if (p > 1) {
+      int mine = l_.alloc("h.*.mlp expert dx (all_to_all)", 4 * nk * d_.c);
+      l_.unref(back);
+      back = mine;
+    }
+    int dlogits = l_.alloc("h.*.mlp dlogits", 4 * n * d_.experts);
+    int dx_router = linear_backward_input(s.router, dlogits, n, d_.c, d_.experts, "h.*.mlp.gate");
+    l_.unref(dlogits);
+    int dx = l_.alloc("h.*.mlp.dx", 4 * n * d_.c);
+    if (d_.sl > 0) {
+      int sh = swiglu_backward_input(s.shared, dy, n, d_.sl, false, "h.*.mlp.shared_experts");
+      l_.unref(sh);
+    }
+    l_.unref(s.out);
+    l_.unref(s.scores);
+    for (int* id : {&drows, &back, &dx_router}) l_.unref(*id);
+    for (int& g : grads) l_.unref(g);  // the experts' dx, alive until the call returns
+    return dx;
+  }
+  void moe_backward_weight(MoES& s) {
+    if (d_.sl > 0) swiglu_backward_weight(s.shared);
+    for (size_t e = s.experts.size(); e-- > 0;) swiglu_backward_weight(s.experts[e]);
+    linear_backward_weight(s.router);
+    l_.unref(s.x);
+  }
+
+  // LlamaBlock: internal::PreNormBlock over RMSNorms, the attention and the
+  // MLP (SwiGLU, or MoE in a block from first_dense on).
+  int llama_block_forward(BlockS& s, int x, int64_t index) {
+    int n1 = norm_forward(s.ln1, x, "h.*.input_layernorm");
+    int a = llama_attention_forward(s, n1);
+    l_.unref(n1);
+    int h = l_.alloc("h.*.residual h", 4 * d_.rows_s() * d_.c);
+    int n2 = norm_forward(s.ln2, h, "h.*.post_attention_layernorm");
+    int m = -1;
+    if (d_.moe_block(index)) {
+      if (!s.moe) s.moe = std::make_unique<MoES>();
+      m = moe_forward(*s.moe, n2);
+    } else {
+      m = swiglu_forward(s.mlp, n2, d_.rows(), d_.gl, true, "h.*.mlp");
+    }
+    l_.unref(n2);
+    int y = l_.alloc("h.*.output", 4 * d_.rows_s() * d_.c);
+    l_.unref(m);
+    l_.unref(h);
+    l_.unref(a);
+    return y;
+  }
+  // PreNormBlock::backward: each branch's backward (fused: input then weight
+  // pass) or backward_input; dh and dx untracked.
+  int llama_block_backward(BlockS& s, int dy, bool fused) {
+    int g = l_.ref(dy);
+    int dm = -1;
+    if (s.moe) {
+      dm = moe_backward_input(*s.moe, g);
+      if (fused) moe_backward_weight(*s.moe);
+    } else {
+      dm = swiglu_backward_input(s.mlp, g, d_.rows(), d_.gl, true, "h.*.mlp");
+      if (fused) swiglu_backward_weight(s.mlp);
+    }
+    int dn = fused ? norm_backward(s.ln2, dm, "h.*.post_attention_layernorm")
+                   : norm_backward_input(s.ln2, dm, "h.*.post_attention_layernorm");
+    l_.unref(dm);
+    int da = llama_attention_backward_input(s, -1);  // dh: untracked
+    if (fused) llama_attention_backward_weight(s);
+    int d1 = fused ? norm_backward(s.ln1, da, "h.*.input_layernorm")
+                   : norm_backward_input(s.ln1, da, "h.*.input_layernorm");
+    for (int* id : {&da, &d1, &dn, &g}) l_.unref(*id);
+    return -1;  // dx: untracked
+  }
+  void llama_block_backward_weight(BlockS& s) {
+    if (s.moe) moe_backward_weight(*s.moe);
+    else swiglu_backward_weight(s.mlp);
+    l_.unref(s.ln2.dy);
+    llama_attention_backward_weight(s);
     l_.unref(s.ln1.dy);
   }
 
@@ -518,11 +806,11 @@ class Walk {
     l_.mark(ScopeEvent::before_use, ScopePass::forward, index);
     int y = -1;
     if (!d_.recompute) {
-      y = block_forward(s, x);
+      y = block_forward(s, x, index);
     } else {
       l_.assign(s.input, l_.ref(x));
       BlockS scratch;
-      y = block_forward(scratch, x);
+      y = block_forward(scratch, x, index);
       release(l_, scratch);
     }
     l_.mark(ScopeEvent::after_use, ScopePass::forward, index);
@@ -534,7 +822,7 @@ class Walk {
     if (!d_.recompute) return s;
     l_.mark(ScopeEvent::before_use, ScopePass::forward, index);
     s.rebuilt = std::make_unique<BlockS>();
-    int y = block_forward(*s.rebuilt, s.input);
+    int y = block_forward(*s.rebuilt, s.input, index);
     l_.unref(y);
     l_.mark(ScopeEvent::after_use, ScopePass::forward, index);
     return *s.rebuilt;
@@ -577,6 +865,11 @@ class Walk {
       l_.unref(tok);
       tok = out;
     }
+    if (d_.llama) {  // rotary positions: no wpe, no sum
+      int out = dropout_forward(gpt_.drop, tok, "drop");
+      l_.unref(tok);
+      return out;
+    }
     l_.buffer(gpt_.wpe_y, "wpe.y", 4 * d_.s * d_.c);
     int pos = l_.ref(gpt_.wpe_y);
     int x = l_.alloc("embedding sum", 4 * d_.rows_s() * d_.c);
@@ -598,6 +891,12 @@ class Walk {
 
 void check(bool ok, const std::string& what, const std::string& fix) {
   if (!ok) throw InvalidArgument(kOp, what, fix);
+}
+
+// Rank r's share of n features split over k ranks (torch.chunk's rule, nn::shard_range).
+int64_t shard_size(int64_t n, int k, int r) {
+  const int64_t chunk = (n + k - 1) / k;
+  return std::max<int64_t>(0, std::min(n, (r + 1) * chunk) - r * chunk);
 }
 
 }  // namespace
@@ -642,8 +941,33 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
   d.d = g.width / g.heads;
   d.cl = d.hl * d.d;
   d.fl = 4 * g.width / d.k;
-  const int64_t chunk = (g.vocab + d.k - 1) / d.k;  // torch.chunk's rule (nn::shard_range)
-  d.vl = std::max<int64_t>(0, std::min(g.vocab, (l.tensor_rank + 1) * chunk) - l.tensor_rank * chunk);
+  d.vl = shard_size(g.vocab, d.k, l.tensor_rank);
+  if (g.llama()) {
+    const int64_t kv = g.key_value_heads();
+    check(g.heads % kv == 0 && (kv % d.k == 0 || d.k % kv == 0),
+          fmt::format("{} key/value heads for {} heads over tensor {}", kv, g.heads, d.k),
+          "use kv_heads dividing heads, and a tensor axis that divides kv_heads or that kv_heads divides");
+    d.llama = true;
+    d.kvl = (d.k > kv ? 1 : kv / d.k) * d.d;
+    d.gl = shard_size(g.mlp_hidden(), d.k, l.tensor_rank);
+    if (g.moe.active()) {
+      check(g.moe.top_k >= 1 && g.moe.top_k <= g.moe.experts && l.expert >= 1 && g.moe.experts % l.expert == 0,
+            fmt::format("{} experts, top_k {}, over an expert axis of {}", g.moe.experts, g.moe.top_k, l.expert),
+            "use 1 <= top_k <= experts and an expert axis that divides the experts");
+      check(!sp && !cp, "mixture-of-experts layers with sequence or context parallelism",
+            "run them with tensor parallelism alone (as the trainer does)");
+      d.experts = g.moe.experts;
+      d.top_k = g.moe.top_k;
+      d.expert_ranks = l.expert;
+      d.local_experts = g.moe.experts / l.expert;
+      d.el = shard_size(g.expert_hidden(), d.k, l.tensor_rank);
+      d.sl = g.moe.shared_experts > 0 ? shard_size(g.moe.shared_experts * g.expert_hidden(), d.k, l.tensor_rank) : 0;
+      d.first_dense = g.moe.first_dense;
+    }
+  } else {
+    check(!g.moe.active(), fmt::format("{} experts with GPT-2's blocks", g.moe.experts),
+          "mixture-of-experts layers replace Llama's MLPs: set arch llama");
+  }
   d.sp = sp;
   d.cp = cp;
   d.ring = l.cp_comm == layout::ContextComm::ring;

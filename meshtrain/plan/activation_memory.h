@@ -142,6 +142,7 @@ struct ActivationLayout {
   int tensor_rank = 0;       // which vocabulary shard (uneven V / k)
   bool sequence_parallel = false;
   int context = 1;           // n: ranks of the context axis
+  int expert = 1;            // P: ranks of the expert axis (a MoE layer's all-to-all buffers)
   layout::ContextComm cp_comm = layout::ContextComm::ring;
   bool cp_load_balance = true;   // no effect on bytes (chunks of equal length)
   bool recompute = false;    // every block in recompute mode

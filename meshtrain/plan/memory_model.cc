@@ -695,6 +695,7 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
                             .tensor_rank = t,
                             .sequence_parallel = l.sequence_parallel,
                             .context = l.context,
+                            .expert = l.expert,
                             .cp_comm = l.cp_comm,
                             .recompute = l.recompute,
                             .split_backward = p > 1 && l.schedule == layout::ScheduleKind::zero_bubble,
