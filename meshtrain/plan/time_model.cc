@@ -47,6 +47,7 @@ double call_seconds(const CommCall& c, const TrainingLayout& l, const Hardware& 
   if (c.kind == CommKind::all_reduce) wire = 2 * (n - 1) / n * c.bytes;
   else if (c.kind == CommKind::all_gather || c.kind == CommKind::reduce_scatter) wire = (n - 1) * c.bytes;
   else if (c.kind == CommKind::all_to_all) wire = (n - 1) * c.bytes;  // c.bytes: one peer's block
+  else if (c.kind == CommKind::all_to_all_v) wire = (n - 1) / n * c.bytes;  // c.bytes: all it sends
   else if (c.kind == CommKind::recv) return 0;  // paired with a send
   const int together = ranks_per_node(l, c.group, hw.devices_per_node);
   if (together >= c.ranks) return hw.intra.latency + wire / hw.intra.bandwidth;
@@ -139,8 +140,25 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
   const auto holdings = internal::holdings(g, stages, k, l.expert);
   const internal::Holdings& held = *holdings;
 
+  // Llama's: key/value features (all heads', this rank's), the SwiGLU's
+  // hidden features; MoE layers: top_k, an expert's and the shared experts'
+  // features, this rank's experts.
+  const double KV = static_cast<double>(g.key_value_heads() * (g.width / g.heads));
+  const double kvl = g.llama() && k > g.key_value_heads() ? KV / g.key_value_heads() : KV / K;
+  const double F = static_cast<double>(g.mlp_hidden()), E = static_cast<double>(g.moe.experts);
+  const double top = static_cast<double>(g.moe.top_k), Fe = static_cast<double>(g.expert_hidden());
+  const double Fs = static_cast<double>(g.moe.shared_experts) * Fe;
+  const double local = g.moe.active() ? E / l.expert : 0;
+
   TimePrediction out;
-  out.model_flops = 6.0 * (12.0 * g.layers * C * C + V * C) * static_cast<double>(l.batch) * T +
+  // 6 FLOPs per active parameter and token (a MoE block's: the router, top_k
+  // experts, the shared ones), and attention's 12 T C per token and layer.
+  double active = 0;
+  for (int64_t b = 0; b < g.layers; ++b)
+    active += !g.llama()      ? 12 * C * C
+              : g.moe_block(b) ? 2 * C * C + 2 * C * KV + C * E + 3 * C * (top * Fe + Fs)
+                               : 2 * C * C + 2 * C * KV + 3 * C * F;
+  out.model_flops = 6.0 * (active + V * C) * static_cast<double>(l.batch) * T +
                     12.0 * g.layers * T * C * static_cast<double>(l.batch) * T;
   double bubble_share = 0;
   if (p > 1) bubble_share = pipeline_bubble(l.schedule, p, m, v);
@@ -168,11 +186,40 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
       const bool embed = stage.embed, head = stage.head;
       const double passes = l.recompute ? 2 : 1;  // forwards per micro-batch
       const double tokens = B * t;
-      // GEMMs: 4 per block forward (6, 2, 8, 8 B t C^2 / k FLOPs), each twice backward.
-      for (double f : {6.0, 2.0, 8.0, 8.0}) {
-        const double one = gemm(f * tokens * C * C / K);
-        dt.gemm += m * blocks * (passes + 2) * one;
-        backward += m * blocks * 2 * one;
+      // A block's GEMMs, each once per forward and twice backward: GPT-2's
+      // 4 (6, 2, 8, 8 B t C^2 / k FLOPs); Llama's q, k, v, o and the
+      // SwiGLU's 3 (or a MoE layer's router, each of this rank's experts'
+      // 3 on its B t top_k / local rows, evenly routed, the shared ones' 3).
+      std::vector<double> flops;  // one block's GEMMs' FLOPs, forward
+      double block_bytes = 0;     // one block's elementwise traffic, forward and backward
+      for (int64_t b = stage.first_block; b < stage.last_block; ++b) {
+        flops.clear();
+        if (!g.llama()) {
+          flops = {6 * tokens * C * C / K, 2 * tokens * C * C / K, 8 * tokens * C * C / K, 8 * tokens * C * C / K};
+          block_bytes = tokens * (10 * C + 16 * C / K) * compute_bytes;
+        } else {
+          flops = {2 * tokens * C * C / K, 2 * tokens * C * kvl, 2 * tokens * C * kvl, 2 * tokens * C * C / K};
+          if (!g.moe_block(b)) {
+            for (int i = 0; i < 3; ++i) flops.push_back(2 * tokens * C * F / K);
+            block_bytes = tokens * (10 * C + 6 * F / K) * compute_bytes;
+          } else {
+            flops.push_back(2 * tokens * C * E);
+            const double rows = tokens * top / local;  // per local expert
+            for (int e = 0; e < static_cast<int>(local); ++e)
+              for (int i = 0; i < 3; ++i) flops.push_back(2 * rows * C * Fe / K);
+            if (Fs > 0)
+              for (int i = 0; i < 3; ++i) flops.push_back(2 * tokens * C * Fs / K);
+            // Routing, the rows' copies out and back (4 C per assignment), the experts' SwiGLU.
+            block_bytes = tokens * (10 * C + 2 * E + top * (4 * C + 6 * Fe / K) + 6 * Fs / K) * compute_bytes;
+          }
+        }
+        for (double f : flops) {
+          const double one = gemm(f);
+          dt.gemm += m * (passes + 2) * one;
+          backward += m * 2 * one;
+        }
+        dt.elementwise += m * (passes + 2) * block_bytes / bw;
+        backward += m * 2 * block_bytes / bw;
       }
       if (head) {
         const double one = gemm(2 * tokens * C * V / K);
@@ -183,9 +230,7 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
       dt.attention += m * blocks * (passes + 2.5) * att;
       attention += m * blocks * (passes + 2.5) * att;
       backward += m * blocks * 2.5 * att;
-      const double block_bytes = tokens * (10 * C + 16 * C / K) * compute_bytes;
-      double bytes = m * blocks * (passes + 2) * block_bytes;
-      backward += m * blocks * 2 * block_bytes / bw;
+      double bytes = 0;
       if (head) bytes += m * tokens * 5 * V / K * 4;
       if (embed) bytes += m * tokens * 3 * C * 4;
       dt.elementwise += bytes / bw;

@@ -77,6 +77,7 @@ std::string_view comm_kind_name(CommKind kind) {
     case CommKind::all_gather: return "all_gather";
     case CommKind::reduce_scatter: return "reduce_scatter";
     case CommKind::all_to_all: return "all_to_all";
+    case CommKind::all_to_all_v: return "all_to_all_v";
     case CommKind::send: return "send";
     case CommKind::recv: return "recv";
   }
@@ -88,7 +89,10 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
   const int p = l.pipeline, k = l.tensor, v = l.virtual_stages, n = l.context, m = l.micro_batches;
   const int stages = p * v;
   const bool sharded = l.sharding != std::nullopt;
-  const Group grad = group_of(l, {mesh::kData, mesh::kFsdp, mesh::kContext});
+  const Group grad = group_of(l, {mesh::kData, mesh::kFsdp, mesh::kContext});  // the replicas
+  const Group losses = group_of(l, {mesh::kData, mesh::kFsdp, mesh::kExpert, mesh::kContext});
+  const Group tokens = group_of(l, {mesh::kData, mesh::kFsdp, mesh::kExpert});
+  const Group experts = group_of(l, {mesh::kExpert});
   const Group shard = l.hybrid ? group_of(l, {mesh::kFsdp}) : grad;
   const Group replicate = l.hybrid ? group_of(l, {mesh::kData}) : Group{};
   const Group tensor = group_of(l, {mesh::kTensor}), context = group_of(l, {mesh::kContext});
@@ -120,7 +124,14 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         continue;
       }
       Calls calls;
-      calls.add(grad, CommKind::all_reduce, 24, 1, "loss, parameter check and stop request");
+      calls.add(losses, CommKind::all_reduce, 24, 1, "loss, parameter check and stop request");
+      if (g.moe.active()) {  // the layers' load, rows of E + 4 f64 up to the last MoE block
+        const double load = 8.0 * static_cast<double>(g.layers * (g.moe.experts + 4));
+        calls.add(tokens, CommKind::all_reduce, load, 1, "MoE load");
+        calls.add(pipeline, CommKind::all_reduce, load, 1, "MoE load");
+      }
+      if (l.expert > 1) calls.add(experts, CommKind::all_reduce, 8, 1, "gradient check");
+      double non_expert = 0;  // elements of the replicated parameters' gradients the strategy holds
       if (p > 1) {
         calls.add(pipeline, CommKind::all_reduce, 24, 1, "loss, parameter check and stop request");
         calls.add(pipeline, CommKind::all_reduce, 4, 1, "gradient check");
@@ -137,6 +148,12 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         const std::vector<internal::StageParam>& ps = held.at(s, tr);
         for (const auto& q : ps)
           if (q.replicated) sp_replicated += static_cast<double>(q.numel);
+        for (const auto& q : ps) {
+          if (q.expert) continue;
+          const bool shards = sharded && l.sharding != layout::ZeroStage::no_shard &&
+                              sharding::FSDPStrategy::large_enough(q.numel, l.min_weight_size);
+          non_expert += shards ? static_cast<double>(q.numel) / d : static_cast<double>(q.numel);
+        }
         // Gradients: DataParallel's buckets, or fully sharded units.
         if (!sharded) {
           for (double b : bucket_sizes(ps, l.bucket_bytes))
@@ -190,15 +207,33 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
                                CommOverlap overlap = CommOverlap::none) {
           calls.add(grp, kind, bytes, n, what, overlap, true);
         };
-        // Tensor parallelism.
-        const int64_t passes = l.recompute ? 3 : 2;  // forward, backward (and the recomputed forward)
+        // Tensor parallelism: per block, the forward's row-parallel outputs
+        // and the backward's column-parallel input gradients (a recomputed
+        // forward's again).
+        const int64_t forwards = l.recompute ? 2 : 1;
+        const bool kv_replicated = g.llama() && k > g.key_value_heads();
+        const int64_t columns = !g.llama() ? 2 : kv_replicated ? 3 : 5;  // GPT-2: c_attn, c_fc
+        int64_t dense = 0, moe = 0;  // blocks of each kind
+        for (int64_t b = stage.first_block; b < stage.last_block; ++b) (g.moe_block(b) ? moe : dense) += 1;
+        // A MoE block: o's and q, k, v's as a dense block's; its experts' rows.
+        const int64_t moe_columns = kv_replicated ? 1 : 3;
+        const double rows = micro * static_cast<double>(t) * static_cast<double>(g.moe.top_k);  // n top_k
+        const int64_t local = g.moe.active() ? g.moe.experts / l.expert : 0;
+        const double expert_rows = local > 0 ? rows / static_cast<double>(local) : 0;
         if (!l.sequence_parallel) {
-          per_micro(tensor, CommKind::all_reduce, act, m * blocks * 2 * passes, "block activations");
+          per_micro(tensor, CommKind::all_reduce, act, m * (dense * (2 * forwards + columns) +
+                                                            moe * (forwards + moe_columns)),
+                    "block activations");
+          per_micro(tensor, CommKind::all_reduce, expert_rows * C * 4, m * moe * local * (forwards + 2),
+                    "expert rows");
+          if (g.moe.shared_experts > 0)
+            per_micro(tensor, CommKind::all_reduce, act, m * moe * (forwards + 2), "shared experts");
           if (embed) per_micro(tensor, CommKind::all_reduce, act, m, "embedding output");
           if (head) per_micro(tensor, CommKind::all_reduce, act, m, "head input gradient");
-        } else {
-          per_micro(tensor, CommKind::all_gather, act_sp, m * blocks * 2 * passes, "block activations");
-          per_micro(tensor, CommKind::reduce_scatter, act_sp, m * blocks * 2 * passes, "block activations");
+        } else {  // no MoE layers here (the trainer refuses them with sequence parallelism)
+          per_micro(tensor, CommKind::all_gather, act_sp, m * blocks * (columns * forwards + 2), "block activations");
+          per_micro(tensor, CommKind::reduce_scatter, act_sp, m * blocks * (2 * forwards + columns),
+                    "block activations");
           if (embed) {
             per_micro(tensor, CommKind::reduce_scatter, act_sp, m, "embedding output");
             per_micro(tensor, CommKind::all_gather, act_sp, m, "embedding output gradient");
@@ -213,6 +248,12 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
           per_micro(tensor, CommKind::all_reduce, 4 * rows, m, "vocabulary-parallel loss: row maxima");
           per_micro(tensor, CommKind::all_reduce, 16 * rows, m, "vocabulary-parallel loss: sums");
         }
+        // Expert parallelism: the row counts, then the rows out and back.
+        if (l.expert > 1 && moe > 0) {
+          per_micro(experts, CommKind::all_to_all, 8.0 * static_cast<double>(local), m * moe * forwards,
+                    "MoE row counts");
+          per_micro(experts, CommKind::all_to_all_v, rows * C * 4, m * moe * (2 * forwards + 2), "MoE rows");
+        }
         // Pipeline boundaries.
         const int64_t boundaries = (s < stages - 1 ? 1 : 0) + (s > 0 ? 1 : 0);
         per_micro(pipeline, CommKind::send, boundary, m * boundaries, "stage boundary activations");
@@ -224,11 +265,13 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
           per_micro(context, CommKind::recv, kv, m * blocks * hops, "ring attention K/V", CommOverlap::attention);
         } else if (n > 1) {  // all_to_all (Ulysses): q, k, v to heads and out back; dout, then dq, dk, dv
           const double block = micro * static_cast<double>(t) * C / k / n * 4;  // one peer's block
-          per_micro(context, CommKind::all_to_all, block, m * blocks * 4 * passes, "Ulysses q, k, v, out");
+          per_micro(context, CommKind::all_to_all, block, m * blocks * 4 * (forwards + 1), "Ulysses q, k, v, out");
         }
       }
       if (l.sequence_parallel)
         calls.add(tensor, CommKind::all_reduce, 4 * sp_replicated, 1, "replicated parameters' gradients");
+      if (l.expert > 1)
+        calls.add(experts, CommKind::all_reduce, 4 * non_expert, 1, "replicated parameters' gradients");
       out.push_back({.stage = r, .tensor_rank = tr, .calls = calls.take()});
     }
   return out;

@@ -45,8 +45,29 @@
 //                   all_to_alls a pass (forward: q, k, v to heads, out
 //                   back; backward: dout, then dq, dk, dv; recompute: a
 //                   third pass), each of B t C / (k n) f32 per peer
+//   Llama's blocks  the same with q, k, v and the SwiGLU's gate and up as
+//                   column-parallel Linears of their own: per block and
+//                   micro-batch 2 all_reduces a forward and 5 backward (3
+//                   when key/value heads are replicated over the axis: k's
+//                   and v's run over sub-communicators the counters do not
+//                   see); sequence parallel: 5 all_gathers and 2
+//                   reduce_scatters a forward, 2 and 5 backward
+//   experts         per MoE layer and micro-batch (routing taken as even:
+//                   each of this rank's E / P experts gets n top_k / E of
+//                   the rows of every rank, n = B t): an all_to_all of the
+//                   row counts (E / P i64 per peer) a forward, 4
+//                   all_to_all_vs of the rows (dispatch and combine, forward
+//                   and backward; a recomputed forward 2 more); with a
+//                   tensor axis each expert's down (forward) and gate and up
+//                   (backward) all_reduce their rows, the shared experts'
+//                   theirs; per step the replicated parameters' gradients
+//                   (all but the routed experts', as the strategy holds them)
+//                   summed over the expert axis, an f64 gradient check, and
+//                   the load (E + 4 f64 per block) over the data-parallel
+//                   axes (and the pipeline)
 // tests/traffic_model_test.cc checks every (communicator, operation)'s calls
-// and bytes against the counters of real runs, exactly.
+// and bytes against the counters of real runs, exactly; for MoE layers the
+// rows' bytes within the routing's unevenness.
 // Thread-safety: pure functions. Errors: check_layout's.
 #pragma once
 
@@ -60,7 +81,9 @@
 namespace meshtrain::plan {
 
 // The operations, named as comm::collective_op_name names them.
-enum class CommKind : uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, send, recv };
+// all_to_all_v's bytes are everything the rank sends (comm::Communicator's
+// count), the others' as CommCall::bytes says.
+enum class CommKind : uint8_t { all_reduce, all_gather, reduce_scatter, all_to_all, all_to_all_v, send, recv };
 std::string_view comm_kind_name(CommKind kind);
 
 // What may run under computation (time_model.h decides how much does).
@@ -79,7 +102,7 @@ struct CommCall {
   std::string group;
   int ranks = 1;
   CommKind kind = CommKind::all_reduce;
-  double bytes = 0;     // per call, as Communicator::traffic counts it (all_gather, reduce_scatter, all_to_all: one rank's block)
+  double bytes = 0;     // per call, as Communicator::traffic counts it (all_gather, reduce_scatter, all_to_all: one rank's block; all_to_all_v: all it sends)
   int64_t calls = 0;    // per optimizer step
   std::string what;     // "gradient buckets", "block activations", ...
   CommOverlap overlap = CommOverlap::none;
