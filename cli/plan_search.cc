@@ -75,18 +75,21 @@ int run_plan_search(const plan::GptShape& g, const plan::SearchOptions& o, const
 int run_published_runs() {
   using enum layout::ZeroStage;
   // Sources and numbers: docs/planner.md, "Beside published runs".
-  const std::array<Published, 4> runs = {{
+  constexpr layout::DecoderArch kLlama = layout::DecoderArch::llama;
+  const std::array<Published, 5> runs = {{
       {"GPT-3 175B, Megatron-LM", "Narayanan et al. 2021; Megatron-LM README (138 TFLOP/s per GPU)",
        {.vocab = 51200, .seq = 2048, .layers = 96, .heads = 96, .width = 12288}, "A100", 80e9,
        {.data = 8, .tensor = 8, .pipeline = 16, .sharding = zero1, .micro_batches = 192, .recompute = true,
         .param_dtype = DType::bf16, .reduce_dtype = DType::bf16, .batch = 1536},
        96, "fp16; full recompute; 32 s per step"},
-      {"Llama-2 70B dims, NeMo 24.07", "NVIDIA NeMo performance summary (FP8)",
-       {.vocab = 32000, .seq = 4096, .layers = 80, .heads = 64, .width = 8192}, "H100", 80e9,
+      {"Llama-2 70B, NeMo 24.07", "NVIDIA NeMo performance summary (FP8)",
+       {.vocab = 32000, .seq = 4096, .layers = 80, .heads = 64, .width = 8192, .arch = kLlama, .kv_heads = 8,
+        .ffn_hidden = 28672},
+       "H100", 80e9,
        {.data = 4, .tensor = 4, .pipeline = 4, .sharding = zero1, .sequence_parallel = true,
         .schedule = layout::ScheduleKind::interleaved_1f1b, .virtual_stages = 20, .micro_batches = 32,
         .param_dtype = DType::bf16, .reduce_dtype = DType::bf16, .batch = 128},
-       1728, "FP8 GEMMs (bf16 predicted here); GQA and SwiGLU (meshtrain's block: MHA, 4C MLP)"},
+       1728, "FP8 GEMMs (bf16 predicted here); its head untied (tied here)"},
       {"MPT-70B, llm-foundry", "MosaicML llm-foundry benchmarks (BF16)",
        {.vocab = 50432, .seq = 2048, .layers = 80, .heads = 64, .width = 8192}, "H100", 80e9,
        {.fsdp = 64, .sharding = zero3, .micro_batches = 4, .recompute = true, .param_dtype = DType::bf16,
@@ -97,6 +100,17 @@ int run_published_runs() {
        {.fsdp = 8, .sharding = zero3, .micro_batches = 2, .recompute = true, .param_dtype = DType::bf16,
         .reduce_dtype = DType::bf16, .batch = 256},
        8611, "FSDP full shard, micro-batch 16 x 2 accumulation, activation checkpointing"},
+      {"DeepSeek-V3 671B", "DeepSeek-AI 2024, arXiv 2412.19437 (180K H800 GPU hours per trillion tokens)",
+       {.vocab = 129280, .seq = 4096, .layers = 61, .heads = 128, .width = 7168, .arch = kLlama, .kv_heads = 128,
+        .ffn_hidden = 18432,
+        .moe = {.experts = 256, .top_k = 8, .expert_hidden = 2048, .shared_experts = 1,
+                .score = layout::RouterScore::sigmoid, .first_dense = 3}},
+       "H100", 80e9,
+       {.data = 2, .pipeline = 16, .expert = 64, .sharding = zero1, .micro_batches = 120, .recompute = true,
+        .param_dtype = DType::bf16, .reduce_dtype = DType::bf16, .batch = 15360},
+       1543,
+       "H800 priced as H100; FP8 GEMMs, DualPipe (1F1B here), multi-head latent attention (plain multi-head here), "
+       "recompute of norms and up-projections only (all blocks here)"},
   }};
   fmt::print("{:<30} {:>7} {:<52} {:>10} {:>10} {:>7}   {:<52} {:>10}\n", "run", "devices", "published layout",
              "published", "predicted", "fits", "search's pick", "predicted");

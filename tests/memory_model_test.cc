@@ -6,7 +6,9 @@
 // GPipe, ZB-H1; plain, zero1 and zero2, in f32 and bf16), context=2 and a
 // 3-D mesh; zero2 and zero3 also in bf16, hybrid_full, and zero3 under
 // FSDP's other schedules (prefetch, no reshard after forward, micro-batches,
-// recompute). Each rank's parameters and optimizer state exactly, its
+// recompute); Llama's blocks (one device, tensor=2, tensor=4 with
+// replicated key/value heads, zero3) and MoE layers (one device, tensor=2,
+// expert=2, fsdp=2 x expert=2 zero3). Each rank's parameters and optimizer state exactly, its
 // total within 2% of the prediction for its (pipeline stage, tensor rank); where the peak comes while a
 // gradient reduction may still be in flight (thread timing), between the
 // prediction with eager reductions and the bound. What each category held

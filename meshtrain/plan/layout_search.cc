@@ -26,9 +26,9 @@ std::string mesh_of(const TrainingLayout& l) {
 // Bytes of model state per device at least (parameters, gradients,
 // optimizer), without activations: a quick bound to skip what cannot fit.
 double state_bound(const GptShape& g, const TrainingLayout& l) {
-  double params = 0;  // the model's elements
+  double params = 0;  // the model's elements (a routed expert's on 1 / expert of the ranks)
   for (const layout::ModelParameter& p : internal::describe(g, 1)->params)
-    params += static_cast<double>(p.info.numel());
+    params += static_cast<double>(p.info.numel()) / (p.info.routed_expert() ? l.expert : 1);
   const double per = params / (l.tensor * l.pipeline);
   const double pb = dtype_size(l.param_dtype), d = l.shard_ranks();
   const double master = l.param_dtype == DType::f32 ? 0 : 4;
@@ -84,6 +84,10 @@ std::vector<std::string> explain(const GptShape& g, const Candidate& c, const Se
                               l.cp_comm == layout::ContextComm::ring ? "ring exchanges (under attention)"
                                                   : "all_to_alls (Ulysses, on the critical path)",
                               group_ms(mesh::kContext)));
+  if (l.expert > 1)
+    why.push_back(fmt::format("expert={}: each rank holds {} of the {} experts of every MoE layer; its all-to-alls of "
+                              "the routed rows cost {:.1f} ms per step on the critical path",
+                              l.expert, g.moe.experts / l.expert, g.moe.experts, group_ms(mesh::kExpert)));
   const int dp = l.data * l.fsdp;
   if (dp > 1) {
     // The model, pipeline and context axes' calls are always exposed (or
@@ -154,19 +158,29 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
       for (int c : mesh::divisors(o.devices / t / p)) {
         // Context parallelism for long sequences only: at least 1024 tokens per rank.
         if (c > 1 && (g.seq % (2 * c) != 0 || g.seq / c < 1024)) continue;  // the trainer's rule, long sequences
+        if (c > 1 && g.moe.active()) continue;  // the trainer refuses MoE layers with a context axis
         const int d = o.devices / t / p / c;
         if (o.batch % d != 0) continue;
         const int64_t per_rank = o.batch / d;
+        // The data-parallel ranks' expert axis (a MoE model: sizes dividing its experts).
+        for (int e : mesh::divisors(d)) {
+        if (e > 1 && (!g.moe.active() || g.moe.experts % e != 0)) continue;
+        const int r = d / e;  // the replicas: data, or fsdp under zero3
         for (const Stage z : stages) {
-          if (z != std::nullopt && d * c == 1 && z != layout::ZeroStage::zero1) continue;  // nothing to shard over
-          for (int64_t m = 1; m <= per_rank; m *= 2) {
-            if (per_rank % m != 0) continue;
+          if (z != std::nullopt && r * c == 1 && z != layout::ZeroStage::zero1) continue;  // nothing to shard over
+          // Micro-batches: powers of two that divide the rank's samples,
+          // and one sample each.
+          std::vector<int64_t> micro;
+          for (int64_t m = 1; m <= per_rank; m *= 2)
+            if (per_rank % m == 0) micro.push_back(m);
+          if (micro.back() != per_rank) micro.push_back(per_rank);
+          for (const int64_t m : micro) {
             for (int v : {1, 2, 4}) {
               if (v > 1 && (p == 1 || m % p != 0 || g.layers % (p * v) != 0)) continue;
-              for (bool sp : {t > 1}) {
+              for (bool sp : {t > 1 && !g.moe.active()}) {  // MoE layers: no sequence parallelism
                 for (bool recompute : {false, true}) {
-                  TrainingLayout l{.data = z == zero3 ? 1 : d, .fsdp = z == zero3 ? d : 1,
-                                   .tensor = t, .pipeline = p, .context = c, .sharding = z,
+                  TrainingLayout l{.data = z == zero3 ? 1 : r, .fsdp = z == zero3 ? r : 1,
+                                   .tensor = t, .pipeline = p, .context = c, .expert = e, .sharding = z,
                                    .sequence_parallel = sp,
                                    .schedule = v > 1 ? layout::ScheduleKind::interleaved_1f1b
                                                      : layout::ScheduleKind::one_f_one_b,
@@ -186,6 +200,7 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
               }
             }
           }
+        }
         }
       }
     }
