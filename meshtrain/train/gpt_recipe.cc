@@ -104,6 +104,18 @@ void check_gpt_layout(const TrainConfig& tc, const layout::TrainingLayout& l) {
       throw InvalidArgument("--kv-heads", fmt::format("{} key/value heads over a tensor axis of {}", kv, tensor),
                             "use a tensor axis size that divides kv_heads, or one kv_heads divides (each head "
                             "then replicated on tensor / kv_heads ranks, as Megatron does)");
+    // The column-parallel MLPs' features by torch.chunk's rule: every rank
+    // needs some (20 over 6 ranks: 4 each leaves rank 5 none).
+    const int64_t ffn = layout::llama_ffn_hidden(tc.width, tc.ffn_hidden);
+    const int64_t expert_ffn = tc.moe.expert_hidden > 0 ? tc.moe.expert_hidden : ffn;
+    const bool dense = !tc.moe.active() || tc.moe.first_dense > 0, moe = tc.moe.active();
+    for (auto [features, flag] : {std::pair{dense ? ffn : 0, "--ffn-hidden"}, {moe ? expert_ffn : 0, "--expert-hidden"},
+                                  {moe ? expert_ffn * tc.moe.shared_experts : 0, "--shared-experts"}})
+      if (tensor > 1 && features > 0 && nn::shard_range(features, tensor - 1, tensor).size() == 0)
+        throw InvalidArgument(flag, fmt::format("{} MLP features over a tensor axis of {} leave its last rank none",
+                                                features, tensor),
+                              fmt::format("use features that the tensor axis divides (or a tensor axis that divides "
+                                          "{})", features));
     if (tensor > kv && tc.sequence_parallel)
       throw InvalidArgument("--sequence-parallel",
                             fmt::format("{} key/value heads replicated over a tensor axis of {}", kv, tensor),

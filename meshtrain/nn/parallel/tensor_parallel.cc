@@ -90,7 +90,9 @@ int64_t local_features(const sharding::ParamInfo& info, const TensorParallelGrou
     throw InvalidArgument(op,
                           fmt::format("'{}': {} {} features over {} tensor-parallel ranks leave rank {} none", prefix,
                                       total, what, g.size(), g.rank()),
-                          fmt::format("use at most {} tensor-parallel ranks for this layer", total));
+                          fmt::format("with c = ceil({} / k) features per rank, the k ranks need {} > (k - 1) c: use "
+                                      "a tensor axis that divides {}, or fewer ranks",
+                                      total, total, total));
   }
   return n;
 }
