@@ -28,12 +28,13 @@ struct AxesLayout {
   bool tp_overlap = false;
   bool llama = false;  // Llama's blocks (no dropout)
   int kv_heads = 2;    // Llama's key/value heads (fewer than the tensor axis: replicated)
+  bool untied = false;  // the head's own table (lm_head)
 
   // "fsdp=2,pipeline=2 zero3 zb", ...
   std::string name() const {
     const bool pipeline = mesh.find("pipeline") != std::string::npos;
     const bool context = mesh.find("context") != std::string::npos;
-    return fmt::format("{}{}{}{}{}{}{}{}{}", llama ? fmt::format("llama kv {} ", kv_heads) : "",
+    return fmt::format("{}{}{}{}{}{}{}{}{}", llama ? fmt::format("llama kv {}{} ", kv_heads, untied ? " untied" : "") : "",
                        mesh.empty() ? "one device" : mesh,
                        fsdp.empty() ? "" : " " + fsdp,
                        sequence_parallel ? " +sp" : "", tp_overlap ? " +overlap" : "", pipeline ? " " + schedule : "",
@@ -64,6 +65,7 @@ inline train::TrainConfig axes_config(const AxesLayout& l, const std::string& ta
     // 3.6e-5 apart, above the parity tolerance; at 0.05 they end within
     // 1.6e-6 (2, 3 and 1 heads), so a layout's 1e-5 measures the layout.
     tc.lr = 0.05;
+    tc.tie_embeddings = !l.untied;
   }
   tc.set("fsdp", l.fsdp, "AxesLayout.fsdp");
   tc.set("pipeline_schedule", l.schedule, "AxesLayout.schedule");

@@ -52,11 +52,13 @@ train::TrainResult train_gpt(const Layout& l, const std::string& tag) {
 // The one-device run of the layout's model (GPT-2's blocks, or Llama's
 // with its key/value heads).
 const train::TrainResult& one_device(const Layout& l) {
-  static std::map<int, train::TrainResult> runs;  // by kv_heads; 0: GPT-2's blocks
-  const int key = l.llama ? l.kv_heads : 0;
+  static std::map<int, train::TrainResult> runs;  // by kv_heads (negative: untied); 0: GPT-2's blocks
+  const int key = l.llama ? (l.untied ? -l.kv_heads : l.kv_heads) : 0;
   auto it = runs.find(key);
   if (it == runs.end())
-    it = runs.emplace(key, train_gpt({.llama = l.llama, .kv_heads = l.kv_heads}, fmt::format("one_{}", key))).first;
+    it = runs.emplace(key, train_gpt({.llama = l.llama, .kv_heads = l.kv_heads, .untied = l.untied},
+                                     fmt::format("one_{}", key)))
+             .first;
   return it->second;
 }
 
@@ -112,6 +114,17 @@ TEST(AxesParity, LlamaReplicatedKeyValueHeads) {
   expect_one_device({.mesh = "tensor=6", .llama = true, .kv_heads = 3}, "llama_kv3_tensor6");
   expect_one_device({.mesh = "data=2,tensor=2", .llama = true, .kv_heads = 1}, "llama_kv1_data_tensor");
   expect_one_device({.mesh = "pipeline=2,tensor=3", .llama = true, .kv_heads = 1}, "llama_kv1_pipeline_tensor3");
+}
+
+// Llama's head untied (its own lm_head table): vocabulary-parallel beside
+// sequence parallelism, on a pipeline's last stage alone (no tied gradient
+// between stages), and gathered by ZeRO-3 under the zero-bubble schedule.
+TEST(AxesParity, LlamaUntiedHead) {
+  expect_one_device({.mesh = "data=2,tensor=2", .sequence_parallel = true, .llama = true, .untied = true},
+                    "llama_untied_data_tensor_sp");
+  expect_one_device({.mesh = "pipeline=2,tensor=2", .llama = true, .untied = true}, "llama_untied_pipeline_tensor");
+  expect_one_device({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3", .schedule = "zb", .llama = true, .untied = true},
+                    "llama_untied_zero3_pipeline");
 }
 
 TEST(AxesParity, SequenceParallelPadsInAPipeline) {

@@ -307,6 +307,45 @@ TEST(CheckpointResume, LlamaExportsHuggingFaceNames) {
         << back.final_parameters[i].first;
 }
 
+// An untied head (--tie-embeddings false) trains as its own table on the
+// pipeline's last stage, leaves as Hugging Face's lm_head.weight (vocab,
+// width), untransposed beside model.embed_tokens.weight, and comes back bit
+// for bit on another mesh.
+TEST(CheckpointResume, LlamaUntiedHeadExportsLmHead) {
+  train::TrainConfig tc = config_of({.mesh = "pipeline=2"}, "export_llama_untied");
+  tc.arch = layout::DecoderArch::llama;
+  tc.kv_heads = 2;
+  tc.dropout = 0.0;
+  tc.tie_embeddings = false;
+  tc.max_steps = 2;
+  tc.micro_batches = 2;
+  const train::TrainResult r = train({.mesh = "pipeline=2"}, tc);
+  const std::string file = (fs::temp_directory_path() / "meshtrain_export_llama_untied.safetensors").string();
+  (void)train::export_model(tc.run_dir, file);
+  const train::NamedTensors exported = checkpoint::load_safetensors(file);
+  ASSERT_EQ(exported.size(), r.final_parameters.size());
+  std::map<std::string, Tensor> by_name(exported.begin(), exported.end());
+  ASSERT_EQ(by_name.count("lm_head.weight"), 1u);
+  ASSERT_EQ(by_name.count("model.embed_tokens.weight"), 1u);
+  for (const auto& [name, want] : r.final_parameters)
+    if (name == "lm_head.weight") {
+      EXPECT_EQ(by_name.at(name).shape(), (std::vector<int64_t>{tc.vocab, tc.width}));
+      EXPECT_EQ(by_name.at(name).to_vector(), want.to_vector());
+    }
+  EXPECT_NE(by_name.at("lm_head.weight").to_vector(), by_name.at("model.embed_tokens.weight").to_vector());
+  train::TrainConfig again = tc;
+  again.run_dir = (fs::temp_directory_path() / "meshtrain_init_llama_untied").string();
+  again.init_from = file;
+  again.lr = 1e-30;  // the step changes nothing
+  again.max_steps = 1;
+  again.micro_batches = 1;
+  const train::TrainResult back = train({.mesh = "data=2"}, again);
+  ASSERT_EQ(back.final_parameters.size(), r.final_parameters.size());
+  for (size_t i = 0; i < back.final_parameters.size(); ++i)
+    EXPECT_EQ(back.final_parameters[i].second.to_vector(), r.final_parameters[i].second.to_vector())
+        << back.final_parameters[i].first;
+}
+
 TEST(CheckpointResume, ExportTransposesTheMlpsLinears) {
   train::TrainConfig tc;
   tc.hidden = {64, 32};

@@ -63,6 +63,7 @@ train::TrainConfig config_of(const Case& c) {
       tc.arch = layout::DecoderArch::llama;
       tc.kv_heads = 3;  // over tensor=3
       tc.moe = {.experts = 4, .top_k = 2, .expert_hidden = 22, .shared_experts = 1, .first_dense = 1};
+      tc.tie_embeddings = false;  // lm_head: the last stage's own
     }
   } else {
     tc.model = c.model;
@@ -113,8 +114,8 @@ std::vector<parallel::ParamShard> shard_command(const Case& c, const train::Trai
     cmd += fmt::format(" --vocab {} --context {} --layers {} --heads {} --width {} --virtual-stages {}", tc.vocab,
                        tc.context, tc.layers, tc.heads, tc.width, tc.virtual_stages);
   if (c.model == "moe")
-    cmd += fmt::format(" --arch llama --kv-heads {} --experts {} --top-k {} --expert-hidden {} --shared-experts {} "
-                       "--first-dense {}",
+    cmd += fmt::format(" --arch llama --tie-embeddings false --kv-heads {} --experts {} --top-k {} --expert-hidden {} "
+                       "--shared-experts {} --first-dense {}",
                        tc.kv_heads, tc.moe.experts, tc.moe.top_k, tc.moe.expert_hidden, tc.moe.shared_experts,
                        tc.moe.first_dense);
   else if (!c.gpt())

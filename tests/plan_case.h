@@ -40,7 +40,7 @@ struct PlanCase {
   int64_t layers = 2;
   // The blocks: "" (GPT-2's), "llama" (2 key/value heads of 4), "moe"
   // (Llama's with 4 experts of 16 features, top-2, a shared expert, from
-  // block 1 on).
+  // block 1 on, and an untied head).
   std::string blocks = "";
   std::string tag = "";  // tells cases with the same settings apart
   // The peak comes while gradient reductions may or may not have finished
@@ -97,8 +97,10 @@ inline PlanRun run_plan_case(const PlanCase& c) {
   if (!c.blocks.empty()) {
     tc.arch = layout::DecoderArch::llama;
     tc.kv_heads = 2;
-    if (c.blocks == "moe")
+    if (c.blocks == "moe") {
       tc.moe = {.experts = 4, .top_k = 2, .expert_hidden = 16, .shared_experts = 1, .first_dense = 1};
+      tc.tie_embeddings = false;
+    }
   }
   config::DistributedConfig dc = testing::threads_mesh_config(c.mesh);
   dc.mixed_precision = c.precision;

@@ -35,7 +35,9 @@ NamedTensors rename_llama(NamedTensors tensors, bool to_torch) {
 }
 
 bool is_linear_weight(const std::string& name, const Tensor& t) {
-  const bool embedding = name.find("embed_tokens") != std::string::npos || name.rfind("wte.", 0) == 0;
+  // Tables stored (rows, width) by both: the embeddings and the untied head.
+  const bool embedding = name.find("embed_tokens") != std::string::npos || name.rfind("wte.", 0) == 0 ||
+                         name.rfind("lm_head.", 0) == 0;
   return t.dim() == 2 && !embedding && name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
 }
 

@@ -271,9 +271,12 @@ const GPTConfig& checked(const GPTConfig& c) {
 GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
   const GPTConfig& c = config_;
   const bool llama = c.arch == layout::DecoderArch::llama;
-  if (c.embed || c.head)
+  if (c.embed || (c.head && c.tie_embeddings))
     wte_.emplace(c.vocab, c.width, "wte", c.seed,
                  EmbeddingOptions{.defer_init = c.defer_init, .tensor = c.tensor});  // vocabulary-parallel
+  if (c.head && !c.tie_embeddings)
+    lm_head_.emplace(c.vocab, c.width, "lm_head", c.seed,
+                     EmbeddingOptions{.defer_init = c.defer_init, .tensor = c.tensor});
   if (c.embed) {
     if (!llama) {
       wpe_.emplace(c.block_size, c.width, "wpe", c.seed,
@@ -304,7 +307,7 @@ GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
       ln_f_ = std::make_unique<LayerNorm>(c.width, "ln_f", 1e-5, true, c.defer_init);
     mark_sequence_parallel(*ln_f_, c.tensor);
   }
-  if (c.embed && c.head) wte_->weight().users = 2;  // the embedding and the tied output head
+  if (c.embed && c.head && c.tie_embeddings) wte_->weight().users = 2;  // the embedding and the tied output head
 }
 
 std::vector<Parameter*> GPT::parameters() {
@@ -321,6 +324,7 @@ std::vector<Module*> GPT::children() {
   if (drop_) out.push_back(&*drop_);
   out.push_back(&h_);
   if (ln_f_) out.push_back(ln_f_.get());
+  if (lm_head_) out.push_back(&*lm_head_);
   return out;
 }
 
@@ -328,7 +332,7 @@ std::vector<Module*> GPT::blocks() { return h_.children(); }
 
 std::vector<Module*> GPT::fsdp_units() {
   std::vector<Module*> units = blocks();
-  if (wte_ && !(config_.embed && config_.head)) units.push_back(&*wte_);
+  if (wte_ && config_.tie_embeddings && !(config_.embed && config_.head)) units.push_back(&*wte_);
   units.push_back(this);
   return units;
 }
@@ -355,7 +359,8 @@ void GPT::set_context_split(bool on) {
 }
 
 Tensor GPT::head_weight() {
-  return internal::param_value(wte_->weight().value, compute_dtype_, "GPT::forward", wte_->weight().name);
+  const Parameter& w = head_table().weight();
+  return internal::param_value(w.value, compute_dtype_, "GPT::forward", w.name);
 }
 
 Tensor GPT::do_forward(const Tensor& input, Saved& saved) {
@@ -396,7 +401,7 @@ Tensor GPT::do_forward(const Tensor& input, Saved& saved) {
   if (k > 1) h = gather_sequence(h, tp, tracker_).narrow(1, 0, st.t);  // the head sees every step
   st.h = h.contiguous().view({st.b * st.t, config_.width});
   if (compute_dtype_ != DType::f32) st.h = st.h.to(compute_dtype_);  // the head's GEMMs in half precision
-  Tensor logits = Tensor::empty({st.b * st.t, wte_->shard().size()}, DType::f32, Device{}, tracker_,
+  Tensor logits = Tensor::empty({st.b * st.t, head_table().shard().size()}, DType::f32, Device{}, tracker_,
                                 MemoryCategory::activations);
   head_use(Pass::forward, [&] { F::unembed_forward(st.h, head_weight(), logits); });  // f32 logits for the loss
   return logits;
@@ -475,7 +480,7 @@ Tensor GPT::embed_sum(const Tensor& in, Saved& saved) {
 Tensor GPT::head_backward_input(const Tensor& grad_out, State& st) {
   const char* op = "GPT::backward";
   st.dlogits = internal::f32_contiguous(grad_out, op, "grad_out");
-  internal::check_shape(st.dlogits, {st.b * st.t, wte_->shard().size()}, op, "grad_out");
+  internal::check_shape(st.dlogits, {st.b * st.t, head_table().shard().size()}, op, "grad_out");
   if (compute_dtype_ != DType::f32) st.dlogits = st.dlogits.to(compute_dtype_);
   const TensorParallelGroup& tp = config_.tensor;
   Tensor dh = Tensor::zeros({st.b, st.t_pad, config_.width}, DType::f32);  // padded steps: no gradient
@@ -498,9 +503,9 @@ Tensor GPT::head_backward_input(const Tensor& grad_out, State& st) {
 }
 
 // The head's share of the tied weight: its first report (wte's own, in the
-// embeddings' backward, completes it).
+// embeddings' backward, completes it); the untied lm_head's only one.
 void GPT::head_backward_weight(State& st) {
-  Parameter& w = wte_->weight();
+  Parameter& w = head_table().weight();
   head_use(Pass::backward_weight, [&] {
     internal::check_param_grad(w.grad, "GPT::backward", w.name);
     F::unembed_backward_weight(st.h, st.dlogits, w.grad);

@@ -24,7 +24,9 @@
 // kernel (nn::functional::attention_*), and mlp is c_fc (width -> 4 width),
 // GELU (tanh approximation), c_proj; a final LayerNorm "ln_f"; the output
 // head is tied to wte (logits = h wte^T; wte.weight has users = 2, so hooks
-// see its gradient once, after both uses: module.h's tied rule).
+// see its gradient once, after both uses: module.h's tied rule), or with
+// tie_embeddings off its own table "lm_head" (vocab, width) ~ N(0, 0.02)
+// (Hugging Face Llama's lm_head.weight; vocabulary-parallel as wte).
 // Parameter names follow GPT-2's checkpoints ("h.0.attn.c_attn.weight"),
 // with Linear weights stored (in, out) as everywhere in meshtrain.
 //
@@ -118,6 +120,10 @@ struct GPTConfig {
   // adds its gradient to the first stage's. Default: the whole model.
   int64_t first_block = 0, last_block = -1;
   bool embed = true, head = true;
+  // The output head multiplies wte (true: GPT-2's, Llama 2 ... 70B's
+  // configs set false) or its own "lm_head" table, which a pipeline's last
+  // stage then holds alone (no tied gradient between stages).
+  bool tie_embeddings = true;
   // Context parallelism (context_parallel.h): forward still takes the whole
   // (B, T) ids; each rank keeps its chunks of the sequence (zig-zag: two),
   // with their global positions, and returns their logits (B * T / n, V)
@@ -207,7 +213,7 @@ class GPT final : public Module {
   // forward: ids (B, T) i64/i32 with T <= block_size -> logits (B * T, vocab)
   // (a pipeline part: see GPTConfig::embed, head).
   std::vector<Parameter*> parameters() override;
-  std::vector<Module*> children() override;  // wte, wpe, drop, h, ln_f
+  std::vector<Module*> children() override;  // wte, wpe, drop, h, ln_f, lm_head
   const GPTConfig& config() const { return config_; }
   // The transformer blocks (for FSDP's unit_modules, recompute, pipelines).
   std::vector<Module*> blocks();
@@ -223,7 +229,9 @@ class GPT final : public Module {
   std::vector<std::pair<int64_t, MoE*>> moe_layers();
   // The vocabulary ids whose logits forward returns (all of them without
   // tensor parallelism); empty for a part without the head.
-  ShardRange vocab_shard() const { return wte_ ? wte_->shard() : ShardRange{}; }
+  ShardRange vocab_shard() const {
+    return lm_head_ ? lm_head_->shard() : wte_ ? wte_->shard() : ShardRange{};
+  }
   // Context parallelism off: every rank of the context axis runs the whole
   // sequence itself (the parameters are the same on each) and returns all
   // its logits, for sequences the axis does not divide (generation's
@@ -238,7 +246,9 @@ class GPT final : public Module {
   std::string describe() const override { return "GPT"; }
 
  private:
-  // wte's value as the head multiplies it: in the compute dtype.
+  // The head's table (lm_head, or the tied wte) and its value as the head
+  // multiplies it: in the compute dtype.
+  Embedding& head_table() { return lm_head_ ? *lm_head_ : *wte_; }
   Tensor head_weight();
   // ids -> the embeddings' sum after dropout (B, T / k, C); sets the State's sizes.
   Tensor embed(const Tensor& ids, Saved& saved);
@@ -263,14 +273,16 @@ class GPT final : public Module {
   void embed_backward(const Tensor& dx, Saved& saved, Step step);
   GPTConfig config_;
   bool split_context_ = true;
-  std::optional<Embedding> wte_;  // with the embeddings or the head
-  // The tied head's use of wte. In a part without the embeddings wte's
-  // module never runs, so its hooks' use-scope opens here (fully sharded
-  // data parallelism gathers the table and provides its gradient there).
+  std::optional<Embedding> wte_;      // with the embeddings, or the tied head
+  std::optional<Embedding> lm_head_;  // the untied head
+  // The head's use of its table. Where the table's module never runs (the
+  // untied lm_head, or wte in a part without the embeddings) its hooks'
+  // use-scope opens here (fully sharded data parallelism gathers the table
+  // and provides its gradient there).
   template <typename Fn>
   void head_use(Pass pass, Fn&& fn) {
-    if (config_.embed) return fn();
-    wte_->use_parameters(pass, fn);
+    if (config_.embed && !lm_head_) return fn();
+    head_table().use_parameters(pass, fn);
   }
   std::optional<Embedding> wpe_;  // with the embeddings (GPT-2)
   std::optional<Dropout> drop_;   // on the embeddings' sum

@@ -50,7 +50,7 @@ using ModelSource = std::function<std::shared_ptr<const ModelDescription>(int st
 // llama) with kv_heads (0: heads) and their SwiGLU MLP's ffn_hidden (0:
 // layout::llama_ffn_hidden's default), and mixture-of-experts layers
 // (moe.active(); Llama's blocks only) in the blocks from moe.first_dense
-// on; and `model`, where its parameters come from (predict_memory,
+// on; the head tied to wte or not; and `model`, where its parameters come from (predict_memory,
 // predict_traffic, predict_time and the layout search need it; the
 // activation estimate does not).
 struct GptShape {
@@ -58,6 +58,7 @@ struct GptShape {
   layout::DecoderArch arch = layout::DecoderArch::gpt2;
   int64_t kv_heads = 0, ffn_hidden = 0;
   layout::MoEOptions moe = {};
+  bool tie_embeddings = true;  // false: the head's own table, lm_head
   ModelSource model = nullptr;
 
   bool llama() const { return arch == layout::DecoderArch::llama; }

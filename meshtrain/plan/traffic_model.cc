@@ -194,7 +194,7 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         }
         // The tied wte's gradient between the first and the last stage (its
         // optimizer part: the shard of its own unit when fully sharded).
-        if (stages > 1 && (embed || head)) {
+        if (stages > 1 && (embed || head) && g.tie_embeddings) {
           int64_t wte = 0;  // the elements of its own unit (stage_params numbers it `blocks`)
           for (const auto& q : ps)
             if (q.unit == blocks) wte += q.numel;

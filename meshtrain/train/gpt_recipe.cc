@@ -79,7 +79,7 @@ Evaluation summary(double loss, double unigram) {
 nn::GPTConfig gpt_config(const TrainConfig& tc) {
   return {.arch = tc.arch, .kv_heads = tc.kv_heads, .rope_base = tc.rope_base, .ffn_hidden = tc.ffn_hidden,
           .vocab = tc.vocab, .block_size = tc.context, .layers = tc.layers, .heads = tc.heads, .width = tc.width,
-          .recompute = tc.recompute, .dropout = tc.dropout, .moe = tc.moe};
+          .recompute = tc.recompute, .dropout = tc.dropout, .tie_embeddings = tc.tie_embeddings, .moe = tc.moe};
 }
 
 // The start-up check (RecipeRegistration::check): what the model's blocks,
@@ -210,7 +210,8 @@ class GptStage final : public RecipeStage {
     return Tensor();
   }
   std::vector<std::string> tied_parameters() const override {
-    if (gpt_.config().head != gpt_.config().embed) return {"wte.weight"};  // the embedding's, the head's copy
+    if (gpt_.config().tie_embeddings && gpt_.config().head != gpt_.config().embed)
+      return {"wte.weight"};  // the embedding's, the head's copy
     return {};
   }
 

@@ -28,6 +28,7 @@ nn::GPTConfig planned_gpt_config(const plan::GptShape& g) {
           .heads = g.heads,
           .width = g.width,
           .defer_init = true,
+          .tie_embeddings = g.tie_embeddings,
           .moe = g.moe};
 }
 
@@ -40,7 +41,8 @@ plan::GptShape gpt_shape(const TrainConfig& tc) {
           .arch = tc.arch,
           .kv_heads = tc.kv_heads,
           .ffn_hidden = tc.ffn_hidden,
-          .moe = tc.moe};
+          .moe = tc.moe,
+          .tie_embeddings = tc.tie_embeddings};
 }
 
 std::shared_ptr<const plan::ModelDescription> describe_gpt(const plan::GptShape& g, int stages) {
@@ -123,12 +125,13 @@ constexpr std::array<GptPreset, 12> kGptPresets = {{
     {"6.7B", 32, 32, 4096, 50257},
     {"13B", 40, 40, 5120, 50257},
     {"175B", 96, 96, 12288, 50257},
-    {"llama2-7B", 32, 32, 4096, 32000, kLlama, 32, 11008},
-    {"llama2-70B", 80, 64, 8192, 32000, kLlama, 8, 28672},
-    {"mixtral-8x7B", 32, 32, 4096, 32000, kLlama, 8, 14336, {.experts = 8, .top_k = 2}},
+    {"llama2-7B", 32, 32, 4096, 32000, kLlama, 32, 11008, {}, false},
+    {"llama2-70B", 80, 64, 8192, 32000, kLlama, 8, 28672, {}, false},
+    {"mixtral-8x7B", 32, 32, 4096, 32000, kLlama, 8, 14336, {.experts = 8, .top_k = 2}, false},
     {"deepseek-v3", 61, 128, 7168, 129280, kLlama, 128, 18432,
      {.experts = 256, .top_k = 8, .expert_hidden = 2048, .shared_experts = 1, .score = layout::RouterScore::sigmoid,
-      .first_dense = 3}},
+      .first_dense = 3},
+     false},
 }};
 
 }  // namespace
@@ -142,7 +145,8 @@ std::string gpt_preset_names() {
 }
 
 void PlanRequest::set_blocks(const TrainConfig& tc) {
-  arch = tc.arch, kv_heads = tc.kv_heads, ffn_hidden = tc.ffn_hidden, moe = tc.moe;
+  arch = tc.arch, kv_heads = tc.kv_heads, ffn_hidden = tc.ffn_hidden, moe = tc.moe,
+  tie_embeddings = tc.tie_embeddings;
 }
 
 PlannedRun resolve_plan_request(const PlanRequest& r) {
@@ -150,6 +154,7 @@ PlannedRun resolve_plan_request(const PlanRequest& r) {
   layout::DecoderArch arch = r.arch;
   int64_t kv_heads = r.kv_heads, ffn_hidden = r.ffn_hidden;
   layout::MoEOptions moe = r.moe;
+  bool tie = r.tie_embeddings;
   if (!r.size.empty()) {
     const GptPreset* p = nullptr;
     for (const GptPreset& q : kGptPresets)
@@ -159,7 +164,7 @@ PlannedRun resolve_plan_request(const PlanRequest& r) {
                             fmt::format("use one of {}, or give --layers, --heads, --width and --vocab",
                                         gpt_preset_names()));
     layers = p->layers, heads = p->heads, width = p->width, vocab = p->vocab;
-    arch = p->arch, kv_heads = p->kv_heads, ffn_hidden = p->ffn_hidden, moe = p->moe;
+    arch = p->arch, kv_heads = p->kv_heads, ffn_hidden = p->ffn_hidden, moe = p->moe, tie = p->tie_embeddings;
   }
   const DType precision = layout::parse_precision(r.precision, "--precision");
   const mesh::NamedShape mesh = mesh::parse_mesh_spec(r.mesh);
@@ -182,7 +187,7 @@ PlannedRun resolve_plan_request(const PlanRequest& r) {
   TrainConfig tc;
   tc.model = "gpt";
   tc.vocab = vocab, tc.context = r.seq, tc.layers = layers, tc.heads = heads, tc.width = width;
-  tc.arch = arch, tc.kv_heads = kv_heads, tc.ffn_hidden = ffn_hidden, tc.moe = moe;
+  tc.arch = arch, tc.kv_heads = kv_heads, tc.ffn_hidden = ffn_hidden, tc.moe = moe, tc.tie_embeddings = tie;
   tc.sequence_parallel = r.sequence_parallel;
   tc.dropout = 0;
   find_model_recipe("gpt").check(tc, run);

@@ -57,8 +57,8 @@ std::vector<layout::ModelParameter> mlp_parameters(const std::vector<int64_t>& s
 
 // GPT sizes by name: GPT-2/3's (124M ... 175B, GPT-2's blocks), Llama 2's
 // (llama2-7B, llama2-70B), Mixtral 8x7B's and DeepSeek-V3's (Llama's
-// blocks; DeepSeek-V3's multi-head latent attention as plain multi-head
-// attention, its head untied: see docs/planner.md), for `meshtrain plan
+// blocks, their heads untied; DeepSeek-V3's multi-head latent attention as
+// plain multi-head attention: see docs/planner.md), for `meshtrain plan
 // --size` and meshtrain.plan(size=...).
 struct GptPreset {
   const char* name;
@@ -66,6 +66,7 @@ struct GptPreset {
   layout::DecoderArch arch = layout::DecoderArch::gpt2;
   int64_t kv_heads = 0, ffn_hidden = 0;
   layout::MoEOptions moe = {};
+  bool tie_embeddings = true;
 };
 std::span<const GptPreset> gpt_presets();
 std::string gpt_preset_names();  // "124M, 350M, ..."
@@ -74,8 +75,9 @@ std::string gpt_preset_names();  // "124M, 350M, ..."
 // Llama's heads and MLP, the mixture-of-experts layers' shape): what `plan`
 // and `shard --model` take under train's flags and meshtrain.plan as
 // keywords.
-inline constexpr std::string_view kGptBlockKeys[] = {"arch",  "kv_heads",      "ffn_hidden",     "experts",
-                                                     "top_k", "expert_hidden", "shared_experts", "first_dense"};
+inline constexpr std::string_view kGptBlockKeys[] = {"arch",          "kv_heads",       "ffn_hidden",
+                                                     "tie_embeddings", "experts",       "top_k",
+                                                     "expert_hidden", "shared_experts", "first_dense"};
 
 // What the planner is asked about: a GPT (a preset, else the sizes) and
 // how it is laid out, in the flags' words (`meshtrain plan`'s options,
@@ -97,6 +99,7 @@ struct PlanRequest {
   layout::DecoderArch arch = layout::DecoderArch::gpt2;
   int64_t kv_heads = 0, ffn_hidden = 0;
   layout::MoEOptions moe = {};
+  bool tie_embeddings = true;
   void set_blocks(const TrainConfig& tc);
 };
 

@@ -165,6 +165,10 @@ const TrainField kFields[] = {
      MT_DBL(rope_base, {.min = 1, .min_open = true})},
     {"ffn_hidden", "--ffn-hidden", "GPT llama: the SwiGLU MLP's width (0: 8/3 width, rounded up to a multiple of 64)",
      MT_INT(ffn_hidden, 0, 4 * kMaxWidth)},
+    {"tie_embeddings", "--tie-embeddings",
+     "GPT: the output head multiplies the token embedding wte (false: a table of its own, lm_head, as Llama 2 and "
+     "later)",
+     MT_BOOL(tie_embeddings)},
     {"experts", "--experts",
      "GPT llama: routed experts of each mixture-of-experts layer (0: dense MLPs; the expert axis divides it)",
      MT_INT(moe.experts, 0, 4096)},

@@ -53,6 +53,7 @@ struct TrainConfig {
   int kv_heads = 0;                          // Llama: key/value heads (0: heads), dividing heads
   double rope_base = 10000.0;                // Llama: RoPE's base
   int ffn_hidden = 0;                        // Llama: the SwiGLU MLP's width (0: 8/3 width, rounded up to 64)
+  bool tie_embeddings = true;                // GPT: the head multiplies wte (false: its own lm_head)
   // Llama: mixture-of-experts layers (nn/moe.h; experts 0: dense), keys
   // experts, top_k, expert_hidden, shared_experts, router_score,
   // normalize_top_k, aux_loss_coef, capacity_factor, bias_update_rate,
