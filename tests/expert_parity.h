@@ -24,20 +24,22 @@ struct ExpertLayout {
   std::string router = "softmax";
   double bias_update_rate = 0.0;  // DeepSeek-V3's balancing
   bool recompute = false;
+  int top_k = 2;
+  std::string init_from = "";  // a model file to start from (--init-from)
 
   // "data=2,expert=2 zero3 cf 1", ...
   std::string name() const {
-    return fmt::format("{}{}{}{}{}{}{}{}", mesh.empty() ? "one device" : mesh, fsdp.empty() ? "" : " " + fsdp,
+    return fmt::format("{}{}{}{}{}{}{}{}{}", mesh.empty() ? "one device" : mesh, fsdp.empty() ? "" : " " + fsdp,
                        mesh.find("pipeline") != std::string::npos ? " " + schedule : "",
                        capacity_factor > 0 ? fmt::format(" cf {}", capacity_factor) : " no-drop",
                        clip_norm > 0 ? fmt::format(" clip {}", clip_norm) : "", router == "softmax" ? "" : " " + router,
                        bias_update_rate > 0 ? fmt::format(" bias {}", bias_update_rate) : "",
-                       recompute ? " recompute" : "");
+                       recompute ? " recompute" : "", init_from.empty() ? "" : " from " + init_from);
   }
   // The one-device run this layout must equal (same model and optimization).
   ExpertLayout reference() const {
     return {.capacity_factor = capacity_factor, .clip_norm = clip_norm, .router = router,
-            .bias_update_rate = bias_update_rate};
+            .bias_update_rate = bias_update_rate, .top_k = top_k, .init_from = init_from};
   }
 };
 
@@ -48,9 +50,10 @@ inline train::TrainConfig expert_config(const ExpertLayout& l, const std::string
   tc.dropout = 0.0;
   tc.batch_size = 16;
   tc.micro_batches = 2;
-  tc.moe = {.experts = 4, .top_k = 2, .expert_hidden = 32, .shared_experts = 1, .aux_loss_coef = 0.01,
+  tc.moe = {.experts = 4, .top_k = l.top_k, .expert_hidden = 32, .shared_experts = 1, .aux_loss_coef = 0.01,
             .capacity_factor = l.capacity_factor, .bias_update_rate = l.bias_update_rate};
   tc.recompute = l.recompute;
+  tc.init_from = l.init_from;
   tc.set("router_score", l.router, "ExpertLayout.router");
   tc.clip_norm = l.clip_norm;
   tc.set("fsdp", l.fsdp, "ExpertLayout.fsdp");

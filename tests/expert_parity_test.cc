@@ -9,6 +9,9 @@
 //   with the sigmoid router);
 // - DeepSeek-V3's bias balancing on data x expert and pipeline x expert
 //   (with recompute);
+// - every token to one expert (a selection bias loaded by --init-from):
+//   the other ranks' experts receive nothing, on expert=2, expert=4 and
+//   data=2 x expert=2;
 // - gradient clipping that is active on expert x tensor x data: the norm
 //   counts every parameter once (experts summed over the expert axis,
 //   replicated parameters once, tensor blocks summed over tensor).
@@ -17,11 +20,16 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 
+#include "meshtrain/checkpoint/safetensors.h"
 #include "meshtrain/testing/parity.h"
+#include "meshtrain/train/export.h"
 #include "meshtrain/train/trainer.h"
 #include "tests/expert_parity.h"
 
@@ -84,6 +92,58 @@ TEST(ExpertParity, BiasBalancingEqualsOneDevice) {
   expect_one_device({.mesh = "pipeline=2,expert=2", .capacity_factor = 1.0, .router = "sigmoid",
                      .bias_update_rate = 0.01, .recompute = true},
                     "p2e2_bias_recompute");
+}
+
+// Every token to expert 0 (top-1, a selection bias of 100 for it loaded
+// with --init-from from the file meshtrain export writes, the biases
+// edited, as DeepSeek-V3's e_score_correction_bias): the
+// rank holding expert 0 takes every rank's tokens and the others' experts
+// receive none, for 30 steps, on expert=2, expert=4 and data=2 x expert=2,
+// equal to one device; the load reports it (imbalance 4: one expert of 4).
+TEST(ExpertParity, EveryTokenToOneExpert) {
+  // The model's initial values, its biases set to send every token to expert 0.
+  ExpertLayout start{.top_k = 1};
+  train::TrainConfig tc = expert_config(start, "one_expert_start");
+  tc.max_steps = 1;
+  tc.lr = 1e-30;
+  (void)train::run_training(tc, {}, {.engine = comm::Engine::threads, .ranks = 1});
+  const std::string file = (std::filesystem::temp_directory_path() / "meshtrain_one_expert.safetensors").string();
+  (void)train::export_model(tc.run_dir, file);  // Hugging Face's names and layout, as --init-from reads
+  auto values = checkpoint::load_safetensors(file);
+  int biases = 0;
+  for (auto& [name, t] : values)
+    if (name.find("e_score_correction_bias") != std::string::npos) {
+      ASSERT_EQ(t.numel(), 4) << name;
+      t = Tensor::from_vector(std::vector<float>{100, 0, 0, 0}, {4});
+      ++biases;
+    }
+  ASSERT_EQ(biases, 2);  // blocks 0 and 1
+  checkpoint::save_safetensors(file, values, {{"format", "pt"}, {"model", "llama"}});
+  std::filesystem::remove_all(tc.run_dir);
+  for (const char* mesh : {"expert=2", "expert=4", "data=2,expert=2"}) {
+    const ExpertLayout l{.mesh = mesh, .top_k = 1, .init_from = file};
+    expect_one_device(l, std::string("one_expert_") + mesh);
+    const train::TrainResult& one = one_device(l);
+    for (const auto& [name, t] : one.final_parameters)
+      if (name.find("e_score_correction_bias") != std::string::npos) {
+        EXPECT_EQ(t.to_vector(), (std::vector<double>{100, 0, 0, 0})) << name;
+      }
+  }
+  // The load of one step of the same run, as metrics.jsonl records it.
+  train::TrainConfig check = expert_config({.mesh = "expert=2", .top_k = 1, .init_from = file}, "one_expert_load");
+  check.max_steps = 1;
+  check.log_every = 1;
+  const config::DistributedConfig dc = testing::threads_mesh_config("expert=2");
+  (void)train::run_training(check, dc, {.engine = comm::Engine::threads, .ranks = 2});
+  std::ifstream in(check.run_dir + "/metrics.jsonl");
+  std::string line, train_line;
+  while (std::getline(in, line))
+    if (line.find("\"moe_imbalance\"") != std::string::npos) train_line = line;
+  ASSERT_FALSE(train_line.empty());
+  const nlohmann::json j = nlohmann::json::parse(train_line);
+  EXPECT_DOUBLE_EQ(j.at("moe_imbalance").get<double>(), 4.0) << train_line;
+  EXPECT_DOUBLE_EQ(j.at("moe_expert_0_share").get<double>(), 1.0) << train_line;
+  std::filesystem::remove_all(check.run_dir);
 }
 
 TEST(ExpertParity, ClippingCountsEveryParameterOnce) {

@@ -721,6 +721,7 @@ class Run {
         }
     // Expert parallelism: each expert rank 0 puts every expert of its stage in place.
     if (ep_.size() > 1) whole = internal::merge_expert_parameters(*ep_.comm, whole, expert);
+    internal::insert_moe_biases(whole, moe_->layers());  // buffers: replicated, beside their routers
     // Pipeline: world rank 0 assembles the whole model from every stage's
     // parameters (its pipeline group's ranks send theirs) and writes the
     // recipe's files from it.

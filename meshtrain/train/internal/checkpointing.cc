@@ -127,6 +127,21 @@ std::vector<int32_t> TrainingCheckpoint::load_model(const std::vector<std::pair<
     copy_region(whole.contiguous(), piece);
     used[it->second] = 1;
   }
+  // Buffers (the MoE layers' selection biases) when the file has them: one
+  // exported before they were written keeps the model's own.
+  for (const auto& [name, t] : buffers_) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end()) continue;
+    const Tensor& whole = tensors[it->second].second;
+    if (whole.shape() != t.shape())
+      throw IoError("--init-from",
+                    fmt::format("{} holds '{}' as [{}], this model needs [{}]", source, name,
+                                fmt::join(whole.shape(), ", "), fmt::join(t.shape(), ", ")),
+                    "give a model file of the same model and sizes");
+    Tensor into = t;  // the live buffer, in place
+    into.copy_from(whole.to(DType::f32));
+    used[it->second] = 1;
+  }
   return used;
 }
 

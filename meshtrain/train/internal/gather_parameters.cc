@@ -1,6 +1,10 @@
 #include "meshtrain/train/internal/gather_parameters.h"
 
+#include "meshtrain/nn/moe.h"
+
+#include <algorithm>
 #include <map>
+#include <string_view>
 
 namespace meshtrain::train::internal {
 
@@ -77,6 +81,16 @@ NamedTensors merge_expert_parameters(comm::Communicator& expert_axis, const Name
     by_layer.erase(it);
   }
   return out;
+}
+
+void insert_moe_biases(NamedTensors& params, const MoELayers& layers) {
+  constexpr std::string_view kBias = "e_score_correction_bias";
+  for (const auto& [block, layer] : layers) {
+    const std::string bias = layer->bias_name();
+    const std::string router = bias.substr(0, bias.size() - kBias.size()) + "weight";
+    const auto at = std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == router; });
+    if (at != params.end()) params.insert(at + 1, {bias, layer->bias()});
+  }
 }
 
 }  // namespace meshtrain::train::internal

@@ -3,7 +3,8 @@
 // the point-to-point transport (pipeline stages send theirs to pipeline
 // rank 0: PipelineRun::collect_parameters) and the expert axis's merge (each
 // expert rank holds its experts; rank 0 of the axis puts every rank's in
-// the whole model's order). Internal to the trainer.
+// the whole model's order); the MoE layers' selection biases placed beside
+// their routers. Internal to the trainer.
 #pragma once
 
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "meshtrain/comm/communicator.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/train/model_recipe.h"
 
 namespace meshtrain::train::internal {
 
@@ -29,5 +31,12 @@ std::vector<NamedTensors> gather_named_tensors(comm::Communicator& c, const Name
 // others return {}. `expert[i]` tells whether mine[i] is a routed expert's.
 NamedTensors merge_expert_parameters(comm::Communicator& expert_axis, const NamedTensors& mine,
                                      const std::vector<bool>& expert);
+
+// `params` (a model's, or a stage's) with each of `layers`' selection bias
+// (a buffer, nn::MoE::bias_name(): "<layer>.gate.e_score_correction_bias")
+// inserted after its router's weight ("<layer>.gate.weight"), so a model
+// file carries it where any layout puts it. A bias whose router is not in
+// `params` is left out.
+void insert_moe_biases(NamedTensors& params, const MoELayers& layers);
 
 }  // namespace meshtrain::train::internal

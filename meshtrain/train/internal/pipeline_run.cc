@@ -184,6 +184,14 @@ std::unique_ptr<RecipeModel> assemble_model(const ModelRecipe& recipe, uint64_t 
     p->value.copy_from(it->second);
     params.emplace_back(p->name, p->value);
   }
+  // The MoE layers' selection biases, which their stages sent beside their routers.
+  const MoELayers layers = whole->moe_layers();
+  for (const auto& [block, layer] : layers)
+    if (const auto it = by_name.find(layer->bias_name()); it != by_name.end()) {
+      const Tensor b = it->second.contiguous();
+      layer->set_bias({b.data<float>(), static_cast<size_t>(b.numel())});
+    }
+  insert_moe_biases(params, layers);
   return whole;
 }
 
