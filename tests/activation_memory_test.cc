@@ -277,6 +277,7 @@ std::vector<Case> cases() {
       {"  tensor=2", l1, L{.micro_batch = 2, .tensor = 2}},
       {"  tensor=2 sp", l1, L{.micro_batch = 2, .tensor = 2, .sequence_parallel = true}},
       {"  tensor=4 (key/value heads replicated)", l1, L{.micro_batch = 2, .tensor = 4}},
+      {"  tensor=4 sp (key/value heads replicated)", l1, L{.micro_batch = 2, .tensor = 4, .sequence_parallel = true}},
       {"  context=2 ring", l1, L{.micro_batch = 2, .context = 2}},
       {"moe B2 T16 C32 E4 top2 F24 +shared L3", m1, L{.micro_batch = 2}},
       {"  + recompute", m1, L{.micro_batch = 2, .recompute = true}},

@@ -18,7 +18,8 @@
 //   rank's 20 steps to 21; pipeline=2 x context=2 x tensor=2 under zb).
 // - Llama's blocks: data x tensor (sequence parallel, overlap), ZeRO-3
 //   under zb, pipeline x tensor, context (ring, all_to_all, beside tensor);
-//   key/value heads replicated over tensor=6 (2 and 3 heads).
+//   key/value heads replicated over tensor=6 (2 and 3 heads; with sequence
+//   parallelism) and tensor=2 and 3 (1 head).
 // - Tensor parallelism's communication overlap (--tp-overlap): its rings
 //   at tensor=3 with sequence parallelism, under zb's split backward, and
 //   its blocked all-reduces without sequence parallelism.
@@ -108,12 +109,18 @@ TEST(AxesParity, LlamaBlocks) {
 // kv_heads (Megatron's rule): 2 heads over tensor=6 (each on 3 ranks), 3
 // heads (each on 2), and 1 head over tensor=2 beside data and under a
 // pipeline, each head's gradients summed over the ranks holding it once per
-// step.
+// step; with sequence parallelism too.
 TEST(AxesParity, LlamaReplicatedKeyValueHeads) {
   expect_one_device({.mesh = "tensor=6", .llama = true, .kv_heads = 2}, "llama_kv2_tensor6");
   expect_one_device({.mesh = "tensor=6", .llama = true, .kv_heads = 3}, "llama_kv3_tensor6");
   expect_one_device({.mesh = "data=2,tensor=2", .llama = true, .kv_heads = 1}, "llama_kv1_data_tensor");
   expect_one_device({.mesh = "pipeline=2,tensor=3", .llama = true, .kv_heads = 1}, "llama_kv1_pipeline_tensor3");
+  // With sequence parallelism (k and v on the gathered sequence): tensor=6,
+  // and tensor=3 padding the 40 steps to 42 under a pipeline.
+  expect_one_device({.mesh = "tensor=6", .sequence_parallel = true, .llama = true, .kv_heads = 2},
+                    "llama_kv2_tensor6_sp");
+  expect_one_device({.mesh = "pipeline=2,tensor=3", .sequence_parallel = true, .llama = true, .kv_heads = 1},
+                    "llama_kv1_pipeline_tensor3_sp");
 }
 
 // Llama's head untied (its own lm_head table): vocabulary-parallel beside

@@ -162,6 +162,7 @@ TEST(MemoryModel, Llama) {
   check({.blocks = "llama"});
   check({.mesh = "tensor=2", .blocks = "llama"});
   check({.mesh = "tensor=4", .blocks = "llama"});
+  check({.mesh = "tensor=4", .sequence_parallel = true, .blocks = "llama"});
   check({.mesh = "fsdp=2", .fsdp = "zero3", .blocks = "llama"});
 }
 TEST(MemoryModel, MixtureOfExperts) {

@@ -134,6 +134,7 @@ TEST(TrafficModel, Llama) {
   check({.mesh = "tensor=2", .blocks = "llama"});
   check({.mesh = "tensor=2", .sequence_parallel = true, .blocks = "llama"});
   check({.mesh = "tensor=4", .blocks = "llama"});
+  check({.mesh = "tensor=4", .sequence_parallel = true, .blocks = "llama"});
   check({.mesh = "fsdp=2", .fsdp = "zero3", .blocks = "llama"});
 }
 TEST(TrafficModel, MixtureOfExperts) {

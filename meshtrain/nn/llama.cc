@@ -33,12 +33,6 @@ const LlamaAttentionConfig& checked(const LlamaAttentionConfig& c) {
                                       k),
                           "use a tensor axis size that divides kv_heads, or that kv_heads divides (each head then "
                           "replicated on tensor / kv_heads ranks)");
-  if (k > kv && c.tensor.splits_sequence())
-    throw InvalidArgument(op,
-                          fmt::format("'{}': {} key/value heads replicated over {} tensor ranks with sequence "
-                                      "parallelism",
-                                      c.prefix, kv, k),
-                          "train without sequence parallelism, or with a tensor axis that divides kv_heads");
   return c;
 }
 
@@ -138,8 +132,11 @@ Tensor LlamaAttention::do_forward(const Tensor& x, Saved& saved) {
                           "pass (batch, time, width)");
   State& st = saved.state<State>();
   const Tensor q = q_->forward(x, saved.child(0));  // (B, T, Hq D) (sequence parallel: gathered)
-  const Tensor k = k_->forward(x, saved.child(1));
-  const Tensor v = v_->forward(x, saved.child(2));
+  // Replicated key/value heads run over kv_comm_ on the whole sequence:
+  // under sequence parallelism their input is gathered over the tensor axis.
+  const Tensor xkv = rep_comm_ && config_.tensor.splits_sequence() ? gather_sequence(x, config_.tensor, tracker_) : x;
+  const Tensor k = k_->forward(xkv, saved.child(1));
+  const Tensor v = v_->forward(xkv, saved.child(2));
   st.b = q.size(0);
   st.t = q.size(1);
   std::vector<int64_t> pos(static_cast<size_t>(st.t));
@@ -219,6 +216,12 @@ Tensor LlamaAttention::do_backward_input(const Tensor& grad_out, Saved& saved) {
       const F::ProfileScope scope("tp all_reduce");
       rep_comm_->all_reduce(dkv.data<float>(), dkv.data<float>(), static_cast<size_t>(dkv.numel()), DType::f32,
                             comm::ReduceOp::sum);
+    }
+    // dkv is the whole sequence's complete sum on every rank: under sequence
+    // parallelism this rank's steps of it join q's reduce-scattered dx.
+    if (config_.tensor.splits_sequence()) {
+      const int64_t s = dx.size(1);
+      dkv = dkv.narrow(1, config_.tensor.rank() * s, s).contiguous();
     }
     add(dx, dkv, dx);
   }

@@ -93,6 +93,9 @@ class LlamaAttention final : public Module {
   // ranks r with one r % rep: rank r holds head r / rep), their input
   // gradients then summed over rep_comm_ (the rep ranks holding that head),
   // which also sums their weights' gradients (Parameter::partial_over).
+  // Under sequence parallelism k and v take the input gathered over the
+  // tensor axis, and this rank's steps of their summed input gradient join
+  // q's reduce-scattered one.
   std::unique_ptr<comm::Communicator> kv_comm_, rep_comm_;
   std::unique_ptr<Module> q_, k_, v_, o_;
 };

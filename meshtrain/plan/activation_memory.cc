@@ -138,6 +138,7 @@ struct Dims {
   // experts, an expert's and the shared experts' hidden features on this
   // rank (0: none), the expert axis P.
   bool llama = false;
+  bool kv_rep = false;  // key/value heads replicated over the tensor axis (fewer than its ranks)
   int64_t kvl = 0, gl = 0;
   int64_t experts = 0, top_k = 0, local_experts = 0, el = 0, sl = 0, first_dense = 0;
   int expert_ranks = 1;
@@ -580,8 +581,16 @@ class Walk {
   // parallelism: its chunks, out and merged untracked.
   int llama_attention_forward(BlockS& s, int x) {
     int q = column_forward(s.q_proj, x, d_.cl, "h.*.self_attn.q_proj");
-    int k = column_forward(s.k_proj, x, d_.kvl, "h.*.self_attn.k_proj");
-    int v = column_forward(s.v_proj, x, d_.kvl, "h.*.self_attn.v_proj");
+    int k = -1, v = -1;
+    if (d_.kv_rep) {  // plain Linears of the key/value head on the whole sequence (gathered once under sp)
+      int xkv = d_.sp ? gather(x, "h.*.self_attn k/v input (gathered)") : l_.ref(x);
+      k = linear_forward(s.k_proj, xkv, d_.rows(), d_.c, d_.kvl, "h.*.self_attn.k_proj");
+      v = linear_forward(s.v_proj, xkv, d_.rows(), d_.c, d_.kvl, "h.*.self_attn.v_proj");
+      l_.unref(xkv);
+    } else {
+      k = column_forward(s.k_proj, x, d_.kvl, "h.*.self_attn.k_proj");
+      v = column_forward(s.v_proj, x, d_.kvl, "h.*.self_attn.v_proj");
+    }
     const bool grouped = d_.cl != d_.kvl;  // repeat_heads copies (untracked)
     l_.assign(s.q_heads, heads_copy(q, 4 * d_.rows() * d_.cl, "h.*.self_attn.q (heads)"));
     int kh = heads_copy(k, 4 * d_.rows() * d_.kvl, "h.*.self_attn.k (heads)");
@@ -613,10 +622,20 @@ class Walk {
     }
     for (int* id : {&s.q_heads, &s.k_heads, &s.v_heads, &s.out, &s.lse}) l_.unref(*id);
     int dx = column_backward_input(s.q_proj, -1, d_.cl, "h.*.self_attn.q_proj");
-    int dk = column_backward_input(s.k_proj, -1, d_.kvl, "h.*.self_attn.k_proj");
-    int dv = column_backward_input(s.v_proj, -1, d_.kvl, "h.*.self_attn.v_proj");
-    l_.unref(dk);
-    l_.unref(dv);
+    if (!d_.kv_rep) {
+      int dk = column_backward_input(s.k_proj, -1, d_.kvl, "h.*.self_attn.k_proj");
+      int dv = column_backward_input(s.v_proj, -1, d_.kvl, "h.*.self_attn.v_proj");
+      l_.unref(dk);
+      l_.unref(dv);
+    } else {  // k's and v's dx summed into a copy (whole sequence), under sp narrowed to this rank's steps
+      int dk = linear_backward_input(s.k_proj, -1, d_.rows(), d_.c, d_.kvl, "h.*.self_attn.k_proj");
+      int dkv = l_.alloc("h.*.self_attn dkv", 4 * d_.rows() * d_.c);
+      int dv = linear_backward_input(s.v_proj, -1, d_.rows(), d_.c, d_.kvl, "h.*.self_attn.v_proj");
+      l_.unref(dk);
+      l_.unref(dv);
+      if (d_.sp && d_.b > 1) l_.assign(dkv, l_.alloc("h.*.self_attn dkv (this rank's steps)", 4 * d_.rows_s() * d_.c));
+      l_.unref(dkv);
+    }
     l_.unref(dmerged);
     return dx;
   }
@@ -948,6 +967,7 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
           fmt::format("{} key/value heads for {} heads over tensor {}", kv, g.heads, d.k),
           "use kv_heads dividing heads, and a tensor axis that divides kv_heads or that kv_heads divides");
     d.llama = true;
+    d.kv_rep = d.k > kv;
     d.kvl = (d.k > kv ? 1 : kv / d.k) * d.d;
     d.gl = shard_size(g.mlp_hidden(), d.k, l.tensor_rank);
     if (g.moe.active()) {

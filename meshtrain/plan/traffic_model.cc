@@ -231,7 +231,9 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
           if (embed) per_micro(tensor, CommKind::all_reduce, act, m, "embedding output");
           if (head) per_micro(tensor, CommKind::all_reduce, act, m, "head input gradient");
         } else {  // no MoE layers here (the trainer refuses them with sequence parallelism)
-          per_micro(tensor, CommKind::all_gather, act_sp, m * blocks * (columns * forwards + 2), "block activations");
+          // (Replicated key/value heads: k and v share one gather of their input.)
+          const int64_t gathers = kv_replicated ? columns + 1 : columns;
+          per_micro(tensor, CommKind::all_gather, act_sp, m * blocks * (gathers * forwards + 2), "block activations");
           per_micro(tensor, CommKind::reduce_scatter, act_sp, m * blocks * (2 * forwards + columns),
                     "block activations");
           if (embed) {

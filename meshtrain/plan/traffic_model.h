@@ -51,7 +51,8 @@
 //                   when key/value heads are replicated over the axis: k's
 //                   and v's run over sub-communicators the counters do not
 //                   see); sequence parallel: 5 all_gathers and 2
-//                   reduce_scatters a forward, 2 and 5 backward
+//                   reduce_scatters a forward, 2 and 5 backward (replicated
+//                   key/value heads: 4 and 2, 2 and 3)
 //   experts         per MoE layer and micro-batch (routing taken as even:
 //                   each of this rank's E / P experts gets n top_k / E of
 //                   the rows of every rank, n = B t): an all_to_all of the

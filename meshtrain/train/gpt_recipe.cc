@@ -116,10 +116,6 @@ void check_gpt_layout(const TrainConfig& tc, const layout::TrainingLayout& l) {
                                                 features, tensor),
                               fmt::format("use features that the tensor axis divides (or a tensor axis that divides "
                                           "{})", features));
-    if (tensor > kv && tc.sequence_parallel)
-      throw InvalidArgument("--sequence-parallel",
-                            fmt::format("{} key/value heads replicated over a tensor axis of {}", kv, tensor),
-                            "train without --sequence-parallel, or with a tensor axis that divides kv_heads");
     if (tc.dropout > 0.0)
       throw InvalidArgument("--arch llama", fmt::format("dropout {}", tc.dropout),
                             "Llama's blocks have no dropout: set --dropout 0, or use --arch gpt2");
