@@ -20,6 +20,7 @@
 //   under zb, pipeline x tensor, context (ring, all_to_all, beside tensor);
 //   key/value heads replicated over tensor=6 (2 and 3 heads; with sequence
 //   parallelism) and tensor=2 and 3 (1 head).
+// - ZeRO++ on Llama's blocks: hpZ bit for bit against zero3, qwZ + qgZ close.
 // - Tensor parallelism's communication overlap (--tp-overlap): its rings
 //   at tensor=3 with sequence parallelism, under zb's split backward, and
 //   its blocked all-reduces without sequence parallelism.
@@ -132,6 +133,24 @@ TEST(AxesParity, LlamaUntiedHead) {
   expect_one_device({.mesh = "pipeline=2,tensor=2", .llama = true, .untied = true}, "llama_untied_pipeline_tensor");
   expect_one_device({.mesh = "fsdp=2,pipeline=2", .fsdp = "zero3", .schedule = "zb", .llama = true, .untied = true},
                     "llama_untied_zero3_pipeline");
+}
+
+// ZeRO++ on Llama's blocks: hpZ changes no value (zero3 over fsdp=4, bit
+// for bit), and qwZ + qgZ follows one device closely.
+TEST(AxesParity, LlamaZeroPlusPlus) {
+  const train::TrainResult hpz =
+      train_gpt({.mesh = "node=2,fsdp=2", .fsdp = "zero3", .zeropp = "hpz", .llama = true}, "llama_zeropp_hpz");
+  const train::TrainResult zero3 = train_gpt({.mesh = "fsdp=4", .fsdp = "zero3", .llama = true}, "llama_zero3");
+  for (const std::string& p : testing::run_differences(hpz, zero3, 0.0)) ADD_FAILURE() << "hpz vs zero3: " << p;
+  const train::TrainResult q =
+      train_gpt({.mesh = "node=2,fsdp=2", .fsdp = "zero3", .zeropp = "qwz,qgz", .llama = true}, "llama_zeropp_q");
+  const train::TrainResult& one = one_device({.llama = true});
+  double worst = 0;
+  for (size_t s = 0; s < q.step_losses.size(); ++s)
+    worst = std::max(worst, std::fabs(q.step_losses[s] - one.step_losses[s]) / one.step_losses[s]);
+  fmt::print("Llama ZeRO++ qwZ+qgZ on node=2,fsdp=2 vs one device: worst step {:.2e} relative\n", worst);
+  EXPECT_LT(worst, 2e-3);
+  EXPECT_GT(worst, 0);  // the quantization is real
 }
 
 TEST(AxesParity, SequenceParallelPadsInAPipeline) {
