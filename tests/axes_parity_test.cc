@@ -182,6 +182,13 @@ TEST(AxesParity, ContextWithSequenceParallel) {
                     "context_tensor3_sp");
   expect_one_device({.mesh = "pipeline=2,context=2,tensor=2", .sequence_parallel = true, .schedule = "zb"},
                     "pipeline_context_tensor_sp");
+  // Llama's blocks with the padding (3 key/value heads over tensor=3): ring
+  // and all_to_all.
+  expect_one_device({.mesh = "context=2,tensor=3", .sequence_parallel = true, .llama = true, .kv_heads = 3},
+                    "llama_context_tensor3_sp");
+  expect_one_device({.mesh = "context=2,tensor=3", .sequence_parallel = true, .cp_comm = "all_to_all",
+                     .llama = true, .kv_heads = 3},
+                    "llama_context_tensor3_sp_a2a");
 }
 
 // ZeRO++ under a pipeline: each stage shards over its node=2 x fsdp=2

@@ -12,9 +12,9 @@
 // "h.0.mlp.gate_proj", ...), an RMSNorm ln_f and no wpe (positions are
 // rotary, inside attention); weights ~ N(0, 0.02), the residual
 // projections as GPT-2's. Tensor, sequence, context and pipeline
-// parallelism and fully sharded data parallelism work as for GPT-2 (but
-// for sequence-parallel padding with a context axis); dropout is refused
-// (InvalidArgument).
+// parallelism and fully sharded data parallelism work as for GPT-2
+// (sequence-parallel padding beside a context axis too); dropout is
+// refused (InvalidArgument).
 //
 // Architecture (GPT-2): token embedding "wte" (vocab, width) plus learned
 // position embedding "wpe" (block_size, width); `layers` pre-LayerNorm

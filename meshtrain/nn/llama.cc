@@ -139,17 +139,19 @@ Tensor LlamaAttention::do_forward(const Tensor& x, Saved& saved) {
   const Tensor v = v_->forward(xkv, saved.child(2));
   st.b = q.size(0);
   st.t = q.size(1);
-  std::vector<int64_t> pos(static_cast<size_t>(st.t));
-  if (splits()) {  // this rank's chunks at their global positions
+  std::vector<int64_t> pos(static_cast<size_t>(st.t), 0);
+  st.t_real = st.t;
+  if (splits()) {  // this rank's chunks at their global positions (sequence parallelism's padding after them)
     const ContextParallelGroup& cp = config_.context;
     const int64_t whole = saved.batch.sequence_length > 0 ? saved.batch.sequence_length : st.t * cp.size();
-    if (whole != st.t * cp.size())
+    st.t_real = whole / cp.size();
+    if (whole % cp.size() != 0 || st.t_real > st.t || st.t_real % cp.local_chunks() != 0)
       throw InvalidArgument("LlamaAttention::forward",
                             fmt::format("'{}': {} steps for a sequence of {} over {} context-parallel ranks",
                                         config_.prefix, st.t, whole, cp.size()),
-                            "pass this rank's chunks (sequence-parallel padding with a context axis is not "
-                            "supported for Llama's blocks yet: use a length the tensor axis divides)");
-    pos = sequence_positions(cp, whole);
+                            "pass this rank's chunks (padded to the sequence-parallel split)");
+    const std::vector<int64_t> mine = sequence_positions(cp, whole);
+    std::copy(mine.begin(), mine.end(), pos.begin());
   } else {
     for (int64_t i = 0; i < st.t; ++i) pos[static_cast<size_t>(i)] = i;
   }
@@ -162,13 +164,21 @@ Tensor LlamaAttention::do_forward(const Tensor& x, Saved& saved) {
   const int64_t group = heads_ / kv_heads_;
   st.k = repeat_heads(kh, group);
   st.v = repeat_heads(to_heads(v, kv_heads_), group);
-  if (splits()) {  // attention over the whole sequence from this rank's chunks
-    const int64_t p = config_.context.local_chunks();
-    const Tensor out = context_attention_forward(config_.context, to_chunks(st.q, st.b, p), to_chunks(st.k, st.b, p),
-                                                 to_chunks(st.v, st.b, p), /*causal=*/true,
-                                                 1.0 / std::sqrt(static_cast<double>(head_dim_)), st.cp);
+  if (splits()) {  // attention over the whole sequence from this rank's chunks' real steps
+    const int64_t p = config_.context.local_chunks(), t = st.t_real;
+    const auto real = [&](const Tensor& x) { return t == st.t ? x : x.narrow(1, 0, t).contiguous(); };
+    const Tensor out = context_attention_forward(config_.context, to_chunks(real(st.q), st.b, p),
+                                                 to_chunks(real(st.k), st.b, p), to_chunks(real(st.v), st.b, p),
+                                                 /*causal=*/true, 1.0 / std::sqrt(static_cast<double>(head_dim_)),
+                                                 st.cp);
     st.q = st.k = st.v = Tensor();
-    return o_->forward(from_heads(from_chunks(out), st.b, heads_), saved.child(3));
+    Tensor merged = from_heads(from_chunks(out), st.b, heads_);  // (B, t, Hq D)
+    if (t != st.t) {  // the padded steps' outputs: 0
+      Tensor padded = Tensor::zeros({st.b, st.t, merged.size(2)}, DType::f32);
+      padded.narrow(1, 0, t).copy_from(merged);
+      merged = padded;
+    }
+    return o_->forward(merged, saved.child(3));
   }
   st.out = Tensor::empty(st.q.shape(), DType::f32, Device{}, tracker_, MemoryCategory::activations);
   st.lse = Tensor::empty({st.q.size(0), st.t}, DType::f32, Device{}, tracker_, MemoryCategory::activations);
@@ -184,14 +194,23 @@ Tensor LlamaAttention::do_backward_input(const Tensor& grad_out, Saved& saved) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim_));
   Tensor dq, dk, dv;
   if (splits()) {
-    const Tensor gc = to_chunks(g, st.b, config_.context.local_chunks());
+    const int64_t t = st.t_real;
+    const Tensor gc = to_chunks(t == st.t ? g : g.narrow(1, 0, t).contiguous(), st.b, config_.context.local_chunks());
     Tensor dqc = Tensor::empty(gc.shape(), DType::f32), dkc = Tensor::empty(gc.shape(), DType::f32),
            dvc = Tensor::empty(gc.shape(), DType::f32);
     context_attention_backward(config_.context, gc, true, scale, st.cp, dqc, dkc, dvc);
     st.cp = {};
-    dq = from_chunks(dqc);
-    dk = from_chunks(dkc);
-    dv = from_chunks(dvc);
+    // Back to the t steps held (the padded ones' gradients: 0).
+    const auto held = [&](const Tensor& chunks) {
+      const Tensor real = from_chunks(chunks);
+      if (t == st.t) return real;
+      Tensor out = Tensor::zeros({real.size(0), st.t, real.size(2)}, DType::f32);
+      out.narrow(1, 0, t).copy_from(real);
+      return out;
+    };
+    dq = held(dqc);
+    dk = held(dkc);
+    dv = held(dvc);
   } else {
     dq = Tensor::empty(st.q.shape(), DType::f32);
     dk = Tensor::empty(st.q.shape(), DType::f32);
