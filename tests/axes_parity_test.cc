@@ -91,7 +91,8 @@ TEST(AxesParity, TensorCommunicationOverlap) {
 
 // Llama's blocks (6 query heads, 2 key/value heads) through the trainer
 // equal one device: data x tensor with sequence parallelism and overlap,
-// ZeRO-3 under the zero-bubble schedule, pipeline x tensor, and context
+// ZeRO-3 under the zero-bubble schedule, zero1, zero2 and hybrid_full,
+// pipeline x tensor, and context
 // parallelism (rotary positions at each rank's global steps) by ring with
 // data, by all_to_all, and beside a sequence-parallel tensor axis.
 TEST(AxesParity, LlamaBlocks) {
@@ -104,6 +105,10 @@ TEST(AxesParity, LlamaBlocks) {
                     "llama_fsdp_pipeline");
   expect_one_device({.mesh = "pipeline=2,tensor=2", .sequence_parallel = true, .llama = true},
                     "llama_pipeline_tensor_sp");
+  // Fully sharded at every stage.
+  expect_one_device({.mesh = "data=2", .fsdp = "zero1", .llama = true}, "llama_zero1");
+  expect_one_device({.mesh = "fsdp=2", .fsdp = "zero2", .llama = true}, "llama_zero2");
+  expect_one_device({.mesh = "data=2,fsdp=2", .fsdp = "hybrid_full", .llama = true}, "llama_hybrid");
 }
 
 // Llama's key/value heads replicated over a tensor axis larger than
