@@ -9,7 +9,7 @@
 //
 // The expert axis splits the batch like a data axis and a mixture-of-experts
 // model's routed experts over its ranks (nn/moe.h: each rank holds its
-// experts, Parameter::expert; tokens travel to them by all_to_all_v inside
+// experts, ParamInfo::expert; tokens travel to them by all_to_all_v inside
 // forward and backward). Every other parameter is replicated over the axis
 // and sees only this rank's samples, so once per step:
 //   finish()        the inner strategy's, then the replicated parameters'
@@ -39,8 +39,8 @@ namespace meshtrain::parallel {
 class ExpertParallel final : public WrappedParallelism {
  public:
   // expert: the expert axis (size > 1); model_parameters: the model's (or
-  // every pipeline stage's) parameters, whose Parameter::expert says which
-  // are routed experts.
+  // every pipeline stage's) parameters, whose info.routed_expert() says
+  // which are routed experts.
   ExpertParallel(std::unique_ptr<Parallelism> inner, comm::Communicator& expert,
                  const std::vector<nn::Parameter*>& model_parameters);
 
