@@ -133,7 +133,7 @@ Measured train_layout(const CheckOptions& o, const Layout& x, int threads_per_ra
   tc.sequence_parallel = x.sequence_parallel;
   tc.max_steps = o.steps;
   tc.epochs = 1;
-  tc.log_every = 1000;
+  tc.log_every = 1;  // every step's MoE load in metrics.jsonl (expert layouts)
   tc.threads_per_rank = threads_per_rank;
   tc.run_dir = (std::filesystem::temp_directory_path() / "meshtrain_plan_check").string();
   tc.overwrite = true;
@@ -158,6 +158,22 @@ Measured train_layout(const CheckOptions& o, const Layout& x, int threads_per_ra
   for (const auto& peaks : r.train_memory_by_rank) m.memory = std::max(m.memory, static_cast<double>(peaks.back()));
   m.layout = {.batch = o.batch, .bucket_bytes = tc.bucket_mb * (1 << 20)};
   m.layout.set_layout(resolved.layout);
+  // Over an expert axis the run's routing: from each step's expert shares
+  // (metrics.jsonl, summed over the MoE layers) the fullest expert rank's
+  // rows over the even share, the most uneven step's.
+  if (const int p = m.layout.expert; p > 1) {
+    std::ifstream metrics(tc.run_dir + "/metrics.jsonl");
+    const int experts = o.shape.moe.experts, local = experts / p;
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_object() || !j.contains("moe_expert_0_share")) continue;
+      for (int r = 0; r < p; ++r) {
+        double share = 0;
+        for (int e = r * local; e < (r + 1) * local; ++e) share += j[fmt::format("moe_expert_{}_share", e)].get<double>();
+        m.layout.expert_imbalance = std::max(m.layout.expert_imbalance, share * p);
+      }
+    }
+  }
   return m;
 }
 
@@ -357,7 +373,8 @@ int run_plan_check(const CheckOptions& o) {
     if (std::abs(err) > o.tolerance) ++missed;
     if (std::abs(mem_err) > kMemoryTolerance) ++memory_missed;
     fmt::print("{:<32} {:>5} {:>10.1f} {:>10.1f} {:>+6.1f}%   {:>10.2f} {:>10.2f} {:>+6.1f}%   {:.1f} + {:.1f} + {:.1f}\n",
-               x.name(), m.layout.devices(), m.step * 1e3, t.step * 1e3, 100 * err, m.memory / (1 << 20),
+               x.name() + (m.layout.expert > 1 ? fmt::format(" load {:.2f}", m.layout.expert_imbalance) : ""),
+               m.layout.devices(), m.step * 1e3, t.step * 1e3, 100 * err, m.memory / (1 << 20),
                mem.worst().total() / (1 << 20), 100 * mem_err, s.compute() * 1e3, s.comm_exposed * 1e3,
                s.bubble * 1e3);
     std::fflush(stdout);

@@ -348,6 +348,11 @@ std::vector<Command> add_plan_commands(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--sequence-parallel", f->sequence_parallel, "sequence parallelism with the tensor axis");
   cmd->add_flag("--recompute", f->recompute, "recompute every block's activations in backward");
+  cmd->add_option("--expert-imbalance", f->expert_imbalance,
+                  "with an expert axis: the rows the fullest rank's experts run over the even share (the trainer's "
+                  "progress line and metrics.jsonl report it as the imbalance, max / mean tokens per expert)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e6));
   cmd->add_flag("--json", f->json, "print one JSON object instead of the table");
   cmd->add_option("--hardware", f->hardware,
                   "also predict the step time on this hardware: A100, H100, or a file --calibrate wrote");

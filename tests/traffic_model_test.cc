@@ -18,6 +18,7 @@
 #include <tuple>
 
 #include "meshtrain/plan/mesh_planning.h"
+#include "meshtrain/plan/time_model.h"
 #include "meshtrain/plan/traffic_model.h"
 #include "meshtrain/testing/parity.h"
 #include "meshtrain/train/trainer.h"
@@ -145,6 +146,41 @@ TEST(TrafficModel, MixtureOfExperts) {
   check({.mesh = "expert=2", .recompute = true, .blocks = "moe"});
   check({.mesh = "pipeline=2,expert=2", .micro_batches = 2, .blocks = "moe"});
 }
+// An uneven expert axis (the fullest rank's experts run 1.5x the even
+// share): the rows coming back to it and its experts' tensor all-reduces
+// grow by that much, its own rows out do not, and so do the activations
+// its experts keep; without an expert axis the sums over experts do not
+// depend on it.
+TEST(TrafficModel, ExpertImbalanceScalesWhatTheExpertsRun) {
+  train::TrainConfig tc = gpt_parity_config("imbalance", "adamw");
+  tc.arch = layout::DecoderArch::llama;
+  tc.kv_heads = 2;
+  tc.moe = {.experts = 4, .top_k = 2, .expert_hidden = 16, .first_dense = 1};
+  const plan::GptShape g = train::with_gpt_model(train::gpt_shape(tc));
+  const auto bytes = [&](const plan::TrainingLayout& l, const std::string& what) {
+    double b = 0;
+    const std::vector<plan::DeviceTraffic> traffic = plan::predict_traffic(g, l);
+    for (const plan::CommCall& c : traffic.at(0).calls)
+      if (c.what == what) b += c.bytes * static_cast<double>(c.calls);
+    return b;
+  };
+  plan::TrainingLayout even{.tensor = 2, .expert = 2, .batch = 8}, uneven = even;
+  uneven.expert_imbalance = 1.5;
+  EXPECT_GT(bytes(even, "MoE rows"), 0);
+  EXPECT_EQ(bytes(uneven, "MoE rows"), bytes(even, "MoE rows"));
+  EXPECT_DOUBLE_EQ(bytes(uneven, "MoE expert rows"), 1.5 * bytes(even, "MoE expert rows"));
+  EXPECT_DOUBLE_EQ(bytes(uneven, "expert rows"), 1.5 * bytes(even, "expert rows"));
+  EXPECT_GT(plan::predict_memory(g, uneven).worst().activations, plan::predict_memory(g, even).worst().activations);
+  EXPECT_GT(plan::predict_time(g, uneven, plan::hardware_preset("H100")).step,
+            plan::predict_time(g, even, plan::hardware_preset("H100")).step);
+  plan::TrainingLayout one{.tensor = 2, .batch = 8}, one_uneven = one;
+  one_uneven.expert_imbalance = 1.5;
+  EXPECT_EQ(plan::predict_memory(g, one_uneven).worst().total(), plan::predict_memory(g, one).worst().total());
+  plan::TrainingLayout bad = even;
+  bad.expert_imbalance = 0.5;
+  EXPECT_THROW((void)plan::predict_traffic(g, bad), InvalidArgument);
+}
+
 TEST(TrafficModel, Tensor) {
   check({.mesh = "tensor=2"});
   check({.mesh = "tensor=2", .sequence_parallel = true});

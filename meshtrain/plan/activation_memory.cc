@@ -142,6 +142,12 @@ struct Dims {
   int64_t kvl = 0, gl = 0;
   int64_t experts = 0, top_k = 0, local_experts = 0, el = 0, sl = 0, first_dense = 0;
   int expert_ranks = 1;
+  double expert_imbalance = 1.0;  // the fullest rank's experts' rows over the even share (expert axis > 1)
+  // Rows this rank's experts run: n top_k, times the imbalance over an expert axis.
+  int64_t received_rows() const {
+    const int64_t nk = rows() * top_k;
+    return expert_ranks > 1 ? static_cast<int64_t>(static_cast<double>(nk) * expert_imbalance + 0.5) : nk;
+  }
   bool moe_block(int64_t index) const { return experts > 0 && index >= first_dense; }
   int64_t rows() const { return b * tb; }   // R
   int64_t rows_s() const { return b * s; }  // Rs
@@ -696,13 +702,14 @@ class Walk {
   // dropped), so each of this rank's experts n top_k / (E / P) after the
   // all-to-all.
   int moe_forward(MoES& s, int x) {
-    const int64_t n = d_.rows(), nk = n * d_.top_k, per = nk / d_.local_experts, p = d_.expert_ranks;
+    const int64_t n = d_.rows(), nk = n * d_.top_k, recv = d_.received_rows(), per = recv / d_.local_experts;
+    const int p = d_.expert_ranks;
     l_.assign(s.x, l_.ref(x));
     int logits = linear_forward(s.router, x, n, d_.c, d_.experts, "h.*.mlp.gate");
     l_.assign(s.scores, l_.alloc("h.*.mlp scores", 4 * n * d_.experts));
     l_.unref(logits);
     int rows = l_.alloc("h.*.mlp rows (dispatch order)", 4 * nk * d_.c);
-    int received = p > 1 ? l_.alloc("h.*.mlp rows received (all_to_all)", 4 * nk * d_.c) : -1;
+    int received = p > 1 ? l_.alloc("h.*.mlp rows received (all_to_all)", 4 * recv * d_.c) : -1;
     std::vector<int> outs;
     for (int64_t e = 0; e < d_.local_experts; ++e) outs.push_back(l_.alloc("h.*.mlp expert input", 4 * per * d_.c));
     l_.unref(received);
@@ -712,7 +719,7 @@ class Walk {
                              "h.*.mlp.experts.*");
       l_.assign(outs[static_cast<size_t>(e)], y);
     }
-    int back = l_.alloc("h.*.mlp expert outputs (combine)", 4 * nk * d_.c);
+    int back = l_.alloc("h.*.mlp expert outputs (combine)", 4 * recv * d_.c);
     if (p > 1) {
       int mine = l_.alloc("h.*.mlp expert outputs (all_to_all)", 4 * nk * d_.c);
       l_.unref(back);
@@ -729,9 +736,10 @@ class Walk {
     return y;
   }
   int moe_backward_input(MoES& s, int dy) {
-    const int64_t n = d_.rows(), nk = n * d_.top_k, per = nk / d_.local_experts, p = d_.expert_ranks;
+    const int64_t n = d_.rows(), nk = n * d_.top_k, recv = d_.received_rows(), per = recv / d_.local_experts;
+    const int p = d_.expert_ranks;
     int drows = l_.alloc("h.*.mlp drows", 4 * nk * d_.c);
-    int received = p > 1 ? l_.alloc("h.*.mlp drows received (all_to_all)", 4 * nk * d_.c) : -1;
+    int received = p > 1 ? l_.alloc("h.*.mlp drows received (all_to_all)", 4 * recv * d_.c) : -1;
     std::vector<int> grads;
     for (int64_t e = 0; e < d_.local_experts; ++e) grads.push_back(l_.alloc("h.*.mlp expert dy", 4 * per * d_.c));
     l_.unref(received);
@@ -740,7 +748,7 @@ class Walk {
                                     false, "h.*.mlp.experts.*");
       l_.assign(grads[static_cast<size_t>(e)], g);
     }
-    int back = l_.alloc("h.*.mlp expert dx (combine)", 4 * nk * d_.c);
+    int back = l_.alloc("h.*.mlp expert dx (combine)", 4 * recv * d_.c);
     if (p > 1) {
       int mine = l_.alloc("h.*.mlp expert dx (all_to_all)", 4 * nk * d_.c);
       l_.unref(back);
@@ -979,6 +987,9 @@ ActivationEstimate estimate_activations(const GptShape& g, const ActivationLayou
       d.experts = g.moe.experts;
       d.top_k = g.moe.top_k;
       d.expert_ranks = l.expert;
+      check(l.expert_imbalance >= 1.0, fmt::format("expert imbalance {}", l.expert_imbalance),
+            "give the fullest expert's load over the mean, at least 1");
+      d.expert_imbalance = l.expert_imbalance;
       d.local_experts = g.moe.experts / l.expert;
       d.el = shard_size(g.expert_hidden(), d.k, l.tensor_rank);
       d.sl = g.moe.shared_experts > 0 ? shard_size(g.moe.shared_experts * g.expert_hidden(), d.k, l.tensor_rank) : 0;

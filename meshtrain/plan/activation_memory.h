@@ -143,6 +143,10 @@ struct ActivationLayout {
   bool sequence_parallel = false;
   int context = 1;           // n: ranks of the context axis
   int expert = 1;            // P: ranks of the expert axis (a MoE layer's all-to-all buffers)
+  // Over an expert axis: the rows this rank's experts run over the even
+  // share (n top_k; >= 1): the trainer's `imbalance` (max / mean tokens per
+  // expert) bounds it. 1: routing even.
+  double expert_imbalance = 1.0;
   layout::ContextComm cp_comm = layout::ContextComm::ring;
   bool cp_load_balance = true;   // no effect on bytes (chunks of equal length)
   bool recompute = false;    // every block in recompute mode

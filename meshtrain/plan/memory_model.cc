@@ -570,6 +570,9 @@ void check_layout(const GptShape& g, const TrainingLayout& l) {
   if (g.moe.active() && !g.llama())
     throw InvalidArgument(kOp, fmt::format("{} experts with GPT-2's blocks", g.moe.experts),
                           "mixture-of-experts layers replace Llama's MLPs: set arch llama");
+  if (!(l.expert_imbalance >= 1.0))
+    throw InvalidArgument(kOp, fmt::format("expert imbalance {}", l.expert_imbalance),
+                          "give the fullest expert rank's rows over the even share: at least 1");
   if (l.expert > 1 && (!g.moe.active() || g.moe.experts % l.expert != 0))
     throw InvalidArgument(kOp, fmt::format("expert = {} for {} experts", l.expert, g.moe.experts),
                           "use an expert axis that divides the experts (a model without experts has no use for one)");
@@ -696,6 +699,7 @@ MemoryPrediction predict_memory(const GptShape& g, const TrainingLayout& l) {
                             .sequence_parallel = l.sequence_parallel,
                             .context = l.context,
                             .expert = l.expert,
+                            .expert_imbalance = l.expert_imbalance,
                             .cp_comm = l.cp_comm,
                             .recompute = l.recompute,
                             .split_backward = p > 1 && l.schedule == layout::ScheduleKind::zero_bubble,

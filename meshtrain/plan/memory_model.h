@@ -131,6 +131,10 @@ struct TrainingLayout {
   // each rank holds experts / expert of every MoE layer's experts, the
   // rest alike (fsdp shards within the ranks holding the same experts).
   int expert = 1;
+  // Over it, the rows the fullest rank's experts run over the even share
+  // (ActivationLayout::expert_imbalance; the trainer's reported imbalance
+  // bounds it): its activations, all-to-all bytes and expert GEMMs.
+  double expert_imbalance = 1.0;
   // The stage fully sharded data parallelism runs at (layout::FsdpMode's;
   // the optional's order, nullopt < no_shard < zero1 < zero2 < zero3, is
   // how much is sharded); nullopt: plain data parallelism.

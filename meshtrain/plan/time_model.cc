@@ -204,7 +204,7 @@ TimePrediction predict_time(const GptShape& g, const TrainingLayout& l, const Ha
             block_bytes = tokens * (10 * C + 6 * F / K) * compute_bytes;
           } else {
             flops.push_back(2 * tokens * C * E);
-            const double rows = tokens * top / local;  // per local expert
+            const double rows = tokens * top * (l.expert > 1 ? l.expert_imbalance : 1.0) / local;  // per local expert
             for (int e = 0; e < static_cast<int>(local); ++e)
               for (int i = 0; i < 3; ++i) flops.push_back(2 * rows * C * Fe / K);
             if (Fs > 0)

@@ -219,7 +219,9 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         const int64_t moe_columns = kv_replicated ? 1 : 3;
         const double rows = micro * static_cast<double>(t) * static_cast<double>(g.moe.top_k);  // n top_k
         const int64_t local = g.moe.active() ? g.moe.experts / l.expert : 0;
-        const double expert_rows = local > 0 ? rows / static_cast<double>(local) : 0;
+        // The rows this rank's experts run: more than its own over an uneven expert axis.
+        const double received = l.expert > 1 ? rows * l.expert_imbalance : rows;
+        const double expert_rows = local > 0 ? received / static_cast<double>(local) : 0;
         if (!l.sequence_parallel) {
           per_micro(tensor, CommKind::all_reduce, act, m * (dense * (2 * forwards + columns) +
                                                             moe * (forwards + moe_columns)),
@@ -254,7 +256,9 @@ std::vector<DeviceTraffic> predict_traffic(const GptShape& g, const TrainingLayo
         if (l.expert > 1 && moe > 0) {
           per_micro(experts, CommKind::all_to_all, 8.0 * static_cast<double>(local), m * moe * forwards,
                     "MoE row counts");
-          per_micro(experts, CommKind::all_to_all_v, rows * C * 4, m * moe * (2 * forwards + 2), "MoE rows");
+          // This rank's rows out (dispatch) and its experts' rows back (combine), each way.
+          per_micro(experts, CommKind::all_to_all_v, rows * C * 4, m * moe * (forwards + 1), "MoE rows");
+          per_micro(experts, CommKind::all_to_all_v, received * C * 4, m * moe * (forwards + 1), "MoE expert rows");
         }
         // Pipeline boundaries.
         const int64_t boundaries = (s < stages - 1 ? 1 : 0) + (s > 0 ? 1 : 0);

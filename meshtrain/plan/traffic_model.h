@@ -55,7 +55,8 @@
 //                   key/value heads: 4 and 2, 2 and 3)
 //   experts         per MoE layer and micro-batch (routing taken as even:
 //                   each of this rank's E / P experts gets n top_k / E of
-//                   the rows of every rank, n = B t): an all_to_all of the
+//                   the rows of every rank, n = B t; expert_imbalance
+//                   scales what this rank's experts run): an all_to_all of the
 //                   row counts (E / P i64 per peer) a forward, 4
 //                   all_to_all_vs of the rows (dispatch and combine, forward
 //                   and backward; a recomputed forward 2 more); with a

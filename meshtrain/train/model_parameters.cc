@@ -192,7 +192,7 @@ PlannedRun resolve_plan_request(const PlanRequest& r) {
   tc.dropout = 0;
   find_model_recipe("gpt").check(tc, run);
   PlannedRun out{.shape = with_gpt_model(gpt_shape(tc)),
-                 .layout = {.recompute = r.recompute, .batch = r.batch},
+                 .layout = {.expert_imbalance = r.expert_imbalance, .recompute = r.recompute, .batch = r.batch},
                  .fsdp = run.fsdp ? run.fsdp->name() : ""};
   out.layout.set_layout(run);
   return out;

@@ -93,6 +93,7 @@ struct PlanRequest {
   int virtual_stages = 1;
   bool sequence_parallel = false, recompute = false;
   std::string cp_comm = "ring";
+  double expert_imbalance = 1.0;  // over an expert axis: the fullest rank's expert rows over the even share
   int64_t min_weight_size = 1024;
   // The blocks, as train's flags give them (--arch, --kv-heads,
   // --ffn-hidden, --experts, ...: set_blocks); a preset sets its own.

@@ -215,12 +215,14 @@ void bind_train(py::module_& m) {
           else if (key == "recompute") r.recompute = v.cast<bool>();
           else if (key == "cp_comm") r.cp_comm = v.cast<std::string>();
           else if (key == "fsdp_min_weight_size") r.min_weight_size = v.cast<int64_t>();
+          else if (key == "expert_imbalance") r.expert_imbalance = v.cast<double>();
           else
             throw InvalidArgument(op, fmt::format("unknown keyword '{}'", key),
                                   "use size, layers, heads, width, vocab, seq, batch, mesh, fsdp, precision, "
                                   "micro_batches, pipeline_schedule, virtual_stages, sequence_parallel, recompute, "
-                                  "cp_comm, fsdp_min_weight_size, hardware, arch, kv_heads, ffn_hidden, experts, top_k, "
-                                  "expert_hidden, shared_experts, first_dense");
+                                  "cp_comm, fsdp_min_weight_size, expert_imbalance, hardware, arch, kv_heads, "
+                                  "ffn_hidden, tie_embeddings, experts, top_k, expert_hidden, shared_experts, "
+                                  "first_dense");
         }
         r.set_blocks(blocks);
         const train::PlannedRun p = train::resolve_plan_request(r);

@@ -55,5 +55,8 @@ def test_a_mixture_of_experts_by_train_keys_equals_the_command():
     whole = meshtrain.plan(**sizes, experts=8, top_k=2, expert_hidden=128, mesh="data=4")
     experts = 4 * 8 * 3 * 256 * 128  # elements of the routed experts
     assert whole["largest"]["elements"] - got["largest"]["elements"] == experts // 2
+    uneven = meshtrain.plan(**sizes, experts=8, top_k=2, expert_hidden=128, mesh="data=2,expert=2",
+                            expert_imbalance=1.5)
+    assert uneven["largest"]["activations"] > got["largest"]["activations"]
     with pytest.raises(meshtrain.InvalidArgument, match="--experts: 8 experts over an expert axis of 3"):
         meshtrain.plan(**sizes, experts=8, mesh="expert=3")
