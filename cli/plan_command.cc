@@ -205,7 +205,7 @@ int run_plan(PlanFlags f) {
                                 .device_memory = plan::parse_memory_size(f.device_memory, "--device-memory"),
                                 .reserve = f.memory_reserve,
                                 .precision = precision == DType::f32 ? DType::f32 : DType::bf16, .keep = f.keep,
-                                .cp_comm = cp_comm};
+                                .cp_comm = cp_comm, .expert_imbalance = f.expert_imbalance};
     std::vector<PictureFile> pictures;
     if (!f.svg.empty()) pictures.push_back({.flag = "--svg", .path = f.svg});
     if (!f.mesh_svg.empty()) pictures.push_back({.flag = "--mesh-svg", .path = f.mesh_svg});

@@ -180,7 +180,8 @@ SearchResult search_layouts(const GptShape& g, const SearchOptions& o, const Har
               for (bool sp : {t > 1 && !g.moe.active()}) {  // MoE layers: no sequence parallelism
                 for (bool recompute : {false, true}) {
                   TrainingLayout l{.data = z == zero3 ? 1 : r, .fsdp = z == zero3 ? r : 1,
-                                   .tensor = t, .pipeline = p, .context = c, .expert = e, .sharding = z,
+                                   .tensor = t, .pipeline = p, .context = c, .expert = e,
+                                   .expert_imbalance = o.expert_imbalance, .sharding = z,
                                    .sequence_parallel = sp,
                                    .schedule = v > 1 ? layout::ScheduleKind::interleaved_1f1b
                                                      : layout::ScheduleKind::one_f_one_b,

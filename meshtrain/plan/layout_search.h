@@ -53,6 +53,7 @@ struct SearchOptions {
   DType precision = DType::bf16;   // param and reduce dtype (f32 allows plain data parallelism)
   int keep = 5;                    // fitting candidates to return
   layout::ContextComm cp_comm = layout::ContextComm::ring;
+  double expert_imbalance = 1.0;   // for layouts with an expert axis (TrainingLayout::expert_imbalance)
 };
 
 struct Candidate {
