@@ -169,7 +169,8 @@ Measured train_layout(const CheckOptions& o, const Layout& x, int threads_per_ra
       if (!j.is_object() || !j.contains("moe_expert_0_share")) continue;
       for (int r = 0; r < p; ++r) {
         double share = 0;
-        for (int e = r * local; e < (r + 1) * local; ++e) share += j[fmt::format("moe_expert_{}_share", e)].get<double>();
+        for (int e = r * local; e < (r + 1) * local; ++e)
+          share += j[fmt::format("moe_expert_{}_share", e)].get<double>();
         m.layout.expert_imbalance = std::max(m.layout.expert_imbalance, share * p);
       }
     }

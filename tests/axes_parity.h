@@ -34,7 +34,8 @@ struct AxesLayout {
   std::string name() const {
     const bool pipeline = mesh.find("pipeline") != std::string::npos;
     const bool context = mesh.find("context") != std::string::npos;
-    return fmt::format("{}{}{}{}{}{}{}{}{}", llama ? fmt::format("llama kv {}{} ", kv_heads, untied ? " untied" : "") : "",
+    return fmt::format("{}{}{}{}{}{}{}{}{}",
+                       llama ? fmt::format("llama kv {}{} ", kv_heads, untied ? " untied" : "") : "",
                        mesh.empty() ? "one device" : mesh,
                        fsdp.empty() ? "" : " " + fsdp,
                        sequence_parallel ? " +sp" : "", tp_overlap ? " +overlap" : "", pipeline ? " " + schedule : "",

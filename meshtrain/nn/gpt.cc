@@ -292,8 +292,9 @@ GPT::GPT(GPTConfig config) : config_(checked(config)), h_("h") {
     if (llama)
       block = std::make_unique<LlamaBlock>(LlamaBlockConfig{
           .width = c.width, .heads = c.heads, .kv_heads = c.kv_heads, .rope_base = c.rope_base,
-          .ffn_hidden = layout::llama_ffn_hidden(c.width, c.ffn_hidden), .norm_eps = 1e-5, .prefix = name, .seed = c.seed, .init_std = 0.02,
-          .out_std = proj_std, .defer_init = c.defer_init, .tensor = c.tensor, .context = c.context,
+          .ffn_hidden = layout::llama_ffn_hidden(c.width, c.ffn_hidden), .norm_eps = 1e-5, .prefix = name,
+          .seed = c.seed, .init_std = 0.02, .out_std = proj_std, .defer_init = c.defer_init, .tensor = c.tensor,
+          .context = c.context,
           .moe = i >= c.moe.first_dense ? c.moe : MoEOptions{}, .expert = c.expert});
     else
       block = std::make_unique<GPTBlock>(c.width, c.heads, name, c.seed, proj_std, c.defer_init, c.dropout, c.tensor,

@@ -80,7 +80,7 @@ class LlamaAttention final : public Module {
  private:
   struct State {
     int64_t b = 0, t = 0;
-    int64_t t_real = 0;             // context parallel: this rank's real steps of the t (sequence-parallel padding after)
+    int64_t t_real = 0;             // context parallel: this rank's real steps of t (sp padding after them)
     Tensor positions;               // (T) i64: global positions
     Tensor q, k, v, out, lse;       // q, out (B Hq, T, D) rotated; k, v (B Hq, T, D) repeated per query head
     ContextAttentionSaved cp;       // context parallel: instead of q, k, v, out, lse

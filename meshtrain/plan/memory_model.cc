@@ -557,7 +557,8 @@ void TrainingLayout::set_layout(const layout::TrainingLayout& l) {
 
 void check_layout(const GptShape& g, const TrainingLayout& l) {
   for (auto [v, flag] : {std::pair{l.data, "data"}, {l.fsdp, "fsdp"}, {l.expert, "expert"}, {l.tensor, "tensor"},
-                         {l.pipeline, "pipeline"}, {l.context, "context"}, {l.micro_batches, "micro-batches"}, {l.virtual_stages, "virtual stages"}})
+                         {l.pipeline, "pipeline"}, {l.context, "context"}, {l.micro_batches, "micro-batches"},
+                         {l.virtual_stages, "virtual stages"}})
     if (v < 1) throw InvalidArgument(kOp, fmt::format("{} = {}", flag, v), "give every axis a size of at least 1");
   if (g.vocab < 1 || g.seq < 1 || g.layers < 1 || g.heads < 1 || g.width < 1 || g.width % g.heads != 0)
     throw InvalidArgument(kOp,

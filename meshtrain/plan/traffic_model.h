@@ -104,7 +104,9 @@ struct CommCall {
   std::string group;
   int ranks = 1;
   CommKind kind = CommKind::all_reduce;
-  double bytes = 0;     // per call, as Communicator::traffic counts it (all_gather, reduce_scatter, all_to_all: one rank's block; all_to_all_v: all it sends)
+  // Per call, as Communicator::traffic counts it (all_gather,
+  // reduce_scatter, all_to_all: one rank's block; all_to_all_v: all it sends).
+  double bytes = 0;
   int64_t calls = 0;    // per optimizer step
   std::string what;     // "gradient buckets", "block activations", ...
   CommOverlap overlap = CommOverlap::none;
