@@ -506,30 +506,39 @@ class Walk {
     return dx;
   }
 
-  int block_forward(BlockS& s, int x, int64_t index) {
-    if (d_.llama) return llama_block_forward(s, x, index);
-    int n1 = norm_forward(s.ln1, x, "h.*.ln_1");
-    int a = attention_forward(s, n1);
+  // internal::PreNormBlock::forward, the frame both blocks share: h = x +
+  // attention(n1(x)) and y = h + mlp(n2(h)), each sum a new (Rs, C); the
+  // branches keep what they need themselves.
+  template <typename Attention, typename Mlp>
+  int pre_norm_forward(BlockS& s, int x, const std::string& n1_name, const std::string& n2_name,
+                       Attention attention, Mlp mlp) {
+    int n1 = norm_forward(s.ln1, x, n1_name);
+    int a = attention(n1);
     l_.unref(n1);
     int h = l_.alloc("h.*.residual h", 4 * d_.rows_s() * d_.c);
-    int n2 = norm_forward(s.ln2, h, "h.*.ln_2");
-    // mlp (Sequential): c_fc, GELU, c_proj, dropout
-    int m = l_.ref(n2);
-    int next = column_forward(s.c_fc, m, d_.fl, "h.*.mlp.c_fc");
-    l_.assign(m, next);
-    l_.assign(s.gelu.x, l_.ref(m));
-    l_.buffer(s.gelu.y, "h.*.mlp.gelu.y", 4 * d_.rows() * d_.fl);
-    l_.assign(m, l_.ref(s.gelu.y));
-    next = row_forward(s.fc_proj, m, d_.fl, "h.*.mlp.c_proj");
-    l_.assign(m, next);
-    next = dropout_forward(s.md, m, "h.*.mlp.dropout");
-    l_.assign(m, next);
+    int n2 = norm_forward(s.ln2, h, n2_name);
+    int m = mlp(n2);
     l_.unref(n2);
     int y = l_.alloc("h.*.output", 4 * d_.rows_s() * d_.c);
     l_.unref(m);
     l_.unref(h);
     l_.unref(a);
     return y;
+  }
+
+  int block_forward(BlockS& s, int x, int64_t index) {
+    if (d_.llama) return llama_block_forward(s, x, index);
+    return pre_norm_forward(s, x, "h.*.ln_1", "h.*.ln_2", [&](int n1) { return attention_forward(s, n1); },
+                            [&](int n2) {  // mlp (Sequential): c_fc, GELU, c_proj, dropout
+                              int m = l_.ref(n2);
+                              l_.assign(m, column_forward(s.c_fc, m, d_.fl, "h.*.mlp.c_fc"));
+                              l_.assign(s.gelu.x, l_.ref(m));
+                              l_.buffer(s.gelu.y, "h.*.mlp.gelu.y", 4 * d_.rows() * d_.fl);
+                              l_.assign(m, l_.ref(s.gelu.y));
+                              l_.assign(m, row_forward(s.fc_proj, m, d_.fl, "h.*.mlp.c_proj"));
+                              l_.assign(m, dropout_forward(s.md, m, "h.*.mlp.dropout"));
+                              return m;
+                            });
   }
 
   // GPTBlock::residual_backward with every module's backward_input, or
@@ -778,24 +787,14 @@ class Walk {
   // LlamaBlock: internal::PreNormBlock over RMSNorms, the attention and the
   // MLP (SwiGLU, or MoE in a block from first_dense on).
   int llama_block_forward(BlockS& s, int x, int64_t index) {
-    int n1 = norm_forward(s.ln1, x, "h.*.input_layernorm");
-    int a = llama_attention_forward(s, n1);
-    l_.unref(n1);
-    int h = l_.alloc("h.*.residual h", 4 * d_.rows_s() * d_.c);
-    int n2 = norm_forward(s.ln2, h, "h.*.post_attention_layernorm");
-    int m = -1;
-    if (d_.moe_block(index)) {
-      if (!s.moe) s.moe = std::make_unique<MoES>();
-      m = moe_forward(*s.moe, n2);
-    } else {
-      m = swiglu_forward(s.mlp, n2, d_.rows(), d_.gl, true, "h.*.mlp");
-    }
-    l_.unref(n2);
-    int y = l_.alloc("h.*.output", 4 * d_.rows_s() * d_.c);
-    l_.unref(m);
-    l_.unref(h);
-    l_.unref(a);
-    return y;
+    return pre_norm_forward(s, x, "h.*.input_layernorm", "h.*.post_attention_layernorm",
+                            [&](int n1) { return llama_attention_forward(s, n1); },
+                            [&](int n2) {
+                              if (!d_.moe_block(index)) return swiglu_forward(s.mlp, n2, d_.rows(), d_.gl, true,
+                                                                              "h.*.mlp");
+                              if (!s.moe) s.moe = std::make_unique<MoES>();
+                              return moe_forward(*s.moe, n2);
+                            });
   }
   // PreNormBlock::backward: each branch's backward (fused: input then weight
   // pass) or backward_input; dh and dx untracked.
