@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/reduction_tree.h"
 
 namespace meshtrain::comm {
 
@@ -366,6 +368,27 @@ std::vector<size_t> all_to_all_counts(Communicator& c, std::span<const size_t> s
   std::vector<uint64_t> out(send_counts.begin(), send_counts.end()), in(n);
   c.all_to_all(out.data(), in.data(), 1, DType::i64);
   return {in.begin(), in.end()};
+}
+
+void tree_all_reduce(Communicator& c, float* buf, size_t count) {
+  const auto n = static_cast<size_t>(c.size());
+  if (n == 1 || count == 0) return;
+  const size_t chunk = (count + n - 1) / n;
+  // send[j] = this rank's chunk j (padded with zeros); recv[i] = rank i's chunk `rank`.
+  std::vector<float> send(chunk * n, 0.0f), recv(chunk * n);
+  std::copy(buf, buf + count, send.begin());
+  c.all_to_all(send.data(), recv.data(), chunk, DType::f32);
+  std::vector<float*> parts(n);
+  for (size_t i = 0; i < n; ++i) parts[i] = recv.data() + i * chunk;
+  tree_sum(parts, static_cast<int64_t>(chunk));
+  c.all_gather(recv.data(), send.data(), chunk, DType::f32);
+  std::copy(send.begin(), send.begin() + static_cast<std::ptrdiff_t>(count), buf);
+}
+
+double tree_all_reduce(Communicator& c, double mine) {
+  std::vector<double> all(static_cast<size_t>(c.size()));
+  c.all_gather(&mine, all.data(), 1, DType::f64);
+  return tree_sum(all);
 }
 
 }  // namespace meshtrain::comm

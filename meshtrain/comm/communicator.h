@@ -281,4 +281,16 @@ std::vector<std::string> all_gather_bytes(Communicator& c, std::string_view mine
 // all_to_all_v (one all_to_all of 64-bit counts).
 std::vector<size_t> all_to_all_counts(Communicator& c, std::span<const size_t> send_counts);
 
+// Collective: buf (count f32 elements, the same count on every rank)
+// becomes the sum of the ranks' bufs in the canonical tree over the ranks
+// in rank order (core/reduction_tree.h): the same bits on every engine, and,
+// when the ranks hold equal power-of-two nodes of a larger tree, that
+// tree's continuation (the deterministic mode, docs/determinism.md). One
+// all_to_all of count / size() elements per peer (padded), the tree over
+// each received chunk, one all_gather: a ring all-reduce's bytes.
+void tree_all_reduce(Communicator& c, float* buf, size_t count);
+// Collective: the canonical tree's sum of the ranks' `mine`, in rank order
+// (one all_gather).
+double tree_all_reduce(Communicator& c, double mine);
+
 }  // namespace meshtrain::comm

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "meshtrain/core/cpu_isa.h"
@@ -17,6 +19,7 @@
 #include "meshtrain/core/internal/operands.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/parallel_for.h"
+#include "meshtrain/core/reduction_tree.h"
 
 namespace meshtrain {
 namespace {
@@ -348,6 +351,124 @@ void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool tr
   check_matmul(a, b, out, trans_a, trans_b, 1, "batched_matmul");
   for (int64_t i = 0; i < out.size(0); ++i)
     matmul_2d(a.select(0, i), b.select(0, i), out.select(0, i), trans_a, trans_b, alpha, beta);
+}
+
+// ---- Deterministic products ----
+
+namespace {
+
+// One block of a deterministic product: c (m, n) = op(a) @ op(b) + beta * c,
+// f32, on the fixed backend with one thread.
+void fixed_gemm(const float* a, int64_t lda, bool trans_a, const float* b, int64_t ldb, bool trans_b, float* c,
+                int64_t ldc, int64_t m, int64_t n, int64_t k, float beta) {
+  if (internal::onednn_built()) {
+    const internal::GemmCall g{.in = DType::f32, .out = DType::f32, .m = m, .n = n, .k = k, .a = a, .lda = lda,
+                               .trans_a = trans_a, .b = b, .ldb = ldb, .trans_b = trans_b, .c = c, .ldc = ldc,
+                               .alpha = 1.0f, .beta = beta};
+    if (internal::onednn_gemm(g, 1)) return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// Runs fn(i) for i in [0, count) over the rank's threads (one after another
+// without oneDNN: OpenBLAS's own threads serve each call), rethrowing the
+// first error.
+template <typename Fn>
+void for_each_block(int64_t count, Fn&& fn) {
+  std::exception_ptr error;
+  std::mutex mu;
+  auto run = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  if (internal::onednn_built())
+    parallel_for(count, 1, run);
+  else
+    run(0, count);
+  if (error) std::rethrow_exception(error);
+}
+
+void check_fixed(const Tensor& t, const char* op, const char* what) {
+  check_operand(t, op, what);
+  if (t.dtype() != DType::f32 || t.dim() != 2 || !t.is_contiguous())
+    throw InvalidArgument(op, fmt::format("{} is {} {}", what, dtype_name(t.dtype()), shape_to_string(t.shape())),
+                          "deterministic products take contiguous 2-d f32 tensors");
+}
+
+}  // namespace
+
+void matmul_fixed_blocks(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_b, double beta,
+                         int64_t row_block) {
+  const char* op = "matmul_fixed_blocks";
+  check_fixed(a, op, "a");
+  check_fixed(b, op, "b");
+  check_fixed(out, op, "out");
+  check_matmul(a, b, out, false, trans_b, 0, op);
+  if (row_block < 1) throw InvalidArgument(op, fmt::format("row_block {}", row_block), "use row_block >= 1");
+  const int64_t m = out.size(0), n = out.size(1), k = a.size(1);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0.0) out.fill(0.0);
+    else scale(out, beta);
+    return;
+  }
+  const int64_t row_blocks = (m + row_block - 1) / row_block;
+  const int64_t col_blocks = (n + kFixedColumns - 1) / kFixedColumns;
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* pc = out.data<float>();
+  const int64_t ldb = b.size(1);
+  for_each_block(row_blocks * col_blocks, [&](int64_t i) {
+    const int64_t r0 = (i / col_blocks) * row_block, c0 = (i % col_blocks) * kFixedColumns;
+    const int64_t rows = std::min(row_block, m - r0), cols = std::min(kFixedColumns, n - c0);
+    fixed_gemm(pa + r0 * k, k, false, trans_b ? pb + c0 * ldb : pb + c0, ldb, trans_b, pc + r0 * n + c0, n, rows,
+               cols, k, static_cast<float>(beta));
+  });
+}
+
+void matmul_tn_tree(const Tensor& a, const Tensor& b, const Tensor& out, int64_t row_block) {
+  const char* op = "matmul_tn_tree";
+  check_fixed(a, op, "a");
+  check_fixed(b, op, "b");
+  check_fixed(out, op, "out");
+  check_matmul(a, b, out, true, false, 0, op);
+  const int64_t r = a.size(0), m = out.size(0), n = out.size(1);
+  if (row_block < 1 || r % row_block != 0)
+    throw InvalidArgument(op, fmt::format("{} rows in blocks of {}", r, row_block),
+                          "the rows must be a whole number of blocks");
+  if (r == 0 || m == 0 || n == 0) return;
+  constexpr int64_t kTileRows = 128;
+  const int64_t blocks = r / row_block;
+  const int64_t row_tiles = (m + kTileRows - 1) / kTileRows;
+  const int64_t col_tiles = (n + kFixedColumns - 1) / kFixedColumns;
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* pc = out.data<float>();
+  for_each_block(row_tiles * col_tiles, [&](int64_t t) {
+    const int64_t i0 = (t / col_tiles) * kTileRows, j0 = (t % col_tiles) * kFixedColumns;
+    const int64_t rows = std::min(kTileRows, m - i0), cols = std::min(kFixedColumns, n - j0);
+    TreeStack sum(blocks, rows * cols);
+    for (int64_t l = 0; l < blocks; ++l) {
+      const int64_t first = l * row_block;
+      fixed_gemm(pa + first * m + i0, m, true, pb + first * n + j0, n, false, sum.next(), cols, rows, cols,
+                 row_block, 0.0f);
+      sum.push();
+    }
+    const float* s = sum.result();
+    for (int64_t i = 0; i < rows; ++i) {
+      float* dst = pc + (i0 + i) * n + j0;
+      const float* src = s + i * cols;
+      for (int64_t j = 0; j < cols; ++j) dst[j] += src[j];
+    }
+  });
 }
 
 }  // namespace meshtrain

@@ -86,6 +86,26 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a = false,
                     bool trans_b = false, double alpha = 1.0, double beta = 0.0);
 
+// ---- Deterministic products (the deterministic mode, docs/determinism.md) ----
+// A row's result depends on its own operands only: not on how many rows
+// share the call, the GEMM threads, the policy or a measurement. out is cut
+// into blocks of `row_block` rows by kFixedColumns columns, each computed by
+// one single-threaded call of one fixed backend (oneDNN when built, else
+// OpenBLAS, whose blocks then run one after another), the blocks spread over
+// the rank's threads; K is never split. f32 only.
+inline constexpr int64_t kFixedColumns = 256;
+// out (M, N) = a (M, K) @ op(b) + beta * out, op(b) = b (K, N), or b^T for
+// a b (N, K) when trans_b.
+void matmul_fixed_blocks(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_b, double beta,
+                         int64_t row_block);
+// out (M, N) += the tree sum (core/reduction_tree.h) over the blocks l of
+// `row_block` rows of a_l^T @ b_l, for a (R, M), b (R, N) and R a multiple
+// of row_block: a weight gradient x^T dy whose sum over samples follows the
+// canonical tree over fixed blocks of rows. Each block's product is a
+// single-threaded call on a tile of out; the tiles are spread over the
+// rank's threads.
+void matmul_tn_tree(const Tensor& a, const Tensor& b, const Tensor& out, int64_t row_block);
+
 // Which library runs f32 and half-precision products.
 enum class MatmulBackend : uint8_t { onednn, openblas };
 // The calling thread's MatmulBackendScope's backend, else the policy's when

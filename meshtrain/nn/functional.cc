@@ -78,6 +78,8 @@ struct Profile {
   std::vector<OpTime> ops;
 };
 thread_local Profile t_profile;
+// This thread's deterministic mode (set_deterministic_rows): 0 off.
+thread_local int64_t t_deterministic_rows = 0;
 
 // The backend an op runs on, and the op's timer: a temporary that lives to
 // the end of the call expression `dispatch(...)->kernel(...)`.
@@ -124,9 +126,26 @@ void check_labels(const char* op, const Tensor& labels, int64_t n, int64_t class
                             "labels are class indices");
 }
 
+// Kernels with no deterministic form yet refuse to run in the mode rather
+// than give bits that depend on the layout.
+void no_deterministic_form(const char* op) {
+  if (t_deterministic_rows > 0)
+    throw Unsupported(op, "this kernel has no deterministic form yet",
+                      "train without --deterministic (docs/determinism.md lists what the mode supports)");
+}
+
 }  // namespace
 
 void set_op_profiling(bool on) { t_profile.on = on; }
+
+void set_deterministic_rows(int64_t rows) {
+  if (rows < 0)
+    throw InvalidArgument("functional::set_deterministic_rows", fmt::format("rows {}", rows),
+                          "use 0 (off) or the rows of one block");
+  t_deterministic_rows = rows;
+}
+
+int64_t deterministic_rows() { return t_deterministic_rows; }
 
 ProfileScope::ProfileScope(const char* op) : op_(t_profile.on ? op : nullptr) {
   if (op_ != nullptr) t0_ = std::chrono::steady_clock::now();
@@ -275,6 +294,7 @@ void layer_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tenso
 
 void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tensor& dgamma, const Tensor& dbeta) {
   const char* op = "functional::layer_norm_backward_weight";
+  no_deterministic_form(op);
   check_matrix(op, "xhat", xhat);
   check(op, "dy", dy);
   check_shape(op, "dy", dy, xhat.shape());
@@ -347,13 +367,15 @@ void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const T
   dispatch(op, {&scale})->dropout_mask(seed, key, start, p, scale);
 }
 
-double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) {
+double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs, double normalizer) {
   const char* op = "functional::cross_entropy_forward";
   check_matrix(op, "logits", logits);
   check_labels(op, labels, logits.size(0), logits.size(1));
   check(op, "probs", probs);
   check_shape(op, "probs", probs, logits.shape());
-  return dispatch(op, {&logits, &labels, &probs})->cross_entropy_forward(logits, labels, probs);
+  if (!(normalizer > 0))
+    throw InvalidArgument(op, fmt::format("normalizer {}", normalizer), "divide by a positive count");
+  return dispatch(op, {&logits, &labels, &probs})->cross_entropy_forward(logits, labels, probs, normalizer);
 }
 
 void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor, const Tensor& grad) {
@@ -389,6 +411,7 @@ void check_shard_labels(const char* op, const Tensor& labels, int64_t n, int64_t
 void vocab_parallel_ce_partial(const Tensor& logits, const Tensor& labels, int64_t begin, const Tensor& max,
                                const Tensor& probs, const Tensor& stats) {
   const char* op = "functional::vocab_parallel_ce_partial";
+  no_deterministic_form(op);
   check_matrix(op, "logits", logits);
   const int64_t n = logits.size(0);
   check_shard_labels(op, labels, n, begin);
@@ -403,6 +426,7 @@ void vocab_parallel_ce_partial(const Tensor& logits, const Tensor& labels, int64
 
 double vocab_parallel_ce_finish(const Tensor& stats, const Tensor& probs) {
   const char* op = "functional::vocab_parallel_ce_finish";
+  no_deterministic_form(op);
   check_matrix(op, "probs", probs);
   check(op, "stats", stats, DType::f64);
   check_shape(op, "stats", stats, {probs.size(0), 2});
@@ -421,6 +445,7 @@ void vocab_parallel_ce_backward(const Tensor& probs, const Tensor& labels, int64
 
 double mse_forward(const Tensor& x, const Tensor& t, const Tensor& diff) {
   const char* op = "functional::mse_forward";
+  no_deterministic_form(op);
   for (auto [what, p] : {std::pair{"x", &x}, {"t", &t}, {"diff", &diff}}) {
     check(op, what, *p);
     check_shape(op, what, *p, x.shape());
@@ -430,6 +455,7 @@ double mse_forward(const Tensor& x, const Tensor& t, const Tensor& diff) {
 
 double bce_with_logits_forward(const Tensor& x, const Tensor& t, const Tensor& grad_unscaled) {
   const char* op = "functional::bce_with_logits_forward";
+  no_deterministic_form(op);
   for (auto [what, p] : {std::pair{"x", &x}, {"t", &t}, {"grad_unscaled", &grad_unscaled}}) {
     check(op, what, *p);
     check_shape(op, what, *p, x.shape());
@@ -439,6 +465,7 @@ double bce_with_logits_forward(const Tensor& x, const Tensor& t, const Tensor& g
 
 double gaussian_kl_forward(const Tensor& mu, const Tensor& logvar, const Tensor& dmu, const Tensor& dlogvar) {
   const char* op = "functional::gaussian_kl_forward";
+  no_deterministic_form(op);
   for (auto [what, p] : {std::pair{"mu", &mu}, {"logvar", &logvar}, {"dmu", &dmu}, {"dlogvar", &dlogvar}}) {
     check(op, what, *p);
     check_shape(op, what, *p, mu.shape());
@@ -504,6 +531,7 @@ void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& ou
 
 void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight, int64_t begin, int64_t vocab) {
   const char* op = "functional::embedding_backward";
+  no_deterministic_form(op);
   check_matrix(op, "dweight", dweight);
   check_ids(op, ids, checked_vocab(op, dweight.size(0), begin, vocab));
   check(op, "dy", dy);
@@ -513,6 +541,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweig
 
 void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {
   const char* op = "functional::unembed_forward";
+  no_deterministic_form(op);
   check_gemm_pair(op, "x", x, "w", w);
   check_shape(op, "w", w, {w.size(0), x.size(1)});
   check(op, "y", y);
@@ -522,6 +551,7 @@ void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {
 
 void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) {
   const char* op = "functional::unembed_backward_input";
+  no_deterministic_form(op);
   check_gemm_pair(op, "dy", dy, "w", w);
   check_shape(op, "w", w, {dy.size(1), w.size(1)});
   check(op, "dx", dx);
@@ -531,6 +561,7 @@ void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx)
 
 void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw) {
   const char* op = "functional::unembed_backward_weight";
+  no_deterministic_form(op);
   check_gemm_pair(op, "x", x, "dy", dy);
   check_shape(op, "dy", dy, {x.size(0), dy.size(1)});
   check(op, "dw", dw);
@@ -562,6 +593,7 @@ void check_attention(const char* op, std::initializer_list<std::pair<const char*
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                        const Tensor& out, const Tensor& lse) {
   const char* op = "functional::attention_forward";
+  no_deterministic_form(op);
   if (!lse.defined()) throw InvalidArgument(op, "lse is undefined", "pass an (N, T) f32 tensor");
   check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, lse);
   dispatch(op, {&q, &k, &v, &out, &lse})->attention_forward(q, k, v, causal, scale, out, lse);
@@ -571,6 +603,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv, bool accumulate) {
   const char* op = "functional::attention_backward";
+  no_deterministic_form(op);
   if (!lse.defined()) throw InvalidArgument(op, "lse is undefined", "pass the forward's lse");
   check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk},
                        {"dv", &dv}},

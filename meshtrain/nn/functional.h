@@ -101,9 +101,12 @@ void vocab_parallel_ce_backward(const Tensor& probs, const Tensor& labels, int64
                                 const Tensor& grad);
 
 // ---- losses: return the sum of per-element terms; the caller divides ----
-// logits (N, C), labels (N) i64 in [0, C): sum of -log softmax(z)[label];
-// probs (N, C) = softmax(z).
-double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs);
+// logits (N, C), labels (N) i64 in [0, C): sum of -log softmax(z)[label],
+// divided by normalizer (> 0) here: once, or in the deterministic mode
+// each block's sum before the tree, so that the shares of a global batch
+// add up to the same bits; probs (N, C) = softmax(z).
+double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                             double normalizer = 1.0);
 // grad (N, C) = (probs - onehot(label)) * factor.
 void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor, const Tensor& grad);
 // sum (x - t)^2; diff = x - t.
@@ -235,7 +238,8 @@ class Backend {
   virtual void rotary_embedding(const Tensor& x, const Tensor& positions, double base, bool inverse,
                                 const Tensor& y) const = 0;
   virtual void dropout_mask(uint64_t seed, uint64_t key, uint64_t start, double p, const Tensor& scale) const = 0;
-  virtual double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) const = 0;
+  virtual double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                                       double normalizer) const = 0;
   virtual void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor,
                                       const Tensor& grad) const = 0;
   virtual double mse_forward(const Tensor& x, const Tensor& t, const Tensor& diff) const = 0;
@@ -273,6 +277,31 @@ class Backend {
                           const AdamWStep& h, const Tensor& rounded) const = 0;
   virtual void sgd_step(const Tensor& value, const Tensor& grad, const Tensor& momentum_buffer, const SgdStep& h,
                         const Tensor& rounded) const = 0;
+};
+
+// ---- The deterministic mode (docs/determinism.md), per calling thread ----
+// rows > 0: the rows of one block of the canonical reduction tree
+// (core/reduction_tree.h). While set, the products of linear and unembed
+// run as fixed blocks of that many rows (core/matmul.h: a row's result does
+// not depend on the other rows of the call or the thread count), and every
+// sum over rows (weight and bias gradients, loss totals) sums each block in
+// row order and the blocks in the canonical tree, so the sum over a call
+// that holds whole blocks is a node of the tree over the global batch's
+// blocks. Every call's rows must then be a whole number of blocks. Kernels
+// that have no deterministic form yet throw Unsupported while it is set.
+// 0 (the default) turns it off.
+void set_deterministic_rows(int64_t rows);
+int64_t deterministic_rows();
+// Sets the calling thread's rows while it lives, then restores them.
+class DeterministicRowsScope {
+ public:
+  explicit DeterministicRowsScope(int64_t rows) : previous_(deterministic_rows()) { set_deterministic_rows(rows); }
+  ~DeterministicRowsScope() { set_deterministic_rows(previous_); }
+  DeterministicRowsScope(const DeterministicRowsScope&) = delete;
+  DeterministicRowsScope& operator=(const DeterministicRowsScope&) = delete;
+
+ private:
+  int64_t previous_;
 };
 
 // Per-op wall time, for benchmarks: while a thread profiles, every function

@@ -233,8 +233,8 @@ class CountingBackend final : public F::Backend {
   double vocab_parallel_ce_finish(const Tensor& s, const Tensor& p) const override {
     return cpu_->vocab_parallel_ce_finish(s, p);
   }
-  double cross_entropy_forward(const Tensor& z, const Tensor& l, const Tensor& p) const override {
-    return cpu_->cross_entropy_forward(z, l, p);
+  double cross_entropy_forward(const Tensor& z, const Tensor& l, const Tensor& p, double n) const override {
+    return cpu_->cross_entropy_forward(z, l, p, n);
   }
   double mse_forward(const Tensor& x, const Tensor& t, const Tensor& d) const override {
     return cpu_->mse_forward(x, t, d);

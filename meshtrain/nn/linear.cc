@@ -11,6 +11,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/nn/deterministic.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 
@@ -208,17 +209,20 @@ std::pair<Tensor, Tensor> Linear::blocked_input_grad(const RowBlocks& blocks, co
   return {dyc, needs_input_grad_ ? dx.view(st.in_shape) : Tensor()};
 }
 
-void Linear::weight_grads(const Tensor& dy, const Tensor& x) {
+void Linear::weight_grads(const Tensor& dy, const Tensor& x, Saved& saved) {
   const char* op = "Linear::backward";
   internal::check_param_grad(weight_.grad, op, weight_.name);
   if (has_bias_) internal::check_param_grad(bias_.grad, op, bias_.name);
+  State& st = saved.state<State>();
+  const TreeNode node = call_node(saved.batch, st.in_shape.size() > 1 ? st.in_shape[0] : 1, dy.size(0));
   // The bias first, reported before the weight GEMM runs: data parallelism
   // can start the bucket holding it that much earlier.
   if (has_bias_) {
-    functional::bias_backward(dy, bias_.grad);
+    add_gradient(bias_, 0, node, [&](const Tensor& g) { functional::bias_backward(dy, g); });
     notify_grad_ready(bias_);
   }
-  functional::linear_backward_weight(x, dy, weight_.grad, Tensor());
+  add_gradient(weight_, 0, node,
+               [&](const Tensor& g) { functional::linear_backward_weight(x, dy, g, Tensor()); });
   notify_grad_ready(weight_);
 }
 
@@ -228,12 +232,12 @@ Tensor Linear::do_backward(const Tensor& grad_out, Saved& saved) {
   if (!blocks.order.empty()) {  // dX first, block by block, then the weight gradients
     check_blocked_input(grad_out, "Linear::backward", name_);
     auto [dy, dx] = blocked_input_grad(blocks, prepare_grad(grad_out, st, "Linear::backward", false), st);
-    weight_grads(dy, st.x);
+    weight_grads(dy, st.x, saved);
     st.x = Tensor();
     return dx;
   }
   Tensor dy = prepare_grad(grad_out, st, "Linear::backward");
-  weight_grads(dy, st.x);
+  weight_grads(dy, st.x, saved);
   Tensor dx = input_grad(dy, st);
   st.x = Tensor();  // backward is done with forward's input
   return dx;
@@ -254,7 +258,7 @@ Tensor Linear::do_backward_input(const Tensor& grad_out, Saved& saved) {
 
 void Linear::do_backward_weight(Saved& saved) {
   State& st = saved.state<State>();
-  weight_grads(st.dy, st.x);
+  weight_grads(st.dy, st.x, saved);
   st.x = Tensor();
   st.dy = Tensor();
 }

@@ -123,7 +123,8 @@ class Linear final : public Module {
   // The blocked backward's first part: dy in the compute dtype (converted
   // block by block) and dX (undefined unless needs_input_grad()).
   std::pair<Tensor, Tensor> blocked_input_grad(const RowBlocks& blocks, const Tensor& dy, State& st);
-  void weight_grads(const Tensor& dy, const Tensor& x);
+  // The weight and bias gradients of a call (saved: its batch context).
+  void weight_grads(const Tensor& dy, const Tensor& x, Saved& saved);
 
   std::string name_;  // module path, for errors
   int64_t in_;

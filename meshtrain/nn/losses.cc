@@ -42,9 +42,8 @@ double CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels, Sav
   read_labels(labels, n, c, op, st.labels);
   const double norm = resolve_normalizer(normalizer, static_cast<double>(n), op);
   Tensor& probs = internal::reuse_or_allocate(st.probs, {n, c});  // (N, C)
-  const double total = functional::cross_entropy_forward(z, st.labels, probs);
   st.normalizer = norm;
-  return total / norm;
+  return functional::cross_entropy_forward(z, st.labels, probs, norm);
 }
 
 Tensor CrossEntropyLoss::backward(Saved& saved, double grad_output) {

@@ -186,6 +186,9 @@ DataParallel::DataParallel(nn::Module& model, comm::Communicator& data_comm, Dat
     : model_(&model), comm_(&data_comm), options_(options) {
   if (options_.bucket_bytes < 1)
     throw InvalidArgument("DataParallel", "bucket_bytes is 0", "use at least 1 (25 MiB is the default)");
+  if (options_.deterministic && options_.reduce != GradReduce::sum)
+    throw InvalidArgument("DataParallel", "deterministic with reduce avg",
+                          "use GradReduce::sum (scale the loss by the global batch instead)");
   params_ = model.parameters();
   for (size_t i = 0; i < params_.size(); ++i) {
     nn::Parameter& p = *params_[i];
@@ -219,7 +222,7 @@ DataParallel::DataParallel(nn::Module& model, comm::Communicator& data_comm, Dat
     else if (!p.grad.defined()) p.grad = Tensor::zeros(p.value.shape(), DType::f32);
   }
   // Exact timing where a Work may be waited from another thread (see CommTiming).
-  stats_.timing = options_.exact_timing && data_comm.capabilities().wait_from_any_thread
+  stats_.timing = options_.exact_timing && !options_.deterministic && data_comm.capabilities().wait_from_any_thread
                       ? CommTiming::exact
                       : CommTiming::polled;
   if (stats_.timing == CommTiming::exact) watcher_ = std::make_unique<Watcher>(buckets_.size());
@@ -415,6 +418,10 @@ void DataParallel::launch(Bucket& b) {
   if (&b == &buckets_.front()) step_start_ = now;
   b.started = b.seen_incomplete = now;
   b.launched = true;
+  if (options_.deterministic) {  // summed in place now; b.work stays complete
+    comm::tree_all_reduce(*comm_, b.buffer.data<float>(), static_cast<size_t>(b.buffer.numel()));
+    return;
+  }
   const comm::ReduceOp op = options_.reduce == GradReduce::sum ? comm::ReduceOp::sum : comm::ReduceOp::avg;
   comm::Work work = comm_->all_reduce_async(b.buffer.data_ptr(), b.buffer.data_ptr(),
                                             static_cast<size_t>(b.buffer.numel()), DType::f32, op);

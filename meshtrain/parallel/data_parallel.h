@@ -84,6 +84,10 @@ struct DataParallelOptions {
   // Charged with the bucket buffers (comm_buffers); must outlive them, i.e.
   // the model's gradients when gradient_as_bucket_view is on. May be null.
   MemoryTracker* tracker = nullptr;
+  // The deterministic mode (docs/determinism.md): each bucket is summed in
+  // the canonical tree over the ranks (comm::tree_all_reduce), when it is
+  // complete, before backward goes on (not overlapped); with reduce sum only.
+  bool deterministic = false;
 };
 
 // One parameter's place in the buckets.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/reduction_tree.h"
 #include "meshtrain/parallel/fully_sharded.h"
 #include "meshtrain/parallel/pipeline_schedule.h"
 #include "meshtrain/train/model_recipe.h"
@@ -37,6 +38,59 @@ void check_batch_split(const TrainConfig& c, const mesh::NamedShape& mesh) {
                                       c.micro_batches, c.batch_size, ranks, c.batch_size / ranks),
                           "use at most as many micro-batches as samples per data-parallel rank, or a larger "
                           "--batch-size");
+}
+
+// The deterministic mode (docs/determinism.md): what it supports so far,
+// its block (resolved when 0), and every rank's and micro-batch's share a
+// node of the canonical tree over the global batch's blocks.
+void check_deterministic(TrainConfig& c, const mesh::NamedShape& mesh, const config::DistributedConfig& dc,
+                         std::vector<std::string>& notes) {
+  if (!c.deterministic) return;
+  auto refuse = [](const std::string& what, const std::string& hint) {
+    throw Unsupported("--deterministic", what, hint + " (docs/determinism.md says what the mode supports)");
+  };
+  if (c.model != "mlp") refuse(fmt::format("model '{}'", c.model), "the mode trains the MLP so far: use --model mlp");
+  for (const std::string_view axis : {mesh::kTensor, mesh::kContext, mesh::kExpert, mesh::kPipeline, mesh::kFsdp})
+    if (axis_size(mesh, axis) > 1)
+      refuse(fmt::format("mesh {} has a {} axis", mesh.to_spec(), axis),
+             "the mode spreads a run over data axes so far: use --mesh data=N");
+  if (c.fsdp.enabled()) refuse(fmt::format("fsdp '{}'", c.fsdp.name), "drop --fsdp");
+  if (dc.mixed_precision != DType::f32)
+    refuse(fmt::format("precision {}", config::mixed_precision_name(dc.mixed_precision)),
+           "the mode computes in fp32: drop --precision");
+  if (c.clip_norm > 0) refuse(fmt::format("clip_norm {}", c.clip_norm), "drop --clip-norm");
+  if (!c.drop_last)
+    refuse("drop_last = false (a partial last batch)", "keep --drop-last true: every step's batch is whole blocks");
+  const int64_t rows = rows_per_sample(c);
+  if (c.deterministic_block == 0) {
+    int64_t block = 1;
+    while (block * rows < 32) block *= 2;
+    c.deterministic_block = static_cast<int>(block);
+    notes.push_back(fmt::format("deterministic_block = {}: the fewest samples (a power of two) of at least 32 rows "
+                                "({} per sample)",
+                                block, rows));
+  }
+  const int64_t block = c.deterministic_block;
+  int64_t ranks = 1;
+  for (const std::string& axis : data_parallel_axes(mesh)) ranks *= mesh.size_of(axis);
+  const int64_t local = c.batch_size / ranks, micro = local / c.micro_batches;
+  if (c.batch_size % block != 0 || micro % block != 0 || local % c.micro_batches != 0)
+    throw InvalidArgument("--deterministic-block",
+                          fmt::format("blocks of {} samples with a global batch of {} over {} data-parallel ranks "
+                                      "and {} micro-batches ({} samples each): a micro-batch must be whole blocks",
+                                      block, c.batch_size, ranks, c.micro_batches, micro),
+                          "use a block that divides every micro-batch, or a --batch-size that is a multiple of "
+                          "ranks x micro-batches x block");
+  const int64_t total = c.batch_size / block, per_micro = micro / block;
+  for (int64_t m = 0; m < ranks * c.micro_batches; ++m)
+    if (!is_tree_node(total, m * per_micro, per_micro) ||
+        !is_tree_node(total, (m / c.micro_batches) * per_micro * c.micro_batches, per_micro * c.micro_batches))
+      throw InvalidArgument("--deterministic",
+                            fmt::format("{} blocks of {} samples over {} data-parallel ranks x {} micro-batches: "
+                                        "each share of {} blocks must be a node of the canonical reduction tree",
+                                        total, block, ranks, c.micro_batches, per_micro),
+                            "give every micro-batch a power-of-two number of blocks (--batch-size, "
+                            "--deterministic-block)");
 }
 
 }  // namespace
@@ -121,6 +175,7 @@ ResolvedTraining resolve_training(const TrainConfig& tc, const config::Distribut
                 .micro_batches = c.micro_batches,
                 .cp_comm = c.cp_comm};
   check_batch_split(c, mesh);
+  check_deterministic(c, mesh, dc, out.notes);
   if (pipeline_axis > 1)  // throws InvalidArgument for micro-batches the schedule cannot run
     (void)parallel::make_schedule(c.pipeline_schedule, pipeline_axis, c.micro_batches, c.virtual_stages);
   if (const RecipeRegistration& recipe = find_model_recipe(c.model); recipe.check) recipe.check(c, out.layout);

@@ -267,6 +267,17 @@ const TrainField kFields[] = {
     {"bucket_mb", "--bucket-mb", "data-parallel gradient bucket size in MiB, in (0, 65536]", MT_DBL(bucket_mb, {.min = 0, .max = 65536, .min_open = true})},
     {"threads_per_rank", "--threads-per-rank", "BLAS threads per rank, 0 to 1024 (0 = cores / ranks)", MT_INT(threads_per_rank, 0, 1024)},
     {"drop_last", "--drop-last", "drop the last partial batch of each epoch", MT_BOOL(drop_last)},
+    {"deterministic", "--deterministic",
+     "the same parameter bits on any data, fsdp or pipeline layout, engine and thread count (docs/determinism.md)",
+     MT_BOOL(deterministic)},
+    {"deterministic_block", "--deterministic-block",
+     "--deterministic: samples per block of the canonical reduction tree, 0 to 2^20 (0 = the fewest samples of at "
+     "least 32 rows, a power of two)",
+     MT_INT(deterministic_block, 0, 1 << 20)},
+    {"checksum_every", "--checksum-every",
+     "steps between checksums of the full model's parameters in metrics.jsonl, >= 0 (0 = none); the same on any "
+     "layout",
+     MT_INT(checksum_every, 0, kIntMax)},
     {"fsdp", "--fsdp",
      "fully sharded data parallelism: full | shard_grad_op | no_shard | zero1 | zero2 | zero3 | hybrid_full | "
      "hybrid_shard_grad_op (\"\" = plain data parallelism; an fsdp mesh axis > 1 defaults to full)",
@@ -502,5 +513,7 @@ std::string TrainConfig::to_toml() const {
   }
   return s;
 }
+
+int64_t rows_per_sample(const TrainConfig& c) { return c.model == "gpt" ? c.context : 1; }
 
 }  // namespace meshtrain::train

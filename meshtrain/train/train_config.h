@@ -125,6 +125,15 @@ struct TrainConfig {
   double bucket_mb = 25.0;     // data-parallel gradient bucket size
   int threads_per_rank = 0;    // BLAS threads per rank; 0 = cores / ranks (at least 1)
   bool drop_last = true;       // drop the last partial batch of an epoch
+  // The deterministic mode (docs/determinism.md): the same parameter bits on
+  // any data, fsdp or pipeline layout, engine and thread count. Sums over
+  // samples run in the canonical tree over blocks of deterministic_block
+  // samples (0: the fewest samples of at least 32 rows, a power of two).
+  bool deterministic = false;
+  int deterministic_block = 0;
+  // Steps between checksums of the full model's parameters in
+  // metrics.jsonl (0 = none): a hash that does not depend on the layout.
+  int checksum_every = 0;
   // Fully sharded data parallelism (parallel/fully_sharded.h): "" = plain
   // data parallelism (DataParallel, f32), else a strategy name of
   // layout::parse_fsdp_mode: full | shard_grad_op | no_shard |
@@ -201,5 +210,9 @@ struct TrainField {
   TrainFieldKind kind;
 };
 std::span<const TrainField> train_config_fields();
+
+// The rows one sample puts through a layer's products: the GPT's context,
+// else 1 (the deterministic mode's blocks are whole samples).
+int64_t rows_per_sample(const TrainConfig& c);
 
 }  // namespace meshtrain::train

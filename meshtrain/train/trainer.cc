@@ -17,8 +17,11 @@
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/parallel_for.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/core/reduction_tree.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/mesh/device_mesh.h"
+#include "meshtrain/nn/deterministic.h"
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/parallel/tensor_parallel.h"
 #include "meshtrain/optim/adamw.h"
 #include "meshtrain/optim/clip.h"
@@ -214,6 +217,7 @@ class Run {
   }
 
   void run() {
+    const nn::functional::DeterministicRowsScope deterministic(tc_.deterministic ? tc_.deterministic_block * rows_per_sample(tc_) : 0);
     DistributedSampler sampler(train_.size(), tc_.batch_size, tc_.seed, tc_.drop_last, batch_comm_->rank(),
                                batch_comm_->size());
     const int64_t per_epoch = sampler.num_batches();
@@ -408,12 +412,22 @@ class Run {
     const double s = scaler_ ? scaler_->scale() : 1.0;
     const double norm = static_cast<double>(batch.global_size) / s;
     double loss = 0;
+    if (tc_.deterministic) {
+      const int64_t block = tc_.deterministic_block;
+      nn::begin_deterministic_step(batch.global_size / block, {batch.first_global_sample / block, local / block});
+    }
     if (pipeline_) {
       loss = pipeline_->step(batch, step, norm);  // the last stage's; 0 on the others
     } else {
+      std::vector<double> losses;  // the micro-batches', summed in the canonical tree when deterministic
       for (int i = 0; i < m; ++i) {
         parallel_->begin_micro_batch(i, m);
-        loss += model_->loss_step(batch.rows(local * i / m, local * (i + 1) / m), step, norm);
+        losses.push_back(model_->loss_step(batch.rows(local * i / m, local * (i + 1) / m), step, norm));
+      }
+      if (tc_.deterministic) {
+        loss = tree_sum(losses);
+      } else {
+        for (double l : losses) loss += l;
       }
     }
     parallel_->finish();
@@ -424,7 +438,9 @@ class Run {
     // A stop request rides along, so every rank stops after the same step.
     double v[3] = {loss / s, optim::values_finite(opt_params_) ? 0.0 : 1.0,
                    shared_.stop != nullptr && shared_.stop->requested() ? 1.0 : 0.0};
+    const double tree_loss = tc_.deterministic ? comm::tree_all_reduce(*dp_comm_, v[0]) : 0.0;
     dp_comm_->all_reduce(v, v, 3, DType::f64, comm::ReduceOp::sum);
+    if (tc_.deterministic) v[0] = tree_loss;  // the canonical tree's sum, not the engine's
     any_over_tensor(v + 1, 2);  // tensor-parallel ranks hold different blocks; the loss is the same on each
     if (pp_ != nullptr) pp_->all_reduce(v, v, 3, DType::f64, comm::ReduceOp::sum);  // the last stage's loss
     stop_after_step_ = v[2] > 0;
@@ -623,6 +639,9 @@ class Run {
   // first_global_sample is its first test-sample index, so sampled noise
   // (the VAE's z) does not depend on the data-parallel split.
   Evaluation evaluate() {
+    // Evaluation chunks are not the deterministic mode's blocks (and change
+    // no parameter): the default kernels there.
+    const nn::functional::DeterministicRowsScope plain(0);
     set_training(false);
     const int64_t n = test_.size(), d = batch_comm_->size(), r = batch_comm_->rank();
     const int64_t lo = n * r / d, hi = n * (r + 1) / d;

@@ -1,5 +1,7 @@
 #include "meshtrain/nn/internal/cpu_backend.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -7,10 +9,13 @@
 #include <vector>
 
 #include "meshtrain/core/internal/convert.h"
+#include "meshtrain/core/error.h"
 #include "meshtrain/core/half.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/parallel_for.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/core/reduction_tree.h"
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/cpu_attention.h"
 #include "meshtrain/nn/internal/fast_math.h"
 #include "meshtrain/nn/internal/softmax_row.h"
@@ -45,6 +50,56 @@ void add_column_sums(const T* m, int64_t rows, int64_t cols, float* out) {
   for (int64_t j = 0; j < cols; ++j) out[j] += acc[j];
 }
 inline float as_float(float v) { return v; }
+
+// The deterministic mode's rows per block (functional::set_deterministic_rows),
+// checked against a call's rows: 0 when the mode is off.
+int64_t deterministic_block(int64_t rows, const char* op) {
+  const int64_t block = functional::deterministic_rows();
+  if (block > 0 && rows % block != 0)
+    throw InvalidArgument(op, fmt::format("{} rows are not a whole number of the deterministic mode's blocks of {}",
+                                          rows, block),
+                          "give every call whole blocks (the trainer's start-up check does)");
+  return block;
+}
+
+// db (C) += the canonical tree over blocks of `block` rows of each block's
+// column sums of dy (R, C) f32, each in row order.
+void add_column_sums_tree(const Tensor& dy, const Tensor& db, int64_t block) {
+  const int64_t rows = dy.size(0), cols = dy.size(1);
+  if (rows == 0) return;
+  const float* m = dy.data<float>();
+  TreeStack sum(rows / block, cols);
+  for (int64_t first = 0; first < rows; first += block) {
+    float* acc = sum.next();
+    std::fill(acc, acc + cols, 0.0f);
+    for (int64_t r = first; r < first + block; ++r) {
+      const float* row = m + r * cols;
+      for (int64_t j = 0; j < cols; ++j) acc[j] += row[j];
+    }
+    sum.push();
+  }
+  const float* total = sum.result();
+  float* out = db.data<float>();
+  for (int64_t j = 0; j < cols; ++j) out[j] += total[j];
+}
+
+// The sum of per-row terms divided by `normalizer`: in row order, then
+// divided; or in the deterministic mode the canonical tree over blocks of
+// `block` rows, each summed in row order and divided.
+double sum_rows(const std::vector<double>& terms, int64_t block, double normalizer) {
+  if (block <= 0 || terms.empty()) {
+    double total = 0.0;
+    for (double t : terms) total += t;
+    return total / normalizer;
+  }
+  std::vector<double> blocks;
+  for (size_t first = 0; first < terms.size(); first += static_cast<size_t>(block)) {
+    double s = 0.0;
+    for (size_t r = first; r < first + static_cast<size_t>(block); ++r) s += terms[r];
+    blocks.push_back(s / normalizer);
+  }
+  return tree_sum(blocks);
+}
 // The column sums of an f32, bf16 or f16 matrix dy (R, C) into db (C).
 void add_column_sums(const Tensor& dy, const Tensor& db) {
   const int64_t rows = dy.size(0), cols = dy.size(1);
@@ -259,6 +314,7 @@ void activation_backward_range(ActivationKind kind, const float* x, const float*
 class CpuBackend final : public functional::Backend {
  public:
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) const override {
+    const int64_t block = deterministic_block(y.size(0), "functional::linear_forward");
     double beta = 0.0;
     if (b.defined()) {
       // Every row starts as b; the GEMM then adds x W on top (beta = 1).
@@ -268,6 +324,7 @@ class CpuBackend final : public functional::Backend {
       for (int64_t r = 0; r < rows; ++r) std::memcpy(py + r * out, pb, static_cast<size_t>(out) * sizeof(float));
       beta = 1.0;
     }
+    if (block > 0) return matmul_fixed_blocks(x, w, y, false, beta, block);
     matmul(x, w, y, false, false, 1.0, beta);  // (R, in) x (in, out) -> (R, out)
   }
 
@@ -281,15 +338,24 @@ class CpuBackend final : public functional::Backend {
   }
 
   void linear_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) const override {
+    const int64_t block = deterministic_block(dy.size(0), "functional::linear_backward_input");
+    if (block > 0) return matmul_fixed_blocks(dy, w, dx, true, 0.0, block);
     matmul(dy, w, dx, false, true);  // (R, out) x (in, out)^T -> (R, in)
   }
 
   void linear_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw, const Tensor& db) const override {
+    const int64_t block = deterministic_block(dy.size(0), "functional::linear_backward_weight");
+    if (block > 0) {
+      if (db.defined()) add_column_sums_tree(dy, db, block);
+      return matmul_tn_tree(x, dy, dw, block);  // dW += the tree over blocks of x_l^T dy_l
+    }
     if (db.defined()) add_column_sums(dy, db);
     matmul(x, dy, dw, true, false, 1.0, 1.0);  // dW += (R, in)^T x (R, out) -> (in, out)
   }
 
   void bias_backward(const Tensor& dy, const Tensor& db) const override {
+    const int64_t block = deterministic_block(dy.size(0), "functional::bias_backward");
+    if (block > 0) return add_column_sums_tree(dy, db, block);
     add_column_sums(dy, db);
   }
 
@@ -513,7 +579,8 @@ class CpuBackend final : public functional::Backend {
     for (int64_t i = 0; i < n; ++i) s[i] = s[i] >= pf ? keep_scale : 0.0f;
   }
 
-  double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs) const override {
+  double cross_entropy_forward(const Tensor& logits, const Tensor& labels, const Tensor& probs,
+                               double normalizer) const override {
     const int64_t n = logits.size(0), c = logits.size(1);
     const float* pz = logits.data<float>();
     const int64_t* y = labels.data<int64_t>();
@@ -529,9 +596,7 @@ class CpuBackend final : public functional::Backend {
         terms[static_cast<size_t>(i)] = std::log(row.sum) - (static_cast<double>(zr[y[i]]) - row.max);
       }
     });
-    double total = 0.0;
-    for (double t : terms) total += t;
-    return total;
+    return sum_rows(terms, deterministic_block(n, "functional::cross_entropy_forward"), normalizer);
   }
 
   void cross_entropy_backward(const Tensor& probs, const Tensor& labels, double factor,

@@ -177,7 +177,8 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
       model, dp_comm,
       parallel::DataParallelOptions{.bucket_bytes = static_cast<size_t>(tc.bucket_mb * (1 << 20)),
                                     .reduce = parallel::GradReduce::sum,
-                                    .tracker = memory});
+                                    .tracker = memory,
+                                    .deterministic = tc.deterministic});
   track(model.parameters(), memory, MemoryCategory::gradients);
   return dp;
 }
