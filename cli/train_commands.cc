@@ -36,6 +36,7 @@
 #include "meshtrain/train/model_recipe.h"
 #include "meshtrain/train/run_dir.h"
 #include "meshtrain/checkpoint/checkpoint.h"
+#include "meshtrain/train/artifacts.h"
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/trainer.h"
 
@@ -222,6 +223,32 @@ int run_export(const ExportFlags& f) {
   print_config("export", {{"run_dir", f.run_dir}, {"out", f.out}, {"step", f.step < 0 ? "newest" : std::to_string(f.step)}});
   fmt::print("wrote {}\n", train::export_model(f.run_dir, f.out,
                                                 f.step < 0 ? std::nullopt : std::optional<int64_t>(f.step)));
+  return 0;
+}
+
+struct ChecksumFlags {
+  std::string a, b;
+};
+
+// A run directory or its metrics.jsonl.
+std::string metrics_file(const std::string& path) {
+  return std::filesystem::is_directory(path) ? (std::filesystem::path(path) / "metrics.jsonl").string() : path;
+}
+
+int run_checksums(const ChecksumFlags& f) {
+  const auto a = train::read_checksums(metrics_file(f.a)), b = train::read_checksums(metrics_file(f.b));
+  const train::ChecksumComparison c = train::compare_checksums(a, b);
+  if (c.compared == 0)
+    throw InvalidArgument("meshtrain checksums",
+                          fmt::format("no step has a checksum in both runs ({} has {}, {} has {})", f.a, a.size(), f.b,
+                                      b.size()),
+                          "train both with --checksum-every N (the same N)");
+  if (c.first_difference) {
+    fmt::print("the runs differ at step {} (the first of {} compared steps from {}): {} in {}, {} in {}\n",
+               *c.first_difference, c.compared, c.first_step, c.a, f.a, c.b, f.b);
+    return 1;
+  }
+  fmt::print("identical: {} checksums, steps {} to {}\n", c.compared, c.first_step, c.last_step);
   return 0;
 }
 
@@ -659,6 +686,14 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   gen->add_option("--seed", g->sample.seed, "seed of the draws (default: the run's, which reproduces sample.txt)")
       ->each([g](const std::string&) { g->seed_given = true; });
   out.push_back({gen, [=] { return run_generate(*g); }});
+
+  auto k = std::make_shared<ChecksumFlags>();
+  auto* sums = app.add_subcommand("checksums",
+                                  "compare two runs' parameter checksums (--checksum-every): the first step where "
+                                  "they differ, or that they are identical (exit 1 when they differ)");
+  sums->add_option("a", k->a, "a run directory (or its metrics.jsonl)")->required();
+  sums->add_option("b", k->b, "the other run")->required();
+  out.push_back({sums, [=] { return run_checksums(*k); }});
 
   auto e = std::make_shared<ExportFlags>();
   auto* exp = app.add_subcommand("export",

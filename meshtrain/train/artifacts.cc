@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "meshtrain/core/error.h"
@@ -93,6 +94,60 @@ void read_curves(const std::string& metrics_path, Series& train, Series& test) {
     s->x.push_back(j["step"].get<double>());
     s->y.push_back(j["loss"].get<double>());
   }
+}
+
+std::string parameters_checksum(const std::vector<std::pair<std::string, Tensor>>& params) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a, 64 bits
+  auto mix = [&h](const void* data, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  };
+  for (const auto& [name, value] : params) {
+    mix(name.data(), name.size() + 1);  // with its terminating 0: names do not run together
+    for (int64_t d : value.shape()) mix(&d, sizeof d);
+    const Tensor t = value.dtype() == DType::f32 ? value.contiguous() : value.to(DType::f32);
+    mix(t.data_ptr(), static_cast<size_t>(t.numel()) * sizeof(float));
+  }
+  return fmt::format("{:016x}", h);
+}
+
+std::vector<std::pair<int64_t, std::string>> read_checksums(const std::string& metrics_path) {
+  std::ifstream in(metrics_path);
+  if (!in)
+    throw IoError("read_checksums", fmt::format("cannot read '{}'", metrics_path),
+                  "name a run directory (or its metrics.jsonl)");
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("checksum") || !j["checksum"].is_string() || !j.contains("step") ||
+        !j["step"].is_number())
+      continue;
+    out.emplace_back(j["step"].get<int64_t>(), j["checksum"].get<std::string>());
+  }
+  return out;
+}
+
+ChecksumComparison compare_checksums(const std::vector<std::pair<int64_t, std::string>>& a,
+                                     const std::vector<std::pair<int64_t, std::string>>& b) {
+  // The last line of a step wins (a resumed run may log a step again).
+  std::map<int64_t, std::string> ma, mb;
+  for (const auto& [step, sum] : a) ma[step] = sum;
+  for (const auto& [step, sum] : b) mb[step] = sum;
+  ChecksumComparison out;
+  for (const auto& [step, sum] : ma) {
+    const auto it = mb.find(step);
+    if (it == mb.end()) continue;
+    if (out.compared++ == 0) out.first_step = step;
+    out.last_step = step;
+    if (sum != it->second) {
+      out.first_difference = step;
+      out.a = sum;
+      out.b = it->second;
+      break;
+    }
+  }
+  return out;
 }
 
 std::string line_chart_svg(const std::string& title, const std::string& x_label, const std::vector<Series>& series) {

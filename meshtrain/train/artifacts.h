@@ -67,6 +67,25 @@ std::string line_chart_svg(const std::string& title, const std::string& x_label,
 // by "step"), appended to `train` and `test`: a resumed run's earlier part.
 void read_curves(const std::string& metrics_path, Series& train, Series& test);
 
+// The checksum of a whole model (--checksum-every, docs/determinism.md):
+// 16 hex digits of a 64-bit FNV-1a hash over every parameter's name, shape
+// and f32 bits, in the order model.safetensors holds them, so two runs
+// whose model files are byte-identical have equal checksums.
+std::string parameters_checksum(const std::vector<std::pair<std::string, Tensor>>& params);
+// The checksum lines of a metrics.jsonl ({"step": s, "checksum": "..."}),
+// in file order: (step, checksum).
+std::vector<std::pair<int64_t, std::string>> read_checksums(const std::string& metrics_path);
+// Two runs' checksums side by side (`meshtrain checksums A B`): the steps
+// both logged, compared in step order, up to the first that differs.
+struct ChecksumComparison {
+  int64_t compared = 0;                      // steps both logged, up to and with the first difference
+  int64_t first_step = -1, last_step = -1;   // of those
+  std::optional<int64_t> first_difference;   // the first step whose checksums differ
+  std::string a, b;                          // there: each run's checksum
+};
+ChecksumComparison compare_checksums(const std::vector<std::pair<int64_t, std::string>>& a,
+                                     const std::vector<std::pair<int64_t, std::string>>& b);
+
 // A grid of grayscale images (each h x w, values in [0, 1]) written as PNG.
 void write_image_grid_png(const std::string& path, const std::vector<std::vector<float>>& images, int h, int w,
                           int columns, int scale = 2);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -68,6 +69,47 @@ TEST(MetricsLog, WritesJsonLines) {
   std::getline(in, l2);
   EXPECT_EQ(l1, R"({"split":"train","step":10,"loss":0.25})");
   EXPECT_EQ(nlohmann::json::parse(l2)["accuracy"], 0.875);
+}
+
+TEST(Checksums, TheHashSeesNamesShapesAndEveryBit) {
+  const Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
+  const std::string base = parameters_checksum({{"w", w}});
+  EXPECT_EQ(base.size(), 16u);
+  EXPECT_EQ(parameters_checksum({{"w", w.clone()}}), base);
+  EXPECT_NE(parameters_checksum({{"v", w}}), base);
+  EXPECT_NE(parameters_checksum({{"w", w.view({4})}}), base);
+  Tensor nudged = w.clone();
+  nudged.data<float>()[3] = std::nextafter(4.0f, 5.0f);  // one ulp
+  EXPECT_NE(parameters_checksum({{"w", nudged}}), base);
+  Tensor negative_zero = Tensor::zeros({1}, DType::f32), zero = Tensor::zeros({1}, DType::f32);
+  negative_zero.data<float>()[0] = -0.0f;
+  EXPECT_NE(parameters_checksum({{"z", negative_zero}}), parameters_checksum({{"z", zero}}));
+}
+
+TEST(Checksums, ComparisonNamesTheFirstStepThatDiffers) {
+  const std::string dir = (std::filesystem::temp_directory_path() / "meshtrain_checksums_test").string();
+  std::filesystem::create_directories(dir);
+  {
+    MetricsLog log(dir + "/a.jsonl");
+    log.write({{"step", 10}, {"loss", 1.5}}, {{"split", "train"}});
+    for (int s : {10, 20, 30}) log.write({{"step", s}}, {{"checksum", s == 30 ? "ff" : "aa"}});
+  }
+  const auto a = read_checksums(dir + "/a.jsonl");
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a[1], (std::pair<int64_t, std::string>{20, "aa"}));
+  const std::vector<std::pair<int64_t, std::string>> b = {{10, "aa"}, {20, "aa"}, {30, "aa"}, {40, "aa"}};
+  const ChecksumComparison c = compare_checksums(a, b);
+  EXPECT_EQ(c.compared, 3);
+  ASSERT_TRUE(c.first_difference.has_value());
+  EXPECT_EQ(*c.first_difference, 30);
+  EXPECT_EQ(c.a, "ff");
+  EXPECT_EQ(c.b, "aa");
+  const ChecksumComparison same = compare_checksums(b, b);
+  EXPECT_FALSE(same.first_difference.has_value());
+  EXPECT_EQ(same.compared, 4);
+  EXPECT_EQ(same.first_step, 10);
+  EXPECT_EQ(same.last_step, 40);
+  EXPECT_THROW(read_checksums(dir + "/missing.jsonl"), IoError);
 }
 
 TEST(Charts, LineChartHasOnePolylinePerSeries) {

@@ -337,6 +337,12 @@ class Run {
           window_loss = 0;
           window_n = 0;
         }
+        if (tc_.checksum_every > 0 && step % tc_.checksum_every == 0) {
+          parallel_->gather_full_parameters();
+          const internal::NamedTensors whole = whole_model();  // collective
+          if (log) log->write({{"step", static_cast<double>(step)}}, {{"checksum", parameters_checksum(whole)}});
+          parallel_->reshard();
+        }
         if (tc_.checkpoint_every > 0 && step % tc_.checkpoint_every == 0) {
           save(step, bar);
           last_saved = step;
@@ -730,23 +736,8 @@ class Run {
   // recipe's forwards are collective; rank 0 writes.
   void finish_run(const Series& train_curve, const Series& test_curve) {
     parallel_->gather_full_parameters();
-    std::vector<std::pair<std::string, Tensor>> whole;  // tensor-parallel blocks gathered (collective)
-    std::vector<bool> expert;
-    for (size_t k = 0; k < modules_.size(); ++k)
-      for (nn::Parameter* p : modules_[k]->parameters())
-        if (!tied_copy(k, p->name)) {
-          whole.emplace_back(p->name, nn::gather_parameter(*p, tp_));
-          expert.push_back(p->info.routed_expert());
-        }
-    // Expert parallelism: each expert rank 0 puts every expert of its stage in place.
-    if (ep_.size() > 1) whole = internal::merge_expert_parameters(*ep_.comm, whole, expert);
-    internal::insert_moe_biases(whole, moe_->layers());  // buffers: replicated, beside their routers
-    // Pipeline: world rank 0 assembles the whole model from every stage's
-    // parameters (its pipeline group's ranks send theirs) and writes the
-    // recipe's files from it.
+    internal::NamedTensors whole = whole_model();
     std::unique_ptr<RecipeModel> assembled;
-    if (pipeline_ && dp_comm_->rank() == 0 && (tp_.size() == 1 || tp_.comm->rank() == 0))
-      whole = pipeline_->collect_parameters(whole);
     if (pipeline_ && main_) assembled = internal::assemble_model(recipe_, tc_.seed, tc_.model, whole);
     if (main_) {
       auto& params = shared_.result.final_parameters;
@@ -765,6 +756,29 @@ class Run {
     else if (!pipeline_)
       model_->write_artifacts(main_ ? &*shared_.dir : nullptr);
     parallel_->reshard();
+  }
+
+  // Collective, between gather_full_parameters() and reshard(): the whole
+  // model's parameters on world rank 0, in model.safetensors' order
+  // (tensor-parallel blocks gathered, the expert axis's experts merged, the
+  // pipeline's stages collected); views of the live values.
+  internal::NamedTensors whole_model() {
+    internal::NamedTensors whole;
+    std::vector<bool> expert;
+    for (size_t k = 0; k < modules_.size(); ++k)
+      for (nn::Parameter* p : modules_[k]->parameters())
+        if (!tied_copy(k, p->name)) {
+          whole.emplace_back(p->name, nn::gather_parameter(*p, tp_));
+          expert.push_back(p->info.routed_expert());
+        }
+    // Expert parallelism: each expert rank 0 puts every expert of its stage in place.
+    if (ep_.size() > 1) whole = internal::merge_expert_parameters(*ep_.comm, whole, expert);
+    internal::insert_moe_biases(whole, moe_->layers());  // buffers: replicated, beside their routers
+    // Pipeline: world rank 0 assembles the whole model from every stage's
+    // parameters (its pipeline group's ranks send theirs).
+    if (pipeline_ && dp_comm_->rank() == 0 && (tp_.size() == 1 || tp_.comm->rank() == 0))
+      whole = pipeline_->collect_parameters(whole);
+    return whole;
   }
 
   void set_training(bool training) {
