@@ -2,7 +2,8 @@
 // Fashion-MNIST: with --deterministic, 20 steps of the MLP under AdamW (which
 // turns any last-bit difference into a visible one) end in the same
 // model.safetensors, byte for byte, and the same per-step losses, on 1, 2, 4
-// and 8 data-parallel ranks, with 1 to 8 micro-batches, and with 1 or 2
+// and 8 data-parallel ranks, with 1 to 8 micro-batches, fully sharded at
+// zero1, zero2, zero3 and no_shard over 2 and 4 ranks, and with 1 or 2
 // threads per rank (threads engine; tests/determinism_mpi_main.cc runs the
 // mpi and gloo engines).
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/testing/parity.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
@@ -47,15 +49,15 @@ train::TrainConfig deterministic_mlp(const std::string& tag) {
   return tc;
 }
 
-Outcome train_on(train::TrainConfig tc, int ranks) {
-  config::DistributedConfig dc;
-  dc.world_size = ranks;
-  dc.num_processes_per_node = ranks;
-  dc.mesh_shape = {ranks};
-  dc.mesh_axis_names = {"data"};
-  const auto r = train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = ranks,
+// On a mesh spec ("data=2,fsdp=2"; "" = one device), or on `ranks` data ranks.
+Outcome train_on(const train::TrainConfig& tc, const std::string& mesh) {
+  const config::DistributedConfig dc = testing::threads_mesh_config(mesh);
+  const auto r = train::run_training(tc, dc, {.engine = comm::Engine::threads, .ranks = dc.world_size,
                                               .timeout = std::chrono::seconds(120)});
   return {r.step_losses, read_bytes(tc.run_dir + "/model.safetensors")};
+}
+Outcome train_on(const train::TrainConfig& tc, int ranks) {
+  return train_on(tc, ranks == 1 ? std::string() : fmt::format("data={}", ranks));
 }
 
 void expect_identical(const Outcome& got, const Outcome& want, const std::string& what) {
@@ -81,6 +83,17 @@ TEST(Determinism, DataParallelLayoutsGiveTheSameBytes) {
   two_threads.threads_per_rank = 2;
   expect_identical(train_on(two_threads, 1), one, "one device with 2 threads");
   expect_identical(train_on(two_threads, 2), one, "data=2 with 2 threads per rank");
+}
+
+TEST(Determinism, FullyShardedLayoutsGiveTheSameBytes) {
+  const Outcome one = train_on(deterministic_mlp("fsdp_one"), 1);
+  for (const char* stage : {"zero1", "zero2", "zero3", "no_shard"})
+    for (const char* mesh : {"fsdp=2", "fsdp=4", "data=2,fsdp=2"}) {
+      train::TrainConfig tc = deterministic_mlp("fsdp");
+      tc.set("fsdp", stage, "test");
+      tc.micro_batches = 2;
+      expect_identical(train_on(tc, mesh), one, fmt::format("{} on {} with 2 micro-batches", stage, mesh));
+    }
 }
 
 TEST(Determinism, ThreeRanksContinueTheTreeOverSixBlocks) {

@@ -370,19 +370,31 @@ std::vector<size_t> all_to_all_counts(Communicator& c, std::span<const size_t> s
   return {in.begin(), in.end()};
 }
 
+void tree_reduce_scatter(Communicator& c, const float* send, float* recv, size_t count) {
+  const auto n = static_cast<size_t>(c.size());
+  if (count == 0) return;
+  if (n == 1) {
+    std::copy(send, send + count, recv);
+    return;
+  }
+  // received[i] = rank i's chunk for this rank.
+  std::vector<float> received(count * n);
+  c.all_to_all(send, received.data(), count, DType::f32);
+  std::vector<float*> parts(n);
+  for (size_t i = 0; i < n; ++i) parts[i] = received.data() + i * count;
+  tree_sum(parts, static_cast<int64_t>(count));
+  std::copy(received.begin(), received.begin() + static_cast<std::ptrdiff_t>(count), recv);
+}
+
 void tree_all_reduce(Communicator& c, float* buf, size_t count) {
   const auto n = static_cast<size_t>(c.size());
   if (n == 1 || count == 0) return;
   const size_t chunk = (count + n - 1) / n;
-  // send[j] = this rank's chunk j (padded with zeros); recv[i] = rank i's chunk `rank`.
-  std::vector<float> send(chunk * n, 0.0f), recv(chunk * n);
-  std::copy(buf, buf + count, send.begin());
-  c.all_to_all(send.data(), recv.data(), chunk, DType::f32);
-  std::vector<float*> parts(n);
-  for (size_t i = 0; i < n; ++i) parts[i] = recv.data() + i * chunk;
-  tree_sum(parts, static_cast<int64_t>(chunk));
-  c.all_gather(recv.data(), send.data(), chunk, DType::f32);
-  std::copy(send.begin(), send.begin() + static_cast<std::ptrdiff_t>(count), buf);
+  std::vector<float> padded(chunk * n, 0.0f), mine(chunk);
+  std::copy(buf, buf + count, padded.begin());
+  tree_reduce_scatter(c, padded.data(), mine.data(), chunk);
+  c.all_gather(mine.data(), padded.data(), chunk, DType::f32);
+  std::copy(padded.begin(), padded.begin() + static_cast<std::ptrdiff_t>(count), buf);
 }
 
 double tree_all_reduce(Communicator& c, double mine) {

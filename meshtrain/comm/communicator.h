@@ -289,6 +289,11 @@ std::vector<size_t> all_to_all_counts(Communicator& c, std::span<const size_t> s
 // all_to_all of count / size() elements per peer (padded), the tree over
 // each received chunk, one all_gather: a ring all-reduce's bytes.
 void tree_all_reduce(Communicator& c, float* buf, size_t count);
+// Collective: recv (count f32 elements) = the canonical tree over the ranks,
+// in rank order, of their send's chunk `rank()` (send: size() chunks of
+// count, chunk r for rank r); recv may be this rank's own chunk of send. One
+// all_to_all: a ring reduce-scatter's bytes.
+void tree_reduce_scatter(Communicator& c, const float* send, float* recv, size_t count);
 // Collective: the canonical tree's sum of the ranks' `mine`, in rank order
 // (one all_gather).
 double tree_all_reduce(Communicator& c, double mine);

@@ -175,6 +175,11 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& model, comm::Comm
     throw InvalidArgument(kOp, "the replicate communicator is the shard communicator",
                           "pass nullptr for no replication, or the mesh's replicate axis");
   check_zeropp();
+  if (options_.deterministic &&
+      (replicate_ != nullptr || options_.quantize_weights || options_.quantize_gradients ||
+       options_.hierarchical_partition || options_.reduce != GradReduce::sum || reduce_dtype_ != DType::f32))
+    throw InvalidArgument(kOp, "deterministic with hybrid sharding, ZeRO++, reduce avg or half-precision gradients",
+                          "the deterministic mode shards over one communicator with f32 gradients summed");
   d_ = options_.stage == ZeroStage::no_shard ? 1 : shard_->size();
   rank_ = options_.stage == ZeroStage::no_shard ? 0 : shard_->rank();
   const std::vector<nn::Parameter*> params = model.parameters();
@@ -290,10 +295,8 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
         u->master = alloc(u->shard, DType::f32, MemoryCategory::optimizer);
         u->master.copy_from(owned);  // exact f32 masters, not the rounded copies
       }
-      if (stage <= ZeroStage::zero1)
-        u->full_grad = alloc(u->padded, gd, MemoryCategory::gradients);
-      else
-        u->shard_grad = alloc(u->shard, gd, MemoryCategory::gradients);
+      if (stage <= ZeroStage::zero1 || options_.deterministic) u->full_grad = alloc(u->padded, gd, MemoryCategory::gradients);
+      if (stage > ZeroStage::zero1) u->shard_grad = alloc(u->shard, gd, MemoryCategory::gradients);
       for (size_t i = 0; i < u->params.size(); ++i) {
         nn::Parameter* p = u->params[i];
         const std::vector<int64_t>& shape = shapes_.at(p);
@@ -366,7 +369,7 @@ bool FullyShardedDataParallel::values_persistent() const {
 }
 
 bool FullyShardedDataParallel::grads_persistent() const {
-  return reduce_dtype_ == DType::f32 && options_.stage <= ZeroStage::zero1;
+  return reduce_dtype_ == DType::f32 && (options_.stage <= ZeroStage::zero1 || options_.deterministic);
 }
 
 void FullyShardedDataParallel::start_gather(Unit& u) {
@@ -530,6 +533,7 @@ void FullyShardedDataParallel::after_use(nn::Module& owner, nn::Pass pass) {
 }
 
 void FullyShardedDataParallel::reduce_unit(Unit& u) {
+  if (options_.deterministic) return;  // once per window, in finish()
   const bool last = window_index_ == window_count_ - 1;
   if (options_.stage <= ZeroStage::zero1) {
     if (!grads_persistent()) {
@@ -648,6 +652,7 @@ void FullyShardedDataParallel::finish() {
     return;
   }
   const int m = std::max(1, micro_batches_);
+  if (options_.deterministic) return finish_deterministic();
   if (options_.stage <= ZeroStage::zero1)
     for (auto& u : units_)
       if (!u->params.empty()) launch_full_reduction(*u);
@@ -683,6 +688,26 @@ void FullyShardedDataParallel::finish() {
     if (replicated_elements_ > 0) scale(replicated_grads_, f);
   }
   for (auto& u : units_) u->reduced = false;
+  window_open_ = false;
+  micro_batches_ = 0;
+  window_index_ = 0;
+  window_count_ = 1;
+}
+
+void FullyShardedDataParallel::finish_deterministic() {
+  for (auto& u : units_) {
+    if (u->params.empty()) continue;
+    float* full = u->full_grad.data<float>();
+    if (options_.stage == ZeroStage::no_shard)
+      comm::tree_all_reduce(*shard_, full, static_cast<size_t>(u->padded));
+    else
+      comm::tree_reduce_scatter(*shard_, full, owned_grad(*u).data<float>(), static_cast<size_t>(u->shard));
+    u->has_grad = true;
+  }
+  if (replicated_elements_ > 0)
+    comm::tree_all_reduce(*shard_, replicated_grads_.data<float>(), static_cast<size_t>(replicated_elements_));
+  for (auto& u : units_)
+    if (u->gathering) u->gather.wait();  // prefetched, unused: nothing may read shards during the step
   window_open_ = false;
   micro_batches_ = 0;
   window_index_ = 0;

@@ -202,6 +202,15 @@ struct FullyShardedOptions {
   BlockQuant grad_quant = {.bits = 8, .block = 256};
   comm::Communicator* node_local = nullptr;
   comm::Communicator* cross_node = nullptr;
+  // The deterministic mode (docs/determinism.md): every stage keeps the
+  // unit's full f32 gradient through the window (as zero1 does), so its
+  // micro-batches add up in the canonical tree (nn::add_gradient), and
+  // finish() reduces each unit once, in the canonical tree over the ranks
+  // (comm::tree_reduce_scatter; no_shard and the replicated parameters:
+  // comm::tree_all_reduce), not overlapped with backward. zero2 and zero3
+  // then hold full gradients during backward. Not with hybrid sharding,
+  // ZeRO++, reduce avg or half-precision gradients.
+  bool deterministic = false;
 };
 
 // Bytes of model state per rank that the table above predicts, for P sharded
@@ -324,6 +333,8 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   // Values (grads) live in persistent f32 storage that p.value (p.grad) views.
   bool values_persistent() const;
   bool grads_persistent() const;
+  // finish() in the deterministic mode.
+  void finish_deterministic();
   Unit* unit_of(nn::Module& owner);  // null: not a unit, or nothing sharded in it
   Unit* neighbour(const Unit& u, int step);  // +1: the unit used after u in the forward; -1: before
   void set_value_views(Unit& u, const Tensor& flat);

@@ -165,7 +165,8 @@ std::unique_ptr<parallel::Parallelism> make_parallelism(const TrainConfig& tc, c
                                                                                       : tc.zeropp_bits,
                                                      .block = tc.zeropp_block},
                                       .node_local = nodes ? &mesh.comm(mesh::kFsdp) : nullptr,
-                                      .cross_node = nodes ? &mesh.comm(mesh::kNode) : nullptr});
+                                      .cross_node = nodes ? &mesh.comm(mesh::kNode) : nullptr,
+                                      .deterministic = tc.deterministic});
   }
   // The model builds its f32 values and gradients untracked (fully sharded
   // data parallelism moves them into tracked storage of its own). Here the
