@@ -35,7 +35,7 @@ int main(int, char** argv) {
   dc.mesh_shape = {dc.world_size};
   dc.mesh_axis_names = {"data"};
   train::TrainConfig tc;
-  tc.hidden = {128, 64};
+  tc.hidden = {128, 64, 32};
   tc.dropout = 0.1;
   tc.batch_size = 128;
   tc.deterministic = true;

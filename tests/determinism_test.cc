@@ -3,7 +3,9 @@
 // turns any last-bit difference into a visible one) end in the same
 // model.safetensors, byte for byte, and the same per-step losses, on 1, 2, 4
 // and 8 data-parallel ranks, with 1 to 8 micro-batches, fully sharded at
-// zero1, zero2, zero3 and no_shard over 2 and 4 ranks, and with 1 or 2
+// zero1, zero2, zero3 and no_shard over 2 and 4 ranks, through 2 pipeline
+// stages under every schedule with 2, 4 and 8 micro-batches, data=2 x
+// fsdp=2 x pipeline=2, and with 1 or 2
 // threads per rank (threads engine; tests/determinism_mpi_main.cc runs the
 // mpi and gloo engines).
 #include <fmt/format.h>
@@ -35,7 +37,7 @@ std::string read_bytes(const std::string& path) {
 train::TrainConfig deterministic_mlp(const std::string& tag) {
   train::TrainConfig tc;
   tc.model = "mlp";
-  tc.hidden = {128, 64};
+  tc.hidden = {128, 64, 32};  // 4 layers: 4 stages for the interleaved schedule
   tc.dropout = 0.1;  // masks keyed by global sample: the same on any split
   tc.batch_size = 128;
   tc.deterministic = true;
@@ -94,6 +96,25 @@ TEST(Determinism, FullyShardedLayoutsGiveTheSameBytes) {
       tc.micro_batches = 2;
       expect_identical(train_on(tc, mesh), one, fmt::format("{} on {} with 2 micro-batches", stage, mesh));
     }
+}
+
+TEST(Determinism, PipelineSchedulesAndMicroBatchesGiveTheSameBytes) {
+  const Outcome one = train_on(deterministic_mlp("pipeline_one"), 1);
+  for (const char* schedule : {"gpipe", "1f1b", "zb", "interleaved"})
+    for (int micro : {2, 4, 8}) {
+      train::TrainConfig tc = deterministic_mlp("pipeline");
+      tc.set("pipeline_schedule", schedule, "test");
+      tc.micro_batches = micro;
+      expect_identical(train_on(tc, "pipeline=2"), one,
+                       fmt::format("pipeline=2 {} with {} micro-batches", schedule, micro));
+    }
+  for (const char* stage : {"zero1", "zero3"}) {
+    train::TrainConfig tc = deterministic_mlp("pipeline_fsdp");
+    tc.set("fsdp", stage, "test");
+    tc.micro_batches = 2;
+    expect_identical(train_on(tc, "data=2,fsdp=2,pipeline=2"), one,
+                     fmt::format("data=2 x fsdp=2 ({}) x pipeline=2", stage));
+  }
 }
 
 TEST(Determinism, ThreeRanksContinueTheTreeOverSixBlocks) {

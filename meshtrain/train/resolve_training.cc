@@ -50,10 +50,10 @@ void check_deterministic(TrainConfig& c, const mesh::NamedShape& mesh, const con
     throw Unsupported("--deterministic", what, hint + " (docs/determinism.md says what the mode supports)");
   };
   if (c.model != "mlp") refuse(fmt::format("model '{}'", c.model), "the mode trains the MLP so far: use --model mlp");
-  for (const std::string_view axis : {mesh::kTensor, mesh::kContext, mesh::kExpert, mesh::kPipeline, mesh::kNode})
+  for (const std::string_view axis : {mesh::kTensor, mesh::kContext, mesh::kExpert, mesh::kNode})
     if (axis_size(mesh, axis) > 1)
       refuse(fmt::format("mesh {} has a {} axis", mesh.to_spec(), axis),
-             "the mode spreads a run over data and fsdp axes so far: use --mesh data=N or fsdp=N");
+             "the mode spreads a run over data, fsdp and pipeline axes: drop the " + std::string(axis) + " axis");
   if (c.fsdp.enabled() && c.fsdp.mode->hybrid)
     refuse(fmt::format("fsdp '{}' (hybrid sharding)", c.fsdp.name), "use full, zero1, zero2, zero3 or no_shard");
   if (c.zeropp.any()) refuse("--zeropp", "ZeRO++'s quantization and secondary shards are not in the mode yet");

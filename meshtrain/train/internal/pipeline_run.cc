@@ -9,6 +9,8 @@
 
 #include "meshtrain/core/atomic_file.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/reduction_tree.h"
+#include "meshtrain/nn/functional.h"
 
 namespace meshtrain::train::internal {
 
@@ -19,14 +21,22 @@ class PipelineRun::Adapter final : public parallel::PipelineStage {
   void begin_step(int64_t step, double norm) {
     step_ = step;
     norm_ = norm;
-    loss_ = 0;
+    losses_.assign(static_cast<size_t>(run_.schedule_.micro_batches), 0.0);
   }
-  double loss() const { return loss_; }
+  // The micro-batches' losses (the last stage's; 0 elsewhere): summed in
+  // micro-batch order, or in the deterministic mode in the canonical tree.
+  double loss() const {
+    std::vector<double> v = losses_;
+    if (nn::functional::deterministic_rows() > 0) return tree_sum(v);
+    double sum = 0;
+    for (double l : v) sum += l;
+    return sum;
+  }
 
   Tensor forward(int mb, const Tensor& input, nn::Saved& saved) override {
     double loss = 0;
     Tensor out = stage_.forward(micro(mb), step_, norm_, input, saved, &loss);
-    loss_ += loss;
+    losses_.at(static_cast<size_t>(mb)) = loss;
     return out;
   }
   Tensor backward_input(int, const Tensor& grad, nn::Saved& saved) override {
@@ -52,7 +62,7 @@ class PipelineRun::Adapter final : public parallel::PipelineStage {
   parallel::Parallelism& strategy_;
   int64_t step_ = 0;
   double norm_ = 1;
-  double loss_ = 0;
+  std::vector<double> losses_;
 };
 
 PipelineRun::PipelineRun(parallel::Schedule schedule, comm::Communicator& pp, std::vector<RecipeStage*> stages,
