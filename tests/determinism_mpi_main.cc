@@ -1,8 +1,8 @@
 // The deterministic mode under mpirun or meshtrain launch: every process
-// trains the MLP 20 steps with --deterministic on the mpi or gloo engine
-// (data axis = all processes); rank 0 then trains the same on one
-// threads-engine rank and compares model.safetensors byte for byte and the
-// per-step losses exactly. Exit 0 only if they are identical.
+// trains the MLP and then a small GPT 20 steps with --deterministic on the
+// mpi or gloo engine (data axis = all processes); rank 0 then trains the
+// same on one threads-engine rank and compares model.safetensors byte for
+// byte and the per-step losses exactly. Exit 0 only if they are identical.
 //   mpirun -np 4 determinism_mpi_test
 //   meshtrain launch --nproc-per-node 2 -- determinism_mpi_test
 #include <fmt/format.h>
@@ -34,33 +34,49 @@ int main(int, char** argv) {
   dc.backend = engine;
   dc.mesh_shape = {dc.world_size};
   dc.mesh_axis_names = {"data"};
-  train::TrainConfig tc;
-  tc.hidden = {128, 64, 32};
-  tc.dropout = 0.1;
-  tc.batch_size = 128;
-  tc.deterministic = true;
-  tc.deterministic_block = 16;
-  tc.max_steps = 20;
-  tc.epochs = 1;
-  tc.log_every = 1000;
-  tc.threads_per_rank = 1;
-  const auto tmp = std::filesystem::temp_directory_path();
-  tc.run_dir = (tmp / "meshtrain_determinism_engine").string();
-  tc.overwrite = true;
-  const auto got = train::run_training(tc, dc, {.engine = engine, .ranks = 0, .timeout = std::chrono::seconds(120)});
-  if (dc.rank != 0) return 0;
-  train::TrainConfig one = tc;
-  one.run_dir = (tmp / "meshtrain_determinism_one").string();
-  const auto ref = train::run_training(one, config::DistributedConfig{}, {.engine = comm::Engine::threads, .ranks = 1});
+  train::TrainConfig mlp;
+  mlp.hidden = {128, 64, 32};
+  mlp.dropout = 0.1;
+  mlp.batch_size = 128;
+  mlp.deterministic_block = 16;
+  train::TrainConfig gpt;
+  gpt.model = "gpt";
+  gpt.corpus = "/usr/share/games/fortunes/computers";
+  gpt.vocab = 512;
+  gpt.context = 32;
+  gpt.layers = 2;
+  gpt.heads = 2;
+  gpt.width = 64;
+  gpt.dropout = 0.1;
+  gpt.batch_size = 8;
   int bad = 0;
-  if (got.step_losses != ref.step_losses) {
-    ++bad;
-    fmt::print(stderr, "FAIL: the per-step losses differ ({} and {} steps)\n", got.step_losses.size(),
-               ref.step_losses.size());
+  for (train::TrainConfig tc : {mlp, gpt}) {
+    tc.deterministic = true;
+    tc.max_steps = 20;
+    tc.epochs = 1;
+    tc.log_every = 1000;
+    tc.threads_per_rank = 1;
+    const auto tmp = std::filesystem::temp_directory_path();
+    tc.run_dir = (tmp / ("meshtrain_determinism_engine_" + tc.model)).string();
+    tc.overwrite = true;
+    const auto got = train::run_training(tc, dc, {.engine = engine, .ranks = 0, .timeout = std::chrono::seconds(120)});
+    if (dc.rank != 0) continue;
+    train::TrainConfig one = tc;
+    one.run_dir = (tmp / ("meshtrain_determinism_one_" + tc.model)).string();
+    const auto ref =
+        train::run_training(one, config::DistributedConfig{}, {.engine = comm::Engine::threads, .ranks = 1});
+    int wrong = 0;
+    if (got.step_losses != ref.step_losses || got.step_losses.size() != 20) {
+      ++wrong;
+      fmt::print(stderr, "FAIL: {}: the per-step losses differ ({} and {} steps)\n", tc.model, got.step_losses.size(),
+                 ref.step_losses.size());
+    }
+    const std::string a = read_bytes(tc.run_dir + "/model.safetensors");
+    if (a.empty() || a != read_bytes(one.run_dir + "/model.safetensors"))
+      ++wrong, fmt::print(stderr, "FAIL: {}: model.safetensors differs from one device's\n", tc.model);
+    fmt::print("{}: {} data parallel ({} ranks) vs 1 rank, deterministic, 20 steps: {}\n", tc.model,
+               comm::engine_name(engine), dc.world_size, wrong ? "FAIL" : "PASS (identical bytes)");
+    bad += wrong;
   }
-  const std::string a = read_bytes(tc.run_dir + "/model.safetensors"), b = read_bytes(one.run_dir + "/model.safetensors");
-  if (a.empty() || a != b) ++bad, fmt::print(stderr, "FAIL: model.safetensors differs from one device's\n");
-  fmt::print("{} data parallel ({} ranks) vs 1 rank, deterministic, 20 steps: {}\n", comm::engine_name(engine),
-             dc.world_size, bad ? "FAIL" : "PASS (identical bytes)");
   return bad ? 1 : 0;
 }

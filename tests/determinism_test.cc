@@ -7,7 +7,8 @@
 // stages under every schedule with 2, 4 and 8 micro-batches, data=2 x
 // fsdp=2 x pipeline=2, and with 1 or 2
 // threads per rank (threads engine; tests/determinism_mpi_main.cc runs the
-// mpi and gloo engines).
+// mpi and gloo engines); the same for a small GPT-2 and Llama on the
+// fortunes.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "meshtrain/core/error.h"
@@ -114,6 +116,58 @@ TEST(Determinism, PipelineSchedulesAndMicroBatchesGiveTheSameBytes) {
     tc.micro_batches = 2;
     expect_identical(train_on(tc, "data=2,fsdp=2,pipeline=2"), one,
                      fmt::format("data=2 x fsdp=2 ({}) x pipeline=2", stage));
+  }
+}
+
+// A small GPT-2 (and Llama) on the fortunes: 8 samples of 32 tokens, one
+// sample per block (32 rows).
+train::TrainConfig deterministic_gpt(const std::string& tag) {
+  train::TrainConfig tc = deterministic_mlp(tag);
+  tc.model = "gpt";
+  tc.corpus = "/usr/share/games/fortunes/computers";
+  tc.vocab = 512;
+  tc.context = 32;
+  tc.layers = 2;
+  tc.heads = 2;
+  tc.width = 64;
+  tc.dropout = 0.1;  // masks keyed by global sample
+  tc.batch_size = 8;
+  tc.deterministic_block = 0;  // resolved: 1 sample of 32 rows
+  return tc;
+}
+
+TEST(Determinism, GptLayoutsGiveTheSameBytes) {
+  const Outcome one = train_on(deterministic_gpt("gpt_one"), 1);
+  const std::vector<std::tuple<std::string, std::string, int, std::string>> layouts = {
+      {"data=2", "", 1, ""},           {"data=4", "", 2, ""},          {"data=8", "", 1, ""},
+      {"", "", 8, ""},                 {"fsdp=2", "zero3", 2, ""},     {"fsdp=4", "zero1", 1, ""},
+      {"fsdp=2", "zero2", 4, ""},      {"pipeline=2", "", 2, "gpipe"}, {"pipeline=2", "", 4, "1f1b"},
+      {"pipeline=2", "", 8, "zb"},     {"data=2,fsdp=2,pipeline=2", "zero3", 2, "1f1b"}};
+  for (const auto& [mesh, fsdp, micro, schedule] : layouts) {
+    train::TrainConfig tc = deterministic_gpt("gpt");
+    tc.set("fsdp", fsdp, "test");
+    tc.micro_batches = micro;
+    if (!schedule.empty()) tc.set("pipeline_schedule", schedule, "test");
+    expect_identical(train_on(tc, mesh), one,
+                     fmt::format("GPT on '{}' fsdp '{}' {} micro-batches {}", mesh, fsdp, micro, schedule));
+  }
+  train::TrainConfig two_threads = deterministic_gpt("gpt_threads");
+  two_threads.threads_per_rank = 2;
+  expect_identical(train_on(two_threads, "data=2"), one, "GPT on data=2 with 2 threads per rank");
+}
+
+TEST(Determinism, LlamaLayoutsGiveTheSameBytes) {
+  train::TrainConfig llama = deterministic_gpt("llama_one");
+  llama.set("arch", "llama", "test");
+  llama.kv_heads = 1;
+  llama.tie_embeddings = false;
+  llama.dropout = 0;  // Llama's blocks have none
+  const Outcome one = train_on(llama, 1);
+  for (const auto& [mesh, micro] : {std::pair<std::string, int>{"data=2", 2}, {"fsdp=4", 1}, {"pipeline=2", 4}}) {
+    train::TrainConfig tc = llama;
+    tc.run_dir += "_layout";
+    tc.micro_batches = micro;
+    expect_identical(train_on(tc, mesh), one, fmt::format("Llama on {} with {} micro-batches", mesh, micro));
   }
 }
 

@@ -30,6 +30,8 @@ using internal::check_operand;
 std::atomic<int> g_threads{0};
 // The calling thread's MatmulBackendScope: -1 none, else a MatmulBackend.
 thread_local int t_backend = -1;
+// The calling thread's set_deterministic_products.
+thread_local bool t_deterministic = false;
 
 
 bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
@@ -113,6 +115,22 @@ void blas_gemm(const GemmOperand& pa, const GemmOperand& pb, const Tensor& c, in
 
 void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a, bool trans_b,
                double alpha, double beta);
+
+// One call of a deterministic product: c (m, n) = alpha * op(a) @ op(b) +
+// beta * c, f32, on the fixed backend (oneDNN when built) with one thread.
+void fixed_gemm(const float* a, int64_t lda, bool trans_a, const float* b, int64_t ldb, bool trans_b, float* c,
+                int64_t ldc, int64_t m, int64_t n, int64_t k, float beta, float alpha = 1.0f) {
+  if (internal::onednn_built()) {
+    const internal::GemmCall g{.in = DType::f32, .out = DType::f32, .m = m, .n = n, .k = k, .a = a, .lda = lda,
+                               .trans_a = trans_a, .b = b, .ldb = ldb, .trans_b = trans_b, .c = c, .ldc = ldc,
+                               .alpha = alpha, .beta = beta};
+    if (internal::onednn_gemm(g, 1)) return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
 
 // The workspace of widened_gemm: per thread, reused, outside every
 // MemoryTracker (like oneDNN's scratchpad and OpenBLAS's packing buffers),
@@ -238,8 +256,13 @@ void matmul_2d(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_a
   const bool out_direct = out.stride(1) == 1 && (m <= 1 || out.stride(0) >= n);
   Tensor c = out_direct ? out : (beta == 0.0 ? Tensor::empty(out.shape(), out.dtype()) : out.contiguous());
   const int64_t ldc = m <= 1 ? n : c.stride(0);
-  const GemmRun run{.pa = pa, .pb = pb, .m = m, .n = n, .k = k, .alpha = alpha, .beta = beta};
-  run_on(backend_for(run, c.dtype()), run, c, ldc);
+  if (t_deterministic && a.dtype() == DType::f32 && c.dtype() == DType::f32) {
+    fixed_gemm(pa.t.data<float>(), pa.ld, pa.trans, pb.t.data<float>(), pb.ld, pb.trans, c.data<float>(), ldc, m, n,
+               k, static_cast<float>(beta), static_cast<float>(alpha));
+  } else {
+    const GemmRun run{.pa = pa, .pb = pb, .m = m, .n = n, .k = k, .alpha = alpha, .beta = beta};
+    run_on(backend_for(run, c.dtype()), run, c, ldc);
+  }
   if (!out_direct) out.copy_from(c);
 }
 
@@ -357,21 +380,6 @@ void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool tr
 
 namespace {
 
-// One block of a deterministic product: c (m, n) = op(a) @ op(b) + beta * c,
-// f32, on the fixed backend with one thread.
-void fixed_gemm(const float* a, int64_t lda, bool trans_a, const float* b, int64_t ldb, bool trans_b, float* c,
-                int64_t ldc, int64_t m, int64_t n, int64_t k, float beta) {
-  if (internal::onednn_built()) {
-    const internal::GemmCall g{.in = DType::f32, .out = DType::f32, .m = m, .n = n, .k = k, .a = a, .lda = lda,
-                               .trans_a = trans_a, .b = b, .ldb = ldb, .trans_b = trans_b, .c = c, .ldc = ldc,
-                               .alpha = 1.0f, .beta = beta};
-    if (internal::onednn_gemm(g, 1)) return;
-  }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
-}
-
 // Runs fn(i) for i in [0, count) over the rank's threads (one after another
 // without oneDNN: OpenBLAS's own threads serve each call), rethrowing the
 // first error.
@@ -404,6 +412,10 @@ void check_fixed(const Tensor& t, const char* op, const char* what) {
 }
 
 }  // namespace
+
+void set_deterministic_products(bool on) { t_deterministic = on; }
+
+bool deterministic_products() { return t_deterministic; }
 
 void matmul_fixed_blocks(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_b, double beta,
                          int64_t row_block) {

@@ -94,6 +94,12 @@ void batched_matmul(const Tensor& a, const Tensor& b, const Tensor& out, bool tr
 // OpenBLAS, whose blocks then run one after another), the blocks spread over
 // the rank's threads; K is never split. f32 only.
 inline constexpr int64_t kFixedColumns = 256;
+// While set on a thread (and in the parallel_for ranges it starts), every
+// f32 matmul and batched_matmul of that thread is one single-threaded call
+// of the fixed backend: its bits depend on the operands and the shape
+// only (no measurement, no GEMM threads).
+void set_deterministic_products(bool on);
+bool deterministic_products();
 // out (M, N) = a (M, K) @ op(b) + beta * out, op(b) = b (K, N), or b^T for
 // a b (N, K) when trans_b.
 void matmul_fixed_blocks(const Tensor& a, const Tensor& b, const Tensor& out, bool trans_b, double beta,

@@ -17,8 +17,14 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 // ranges serially (the numbers are the same on any thread count).
 #if defined(_OPENMP) && !defined(__SANITIZE_THREAD__)
   if (threads > 1) {
+    const bool deterministic = deterministic_products();  // the caller's, in every range
 #pragma omp parallel for num_threads(static_cast<int>(threads)) schedule(static, 1)
-    for (int64_t t = 0; t < threads; ++t) fn(n * t / threads, n * (t + 1) / threads);
+    for (int64_t t = 0; t < threads; ++t) {
+      const bool previous = deterministic_products();
+      set_deterministic_products(deterministic);
+      fn(n * t / threads, n * (t + 1) / threads);
+      set_deterministic_products(previous);
+    }
     return;
   }
 #endif

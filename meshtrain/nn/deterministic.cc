@@ -26,9 +26,11 @@ struct ParamState {
 };
 
 struct Step {
+  int64_t block = 0;  // samples
   int64_t total = 0;
   TreeNode rank;
   std::map<const Parameter*, ParamState> params;
+  std::map<const Parameter*, std::vector<Tensor>> others;  // complete tied users' sums, for take_other_users
 };
 thread_local Step t_step;
 
@@ -59,26 +61,31 @@ std::string describe(TreeNode n) { return fmt::format("blocks [{}, {})", n.first
 
 }  // namespace
 
-void begin_deterministic_step(int64_t total, TreeNode rank) {
-  if (!is_tree_node(total, rank.first, rank.count))
+void begin_deterministic_step(int64_t block, int64_t total, TreeNode rank) {
+  if (block < 1 || !is_tree_node(total, rank.first, rank.count))
     throw InvalidArgument("nn::begin_deterministic_step",
                           fmt::format("this rank's {} are not one node of the tree over {} blocks", describe(rank),
                                       total),
                           "give each rank a power-of-two number of the global batch's blocks (docs/determinism.md)");
+  t_step.block = block;
   t_step.total = total;
   t_step.rank = rank;
   t_step.params.clear();
+  t_step.others.clear();
 }
 
-TreeNode call_node(const BatchContext& batch, int64_t samples, int64_t rows) {
-  const int64_t block = functional::deterministic_rows();
-  if (block <= 0 || samples <= 0) return {};
-  if (rows % samples != 0 || rows % block != 0 || (batch.first_global_sample * (rows / samples)) % block != 0)
+int64_t deterministic_block() { return functional::deterministic_rows() > 0 ? t_step.block : 0; }
+
+TreeNode call_node(const BatchContext& batch, int64_t samples) {
+  const int64_t block = t_step.block;
+  if (functional::deterministic_rows() <= 0 || block <= 0) return {};
+  if (batch.samples > 0) samples = batch.samples;
+  if (samples <= 0 || samples % block != 0 || batch.first_global_sample % block != 0)
     throw InvalidArgument("nn::call_node",
-                          fmt::format("{} samples of {} rows from global sample {} are not whole blocks of {} rows",
-                                      samples, rows, batch.first_global_sample, block),
+                          fmt::format("{} samples from global sample {} are not whole blocks of {} samples", samples,
+                                      batch.first_global_sample, block),
                           "give every micro-batch a whole number of the deterministic mode's blocks");
-  return {batch.first_global_sample * (rows / samples) / block, rows / block};
+  return {batch.first_global_sample / block, samples / block};
 }
 
 void add_gradient(Parameter& p, int user, TreeNode node, const std::function<void(const Tensor&)>& add) {
@@ -121,10 +128,20 @@ void add_gradient(Parameter& p, int user, TreeNode node, const std::function<voi
   pending.push_back(std::move(mine));
   if (!(pending.size() == 1 && pending.front().node == st.rank)) return;
   if (++ps.complete < p.users) return;
-  // Every user's tree is complete: add the other users' sums into p.grad.
+  // Every user's tree is complete: the others' sums wait for the strategy.
+  std::vector<Tensor> others;
   for (auto& [u, nodes] : ps.users)
-    if (u != ps.grad_user) add_into(p.grad, nodes.front().buf);
+    if (u != ps.grad_user) others.push_back(nodes.front().buf);
+  if (!others.empty()) st.others[&p] = std::move(others);
   st.params.erase(&p);
+}
+
+std::vector<Tensor> take_other_users(const Parameter& p) {
+  const auto it = t_step.others.find(&p);
+  if (it == t_step.others.end()) return {};
+  std::vector<Tensor> out = std::move(it->second);
+  t_step.others.erase(it);
+  return out;
 }
 
 }  // namespace meshtrain::nn

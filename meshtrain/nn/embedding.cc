@@ -4,6 +4,7 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/nn/deterministic.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 
@@ -84,7 +85,9 @@ Tensor Embedding::do_backward_input(const Tensor& grad_out, Saved& saved) {
 void Embedding::do_backward_weight(Saved& saved) {
   State& st = saved.state<State>();
   internal::check_param_grad(weight_.grad, "Embedding::backward", weight_.name);
-  functional::embedding_backward(st.ids, st.dy, weight_.grad, shard_.begin, num_);
+  add_gradient(weight_, 0, call_node(saved.batch, st.shape.size() > 1 ? st.shape[0] : 1), [&](const Tensor& g) {
+    functional::embedding_backward(st.ids, st.dy, g, shard_.begin, num_);
+  });
   notify_grad_ready(weight_);
   st.dy = Tensor();
   st.ids = Tensor();

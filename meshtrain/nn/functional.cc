@@ -1,5 +1,7 @@
 #include "meshtrain/nn/functional.h"
 
+#include "meshtrain/core/matmul.h"
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -143,6 +145,7 @@ void set_deterministic_rows(int64_t rows) {
     throw InvalidArgument("functional::set_deterministic_rows", fmt::format("rows {}", rows),
                           "use 0 (off) or the rows of one block");
   t_deterministic_rows = rows;
+  set_deterministic_products(rows > 0);  // attention's tiles and every other product here
 }
 
 int64_t deterministic_rows() { return t_deterministic_rows; }
@@ -294,7 +297,6 @@ void layer_norm_backward_input(const Tensor& dy, const Tensor& xhat, const Tenso
 
 void layer_norm_backward_weight(const Tensor& dy, const Tensor& xhat, const Tensor& dgamma, const Tensor& dbeta) {
   const char* op = "functional::layer_norm_backward_weight";
-  no_deterministic_form(op);
   check_matrix(op, "xhat", xhat);
   check(op, "dy", dy);
   check_shape(op, "dy", dy, xhat.shape());
@@ -531,7 +533,6 @@ void embedding_forward(const Tensor& ids, const Tensor& weight, const Tensor& ou
 
 void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweight, int64_t begin, int64_t vocab) {
   const char* op = "functional::embedding_backward";
-  no_deterministic_form(op);
   check_matrix(op, "dweight", dweight);
   check_ids(op, ids, checked_vocab(op, dweight.size(0), begin, vocab));
   check(op, "dy", dy);
@@ -541,7 +542,6 @@ void embedding_backward(const Tensor& ids, const Tensor& dy, const Tensor& dweig
 
 void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {
   const char* op = "functional::unembed_forward";
-  no_deterministic_form(op);
   check_gemm_pair(op, "x", x, "w", w);
   check_shape(op, "w", w, {w.size(0), x.size(1)});
   check(op, "y", y);
@@ -551,7 +551,6 @@ void unembed_forward(const Tensor& x, const Tensor& w, const Tensor& y) {
 
 void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx) {
   const char* op = "functional::unembed_backward_input";
-  no_deterministic_form(op);
   check_gemm_pair(op, "dy", dy, "w", w);
   check_shape(op, "w", w, {dy.size(1), w.size(1)});
   check(op, "dx", dx);
@@ -561,7 +560,6 @@ void unembed_backward_input(const Tensor& dy, const Tensor& w, const Tensor& dx)
 
 void unembed_backward_weight(const Tensor& x, const Tensor& dy, const Tensor& dw) {
   const char* op = "functional::unembed_backward_weight";
-  no_deterministic_form(op);
   check_gemm_pair(op, "x", x, "dy", dy);
   check_shape(op, "dy", dy, {x.size(0), dy.size(1)});
   check(op, "dw", dw);
@@ -593,7 +591,6 @@ void check_attention(const char* op, std::initializer_list<std::pair<const char*
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
                        const Tensor& out, const Tensor& lse) {
   const char* op = "functional::attention_forward";
-  no_deterministic_form(op);
   if (!lse.defined()) throw InvalidArgument(op, "lse is undefined", "pass an (N, T) f32 tensor");
   check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}, lse);
   dispatch(op, {&q, &k, &v, &out, &lse})->attention_forward(q, k, v, causal, scale, out, lse);
@@ -603,7 +600,6 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& dout, bool causal, double scale, const Tensor& dq, const Tensor& dk,
                         const Tensor& dv, bool accumulate) {
   const char* op = "functional::attention_backward";
-  no_deterministic_form(op);
   if (!lse.defined()) throw InvalidArgument(op, "lse is undefined", "pass the forward's lse");
   check_attention(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk},
                        {"dv", &dv}},

@@ -6,7 +6,9 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
+#include "meshtrain/core/reduction_tree.h"
 #include "meshtrain/nn/activations.h"
+#include "meshtrain/nn/deterministic.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 #include "meshtrain/nn/internal/pre_norm.h"
@@ -437,13 +439,14 @@ Tensor GPT::embed(const Tensor& ids, Saved& saved) {
   const TensorParallelGroup& tp = config_.tensor;
   const int64_t k = tp.splits_sequence() ? tp.size() : 1;
   st.t_pad = (st.t + k - 1) / k * k;
-  if (k > 1) {
-    // The dropouts number their masks by the whole length, so the padding
-    // changes no real step's mask (one device's masks, cut by steps).
-    BatchContext real = saved.batch;
-    real.sequence_length = whole;
-    for (Module* m : children()) m->set_batch_context(real);
-  }
+  // The children see the call's samples (the deterministic mode's node of
+  // the position table's call) and, split over the sequence, the whole
+  // length: the dropouts number their masks by it, so the padding changes
+  // no real step's mask (one device's masks, cut by steps).
+  BatchContext real = saved.batch;
+  real.samples = st.b;
+  if (k > 1) real.sequence_length = whole;
+  for (Module* m : children()) m->set_batch_context(real);
   if (st.t_pad != st.t) {
     Tensor padded = Tensor::zeros({st.b, st.t_pad}, DType::i64);
     padded.narrow(1, 0, st.t).copy_from(in.to(DType::i64));
@@ -505,11 +508,14 @@ Tensor GPT::head_backward_input(const Tensor& grad_out, State& st) {
 
 // The head's share of the tied weight: its first report (wte's own, in the
 // embeddings' backward, completes it); the untied lm_head's only one.
-void GPT::head_backward_weight(State& st) {
+void GPT::head_backward_weight(State& st, const BatchContext& batch) {
   Parameter& w = head_table().weight();
   head_use(Pass::backward_weight, [&] {
     internal::check_param_grad(w.grad, "GPT::backward", w.name);
-    F::unembed_backward_weight(st.h, st.dlogits, w.grad);
+    // The deterministic mode: the tied table's head part is user 1, its
+    // embedding part user 0 (each its own tree, added last).
+    add_gradient(w, config_.tie_embeddings ? 1 : 0, call_node(batch, st.b),
+                 [&](const Tensor& g) { F::unembed_backward_weight(st.h, st.dlogits, g); });
     notify_grad_ready(w);
   });
   st.dlogits = Tensor();
@@ -519,9 +525,22 @@ template <typename Step>
 void GPT::embed_backward(const Tensor& dx, Saved& saved, Step step) {
   const State& st = saved.state<State>();
   const Tensor de = step(*drop_, dx, saved.child(kDrop));
-  if (wpe_) {  // the position table is shared by the batch
+  if (wpe_) {  // the position table is shared by the batch: the sum over samples
     Tensor dpos = Tensor::zeros({de.size(1), config_.width}, DType::f32);
-    for (int64_t b = 0; b < st.b; ++b) add(dpos, de.select(0, b), dpos);
+    if (const int64_t block = deterministic_block(); block > 0) {
+      // The deterministic mode: each block's samples in order, the blocks in the canonical tree.
+      std::vector<Tensor> sums;
+      std::vector<float*> parts;
+      for (int64_t b0 = 0; b0 < st.b; b0 += block) {
+        sums.push_back(Tensor::zeros({de.size(1), config_.width}, DType::f32));
+        for (int64_t b = b0; b < b0 + block; ++b) add(sums.back(), de.select(0, b), sums.back());
+        parts.push_back(sums.back().data<float>());
+      }
+      tree_sum(parts, dpos.numel());
+      dpos = sums.front();
+    } else {
+      for (int64_t b = 0; b < st.b; ++b) add(dpos, de.select(0, b), dpos);
+    }
     step(*wpe_, dpos, saved.child(kWpe));
   }
   step(*wte_, de, saved.child(kWte));
@@ -541,7 +560,7 @@ void GPT::do_backward_weight(Saved& saved) {
   // The head's share of the tied weight first (its first report), then the
   // layers in reverse; wte's own report comes last and completes it.
   if (config_.head) {
-    head_backward_weight(saved.state<State>());
+    head_backward_weight(saved.state<State>(), saved.batch);
     ln_f_->backward_weight(saved.child(kLnF));
   }
   h_.backward_weight(saved.child(kBlocks));
@@ -558,7 +577,7 @@ Tensor GPT::do_backward(const Tensor& grad_out, Saved& saved) {
   Tensor dh = grad_out;
   if (config_.head) {
     dh = head_backward_input(grad_out, st);
-    head_backward_weight(st);
+    head_backward_weight(st, saved.batch);
     dh = ln_f_->backward(dh, saved.child(kLnF));
   }
   const Tensor dx = h_.backward(dh, saved.child(kBlocks));

@@ -266,7 +266,7 @@ class GPT final : public Module {
   // The head's input pass: dlogits -> dh (B, t_pad, C), before ln_f; its
   // weight pass: the tied weight's share (its first report).
   Tensor head_backward_input(const Tensor& grad_out, State& st);
-  void head_backward_weight(State& st);
+  void head_backward_weight(State& st, const BatchContext& batch);
   // The embeddings' backward from the blocks' dx, `step` running each
   // module's backward (fused) or backward_input.
   template <typename Step>

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/nn/deterministic.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 
@@ -94,7 +95,16 @@ void LayerNorm::do_backward_weight(Saved& saved) {
   State& st = saved.state<State>();
   internal::check_param_grad(weight_.grad, op, weight_.name);
   internal::check_param_grad(bias_.grad, op, bias_.name);
-  functional::layer_norm_backward_weight(st.dy, st.xhat, weight_.grad, bias_.grad);
+  const TreeNode node = call_node(saved.batch, st.shape.size() > 1 ? st.shape[0] : 1);
+  if (node.count > 0) {  // the deterministic mode: each gradient its own node
+    add_gradient(bias_, 0, node, [&](const Tensor& g) {
+      functional::layer_norm_backward_weight(st.dy, st.xhat, Tensor::zeros({dim_}, DType::f32), g);
+    });
+    add_gradient(weight_, 0, node,
+                 [&](const Tensor& g) { functional::layer_norm_backward_weight(st.dy, st.xhat, g, Tensor()); });
+  } else {
+    functional::layer_norm_backward_weight(st.dy, st.xhat, weight_.grad, bias_.grad);
+  }
   notify_grad_ready(bias_);
   notify_grad_ready(weight_);
   st.dy = Tensor();
@@ -139,7 +149,8 @@ void RMSNorm::do_backward_weight(Saved& saved) {
   const char* op = "RMSNorm::backward";
   State& st = saved.state<State>();
   internal::check_param_grad(weight_.grad, op, weight_.name);
-  functional::layer_norm_backward_weight(st.dy, st.xhat, weight_.grad, Tensor());
+  add_gradient(weight_, 0, call_node(saved.batch, st.shape.size() > 1 ? st.shape[0] : 1),
+               [&](const Tensor& g) { functional::layer_norm_backward_weight(st.dy, st.xhat, g, Tensor()); });
   notify_grad_ready(weight_);
   st.dy = Tensor();
 }

@@ -214,7 +214,7 @@ void Linear::weight_grads(const Tensor& dy, const Tensor& x, Saved& saved) {
   internal::check_param_grad(weight_.grad, op, weight_.name);
   if (has_bias_) internal::check_param_grad(bias_.grad, op, bias_.name);
   State& st = saved.state<State>();
-  const TreeNode node = call_node(saved.batch, st.in_shape.size() > 1 ? st.in_shape[0] : 1, dy.size(0));
+  const TreeNode node = call_node(saved.batch, st.in_shape.size() > 1 ? st.in_shape[0] : 1);
   // The bias first, reported before the weight GEMM runs: data parallelism
   // can start the bucket holding it that much earlier.
   if (has_bias_) {

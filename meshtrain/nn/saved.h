@@ -48,6 +48,11 @@ struct BatchContext {
   // module adds itself (a MoE layer's auxiliary loss) is averaged over, as
   // the trainer's loss is (0: the call's own samples).
   double global_samples = 0;
+  // The call's samples, where its inputs do not say (a GPT's position
+  // table sees one sequence of positions for the whole batch): the
+  // deterministic mode's node of the call (nn/deterministic.h). 0: the
+  // input's first dim.
+  int64_t samples = 0;
   // True while a recompute-mode module replays its forward inside backward
   // (Module::backward): what a forward counts (a MoE layer's expert load)
   // is counted once.

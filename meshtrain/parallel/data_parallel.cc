@@ -14,6 +14,8 @@
 
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/core/reduction_tree.h"
+#include "meshtrain/nn/deterministic.h"
 
 namespace meshtrain::parallel {
 
@@ -504,6 +506,15 @@ void DataParallel::finish() {
     }
   }
   const auto waited = comm::Clock::now() - entered;
+  if (options_.deterministic) {
+    // A tied parameter's other users: each summed over the ranks on its own, then added.
+    for (nn::Parameter* p : params_)
+      for (const Tensor& other : nn::take_other_users(*p)) {
+        comm::tree_all_reduce(*comm_, other.data<float>(), static_cast<size_t>(other.numel()));
+        float* parts[] = {p->grad.data<float>(), other.data<float>()};
+        tree_sum(parts, other.numel());
+      }
+  }
 
   if (options_.reduce == GradReduce::avg && m > 1)
     for (Bucket& b : buckets_) scale(b.buffer, 1.0 / m);

@@ -10,6 +10,8 @@
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
+#include "meshtrain/core/reduction_tree.h"
+#include "meshtrain/nn/deterministic.h"
 #include "meshtrain/optim/clip.h"
 #include "meshtrain/parallel/zeropp.h"
 #include "meshtrain/sharding/strategy.h"
@@ -695,14 +697,36 @@ void FullyShardedDataParallel::finish() {
 }
 
 void FullyShardedDataParallel::finish_deterministic() {
+  // reduced = the tree over the ranks of a full gradient of the unit: the
+  // unit's owned part (all of it under no_shard).
+  auto reduce = [&](Unit& u, float* full, float* owned) {
+    if (options_.stage == ZeroStage::no_shard) {
+      comm::tree_all_reduce(*shard_, full, static_cast<size_t>(u.padded));
+      if (owned != full) std::copy(full, full + u.padded, owned);
+    } else {
+      comm::tree_reduce_scatter(*shard_, full, owned, static_cast<size_t>(u.shard));
+    }
+  };
   for (auto& u : units_) {
     if (u->params.empty()) continue;
-    float* full = u->full_grad.data<float>();
-    if (options_.stage == ZeroStage::no_shard)
-      comm::tree_all_reduce(*shard_, full, static_cast<size_t>(u->padded));
-    else
-      comm::tree_reduce_scatter(*shard_, full, owned_grad(*u).data<float>(), static_cast<size_t>(u->shard));
+    Tensor owned = owned_grad(*u);
+    reduce(*u, u->full_grad.data<float>(), owned.data<float>());
     u->has_grad = true;
+    // A tied parameter's other users: each summed over the ranks on its own,
+    // then added to the parameter's own elements of the owned part.
+    for (size_t i = 0; i < u->params.size(); ++i)
+      for (const Tensor& other : nn::take_other_users(*u->params[i])) {
+        Tensor full = Tensor::zeros({u->padded}, DType::f32);
+        full.narrow(0, u->offsets[i], other.numel()).copy_from(other.view({other.numel()}));
+        Tensor mine = options_.stage == ZeroStage::no_shard ? full : Tensor::zeros({u->shard}, DType::f32);
+        reduce(*u, full.data<float>(), mine.data<float>());
+        const int64_t base = options_.stage == ZeroStage::no_shard ? 0 : u->lo;
+        const int64_t a = std::max(u->offsets[i], base);
+        const int64_t b = std::min(u->offsets[i] + other.numel(), base + owned.numel());
+        if (a >= b) continue;
+        float* parts[] = {owned.data<float>() + (a - base), mine.data<float>() + (a - base)};
+        tree_sum(parts, b - a);
+      }
   }
   if (replicated_elements_ > 0)
     comm::tree_all_reduce(*shard_, replicated_grads_.data<float>(), static_cast<size_t>(replicated_elements_));

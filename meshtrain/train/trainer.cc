@@ -420,7 +420,8 @@ class Run {
     double loss = 0;
     if (tc_.deterministic) {
       const int64_t block = tc_.deterministic_block;
-      nn::begin_deterministic_step(batch.global_size / block, {batch.first_global_sample / block, local / block});
+      nn::begin_deterministic_step(block, batch.global_size / block,
+                                   {batch.first_global_sample / block, local / block});
     }
     if (pipeline_) {
       loss = pipeline_->step(batch, step, norm);  // the last stage's; 0 on the others
@@ -735,6 +736,7 @@ class Run {
   // (check_parameters passed): gathering the parameters under fsdp and the
   // recipe's forwards are collective; rank 0 writes.
   void finish_run(const Series& train_curve, const Series& test_curve) {
+    const nn::functional::DeterministicRowsScope plain(0);  // the recipe's samples are not training blocks
     parallel_->gather_full_parameters();
     internal::NamedTensors whole = whole_model();
     std::unique_ptr<RecipeModel> assembled;

@@ -9,6 +9,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/tensor.h"
+#include "meshtrain/nn/deterministic.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
 #include "meshtrain/nn/internal/loss_args.h"
@@ -534,10 +535,12 @@ Tensor RowParallelLinear::do_forward(const Tensor& x, Saved& saved) {
   return y;
 }
 
-void RowParallelLinear::bias_grad(const Tensor& dy) {
+void RowParallelLinear::bias_grad(const Tensor& dy, const BatchContext& batch) {
   if (!has_bias_) return;
   internal::check_param_grad(bias_.grad, "RowParallelLinear::backward", bias_.name);
-  functional::bias_backward(dy.contiguous().view({dy.numel() / dy.size(-1), dy.size(-1)}), bias_.grad);
+  const Tensor rows = dy.contiguous().view({dy.numel() / dy.size(-1), dy.size(-1)});
+  add_gradient(bias_, 0, call_node(batch, dy.dim() > 1 ? dy.size(0) : 1),
+               [&](const Tensor& g) { functional::bias_backward(rows, g); });
   notify_grad_ready(bias_);
 }
 
@@ -595,13 +598,13 @@ Tensor RowParallelLinear::do_backward_input(const Tensor& grad_out, Saved& saved
 
 void RowParallelLinear::do_backward_weight(Saved& saved) {
   State& st = saved.state<State>();
-  bias_grad(st.dy);
+  bias_grad(st.dy, saved.batch);
   st.dy = Tensor();
   local_.backward_weight(saved.child(0));
 }
 
 Tensor RowParallelLinear::do_backward(const Tensor& grad_out, Saved& saved) {
-  bias_grad(grad_out);
+  bias_grad(grad_out, saved.batch);
   if (group_.overlaps() && group_.splits_sequence()) return overlapped_backward(grad_out, saved, false);
   return local_.backward(full_grad(grad_out), saved.child(0));
 }

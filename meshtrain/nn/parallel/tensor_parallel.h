@@ -220,7 +220,7 @@ class RowParallelLinear final : public Module {
   struct State {
     Tensor dy;  // (R, out) (sequence parallel: this rank's rows) kept for the bias gradient of a split backward
   };
-  void bias_grad(const Tensor& dy);
+  void bias_grad(const Tensor& dy, const BatchContext& batch);
   Tensor full_grad(const Tensor& dy);  // the "g" operator's backward
   Tensor overlapped_forward(const Tensor& x, Saved& saved);
   Tensor overlapped_backward(const Tensor& grad_out, Saved& saved, bool split);
