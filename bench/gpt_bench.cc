@@ -25,6 +25,7 @@
 #include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/mesh/device_mesh.h"
 #include "meshtrain/nn/parallel/context_parallel.h"
+#include "meshtrain/nn/deterministic.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/gpt.h"
 #include "meshtrain/nn/losses.h"
@@ -73,8 +74,10 @@ double sgemm_gflops(int64_t m, int64_t k, int64_t n) {
 
 // A run's precision as its flag spells it ("fp32", "bf16").
 std::string label(const GptBenchRun& r) {
-  return r.gemm.empty() ? std::string(layout::precision_name(r.precision))
-                        : fmt::format("{} {}", layout::precision_name(r.precision), r.gemm);
+  std::string s(layout::precision_name(r.precision));
+  if (!r.gemm.empty()) s += " " + r.gemm;
+  if (r.deterministic) s += " deterministic";
+  return s;
 }
 
 // Runs the PyTorch peer at `precision`; fills torch_step_ms or says why not.
@@ -162,7 +165,7 @@ struct RankTimes {
 // One rank's step at one precision (world null: one rank, no mesh): the
 // model split over the mesh's tensor axis, its batch rows by its data
 // coordinate; the step as the trainer runs it (parallel/parallelism.h).
-RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, DType precision,
+RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, DType precision, bool deterministic,
                    comm::Communicator* world, int64_t* parameters, double* parameter_bytes) {
   std::optional<mesh::DeviceMesh> grid;
   nn::TensorParallelGroup tp{.comm = nullptr, .sequence_parallel = m.sequence_parallel, .overlap = m.overlap};
@@ -201,7 +204,7 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, DType precis
                                       .unit_modules = units});
   else if (dp_comm != nullptr)
     wrapper = std::make_unique<parallel::DataParallel>(
-        gpt, *dp_comm, parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum});
+        gpt, *dp_comm, parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum, .deterministic = deterministic});
   const std::vector<nn::Parameter*> params = wrapper ? wrapper->optimizer_parameters() : gpt.parameters();
   optim::AdamW opt(params, 1e-4, {0.9, 0.999}, 1e-8, 0.1);
   nn::CrossEntropyLoss ce;
@@ -212,7 +215,20 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, DType precis
   const Tensor ys = nn::shard_sequence(random_ids(o.batch, o.context, o.vocab, 2).narrow(0, first, rows), cp, 1);
   const Tensor y = ys.view({ys.numel()});  // this rank's chunks' targets
   const double tokens = static_cast<double>(o.batch * o.context);
+  // The deterministic mode as the trainer runs it: blocks of the fewest
+  // samples of at least 32 rows, this rank's samples a node of their tree.
+  int64_t block = 1;
+  while (block * o.context < 32) block *= 2;
+  std::optional<F::DeterministicRowsScope> mode;
+  if (deterministic) {
+    if (o.batch % block != 0 || rows % block != 0)
+      throw InvalidArgument("bench gpt --deterministic",
+                            fmt::format("{} samples per rank in blocks of {}", rows, block), "use a larger --batch");
+    mode.emplace(block * o.context);
+    gpt.set_batch_context(0, first);
+  }
   const auto step = [&] {
+    if (deterministic) nn::begin_deterministic_step(block, o.batch / block, {first / block, rows / block});
     if (wrapper) wrapper->begin_micro_batch(0, 1);
     const Tensor logits = gpt.forward(x);
     if (vce) {
@@ -225,6 +241,9 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, DType precis
     if (wrapper) {
       const F::ProfileScope scope("dp finish");
       wrapper->finish();
+    } else if (deterministic) {  // one rank: the tied table's head and embedding sums, added as DataParallel does
+      for (nn::Parameter* p : gpt.parameters())
+        for (const Tensor& other : nn::take_other_users(*p)) add(p->grad, other, p->grad);
     }
     nn::reduce_sequence_parallel_grads(params, partial, tp);
     opt.step();
@@ -284,15 +303,16 @@ void summarize(const GptBenchOptions& o, const std::vector<RankTimes>& ranks, Gp
 
 // One mesh at one precision: in the calling thread for one rank, else on
 // that many threads-engine ranks sharing o.threads GEMM threads.
-GptBenchRun run_meshtrain(const GptBenchOptions& o, const GptBenchMesh& m, DType precision,
+GptBenchRun run_meshtrain(const GptBenchOptions& o, const GptBenchMesh& m, DType precision, bool deterministic,
                           int64_t* parameters) {
   GptBenchRun r;
   r.mesh = m;
   r.precision = precision;
+  r.deterministic = deterministic;
   r.threads_per_rank = std::max(1, o.threads / m.ranks());
   std::vector<RankTimes> ranks(static_cast<size_t>(m.ranks()));
   if (m.ranks() == 1 && precision == DType::f32) {
-    ranks[0] = run_rank(o, m, precision, nullptr, parameters, &r.parameter_bytes);
+    ranks[0] = run_rank(o, m, precision, deterministic, nullptr, parameters, &r.parameter_bytes);
   } else {
     set_blas_threads(r.threads_per_rank);
     std::mutex mu;
@@ -302,7 +322,7 @@ GptBenchRun run_meshtrain(const GptBenchOptions& o, const GptBenchMesh& m, DType
                  [&](comm::Communicator& world) {
                    int64_t count = 0;
                    double bytes = 0;
-                   RankTimes t = run_rank(o, m, precision, &world, &count, &bytes);
+                   RankTimes t = run_rank(o, m, precision, deterministic, &world, &count, &bytes);
                    std::lock_guard lock(mu);
                    ranks[static_cast<size_t>(world.rank())] = std::move(t);
                    if (world.rank() == 0) {
@@ -406,11 +426,14 @@ GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
           continue;
         }
         if (policy) set_gemm_policy(*policy);
-        GptBenchRun run = run_meshtrain(o, m, precision, &r.parameters);
-        if (policy) run.gemm = fmt::format("gemm {}", gemm_policy_name(*policy));
-        run.tokens_per_s = tokens / (run.step_ms / 1e3);
-        run.gflops = r.flops_per_step / (run.step_ms * 1e6);
-        r.runs.push_back(std::move(run));
+        const bool both = o.deterministic && precision == DType::f32 && m.tensor == 1 && m.context == 1;
+        for (const bool deterministic : both ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+          GptBenchRun run = run_meshtrain(o, m, precision, deterministic, &r.parameters);
+          if (policy) run.gemm = fmt::format("gemm {}", gemm_policy_name(*policy));
+          run.tokens_per_s = tokens / (run.step_ms / 1e3);
+          run.gflops = r.flops_per_step / (run.step_ms * 1e6);
+          r.runs.push_back(std::move(run));
+        }
       }
   if (!o.gemm_policies.empty()) set_gemm_policy(previous_policy);
   r.sgemm_shape = fmt::format("({}, {}) x ({}, {})", o.batch * o.context, o.width, o.width, 4 * o.width);
@@ -418,7 +441,7 @@ GptBenchResult run_gpt_bench(const GptBenchOptions& o) {
   r.peak = measure_fma_peak(o.threads);
   set_blas_threads(previous_threads);
   for (GptBenchRun& run : r.runs)
-    if (run.mesh.ranks() == 1) run_torch(o, run, budget_left(o, start));
+    if (run.mesh.ranks() == 1 && !run.deterministic) run_torch(o, run, budget_left(o, start));
   return r;
 }
 
@@ -515,7 +538,7 @@ std::string format_gpt_bench(const GptBenchResult& r, const GptBenchOptions& o) 
   s += fmt::format("sgemm rate now: {:.1f} GFLOP/s on {} (core matmul, f32, {} thread{})\n", r.sgemm_gflops,
                    r.sgemm_shape, o.threads, o.threads == 1 ? "" : "s");
   for (const GptBenchRun& run : r.runs) {
-    if (run.mesh.ranks() > 1) continue;  // PyTorch runs one rank
+    if (run.mesh.ranks() > 1 || run.deterministic) continue;  // PyTorch runs one rank, its own mode
     if (run.torch_step_ms > 0)
       s += fmt::format("{}: meshtrain / PyTorch step time {:.2f}x ({})\n", label(run),
                        run.step_ms / run.torch_step_ms, run.torch_note);

@@ -90,6 +90,9 @@ struct GptBenchOptions {
   // start past it is skipped, and PyTorch's peer is stopped at it (`timeout`
   // kills the script); the table says which.
   double time_budget_s = 600;
+  // Also each fp32 run on a mesh of data axes alone in the deterministic
+  // mode (docs/determinism.md), right after it: the mode's cost.
+  bool deterministic = false;
 };
 
 struct GptBenchOp {
@@ -104,6 +107,7 @@ struct GptBenchRun {
   int threads_per_rank = 0;
   DType precision = DType::f32;
   std::string gemm;                 // "gemm auto" when the options name policies, else ""
+  bool deterministic = false;       // the deterministic mode's run
   bool skipped = false;             // not run: the time budget was spent (see note)
   std::string note;                 // why it was skipped
   double step_ms = 0;               // median

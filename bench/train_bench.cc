@@ -13,6 +13,9 @@
 #include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/core/ops.h"
 #include "meshtrain/core/random.h"
+#include "meshtrain/core/error.h"
+#include "meshtrain/nn/deterministic.h"
+#include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/losses.h"
 #include "meshtrain/nn/mlp.h"
 #include "meshtrain/optim/adamw.h"
@@ -144,21 +147,32 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
     // fp32 and bf16 (the MLP's Linear layers compute in bf16: bf16 GEMMs
     // with f32 accumulation) interleaved in blocks of 10 steps, so a slow
     // phase of a shared machine hits both.
-    nn::MLP model(mlp_config()), model16(mlp_config());
+    nn::MLP model(mlp_config()), model16(mlp_config()), model_det(mlp_config());
     model16.set_compute_dtype(DType::bf16);
-    optim::AdamW opt(model.parameters(), 1e-3), opt16(model16.parameters(), 1e-3);
+    optim::AdamW opt(model.parameters(), 1e-3), opt16(model16.parameters(), 1e-3), opt_det(model_det.parameters(), 1e-3);
     nn::CrossEntropyLoss ce;
     Data d(o.batch, 0);
+    // The deterministic mode as the trainer runs the MLP: blocks of 32 samples.
+    constexpr int64_t kBlock = 32;
+    if (o.deterministic && o.batch % kBlock != 0)
+      throw InvalidArgument("bench train --deterministic", fmt::format("batch {} in blocks of {}", o.batch, kBlock),
+                            "use a --batch that is a multiple of 32");
     auto step = [&](nn::MLP& m, optim::AdamW& op) {
+      const bool det = &m == &model_det;
+      const nn::functional::DeterministicRowsScope mode(det ? kBlock : 0);
+      if (det) nn::begin_deterministic_step(kBlock, o.batch / kBlock, {0, o.batch / kBlock});
       op.zero_grad();
       ce.forward(m.forward(d.x), d.y);
       m.backward(ce.backward());
       op.step();
     };
-    std::vector<double> t32, t16;
+    std::vector<double> t32, t16, tdet;
+    std::vector<std::tuple<nn::MLP*, optim::AdamW*, std::vector<double>*>> runs = {{&model, &opt, &t32},
+                                                                                   {&model16, &opt16, &t16}};
+    if (o.deterministic) runs.emplace_back(&model_det, &opt_det, &tdet);
     for (int done = 0; done < o.warmup + o.steps; done += 10) {
       const int n = std::min(10, o.warmup + o.steps - done);
-      for (auto [m, op, t] : {std::tuple{&model, &opt, &t32}, {&model16, &opt16, &t16}})
+      for (auto [m, op, t] : runs)
         for (int i = 0; i < n; ++i) {
           const auto t0 = Clock::now();
           step(*m, *op);
@@ -167,6 +181,7 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
     }
     r.step_ms = 1e3 * median(t32);
     r.step_bf16_ms = 1e3 * median(t16);
+    if (o.deterministic) r.step_deterministic_ms = 1e3 * median(tdet);
   }
   {
     // The step's GEMMs with their shapes: (M, K) x (K, N).
@@ -257,6 +272,10 @@ std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOption
   s += fmt::format("  its 8 GEMMs alone    {:8.3f} ms   ({} bf16)\n", r.gemm_bf16_ms, rate(r.gemm_bf16_gflops, true));
   s += fmt::format("  GEMM share of step   {:8.1f} %\n", 100 * r.gemm_bf16_ms / r.step_bf16_ms);
   if (const std::string note = gemm_dtype_note(DType::bf16); !note.empty()) s += fmt::format("  note: {}\n", note);
+  if (r.step_deterministic_ms > 0)
+    s += fmt::format("  fp32 deterministic   {:8.3f} ms   ({:.0f} samples/s, {:.2f}x the fp32 step; blocks of 32 samples, "
+                     "docs/determinism.md)\n",
+                     r.step_deterministic_ms, o.batch / r.step_deterministic_ms * 1e3, r.step_deterministic_ms / r.step_ms);
   s += fmt::format("data parallel, {} samples per rank per step (threads engine, {} MiB buckets):\n", o.batch,
                    o.bucket_mb);
   s += fmt::format("  1 rank               {:8.0f} samples/s\n", r.dp1.samples_per_s);

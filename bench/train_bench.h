@@ -6,7 +6,8 @@
 // - step: median time of forward + cross-entropy + backward + AdamW step on
 //   one GEMM thread, synthetic data (as bench/torch_mlp.py does for PyTorch);
 //   fp32, and bf16 (Linear layers in the bf16 compute dtype, f32 masters),
-//   interleaved in blocks of 10 steps.
+//   and with `deterministic` fp32 in the deterministic mode (blocks of 32
+//   samples), interleaved in blocks of 10 steps.
 // - gemm: median time of the same 8 GEMMs alone (3 forward, 3 weight
 //   gradients, 2 input gradients: the first layer needs none), in f32 and on
 //   bf16 operands, and the speed they reach; gemm / step is the share of the
@@ -35,6 +36,9 @@ struct TrainBenchOptions {
   int batch = 256;
   bool sharded = true;  // also time FullyShardedDataParallel on 2 ranks
   double bucket_mb = 0.25;  // DataParallel bucket size
+  // Also the fp32 step in the deterministic mode (docs/determinism.md),
+  // interleaved with the others: the mode's cost.
+  bool deterministic = false;
 };
 
 // One data-parallel measurement (rank 0's view).
@@ -61,6 +65,7 @@ struct TrainBenchResult {
   double gemm_ms = 0;
   double gemm_gflops = 0;
   double step_bf16_ms = 0;  // the Linear layers computing in bf16
+  double step_deterministic_ms = 0;  // fp32 in the deterministic mode (0: not run)
   double gemm_bf16_ms = 0;  // the 8 GEMMs on bf16 operands
   double gemm_bf16_gflops = 0;
   DataParallelRun dp1, dp2;

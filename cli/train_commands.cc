@@ -295,6 +295,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
   tb->add_option("--steps", bo->steps, "timed steps (1 to 100000)")->capture_default_str()->check(CLI::Range(1, 100000));
   tb->add_option("--batch", bo->batch, "batch per rank (1 to 65536)")->capture_default_str()->check(CLI::Range(1, 65536));
   tb->add_flag("!--no-sharded", bo->sharded, "skip the fully sharded strategies");
+  tb->add_flag("--deterministic", bo->deterministic,
+               "also time the fp32 step in the deterministic mode (docs/determinism.md), interleaved with the others");
   tb->add_option("--bucket-mb", bo->bucket_mb, "data-parallel gradient bucket size in MiB, (0, 1024]")
       ->capture_default_str()
       ->check(CLI::Range(1e-6, 1024.0));
@@ -630,6 +632,8 @@ std::vector<Command> add_train_commands(CLI::App& app) {
                       "GEMM backend policies to run side by side (comma list of auto, onednn, openblas, fixed; "
                       "default: the process's, MESHTRAIN_GEMM_BACKEND or auto)")
       ->delimiter(',');
+  gpt_cmd->add_flag("--deterministic", gpt_opts->deterministic,
+                    "also time each fp32 run on a data-only mesh in the deterministic mode (docs/determinism.md)");
   auto gpt_sequence_parallel = std::make_shared<bool>(false);
   gpt_cmd->add_flag("--sequence-parallel", *gpt_sequence_parallel,
                     "sequence parallelism on every --mesh with a tensor axis (as +sp)");
