@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "meshtrain/core/error.h"
@@ -377,20 +378,26 @@ void tree_reduce_scatter(Communicator& c, const float* send, float* recv, size_t
     std::copy(send, send + count, recv);
     return;
   }
-  // received[i] = rank i's chunk for this rank.
-  std::vector<float> received(count * n);
-  c.all_to_all(send, received.data(), count, DType::f32);
+  // received[i] = rank i's chunk for this rank (uninitialized: all_to_all writes all of it).
+  const std::unique_ptr<float[]> received(new float[count * n]);
+  c.all_to_all(send, received.get(), count, DType::f32);
   std::vector<float*> parts(n);
-  for (size_t i = 0; i < n; ++i) parts[i] = received.data() + i * count;
+  for (size_t i = 0; i < n; ++i) parts[i] = received.get() + i * count;
   tree_sum(parts, static_cast<int64_t>(count));
-  std::copy(received.begin(), received.begin() + static_cast<std::ptrdiff_t>(count), recv);
+  std::copy(received.get(), received.get() + count, recv);
 }
 
 void tree_all_reduce(Communicator& c, float* buf, size_t count) {
   const auto n = static_cast<size_t>(c.size());
   if (n == 1 || count == 0) return;
   const size_t chunk = (count + n - 1) / n;
-  std::vector<float> padded(chunk * n, 0.0f), mine(chunk);
+  std::vector<float> mine(chunk);
+  if (chunk * n == count) {  // no padding: straight from and into buf
+    tree_reduce_scatter(c, buf, mine.data(), chunk);
+    c.all_gather(mine.data(), buf, chunk, DType::f32);
+    return;
+  }
+  std::vector<float> padded(chunk * n, 0.0f);
   std::copy(buf, buf + count, padded.begin());
   tree_reduce_scatter(c, padded.data(), mine.data(), chunk);
   c.all_gather(mine.data(), padded.data(), chunk, DType::f32);
