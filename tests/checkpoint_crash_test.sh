@@ -8,7 +8,9 @@
 #   tests/checkpoint_crash_test.sh MESHTRAIN threads|mpi|gloo [TRIALS [TRAIN FLAGS...]]
 #
 # TRAIN FLAGS go to every run (e.g. --async-checkpoint: saves written in the
-# background, the kill often landing while one is in flight).
+# background, the kill often landing while one is in flight). RESUME_MESH
+# (threads only) resumes on another mesh: with --deterministic the final
+# model is still the uninterrupted run's, byte for byte.
 #
 # The run: the MLP (784 -> 64 -> 32 -> 10), data=2, 60 steps, a checkpoint
 # every step (so a random kill often lands inside a save: a save leaves
@@ -131,8 +133,10 @@ while ((good < trials || in_save == 0)); do
       continue  # killed after the commit: not a trial
     fi
     compgen -G "$run.incomplete/checkpoints/.step_*.tmp" >/dev/null && killed_in_save=1
-    # Resume (the same mesh: the run's own config.toml).
-    launch "$tmp/resume$attempts" train --resume "$run"
+    # Resume (the same mesh, the run's own config.toml, unless RESUME_MESH).
+    resume_mesh=()
+    [[ -n ${RESUME_MESH:-} && $engine == threads ]] && resume_mesh=(--mesh "$RESUME_MESH")
+    launch "$tmp/resume$attempts" train --resume "$run" "${resume_mesh[@]}"
     if ! wait "$job"; then
       echo "FAIL: trial $attempts: the resumed run failed"
       cat "$tmp/out$attempts" "$tmp/resume$attempts"

@@ -138,11 +138,13 @@ train::TrainConfig deterministic_gpt(const std::string& tag) {
 
 TEST(Determinism, GptLayoutsGiveTheSameBytes) {
   const Outcome one = train_on(deterministic_gpt("gpt_one"), 1);
-  const std::vector<std::tuple<std::string, std::string, int, std::string>> layouts = {
-      {"data=2", "", 1, ""},           {"data=4", "", 2, ""},          {"data=8", "", 1, ""},
-      {"", "", 8, ""},                 {"fsdp=2", "zero3", 2, ""},     {"fsdp=4", "zero1", 1, ""},
-      {"fsdp=2", "zero2", 4, ""},      {"pipeline=2", "", 2, "gpipe"}, {"pipeline=2", "", 4, "1f1b"},
-      {"pipeline=2", "", 8, "zb"},     {"data=2,fsdp=2,pipeline=2", "zero3", 2, "1f1b"}};
+  std::vector<std::tuple<std::string, std::string, int, std::string>> layouts = {
+      {"data=2", "", 1, ""}, {"data=4", "", 2, ""}, {"data=8", "", 1, ""}, {"", "", 8, ""},
+      {"data=2,fsdp=2,pipeline=2", "zero3", 2, "1f1b"}};
+  for (const char* mesh : {"fsdp=2", "fsdp=4"})
+    for (const char* stage : {"zero1", "zero2", "zero3"}) layouts.emplace_back(mesh, stage, 2, "");
+  for (const char* schedule : {"gpipe", "1f1b", "zb"})
+    for (int micro : {2, 4, 8}) layouts.emplace_back("pipeline=2", "", micro, schedule);
   for (const auto& [mesh, fsdp, micro, schedule] : layouts) {
     train::TrainConfig tc = deterministic_gpt("gpt");
     tc.set("fsdp", fsdp, "test");
