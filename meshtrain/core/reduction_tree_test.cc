@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
+#include "meshtrain/core/exact_squares.h"
 #include "meshtrain/core/matmul.h"
 #include "meshtrain/core/random.h"
 #include "meshtrain/core/tensor.h"
@@ -68,6 +70,36 @@ TEST(ReductionTree, SharesSummedAloneThenTheirSumsEqualTheWholeTree) {
   EXPECT_NE(seq, whole);
   std::vector<double> d = {1e16, 1.0, -1e16, 1.0};
   EXPECT_EQ(tree_sum(d), 0.0);  // (1e16 + 1) + (-1e16 + 1): each 1 lost in its pair
+}
+
+TEST(ExactSquares, TheSumIsExactAndTheSameInAnyOrderOrSplit) {
+  std::vector<float> v = awkward(100000, 9);
+  v[17] = 1e-40f;  // a subnormal
+  v[18] = 3e38f;   // near the top: its square only fits in double
+  ExactSquares whole;
+  whole.add(v.data(), static_cast<int64_t>(v.size()));
+  // Reversed, in uneven pieces merged in another order: the same words.
+  std::vector<float> r(v.rbegin(), v.rend());
+  ExactSquares a, b, c;
+  a.add(r.data(), 12345);
+  b.add(r.data() + 12345, 50000);
+  c.add(r.data() + 62345, static_cast<int64_t>(r.size()) - 62345);
+  c.merge(a);
+  c.merge(b);
+  EXPECT_EQ(c.words(), whole.words());
+  EXPECT_EQ(c.value(), whole.value());
+  EXPECT_EQ(ExactSquares::from_words(whole.words()).value(), whole.value());
+  // Against a sum in long double (to its precision).
+  long double ref = 0;
+  for (float x : v) ref += static_cast<long double>(x) * x;
+  EXPECT_NEAR(whole.value() / static_cast<double>(ref), 1.0, 1e-15);
+  const float bad[] = {1.0f, std::numeric_limits<float>::infinity()};
+  ExactSquares inf;
+  inf.add(bad, 2);
+  EXPECT_TRUE(std::isinf(inf.value()));
+  const float nan[] = {std::numeric_limits<float>::quiet_NaN()};
+  inf.add(nan, 1);
+  EXPECT_TRUE(std::isnan(inf.value()));
 }
 
 Tensor random_matrix(int64_t r, int64_t c, uint32_t key) {

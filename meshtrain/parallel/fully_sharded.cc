@@ -763,6 +763,18 @@ std::pair<double, double> FullyShardedDataParallel::grad_sq_split(
   return {sq[0] + optim::local_sq_norm(ra), sq[1] + optim::local_sq_norm(rb)};
 }
 
+ExactSquares FullyShardedDataParallel::grad_squares_exact(const std::function<bool(const nn::Parameter&)>& counted) {
+  ExactSquares sharded;
+  for (size_t i = 0; i < shard_params_.size(); ++i)
+    if (counted(*shard_param_models_[i]))
+      sharded.add(shard_params_[i]->grad.data<float>(), shard_params_[i]->grad.numel());
+  if (options_.stage != ZeroStage::no_shard) sharded = merged_over(*shard_, sharded);
+  if (replicate_) throw Unsupported("FullyShardedDataParallel::grad_squares_exact", "hybrid sharding", "");
+  for (nn::Parameter* p : replicated_)  // every rank holds them whole: counted once
+    if (counted(*p)) sharded.add(p->grad.data<float>(), p->grad.numel());
+  return sharded;
+}
+
 void FullyShardedDataParallel::after_step() {
   reshard();
   for (auto& u : units_) u->secondary = Tensor();  // hpZ: the parameters changed

@@ -274,6 +274,7 @@ class FullyShardedDataParallel final : public nn::ParamHook, public Parallelism 
   // replicated parameters counted once). Divide by a loss scale yourself.
   double grad_norm() override;
   std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) override;
+  ExactSquares grad_squares_exact(const std::function<bool(const nn::Parameter&)>& counted) override;
   // Call after an optimizer step that changed the parameters (see above).
   void after_step() override;
   // Zeroes the owned gradients (and the replicated ones).

@@ -19,6 +19,38 @@
 
 namespace meshtrain::parallel {
 
+ExactSquares Parallelism::grad_squares_exact(const std::function<bool(const nn::Parameter&)>&) {
+  throw Unsupported("the deterministic mode's gradient norm", describe(),
+                    "the mode's norm adds exact squares over data, fsdp and pipeline axes only");
+}
+
+namespace {
+
+// The squares of every element of `params` whose model parameter is counted.
+ExactSquares squares_of(const std::vector<nn::Parameter*>& params, const std::vector<nn::Parameter*>& models,
+                        const std::function<bool(const nn::Parameter&)>& counted) {
+  ExactSquares s;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (counted(*models[i]) && params[i]->grad.defined())
+      s.add(params[i]->grad.contiguous().data<float>(), params[i]->grad.numel());
+  return s;
+}
+
+}  // namespace
+
+// Collective over c: every rank's squares merged (integers: any order).
+ExactSquares merged_over(comm::Communicator& c, const ExactSquares& mine) {
+  if (c.size() == 1) return mine;
+  const std::vector<uint64_t> words = mine.words();
+  std::vector<uint64_t> all(words.size() * static_cast<size_t>(c.size()));
+  c.all_gather(words.data(), all.data(), words.size(), DType::i64);
+  ExactSquares out;
+  for (int r = 0; r < c.size(); ++r)
+    out.merge(ExactSquares::from_words(std::span<const uint64_t>(all).subspan(static_cast<size_t>(r) * words.size(),
+                                                                              words.size())));
+  return out;
+}
+
 // ---- DataParallel: replicated parameters, gradients all-reduced ----
 
 std::string DataParallel::describe() const { return fmt::format("data parallel {}", comm_->size()); }
@@ -39,6 +71,11 @@ std::pair<double, double> DataParallel::grad_sq_split(const std::function<bool(c
   std::vector<nn::Parameter*> a, b;
   for (nn::Parameter* p : params_) (first(*p) ? a : b).push_back(p);
   return {optim::local_sq_norm(a), optim::local_sq_norm(b)};
+}
+
+// Replicated: every rank holds every element; no communication.
+ExactSquares DataParallel::grad_squares_exact(const std::function<bool(const nn::Parameter&)>& counted) {
+  return squares_of(params_, params_, counted);
 }
 
 void DataParallel::after_step() {}  // the optimizer updated the model's own parameters

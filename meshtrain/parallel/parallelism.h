@@ -66,6 +66,7 @@
 #include <string>
 #include <vector>
 
+#include "meshtrain/core/exact_squares.h"
 #include "meshtrain/nn/module.h"
 
 namespace meshtrain::parallel {
@@ -111,6 +112,12 @@ class Parallelism {
   // parallelism adds the first part (its blocks) over the tensor axis and
   // counts the second (replicated parameters) once.
   virtual std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) = 0;
+  // Collective: the deterministic mode's squares (docs/determinism.md): the
+  // exact sum of the squares of every gradient element of the model
+  // parameters p where counted(p) holds, each element once, as one device
+  // holds them (core/exact_squares.h: the same bits on any layout). The
+  // default throws Unsupported (tensor and expert axes).
+  virtual ExactSquares grad_squares_exact(const std::function<bool(const nn::Parameter&)>& counted);
   // Collective: after an optimizer step changed optimizer_parameters(),
   // makes the model compute with the new values.
   virtual void after_step() = 0;
@@ -139,6 +146,10 @@ class Parallelism {
   // take part, but every rank lists the same names). Default: none.
   virtual std::vector<std::pair<std::string, comm::Communicator*>> own_communicators() const { return {}; }
 };
+
+// Collective over c: every rank's exact squares merged (integer sums: the
+// same result on every rank, whatever the order).
+ExactSquares merged_over(comm::Communicator& c, const ExactSquares& mine);
 
 // A strategy's once-per-step part for one more mesh axis around another
 // strategy (TensorParallel, ExpertParallel): every call goes to the inner

@@ -121,6 +121,14 @@ std::pair<double, double> PipelineParallel::grad_sq_split(const std::function<bo
   return {sq[0], std::max(0.0, sq[1])};
 }
 
+ExactSquares PipelineParallel::grad_squares_exact(const std::function<bool(const nn::Parameter&)>& counted) {
+  ExactSquares mine;
+  for (Stage& s : stages_)
+    mine.merge(s.strategy->grad_squares_exact(
+        [&](const nn::Parameter& p) { return counted(p) && !counted_elsewhere(s, p.name); }));
+  return merged_over(pp_, mine);
+}
+
 double PipelineParallel::grad_norm() {
   const auto [a, b] = grad_sq_split([](const nn::Parameter&) { return true; });
   return std::sqrt(a + b);

@@ -67,6 +67,7 @@ class PipelineParallel final : public Parallelism {
   bool grads_finite() override;
   double grad_norm() override;
   std::pair<double, double> grad_sq_split(const std::function<bool(const nn::Parameter&)>& first) override;
+  ExactSquares grad_squares_exact(const std::function<bool(const nn::Parameter&)>& counted) override;
   void after_step() override;
   void zero_grad() override;
   void gather_full_parameters() override;

@@ -63,7 +63,6 @@ void check_deterministic(TrainConfig& c, const mesh::NamedShape& mesh, const con
   if (dc.mixed_precision != DType::f32)
     refuse(fmt::format("precision {}", config::mixed_precision_name(dc.mixed_precision)),
            "the mode computes in fp32: drop --precision");
-  if (c.clip_norm > 0) refuse(fmt::format("clip_norm {}", c.clip_norm), "drop --clip-norm");
   if (!c.drop_last)
     refuse("drop_last = false (a partial last batch)", "keep --drop-last true: every step's batch is whole blocks");
   const int64_t rows = rows_per_sample(c);

@@ -518,7 +518,13 @@ class Run {
   // gives, see optim/optimizer.h).
   void apply_update(double s) {
     double factor = 1.0 / s;
-    if (tc_.clip_norm > 0) factor = optim::clip_factor(parallel_->grad_norm() / s, tc_.clip_norm) / s;
+    if (tc_.clip_norm > 0) {
+      // The deterministic mode: the norm from exact squares (the same bits on any layout).
+      const double norm =
+          tc_.deterministic ? std::sqrt(parallel_->grad_squares_exact([](const nn::Parameter&) { return true; }).value())
+                            : parallel_->grad_norm();
+      factor = optim::clip_factor(norm / s, tc_.clip_norm) / s;
+    }
     opt_->set_grad_scale(factor);
     opt_->step();
     parallel_->after_step();
