@@ -177,7 +177,7 @@ TEST(Determinism, LlamaLayoutsGiveTheSameBytes) {
 // from exact squares, the same on every layout.
 TEST(Determinism, ClippingGivesTheSameBytes) {
   for (const bool gpt : {false, true}) {
-    train::TrainConfig tc = gpt ? deterministic_gpt("clip") : deterministic_mlp("clip");
+    train::TrainConfig tc = gpt ? deterministic_gpt("clip_gpt") : deterministic_mlp("clip_mlp");
     tc.clip_norm = 0.05;
     const Outcome one = train_on(tc, 1);
     train::TrainConfig unclipped = tc;

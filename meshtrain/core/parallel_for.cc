@@ -18,11 +18,16 @@ void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, in
 #if defined(_OPENMP) && !defined(__SANITIZE_THREAD__)
   if (threads > 1) {
     const bool deterministic = deterministic_products();  // the caller's, in every range
+    // The deterministic mode: ranges start at multiples of kSplitAlign, so
+    // a vectorized kernel takes each element down the same path (its
+    // vector body or its tail) on any thread count.
+    const int64_t align = deterministic ? kSplitAlign : 1;
+    const auto at = [&](int64_t t) { return t == threads ? n : n * t / threads / align * align; };
 #pragma omp parallel for num_threads(static_cast<int>(threads)) schedule(static, 1)
     for (int64_t t = 0; t < threads; ++t) {
       const bool previous = deterministic_products();
       set_deterministic_products(deterministic);
-      fn(n * t / threads, n * (t + 1) / threads);
+      if (at(t) < at(t + 1)) fn(at(t), at(t + 1));
       set_deterministic_products(previous);
     }
     return;

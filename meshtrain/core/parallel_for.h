@@ -18,6 +18,9 @@
 namespace meshtrain {
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+// Under set_deterministic_products (core/matmul.h), parallel_for's ranges
+// start at multiples of this many elements (more than any vector width).
+inline constexpr int64_t kSplitAlign = 64;
 
 // The cores this process may run on: its affinity mask (hardware
 // concurrency when that cannot be read), at least 1.
