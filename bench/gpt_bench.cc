@@ -204,7 +204,8 @@ RankTimes run_rank(const GptBenchOptions& o, const GptBenchMesh& m, DType precis
                                       .unit_modules = units});
   else if (dp_comm != nullptr)
     wrapper = std::make_unique<parallel::DataParallel>(
-        gpt, *dp_comm, parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum, .deterministic = deterministic});
+        gpt, *dp_comm,
+        parallel::DataParallelOptions{.reduce = parallel::GradReduce::sum, .deterministic = deterministic});
   const std::vector<nn::Parameter*> params = wrapper ? wrapper->optimizer_parameters() : gpt.parameters();
   optim::AdamW opt(params, 1e-4, {0.9, 0.999}, 1e-8, 0.1);
   nn::CrossEntropyLoss ce;

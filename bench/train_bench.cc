@@ -149,7 +149,8 @@ TrainBenchResult run_train_bench(const TrainBenchOptions& o) {
     // phase of a shared machine hits both.
     nn::MLP model(mlp_config()), model16(mlp_config()), model_det(mlp_config());
     model16.set_compute_dtype(DType::bf16);
-    optim::AdamW opt(model.parameters(), 1e-3), opt16(model16.parameters(), 1e-3), opt_det(model_det.parameters(), 1e-3);
+    optim::AdamW opt(model.parameters(), 1e-3), opt16(model16.parameters(), 1e-3);
+    optim::AdamW opt_det(model_det.parameters(), 1e-3);
     nn::CrossEntropyLoss ce;
     Data d(o.batch, 0);
     // The deterministic mode as the trainer runs the MLP: blocks of 32 samples.
@@ -273,9 +274,10 @@ std::string format_train_bench(const TrainBenchResult& r, const TrainBenchOption
   s += fmt::format("  GEMM share of step   {:8.1f} %\n", 100 * r.gemm_bf16_ms / r.step_bf16_ms);
   if (const std::string note = gemm_dtype_note(DType::bf16); !note.empty()) s += fmt::format("  note: {}\n", note);
   if (r.step_deterministic_ms > 0)
-    s += fmt::format("  fp32 deterministic   {:8.3f} ms   ({:.0f} samples/s, {:.2f}x the fp32 step; blocks of 32 samples, "
-                     "docs/determinism.md)\n",
-                     r.step_deterministic_ms, o.batch / r.step_deterministic_ms * 1e3, r.step_deterministic_ms / r.step_ms);
+    s += fmt::format(
+        "  fp32 deterministic   {:8.3f} ms   ({:.0f} samples/s, {:.2f}x the fp32 step; blocks of 32 samples, "
+        "docs/determinism.md)\n",
+        r.step_deterministic_ms, o.batch / r.step_deterministic_ms * 1e3, r.step_deterministic_ms / r.step_ms);
   s += fmt::format("data parallel, {} samples per rank per step (threads engine, {} MiB buckets):\n", o.batch,
                    o.bucket_mb);
   s += fmt::format("  1 rank               {:8.0f} samples/s\n", r.dp1.samples_per_s);

@@ -155,8 +155,8 @@ TEST(DeterministicMatmul, AWeightGradientIsTheTreeOverBlocksWhateverTheSplit) {
   std::vector<Tensor> nodes;
   for (int s = 0; s < 3; ++s) {
     nodes.push_back(Tensor::zeros({m, n}, DType::f32));
-    matmul_tn_tree(x.narrow(0, 2 * block * s, 2 * block).contiguous(), dy.narrow(0, 2 * block * s, 2 * block).contiguous(),
-                   nodes.back(), block);
+    matmul_tn_tree(x.narrow(0, 2 * block * s, 2 * block).contiguous(),
+                   dy.narrow(0, 2 * block * s, 2 * block).contiguous(), nodes.back(), block);
   }
   std::vector<float*> ptrs = {nodes[0].data<float>(), nodes[1].data<float>(), nodes[2].data<float>()};
   tree_sum(ptrs, m * n);

@@ -506,15 +506,6 @@ void DataParallel::finish() {
     }
   }
   const auto waited = comm::Clock::now() - entered;
-  if (options_.deterministic) {
-    // A tied parameter's other users: each summed over the ranks on its own, then added.
-    for (nn::Parameter* p : params_)
-      for (const Tensor& other : nn::take_other_users(*p)) {
-        comm::tree_all_reduce(*comm_, other.data<float>(), static_cast<size_t>(other.numel()));
-        float* parts[] = {p->grad.data<float>(), other.data<float>()};
-        tree_sum(parts, other.numel());
-      }
-  }
 
   if (options_.reduce == GradReduce::avg && m > 1)
     for (Bucket& b : buckets_) scale(b.buffer, 1.0 / m);
@@ -523,6 +514,15 @@ void DataParallel::finish() {
     if (!s.copied) continue;
     params_[i]->grad.copy_from(s.view);
     s.copied = false;
+  }
+  if (options_.deterministic) {
+    // A tied parameter's other users: each summed over the ranks on its own, then added.
+    for (nn::Parameter* p : params_)
+      for (const Tensor& other : nn::take_other_users(*p)) {
+        comm::tree_all_reduce(*comm_, other.data<float>(), static_cast<size_t>(other.numel()));
+        float* parts[] = {p->grad.data<float>(), other.data<float>()};
+        tree_sum(parts, other.numel());
+      }
   }
 
   DataParallelStats& st = stats_;

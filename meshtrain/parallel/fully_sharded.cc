@@ -297,7 +297,8 @@ void FullyShardedDataParallel::build_units(nn::Module& model, const std::vector<
         u->master = alloc(u->shard, DType::f32, MemoryCategory::optimizer);
         u->master.copy_from(owned);  // exact f32 masters, not the rounded copies
       }
-      if (stage <= ZeroStage::zero1 || options_.deterministic) u->full_grad = alloc(u->padded, gd, MemoryCategory::gradients);
+      if (stage <= ZeroStage::zero1 || options_.deterministic)
+        u->full_grad = alloc(u->padded, gd, MemoryCategory::gradients);
       if (stage > ZeroStage::zero1) u->shard_grad = alloc(u->shard, gd, MemoryCategory::gradients);
       for (size_t i = 0; i < u->params.size(); ++i) {
         nn::Parameter* p = u->params[i];

@@ -52,7 +52,8 @@ void check_deterministic(TrainConfig& c, const mesh::NamedShape& mesh, const con
   if (c.model != "mlp" && c.model != "gpt")
     refuse(fmt::format("model '{}'", c.model), "the mode trains the MLP and the GPT so far");
   if (c.model == "gpt" && c.moe.experts > 0)
-    refuse(fmt::format("{} experts", c.moe.experts), "mixture-of-experts layers are not in the mode yet: drop --experts");
+    refuse(fmt::format("{} experts", c.moe.experts),
+           "mixture-of-experts layers are not in the mode yet: drop --experts");
   for (const std::string_view axis : {mesh::kTensor, mesh::kContext, mesh::kExpert, mesh::kNode})
     if (axis_size(mesh, axis) > 1)
       refuse(fmt::format("mesh {} has a {} axis", mesh.to_spec(), axis),

@@ -217,7 +217,8 @@ class Run {
   }
 
   void run() {
-    const nn::functional::DeterministicRowsScope deterministic(tc_.deterministic ? tc_.deterministic_block * rows_per_sample(tc_) : 0);
+    const nn::functional::DeterministicRowsScope deterministic(
+        tc_.deterministic ? tc_.deterministic_block * rows_per_sample(tc_) : 0);
     DistributedSampler sampler(train_.size(), tc_.batch_size, tc_.seed, tc_.drop_last, batch_comm_->rank(),
                                batch_comm_->size());
     const int64_t per_epoch = sampler.num_batches();
@@ -520,9 +521,9 @@ class Run {
     double factor = 1.0 / s;
     if (tc_.clip_norm > 0) {
       // The deterministic mode: the norm from exact squares (the same bits on any layout).
+      const auto all = [](const nn::Parameter&) { return true; };
       const double norm =
-          tc_.deterministic ? std::sqrt(parallel_->grad_squares_exact([](const nn::Parameter&) { return true; }).value())
-                            : parallel_->grad_norm();
+          tc_.deterministic ? std::sqrt(parallel_->grad_squares_exact(all).value()) : parallel_->grad_norm();
       factor = optim::clip_factor(norm / s, tc_.clip_norm) / s;
     }
     opt_->set_grad_scale(factor);
