@@ -77,6 +77,7 @@ double hidden(double comm, double exposed) { return comm > 0 ? std::clamp(1.0 - 
 
 struct DataParallel::Bucket {
   Tensor buffer;            // (numel) f32, the flat gradients of its slots
+  Tensor received;          // the deterministic mode's all_to_all receive buffer (more than one rank)
   std::vector<int> params;  // parameter indices, in slot order
   int pending = 0;          // slots not yet ready in this backward (last micro-batch)
   bool launched = false;
@@ -285,8 +286,15 @@ void DataParallel::build_buckets(const std::vector<nn::Parameter*>& params) {
     }
     bucket_info_[b].numel = numel;
     buckets_[b].params = groups[b];
+    // The deterministic mode's all_to_all sends the buffer in size() equal
+    // chunks: padded (with zeros) to a multiple of them, and a receive buffer.
+    const int64_t n = comm_->size();
+    const int64_t padded = options_.deterministic ? (numel + n - 1) / n * n : numel;
     buckets_[b].buffer =
-        Tensor::zeros({numel}, DType::f32, Device{}, options_.tracker, MemoryCategory::comm_buffers);
+        Tensor::zeros({padded}, DType::f32, Device{}, options_.tracker, MemoryCategory::comm_buffers);
+    if (options_.deterministic && n > 1)
+      buckets_[b].received =
+          Tensor::zeros({padded}, DType::f32, Device{}, options_.tracker, MemoryCategory::comm_buffers);
     for (int i : groups[b])
       slots_[i].view = buckets_[b].buffer.narrow(0, slots_[i].offset, params[i]->value.numel())
                            .view(params[i]->value.shape());
@@ -420,8 +428,11 @@ void DataParallel::launch(Bucket& b) {
   if (&b == &buckets_.front()) step_start_ = now;
   b.started = b.seen_incomplete = now;
   b.launched = true;
-  if (options_.deterministic) {  // summed in place now; b.work stays complete
-    comm::tree_all_reduce(*comm_, b.buffer.data<float>(), static_cast<size_t>(b.buffer.numel()));
+  if (options_.deterministic) {  // the all_to_all now, the tree and the all_gather in finish()
+    if (b.received.defined()) {
+      const size_t chunk = static_cast<size_t>(b.buffer.numel() / comm_->size());
+      b.work = comm_->all_to_all_async(b.buffer.data_ptr(), b.received.data_ptr(), chunk, DType::f32);
+    }
     return;
   }
   const comm::ReduceOp op = options_.reduce == GradReduce::sum ? comm::ReduceOp::sum : comm::ReduceOp::avg;
@@ -447,6 +458,22 @@ void DataParallel::poll() {
     }
     b.completed = comm::Clock::now();
     b.done = true;
+  }
+}
+
+// The deterministic mode, after every bucket's all_to_all: each rank sums
+// its chunk of every rank's bucket in the canonical tree over the ranks,
+// then an all_gather gives every rank every chunk (comm::tree_all_reduce's
+// steps, the first overlapped with backward).
+void DataParallel::complete_tree_reductions() {
+  const int n = comm_->size();
+  for (Bucket& b : buckets_) {
+    if (!b.received.defined()) continue;
+    const int64_t chunk = b.buffer.numel() / n;
+    std::vector<float*> parts;
+    for (int r = 0; r < n; ++r) parts.push_back(b.received.data<float>() + r * chunk);
+    tree_sum(parts, chunk);
+    comm_->all_gather(b.received.data_ptr(), b.buffer.data_ptr(), static_cast<size_t>(chunk), DType::f32);
   }
 }
 
@@ -505,6 +532,7 @@ void DataParallel::finish() {
       b.done = true;
     }
   }
+  if (options_.deterministic) complete_tree_reductions();
   const auto waited = comm::Clock::now() - entered;
 
   if (options_.reduce == GradReduce::avg && m > 1)

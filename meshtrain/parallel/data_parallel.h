@@ -85,8 +85,11 @@ struct DataParallelOptions {
   // the model's gradients when gradient_as_bucket_view is on. May be null.
   MemoryTracker* tracker = nullptr;
   // The deterministic mode (docs/determinism.md): each bucket is summed in
-  // the canonical tree over the ranks (comm::tree_all_reduce), when it is
-  // complete, before backward goes on (not overlapped); with reduce sum only.
+  // the canonical tree over the ranks (comm::tree_all_reduce's steps: its
+  // all_to_all starts when the bucket is complete, overlapped with the rest
+  // of backward; the tree and the all_gather run in finish()); buckets
+  // padded to a multiple of the ranks, and a receive buffer each (charged
+  // as comm_buffers); with reduce sum only.
   bool deterministic = false;
 };
 
@@ -255,6 +258,7 @@ class DataParallel final : public nn::ParamHook, public Parallelism {
   void launch(Bucket& b);
   void poll();
   std::vector<std::string> missing_parameters() const;
+  void complete_tree_reductions();
 
   nn::Module* model_;           // borrowed
   comm::Communicator* comm_;    // borrowed
