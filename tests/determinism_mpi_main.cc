@@ -42,6 +42,7 @@ int main(int, char** argv) {
   train::TrainConfig gpt;
   gpt.model = "gpt";
   gpt.corpus = "/usr/share/games/fortunes/computers";
+  gpt.text_cache = MESHTRAIN_TEXT_CACHE;  // the GPT tests' shared cache
   gpt.vocab = 512;
   gpt.context = 32;
   gpt.layers = 2;

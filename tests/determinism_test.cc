@@ -125,6 +125,7 @@ train::TrainConfig deterministic_gpt(const std::string& tag) {
   train::TrainConfig tc = deterministic_mlp(tag);
   tc.model = "gpt";
   tc.corpus = "/usr/share/games/fortunes/computers";
+  tc.text_cache = MESHTRAIN_TEXT_CACHE;  // the GPT tests' shared cache
   tc.vocab = 512;
   tc.context = 32;
   tc.layers = 2;
