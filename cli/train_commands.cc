@@ -96,13 +96,28 @@ int run_train(TrainFlags& f) {
   config::DistributedConfig dc =
       f.config.empty() ? config::DistributedConfig{} : config::DistributedConfig::from_toml_file(f.config);
   dc = dc.with_env(config::read_launcher_env());
+  std::vector<std::string> notes;  // a resumed run's new mesh
+  const int saved_data = dc.mesh_shape.empty() ? 1 : dc.mesh().size_of(mesh::kData);
   dc = config::apply_job_overrides(dc, {.engine = f.engine,
                                         .devices = f.devices,
                                         .mesh = f.mesh,
                                         .mixed_precision = f.mixed_precision,
                                         .precision = f.precision,
                                         .config_source = f.config,
-                                        .gloo_available = comm::engines().find("gloo") != nullptr});
+                                        .gloo_available = comm::engines().find("gloo") != nullptr,
+                                        .resuming = !tc.resume.empty(),
+                                        .notes = &notes});
+  // Resumed on fewer data ranks: each rank's share of the (unchanged) global
+  // batch grows; more micro-batches keep each micro-batch's size (and memory).
+  if (const int data = dc.mesh().size_of(mesh::kData); !notes.empty() && data < saved_data &&
+                                                         saved_data % data == 0 &&
+                                                         f.app->get_option("--micro-batches")->count() == 0) {
+    const int micro = tc.micro_batches * (saved_data / data);
+    notes.push_back(fmt::format("micro_batches = {} (was {}): each micro-batch keeps its size on {} data ranks "
+                                "instead of {}",
+                                micro, tc.micro_batches, data, saved_data));
+    tc.micro_batches = micro;
+  }
   const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
 
   const comm::LaunchOptions launch{.engine = dc.backend,
@@ -121,6 +136,7 @@ int run_train(TrainFlags& f) {
                idle_waits_summary());
     if (const std::string note = openblas_core_note(); !note.empty()) fmt::print("# note: {}\n", note);
     fmt::print("{}", resolved.config.to_toml());
+    for (const auto& note : notes) fmt::print("# {}\n", note);
     for (const auto& note : resolved.notes) fmt::print("# {}\n", note);
     fmt::print("\n[distributed]\n# (resolved)\n{}\n\n", dc.to_string());
     const mesh::NamedShape m = dc.mesh();

@@ -74,6 +74,26 @@ DistributedConfig apply_job_overrides(DistributedConfig dc, const JobOverrides& 
       set_field(dc, "num_processes_per_node", n, "--mesh");
     }
   }
+  if (o.resuming && o.mesh.empty() && !dc.mesh_shape.empty()) {
+    const mesh::NamedShape saved = dc.mesh();
+    int64_t positions = 1;
+    for (int size : saved.shape) positions *= size;
+    if (positions != dc.world_size) {
+      const std::optional<mesh::NamedShape> resized = mesh::resize_data_axis(saved, dc.world_size);
+      if (!resized)
+        throw InvalidArgument("--mesh",
+                              fmt::format("the run was saved on mesh {} ({} devices); its axes other than data do "
+                                          "not divide the {} devices it resumes on",
+                                          saved.to_spec(), positions, dc.world_size),
+                              fmt::format("give --mesh for {} devices (the checkpoint reshards onto any mesh)",
+                                          dc.world_size));
+      dc.set_mesh(*resized);
+      if (o.notes != nullptr)
+        o.notes->push_back(fmt::format("resuming on {} devices: mesh {} -> {} (the data axis takes the change; "
+                                       "the global batch stays)",
+                                       dc.world_size, saved.to_spec(), resized->to_spec()));
+    }
+  }
   require_trainable_mesh(dc, !o.mesh.empty()             ? std::string_view("--mesh")
                              : o.config_source.empty() ? std::string_view("configuration")
                                                        : std::string_view(o.config_source));

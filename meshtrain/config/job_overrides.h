@@ -13,6 +13,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "meshtrain/config/distributed_config.h"
 
@@ -30,6 +31,12 @@ struct JobOverrides {
   // Whether the gloo engine is built in (comm::engines().find("gloo")):
   // torchrun's workers default to it, as torch picks gloo for CPU tensors.
   bool gloo_available = false;
+  // A resumed run (--resume, or a launcher's restart): when no mesh is
+  // given and the configuration's mesh does not fit the world size (fewer
+  // or more devices than it was saved on), the data axis takes the change
+  // (mesh::resize_data_axis) and `notes` says so.
+  bool resuming = false;
+  std::vector<std::string>* notes = nullptr;
 };
 
 // dc with the overrides applied, reconciled and validated:
@@ -41,6 +48,9 @@ struct JobOverrides {
 // - only the known axes (mesh::kKnownAxes) of size > 1 (named before
 //   validate() would suggest a size setting that leads to the same refusal);
 // - the mesh's tensor, pipeline and context axes set those parallel sizes;
+// - a resumed run whose mesh does not fit the world size: the data axis
+//   resized (InvalidArgument naming --mesh when the other axes do not
+//   divide the devices);
 // - at most comm::kMaxThreadsRanks simulated devices;
 // - mixed_precision and precision, when both are given, agree.
 // Errors (InvalidArgument, Unsupported) name the flag (--engine, --devices,

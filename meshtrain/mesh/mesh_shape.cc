@@ -105,6 +105,27 @@ std::vector<int> get_optimal_mesh_shape(int n, int dims) {
   return *best;
 }
 
+std::optional<NamedShape> resize_data_axis(const NamedShape& m, int world_size) {
+  if (world_size < 1)
+    throw InvalidArgument("resize_data_axis", fmt::format("world size {}", world_size), "need at least 1 device");
+  int64_t others = 1;
+  for (size_t i = 0; i < m.shape.size(); ++i)
+    if (m.axis_names[i] != kData) others *= m.shape[i];
+  if (world_size % others != 0) return std::nullopt;
+  const int data = static_cast<int>(world_size / others);
+  NamedShape out = m;
+  for (size_t i = 0; i < out.shape.size(); ++i)
+    if (out.axis_names[i] == kData) {
+      out.shape[i] = data;
+      return out;
+    }
+  if (data == 1) return out;
+  const size_t at = !out.axis_names.empty() && out.axis_names.front() == kPipeline ? 1 : 0;
+  out.axis_names.insert(out.axis_names.begin() + static_cast<std::ptrdiff_t>(at), std::string(kData));
+  out.shape.insert(out.shape.begin() + static_cast<std::ptrdiff_t>(at), data);
+  return out;
+}
+
 std::vector<int> divisors(int n) {
   std::vector<int> small, large;
   for (int d = 1; static_cast<int64_t>(d) * d <= n; ++d) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,16 @@ struct NamedShape {
 // Checks the syntax only (names non-empty, sizes positive integers); use
 // validate_mesh_config for the rest. Throws InvalidArgument naming the bad token.
 NamedShape parse_mesh_spec(std::string_view spec);
+
+// A mesh for `world_size` devices that keeps every axis of `m` but the data
+// axis, which takes what is left (an elastic restart on more or fewer
+// devices: the tensor, pipeline, context, expert, fsdp and node sizes are
+// the run's fixed choices). A mesh without a data axis gains one, after a
+// pipeline axis or first (kMeshAxisOrder), unless it would have size 1.
+// nullopt when the other axes' product does not divide world_size (>= 1).
+//   (data=4,tensor=2, 4) -> data=2,tensor=2    (tensor=2, 8) -> data=4,tensor=2
+//   (data=2,tensor=4, 2) -> nullopt
+std::optional<NamedShape> resize_data_axis(const NamedShape& m, int world_size);
 
 // The divisors of n >= 1, ascending: the sizes an axis of an n-device mesh
 // can take.

@@ -148,3 +148,22 @@ TEST(ParseMeshSpec, ParsesAndRejects) {
 
 }  // namespace
 }  // namespace meshtrain::mesh
+
+namespace meshtrain::mesh {
+namespace {
+
+TEST(ResizeDataAxis, TheDataAxisTakesWhatTheFixedAxesLeave) {
+  const auto spec = [](const std::optional<NamedShape>& m) { return m ? m->to_spec() : std::string("none"); };
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("data=4,tensor=2"), 4)), "data=2,tensor=2");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("data=2,tensor=2"), 2)), "data=1,tensor=2");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("data=4"), 6)), "data=6");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("tensor=2"), 8)), "data=4,tensor=2");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("pipeline=2,fsdp=2"), 8)), "pipeline=2,data=2,fsdp=2");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("tensor=2"), 2)), "tensor=2");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("data=2,tensor=4"), 2)), "none");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("fsdp=2,pipeline=2"), 6)), "none");
+  EXPECT_THROW(resize_data_axis(parse_mesh_spec("data=2"), 0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshtrain::mesh
