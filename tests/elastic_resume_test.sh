@@ -23,6 +23,8 @@ fail() {
   { cat "$tmp/resume.out"; fail "the resume on 2 devices failed"; }
 grep -q "resuming on 2 devices: mesh data=4 -> data=2" "$tmp/resume.out" || { cat "$tmp/resume.out"; fail "no re-planned mesh"; }
 grep -q "micro_batches = 2 (was 1)" "$tmp/resume.out" || fail "the micro-batches did not double"
+grep -q '"event":"layout_change".*"from":"mesh data=4 (data parallel 4)".*"to":"mesh data=2 (data parallel 2)"' \
+  "$tmp/run/metrics.jsonl" || { grep layout "$tmp/run/metrics.jsonl"; fail "metrics.jsonl has no layout_change line"; }
 cmp -s "$tmp/ref/model.safetensors" "$tmp/run/model.safetensors" || fail "the resumed model differs from the uninterrupted run's"
 "$meshtrain" checksums "$tmp/ref" "$tmp/run" || fail "the checksum logs differ"
 # Axes that do not divide the devices: refused, naming --mesh.

@@ -237,6 +237,11 @@ class Run {
     std::unique_ptr<MetricsLog> log;
     if (main_) {
       log = std::make_unique<MetricsLog>(shared_.dir->file("metrics.jsonl"), resumed);
+      // A resume on another layout (another mesh or strategy, e.g. fewer
+      // devices after a failure) is a line of its own.
+      if (const std::string now = layout_summary(); resumed && now != resumed_from_)
+        log->write({{"step", static_cast<double>(*resumed)}},
+                   {{"event", "layout_change"}, {"from", resumed_from_}, {"to", now}, {"reason", "resumed"}});
       const std::string steps =
           total < full ? fmt::format("{} epochs x {} batches of {} samples = {} steps, stopping at step {} (max_steps)",
                                      tc_.epochs, per_epoch, tc_.batch_size, full, total)
@@ -559,6 +564,12 @@ class Run {
                             hint);
   }
 
+  // "mesh data=2 (data parallel 2)": what a checkpoint records as saved_from.
+  std::string layout_summary() const {
+    return fmt::format("mesh {} ({})", mesh::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
+                       parallel_->describe());
+  }
+
   internal::ResumePoint resume_point(int64_t step) const {
     internal::ResumePoint p{.step = step,
                             .skipped_steps = skipped_,
@@ -566,9 +577,7 @@ class Run {
                             .optimizer_steps = updates_,
                             .scaler = std::nullopt,
                             .model = tc_.model,
-                            .saved_from = fmt::format("mesh {} ({})",
-                                                      mesh::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
-                                                      parallel_->describe()),
+                            .saved_from = layout_summary(),
                             .dir = ""};
     if (scaler_) p.scaler = scaler_->state();
     return p;
@@ -616,6 +625,7 @@ class Run {
     skipped_ = point.skipped_steps;
     consecutive_skips_ = point.consecutive_skips;
     updates_ = point.optimizer_steps;
+    resumed_from_ = point.saved_from;
     if (main_) fmt::print("resumed from {} (step {}, saved on {})\n", point.dir, point.step, point.saved_from);
     return point.step;
   }
@@ -838,6 +848,7 @@ class Run {
   int64_t updates_ = 0;  // optimizer updates applied (skipped steps excluded)
   comm::Communicator* world_;
   std::string checkpoints_;  // <staging>/checkpoints, on every rank
+  std::string resumed_from_;  // a resumed run: the layout its checkpoint was saved on
   std::unique_ptr<internal::CheckpointWriter> writer_;  // the checkpoints' saves
   bool stop_after_step_ = false;  // a stop request reached some rank during this step
   DType compute_dtype_ = DType::f32;  // what the layers' products run in
