@@ -17,15 +17,17 @@ fail() {
 }
 "$meshtrain" "${args[@]}" --mesh data=4 --max-steps 20 --run-dir "$tmp/ref" >"$tmp/ref.out" 2>&1 ||
   { cat "$tmp/ref.out"; fail "the uninterrupted run failed"; }
-"$meshtrain" "${args[@]}" --mesh data=4 --max-steps 10 --checkpoint-every 10 --run-dir "$tmp/run" >"$tmp/first.out" 2>&1 ||
-  { cat "$tmp/first.out"; fail "the first part failed"; }
+"$meshtrain" "${args[@]}" --mesh data=4 --max-steps 10 --checkpoint-every 10 --run-dir "$tmp/run" \
+  >"$tmp/first.out" 2>&1 || { cat "$tmp/first.out"; fail "the first part failed"; }
 "$meshtrain" train --resume "$tmp/run" --devices 2 --max-steps 20 >"$tmp/resume.out" 2>&1 ||
   { cat "$tmp/resume.out"; fail "the resume on 2 devices failed"; }
-grep -q "resuming on 2 devices: mesh data=4 -> data=2" "$tmp/resume.out" || { cat "$tmp/resume.out"; fail "no re-planned mesh"; }
+grep -q "resuming on 2 devices: mesh data=4 -> data=2" "$tmp/resume.out" ||
+  { cat "$tmp/resume.out"; fail "no re-planned mesh"; }
 grep -q "micro_batches = 2 (was 1)" "$tmp/resume.out" || fail "the micro-batches did not double"
 grep -q '"event":"layout_change".*"from":"mesh data=4 (data parallel 4)".*"to":"mesh data=2 (data parallel 2)"' \
   "$tmp/run/metrics.jsonl" || { grep layout "$tmp/run/metrics.jsonl"; fail "metrics.jsonl has no layout_change line"; }
-cmp -s "$tmp/ref/model.safetensors" "$tmp/run/model.safetensors" || fail "the resumed model differs from the uninterrupted run's"
+cmp -s "$tmp/ref/model.safetensors" "$tmp/run/model.safetensors" ||
+  fail "the resumed model differs from the uninterrupted run's"
 "$meshtrain" checksums "$tmp/ref" "$tmp/run" || fail "the checksum logs differ"
 # Axes that do not divide the devices: refused, naming --mesh.
 "$meshtrain" train --hidden 64,32 --batch-size 64 --mesh data=2,pipeline=2 --max-steps 5 --checkpoint-every 5 \
@@ -33,5 +35,6 @@ cmp -s "$tmp/ref/model.safetensors" "$tmp/run/model.safetensors" || fail "the re
 if "$meshtrain" train --resume "$tmp/pp" --devices 3 --max-steps 10 >"$tmp/pp3.out" 2>&1; then
   fail "a pipeline=2 run resumed on 3 devices"
 fi
-grep -q "give --mesh for 3 devices" "$tmp/pp3.out" || { cat "$tmp/pp3.out"; fail "the refusal does not say how to fix it"; }
+grep -q "give --mesh for 3 devices" "$tmp/pp3.out" ||
+  { cat "$tmp/pp3.out"; fail "the refusal does not say how to fix it"; }
 echo "PASS: elastic resume: data=4 -> data=2, identical bytes and checksums; pipeline=2 on 3 devices refused"
