@@ -8,23 +8,13 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "meshtrain/config/distributed_config.h"
 #include "meshtrain/core/cpu_isa.h"
 #include "meshtrain/train/trainer.h"
+#include "tests/determinism.h"
 
 using namespace meshtrain;
-
-namespace {
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-}  // namespace
 
 int main(int, char** argv) {
   meshtrain::prepare_libraries(argv);
@@ -34,29 +24,8 @@ int main(int, char** argv) {
   dc.backend = engine;
   dc.mesh_shape = {dc.world_size};
   dc.mesh_axis_names = {"data"};
-  train::TrainConfig mlp;
-  mlp.hidden = {128, 64, 32};
-  mlp.dropout = 0.1;
-  mlp.batch_size = 128;
-  mlp.deterministic_block = 16;
-  train::TrainConfig gpt;
-  gpt.model = "gpt";
-  gpt.corpus = "/usr/share/games/fortunes/computers";
-  gpt.text_cache = MESHTRAIN_TEXT_CACHE;  // the GPT tests' shared cache
-  gpt.vocab = 512;
-  gpt.context = 32;
-  gpt.layers = 2;
-  gpt.heads = 2;
-  gpt.width = 64;
-  gpt.dropout = 0.1;
-  gpt.batch_size = 8;
   int bad = 0;
-  for (train::TrainConfig tc : {mlp, gpt}) {
-    tc.deterministic = true;
-    tc.max_steps = 20;
-    tc.epochs = 1;
-    tc.log_every = 1000;
-    tc.threads_per_rank = 1;
+  for (train::TrainConfig tc : {testing::deterministic_mlp("mlp"), testing::deterministic_gpt("gpt")}) {
     const auto tmp = std::filesystem::temp_directory_path();
     tc.run_dir = (tmp / ("meshtrain_determinism_engine_" + tc.model)).string();
     tc.overwrite = true;
@@ -72,8 +41,8 @@ int main(int, char** argv) {
       fmt::print(stderr, "FAIL: {}: the per-step losses differ ({} and {} steps)\n", tc.model, got.step_losses.size(),
                  ref.step_losses.size());
     }
-    const std::string a = read_bytes(tc.run_dir + "/model.safetensors");
-    if (a.empty() || a != read_bytes(one.run_dir + "/model.safetensors"))
+    const std::string a = testing::read_bytes(tc.run_dir + "/model.safetensors");
+    if (a.empty() || a != testing::read_bytes(one.run_dir + "/model.safetensors"))
       ++wrong, fmt::print(stderr, "FAIL: {}: model.safetensors differs from one device's\n", tc.model);
     fmt::print("{}: {} data parallel ({} ranks) vs 1 rank, deterministic, 20 steps: {}\n", tc.model,
                comm::engine_name(engine), dc.world_size, wrong ? "FAIL" : "PASS (identical bytes)");

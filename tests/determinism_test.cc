@@ -14,13 +14,13 @@
 
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "meshtrain/core/error.h"
 #include "meshtrain/testing/parity.h"
+#include "tests/determinism.h"
 #include "meshtrain/train/trainer.h"
 
 namespace meshtrain {
@@ -31,27 +31,9 @@ struct Outcome {
   std::string model;  // model.safetensors' bytes
 };
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-train::TrainConfig deterministic_mlp(const std::string& tag) {
-  train::TrainConfig tc;
-  tc.model = "mlp";
-  tc.hidden = {128, 64, 32};  // 4 layers: 4 stages for the interleaved schedule
-  tc.dropout = 0.1;  // masks keyed by global sample: the same on any split
-  tc.batch_size = 128;
-  tc.deterministic = true;
-  tc.deterministic_block = 16;  // 8 blocks: one per rank on data=8
-  tc.max_steps = 20;
-  tc.epochs = 1;
-  tc.log_every = 1000;
-  tc.threads_per_rank = 1;
-  tc.run_dir = (std::filesystem::temp_directory_path() / ("meshtrain_determinism_" + tag)).string();
-  tc.overwrite = true;
-  return tc;
-}
+using testing::deterministic_gpt;
+using testing::deterministic_mlp;
+using testing::read_bytes;
 
 // On a mesh spec ("data=2,fsdp=2"; "" = one device), or on `ranks` data ranks.
 Outcome train_on(const train::TrainConfig& tc, const std::string& mesh) {
@@ -117,24 +99,6 @@ TEST(Determinism, PipelineSchedulesAndMicroBatchesGiveTheSameBytes) {
     expect_identical(train_on(tc, "data=2,fsdp=2,pipeline=2"), one,
                      fmt::format("data=2 x fsdp=2 ({}) x pipeline=2", stage));
   }
-}
-
-// A small GPT-2 (and Llama) on the fortunes: 8 samples of 32 tokens, one
-// sample per block (32 rows).
-train::TrainConfig deterministic_gpt(const std::string& tag) {
-  train::TrainConfig tc = deterministic_mlp(tag);
-  tc.model = "gpt";
-  tc.corpus = "/usr/share/games/fortunes/computers";
-  tc.text_cache = MESHTRAIN_TEXT_CACHE;  // the GPT tests' shared cache
-  tc.vocab = 512;
-  tc.context = 32;
-  tc.layers = 2;
-  tc.heads = 2;
-  tc.width = 64;
-  tc.dropout = 0.1;  // masks keyed by global sample
-  tc.batch_size = 8;
-  tc.deterministic_block = 0;  // resolved: 1 sample of 32 rows
-  return tc;
 }
 
 TEST(Determinism, GptLayoutsGiveTheSameBytes) {

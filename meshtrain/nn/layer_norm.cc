@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/ops.h"
 #include "meshtrain/nn/deterministic.h"
 #include "meshtrain/nn/functional.h"
 #include "meshtrain/nn/internal/buffers.h"
@@ -96,12 +97,11 @@ void LayerNorm::do_backward_weight(Saved& saved) {
   internal::check_param_grad(weight_.grad, op, weight_.name);
   internal::check_param_grad(bias_.grad, op, bias_.name);
   const TreeNode node = call_node(saved.batch, st.shape.size() > 1 ? st.shape[0] : 1);
-  if (node.count > 0) {  // the deterministic mode: each gradient its own node
-    add_gradient(bias_, 0, node, [&](const Tensor& g) {
-      functional::layer_norm_backward_weight(st.dy, st.xhat, Tensor::zeros({dim_}, DType::f32), g);
-    });
-    add_gradient(weight_, 0, node,
-                 [&](const Tensor& g) { functional::layer_norm_backward_weight(st.dy, st.xhat, g, Tensor()); });
+  if (node.count > 0) {  // the deterministic mode: both sums in one pass, then each its own node
+    const Tensor dgamma = Tensor::zeros({dim_}, DType::f32), dbeta = Tensor::zeros({dim_}, DType::f32);
+    functional::layer_norm_backward_weight(st.dy, st.xhat, dgamma, dbeta);
+    add_gradient(bias_, 0, node, [&](const Tensor& g) { accumulate(dbeta, g); });
+    add_gradient(weight_, 0, node, [&](const Tensor& g) { accumulate(dgamma, g); });
   } else {
     functional::layer_norm_backward_weight(st.dy, st.xhat, weight_.grad, bias_.grad);
   }

@@ -739,43 +739,6 @@ void FullyShardedDataParallel::finish_deterministic() {
   window_count_ = 1;
 }
 
-bool FullyShardedDataParallel::grads_finite() {
-  int32_t bad = optim::grads_finite(optimizer_parameters()) ? 0 : 1;
-  shard_->all_reduce(&bad, &bad, 1, DType::i32, comm::ReduceOp::max);
-  if (replicate_) replicate_->all_reduce(&bad, &bad, 1, DType::i32, comm::ReduceOp::max);
-  return bad == 0;
-}
-
-double FullyShardedDataParallel::grad_norm() {
-  std::vector<nn::Parameter*> sharded;
-  for (auto& sp : shard_params_) sharded.push_back(sp.get());
-  double sq = optim::local_sq_norm(sharded);
-  if (options_.stage != ZeroStage::no_shard) shard_->all_reduce(&sq, &sq, 1, DType::f64, comm::ReduceOp::sum);
-  return std::sqrt(sq + optim::local_sq_norm(replicated_));
-}
-
-std::pair<double, double> FullyShardedDataParallel::grad_sq_split(
-    const std::function<bool(const nn::Parameter&)>& first) {
-  std::vector<nn::Parameter*> sa, sb, ra, rb;
-  for (size_t i = 0; i < shard_params_.size(); ++i) (first(*shard_param_models_[i]) ? sa : sb).push_back(shard_params_[i].get());
-  for (nn::Parameter* p : replicated_) (first(*p) ? ra : rb).push_back(p);
-  double sq[2] = {optim::local_sq_norm(sa), optim::local_sq_norm(sb)};
-  if (options_.stage != ZeroStage::no_shard) shard_->all_reduce(sq, sq, 2, DType::f64, comm::ReduceOp::sum);
-  return {sq[0] + optim::local_sq_norm(ra), sq[1] + optim::local_sq_norm(rb)};
-}
-
-ExactSquares FullyShardedDataParallel::grad_squares_exact(const std::function<bool(const nn::Parameter&)>& counted) {
-  ExactSquares sharded;
-  for (size_t i = 0; i < shard_params_.size(); ++i)
-    if (counted(*shard_param_models_[i]))
-      sharded.add(shard_params_[i]->grad.data<float>(), shard_params_[i]->grad.numel());
-  if (options_.stage != ZeroStage::no_shard) sharded = merged_over(*shard_, sharded);
-  if (replicate_) throw Unsupported("FullyShardedDataParallel::grad_squares_exact", "hybrid sharding", "");
-  for (nn::Parameter* p : replicated_)  // every rank holds them whole: counted once
-    if (counted(*p)) sharded.add(p->grad.data<float>(), p->grad.numel());
-  return sharded;
-}
-
 void FullyShardedDataParallel::after_step() {
   reshard();
   for (auto& u : units_) u->secondary = Tensor();  // hpZ: the parameters changed
