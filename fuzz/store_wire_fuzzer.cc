@@ -40,7 +40,10 @@ int connect_to(uint16_t port) {
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  check(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  // connect_within: libFuzzer's SIGALRM (its -timeout watchdog) may interrupt the connect.
+  int err = 0;
+  check(internal::connect_within(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a),
+                                 Clock::now() + std::chrono::seconds(5), &err) == internal::IoResult::ok);
   return fd;
 }
 

@@ -8,12 +8,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -381,6 +383,54 @@ TEST(TcpStoreHostile, ALongFirstFrameIsRefusedUnread) {
   ::close(fd);
   std::this_thread::sleep_for(50ms);
   (void)::testing::internal::GetCapturedStderr();
+}
+
+// A connect that a signal interrupts (EINTR) still connects: the kernel
+// goes on with it and connect_within waits for the outcome. The listener's
+// accept queue is full (backlog 0, one connection queued), so the second
+// connect waits for its SYN's retransmission (1 s) while SIGUSR1 arrives;
+// a slot is freed after the signal.
+TEST(ConnectWithin, ASignalDuringTheConnectDoesNotFailIt) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), len), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int first = raw_connect(ntohs(a.sin_port));  // fills the queue
+  ASSERT_GE(first, 0);
+
+  struct sigaction quiet {}, old{};
+  quiet.sa_handler = [](int) {};
+  sigemptyset(&quiet.sa_mask);
+  quiet.sa_flags = 0;  // no SA_RESTART: the interrupted call returns EINTR
+  ASSERT_EQ(::sigaction(SIGUSR1, &quiet, &old), 0);
+  const pthread_t me = ::pthread_self();
+  std::thread poke([&] {
+    std::this_thread::sleep_for(200ms);
+    ::pthread_kill(me, SIGUSR1);
+    std::this_thread::sleep_for(200ms);
+    ::close(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));  // room for the retransmitted SYN
+  });
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int err = 0;
+  const auto r = internal::connect_within(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a), Clock::now() + 10s, &err);
+  poke.join();
+  ::sigaction(SIGUSR1, &old, nullptr);
+  EXPECT_EQ(r, internal::IoResult::ok) << std::strerror(err);
+  ::close(fd);
+  ::close(first);
+
+  // Refused and timed-out connects say so.
+  const int gone = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ::close(listener);
+  EXPECT_EQ(internal::connect_within(gone, reinterpret_cast<sockaddr*>(&a), sizeof(a), Clock::now() + 2s, &err),
+            internal::IoResult::error);
+  EXPECT_EQ(err, ECONNREFUSED);
+  ::close(gone);
 }
 
 // 10,000 connections that never authenticate (5,000 idle, 5,000 that send

@@ -44,27 +44,13 @@ int try_connect(const addrinfo& a, Clock::time_point deadline, int* err) {
     *err = errno;
     return -1;
   }
-  if (::connect(fd, a.ai_addr, a.ai_addrlen) != 0) {
-    if (errno != EINPROGRESS) {
-      *err = errno;
-      ::close(fd);
-      return -1;
-    }
-    pollfd p{fd, POLLOUT, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    int rc;
-    do {
-      rc = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left, 1, 1000)));
-    } while (rc < 0 && errno == EINTR);
-    int so_error = rc == 0 ? ETIMEDOUT : 0;
-    socklen_t len = sizeof(so_error);
-    if (rc > 0) ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len);
-    if (rc < 0) so_error = errno;
-    if (so_error != 0) {
-      *err = so_error;
-      ::close(fd);
-      return -1;
-    }
+  // An attempt waits at most a second: the caller retries with backoff.
+  const auto attempt = std::min(deadline, Clock::now() + std::chrono::seconds(1));
+  const internal::IoResult r = internal::connect_within(fd, a.ai_addr, a.ai_addrlen, attempt, err);
+  if (r != internal::IoResult::ok) {
+    if (r == internal::IoResult::timeout) *err = ETIMEDOUT;
+    ::close(fd);
+    return -1;
   }
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

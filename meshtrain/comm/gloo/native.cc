@@ -32,6 +32,7 @@
 #include "meshtrain/comm/gloo/internal/channel.h"
 #include "meshtrain/comm/gloo/internal/peer_listener.h"
 #include "meshtrain/comm/gloo/internal/world.h"
+#include "meshtrain/comm/internal/tcp_store_wire.h"
 #include "meshtrain/core/error.h"
 
 namespace meshtrain::comm::gloo {
@@ -311,9 +312,14 @@ class TcpPeer final : public PeerCollectives {
       std::memcpy(hello.secret.data(), value.data(), hello.secret.size());
       Fd fd(::socket(a.ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
       if (fd.get() < 0) throw_errno("socket");
-      if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(value.data() + hello.secret.size()),
-                    static_cast<socklen_t>(value.size() - hello.secret.size())) != 0)
+      int err = 0;
+      const comm::internal::IoResult r = comm::internal::connect_within(
+          fd.get(), reinterpret_cast<const sockaddr*>(value.data() + hello.secret.size()),
+          static_cast<socklen_t>(value.size() - hello.secret.size()), Clock::now() + timeout, &err);
+      if (r != comm::internal::IoResult::ok) {
+        errno = r == comm::internal::IoResult::timeout ? ETIMEDOUT : err;
         throw_errno(fmt::format("connecting to rank {}", p));
+      }
       write_all(fd.get(), &hello, sizeof(hello), p, timeout);
       fds_[static_cast<size_t>(p)] = std::move(fd);
     }

@@ -134,6 +134,22 @@ IoResult wait_ready(int fd, short events, std::chrono::steady_clock::time_point 
 
 }  // namespace
 
+IoResult connect_within(int fd, const sockaddr* addr, socklen_t len, std::chrono::steady_clock::time_point deadline,
+                        int* err) {
+  if (::connect(fd, addr, len) == 0) return IoResult::ok;
+  if (errno != EINTR && errno != EINPROGRESS) {
+    *err = errno;
+    return IoResult::error;
+  }
+  if (IoResult r = wait_ready(fd, POLLOUT, deadline, err); r != IoResult::ok) return r;
+  int so_error = 0;
+  socklen_t n = sizeof(so_error);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &n) != 0) so_error = errno;
+  if (so_error == 0) return IoResult::ok;
+  *err = so_error;
+  return IoResult::error;
+}
+
 IoResult send_all(int fd, std::string_view data, std::chrono::steady_clock::time_point deadline, int* err) {
   size_t off = 0;
   while (off < data.size()) {

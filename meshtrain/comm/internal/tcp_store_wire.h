@@ -21,6 +21,8 @@
 // after every connect.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -84,6 +86,13 @@ class FrameReader {
 
 // Blocking I/O on a socket with a deadline (poll). Results:
 enum class IoResult { ok, closed, timeout, error };
+// connect(2) on a blocking or non-blocking socket, its outcome awaited with
+// poll until the deadline: a connect that a signal interrupts (EINTR) or
+// that is in progress (EINPROGRESS) goes on in the kernel, so its result is
+// read from SO_ERROR rather than the call's errno. error: *err = the cause
+// (ECONNREFUSED, ...).
+IoResult connect_within(int fd, const sockaddr* addr, socklen_t len, std::chrono::steady_clock::time_point deadline,
+                        int* err);
 IoResult send_all(int fd, std::string_view data, std::chrono::steady_clock::time_point deadline, int* err);
 IoResult recv_exact(int fd, char* out, size_t n, std::chrono::steady_clock::time_point deadline, int* err);
 // Reads one frame's body (length checked against kMaxFrameBytes; error,
