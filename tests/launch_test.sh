@@ -14,6 +14,13 @@
 #              hello are held on the launcher's store port: it still succeeds
 #   two_nodes  two launchers (--nnodes 2, one token, loopback): RANK 0..3;
 #              then a failure on node 1 stops node 0's workers
+#   elastic_shrink  --nnodes 1:2: node 1's launcher is killed (-9); node 0
+#              misses its heartbeat, restarts alone (WORLD_SIZE 1) and
+#              tells its worker why; exit 0
+#   elastic_grow    --nnodes 1:2: node 0 runs alone; node 1 starts and the
+#              job regroups onto 2 nodes (not counted as a restart)
+#   elastic_too_few --nnodes 2:3 with one node: the round's deadline stops
+#              the job with an error naming MIN
 #   tests/launch_test.sh path/to/meshtrain scenario
 set -u
 MT=$1
@@ -56,6 +63,35 @@ wait_for_lines() {
 }
 now() { date +%s.%N; }
 elapsed() { awk -v t0="$1" -v t1="$(now)" 'BEGIN { printf "%.1f", t1 - t0 }'; }
+
+# Multi-node scenarios: one job token ($job_token); $1: port, $2: node rank, $3: output
+# file, rest: the command. NODE_FLAGS: the job's shape (every node the same).
+job_token=launch-test-$RANDOM$RANDOM
+NODE_FLAGS=(--nnodes 2 --nproc-per-node 2)
+node() {
+  local port=$1 rank=$2 out=$3
+  shift 3
+  MESHTRAIN_JOB_TOKEN=$job_token "$MT" launch "${NODE_FLAGS[@]}" --node-rank "$rank" --master-port "$port" \
+    --join-timeout 20 --kill-timeout 2 -- "$@" > "$out" 2>&1
+}
+# Starts node 0 in the background on a free port ($port, $node0): node 0
+# says when it cannot listen; another port is tried.
+start_node0() {
+  for _ in 1 2 3 4 5; do
+    port=$((20000 + RANDOM % 40000))
+    node "$port" 0 "$tmp/node0.out" "$@" &
+    node0=$!
+    launchers+=("$node0")
+    sleep 0.3
+    grep -q "another process uses this port" "$tmp/node0.out" || return 0
+    wait "$node0"
+  done
+  fail "no free port found"
+}
+# The worker of the elastic scenarios: a line with its place; in round 0 it
+# sleeps (until stopped), in later rounds it ends at once.
+elastic_worker='echo "round $MESHTRAIN_RESTART_COUNT rank $RANK of $WORLD_SIZE reason=${MESHTRAIN_RESTART_REASON:-}"
+  [ "$MESHTRAIN_RESTART_COUNT" = 0 ] && exec $SLEEP 60; exit 0'
 
 case $scenario in
 env)
@@ -169,28 +205,49 @@ restart_flooded)
   echo "the flood held $held descriptors through the restart"
   kill -KILL "$flood" 2> /dev/null
   ;;
+elastic_shrink)
+  NODE_FLAGS=(--nnodes 1:2 --nproc-per-node 1 --max-restarts 1 --heartbeat-timeout 2 --last-call 10)
+  start_node0 sh -c "$elastic_worker"
+  node "$port" 1 "$tmp/node1.out" sh -c "$elastic_worker" &
+  node1=$!
+  launchers+=("$node1")
+  wait_for_lines "$tmp/node0.out" 1 "round 0 rank 0 of 2"
+  wait_for_lines "$tmp/node1.out" 1 "round 0 rank 1 of 2"
+  t0=$(now)
+  pkill -KILL -P "$node1"  # the launcher (its workers die with it), not the subshell around it
+  wait "$node0" || fail "node 0 exited $?"
+  grep -q "^meshtrain launch: node 1 sent no heartbeat for 2 s: stopping the workers" "$tmp/node0.out" ||
+    fail "node 0 does not say that node 1 is gone"
+  grep -qx "meshtrain launch: restarting the group (restart 1 of 1)" "$tmp/node0.out" || fail "no restart line"
+  grep -qx "meshtrain launch: round 1: node 0 -> ranks 0-0 of 1 on this node" "$tmp/node0.out" ||
+    fail "no round of node 0 alone"
+  grep -qx "\[rank 0\] round 1 rank 0 of 1 reason=node 1 sent no heartbeat for 2 s" "$tmp/node0.out" ||
+    fail "the restarted worker did not get WORLD_SIZE 1 and the reason"
+  [ "$(awk -v e="$(elapsed "$t0")" 'BEGIN { print (e < 12) }')" = 1 ] || fail "took $(elapsed "$t0") s"
+  no_leftovers
+  ;;
+elastic_grow)
+  NODE_FLAGS=(--nnodes 1:2 --nproc-per-node 1 --last-call 0.5)
+  start_node0 sh -c "$elastic_worker"
+  wait_for_lines "$tmp/node0.out" 1 "round 0 rank 0 of 1"
+  node "$port" 1 "$tmp/node1.out" sh -c "$elastic_worker" || fail "node 1 exited $?"
+  wait "$node0" || fail "node 0 exited $?"
+  grep -qx "meshtrain launch: regrouping: node 1 joined (not counted as a restart)" "$tmp/node0.out" ||
+    fail "node 0 did not regroup for node 1"
+  grep -qx "\[rank 0\] round 1 rank 0 of 2 reason=node 1 joined" "$tmp/node0.out" || fail "rank 0 of 2"
+  grep -qx "\[rank 1\] round 1 rank 1 of 2 reason=" "$tmp/node1.out" || fail "rank 1 of 2"
+  no_leftovers
+  ;;
+elastic_too_few)
+  t0=$(now)
+  MESHTRAIN_JOB_TOKEN=$job_token "$MT" launch --nnodes 2:3 --master-port $((20000 + RANDOM % 40000)) \
+    --join-timeout 2 -- true > "$tmp/node0.out" 2>&1 &&
+    fail "the launcher returned 0 with 1 node of at least 2"
+  grep -q "^meshtrain launch: only node 0 joined round 0 within 2 s; the job needs at least 2 (--nnodes 2:3)" \
+    "$tmp/node0.out" || fail "the error does not say how many nodes are missing"
+  [ "$(awk -v e="$(elapsed "$t0")" 'BEGIN { print (e < 5) }')" = 1 ] || fail "took $(elapsed "$t0") s"
+  ;;
 two_nodes)
-  export MESHTRAIN_JOB_TOKEN=launch-test-$RANDOM$RANDOM
-  # $1: port, $2: node rank, $3: output file, rest: the command
-  node() {
-    local port=$1 rank=$2 out=$3
-    shift 3
-    "$MT" launch --nnodes 2 --nproc-per-node 2 --node-rank "$rank" --master-port "$port" --join-timeout 20 \
-      --kill-timeout 2 -- "$@" > "$out" 2>&1
-  }
-  # A free port: node 0 says when it cannot listen; try another.
-  start_node0() {
-    for _ in 1 2 3 4 5; do
-      port=$((20000 + RANDOM % 40000))
-      node "$port" 0 "$tmp/node0.out" "$@" &
-      node0=$!
-      launchers+=("$node0")
-      sleep 0.3
-      grep -q "another process uses this port" "$tmp/node0.out" || return 0
-      wait "$node0"
-    done
-    fail "no free port found"
-  }
   start_node0 sh -c 'echo "env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK"'
   node "$port" 1 "$tmp/node1.out" sh -c 'echo "env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK"' ||
     fail "node 1 exited $?"

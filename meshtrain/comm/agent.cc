@@ -15,11 +15,14 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <map>
 #include <optional>
+#include <thread>
 
 #include "meshtrain/comm/internal/worker_group.h"
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/core/error.h"
+#include "meshtrain/core/strings.h"
 
 namespace meshtrain::comm {
 namespace {
@@ -31,6 +34,8 @@ using internal::WorkerGroup;
 constexpr const char* kOp = "meshtrain launch";
 // How often an agent looks at the store for the other nodes' news.
 constexpr milliseconds kWatchEvery{100};
+// How often an agent beats its heartbeat in the store.
+constexpr milliseconds kBeatEvery{1000};
 // Each store call's own deadline (the server is another agent, never a worker).
 constexpr milliseconds kStoreTimeout{30'000};
 // The variables the agent sets in every worker (and drops from its own
@@ -148,9 +153,13 @@ std::vector<std::string> inherited_environment() {
   return env;
 }
 
+// How a round ended. failed: may restart (counted); regroup: the membership
+// changes (not counted); stopped: the job ends.
 struct Outcome {
-  enum Kind { success, failed, stopped } kind = success;  // failed: may restart; stopped: the job ends
+  enum Kind { success, failed, stopped, regroup } kind = success;
   int exit_code = 0;
+  std::string why;  // failed, regroup: what happened (MESHTRAIN_RESTART_REASON)
+  int64_t at_ms = 0;  // when this node's agent saw it (Unix ms)
 };
 
 // What another node published: a failure of this round, or the end of the job.
@@ -158,6 +167,25 @@ struct Remote {
   std::string message;
   bool stop = false;
 };
+
+// A closed round: its members and the failed rounds before it.
+struct Round {
+  int number = 0;
+  std::vector<int> nodes;  // node ids in rank order (ascending: node 0 first)
+  int failures = 0;
+  int index_of(int node) const {
+    const auto it = std::find(nodes.begin(), nodes.end(), node);
+    return it == nodes.end() ? -1 : static_cast<int>(it - nodes.begin());
+  }
+};
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string node_list(const std::vector<int>& nodes) {
+  return fmt::format("{} {}", nodes.size() == 1 ? "node" : "nodes", fmt::join(nodes, ", "));
+}
 
 class Agent {
  public:
@@ -168,34 +196,57 @@ class Agent {
     std::fflush(stderr);
     if (!connect()) return exit_for_signal();
     agree_on_the_job();
-    const int first = o_.node_rank * o_.nproc_per_node, last = first + o_.nproc_per_node - 1;
-    say(fmt::format("node {} of {}: {} of {}; store {}:{} ({}); {} restart(s) at most", o_.node_rank, o_.nnodes,
-                    first == last ? fmt::format("rank {}", first) : fmt::format("ranks {}-{}", first, last), world(),
-                    o_.master_addr, port_, generated_token_ ? "job token generated" : "job token given",
-                    o_.max_restarts));
-    for (int round = 0;; ++round) {
+    const std::string token = generated_token_ ? "job token generated" : "job token given";
+    if (o_.elastic()) {
+      say(fmt::format("node {} (elastic: {} to {} nodes of {} workers); store {}:{} ({}); {} restart(s) at most",
+                      o_.node_rank, o_.min_nodes, o_.nnodes, o_.nproc_per_node, o_.master_addr, port_, token,
+                      o_.max_restarts));
+    } else {
+      const int first = o_.node_rank * o_.nproc_per_node, last = first + o_.nproc_per_node - 1;
+      say(fmt::format("node {} of {}: {} of {}; store {}:{} ({}); {} restart(s) at most", o_.node_rank, o_.nnodes,
+                      first == last ? fmt::format("rank {}", first) : fmt::format("ranks {}-{}", first, last),
+                      o_.nnodes * o_.nproc_per_node, o_.master_addr, port_, token, o_.max_restarts));
+    }
+    Outcome before;  // what ended the previous round (failed, regroup)
+    for (int round = first_round();; ++round) {
+      Round members;
       Outcome out;
-      if (auto early = barrier(round)) {
+      if (auto early = rendezvous(round, members)) {
         out = *early;
-      } else {
-        out = run_round(round);
-      }
-      if (out.kind == Outcome::failed && round < o_.max_restarts) {
-        say(fmt::format("restarting the group (restart {} of {})", round + 1, o_.max_restarts));
+      } else if (members.index_of(o_.node_rank) < 0) {
+        // Below MAX the running nodes regroup for this one; at MAX it waits
+        // for the next round (a failure) or the end of the job.
+        say(fmt::format("round {} runs with {} ({} at most): node {} waits for the next round", round,
+                        node_list(members.nodes), o_.nnodes, o_.node_rank));
         continue;
+      } else {
+        out = run_round(members, before);
       }
-      return finish(out.kind == Outcome::success ? 0 : out.exit_code);
+      if (out.kind == Outcome::failed && members.failures < o_.max_restarts && !members.nodes.empty()) {
+        say(fmt::format("restarting the group (restart {} of {})", members.failures + 1, o_.max_restarts));
+      } else if (out.kind == Outcome::regroup) {
+        say(fmt::format("regrouping: {} (not counted as a restart)", out.why));
+      } else {
+        return finish(out.kind == Outcome::success ? 0 : out.exit_code, members);
+      }
+      before = out;
     }
   }
 
   void set_generated_token(bool g) { generated_token_ = g; }
 
  private:
-  int world() const { return o_.nnodes * o_.nproc_per_node; }
   bool multi() const { return o_.nnodes > 1; }
-  static std::string round_key(int round, std::string_view what) { return fmt::format("launch/round/{}/{}", round, what); }
+  bool host() const { return o_.node_rank == 0; }
+  int min_nodes() const { return o_.elastic() ? o_.min_nodes : o_.nnodes; }
+  static std::string round_key(int round, std::string_view what) {
+    return fmt::format("launch/round/{}/{}", round, what);
+  }
   static std::string failed_key(int round) { return fmt::format("launch/failed/{}", round); }
+  static std::string heartbeat_key(int node) { return fmt::format("launch/heartbeat/{}", node); }
   static constexpr const char* kStopKey = "launch/stop";
+  static constexpr const char* kFinishedKey = "launch/finished";
+  static constexpr const char* kCurrentKey = "launch/current";  // the last round that closed
 
   int exit_for_signal() const { return 128 + interrupt_; }
 
@@ -211,13 +262,30 @@ class Agent {
     return n;
   }
 
-  // Sleeps up to `d` (outside a round), waking for a signal; reaps strays.
-  // Returns true when the agent was interrupted.
+  // This node's heartbeat in the store, at most once a second (throws the store's errors).
+  void beat() {
+    if (!multi() || Clock::now() - last_beat_ < kBeatEvery) return;
+    last_beat_ = Clock::now();
+    store_->add(heartbeat_key(o_.node_rank), 1);
+  }
+
+  // Node 0: whether `node` beat within heartbeat_timeout (as node 0 saw its counter change).
+  bool alive(int node) {
+    if (node == o_.node_rank) return true;
+    const int64_t beats = store_->add(heartbeat_key(node), 0);
+    auto [it, fresh] = beats_.try_emplace(node, Beats{beats, Clock::now()});
+    if (!fresh && it->second.count != beats) it->second = Beats{beats, Clock::now()};
+    return Clock::now() - it->second.changed < o_.heartbeat_timeout;
+  }
+
+  // Sleeps up to `d` (outside a round), waking for a signal; reaps strays
+  // and beats. Returns true when the agent was interrupted.
   bool pause(milliseconds d) {
     pollfd p{signals_.fd(), POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(d.count())) > 0) take_signals();
     while (::waitpid(-1, nullptr, WNOHANG) > 0) {
     }
+    beat();
     return interrupt_ != 0;
   }
 
@@ -226,11 +294,11 @@ class Agent {
   bool connect() {
     TcpStoreOptions so{.host = o_.master_addr,
                        .port = static_cast<uint16_t>(o_.master_port),
-                       .is_server = o_.node_rank == 0,
+                       .is_server = host(),
                        .timeout = kStoreTimeout,
                        .connect_timeout = std::chrono::seconds(10),
                        .token = o_.token};
-    if (o_.node_rank == 0) {
+    if (host()) {
       store_ = std::make_unique<TcpStore>(so);
       port_ = store_->port();
       return true;
@@ -255,21 +323,38 @@ class Agent {
     }
   }
 
-  // Every node runs the same job shape, and each node rank is taken once
-  // (checked in this order, so a refused launcher claims nothing).
+  // Every node runs the same job shape, and each node rank is held by one
+  // live launcher: one whose heartbeat still moves keeps it (checked in this
+  // order, so a refused launcher claims nothing).
   void agree_on_the_job() {
+    const std::string nodes =
+        o_.elastic() ? fmt::format("{}:{}", o_.min_nodes, o_.nnodes) : std::to_string(o_.nnodes);
     const std::string shape =
-        fmt::format("nnodes={} nproc_per_node={} max_restarts={}", o_.nnodes, o_.nproc_per_node, o_.max_restarts);
-    if (o_.node_rank == 0) {
+        fmt::format("nnodes={} nproc_per_node={} max_restarts={}", nodes, o_.nproc_per_node, o_.max_restarts);
+    if (host()) {
       store_->set("launch/config", shape);
     } else if (const std::string theirs = store_->get("launch/config", std::chrono::seconds(10)); theirs != shape) {
       throw InvalidArgument(kOp, fmt::format("node 0 runs {}, this node {}", theirs, shape),
                             "give every node's launcher the same --nnodes, --nproc-per-node and --max-restarts");
     }
-    if (store_->add(fmt::format("launch/node/{}", o_.node_rank), 1) > 1)
-      throw InvalidArgument(kOp, fmt::format("--node-rank {} is taken by another launcher of this job", o_.node_rank),
-                            fmt::format("give each node its own --node-rank, 0 to {}", o_.nnodes - 1));
-    store_->add("launch/joined", 1);
+    const std::string key = heartbeat_key(o_.node_rank);
+    if (!host() && store_->check({key})) {
+      const int64_t seen = store_->add(key, 0);
+      std::this_thread::sleep_for(kBeatEvery * 5 / 2);
+      if (store_->add(key, 0) != seen)
+        throw InvalidArgument(kOp,
+                              fmt::format("--node-rank {} is taken by a running launcher of this job", o_.node_rank),
+                              fmt::format("give each node its own --node-rank, 0 to {}", o_.nnodes - 1));
+    }
+    if (multi()) store_->add(key, 1);
+    last_beat_ = Clock::now();
+  }
+
+  // The round to join: 0, or after the last one that closed (a node that
+  // starts while the job runs).
+  int first_round() {
+    if (host() || !store_->check({kCurrentKey})) return 0;
+    return static_cast<int>(std::stol(store_->get(kCurrentKey))) + 1;
   }
 
   // Tells the other nodes that this round failed (`stop`: and the job ends).
@@ -291,84 +376,182 @@ class Agent {
     return std::nullopt;
   }
 
-  // Every node's agent arrives before any starts the round's workers. Returns
-  // an outcome when the round cannot start (interrupted, a node missing or
-  // gone, the job stopped meanwhile).
-  std::optional<Outcome> barrier(int round) {
-    if (!multi()) return std::nullopt;
-    const auto deadline = Clock::now() + o_.join_timeout;
+  // Joins round `round` and waits until node 0 closes it (`out`: its
+  // members, which may not include this node). Returns an outcome when the
+  // round cannot start (interrupted, too few nodes, the job stopped).
+  std::optional<Outcome> rendezvous(int round, Round& out) {
+    out = Round{.number = round, .nodes = {}, .failures = 0};
+    if (!multi()) {
+      out.nodes = {0};
+      out.failures = failures_;
+      return std::nullopt;
+    }
     try {
-      store_->set(round_key(round, fmt::format("node/{}", o_.node_rank)), "1");
-      if (store_->add(round_key(round, "ready"), 1) == o_.nnodes) store_->set(round_key(round, "go"), "1");
+      const int64_t slot = store_->add(round_key(round, "count"), 1);
+      store_->set(round_key(round, fmt::format("joiner/{}", slot)), std::to_string(o_.node_rank));
+      if (host()) {
+        opened_ = Clock::now();
+        joined_.clear();
+        joiners_read_ = 0;
+        store_->set(round_key(round, "open"), "1");
+      }
       for (;;) {
-        if (store_->check({round_key(round, "go")})) return std::nullopt;
-        if (auto r = check_remote(round)) return stopped_by(*r);
-        if (pause(kWatchEvery)) return interrupted(round);
-        if (Clock::now() >= deadline) {
-          std::vector<int> missing;
-          for (int n = 0; n < o_.nnodes; ++n)
-            if (!store_->check({round_key(round, fmt::format("node/{}", n))})) missing.push_back(n);
-          const std::string msg = fmt::format("node(s) {} did not join round {} within {} s", fmt::join(missing, ", "),
-                                              round, o_.join_timeout.count() / 1000);
-          say(msg + ": start their launchers with the same flags and their --node-rank");
-          publish(round, msg, true);
-          return Outcome{Outcome::stopped, 1};
+        if (host())
+          if (auto stop = try_close(round)) return stop;
+        if (store_->check({round_key(round, "closed")})) {
+          parse_round(store_->get(round_key(round, "closed")), out);
+          return std::nullopt;
         }
+        if (store_->check({kStopKey})) return stopped_by(Remote{store_->get(kStopKey), true});
+        if (!host() && store_->check({kFinishedKey})) {
+          say(fmt::format("the job finished before node {} could join", o_.node_rank));
+          return Outcome{};
+        }
+        if (pause(kWatchEvery)) return interrupted(round);
       }
     } catch (const Error& e) {
       say(fmt::format("lost the store: {}", e.what()));
-      return Outcome{Outcome::stopped, 1};
+      return Outcome{Outcome::stopped, 1, ""};
+    }
+  }
+
+  // Node 0: closes the round when its rule says so (see agent.h), or stops
+  // the job at the deadline with too few nodes.
+  std::optional<Outcome> try_close(int round) {
+    for (const int64_t n = store_->add(round_key(round, "count"), 0); joiners_read_ < n;) {
+      const std::string key = round_key(round, fmt::format("joiner/{}", joiners_read_ + 1));
+      if (!store_->check({key})) break;  // its set() is on the way
+      const int node = static_cast<int>(std::stol(store_->get(key)));
+      if (std::find(joined_.begin(), joined_.end(), node) == joined_.end()) joined_.push_back(node);
+      ++joiners_read_;
+    }
+    const int have = static_cast<int>(joined_.size());
+    bool missing_live = false;  // a node of the previous round that still beats but has not joined
+    for (int node : previous_)
+      if (std::find(joined_.begin(), joined_.end(), node) == joined_.end() && alive(node)) missing_live = true;
+    const bool late = Clock::now() >= opened_ + o_.join_timeout;
+    bool close = have >= o_.nnodes;
+    if (o_.elastic() && have >= o_.min_nodes)
+      close = close || late || (!missing_live && (!previous_.empty() || Clock::now() >= opened_ + o_.last_call));
+    if (close) {
+      // Beyond MAX: the previous round's nodes first, then in the order they joined.
+      std::vector<int> chosen = {o_.node_rank};  // node 0 is in every round
+      for (int node : joined_)
+        if (node != o_.node_rank && std::find(previous_.begin(), previous_.end(), node) != previous_.end())
+          chosen.push_back(node);
+      for (int node : joined_)
+        if (std::find(chosen.begin(), chosen.end(), node) == chosen.end()) chosen.push_back(node);
+      chosen.resize(std::min<size_t>(chosen.size(), static_cast<size_t>(o_.nnodes)));
+      std::sort(chosen.begin(), chosen.end());
+      store_->set(round_key(round, "closed"), fmt::format("{};{}", failures_, fmt::join(chosen, ",")));
+      store_->set(kCurrentKey, std::to_string(round));
+      previous_ = chosen;
+      return std::nullopt;
+    }
+    if (!late) return std::nullopt;
+    std::vector<int> missing;
+    for (int n = 0; n < o_.nnodes; ++n)
+      if (std::find(joined_.begin(), joined_.end(), n) == joined_.end()) missing.push_back(n);
+    std::string msg =
+        o_.elastic()
+            ? fmt::format("only {} joined round {} within {} s; the job needs at least {} (--nnodes {}:{})",
+                          node_list(joined_), round, o_.join_timeout.count() / 1000, o_.min_nodes, o_.min_nodes,
+                          o_.nnodes)
+            : fmt::format("node(s) {} did not join round {} within {} s", fmt::join(missing, ", "), round,
+                          o_.join_timeout.count() / 1000);
+    say(msg + (o_.elastic() ? ": start more launchers, or lower MIN"
+                            : ": start their launchers with the same flags and their --node-rank"));
+    publish(round, msg, true);
+    return Outcome{Outcome::stopped, 1, ""};
+  }
+
+  // "failures;node,node,..." as try_close writes it.
+  static void parse_round(const std::string& text, Round& out) {
+    const size_t semi = text.find(';');
+    out.failures = static_cast<int>(std::stol(text.substr(0, semi)));
+    std::string_view rest = std::string_view(text).substr(semi + 1);
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      out.nodes.push_back(static_cast<int>(std::stol(std::string(rest.substr(0, comma)))));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     }
   }
 
   Outcome stopped_by(const Remote& r) {
     say(fmt::format("{}: stopping the workers of node {}", r.message, o_.node_rank));
-    return Outcome{r.stop ? Outcome::stopped : Outcome::failed, 1};
+    return Outcome{r.stop ? Outcome::stopped : Outcome::failed, 1, r.message};
   }
 
   Outcome interrupted(int round) {
     say(fmt::format("got {}: stopping the workers", signal_name(interrupt_)));
     publish(round, fmt::format("node {}'s launcher got {}", o_.node_rank, signal_name(interrupt_)), true);
-    return Outcome{Outcome::stopped, exit_for_signal()};
+    return Outcome{Outcome::stopped, exit_for_signal(), ""};
   }
 
-  std::vector<std::vector<std::string>> worker_environments(int round) const {
+  // Elastic, below MAX: the nodes waiting for the next round (empty: none).
+  std::vector<int> waiting(int round, size_t members) {
+    if (!o_.elastic() || members >= static_cast<size_t>(o_.nnodes)) return {};
+    const int64_t n = store_->add(round_key(round + 1, "count"), 0);
+    std::vector<int> nodes;
+    for (int64_t i = 1; i <= n; ++i)
+      if (const std::string key = round_key(round + 1, fmt::format("joiner/{}", i)); store_->check({key}))
+        nodes.push_back(static_cast<int>(std::stol(store_->get(key))));
+    return nodes;
+  }
+
+  std::vector<std::vector<std::string>> worker_environments(const Round& m, const Outcome& before) const {
+    const int index = m.index_of(o_.node_rank);
     std::vector<std::vector<std::string>> envs;
     for (int local = 0; local < o_.nproc_per_node; ++local) {
       std::vector<std::string> env = base_env_;
       const std::pair<const char*, std::string> vars[] = {
           {"MASTER_ADDR", o_.master_addr},
           {"MASTER_PORT", std::to_string(port_)},
-          {"RANK", std::to_string(o_.node_rank * o_.nproc_per_node + local)},
-          {"WORLD_SIZE", std::to_string(world())},
+          {"RANK", std::to_string(index * o_.nproc_per_node + local)},
+          {"WORLD_SIZE", std::to_string(static_cast<int>(m.nodes.size()) * o_.nproc_per_node)},
           {"LOCAL_RANK", std::to_string(local)},
           {"LOCAL_WORLD_SIZE", std::to_string(o_.nproc_per_node)},
-          {"GROUP_RANK", std::to_string(o_.node_rank)},
+          {"GROUP_RANK", std::to_string(index)},
           {"MESHTRAIN_JOB_TOKEN", o_.token},
           {"MESHTRAIN_AGENT_STORE", "1"},
-          {"MESHTRAIN_RESTART_COUNT", std::to_string(round)}};
+          {"MESHTRAIN_RESTART_COUNT", std::to_string(m.number)}};
       for (const auto& [name, value] : vars) env.push_back(fmt::format("{}={}", name, value));
+      if (!before.why.empty()) {
+        env.push_back(fmt::format("MESHTRAIN_RESTART_REASON={}", before.why));
+        env.push_back(fmt::format("MESHTRAIN_RESTART_EVENT_MS={}", before.at_ms));
+        env.push_back(fmt::format("MESHTRAIN_RESTART_RENDEZVOUS_MS={}", unix_ms() - before.at_ms));
+      }
       envs.push_back(std::move(env));
     }
     return envs;
   }
 
-  Outcome run_round(int round) {
+  Outcome run_round(const Round& m, const Outcome& before) {
+    const int round = m.number, index = m.index_of(o_.node_rank);
+    if (o_.elastic())
+      say(fmt::format("round {}: {} -> ranks {}-{} of {} on this node", round, node_list(m.nodes),
+                      index * o_.nproc_per_node, (index + 1) * o_.nproc_per_node - 1,
+                      static_cast<int>(m.nodes.size()) * o_.nproc_per_node));
     std::vector<int> ranks;
-    for (int local = 0; local < o_.nproc_per_node; ++local) ranks.push_back(o_.node_rank * o_.nproc_per_node + local);
+    for (int local = 0; local < o_.nproc_per_node; ++local) ranks.push_back(index * o_.nproc_per_node + local);
     std::unique_ptr<WorkerGroup> group;
     try {
-      group = std::make_unique<WorkerGroup>(o_.command, ranks, worker_environments(round),
+      group = std::make_unique<WorkerGroup>(o_.command, ranks, worker_environments(m, before),
                                             o_.output == AgentOutput::rank0, signals_.fd(),
                                             [this] { return take_signals() > 0; });
     } catch (const IoError& e) {
       say(fmt::format("{} (hint: {})", e.detail(), e.hint()));
       publish(round, fmt::format("node {}: {}", o_.node_rank, e.detail()), true);
-      return Outcome{Outcome::stopped, 1};
+      return Outcome{Outcome::stopped, 1, ""};
     }
     Outcome out;
     int first_signal = SIGTERM;
     auto last_watch = Clock::now();
+    // A worker's exit while nodes wait to join is the regroup (the trainer
+    // stops for it), not a failure.
+    auto regroup_for = [&](const std::vector<int>& nodes) {
+      return Outcome{Outcome::regroup, 0, fmt::format("{} joined", node_list(nodes))};
+    };
     for (bool decided = false; !decided;) {
       const auto exits = group->poll(kWatchEvery);
       if (interrupt_) {
@@ -376,67 +559,99 @@ class Agent {
         out = interrupted(round);
         break;
       }
-      for (const auto& e : exits) {
-        if (e.status == 0) continue;
-        const std::string what = fmt::format("rank {} (pid {}) {}", e.rank, e.pid, internal::describe_exit(e.status));
-        say(what);
-        publish(round, fmt::format("rank {} (pid {}) on node {} {}", e.rank, e.pid, o_.node_rank,
-                                   internal::describe_exit(e.status)),
-                false);
-        out = Outcome{Outcome::failed, 1};
-        decided = true;
-        break;
-      }
-      if (decided) break;
-      if (group->all_exited()) break;  // every worker exited 0
-      if (multi() && Clock::now() - last_watch >= kWatchEvery) {
-        last_watch = Clock::now();
-        try {
+      try {
+        for (const auto& e : exits) {
+          if (e.status == 0) continue;
+          if (const std::vector<int> w = waiting(round, m.nodes.size()); !w.empty()) {
+            out = regroup_for(w);
+          } else {
+            const std::string what = internal::describe_exit(e.status);
+            say(fmt::format("rank {} (pid {}) {}", e.rank, e.pid, what));
+            const std::string why = fmt::format("rank {} (pid {}) on node {} {}", e.rank, e.pid, o_.node_rank, what);
+            publish(round, why, false);
+            out = Outcome{Outcome::failed, 1, why};
+          }
+          decided = true;
+          break;
+        }
+        if (decided || group->all_exited()) break;  // every worker exited 0
+        if (multi() && Clock::now() - last_watch >= kWatchEvery) {
+          last_watch = Clock::now();
+          beat();
           if (auto r = check_remote(round)) {
             out = stopped_by(*r);
             break;
           }
-        } catch (const Error& e) {
-          say(fmt::format("lost the store: {}: stopping the workers", e.what()));
-          out = Outcome{Outcome::stopped, 1};
-          break;
+          if (const std::vector<int> w = waiting(round, m.nodes.size()); !w.empty()) {
+            out = regroup_for(w);
+            say(fmt::format("{} waiting to join: stopping the workers of node {} to regroup", node_list(w),
+                            o_.node_rank));
+            break;
+          }
+          if (host())
+            for (int node : m.nodes)
+              if (!alive(node)) {
+                out.why = fmt::format("node {} sent no heartbeat for {} s", node,
+                                      std::chrono::duration<double>(o_.heartbeat_timeout).count());
+                say(out.why + ": stopping the workers");
+                publish(round, out.why, false);
+                out.kind = Outcome::failed;
+                out.exit_code = 1;
+                decided = true;
+                break;
+              }
         }
+      } catch (const Error& e) {
+        say(fmt::format("lost the store: {}: stopping the workers", e.what()));
+        out = Outcome{Outcome::stopped, 1, ""};
+        break;
       }
     }
+    out.at_ms = unix_ms();
     group->stop(o_.kill_timeout, first_signal);
     group.reset();
     if (interrupt_ && out.kind != Outcome::stopped) out = interrupted(round);  // a signal while stopping
+    if (out.kind == Outcome::failed) failures_ = m.failures + 1;
     if (out.kind != Outcome::success || !multi()) return out;
-    return wait_for_the_other_nodes(round);
+    return wait_for_the_other_nodes(m);
   }
 
   // This node's workers all exited 0: the round succeeded when every node's
   // did, or failed if another node's failed meanwhile.
-  Outcome wait_for_the_other_nodes(int round) {
+  Outcome wait_for_the_other_nodes(const Round& m) {
+    const int round = m.number;
     try {
-      if (store_->add(round_key(round, "done"), 1) == o_.nnodes) store_->set(round_key(round, "all_done"), "1");
+      if (store_->add(round_key(round, "done"), 1) == static_cast<int64_t>(m.nodes.size()))
+        store_->set(round_key(round, "all_done"), "1");
       for (;;) {
         if (store_->check({round_key(round, "all_done")})) return Outcome{};
-        if (auto r = check_remote(round)) return stopped_by(*r);
+        if (auto r = check_remote(round)) {
+          failures_ = m.failures + (r->stop ? 0 : 1);
+          Outcome out = stopped_by(*r);
+          out.at_ms = unix_ms();
+          return out;
+        }
         if (pause(kWatchEvery)) return interrupted(round);
       }
     } catch (const Error& e) {
       say(fmt::format("lost the store: {}", e.what()));
-      return Outcome{Outcome::stopped, 1};
+      return Outcome{Outcome::stopped, 1, ""};
     }
   }
 
-  // Node 0 keeps the store up until the other nodes that joined have read
-  // the outcome (at most kill_timeout + 10 s); they say when they have.
-  int finish(int code) {
+  // Node 0 keeps the store up until the other nodes of the last round have
+  // read the outcome (at most kill_timeout + 10 s); they say when they have.
+  // Nodes waiting to join learn that the job finished.
+  int finish(int code, const Round& last) {
     if (!multi()) return code;
     try {
-      if (o_.node_rank != 0) {
-        store_->add("launch/exited", 1);
+      if (!host()) {
+        if (last.index_of(o_.node_rank) >= 0) store_->add("launch/exited", 1);
         return code;
       }
+      store_->set(kFinishedKey, std::to_string(code));
       const auto deadline = Clock::now() + o_.kill_timeout + std::chrono::seconds(10);
-      const int64_t others = store_->add("launch/joined", 0) - 1;
+      const int64_t others = static_cast<int64_t>(last.nodes.size()) - 1;
       while (store_->add("launch/exited", 0) < others && Clock::now() < deadline)
         if (pause(kWatchEvery)) break;
     } catch (const Error&) {
@@ -445,6 +660,11 @@ class Agent {
     return code;
   }
 
+  struct Beats {
+    int64_t count = 0;
+    Clock::time_point changed{};
+  };
+
   const AgentOptions& o_;
   SignalPipe signals_;
   SubreaperScope subreaper_;
@@ -452,6 +672,14 @@ class Agent {
   uint16_t port_ = 0;
   bool generated_token_ = false;
   int interrupt_ = 0;  // the first SIGINT/SIGTERM/SIGHUP received
+  int failures_ = 0;   // failed rounds so far (node 0 writes it into each round it closes)
+  Clock::time_point last_beat_{};
+  // Node 0's view: the open round's joiners, the last round's members, heartbeats.
+  Clock::time_point opened_{};
+  std::vector<int> joined_;
+  int64_t joiners_read_ = 0;
+  std::vector<int> previous_;
+  std::map<int, Beats> beats_;
   const std::vector<std::string> base_env_ = inherited_environment();
 };
 
@@ -464,6 +692,26 @@ AgentOutput parse_agent_output(std::string_view text) {
                         "write --output all (every worker's lines) or --output rank0 (global rank 0's only)");
 }
 
+void parse_nnodes(std::string_view text, AgentOptions& o) {
+  const size_t colon = text.find(':');
+  try {
+    if (colon == std::string_view::npos) {
+      o.nnodes = static_cast<int>(parse_int_in_range(text, "--nnodes", 1, 65536, kOp));
+      o.min_nodes = 0;
+      return;
+    }
+    o.min_nodes = static_cast<int>(parse_int_in_range(text.substr(0, colon), "--nnodes MIN", 1, 65536, kOp));
+    o.nnodes = static_cast<int>(parse_int_in_range(text.substr(colon + 1), "--nnodes MAX", 1, 65536, kOp));
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(kOp, e.detail(),
+                          "give the number of machines (--nnodes 2) or, elastic, the fewest and the most "
+                          "(--nnodes 1:4)");
+  }
+  if (o.min_nodes > o.nnodes)
+    throw InvalidArgument(kOp, fmt::format("--nnodes {}: MIN {} is above MAX {}", text, o.min_nodes, o.nnodes),
+                          "write the fewest nodes first, e.g. --nnodes 1:4");
+}
+
 void validate(const AgentOptions& o) {
   if (o.nproc_per_node < 1 || o.nproc_per_node > kMaxAgentWorkers)
     throw InvalidArgument(kOp, fmt::format("--nproc-per-node {} is outside [1, {}]", o.nproc_per_node, kMaxAgentWorkers),
@@ -471,6 +719,9 @@ void validate(const AgentOptions& o) {
   if (o.nnodes < 1 || o.nnodes > 65536)
     throw InvalidArgument(kOp, fmt::format("--nnodes {} is outside [1, 65536]", o.nnodes),
                           "give the number of machines, e.g. --nnodes 2");
+  if (o.elastic() && o.min_nodes > o.nnodes)
+    throw InvalidArgument(kOp, fmt::format("--nnodes {}:{}: MIN is above MAX", o.min_nodes, o.nnodes),
+                          "write the fewest nodes first, e.g. --nnodes 1:4");
   if (o.node_rank < 0 || o.node_rank >= o.nnodes)
     throw InvalidArgument(kOp, fmt::format("--node-rank {} is not in [0, --nnodes {})", o.node_rank, o.nnodes),
                           fmt::format("number the nodes 0 to {} (node 0 hosts the store)", o.nnodes - 1));
@@ -495,6 +746,15 @@ void validate(const AgentOptions& o) {
   if (o.join_timeout < milliseconds(1) || o.join_timeout > std::chrono::hours(24 * 7))
     throw InvalidArgument(kOp, fmt::format("--join-timeout {} ms is outside [0.001 s, 7 days]", o.join_timeout.count()),
                           "give the seconds to wait for the other nodes, e.g. --join-timeout 300");
+  if (o.last_call.count() < 0 || o.last_call > std::chrono::hours(1))
+    throw InvalidArgument(kOp, fmt::format("--last-call {} ms is outside [0 s, 3600 s]", o.last_call.count()),
+                          "give the seconds an elastic job's first round waits for more nodes, e.g. --last-call 10");
+  if (o.heartbeat_timeout < std::chrono::seconds(2) || o.heartbeat_timeout > std::chrono::hours(1))
+    throw InvalidArgument(kOp,
+                          fmt::format("--heartbeat-timeout {} ms is outside [2 s, 3600 s]",
+                                      o.heartbeat_timeout.count()),
+                          "give the seconds without a heartbeat after which a node counts as gone, e.g. "
+                          "--heartbeat-timeout 15 (agents beat every second)");
   if (o.token.empty() && o.nnodes > 1)
     throw InvalidArgument(kOp, fmt::format("--nnodes {} without a job token", o.nnodes),
                           "export the same secret on every node before launching, e.g. "

@@ -38,9 +38,26 @@
 //   groups, then SIGKILL after kill_timeout. A stopped worker (SIGSTOP) is
 //   not a failure: its peers' deadlines end the job (they exit non-zero).
 // - Restarts: with restarts left, every agent stops its workers, and all
-//   meet at a barrier for the next round (launch/round/<r>/ready counted to
-//   nnodes) before starting them again with MESHTRAIN_RESTART_COUNT = r; it
-//   prints "meshtrain launch: restarting the group (restart r of N)".
+//   meet in the next round before starting them again with
+//   MESHTRAIN_RESTART_COUNT = the round; it prints "meshtrain launch:
+//   restarting the group (restart r of N)".
+// - Elastic membership (nnodes MIN:MAX, torchrun's syntax; docs/elastic.md):
+//   each round is a rendezvous that node 0's agent closes: with MAX nodes at
+//   once; with MIN or more when every live node of the previous round has
+//   joined (in round 0, after last_call); or at join_timeout with MIN or
+//   more (fewer: the job stops with an error naming them). Agents beat a
+//   heartbeat in the store every second; node 0 takes a node whose beats stop
+//   for heartbeat_timeout as gone (a failure of the round). The members get
+//   ranks in the order of their node ids (node 0 first), WORLD_SIZE = nodes x
+//   nproc_per_node. A node that starts while a round runs waits for the
+//   next; below MAX the running nodes stop their workers for it (SIGTERM: a
+//   trainer saves a checkpoint and exits), a regroup that is not counted as
+//   a restart. A node id (--node-rank) may come back once its old launcher's
+//   heartbeat has stopped. Node 0 hosts the store: the job ends with it.
+//   The workers of a round after a failure or a regroup also get
+//   MESHTRAIN_RESTART_REASON (what happened), MESHTRAIN_RESTART_EVENT_MS
+//   (when this node's agent saw it, Unix ms) and MESHTRAIN_RESTART_RENDEZVOUS_MS
+//   (from then to their start).
 // - Signals: SIGINT, SIGTERM and SIGHUP are forwarded to every worker's
 //   group (SIGKILL after kill_timeout, or at once on a second signal); the
 //   other nodes stop too, and no restart follows.
@@ -69,8 +86,9 @@ AgentOutput parse_agent_output(std::string_view text);  // "all" | "rank0"; else
 struct AgentOptions {
   std::vector<std::string> command;  // the worker's argv (searched on PATH)
   int nproc_per_node = 1;            // 1 to kMaxAgentWorkers
-  int nnodes = 1;
-  int node_rank = 0;                 // 0 .. nnodes-1; node 0 hosts the store
+  int nnodes = 1;                    // the nodes; elastic: the most (MAX)
+  int min_nodes = 0;                 // elastic: the fewest (MIN, 1 .. nnodes); 0: a fixed number (nnodes)
+  int node_rank = 0;                 // 0 .. nnodes-1; node 0 hosts the store (elastic: the node's id)
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;           // 0 (one node only): any free port
   std::string token;                 // the job token; "" : generated (one node) or refused (several)
@@ -78,7 +96,15 @@ struct AgentOptions {
   int max_restarts = 0;
   std::chrono::milliseconds kill_timeout = std::chrono::seconds(5);   // SIGTERM .. SIGKILL
   std::chrono::milliseconds join_timeout = std::chrono::seconds(300); // for the other nodes, at every round
+  std::chrono::milliseconds last_call = std::chrono::seconds(10);     // elastic round 0: more nodes after MIN
+  std::chrono::milliseconds heartbeat_timeout = std::chrono::seconds(15);  // a node without beats is gone
+
+  bool elastic() const { return min_nodes > 0; }
 };
+
+// --nnodes: "N" (a fixed number) or "MIN:MAX" (elastic). Sets o.nnodes and
+// o.min_nodes; InvalidArgument naming --nnodes otherwise.
+void parse_nnodes(std::string_view text, AgentOptions& o);
 
 inline constexpr int kMaxAgentWorkers = 1024;
 
