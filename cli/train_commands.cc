@@ -97,7 +97,7 @@ int run_train(TrainFlags& f) {
       f.config.empty() ? config::DistributedConfig{} : config::DistributedConfig::from_toml_file(f.config);
   dc = dc.with_env(config::read_launcher_env());
   std::vector<std::string> notes;  // a resumed run's new mesh
-  const int saved_data = dc.mesh_shape.empty() ? 1 : dc.mesh().size_of(mesh::kData);
+  mesh::NamedShape saved;           // and the one it was saved on
   dc = config::apply_job_overrides(dc, {.engine = f.engine,
                                         .devices = f.devices,
                                         .mesh = f.mesh,
@@ -106,10 +106,12 @@ int run_train(TrainFlags& f) {
                                         .config_source = f.config,
                                         .gloo_available = comm::engines().find("gloo") != nullptr,
                                         .resuming = !tc.resume.empty(),
-                                        .notes = &notes});
+                                        .notes = &notes,
+                                        .resized_from = &saved});
   // Resumed on fewer data ranks: each rank's share of the (unchanged) global
   // batch grows; more micro-batches keep each micro-batch's size (and memory).
-  if (const int data = dc.mesh().size_of(mesh::kData); !notes.empty() && data < saved_data &&
+  const int saved_data = saved.shape.empty() ? 1 : saved.size_of(mesh::kData);
+  if (const int data = dc.mesh().size_of(mesh::kData); !saved.shape.empty() && data < saved_data &&
                                                          saved_data % data == 0 &&
                                                          f.app->get_option("--micro-batches")->count() == 0) {
     const int micro = tc.micro_batches * (saved_data / data);

@@ -64,7 +64,8 @@ using EnvMap = std::map<std::string, std::string>;
 inline constexpr std::string_view kLauncherVariables[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "PMIX_RANK", "MESHTRAIN_RESTART_COUNT"};
+    "PMIX_RANK", "MESHTRAIN_RESTART_COUNT", "MESHTRAIN_RESTART_REASON", "MESHTRAIN_RESTART_EVENT_MS",
+    "MESHTRAIN_RESTART_RENDEZVOUS_MS"};
 
 // Which launcher started this process.
 enum class Launcher : uint8_t { none, torchrun, mpirun };
@@ -120,6 +121,16 @@ struct DistributedConfig {
   std::vector<std::string> launcher_env;
   // The launcher that started this process, set by with_env. Not a config key.
   Launcher launcher = Launcher::none;
+  // A restarted worker of `meshtrain launch` (comm/agent.h): what ended the
+  // launcher's previous round and when, set by with_env from
+  // MESHTRAIN_RESTART_REASON, _EVENT_MS and _RENDEZVOUS_MS. Not config keys.
+  struct Restart {
+    std::string reason;          // "" : not a launcher's restart after a failure or a regroup
+    int64_t event_unix_ms = 0;   // when the launcher saw it (Unix ms)
+    int64_t rendezvous_ms = 0;   // from then to this worker's start
+    bool operator==(const Restart&) const = default;
+  };
+  Restart restart;
 
   // Throws InvalidArgument (op "DistributedConfig") at the first broken rule,
   // saying what to change:

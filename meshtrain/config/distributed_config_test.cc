@@ -362,6 +362,24 @@ TEST(DistributedConfigEnv, Torchrun) {
                                      "MASTER_ADDR=10.0.0.1 MASTER_PORT=29400\n"));
 }
 
+TEST(DistributedConfigEnv, ALaunchersRestartSaysWhyAndWhen) {
+  const EnvMap env = {{"RANK", "0"},
+                      {"WORLD_SIZE", "2"},
+                      {"MESHTRAIN_RESTART_COUNT", "1"},
+                      {"MESHTRAIN_RESTART_REASON", "node 1 sent no heartbeat for 15 s"},
+                      {"MESHTRAIN_RESTART_EVENT_MS", "1780000000123"},
+                      {"MESHTRAIN_RESTART_RENDEZVOUS_MS", "15400"}};
+  const DistributedConfig c = DistributedConfig::from_env(env);
+  EXPECT_EQ(c.restart.reason, "node 1 sent no heartbeat for 15 s");
+  EXPECT_EQ(c.restart.event_unix_ms, 1780000000123);
+  EXPECT_EQ(c.restart.rendezvous_ms, 15400);
+  EXPECT_EQ(DistributedConfig::from_env({{"RANK", "0"}}).restart, DistributedConfig::Restart{});
+  EXPECT_THAT(error_of([] {
+                DistributedConfig::from_env({{"MESHTRAIN_RESTART_REASON", "x"}, {"MESHTRAIN_RESTART_EVENT_MS", "soon"}});
+              }),
+              HasSubstr("MESHTRAIN_RESTART_EVENT_MS: 'soon' is not an integer"));
+}
+
 TEST(DistributedConfigEnv, OpenMpi) {
   const EnvMap env = {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
                       {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};

@@ -74,7 +74,8 @@ DistributedConfig apply_job_overrides(DistributedConfig dc, const JobOverrides& 
       set_field(dc, "num_processes_per_node", n, "--mesh");
     }
   }
-  if (o.resuming && o.mesh.empty() && !dc.mesh_shape.empty()) {
+  // On the threads engine --mesh sets the world size, so it always fits.
+  if (o.resuming && !dc.mesh_shape.empty()) {
     const mesh::NamedShape saved = dc.mesh();
     int64_t positions = 1;
     for (int size : saved.shape) positions *= size;
@@ -92,6 +93,7 @@ DistributedConfig apply_job_overrides(DistributedConfig dc, const JobOverrides& 
         o.notes->push_back(fmt::format("resuming on {} devices: mesh {} -> {} (the data axis takes the change; "
                                        "the global batch stays)",
                                        dc.world_size, saved.to_spec(), resized->to_spec()));
+      if (o.resized_from != nullptr) *o.resized_from = saved;
     }
   }
   require_trainable_mesh(dc, !o.mesh.empty()             ? std::string_view("--mesh")

@@ -31,12 +31,14 @@ struct JobOverrides {
   // Whether the gloo engine is built in (comm::engines().find("gloo")):
   // torchrun's workers default to it, as torch picks gloo for CPU tensors.
   bool gloo_available = false;
-  // A resumed run (--resume, or a launcher's restart): when no mesh is
-  // given and the configuration's mesh does not fit the world size (fewer
-  // or more devices than it was saved on), the data axis takes the change
-  // (mesh::resize_data_axis) and `notes` says so.
+  // A resumed run (--resume, or a launcher's restart): when its mesh (the
+  // configuration's, or --mesh: a launcher's restart repeats the command
+  // line) does not fit the world size (fewer or more devices than it was
+  // saved on), the data axis takes the change (mesh::resize_data_axis),
+  // `notes` says so and `resized_from` (when given) gets the mesh before.
   bool resuming = false;
   std::vector<std::string>* notes = nullptr;
+  mesh::NamedShape* resized_from = nullptr;
 };
 
 // dc with the overrides applied, reconciled and validated:

@@ -51,6 +51,30 @@ TEST(JobOverrides, AMeshReplacesTheConfigurationsSizesAndSetsTheDevices) {
   EXPECT_THAT(error_of([] { apply_job_overrides(DistributedConfig{}, {.mesh = "data=0"}); }), HasSubstr("--mesh"));
 }
 
+// A launcher's restart repeats the command line: a --mesh that no longer
+// fits the world size (a node lost) is re-planned, the data axis taking the
+// change and the fixed axes kept; not on a fresh run.
+TEST(JobOverrides, AResumedRunsMeshThatNoLongerFitsIsReplanned) {
+  const DistributedConfig two = DistributedConfig{}.with_env(
+      LauncherEnv{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "2"}});
+  std::vector<std::string> notes;
+  mesh::NamedShape before;
+  const DistributedConfig d = apply_job_overrides(
+      two, {.mesh = "data=2,tensor=2", .gloo_available = true, .resuming = true, .notes = &notes,
+            .resized_from = &before});
+  EXPECT_EQ(d.mesh().to_spec(), "data=1,tensor=2");
+  EXPECT_EQ(d.tensor_parallel_size, 2);
+  EXPECT_EQ(before.to_spec(), "data=2,tensor=2");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("resuming on 2 devices: mesh data=2,tensor=2 -> data=1,tensor=2"));
+  EXPECT_THAT(error_of([&] { apply_job_overrides(two, {.mesh = "data=2,tensor=2", .gloo_available = true}); }),
+              HasSubstr("needs 4 devices but there are 2"));
+  EXPECT_THAT(error_of([&] {
+                apply_job_overrides(two, {.mesh = "pipeline=2,tensor=2", .gloo_available = true, .resuming = true});
+              }),
+              HasSubstr("give --mesh for 2 devices"));
+}
+
 TEST(JobOverrides, PrecisionIsOneSettingUnderTwoNames) {
   EXPECT_EQ(apply_job_overrides(DistributedConfig{}, {.precision = "bf16"}).mixed_precision, DType::bf16);
   EXPECT_EQ(apply_job_overrides(DistributedConfig{}, {.precision = "fp32"}).mixed_precision, DType::f32);

@@ -82,6 +82,7 @@ struct Shared {  // results and files of world rank 0
   TrainResult result;
   std::optional<RunDirectory> dir;  // world rank 0's process only
   const StopRequest* stop = nullptr;  // read by every rank once per step
+  config::DistributedConfig::Restart restart;  // a launcher's restart: why and when (metrics.jsonl)
 };
 
 // What one optimizer step did.
@@ -237,11 +238,6 @@ class Run {
     std::unique_ptr<MetricsLog> log;
     if (main_) {
       log = std::make_unique<MetricsLog>(shared_.dir->file("metrics.jsonl"), resumed);
-      // A resume on another layout (another mesh or strategy, e.g. fewer
-      // devices after a failure) is a line of its own.
-      if (const std::string now = layout_summary(); resumed && now != resumed_from_)
-        log->write({{"step", static_cast<double>(*resumed)}},
-                   {{"event", "layout_change"}, {"from", resumed_from_}, {"to", now}, {"reason", "resumed"}});
       const std::string steps =
           total < full ? fmt::format("{} epochs x {} batches of {} samples = {} steps, stopping at step {} (max_steps)",
                                      tc_.epochs, per_epoch, tc_.batch_size, full, total)
@@ -314,6 +310,7 @@ class Run {
         }
         if (const auto h = parallel_->hidden_fraction()) hidden_sum += *h;
         if (step == 1 && main_) print_memory();
+        if (main_ && resumed && step == *resumed + 1) log_layout_change(*log, *resumed, step_start);
         window_loss += loss;
         ++window_n;
         if (main_) {
@@ -565,6 +562,37 @@ class Run {
   }
 
   // "mesh data=2 (data parallel 2)": what a checkpoint records as saved_from.
+  // A resume on another layout (another mesh or strategy, e.g. fewer
+  // devices after a failure) is a line of its own, written after its first
+  // step: why (a launcher's restart says; else "resumed") and, after a
+  // launcher's restart, the time lost from the failure to the end of that
+  // step: the rendezvous (to this process's start), the start-up (re-plan,
+  // model, checkpoint load) and the first step.
+  void log_layout_change(MetricsLog& log, int64_t resumed, Clock::time_point first_step_start) const {
+    const std::string now = layout_summary();
+    if (now == resumed_from_) return;
+    const config::DistributedConfig::Restart& r = shared_.restart;
+    std::vector<std::pair<std::string, double>> numbers = {{"step", static_cast<double>(resumed)}};
+    if (r.event_unix_ms > 0) {
+      const double lost =
+          static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count() -
+                              r.event_unix_ms) /
+          1000;
+      const double first = std::chrono::duration<double>(Clock::now() - first_step_start).count();
+      const double rendezvous = static_cast<double>(r.rendezvous_ms) / 1000;
+      numbers.insert(numbers.end(), {{"time_lost_s", lost},
+                                     {"rendezvous_s", rendezvous},
+                                     {"startup_s", std::max(0.0, lost - rendezvous - first)},
+                                     {"first_step_s", first}});
+    }
+    log.write(numbers, {{"event", "layout_change"},
+                        {"from", resumed_from_},
+                        {"to", now},
+                        {"reason", r.reason.empty() ? std::string("resumed") : r.reason}});
+  }
+
   std::string layout_summary() const {
     return fmt::format("mesh {} ({})", mesh::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
                        parallel_->describe());
@@ -871,6 +899,7 @@ TrainResult run_training(const ResolvedTraining& resolved, const config::Distrib
   const std::unique_ptr<ModelRecipe> recipe = make_model_recipe(tc);
   Shared shared;
   shared.stop = stop;
+  shared.restart = dc.restart;
   comm::launch(launch, [&](comm::Communicator& world) {
     std::string checkpoints;
     if (!internal::prepare_run_directory(world, resolved, dc, recipe->artifacts(), shared.dir, checkpoints)) return;
