@@ -37,6 +37,7 @@
 #include "meshtrain/train/run_dir.h"
 #include "meshtrain/checkpoint/checkpoint.h"
 #include "meshtrain/train/artifacts.h"
+#include "meshtrain/train/device_memory.h"
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/trainer.h"
 
@@ -108,19 +109,11 @@ int run_train(TrainFlags& f) {
                                         .resuming = !tc.resume.empty(),
                                         .notes = &notes,
                                         .resized_from = &saved});
-  // Resumed on fewer data ranks: each rank's share of the (unchanged) global
-  // batch grows; more micro-batches keep each micro-batch's size (and memory).
-  const int saved_data = saved.shape.empty() ? 1 : saved.size_of(mesh::kData);
-  if (const int data = dc.mesh().size_of(mesh::kData); !saved.shape.empty() && data < saved_data &&
-                                                         saved_data % data == 0 &&
-                                                         f.app->get_option("--micro-batches")->count() == 0) {
-    const int micro = tc.micro_batches * (saved_data / data);
-    notes.push_back(fmt::format("micro_batches = {} (was {}): each micro-batch keeps its size on {} data ranks "
-                                "instead of {}",
-                                micro, tc.micro_batches, data, saved_data));
-    tc.micro_batches = micro;
-  }
-  const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
+  if (!saved.shape.empty() && f.app->get_option("--micro-batches")->count() == 0)
+    train::keep_micro_batch_size(tc, saved, dc.mesh(), &notes);
+  // The devices' memory (--device-memory): a resumed run that no longer fits is re-planned.
+  const train::ResolvedTraining resolved =
+      train::fit_device_memory(train::resolve_training(tc, dc), dc, !tc.resume.empty(), &notes);
 
   const comm::LaunchOptions launch{.engine = dc.backend,
                                    .ranks = dc.backend == comm::Engine::threads ? dc.world_size : 0,

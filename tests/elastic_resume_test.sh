@@ -2,7 +2,8 @@
 # A run saved on 4 devices resumes on 2 (as after losing a node): the data
 # axis takes the change (data=4 -> data=2), micro-batches double so each
 # keeps its size, and with --deterministic the final model and the checksum
-# log are the uninterrupted 4-device run's, byte for byte.
+# log are the uninterrupted 4-device run's, byte for byte. A GPT that no
+# longer fits --device-memory on fewer devices is re-planned.
 #
 #   tests/elastic_resume_test.sh MESHTRAIN
 set -u
@@ -37,4 +38,17 @@ if "$meshtrain" train --resume "$tmp/pp" --devices 3 --max-steps 10 >"$tmp/pp3.o
 fi
 grep -q "give --mesh for 3 devices" "$tmp/pp3.out" ||
   { cat "$tmp/pp3.out"; fail "the refusal does not say how to fix it"; }
-echo "PASS: elastic resume: data=4 -> data=2, identical bytes and checksums; pipeline=2 on 3 devices refused"
+# --device-memory: a GPT saved on fsdp=4 (zero1, predicted 45.3 MiB per
+# device) resumes on 2 devices, where fsdp=2 with 2 micro-batches needs
+# 53.3 MiB, more than 58MiB's 52.2 usable: the planner's memory model
+# re-plans it (4 micro-batches, 50.8 MiB) and the run finishes.
+gpt=(train --model gpt --corpus /usr/share/games/fortunes/computers --text-cache "$tmp/text" --vocab 4096 --layers 4
+     --heads 4 --width 256 --context 16 --batch-size 8 --threads-per-rank 1 --fsdp zero1 --device-memory 58MiB)
+"$meshtrain" "${gpt[@]}" --mesh fsdp=4 --max-steps 10 --checkpoint-every 10 --run-dir "$tmp/gpt" >"$tmp/gpt.out" 2>&1 ||
+  { cat "$tmp/gpt.out"; fail "the GPT run failed"; }
+"$meshtrain" train --resume "$tmp/gpt" --devices 2 --max-steps 20 >"$tmp/gpt2.out" 2>&1 ||
+  { cat "$tmp/gpt2.out"; fail "the GPT did not resume on 2 devices"; }
+grep -q "re-planned: mesh fsdp=2, 4 micro-batches, predicted peak" "$tmp/gpt2.out" ||
+  { grep "^#" "$tmp/gpt2.out"; fail "no re-plan for the devices' memory"; }
+echo "PASS: elastic resume: data=4 -> data=2, identical bytes and checksums; pipeline=2 on 3 devices refused;" \
+  "a GPT re-planned to fit --device-memory"

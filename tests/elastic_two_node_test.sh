@@ -14,8 +14,12 @@
 #     has both layout_change lines with their reasons and the time lost;
 #     with --deterministic (mode "deterministic", mesh data=4) the final
 #     model is byte-identical to the uninterrupted run's.
+# Mode "no_fit": a GPT on fsdp=4 (zero1) with --device-memory 51MiB, which
+# no layout on 2 devices fits: after node 1 is killed the job stops within
+# twice the heartbeat deadline, the error says how much memory the run
+# needs, and its last checkpoint is intact (a resume on 4 devices finishes).
 # Needs root and iproute2; exits 77 (skipped) without them.
-#   tests/elastic_two_node_test.sh path/to/meshtrain default|deterministic
+#   tests/elastic_two_node_test.sh path/to/meshtrain default|deterministic|no_fit
 set -u
 MT=$1
 MODE=$2
@@ -26,6 +30,7 @@ fi
 case $MODE in
 default) MESH=data=2,tensor=2 SMALL="data=1,tensor=2" EXTRA=() ;;
 deterministic) MESH=data=4 SMALL="data=2" EXTRA=(--deterministic --deterministic-block 16) ;;
+no_fit) MESH=fsdp=4 ;;
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac
 id=$$
@@ -59,9 +64,20 @@ ip -n "$A" addr add "$ADDR_A/24" dev "$VA" && ip -n "$B" addr add "$ADDR_B/24" d
 for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
 ip -n "$A" link set "$VA" up && ip -n "$B" link set "$VB" up || fail "links up"
 
-args=(train --hidden 256,128 --batch-size 256 --max-steps $STEPS --log-every 1 --threads-per-rank 1
-      --checkpoint-every 100 "${EXTRA[@]}")
-"$MT" "${args[@]}" --mesh "$MESH" --run-dir "$WORK/ref" > "$WORK/ref.log" 2>&1 || fail "the uninterrupted run failed"
+HEARTBEAT=3
+if [ "$MODE" = no_fit ]; then
+  HEARTBEAT=5
+  # Predicted peaks (plan::predict_memory): 45.3 MiB per device on fsdp=4;
+  # on 2 devices at least 48.9 MiB (4 micro-batches, recompute); 51MiB
+  # leaves 45.9 MiB usable.
+  args=(train --model gpt --corpus /usr/share/games/fortunes/computers --text-cache "$WORK/text" --vocab 4096
+        --layers 4 --heads 4 --width 256 --context 16 --batch-size 8 --max-steps 100000 --log-every 1
+        --threads-per-rank 1 --checkpoint-every 20 --fsdp zero1 --device-memory 51MiB)
+else
+  args=(train --hidden 256,128 --batch-size 256 --max-steps $STEPS --log-every 1 --threads-per-rank 1
+        --checkpoint-every 100 "${EXTRA[@]}")
+  "$MT" "${args[@]}" --mesh "$MESH" --run-dir "$WORK/ref" > "$WORK/ref.log" 2>&1 || fail "the uninterrupted run failed"
+fi
 
 # $1 namespace, $2 node rank, $3 log; node 1 names its interface for gloo.
 launch() {
@@ -69,30 +85,53 @@ launch() {
   [ "$node" = 1 ] && iface="GLOO_SOCKET_IFNAME=$VB"
   ip netns exec "$ns" env MESHTRAIN_JOB_TOKEN=elastic-$id $iface timeout 300 \
     "$MT" launch --nnodes 1:2 --nproc-per-node 2 --node-rank "$node" --master-addr "$ADDR_A" --master-port "$PORT" \
-    --max-restarts 2 --heartbeat-timeout 3 --last-call 60 --join-timeout 60 --kill-timeout 30 -- \
+    --max-restarts ${MAX_RESTARTS:-2} --heartbeat-timeout $HEARTBEAT --last-call 60 --join-timeout 60 --kill-timeout 30 -- \
     "$MT" "${args[@]}" --engine gloo --mesh "$MESH" --timeout 30 --run-dir "$WORK/run" > "$log" 2>&1
 }
 metrics=$WORK/run.incomplete/metrics.jsonl
 # The newest step in metrics.jsonl (0 before the first).
 last_step() { grep -o '"split":"train","step":[0-9]*' "$metrics" 2> /dev/null | tail -1 | grep -o '[0-9]*$' || echo 0; }
-# Waits until $1 (a command) succeeds, at most $2 seconds.
+# Waits until $1 (a command) succeeds, at most $2 seconds (while node 0 runs).
 wait_until() {
   for _ in $(seq $(($2 * 20))); do
     eval "$1" && return 0
+    kill -0 "$node0" 2> /dev/null || fail "node 0 ended while waiting for: $1"
     sleep 0.05
   done
   fail "waited $2 s for: $1"
 }
 
+[ "$MODE" = no_fit ] && MAX_RESTARTS=1
 launch "$A" 0 "$WORK/node0.log" &
 node0=$!
 pids+=($node0)
 launch "$B" 1 "$WORK/node1.log" &
 pids+=($!)
-wait_until '[ "$(last_step)" -ge 300 ]' 120
+if [ "$MODE" = no_fit ]; then
+  wait_until '[ -e "$WORK/run.incomplete/checkpoints/latest" ]' 120
+else
+  wait_until '[ "$(last_step)" -ge 300 ]' 120
+fi
 for p in $(ip netns pids "$B"); do kill -KILL "$p" 2> /dev/null; done
+t_kill=$(date +%s.%N)
 killed_at=$(last_step)
 echo "killed node 1 (launcher and workers) at step $killed_at"
+if [ "$MODE" = no_fit ]; then
+  sleep 0.5  # node 0's workers end (their peers are gone)
+  cp -r "$WORK/run.incomplete" "$WORK/saved"
+  wait "$node0" && fail "node 0 finished a run that does not fit 2 devices"
+  took=$(awk -v t0="$t_kill" -v t1="$(date +%s.%N)" 'BEGIN { printf "%.1f", t1 - t0 }')
+  echo "node 0 stopped $took s after the kill"
+  awk -v t="$took" -v d="$HEARTBEAT" 'BEGIN { exit !(t < 2 * d) }' || fail "the job took $took s to stop (deadline $HEARTBEAT s)"
+  grep -q "error: --device-memory: the run needs .* per device on 2 devices (mesh fsdp=2, the planner's predicted" \
+    "$WORK/node0.log" || fail "no error saying how much memory the run needs"
+  grep -q "the least any layout on 2 devices needs is" "$WORK/node0.log" || fail "the error does not give the least"
+  diff -r "$WORK/saved" "$WORK/run.incomplete" > /dev/null || fail "the run directory changed after the refusal"
+  "$MT" train --resume "$WORK/run" --engine threads --devices 4 --max-steps $((killed_at + 20)) > "$WORK/resume4.log" 2>&1 ||
+    fail "the kept checkpoint does not resume on 4 devices"
+  echo "PASS: elastic two nodes ($MODE)"
+  exit 0
+fi
 # Node 0 goes on alone on the re-planned mesh; then node 1 comes back.
 wait_until 'grep -q "\"event\":\"layout_change\"" "$metrics" 2> /dev/null' 120
 resumed=$(grep -o '"step":[0-9]*,"time_lost_s' "$metrics" | head -1 | grep -o '[0-9][0-9]*')

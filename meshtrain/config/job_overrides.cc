@@ -60,6 +60,7 @@ DistributedConfig apply_job_overrides(DistributedConfig dc, const JobOverrides& 
                             "start N processes instead (mpirun -np N, or meshtrain launch --nproc-per-node N)");
     set_field(dc, "world_size", o.devices, "--devices");
     set_field(dc, "num_processes_per_node", o.devices, "--devices");
+    dc.num_nodes = 1;  // one process (a resumed run's config may say otherwise)
   }
   if (!o.mesh.empty()) {
     // A new mesh replaces the configuration's, its parallel sizes included.
@@ -72,6 +73,7 @@ DistributedConfig apply_job_overrides(DistributedConfig dc, const JobOverrides& 
       const std::string n = std::to_string(devices);
       set_field(dc, "world_size", n, "--mesh");
       set_field(dc, "num_processes_per_node", n, "--mesh");
+      dc.num_nodes = 1;
     }
   }
   // On the threads engine --mesh sets the world size, so it always fits.
@@ -90,7 +92,7 @@ DistributedConfig apply_job_overrides(DistributedConfig dc, const JobOverrides& 
                                           dc.world_size));
       dc.set_mesh(*resized);
       if (o.notes != nullptr)
-        o.notes->push_back(fmt::format("resuming on {} devices: mesh {} -> {} (the data axis takes the change; "
+        o.notes->push_back(fmt::format("resuming on {} devices: mesh {} -> {} (the data-parallel axes take the change; "
                                        "the global batch stays)",
                                        dc.world_size, saved.to_spec(), resized->to_spec()));
       if (o.resized_from != nullptr) *o.resized_from = saved;

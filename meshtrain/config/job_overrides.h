@@ -34,7 +34,7 @@ struct JobOverrides {
   // A resumed run (--resume, or a launcher's restart): when its mesh (the
   // configuration's, or --mesh: a launcher's restart repeats the command
   // line) does not fit the world size (fewer or more devices than it was
-  // saved on), the data axis takes the change (mesh::resize_data_axis),
+  // saved on), the data-parallel axes take the change (mesh::resize_data_axis),
   // `notes` says so and `resized_from` (when given) gets the mesh before.
   bool resuming = false;
   std::vector<std::string>* notes = nullptr;

@@ -73,6 +73,11 @@ TEST(JobOverrides, AResumedRunsMeshThatNoLongerFitsIsReplanned) {
                 apply_job_overrides(two, {.mesh = "pipeline=2,tensor=2", .gloo_available = true, .resuming = true});
               }),
               HasSubstr("give --mesh for 2 devices"));
+  // A run saved by a two-node job resumes on simulated devices: one node.
+  DistributedConfig saved = two;
+  saved.num_nodes = 2;
+  saved.num_processes_per_node = 1;
+  EXPECT_NO_THROW(apply_job_overrides(saved, {.engine = "threads", .devices = "4"}).validate());
 }
 
 TEST(JobOverrides, PrecisionIsOneSettingUnderTwoNames) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 #include <charconv>
 #include <cstdint>
 #include <optional>
@@ -108,12 +109,20 @@ std::vector<int> get_optimal_mesh_shape(int n, int dims) {
 std::optional<NamedShape> resize_data_axis(const NamedShape& m, int world_size) {
   if (world_size < 1)
     throw InvalidArgument("resize_data_axis", fmt::format("world size {}", world_size), "need at least 1 device");
-  int64_t others = 1;
-  for (size_t i = 0; i < m.shape.size(); ++i)
+  int64_t others = 1, fixed = 1;  // the axes but data; but data and fsdp
+  for (size_t i = 0; i < m.shape.size(); ++i) {
     if (m.axis_names[i] != kData) others *= m.shape[i];
-  if (world_size % others != 0) return std::nullopt;
-  const int data = static_cast<int>(world_size / others);
+    if (m.axis_names[i] != kData && m.axis_names[i] != kFsdp) fixed *= m.shape[i];
+  }
   NamedShape out = m;
+  if (world_size % others != 0) {
+    if (world_size % fixed != 0 || m.size_of(kFsdp) == 1) return std::nullopt;
+    const int rest = static_cast<int>(world_size / fixed);
+    for (size_t i = 0; i < out.shape.size(); ++i)
+      if (out.axis_names[i] == kFsdp) out.shape[i] = std::gcd(out.shape[i], rest);
+    others = fixed * std::gcd(m.size_of(kFsdp), rest);
+  }
+  const int data = static_cast<int>(world_size / others);
   for (size_t i = 0; i < out.shape.size(); ++i)
     if (out.axis_names[i] == kData) {
       out.shape[i] = data;

@@ -74,8 +74,12 @@ NamedShape parse_mesh_spec(std::string_view spec);
 // devices: the tensor, pipeline, context, expert, fsdp and node sizes are
 // the run's fixed choices). A mesh without a data axis gains one, after a
 // pipeline axis or first (kMeshAxisOrder), unless it would have size 1.
+// When the fsdp size does not fit either, the data and fsdp axes share
+// what the other axes leave: fsdp = gcd(its size, that), the data axis the
+// rest (the checkpoint reshards onto any fsdp size).
 // nullopt when the other axes' product does not divide world_size (>= 1).
 //   (data=4,tensor=2, 4) -> data=2,tensor=2    (tensor=2, 8) -> data=4,tensor=2
+//   (fsdp=4, 2) -> fsdp=2    (fsdp=4, 6) -> data=3,fsdp=2
 //   (data=2,tensor=4, 2) -> nullopt
 std::optional<NamedShape> resize_data_axis(const NamedShape& m, int world_size);
 

@@ -161,7 +161,12 @@ TEST(ResizeDataAxis, TheDataAxisTakesWhatTheFixedAxesLeave) {
   EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("pipeline=2,fsdp=2"), 8)), "pipeline=2,data=2,fsdp=2");
   EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("tensor=2"), 2)), "tensor=2");
   EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("data=2,tensor=4"), 2)), "none");
-  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("fsdp=2,pipeline=2"), 6)), "none");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("fsdp=2,pipeline=2"), 6)), "data=3,fsdp=1,pipeline=2");
+  // The fsdp size when the data axis alone cannot take the change.
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("fsdp=4"), 2)), "fsdp=2");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("fsdp=4"), 6)), "data=3,fsdp=2");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("data=2,fsdp=4,tensor=2"), 4)), "data=1,fsdp=2,tensor=2");
+  EXPECT_EQ(spec(resize_data_axis(parse_mesh_spec("fsdp=4,tensor=2"), 3)), "none");
   EXPECT_THROW(resize_data_axis(parse_mesh_spec("data=2"), 0), InvalidArgument);
 }
 

@@ -16,6 +16,7 @@
 #include "meshtrain/core/error.h"
 #include "meshtrain/core/strings.h"
 #include "meshtrain/parallel/fully_sharded.h"
+#include "meshtrain/plan/mesh_planning.h"
 #include "meshtrain/layout/vocabulary.h"
 #include "meshtrain/train/model_recipe.h"
 
@@ -201,6 +202,14 @@ const TrainField kFields[] = {
     {"first_dense", "--first-dense", "GPT llama with experts: the first blocks that keep dense MLPs",
      MT_INT(moe.first_dense, 0, 1024)},
     {"recompute", "--recompute", "GPT: recompute each block's activations in backward", MT_BOOL(recompute)},
+    {"device_memory", "--device-memory",
+     "memory per device, e.g. 24GiB or 80GB (\"\": not checked): the GPT's predicted peak must fit (10% kept "
+     "free); a resumed run on fewer devices is re-planned to fit (more micro-batches, ZeRO, recompute)",
+     [](TrainConfig& c, std::string_view t, std::string_view s) {
+       if (!t.empty()) (void)plan::parse_memory_size(t, s);
+       c.device_memory = std::string(t);
+     },
+     [](const TrainConfig& c) { return c.device_memory; }, TrainFieldKind::string},
     {"sequence_parallel", "--sequence-parallel",
      "GPT with a tensor axis: split the activations outside the tensor-parallel regions along the sequence",
      MT_BOOL(sequence_parallel)},

@@ -65,6 +65,10 @@ struct TrainConfig {
   int heads = 4;
   int width = 256;                           // divisible by heads
   bool recompute = false;                    // recompute every block's activations in backward
+  // Memory per device ("24GiB", plan::parse_memory_size; "": not checked):
+  // the GPT's predicted peak must fit, and a resumed run that no longer
+  // fits is re-planned (train/device_memory.h).
+  std::string device_memory;
   // Tensor parallelism's sequence parallelism (Megatron): outside the
   // tensor-parallel regions the GPT's activations are split along the
   // sequence over the tensor axis. No effect without a tensor axis.
