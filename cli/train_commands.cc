@@ -97,6 +97,7 @@ int run_train(TrainFlags& f) {
   config::DistributedConfig dc =
       f.config.empty() ? config::DistributedConfig{} : config::DistributedConfig::from_toml_file(f.config);
   dc = dc.with_env(config::read_launcher_env());
+  const auto plan_start = std::chrono::steady_clock::now();  // the re-plan of a resumed run, timed
   std::vector<std::string> notes;  // a resumed run's new mesh
   mesh::NamedShape saved;           // and the one it was saved on
   dc = config::apply_job_overrides(dc, {.engine = f.engine,
@@ -114,6 +115,7 @@ int run_train(TrainFlags& f) {
   // The devices' memory (--device-memory): a resumed run that no longer fits is re-planned.
   const train::ResolvedTraining resolved =
       train::fit_device_memory(train::resolve_training(tc, dc), dc, !tc.resume.empty(), &notes);
+  dc.restart.replan_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - plan_start).count();
 
   const comm::LaunchOptions launch{.engine = dc.backend,
                                    .ranks = dc.backend == comm::Engine::threads ? dc.world_size : 0,

@@ -128,6 +128,7 @@ struct DistributedConfig {
     std::string reason;          // "" : not a launcher's restart after a failure or a regroup
     int64_t event_unix_ms = 0;   // when the launcher saw it (Unix ms)
     int64_t rendezvous_ms = 0;   // from then to this worker's start
+    double replan_s = 0;         // choosing the layout for the devices (set by the command, not the launcher)
     bool operator==(const Restart&) const = default;
   };
   Restart restart;

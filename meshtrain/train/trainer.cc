@@ -234,7 +234,9 @@ class Run {
             : optim::LrSchedule::constant(tc_.lr);
     total_ = total;
     if (tc_.resume.empty() && !tc_.init_from.empty()) init_from_file();
+    const auto load_start = Clock::now();
     const std::optional<int64_t> resumed = tc_.resume.empty() ? std::nullopt : std::optional<int64_t>(resume());
+    load_seconds_ = std::chrono::duration<double>(Clock::now() - load_start).count();
     std::unique_ptr<MetricsLog> log;
     if (main_) {
       log = std::make_unique<MetricsLog>(shared_.dir->file("metrics.jsonl"), resumed);
@@ -566,8 +568,9 @@ class Run {
   // devices after a failure) is a line of its own, written after its first
   // step: why (a launcher's restart says; else "resumed") and, after a
   // launcher's restart, the time lost from the failure to the end of that
-  // step: the rendezvous (to this process's start), the start-up (re-plan,
-  // model, checkpoint load) and the first step.
+  // step: the rendezvous (to this process's start), the re-plan, the
+  // checkpoint load, the rest of the start-up (the process, the model, the
+  // data) and the first step.
   void log_layout_change(MetricsLog& log, int64_t resumed, Clock::time_point first_step_start) const {
     const std::string now = layout_summary();
     if (now == resumed_from_) return;
@@ -582,10 +585,13 @@ class Run {
           1000;
       const double first = std::chrono::duration<double>(Clock::now() - first_step_start).count();
       const double rendezvous = static_cast<double>(r.rendezvous_ms) / 1000;
-      numbers.insert(numbers.end(), {{"time_lost_s", lost},
-                                     {"rendezvous_s", rendezvous},
-                                     {"startup_s", std::max(0.0, lost - rendezvous - first)},
-                                     {"first_step_s", first}});
+      numbers.insert(numbers.end(),
+                     {{"time_lost_s", lost},
+                      {"rendezvous_s", rendezvous},
+                      {"replan_s", r.replan_s},
+                      {"checkpoint_load_s", load_seconds_},
+                      {"startup_s", std::max(0.0, lost - rendezvous - r.replan_s - load_seconds_ - first)},
+                      {"first_step_s", first}});
     }
     log.write(numbers, {{"event", "layout_change"},
                         {"from", resumed_from_},
@@ -877,6 +883,7 @@ class Run {
   comm::Communicator* world_;
   std::string checkpoints_;  // <staging>/checkpoints, on every rank
   std::string resumed_from_;  // a resumed run: the layout its checkpoint was saved on
+  double load_seconds_ = 0;   // reading the checkpoint (a resumed run)
   std::unique_ptr<internal::CheckpointWriter> writer_;  // the checkpoints' saves
   bool stop_after_step_ = false;  // a stop request reached some rank during this step
   DType compute_dtype_ = DType::f32;  // what the layers' products run in
