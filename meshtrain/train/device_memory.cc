@@ -25,6 +25,7 @@ namespace {
 constexpr const char* kFlag = "--device-memory";
 
 std::string gib(double bytes) { return format_bytes(static_cast<uint64_t>(bytes)); }
+std::string devices(int n) { return fmt::format("{} device{}", n, n == 1 ? "" : "s"); }
 
 // The axes the re-plan keeps (the user's fixed choices), as "keeping
 // tensor=2" ("" when there are none).
@@ -124,9 +125,9 @@ ResolvedTraining fit_device_memory(const ResolvedTraining& resolved, config::Dis
     return resolved;
   }
   const std::string over = fmt::format(
-      "the run needs {} per device on {} devices (mesh {}, the planner's predicted peak), more than the {} usable "
+      "the run needs {} per device on {} (mesh {}, the planner's predicted peak), more than the {} usable "
       "of {} ({}% kept free)",
-      gib(needed), dc.world_size, mesh.to_spec(), gib(usable), tc.device_memory,
+      gib(needed), devices(dc.world_size), mesh.to_spec(), gib(usable), tc.device_memory,
       static_cast<int>(limits.reserve * 100));
   if (!may_replan)
     throw InvalidArgument(kFlag, over,
@@ -176,7 +177,7 @@ ResolvedTraining fit_device_memory(const ResolvedTraining& resolved, config::Dis
   const double least_peak = least ? least->peak : needed;
   throw InvalidArgument(
       kFlag,
-      fmt::format("{}; the least any layout on {} devices{} needs is {}{}", over, dc.world_size, keeping(mesh),
+      fmt::format("{}; the least any layout on {}{} needs is {}{}", over, devices(dc.world_size), keeping(mesh),
                   gib(least_peak),
                   least ? fmt::format(" (mesh {}{}{})", least->mesh.to_spec(), least->what.empty() ? "" : ", ",
                                       least->what)

@@ -16,6 +16,7 @@
 #include "meshtrain/train/export.h"
 #include "meshtrain/train/model_parameters.h"
 #include "meshtrain/train/run_dir.h"
+#include "meshtrain/train/device_memory.h"
 #include "meshtrain/train/trainer.h"
 #include "python/src/internal.h"
 
@@ -108,7 +109,15 @@ void bind_train(py::module_& m) {
         }
         tc.continue_in_resumed_directory(kwargs.contains("run_dir"), "meshtrain.train(run_dir=...)");
         tc.validate();
+        // A resumed run on another number of devices is re-planned as `meshtrain train` does (docs/elastic.md).
+        std::vector<std::string> notes;
+        mesh::NamedShape saved;
+        job.resuming = !tc.resume.empty();
+        job.notes = &notes;
+        job.resized_from = &saved;
         dc = config::apply_job_overrides(dc.with_values(dc_values, op).with_env(config::read_launcher_env()), job);
+        if (!saved.shape.empty() && !kwargs.contains("micro_batches"))
+          train::keep_micro_batch_size(tc, saved, dc.mesh(), &notes);
         // A size given as a key that the mesh (or the engine) then changed is a contradiction, not an override.
         for (const auto& [key, text] : dc_values)
           for (const config::ConfigField& f : config::distributed_config_fields())
@@ -129,7 +138,10 @@ void bind_train(py::module_& m) {
                                   "a mesh node=K,fsdp=L with L = secondary_group_size");
         }
         const double seconds = std::stod(timeout);
-        const train::ResolvedTraining resolved = train::resolve_training(tc, dc);
+        const train::ResolvedTraining resolved =
+            train::fit_device_memory(train::resolve_training(tc, dc), dc, !tc.resume.empty(), &notes);
+        if (dc.rank == 0)
+          for (const std::string& note : notes) fmt::print("# {}\n", note);
         const comm::LaunchOptions launch{.engine = dc.backend,
                                          .ranks = dc.backend == comm::Engine::threads ? dc.world_size : 0,
                                          .timeout = to_ms(seconds, op)};

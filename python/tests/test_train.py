@@ -55,3 +55,24 @@ def test_bad_settings_name_the_key():
         meshtrain.train(max_steps=-3)
     with pytest.raises(meshtrain.InvalidArgument, match="no_such_key"):
         meshtrain.train(no_such_key=1)
+
+
+def test_a_resume_on_fewer_devices_is_replanned_as_the_command_does(tmp_path, capfd):
+    run = str(tmp_path / "run")
+    meshtrain.train(hidden="64,32", batch_size=64, mesh="data=4", max_steps=10, checkpoint_every=10,
+                    threads_per_rank=1, run_dir=run)
+    r = meshtrain.train(resume=run, devices=2, max_steps=20, threads_per_rank=1)
+    assert r.steps == 20
+    out = capfd.readouterr().out
+    assert "# resuming on 2 devices: mesh data=4 -> data=2" in out
+    assert "# micro_batches = 2 (was 1)" in out
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        changes = [json.loads(line) for line in f if "layout_change" in line]
+    assert [(c["from"], c["to"], c["reason"], c["step"]) for c in changes] == [
+        ("mesh data=4 (data parallel 4)", "mesh data=2 (data parallel 2)", "resumed", 10)]
+
+
+def test_a_gpt_that_does_not_fit_the_devices_memory_is_refused():
+    with pytest.raises(meshtrain.InvalidArgument, match=r"--device-memory: the run needs .* per device on 1 device "):
+        meshtrain.train(model="gpt", vocab=512, layers=2, heads=2, width=64, context=32, batch_size=16,
+                        device_memory="1MiB", max_steps=1)
