@@ -99,7 +99,8 @@ int run_train(TrainFlags& f) {
   dc = dc.with_env(config::read_launcher_env());
   const auto plan_start = std::chrono::steady_clock::now();  // the re-plan of a resumed run, timed
   std::vector<std::string> notes;  // a resumed run's new mesh
-  mesh::NamedShape saved;           // and the one it was saved on
+  // A resumed run's mesh as its config.toml has it (its last part's).
+  const mesh::NamedShape saved = !tc.resume.empty() && !dc.mesh_shape.empty() ? dc.mesh() : mesh::NamedShape{};
   dc = config::apply_job_overrides(dc, {.engine = f.engine,
                                         .devices = f.devices,
                                         .mesh = f.mesh,
@@ -108,8 +109,7 @@ int run_train(TrainFlags& f) {
                                         .config_source = f.config,
                                         .gloo_available = comm::engines().find("gloo") != nullptr,
                                         .resuming = !tc.resume.empty(),
-                                        .notes = &notes,
-                                        .resized_from = &saved});
+                                        .notes = &notes});
   if (!saved.shape.empty() && f.app->get_option("--micro-batches")->count() == 0)
     train::keep_micro_batch_size(tc, saved, dc.mesh(), &notes);
   // The devices' memory (--device-memory): a resumed run that no longer fits is re-planned.

@@ -2,8 +2,9 @@
 # A run saved on 4 devices resumes on 2 (as after losing a node): the data
 # axis takes the change (data=4 -> data=2), micro-batches double so each
 # keeps its size, and with --deterministic the final model and the checksum
-# log are the uninterrupted 4-device run's, byte for byte. A GPT that no
-# longer fits --device-memory on fewer devices is re-planned.
+# log are the uninterrupted 4-device run's, byte for byte; back on 4
+# devices the micro-batches divide back. A GPT that no longer fits
+# --device-memory on fewer devices is re-planned.
 #
 #   tests/elastic_resume_test.sh MESHTRAIN
 set -u
@@ -29,6 +30,11 @@ grep -q '"event":"layout_change".*"from":"mesh data=4 (data parallel 4)".*"to":"
   "$tmp/run/metrics.jsonl" || { grep layout "$tmp/run/metrics.jsonl"; fail "metrics.jsonl has no layout_change line"; }
 cmp -s "$tmp/ref/model.safetensors" "$tmp/run/model.safetensors" ||
   fail "the resumed model differs from the uninterrupted run's"
+# Back on 4 devices (a node returned): the micro-batches divide back.
+"$meshtrain" train --resume "$tmp/run" --devices 4 --max-steps 30 >"$tmp/back.out" 2>&1 ||
+  { cat "$tmp/back.out"; fail "the resume on 4 devices failed"; }
+grep -q "micro_batches = 1 (was 2): each micro-batch keeps its size on 4 data-parallel ranks instead of 2" \
+  "$tmp/back.out" || { grep "^#" "$tmp/back.out"; fail "the micro-batches did not divide back"; }
 "$meshtrain" checksums "$tmp/ref" "$tmp/run" || fail "the checksum logs differ"
 # Axes that do not divide the devices: refused, naming --mesh.
 "$meshtrain" train --hidden 64,32 --batch-size 64 --mesh data=2,pipeline=2 --max-steps 5 --checkpoint-every 5 \

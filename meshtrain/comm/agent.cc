@@ -15,7 +15,9 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -153,6 +155,43 @@ std::vector<std::string> inherited_environment() {
   return env;
 }
 
+// Adds 1 to `key` once a second on a connection of its own, until
+// destroyed; a store that goes away ends it quietly (the agent's own calls
+// report that).
+class Heartbeat {
+ public:
+  Heartbeat(TcpStoreOptions options, std::string key)
+      : thread_([this, o = std::move(options), k = std::move(key)] { run(o, k); }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  void run(const TcpStoreOptions& options, const std::string& key) {
+    try {
+      TcpStore store(options);
+      for (std::unique_lock l(mu_); !cv_.wait_for(l, kBeatEvery, [this] { return stop_; });) {
+        l.unlock();
+        store.add(key, 1);
+        l.lock();
+      }
+    } catch (const Error&) {
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the rest is built
+};
+
 // How a round ended. failed: may restart (counted); regroup: the membership
 // changes (not counted); stopped: the job ends.
 struct Outcome {
@@ -262,13 +301,6 @@ class Agent {
     return n;
   }
 
-  // This node's heartbeat in the store, at most once a second (throws the store's errors).
-  void beat() {
-    if (!multi() || Clock::now() - last_beat_ < kBeatEvery) return;
-    last_beat_ = Clock::now();
-    store_->add(heartbeat_key(o_.node_rank), 1);
-  }
-
   // Node 0: whether `node` beat within heartbeat_timeout (as node 0 saw its counter change).
   bool alive(int node) {
     if (node == o_.node_rank) return true;
@@ -278,14 +310,13 @@ class Agent {
     return Clock::now() - it->second.changed < o_.heartbeat_timeout;
   }
 
-  // Sleeps up to `d` (outside a round), waking for a signal; reaps strays
-  // and beats. Returns true when the agent was interrupted.
+  // Sleeps up to `d` (outside a round), waking for a signal; reaps strays.
+  // Returns true when the agent was interrupted.
   bool pause(milliseconds d) {
     pollfd p{signals_.fd(), POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(d.count())) > 0) take_signals();
     while (::waitpid(-1, nullptr, WNOHANG) > 0) {
     }
-    beat();
     return interrupt_ != 0;
   }
 
@@ -347,7 +378,17 @@ class Agent {
                               fmt::format("give each node its own --node-rank, 0 to {}", o_.nnodes - 1));
     }
     if (multi()) store_->add(key, 1);
-    last_beat_ = Clock::now();
+    // The other nodes beat from a thread of their own, so that a long stop
+    // of the workers (a checkpoint's save) does not look like a dead node.
+    if (multi() && !host()) {
+      TcpStoreOptions so{.host = o_.master_addr,
+                         .port = port_,
+                         .is_server = false,
+                         .timeout = kStoreTimeout,
+                         .connect_timeout = std::chrono::seconds(10),
+                         .token = o_.token};
+      heartbeat_ = std::make_unique<Heartbeat>(std::move(so), key);
+    }
   }
 
   // The round to join: 0, or after the last one that closed (a node that
@@ -404,8 +445,9 @@ class Agent {
         }
         if (store_->check({kStopKey})) return stopped_by(Remote{store_->get(kStopKey), true});
         if (!host() && store_->check({kFinishedKey})) {
-          say(fmt::format("the job finished before node {} could join", o_.node_rank));
-          return Outcome{};
+          const std::string code = store_->get(kFinishedKey);
+          say(fmt::format("the job finished (exit code {}) before node {} could join", code, o_.node_rank));
+          return Outcome{code == "0" ? Outcome::success : Outcome::stopped, code == "0" ? 0 : 1, ""};
         }
         if (pause(kWatchEvery)) return interrupted(round);
       }
@@ -488,14 +530,16 @@ class Agent {
     return Outcome{Outcome::stopped, exit_for_signal(), ""};
   }
 
-  // Elastic, below MAX: the nodes waiting for the next round (empty: none).
-  std::vector<int> waiting(int round, size_t members) {
-    if (!o_.elastic() || members >= static_cast<size_t>(o_.nnodes)) return {};
-    const int64_t n = store_->add(round_key(round + 1, "count"), 0);
+  // Elastic, below MAX: the nodes outside round m waiting for the next one
+  // (empty: none). The members themselves join it after a failure.
+  std::vector<int> waiting(const Round& m) {
+    if (!o_.elastic() || m.nodes.size() >= static_cast<size_t>(o_.nnodes)) return {};
+    const int64_t n = store_->add(round_key(m.number + 1, "count"), 0);
     std::vector<int> nodes;
     for (int64_t i = 1; i <= n; ++i)
-      if (const std::string key = round_key(round + 1, fmt::format("joiner/{}", i)); store_->check({key}))
-        nodes.push_back(static_cast<int>(std::stol(store_->get(key))));
+      if (const std::string key = round_key(m.number + 1, fmt::format("joiner/{}", i)); store_->check({key}))
+        if (const int node = static_cast<int>(std::stol(store_->get(key))); m.index_of(node) < 0)
+          nodes.push_back(node);
     return nodes;
   }
 
@@ -562,7 +606,9 @@ class Agent {
       try {
         for (const auto& e : exits) {
           if (e.status == 0) continue;
-          if (const std::vector<int> w = waiting(round, m.nodes.size()); !w.empty()) {
+          if (auto r = multi() ? check_remote(round) : std::nullopt) {  // the cause is elsewhere
+            out = stopped_by(*r);
+          } else if (const std::vector<int> w = waiting(m); !w.empty()) {
             out = regroup_for(w);
           } else {
             const std::string what = internal::describe_exit(e.status);
@@ -577,12 +623,11 @@ class Agent {
         if (decided || group->all_exited()) break;  // every worker exited 0
         if (multi() && Clock::now() - last_watch >= kWatchEvery) {
           last_watch = Clock::now();
-          beat();
           if (auto r = check_remote(round)) {
             out = stopped_by(*r);
             break;
           }
-          if (const std::vector<int> w = waiting(round, m.nodes.size()); !w.empty()) {
+          if (const std::vector<int> w = waiting(m); !w.empty()) {
             out = regroup_for(w);
             say(fmt::format("{} waiting to join: stopping the workers of node {} to regroup", node_list(w),
                             o_.node_rank));
@@ -673,7 +718,7 @@ class Agent {
   bool generated_token_ = false;
   int interrupt_ = 0;  // the first SIGINT/SIGTERM/SIGHUP received
   int failures_ = 0;   // failed rounds so far (node 0 writes it into each round it closes)
-  Clock::time_point last_beat_{};
+  std::unique_ptr<Heartbeat> heartbeat_;
   // Node 0's view: the open round's joiners, the last round's members, heartbeats.
   Clock::time_point opened_{};
   std::vector<int> joined_;

@@ -95,7 +95,6 @@ DistributedConfig apply_job_overrides(DistributedConfig dc, const JobOverrides& 
         o.notes->push_back(fmt::format("resuming on {} devices: mesh {} -> {} (the data-parallel axes take the change; "
                                        "the global batch stays)",
                                        dc.world_size, saved.to_spec(), resized->to_spec()));
-      if (o.resized_from != nullptr) *o.resized_from = saved;
     }
   }
   require_trainable_mesh(dc, !o.mesh.empty()             ? std::string_view("--mesh")

@@ -34,11 +34,10 @@ struct JobOverrides {
   // A resumed run (--resume, or a launcher's restart): when its mesh (the
   // configuration's, or --mesh: a launcher's restart repeats the command
   // line) does not fit the world size (fewer or more devices than it was
-  // saved on), the data-parallel axes take the change (mesh::resize_data_axis),
-  // `notes` says so and `resized_from` (when given) gets the mesh before.
+  // saved on), the data-parallel axes take the change (mesh::resize_data_axis)
+  // and `notes` says so.
   bool resuming = false;
   std::vector<std::string>* notes = nullptr;
-  mesh::NamedShape* resized_from = nullptr;
 };
 
 // dc with the overrides applied, reconciled and validated:

@@ -58,13 +58,10 @@ TEST(JobOverrides, AResumedRunsMeshThatNoLongerFitsIsReplanned) {
   const DistributedConfig two = DistributedConfig{}.with_env(
       LauncherEnv{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "2"}});
   std::vector<std::string> notes;
-  mesh::NamedShape before;
   const DistributedConfig d = apply_job_overrides(
-      two, {.mesh = "data=2,tensor=2", .gloo_available = true, .resuming = true, .notes = &notes,
-            .resized_from = &before});
+      two, {.mesh = "data=2,tensor=2", .gloo_available = true, .resuming = true, .notes = &notes});
   EXPECT_EQ(d.mesh().to_spec(), "data=1,tensor=2");
   EXPECT_EQ(d.tensor_parallel_size, 2);
-  EXPECT_EQ(before.to_spec(), "data=2,tensor=2");
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_THAT(notes[0], HasSubstr("resuming on 2 devices: mesh data=2,tensor=2 -> data=1,tensor=2"));
   EXPECT_THAT(error_of([&] { apply_job_overrides(two, {.mesh = "data=2,tensor=2", .gloo_available = true}); }),

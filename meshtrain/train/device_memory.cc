@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <iterator>
 #include <optional>
 #include <string>
@@ -81,12 +82,12 @@ void keep_micro_batch_size(TrainConfig& tc, const mesh::NamedShape& before, cons
     return n;
   };
   const int was = ranks(before), now = ranks(after);
-  if (now >= was || was % now != 0) return;
-  const int micro = tc.micro_batches * (was / now);
+  if (now == was || (tc.micro_batches * was) % now != 0) return;
+  const int micro = tc.micro_batches * was / now;
   if (notes != nullptr)
     notes->push_back(fmt::format("micro_batches = {} (was {}): each micro-batch keeps its size on {} data-parallel "
-                                 "ranks instead of {}",
-                                 micro, tc.micro_batches, now, was));
+                                 "rank{} instead of {}",
+                                 micro, tc.micro_batches, now, now == 1 ? "" : "s", was));
   tc.micro_batches = micro;
 }
 
@@ -175,6 +176,8 @@ ResolvedTraining fit_device_memory(const ResolvedTraining& resolved, config::Dis
     }
   }
   const double least_peak = least ? least->peak : needed;
+  // The device memory whose usable part holds it, rounded up to 0.01 MiB.
+  const double enough = std::ceil(least_peak / (1 - limits.reserve) / (1 << 20) * 100) / 100;
   throw InvalidArgument(
       kFlag,
       fmt::format("{}; the least any layout on {}{} needs is {}{}", over, devices(dc.world_size), keeping(mesh),
@@ -182,9 +185,9 @@ ResolvedTraining fit_device_memory(const ResolvedTraining& resolved, config::Dis
                   least ? fmt::format(" (mesh {}{}{})", least->mesh.to_spec(), least->what.empty() ? "" : ", ",
                                       least->what)
                         : ""),
-      fmt::format("the last checkpoint is kept: resume the run on more devices, or on devices of at least {} each "
-                  "({} {})",
-                  gib(least_peak / (1 - limits.reserve)), kFlag, gib(least_peak / (1 - limits.reserve))));
+      fmt::format("the last checkpoint is kept: resume the run on more devices, or on devices of at least "
+                  "{:.2f} MiB each ({} {:.2f}MiB)",
+                  enough, kFlag, enough));
 }
 
 }  // namespace meshtrain::train

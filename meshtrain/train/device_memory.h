@@ -33,11 +33,12 @@
 
 namespace meshtrain::train {
 
-// A resumed run on fewer data-parallel ranks (mesh `before` -> `after`:
-// data, node, fsdp and expert axes): each rank's share of the (unchanged)
-// global batch grows, and the micro-batches multiply so that each keeps
-// its size (and memory), as a note says. Nothing when the ranks do not
-// shrink by a whole factor.
+// A resumed run on another number of data-parallel ranks (mesh `before`,
+// its last part's, -> `after`: data, node, fsdp and expert axes): each
+// rank's share of the (unchanged) global batch changes, and the
+// micro-batches follow so that each keeps its size (and memory), as a note
+// says: on fewer ranks they multiply, on more (a node back) they divide
+// back. Nothing when the count would not be whole.
 void keep_micro_batch_size(TrainConfig& tc, const mesh::NamedShape& before, const mesh::NamedShape& after,
                            std::vector<std::string>* notes);
 

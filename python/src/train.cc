@@ -111,10 +111,10 @@ void bind_train(py::module_& m) {
         tc.validate();
         // A resumed run on another number of devices is re-planned as `meshtrain train` does (docs/elastic.md).
         std::vector<std::string> notes;
-        mesh::NamedShape saved;
+        const mesh::NamedShape saved =
+            !tc.resume.empty() && !dc.mesh_shape.empty() ? dc.mesh() : mesh::NamedShape{};  // its last part's
         job.resuming = !tc.resume.empty();
         job.notes = &notes;
-        job.resized_from = &saved;
         dc = config::apply_job_overrides(dc.with_values(dc_values, op).with_env(config::read_launcher_env()), job);
         if (!saved.shape.empty() && !kwargs.contains("micro_batches"))
           train::keep_micro_batch_size(tc, saved, dc.mesh(), &notes);
