@@ -85,7 +85,8 @@ launch() {
   [ "$node" = 1 ] && iface="GLOO_SOCKET_IFNAME=$VB"
   ip netns exec "$ns" env MESHTRAIN_JOB_TOKEN=elastic-$id $iface timeout 300 \
     "$MT" launch --nnodes 1:2 --nproc-per-node 2 --node-rank "$node" --master-addr "$ADDR_A" --master-port "$PORT" \
-    --max-restarts ${MAX_RESTARTS:-2} --heartbeat-timeout $HEARTBEAT --last-call 60 --join-timeout 60 --kill-timeout 30 -- \
+    --max-restarts ${MAX_RESTARTS:-2} --heartbeat-timeout $HEARTBEAT --last-call 60 --join-timeout 60 \
+    --kill-timeout 30 -- \
     "$MT" "${args[@]}" --engine gloo --mesh "$MESH" --timeout 30 --run-dir "$WORK/run" > "$log" 2>&1
 }
 metrics=$WORK/run.incomplete/metrics.jsonl
@@ -122,12 +123,14 @@ if [ "$MODE" = no_fit ]; then
   wait "$node0" && fail "node 0 finished a run that does not fit 2 devices"
   took=$(awk -v t0="$t_kill" -v t1="$(date +%s.%N)" 'BEGIN { printf "%.1f", t1 - t0 }')
   echo "node 0 stopped $took s after the kill"
-  awk -v t="$took" -v d="$HEARTBEAT" 'BEGIN { exit !(t < 2 * d) }' || fail "the job took $took s to stop (deadline $HEARTBEAT s)"
+  awk -v t="$took" -v d="$HEARTBEAT" 'BEGIN { exit !(t < 2 * d) }' ||
+    fail "the job took $took s to stop (deadline $HEARTBEAT s)"
   grep -q "error: --device-memory: the run needs .* per device on 2 devices (mesh fsdp=2, the planner's predicted" \
     "$WORK/node0.log" || fail "no error saying how much memory the run needs"
   grep -q "the least any layout on 2 devices needs is" "$WORK/node0.log" || fail "the error does not give the least"
   diff -r "$WORK/saved" "$WORK/run.incomplete" > /dev/null || fail "the run directory changed after the refusal"
-  "$MT" train --resume "$WORK/run" --engine threads --devices 4 --max-steps $((killed_at + 20)) > "$WORK/resume4.log" 2>&1 ||
+  "$MT" train --resume "$WORK/run" --engine threads --devices 4 --max-steps $((killed_at + 20)) \
+    > "$WORK/resume4.log" 2>&1 ||
     fail "the kept checkpoint does not resume on 4 devices"
   echo "PASS: elastic two nodes ($MODE)"
   exit 0

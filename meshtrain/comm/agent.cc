@@ -4,23 +4,20 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <poll.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <memory>
-#include <condition_variable>
 #include <map>
-#include <mutex>
+#include <memory>
 #include <optional>
 #include <thread>
 
+#include "meshtrain/comm/internal/agent_process.h"
 #include "meshtrain/comm/internal/worker_group.h"
 #include "meshtrain/comm/tcp_store.h"
 #include "meshtrain/core/error.h"
@@ -31,13 +28,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using internal::Heartbeat;
+using internal::kBeatEvery;
+using internal::say;
+using internal::signal_name;
+using internal::SignalPipe;
+using internal::SubreaperScope;
 using internal::WorkerGroup;
 
 constexpr const char* kOp = "meshtrain launch";
 // How often an agent looks at the store for the other nodes' news.
 constexpr milliseconds kWatchEvery{100};
-// How often an agent beats its heartbeat in the store.
-constexpr milliseconds kBeatEvery{1000};
 // Each store call's own deadline (the server is another agent, never a worker).
 constexpr milliseconds kStoreTimeout{30'000};
 // The variables the agent sets in every worker (and drops from its own
@@ -45,103 +46,9 @@ constexpr milliseconds kStoreTimeout{30'000};
 // agent's process rather than the workers.
 constexpr std::string_view kWorkerVariables[] = {
     "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-    "MESHTRAIN_JOB_TOKEN", "MESHTRAIN_AGENT_STORE", "MESHTRAIN_RESTART_COUNT", "OMPI_COMM_WORLD_RANK",
+    "MESHTRAIN_JOB_TOKEN", "MESHTRAIN_AGENT_STORE", "MESHTRAIN_RESTART_COUNT", "MESHTRAIN_RESTART_REASON",
+    "MESHTRAIN_RESTART_EVENT_MS", "MESHTRAIN_RESTART_RENDEZVOUS_MS", "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_RANK"};
-
-std::string signal_name(int sig) {
-  const char* abbrev = ::sigabbrev_np(sig);
-  return abbrev ? fmt::format("SIG{}", abbrev) : fmt::format("signal {}", sig);
-}
-
-// One line on the agent's stderr, in one write.
-void say(const std::string& text) {
-  const std::string line = fmt::format("meshtrain launch: {}\n", text);
-  size_t off = 0;
-  while (off < line.size()) {
-    const ssize_t n = ::write(2, line.data() + off, line.size() - off);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return;
-    }
-  }
-}
-
-// The signals the agent handles arrive as bytes on a pipe (self-pipe), read
-// by the one thread that runs the agent; any thread may take the signal.
-std::atomic<int> g_signal_write_fd{-1};
-
-extern "C" void on_signal(int sig) {
-  const int saved = errno;
-  const auto byte = static_cast<unsigned char>(sig);
-  [[maybe_unused]] const ssize_t n = ::write(g_signal_write_fd.load(), &byte, 1);
-  errno = saved;
-}
-
-class SignalPipe {
- public:
-  SignalPipe() {
-    if (::pipe2(fds_, O_CLOEXEC | O_NONBLOCK) != 0)
-      throw IoError(kOp, fmt::format("pipe: {}", std::strerror(errno)), "the process is out of file descriptors");
-    int expected = -1;
-    if (!g_signal_write_fd.compare_exchange_strong(expected, fds_[1])) {
-      ::close(fds_[0]);
-      ::close(fds_[1]);
-      throw InvalidArgument(kOp, "run_agent is already running in this process", "run one agent per process");
-    }
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESTART;
-    ::sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < std::size(kHandled); ++i) {
-      struct sigaction use = sa;
-      if (kHandled[i] == SIGCHLD) use.sa_flags |= SA_NOCLDSTOP;
-      if (kHandled[i] == SIGPIPE) use.sa_handler = SIG_IGN;  // a closed stdout must not kill the agent
-      ::sigaction(kHandled[i], &use, &old_[i]);
-    }
-  }
-  ~SignalPipe() {
-    for (size_t i = 0; i < std::size(kHandled); ++i) ::sigaction(kHandled[i], &old_[i], nullptr);
-    g_signal_write_fd.store(-1);
-    ::close(fds_[0]);
-    ::close(fds_[1]);
-  }
-  SignalPipe(const SignalPipe&) = delete;
-  SignalPipe& operator=(const SignalPipe&) = delete;
-
-  int fd() const { return fds_[0]; }
-  // The signals received since the last call (SIGCHLD included).
-  std::vector<int> take() {
-    std::vector<int> out;
-    unsigned char buf[64];
-    for (;;) {
-      const ssize_t n = ::read(fds_[0], buf, sizeof(buf));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return out;
-      out.insert(out.end(), buf, buf + n);
-    }
-  }
-
- private:
-  static constexpr int kHandled[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE};
-  int fds_[2] = {-1, -1};
-  struct sigaction old_[std::size(kHandled)] {};
-};
-
-// The workers' orphans are reparented to the agent, which reaps them.
-class SubreaperScope {
- public:
-  SubreaperScope() {
-    ::prctl(PR_GET_CHILD_SUBREAPER, &old_);
-    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  }
-  ~SubreaperScope() { ::prctl(PR_SET_CHILD_SUBREAPER, old_); }
-
- private:
-  int old_ = 0;
-};
 
 // The agent's environment, without the variables it sets for the workers.
 std::vector<std::string> inherited_environment() {
@@ -154,43 +61,6 @@ std::vector<std::string> inherited_environment() {
   }
   return env;
 }
-
-// Adds 1 to `key` once a second on a connection of its own, until
-// destroyed; a store that goes away ends it quietly (the agent's own calls
-// report that).
-class Heartbeat {
- public:
-  Heartbeat(TcpStoreOptions options, std::string key)
-      : thread_([this, o = std::move(options), k = std::move(key)] { run(o, k); }) {}
-  ~Heartbeat() {
-    {
-      std::lock_guard l(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  Heartbeat(const Heartbeat&) = delete;
-  Heartbeat& operator=(const Heartbeat&) = delete;
-
- private:
-  void run(const TcpStoreOptions& options, const std::string& key) {
-    try {
-      TcpStore store(options);
-      for (std::unique_lock l(mu_); !cv_.wait_for(l, kBeatEvery, [this] { return stop_; });) {
-        l.unlock();
-        store.add(key, 1);
-        l.lock();
-      }
-    } catch (const Error&) {
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;  // last: started once the rest is built
-};
 
 // How a round ended. failed: may restart (counted); regroup: the membership
 // changes (not counted); stopped: the job ends.
