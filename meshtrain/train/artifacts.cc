@@ -28,12 +28,17 @@ namespace meshtrain::train {
 
 MetricsLog::MetricsLog(std::string path, std::optional<int64_t> keep_through) : path_(std::move(path)) {
   if (keep_through) {  // a resumed run: the lines of the steps it has not redone
+    dropped_through_ = *keep_through;
     std::ifstream in(path_);
     std::string line, kept;
     while (std::getline(in, line)) {
       const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("step") && j["step"].is_number() && j["step"].get<double>() <= *keep_through)
+      if (!j.is_object() || !j.contains("step") || !j["step"].is_number()) continue;
+      const double step = j["step"].get<double>();
+      if (step <= *keep_through)
         kept += line + "\n";
+      else
+        dropped_through_ = std::max(dropped_through_, static_cast<int64_t>(step));
     }
     write_file_atomic(path_, kept);
   }

@@ -38,8 +38,10 @@ using checkpoint::save_safetensors;
 // numbers as numbers (non-finite ones as null), strings as strings. The
 // constructor creates or truncates `path`: one log holds one run; a resumed
 // run (keep_through = the step it resumes from) keeps the lines of steps up
-// to that one and appends. close() (or the destructor) fsyncs the file.
-// Throws IoError naming the path.
+// to that one and appends; dropped_through() is then the last step of the
+// lines it dropped (the steps the run redoes), or keep_through when none.
+// close() (or the destructor) fsyncs the file. Throws IoError naming the
+// path.
 class MetricsLog {
  public:
   explicit MetricsLog(std::string path, std::optional<int64_t> keep_through = std::nullopt);
@@ -50,10 +52,12 @@ class MetricsLog {
              const std::vector<std::pair<std::string, std::string>>& strings = {});
   // fsync and close; later writes throw. Idempotent.
   void close();
+  int64_t dropped_through() const { return dropped_through_; }
 
  private:
   std::string path_;
   int fd_ = -1;
+  int64_t dropped_through_ = 0;
 };
 
 // One line per series over a shared x axis, with axes, ticks and a legend.

@@ -71,6 +71,27 @@ TEST(MetricsLog, WritesJsonLines) {
   EXPECT_EQ(nlohmann::json::parse(l2)["accuracy"], 0.875);
 }
 
+// A resumed run's log keeps the lines up to its checkpoint's step and says
+// how far the dropped ones had gone (the steps it redoes).
+TEST(MetricsLog, AResumeKeepsTheLinesUpToItsStepAndCountsTheRest) {
+  const std::string path = temp_path("resumed.jsonl");
+  std::filesystem::remove(path);
+  {
+    MetricsLog log(path);
+    for (int s = 1; s <= 14; ++s) log.write({{"step", s}, {"loss", 1.0 / s}}, {{"split", "train"}});
+  }
+  {
+    MetricsLog log(path, 10);
+    EXPECT_EQ(log.dropped_through(), 14);
+    log.write({{"step", 11}, {"loss", 0.5}}, {{"split", "train"}});
+  }
+  std::ifstream in(path);
+  std::vector<int> steps;
+  for (std::string line; std::getline(in, line);) steps.push_back(nlohmann::json::parse(line)["step"].get<int>());
+  EXPECT_EQ(steps, (std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(MetricsLog(path, 11).dropped_through(), 11);  // nothing past the step: none redone
+}
+
 TEST(Checksums, TheHashSeesNamesShapesAndEveryBit) {
   const Tensor w = Tensor::from_vector(std::vector<float>{1, 2, 3, 4}, {2, 2});
   const std::string base = parameters_checksum({{"w", w}});

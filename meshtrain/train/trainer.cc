@@ -570,12 +570,15 @@ class Run {
   // launcher's restart, the time lost from the failure to the end of that
   // step: the rendezvous (to this process's start), the re-plan, the
   // checkpoint load, the rest of the start-up (the process, the model, the
-  // data) and the first step.
+  // data) and the first step; and the steps redone since the checkpoint.
   void log_layout_change(MetricsLog& log, int64_t resumed, Clock::time_point first_step_start) const {
     const std::string now = layout_summary();
     if (now == resumed_from_) return;
     const config::DistributedConfig::Restart& r = shared_.restart;
-    std::vector<std::pair<std::string, double>> numbers = {{"step", static_cast<double>(resumed)}};
+    // The steps since the checkpoint that the run redoes (as far as its
+    // log, every log_every steps, had reached).
+    std::vector<std::pair<std::string, double>> numbers = {
+        {"step", static_cast<double>(resumed)}, {"steps_redone", static_cast<double>(log.dropped_through() - resumed)}};
     if (r.event_unix_ms > 0) {
       const double lost =
           static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(
