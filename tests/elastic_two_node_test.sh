@@ -7,8 +7,9 @@
 #     first checkpoints: node 0 restarts alone, the mesh re-planned for its 2
 #     devices (the data axis takes the change, micro-batches double) from the
 #     newest checkpoint.
-#  2. Node 1 starts again: node 0's workers checkpoint and stop, and the job
-#     regroups onto both nodes and the first mesh.
+#  2. Node 1 starts again once node 0 has resumed: node 0's workers
+#     checkpoint and stop, and the job regroups onto both nodes and the
+#     first mesh.
 #  3. The run finishes; every step's loss is within 1e-5 of an uninterrupted
 #     run's (the threads engine, 4 devices, the first mesh) and metrics.jsonl
 #     has both layout_change lines with their reasons and the time lost;
@@ -38,7 +39,7 @@ A=meA$id B=meB$id VA=mea$id VB=meb$id
 ADDR_A=10.232.0.1 ADDR_B=10.232.0.2
 PORT=$((30000 + id % 1000))
 WORK=$(mktemp -d /tmp/mt_elastic.XXXXXX)
-STEPS=2000
+STEPS=4000
 pids=()
 cleanup() {
   for ns in "$A" "$B"; do
@@ -74,7 +75,7 @@ if [ "$MODE" = no_fit ]; then
         --layers 4 --heads 4 --width 256 --context 16 --batch-size 8 --max-steps 100000 --log-every 1
         --threads-per-rank 1 --checkpoint-every 20 --fsdp zero1 --device-memory 51MiB)
 else
-  args=(train --hidden 256,128 --batch-size 256 --max-steps $STEPS --log-every 1 --threads-per-rank 1
+  args=(train --hidden 256,128 --batch-size 256 --epochs 20 --max-steps $STEPS --log-every 1 --threads-per-rank 1
         --checkpoint-every 100 "${EXTRA[@]}")
   "$MT" "${args[@]}" --mesh "$MESH" --run-dir "$WORK/ref" > "$WORK/ref.log" 2>&1 || fail "the uninterrupted run failed"
 fi
@@ -136,9 +137,9 @@ if [ "$MODE" = no_fit ]; then
   exit 0
 fi
 # Node 0 goes on alone on the re-planned mesh; then node 1 comes back.
+# (Node 1's launcher first waits 2.5 s to see that its old self's heartbeat
+# has stopped; node 0 alone has thousands of steps left meanwhile.)
 wait_until 'grep -q "\"event\":\"layout_change\"" "$metrics" 2> /dev/null' 120
-resumed=$(grep -o '"step":[0-9]*,"time_lost_s' "$metrics" | head -1 | grep -o '[0-9][0-9]*')
-wait_until '[ "$(last_step)" -ge $((resumed + 100)) ]' 120
 launch "$B" 1 "$WORK/node1_back.log" &
 node1=$!
 pids+=($node1)
