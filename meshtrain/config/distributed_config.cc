@@ -415,9 +415,10 @@ DistributedConfig DistributedConfig::with_env(const LauncherEnv& env) const {
     c.restart.reason = *reason;
     const std::string* at = find("MESHTRAIN_RESTART_EVENT_MS");
     const std::string* rendezvous = find("MESHTRAIN_RESTART_RENDEZVOUS_MS");
-    c.restart.event_unix_ms = at ? parse_int_in_range(*at, "MESHTRAIN_RESTART_EVENT_MS", 0, std::numeric_limits<int64_t>::max(), kOp) : 0;
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    c.restart.event_unix_ms = at ? parse_int_in_range(*at, "MESHTRAIN_RESTART_EVENT_MS", 0, kMax, kOp) : 0;
     c.restart.rendezvous_ms =
-        rendezvous ? parse_int_in_range(*rendezvous, "MESHTRAIN_RESTART_RENDEZVOUS_MS", 0, std::numeric_limits<int64_t>::max(), kOp) : 0;
+        rendezvous ? parse_int_in_range(*rendezvous, "MESHTRAIN_RESTART_RENDEZVOUS_MS", 0, kMax, kOp) : 0;
   }
   const Launcher launcher = env.launcher();
   // Under mpirun the engine is mpi even when only PMIX_RANK says so.

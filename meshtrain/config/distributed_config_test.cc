@@ -375,7 +375,8 @@ TEST(DistributedConfigEnv, ALaunchersRestartSaysWhyAndWhen) {
   EXPECT_EQ(c.restart.rendezvous_ms, 15400);
   EXPECT_EQ(DistributedConfig::from_env({{"RANK", "0"}}).restart, DistributedConfig::Restart{});
   EXPECT_THAT(error_of([] {
-                DistributedConfig::from_env({{"MESHTRAIN_RESTART_REASON", "x"}, {"MESHTRAIN_RESTART_EVENT_MS", "soon"}});
+                DistributedConfig::from_env(
+                    {{"MESHTRAIN_RESTART_REASON", "x"}, {"MESHTRAIN_RESTART_EVENT_MS", "soon"}});
               }),
               HasSubstr("MESHTRAIN_RESTART_EVENT_MS: 'soon' is not an integer"));
 }

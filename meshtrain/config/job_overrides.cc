@@ -92,8 +92,8 @@ DistributedConfig apply_job_overrides(DistributedConfig dc, const JobOverrides& 
                                           dc.world_size));
       dc.set_mesh(*resized);
       if (o.notes != nullptr)
-        o.notes->push_back(fmt::format("resuming on {} devices: mesh {} -> {} (the data-parallel axes take the change; "
-                                       "the global batch stays)",
+        o.notes->push_back(fmt::format("resuming on {} devices: mesh {} -> {} (the data-parallel axes take the "
+                                       "change; the global batch stays)",
                                        dc.world_size, saved.to_spec(), resized->to_spec()));
     }
   }

@@ -563,7 +563,6 @@ class Run {
                             hint);
   }
 
-  // "mesh data=2 (data parallel 2)": what a checkpoint records as saved_from.
   // A resume on another layout (another mesh or strategy, e.g. fewer
   // devices after a failure) is a line of its own, written after its first
   // step: why (a launcher's restart says; else "resumed") and, after a
@@ -602,6 +601,7 @@ class Run {
                         {"reason", r.reason.empty() ? std::string("resumed") : r.reason}});
   }
 
+  // "mesh data=2 (data parallel 2)": what a checkpoint records as saved_from.
   std::string layout_summary() const {
     return fmt::format("mesh {} ({})", mesh::NamedShape{mesh_.shape(), mesh_.axis_names()}.to_spec(),
                        parallel_->describe());
