@@ -147,7 +147,6 @@ class Agent {
  private:
   bool multi() const { return o_.nnodes > 1; }
   bool host() const { return o_.node_rank == 0; }
-  int min_nodes() const { return o_.elastic() ? o_.min_nodes : o_.nnodes; }
   static std::string round_key(int round, std::string_view what) {
     return fmt::format("launch/round/{}/{}", round, what);
   }
