@@ -21,6 +21,9 @@
 #              job regroups onto 2 nodes (not counted as a restart)
 #   elastic_too_few --nnodes 2:3 with one node: the round's deadline stops
 #              the job with an error naming MIN
+#   elastic_taken   --nnodes 1:2 with both nodes running: another launcher
+#              with node 1's --node-rank is refused while node 1's heartbeat
+#              moves, and the job is not disturbed
 #   tests/launch_test.sh path/to/meshtrain scenario
 set -u
 MT=$1
@@ -246,6 +249,21 @@ elastic_too_few)
   grep -q "^meshtrain launch: only node 0 joined round 0 within 2 s; the job needs at least 2 (--nnodes 2:3)" \
     "$tmp/node0.out" || fail "the error does not say how many nodes are missing"
   [ "$(awk -v e="$(elapsed "$t0")" 'BEGIN { print (e < 5) }')" = 1 ] || fail "took $(elapsed "$t0") s"
+  ;;
+elastic_taken)
+  NODE_FLAGS=(--nnodes 1:2 --nproc-per-node 1 --last-call 10)
+  start_node0 sh -c 'echo "rank $RANK of $WORLD_SIZE"; exec $SLEEP 6'
+  node "$port" 1 "$tmp/node1.out" sh -c 'echo "rank $RANK of $WORLD_SIZE"; exec $SLEEP 6' &
+  node1=$!
+  launchers+=("$node1")
+  wait_for_lines "$tmp/node1.out" 1 "rank 1 of 2"
+  # The same node number again while node 1's launcher runs: refused.
+  node "$port" 1 "$tmp/taken.out" true && fail "a second launcher took --node-rank 1"
+  grep -q "error: meshtrain launch: --node-rank 1 is taken by a running launcher of this job" "$tmp/taken.out" ||
+    fail "the refusal does not name --node-rank"
+  wait "$node0" || fail "node 0 exited $?"
+  wait "$node1" || fail "node 1 exited $?"
+  no_leftovers
   ;;
 two_nodes)
   start_node0 sh -c 'echo "env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK"'
