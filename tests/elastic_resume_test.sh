@@ -30,12 +30,21 @@ grep -q '"event":"layout_change".*"from":"mesh data=4 (data parallel 4)".*"to":"
   "$tmp/run/metrics.jsonl" || { grep layout "$tmp/run/metrics.jsonl"; fail "metrics.jsonl has no layout_change line"; }
 cmp -s "$tmp/ref/model.safetensors" "$tmp/run/model.safetensors" ||
   fail "the resumed model differs from the uninterrupted run's"
+"$meshtrain" checksums "$tmp/ref" "$tmp/run" || fail "the checksum logs differ"
+# A launcher's restart on the same layout (its variables set by hand) is a
+# "restart" line with the reason and the time lost.
+MESHTRAIN_RESTART_REASON="rank 1 (pid 42) on node 0 exited with status 1" \
+  MESHTRAIN_RESTART_EVENT_MS=$(($(date +%s%3N) - 1500)) MESHTRAIN_RESTART_RENDEZVOUS_MS=1000 \
+  "$meshtrain" train --resume "$tmp/run" --max-steps 25 >"$tmp/same.out" 2>&1 ||
+  { cat "$tmp/same.out"; fail "the resume on the same mesh failed"; }
+grep -q '"event":"restart","from":"mesh data=2 (data parallel 2)","to":"mesh data=2 (data parallel 2)","reason":"rank 1' \
+  "$tmp/run/metrics.jsonl" || { grep event "$tmp/run/metrics.jsonl"; fail "no restart line"; }
+grep '"event":"restart"' "$tmp/run/metrics.jsonl" | grep -q '"rendezvous_s":1,' || fail "the restart line has no times"
 # Back on 4 devices (a node returned): the micro-batches divide back.
-"$meshtrain" train --resume "$tmp/run" --devices 4 --max-steps 30 >"$tmp/back.out" 2>&1 ||
+"$meshtrain" train --resume "$tmp/run" --devices 4 --max-steps 35 >"$tmp/back.out" 2>&1 ||
   { cat "$tmp/back.out"; fail "the resume on 4 devices failed"; }
 grep -q "micro_batches = 1 (was 2): each micro-batch keeps its size on 4 data-parallel ranks instead of 2" \
   "$tmp/back.out" || { grep "^#" "$tmp/back.out"; fail "the micro-batches did not divide back"; }
-"$meshtrain" checksums "$tmp/ref" "$tmp/run" || fail "the checksum logs differ"
 # Axes that do not divide the devices: refused, naming --mesh.
 "$meshtrain" train --hidden 64,32 --batch-size 64 --mesh data=2,pipeline=2 --max-steps 5 --checkpoint-every 5 \
   --threads-per-rank 1 --run-dir "$tmp/pp" >"$tmp/pp.out" 2>&1 || { cat "$tmp/pp.out"; fail "the pipeline run failed"; }

@@ -564,16 +564,19 @@ class Run {
   }
 
   // A resume on another layout (another mesh or strategy, e.g. fewer
-  // devices after a failure) is a line of its own, written after its first
-  // step: why (a launcher's restart says; else "resumed") and, after a
+  // devices after a failure) is a line of its own ("layout_change"; a
+  // launcher's restart on the same layout: "restart"), written after its
+  // first step: why (a launcher's restart says; else "resumed") and, after a
   // launcher's restart, the time lost from the failure to the end of that
   // step: the rendezvous (to this process's start), the re-plan, the
   // checkpoint load, the rest of the start-up (the process, the model, the
   // data) and the first step; and the steps redone since the checkpoint.
   void log_layout_change(MetricsLog& log, int64_t resumed, Clock::time_point first_step_start) const {
     const std::string now = layout_summary();
-    if (now == resumed_from_) return;
     const config::DistributedConfig::Restart& r = shared_.restart;
+    // A launcher's restart on the same layout (a worker failed, or a node
+    // was replaced) is recorded too, as a "restart".
+    if (now == resumed_from_ && r.reason.empty()) return;
     // The steps since the checkpoint that the run redoes (as far as its
     // log, every log_every steps, had reached).
     std::vector<std::pair<std::string, double>> numbers = {
@@ -595,7 +598,7 @@ class Run {
                       {"startup_s", std::max(0.0, lost - rendezvous - r.replan_s - load_seconds_ - first)},
                       {"first_step_s", first}});
     }
-    log.write(numbers, {{"event", "layout_change"},
+    log.write(numbers, {{"event", now == resumed_from_ ? "restart" : "layout_change"},
                         {"from", resumed_from_},
                         {"to", now},
                         {"reason", r.reason.empty() ? std::string("resumed") : r.reason}});
