@@ -24,46 +24,22 @@
 set -u
 MT=$1
 MODE=$2
-if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null; then
-  echo "SKIP: needs root and iproute2 (ip netns)"
-  exit 77
-fi
 case $MODE in
 default) MESH=data=2,tensor=2 SMALL="data=1,tensor=2" EXTRA=() ;;
 deterministic) MESH=data=4 SMALL="data=2" EXTRA=(--deterministic --deterministic-block 16) ;;
 no_fit) MESH=fsdp=4 ;;
 *) echo "unknown mode $MODE"; exit 2 ;;
 esac
-id=$$
-A=meA$id B=meB$id VA=mea$id VB=meb$id
-ADDR_A=10.232.0.1 ADDR_B=10.232.0.2
-PORT=$((30000 + id % 1000))
+PORT=$((30000 + $$ % 1000))
 WORK=$(mktemp -d /tmp/mt_elastic.XXXXXX)
 STEPS=4000
 pids=()
-cleanup() {
-  for ns in "$A" "$B"; do
-    for p in $(ip netns pids "$ns" 2> /dev/null); do kill -KILL "$p" 2> /dev/null; done
-  done
-  for p in "${pids[@]}"; do kill -KILL "$p" 2> /dev/null; done
-  ip netns del "$A" 2> /dev/null
-  ip netns del "$B" 2> /dev/null
-  ip link del "$VA" 2> /dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 fail() {
   echo "FAIL ($MODE): $*"
   for f in "$WORK"/*.log; do echo "--- $f"; tail -n 40 "$f"; done
   exit 1
 }
-
-ip netns add "$A" && ip netns add "$B" || { echo "SKIP: cannot create network namespaces"; exit 77; }
-ip link add "$VA" type veth peer name "$VB" || { echo "SKIP: cannot create a veth pair"; exit 77; }
-ip link set "$VA" netns "$A" && ip link set "$VB" netns "$B" || fail "moving the veth ends"
-ip -n "$A" addr add "$ADDR_A/24" dev "$VA" && ip -n "$B" addr add "$ADDR_B/24" dev "$VB" || fail "addresses"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "$VA" up && ip -n "$B" link set "$VB" up || fail "links up"
+. "$(dirname "$0")/two_namespaces.sh" me 10.232.0
 
 HEARTBEAT=3
 if [ "$MODE" = no_fit ]; then
@@ -84,7 +60,7 @@ fi
 launch() {
   local ns=$1 node=$2 log=$3 iface=
   [ "$node" = 1 ] && iface="GLOO_SOCKET_IFNAME=$VB"
-  ip netns exec "$ns" env MESHTRAIN_JOB_TOKEN=elastic-$id $iface timeout 300 \
+  ip netns exec "$ns" env MESHTRAIN_JOB_TOKEN=elastic-$$ $iface timeout 300 \
     "$MT" launch --nnodes 1:2 --nproc-per-node 2 --node-rank "$node" --master-addr "$ADDR_A" --master-port "$PORT" \
     --max-restarts ${MAX_RESTARTS:-2} --heartbeat-timeout $HEARTBEAT --last-call 60 --join-timeout 60 \
     --kill-timeout 30 -- \

@@ -13,41 +13,15 @@
 set -u
 MT=$1
 PARITY=$2
-if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null; then
-  echo "SKIP: needs root and iproute2 (ip netns)"
-  exit 77
-fi
-id=$$
-A=mtA$id B=mtB$id VA=mva$id VB=mvb$id
-ADDR_A=10.231.0.1 ADDR_B=10.231.0.2
-PORT=$((29000 + id % 1000))
+PORT=$((29000 + $$ % 1000))
 WORK=$(mktemp -d /tmp/mt_two_node.XXXXXX)
 pids=()
-cleanup() {
-  for ns in "$A" "$B"; do
-    for p in $(ip netns pids "$ns" 2> /dev/null); do kill -KILL "$p" 2> /dev/null; done
-  done
-  for p in "${pids[@]}"; do kill -KILL "$p" 2> /dev/null; done
-  ip netns del "$A" 2> /dev/null
-  ip netns del "$B" 2> /dev/null
-  ip link del "$VA" 2> /dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
 fail() {
   echo "FAIL: $*"
   for f in "$WORK"/*.log; do echo "--- $f"; cat "$f"; done
   exit 1
 }
-
-ip netns add "$A" && ip netns add "$B" || { echo "SKIP: cannot create network namespaces"; exit 77; }
-ip link add "$VA" type veth peer name "$VB" || { echo "SKIP: cannot create a veth pair"; exit 77; }
-ip link set "$VA" netns "$A" && ip link set "$VB" netns "$B" || fail "moving the veth ends"
-ip -n "$A" addr add "$ADDR_A/24" dev "$VA" && ip -n "$B" addr add "$ADDR_B/24" dev "$VB" || fail "addresses"
-for ns in "$A" "$B"; do
-  ip -n "$ns" link set lo up
-done
-ip -n "$A" link set "$VA" up && ip -n "$B" link set "$VB" up || fail "links up"
+. "$(dirname "$0")/two_namespaces.sh" mt 10.231.0
 
 # A launcher per namespace; $1 namespace, $2 node rank, $3 token, $4 log,
 # $5 master address, rest: the command.
